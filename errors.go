@@ -1,0 +1,110 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Code is the stable, machine-readable name of an error. The HTTP layer maps
+// each code to one status (see package api); clients match on it.
+type Code string
+
+// The error codes of the HTTP contract.
+const (
+	CodeInvalidRequest       Code = "invalid_request"
+	CodeInvalidKey           Code = "invalid_key"
+	CodeUnauthenticated      Code = "unauthenticated"
+	CodeForbidden            Code = "forbidden"
+	CodeTenantUnknown        Code = "tenant_unknown"
+	CodeKeyNotFound          Code = "key_not_found"
+	CodeTenantNotFound       Code = "tenant_not_found"
+	CodeRequestInFlight      Code = "request_in_flight"
+	CodeLeaseLost            Code = "lease_lost"
+	CodeAlreadyCompleted     Code = "already_completed"
+	CodeTenantExists         Code = "tenant_exists"
+	CodePayloadTooLarge      Code = "payload_too_large"
+	CodeUnsupportedMediaType Code = "unsupported_media_type"
+	CodeFingerprintMismatch  Code = "fingerprint_mismatch"
+	CodeRateLimited          Code = "rate_limited"
+	CodeStoreUnavailable     Code = "store_unavailable"
+	// CodeInternal is any error without a code of its own; its details are
+	// never shown to callers.
+	CodeInternal Code = "internal"
+)
+
+// FieldError names one invalid field of a request.
+type FieldError struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// Error is the one error type of the domain. Stores, the tenant service and
+// the HTTP layer return it; the HTTP layer turns it into problem+json.
+type Error struct {
+	Code Code
+	// Detail is a human-readable sentence safe to show to the caller.
+	Detail string
+	// RetryAfter is the natural wait before the same request may succeed
+	// (lease time left, rate limit refill); zero when there is none.
+	RetryAfter time.Duration
+	// Fields lists the invalid fields of an invalid_request.
+	Fields []FieldError
+	// Err is the underlying cause, for logs only.
+	Err error
+}
+
+// Error implements error.
+func (e *Error) Error() string {
+	msg := string(e.Code)
+	if e.Detail != "" {
+		msg += ": " + e.Detail
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Unwrap returns the underlying cause.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrLeaseLost) and friends match any *Error with
+// the same code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code
+}
+
+// Errorf returns an *Error with the given code and a formatted detail.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Detail: fmt.Sprintf(format, args...)}
+}
+
+// ErrorCode returns the code of err, CodeInternal when err carries none, or
+// "" for a nil error.
+func ErrorCode(err error) Code {
+	if err == nil {
+		return ""
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeInternal
+}
+
+// Sentinels for errors.Is. They match any *Error of the same code.
+var (
+	ErrInvalidRequest      = &Error{Code: CodeInvalidRequest}
+	ErrInvalidKey          = &Error{Code: CodeInvalidKey}
+	ErrKeyNotFound         = &Error{Code: CodeKeyNotFound}
+	ErrTenantNotFound      = &Error{Code: CodeTenantNotFound}
+	ErrTenantUnknown       = &Error{Code: CodeTenantUnknown}
+	ErrRequestInFlight     = &Error{Code: CodeRequestInFlight}
+	ErrLeaseLost           = &Error{Code: CodeLeaseLost}
+	ErrAlreadyCompleted    = &Error{Code: CodeAlreadyCompleted}
+	ErrTenantExists        = &Error{Code: CodeTenantExists}
+	ErrFingerprintMismatch = &Error{Code: CodeFingerprintMismatch}
+	ErrStoreUnavailable    = &Error{Code: CodeStoreUnavailable}
+)

@@ -1,0 +1,105 @@
+package idem
+
+import "time"
+
+// ClaimAction is what the state machine decides for an incoming claim.
+type ClaimAction int
+
+// The outcomes of DecideClaim, one per row of the contract's claim table.
+const (
+	// ActionCreate: the key is absent or expired; create a fresh in-flight
+	// record with attempt 1 and a new fencing token.
+	ActionCreate ClaimAction = iota + 1
+	// ActionTakeover: the key is orphaned and the claim matches; take it
+	// over with attempt+1, a new fencing token, and the recovery point kept.
+	ActionTakeover
+	// ActionReplay: the key is completed within its replay window and the
+	// claim matches; return the stored response.
+	ActionReplay
+	// ActionRejectInFlight: the key is in flight with a running lease.
+	ActionRejectInFlight
+	// ActionRejectMismatch: the key is live and was first used with another
+	// fingerprint or operation.
+	ActionRejectMismatch
+)
+
+// String returns the action's name.
+func (a ClaimAction) String() string {
+	switch a {
+	case ActionCreate:
+		return "create"
+	case ActionTakeover:
+		return "takeover"
+	case ActionReplay:
+		return "replay"
+	case ActionRejectInFlight:
+		return "reject_in_flight"
+	case ActionRejectMismatch:
+		return "reject_mismatch"
+	}
+	return "unknown"
+}
+
+// DecideClaim applies the claim state machine to the stored record (nil when
+// absent) at database instant now. Backends call it inside the transaction or
+// statement that makes the decision atomic; it never touches storage itself.
+//
+// The fingerprint and operation are compared before the lease: a different
+// request on a live key is a mismatch even while it is in flight.
+func DecideClaim(stored *Record, operation, fingerprint string, now time.Time) ClaimAction {
+	if stored == nil {
+		return ActionCreate
+	}
+	state := stored.StateAt(now)
+	if state == StateExpired {
+		return ActionCreate
+	}
+	if stored.Operation != operation || stored.Fingerprint != fingerprint {
+		return ActionRejectMismatch
+	}
+	switch state {
+	case StateInFlight:
+		return ActionRejectInFlight
+	case StateOrphaned:
+		return ActionTakeover
+	default:
+		return ActionReplay
+	}
+}
+
+// ClaimError returns the error for a rejecting action on the stored record
+// observed at now, or nil for an action that succeeds.
+func ClaimError(action ClaimAction, stored *Record, now time.Time) error {
+	switch action {
+	case ActionRejectInFlight:
+		left := max(stored.LeaseExpiresAt.Sub(now), 0)
+		return &Error{
+			Code:       CodeRequestInFlight,
+			Detail:     "key '" + stored.Key + "' is being processed by another request",
+			RetryAfter: left,
+		}
+	case ActionRejectMismatch:
+		return &Error{
+			Code:   CodeFingerprintMismatch,
+			Detail: "key '" + stored.Key + "' was first used with a different request",
+		}
+	}
+	return nil
+}
+
+// CheckToken returns the error for a write (checkpoint, complete, release)
+// that presents token on the stored record (nil when absent): ErrKeyNotFound,
+// ErrLeaseLost, or nil when the token is the current one. What a current
+// token may do on a completed record is up to each write.
+func CheckToken(stored *Record, token int64) error {
+	if stored == nil {
+		return Errorf(CodeKeyNotFound, "no record for this key")
+	}
+	if stored.FencingToken != token {
+		return &Error{
+			Code:   CodeLeaseLost,
+			Detail: "fencing token is not the current one for key '" + stored.Key + "'; another request took it over or it was released",
+		}
+	}
+	return nil
+}

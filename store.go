@@ -1,0 +1,200 @@
+package idem
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// Store is the ledger's storage. Every decision on a key is made atomically
+// by the database; a Store keeps nothing in memory that matters, so any
+// number of service replicas may share one database.
+//
+// Every method that touches keys filters by tenant first: a tenant never sees
+// or collides with another tenant's keys.
+//
+// Times come from the database clock (or from the test clock a backend was
+// opened with). Every returned Record has ObservedAt set to that clock.
+//
+// Errors are *Error values; an unreachable database is CodeStoreUnavailable.
+// Inputs are validated by callers (keys, settings, ids); a Store trusts them.
+type Store interface {
+	// Claim applies the claim state machine (DecideClaim) atomically.
+	// It returns ErrRequestInFlight (with RetryAfter = lease left) or
+	// ErrFingerprintMismatch for the rejecting rows.
+	Claim(ctx context.Context, p ClaimParams) (ClaimResult, error)
+
+	// Checkpoint saves a recovery point and renews the lease. It is accepted
+	// while the token is current, even after the lease ran out, as long as
+	// nobody took over. It returns ErrKeyNotFound, ErrLeaseLost, or
+	// ErrAlreadyCompleted when the record is already completed.
+	Checkpoint(ctx context.Context, p CheckpointParams) (Record, error)
+
+	// Complete stores the response and marks the record completed; the
+	// replay window starts now. It is accepted while the token is current,
+	// even after the lease ran out. Completing again with the same token and
+	// an equal response is a no-op that returns the stored record. It returns
+	// ErrKeyNotFound, ErrLeaseLost, or ErrAlreadyCompleted when the stored
+	// response differs.
+	Complete(ctx context.Context, p CompleteParams) (Record, error)
+
+	// Release deletes an in-flight record whose token is current, so the next
+	// claim starts afresh. It returns ErrKeyNotFound, ErrLeaseLost, or
+	// ErrAlreadyCompleted when the record is completed (a stored response is
+	// never thrown away by a release).
+	Release(ctx context.Context, p ReleaseParams) error
+
+	// GetRecord returns the record with its response. It returns
+	// ErrKeyNotFound.
+	GetRecord(ctx context.Context, p GetRecordParams) (Record, error)
+
+	// ListRecords returns a tenant's records without response bodies (the
+	// Response field is nil), newest first by (CreatedAt, Key), filtered by
+	// API state and paginated by keyset.
+	ListRecords(ctx context.Context, p ListRecordsParams) ([]Record, error)
+
+	// ListOrphans returns orphaned records, oldest lease expiry first by
+	// (LeaseExpiresAt, TenantID, Key), across all tenants or for one tenant,
+	// without response bodies.
+	ListOrphans(ctx context.Context, p ListOrphansParams) ([]Record, error)
+
+	// OrphanStats returns, per tenant that has orphans, their number and the
+	// oldest lease expiry. It uses the partial index on in-flight leases and
+	// never scans completed records.
+	OrphanStats(ctx context.Context) ([]OrphanStat, error)
+
+	// Reap deletes at most p.Limit records that are past PurgeAfter or belong
+	// to a disabled tenant, and returns what it deleted (without response
+	// bodies). Concurrent callers on several replicas never delete the same
+	// record twice and never block each other for long.
+	Reap(ctx context.Context, p ReapParams) ([]Record, error)
+
+	// CreateTenant creates a tenant. It returns ErrTenantExists.
+	CreateTenant(ctx context.Context, p CreateTenantParams) (Tenant, error)
+	// GetTenant returns a tenant, disabled or not. It returns
+	// ErrTenantNotFound.
+	GetTenant(ctx context.Context, id string) (Tenant, error)
+	// ListTenants returns every tenant ordered by id.
+	ListTenants(ctx context.Context) ([]Tenant, error)
+	// UpdateTenant replaces a tenant's name, settings and disabled flag. It
+	// returns ErrTenantNotFound.
+	UpdateTenant(ctx context.Context, p UpdateTenantParams) (Tenant, error)
+
+	// Ping checks that the database answers.
+	Ping(ctx context.Context) error
+	// Close releases the store's connections.
+	Close() error
+}
+
+// ClaimParams are the inputs of Store.Claim. The durations come from the
+// tenant's settings at the time of the claim.
+type ClaimParams struct {
+	TenantID    string
+	Key         string
+	Operation   string
+	Fingerprint string
+	// Lease is how long the claim is protected.
+	Lease time.Duration
+	// ReplayWindow and ReaperThreshold are recorded on a created record.
+	ReplayWindow    time.Duration
+	ReaperThreshold time.Duration
+}
+
+// ClaimResult is the outcome of a successful claim.
+type ClaimResult struct {
+	// Action is ActionCreate, ActionTakeover or ActionReplay.
+	Action ClaimAction
+	Record Record
+}
+
+// CheckpointParams are the inputs of Store.Checkpoint.
+type CheckpointParams struct {
+	TenantID      string
+	Key           string
+	FencingToken  int64
+	RecoveryPoint string
+	// Data is the recovery data to save; nil keeps none.
+	Data json.RawMessage
+	// Lease is the renewed lease, counted from now.
+	Lease time.Duration
+}
+
+// CompleteParams are the inputs of Store.Complete.
+type CompleteParams struct {
+	TenantID     string
+	Key          string
+	FencingToken int64
+	Response     Response
+}
+
+// ReleaseParams are the inputs of Store.Release.
+type ReleaseParams struct {
+	TenantID     string
+	Key          string
+	FencingToken int64
+}
+
+// GetRecordParams are the inputs of Store.GetRecord.
+type GetRecordParams struct {
+	TenantID string
+	Key      string
+}
+
+// Cursor is a keyset position in a listing: the sort time and the identity
+// of the last row returned.
+type Cursor struct {
+	Time     time.Time
+	TenantID string
+	Key      string
+}
+
+// ListRecordsParams are the inputs of Store.ListRecords.
+type ListRecordsParams struct {
+	TenantID string
+	// State filters by API state; "" lists every state.
+	State State
+	Limit int
+	// After continues after the last row of a previous page: rows strictly
+	// older than (After.Time, After.Key) by (CreatedAt, Key) descending.
+	After *Cursor
+}
+
+// ListOrphansParams are the inputs of Store.ListOrphans.
+type ListOrphansParams struct {
+	// TenantID limits the list to one tenant; "" lists every tenant.
+	TenantID string
+	Limit    int
+	// After continues after (After.Time, After.TenantID, After.Key) by
+	// (LeaseExpiresAt, TenantID, Key) ascending.
+	After *Cursor
+}
+
+// OrphanStat is the orphan summary of one tenant.
+type OrphanStat struct {
+	TenantID string
+	Count    int64
+	// OldestLeaseExpiry is the earliest lease expiry among the orphans.
+	OldestLeaseExpiry time.Time
+	// ObservedAt is the database clock when the stat was taken.
+	ObservedAt time.Time
+}
+
+// ReapParams are the inputs of Store.Reap.
+type ReapParams struct {
+	Limit int
+}
+
+// CreateTenantParams are the inputs of Store.CreateTenant.
+type CreateTenantParams struct {
+	ID       string
+	Name     string
+	Settings Settings
+}
+
+// UpdateTenantParams are the inputs of Store.UpdateTenant.
+type UpdateTenantParams struct {
+	ID       string
+	Name     string
+	Settings Settings
+	Disabled bool
+}

@@ -1,0 +1,186 @@
+package idem
+
+import (
+	"fmt"
+	"time"
+)
+
+// Tenant is an account of the service. Every key, setting and metric is
+// scoped to one tenant.
+type Tenant struct {
+	ID       string
+	Name     string
+	Settings Settings
+	// Disabled tenants are refused (tenant_unknown) and their keys are purged
+	// by the reaper.
+	Disabled  bool
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// Settings are a tenant's own knobs. A change applies to claims made after
+// it; records keep the windows they were created with.
+type Settings struct {
+	ReplayWindowSeconds    int `json:"replay_window_seconds"`
+	ReaperThresholdSeconds int `json:"reaper_threshold_seconds"`
+	LeaseSecondsDefault    int `json:"lease_seconds_default"`
+	LeaseSecondsMax        int `json:"lease_seconds_max"`
+	MaxResponseBytes       int `json:"max_response_bytes"`
+	// RateLimitPerSecond is the tenant's request rate limit; 0 is off.
+	RateLimitPerSecond int `json:"rate_limit_per_second"`
+}
+
+// DefaultSettings returns the settings of a tenant created without any.
+func DefaultSettings() Settings {
+	return Settings{
+		ReplayWindowSeconds:    86400,
+		ReaperThresholdSeconds: 259200,
+		LeaseSecondsDefault:    30,
+		LeaseSecondsMax:        3600,
+		MaxResponseBytes:       1 << 20,
+		RateLimitPerSecond:     0,
+	}
+}
+
+// Bounds of the settings, from the contract.
+const (
+	MaxWindowSeconds      = 31536000
+	MaxLeaseSeconds       = 86400
+	MaxResponseBytesLimit = 8 << 20
+	MaxRateLimitPerSecond = 100000
+	MaxOperationBytes     = 128
+	MaxKeyBytes           = 255
+	MaxFingerprintChars   = 256
+	MaxTenantIDBytes      = 64
+	MaxRecoveryPointBytes = 128
+	MaxTenantNameBytes    = 256
+)
+
+// Validate checks every bound of the settings and returns an
+// invalid_request *Error naming each offending field, or nil.
+func (s Settings) Validate() error {
+	var fields []FieldError
+	check := func(ok bool, field, format string, args ...any) {
+		if !ok {
+			fields = append(fields, FieldError{Field: "settings." + field, Message: fmt.Sprintf(format, args...)})
+		}
+	}
+	check(s.ReplayWindowSeconds >= 1 && s.ReplayWindowSeconds <= MaxWindowSeconds,
+		"replay_window_seconds", "must be between 1 and %d", MaxWindowSeconds)
+	check(s.ReaperThresholdSeconds >= s.ReplayWindowSeconds && s.ReaperThresholdSeconds <= MaxWindowSeconds,
+		"reaper_threshold_seconds", "must be at least replay_window_seconds (%d) and at most %d", s.ReplayWindowSeconds, MaxWindowSeconds)
+	check(s.LeaseSecondsMax >= 1 && s.LeaseSecondsMax <= MaxLeaseSeconds,
+		"lease_seconds_max", "must be between 1 and %d", MaxLeaseSeconds)
+	check(s.LeaseSecondsDefault >= 1 && s.LeaseSecondsDefault <= s.LeaseSecondsMax,
+		"lease_seconds_default", "must be between 1 and lease_seconds_max (%d)", s.LeaseSecondsMax)
+	check(s.MaxResponseBytes >= 1 && s.MaxResponseBytes <= MaxResponseBytesLimit,
+		"max_response_bytes", "must be between 1 and %d", MaxResponseBytesLimit)
+	check(s.RateLimitPerSecond >= 0 && s.RateLimitPerSecond <= MaxRateLimitPerSecond,
+		"rate_limit_per_second", "must be between 0 and %d", MaxRateLimitPerSecond)
+	if len(fields) > 0 {
+		return &Error{Code: CodeInvalidRequest, Detail: "invalid tenant settings", Fields: fields}
+	}
+	return nil
+}
+
+// SettingsPatch is a partial change of Settings; nil fields stay as they are.
+type SettingsPatch struct {
+	ReplayWindowSeconds    *int `json:"replay_window_seconds"`
+	ReaperThresholdSeconds *int `json:"reaper_threshold_seconds"`
+	LeaseSecondsDefault    *int `json:"lease_seconds_default"`
+	LeaseSecondsMax        *int `json:"lease_seconds_max"`
+	MaxResponseBytes       *int `json:"max_response_bytes"`
+	RateLimitPerSecond     *int `json:"rate_limit_per_second"`
+}
+
+// Apply returns s with the patch's non-nil fields applied. Validate the
+// result.
+func (s Settings) Apply(p SettingsPatch) Settings {
+	set := func(dst *int, v *int) {
+		if v != nil {
+			*dst = *v
+		}
+	}
+	set(&s.ReplayWindowSeconds, p.ReplayWindowSeconds)
+	set(&s.ReaperThresholdSeconds, p.ReaperThresholdSeconds)
+	set(&s.LeaseSecondsDefault, p.LeaseSecondsDefault)
+	set(&s.LeaseSecondsMax, p.LeaseSecondsMax)
+	set(&s.MaxResponseBytes, p.MaxResponseBytes)
+	set(&s.RateLimitPerSecond, p.RateLimitPerSecond)
+	return s
+}
+
+// LeaseFor returns the lease for a request that asked for requested seconds
+// (0 = the tenant's default), or an invalid_request *Error when it exceeds
+// lease_seconds_max or is negative.
+func (s Settings) LeaseFor(requested int) (time.Duration, error) {
+	switch {
+	case requested == 0:
+		return time.Duration(s.LeaseSecondsDefault) * time.Second, nil
+	case requested < 0 || requested > s.LeaseSecondsMax:
+		return 0, &Error{
+			Code:   CodeInvalidRequest,
+			Detail: fmt.Sprintf("lease_seconds must be between 1 and %d", s.LeaseSecondsMax),
+			Fields: []FieldError{{Field: "lease_seconds", Message: fmt.Sprintf("must be between 1 and the tenant's lease_seconds_max (%d)", s.LeaseSecondsMax)}},
+		}
+	}
+	return time.Duration(requested) * time.Second, nil
+}
+
+// ReplayWindow returns the replay window as a duration.
+func (s Settings) ReplayWindow() time.Duration {
+	return time.Duration(s.ReplayWindowSeconds) * time.Second
+}
+
+// ReaperThreshold returns the reaper threshold as a duration.
+func (s Settings) ReaperThreshold() time.Duration {
+	return time.Duration(s.ReaperThresholdSeconds) * time.Second
+}
+
+// ValidateKey checks an idempotency key: 1–255 bytes, each in 0x21–0x7E. It
+// returns an invalid_key *Error or nil.
+func ValidateKey(key string) error {
+	if key == "" {
+		return Errorf(CodeInvalidKey, "the key is empty")
+	}
+	if len(key) > MaxKeyBytes {
+		return Errorf(CodeInvalidKey, "the key is %d bytes long; at most %d are allowed", len(key), MaxKeyBytes)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x21 || c > 0x7E {
+			return Errorf(CodeInvalidKey, "byte %d of the key (0x%02X) is outside printable ASCII 0x21-0x7E", i, c)
+		}
+	}
+	return nil
+}
+
+// ValidateTenantID checks a tenant id: 1–64 of [a-z0-9_-]. It returns an
+// invalid_request *Error or nil.
+func ValidateTenantID(id string) error {
+	bad := id == "" || len(id) > MaxTenantIDBytes
+	for i := 0; i < len(id) && !bad; i++ {
+		c := id[i]
+		bad = !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-')
+	}
+	if bad {
+		return &Error{
+			Code:   CodeInvalidRequest,
+			Detail: "invalid tenant id",
+			Fields: []FieldError{{Field: "id", Message: "must be 1-64 characters of [a-z0-9_-]"}},
+		}
+	}
+	return nil
+}
+
+// ValidateOperation checks an operation label: at most 128 bytes. It returns
+// an invalid_request *Error or nil.
+func ValidateOperation(op string) error {
+	if len(op) > MaxOperationBytes {
+		return &Error{
+			Code:   CodeInvalidRequest,
+			Detail: "operation is too long",
+			Fields: []FieldError{{Field: "operation", Message: fmt.Sprintf("must be at most %d bytes", MaxOperationBytes)}},
+		}
+	}
+	return nil
+}
