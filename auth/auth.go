@@ -1,0 +1,258 @@
+// Package auth verifies the bearer tokens (JWT) of the idem HTTP API and
+// mints HS256 tokens for operators and tests.
+//
+// The accepted algorithms are pinned by configuration: HS256 only when a
+// shared secret is configured, and EdDSA, ES256 and RS256 only for the public
+// keys of a JWKS document, each key used only with the algorithm that matches
+// its type. Every token must carry exp; iss and aud must match the
+// configuration; exp, nbf and iat are checked with 30 seconds of leeway.
+package auth
+
+import (
+	"crypto/hmac"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/idem-dev/idem"
+)
+
+// The scopes a token may carry in its space-separated scope claim.
+const (
+	// ScopeKeysWrite allows claim, checkpoint, complete and release; it
+	// implies ScopeKeysRead.
+	ScopeKeysWrite = "keys:write"
+	// ScopeKeysRead allows fetching and listing keys.
+	ScopeKeysRead = "keys:read"
+	// ScopeTenantAdmin allows reading and changing the own tenant's settings.
+	ScopeTenantAdmin = "tenant:admin"
+	// ScopeAdmin allows the operator endpoints; it needs no tenant.
+	ScopeAdmin = "admin"
+)
+
+// MinSecretBytes is the shortest HS256 secret accepted.
+const MinSecretBytes = 32
+
+// Leeway is the clock skew tolerated on exp, nbf and iat.
+const Leeway = 30 * time.Second
+
+// Config configures a Verifier.
+type Config struct {
+	// HS256Secret enables HS256 tokens; it must be at least MinSecretBytes
+	// long. Nil disables HS256.
+	HS256Secret []byte
+	// JWKS is the content of a JWKS file with the public keys accepted for
+	// EdDSA (OKP Ed25519), ES256 (EC P-256) and RS256 (RSA); nil for none.
+	JWKS []byte
+	// Issuer is the required iss claim.
+	Issuer string
+	// Audience must be one of the aud claim's values.
+	Audience string
+}
+
+// Principal is the verified identity of a caller.
+type Principal struct {
+	// Subject is the token's sub claim (may be empty).
+	Subject string
+	// Tenant is the token's tenant claim; empty for operator tokens.
+	Tenant string
+	// Scopes are the entries of the token's scope claim.
+	Scopes []string
+}
+
+// HasScope reports whether the principal holds scope. ScopeKeysWrite implies
+// ScopeKeysRead.
+func (p Principal) HasScope(scope string) bool {
+	if slices.Contains(p.Scopes, scope) {
+		return true
+	}
+	return scope == ScopeKeysRead && slices.Contains(p.Scopes, ScopeKeysWrite)
+}
+
+// Verifier checks bearer tokens. It is safe for concurrent use.
+type Verifier struct {
+	secret []byte
+	keys   map[string]publicKey // by kid
+	parser *jwt.Parser
+	now    func() time.Time
+}
+
+// claims are the claims idem reads from a token.
+type claims struct {
+	jwt.RegisteredClaims
+	Tenant string `json:"tenant,omitempty"`
+	Scope  string `json:"scope,omitempty"`
+}
+
+// NewVerifier returns a Verifier for cfg. It fails when no key is configured,
+// when the HS256 secret is shorter than MinSecretBytes, when the JWKS cannot
+// be parsed, or when the issuer or audience is empty.
+func NewVerifier(cfg Config) (*Verifier, error) {
+	return newVerifier(cfg, time.Now)
+}
+
+func newVerifier(cfg Config, now func() time.Time) (*Verifier, error) {
+	if cfg.Issuer == "" || cfg.Audience == "" {
+		return nil, errors.New("new verifier: issuer and audience must be set")
+	}
+	v := &Verifier{keys: map[string]publicKey{}, now: now}
+	var methods []string
+	if cfg.HS256Secret != nil {
+		if len(cfg.HS256Secret) < MinSecretBytes {
+			return nil, fmt.Errorf("new verifier: the HS256 secret is %d bytes; at least %d are required", len(cfg.HS256Secret), MinSecretBytes)
+		}
+		v.secret = slices.Clone(cfg.HS256Secret)
+		methods = append(methods, jwt.SigningMethodHS256.Alg())
+	}
+	if len(cfg.JWKS) > 0 {
+		keys, err := parseJWKS(cfg.JWKS)
+		if err != nil {
+			return nil, fmt.Errorf("new verifier: %w", err)
+		}
+		for _, k := range keys {
+			if v.secret != nil && k.encodedEqual(v.secret) {
+				return nil, fmt.Errorf("new verifier: the HS256 secret equals the public key %q", k.kid)
+			}
+			v.keys[k.kid] = k
+			if !slices.Contains(methods, k.alg) {
+				methods = append(methods, k.alg)
+			}
+		}
+	}
+	if len(methods) == 0 {
+		return nil, errors.New("new verifier: neither an HS256 secret nor a JWKS key is configured")
+	}
+	v.parser = jwt.NewParser(
+		jwt.WithValidMethods(methods),
+		jwt.WithExpirationRequired(),
+		jwt.WithIssuer(cfg.Issuer),
+		jwt.WithAudience(cfg.Audience),
+		jwt.WithIssuedAt(),
+		jwt.WithLeeway(Leeway),
+		jwt.WithTimeFunc(now),
+	)
+	return v, nil
+}
+
+// Verify checks token and returns its principal. Every failure is an
+// *idem.Error with code unauthenticated and a short detail safe to show.
+func (v *Verifier) Verify(token string) (Principal, error) {
+	var c claims
+	_, err := v.parser.ParseWithClaims(token, &c, v.keyFunc)
+	if err != nil {
+		return Principal{}, &idem.Error{Code: idem.CodeUnauthenticated, Detail: failureDetail(err), Err: fmt.Errorf("verify token: %w", err)}
+	}
+	return Principal{Subject: c.Subject, Tenant: c.Tenant, Scopes: strings.Fields(c.Scope)}, nil
+}
+
+// keyFunc selects the verification key for a token whose algorithm already
+// passed WithValidMethods: the secret for HS256, otherwise the JWKS key named
+// by kid, and only when the key's type matches the algorithm.
+func (v *Verifier) keyFunc(t *jwt.Token) (any, error) {
+	alg := t.Method.Alg()
+	if alg == jwt.SigningMethodHS256.Alg() {
+		if v.secret == nil {
+			return nil, errUnsupportedAlg
+		}
+		return v.secret, nil
+	}
+	kid, _ := t.Header["kid"].(string)
+	k, ok := v.keys[kid]
+	if !ok && kid == "" && len(v.keys) == 1 {
+		for _, only := range v.keys {
+			k, ok = only, true
+		}
+	}
+	if !ok {
+		return nil, errUnknownKey
+	}
+	if k.alg != alg {
+		return nil, errUnsupportedAlg
+	}
+	return k.key, nil
+}
+
+var (
+	errUnknownKey     = errors.New("no key with this kid")
+	errUnsupportedAlg = errors.New("algorithm not accepted for this key")
+)
+
+// failureDetail turns a parse error into a short sentence that reveals
+// nothing about keys.
+func failureDetail(err error) string {
+	switch {
+	case errors.Is(err, errUnknownKey):
+		return "the token's key id is not known"
+	case errors.Is(err, errUnsupportedAlg), errors.Is(err, jwt.ErrTokenSignatureInvalid) && strings.Contains(err.Error(), "signing method"):
+		return "the token's signing algorithm is not accepted"
+	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
+		return "the token's signature is invalid"
+	case errors.Is(err, jwt.ErrTokenMalformed):
+		return "the token is malformed"
+	case errors.Is(err, jwt.ErrTokenExpired):
+		return "the token has expired"
+	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
+		return "the token lacks a required claim (exp)"
+	case errors.Is(err, jwt.ErrTokenInvalidIssuer):
+		return "the token's issuer is not accepted"
+	case errors.Is(err, jwt.ErrTokenInvalidAudience):
+		return "the token's audience is not accepted"
+	case errors.Is(err, jwt.ErrTokenNotValidYet):
+		return "the token is not valid yet"
+	case errors.Is(err, jwt.ErrTokenUsedBeforeIssued):
+		return "the token was issued in the future"
+	case errors.Is(err, jwt.ErrTokenUnverifiable):
+		return "the token cannot be verified"
+	}
+	return "the token is invalid"
+}
+
+// MintClaims are the claims of a token minted by MintHS256.
+type MintClaims struct {
+	Issuer, Audience, Subject, Tenant string
+	Scopes                            []string
+	// TTL is how long the token is valid; zero or less means one hour.
+	TTL time.Duration
+}
+
+// DefaultMintTTL is the lifetime of a minted token whose TTL is not set.
+const DefaultMintTTL = time.Hour
+
+// MintHS256 returns an HS256 token signed with secret, which must be at
+// least MinSecretBytes long.
+func MintHS256(secret []byte, c MintClaims) (string, error) {
+	if len(secret) < MinSecretBytes {
+		return "", fmt.Errorf("mint token: the HS256 secret is %d bytes; at least %d are required", len(secret), MinSecretBytes)
+	}
+	ttl := c.TTL
+	if ttl <= 0 {
+		ttl = DefaultMintTTL
+	}
+	now := time.Now()
+	cl := claims{
+		RegisteredClaims: jwt.RegisteredClaims{
+			Issuer:    c.Issuer,
+			Subject:   c.Subject,
+			IssuedAt:  jwt.NewNumericDate(now),
+			NotBefore: jwt.NewNumericDate(now),
+			ExpiresAt: jwt.NewNumericDate(now.Add(ttl)),
+		},
+		Tenant: c.Tenant,
+		Scope:  strings.Join(c.Scopes, " "),
+	}
+	if c.Audience != "" {
+		cl.Audience = jwt.ClaimStrings{c.Audience}
+	}
+	s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, cl).SignedString(secret)
+	if err != nil {
+		return "", fmt.Errorf("mint token: %w", err)
+	}
+	return s, nil
+}
+
+// constantTimeEqual compares secrets without leaking timing.
+func constantTimeEqual(a, b []byte) bool { return hmac.Equal(a, b) }
