@@ -1,0 +1,267 @@
+// Package jobs runs the service's background work: the reaper, which
+// deletes records past their purge time in bounded batches and logs every
+// orphan it deletes, and the orphan watch, which keeps the per-tenant orphan
+// count and oldest-orphan age current for metrics and the dashboard.
+//
+// Both are safe with several replicas running at once: the store guarantees
+// that concurrent Reap calls never delete the same record twice, and the
+// orphan watch only reads.
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/metrics"
+)
+
+// Defaults used for zero Config fields.
+const (
+	DefaultReapInterval        = time.Minute
+	DefaultReapBatchSize       = 500
+	DefaultOrphanWatchInterval = 15 * time.Second
+)
+
+// Config tunes the background jobs. Zero fields take the defaults.
+type Config struct {
+	// ReapInterval is the pause between reaper passes.
+	ReapInterval time.Duration
+	// ReapBatchSize bounds how many records one Store.Reap call deletes, so
+	// a backlog never holds a large lock; a pass repeats batches until one
+	// comes back short.
+	ReapBatchSize int
+	// OrphanWatchInterval is the pause between orphan watches.
+	OrphanWatchInterval time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.ReapInterval <= 0 {
+		c.ReapInterval = DefaultReapInterval
+	}
+	if c.ReapBatchSize <= 0 {
+		c.ReapBatchSize = DefaultReapBatchSize
+	}
+	if c.OrphanWatchInterval <= 0 {
+		c.OrphanWatchInterval = DefaultOrphanWatchInterval
+	}
+	return c
+}
+
+// Runner runs the reaper and the orphan watch.
+type Runner struct {
+	store  idem.Store
+	cfg    Config
+	logger *slog.Logger
+	m      *metrics.Metrics
+
+	mu       sync.Mutex
+	snapshot OrphanSnapshot
+}
+
+// New returns a Runner over store. logger nil discards logs; m nil records
+// no metrics.
+func New(store idem.Store, cfg Config, logger *slog.Logger, m *metrics.Metrics) *Runner {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Runner{
+		store:  store,
+		cfg:    cfg.withDefaults(),
+		logger: logger.With("component", "jobs"),
+		m:      m,
+	}
+}
+
+// Config returns the runner's configuration with defaults applied.
+func (r *Runner) Config() Config { return r.cfg }
+
+// Run runs the reaper and the orphan watch, each once right away and then
+// on its interval, until ctx is done. Failures of a pass are logged and
+// counted, never fatal. It returns nil once ctx is done and both loops have
+// stopped.
+func (r *Runner) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		loop(ctx, r.cfg.ReapInterval, func() {
+			if _, err := r.ReapOnce(ctx); err != nil && ctx.Err() == nil {
+				r.logger.Error("reaper pass failed", "err", err)
+			}
+		})
+	})
+	wg.Go(func() {
+		loop(ctx, r.cfg.OrphanWatchInterval, func() {
+			if _, err := r.WatchOnce(ctx); err != nil && ctx.Err() == nil {
+				r.logger.Error("orphan watch failed", "err", err)
+			}
+		})
+	})
+	wg.Wait()
+	return nil
+}
+
+func loop(ctx context.Context, every time.Duration, f func()) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if ctx.Err() != nil {
+			return
+		}
+		f()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// ReapResult summarises one reaper pass.
+type ReapResult struct {
+	// Deleted is the number of records deleted.
+	Deleted int
+	// Orphans is the number of deleted records that were orphans.
+	Orphans int
+	// Batches is the number of Store.Reap calls made.
+	Batches int
+	// ByState counts the deleted records by API state at deletion.
+	ByState map[idem.State]int
+}
+
+// ReapOnce runs one reaper pass: Store.Reap in batches of ReapBatchSize
+// until a batch comes back short. Every deleted orphan is logged at warn
+// level with tenant, key, operation, attempt, recovery_point, age (time
+// since its lease expired) and created_at. It returns what it deleted so
+// far together with any error.
+func (r *Runner) ReapOnce(ctx context.Context) (ReapResult, error) {
+	res := ReapResult{ByState: map[idem.State]int{}}
+	for {
+		if err := ctx.Err(); err != nil {
+			r.m.ObserveReaperRun(err)
+			return res, fmt.Errorf("reap: %w", err)
+		}
+		batch, err := r.store.Reap(ctx, idem.ReapParams{Limit: r.cfg.ReapBatchSize})
+		res.Batches++
+		if err != nil {
+			r.m.ObserveReaperRun(err)
+			return res, fmt.Errorf("reap batch %d: %w", res.Batches, err)
+		}
+		r.m.ObserveReaped(batch)
+		for _, rec := range batch {
+			state := rec.APIState()
+			res.ByState[state]++
+			res.Deleted++
+			if state == idem.StateOrphaned {
+				res.Orphans++
+				r.logOrphan(ctx, rec)
+			}
+		}
+		if len(batch) < r.cfg.ReapBatchSize {
+			break
+		}
+	}
+	r.m.ObserveReaperRun(nil)
+	if res.Deleted > 0 {
+		r.logger.Info("reaper pass", "deleted", res.Deleted, "orphans", res.Orphans, "batches", res.Batches)
+	}
+	return res, nil
+}
+
+func (r *Runner) logOrphan(ctx context.Context, rec idem.Record) {
+	r.logger.LogAttrs(ctx, slog.LevelWarn, "reaper deleted orphan",
+		slog.String("tenant", rec.TenantID),
+		slog.String("key", rec.Key),
+		slog.String("operation", rec.Operation),
+		slog.Int("attempt", rec.Attempt),
+		slog.String("recovery_point", rec.RecoveryPoint),
+		slog.Duration("age", max(rec.ObservedAt.Sub(rec.LeaseExpiresAt), 0)),
+		slog.Time("lease_expired_at", rec.LeaseExpiresAt),
+		slog.Time("created_at", rec.CreatedAt),
+	)
+}
+
+// OrphanSnapshot is the result of the last successful orphan watch.
+type OrphanSnapshot struct {
+	// Tenants holds one entry per tenant with orphans, oldest orphan first.
+	Tenants []TenantOrphans
+	// TakenAt is the database clock when the stats were read (this host's
+	// clock when no tenant has orphans); zero before the first successful
+	// watch.
+	TakenAt time.Time
+}
+
+// TenantOrphans is one tenant's orphan summary.
+type TenantOrphans struct {
+	Tenant string
+	Count  int64
+	// OldestLeaseExpiry is when the lease of the tenant's oldest orphan
+	// expired.
+	OldestLeaseExpiry time.Time
+	// OldestAge is TakenAt minus OldestLeaseExpiry.
+	OldestAge time.Duration
+}
+
+// Total returns the number of orphans across tenants.
+func (s OrphanSnapshot) Total() int64 {
+	var n int64
+	for _, t := range s.Tenants {
+		n += t.Count
+	}
+	return n
+}
+
+// WatchOnce reads Store.OrphanStats, sets the orphan gauges and stores the
+// snapshot that Orphans returns.
+func (r *Runner) WatchOnce(ctx context.Context) (OrphanSnapshot, error) {
+	stats, err := r.store.OrphanStats(ctx)
+	if err != nil {
+		return OrphanSnapshot{}, fmt.Errorf("orphan stats: %w", err)
+	}
+	snap := OrphanSnapshot{Tenants: make([]TenantOrphans, 0, len(stats))}
+	for _, s := range stats {
+		if s.Count <= 0 {
+			continue
+		}
+		if s.ObservedAt.After(snap.TakenAt) {
+			snap.TakenAt = s.ObservedAt
+		}
+		snap.Tenants = append(snap.Tenants, TenantOrphans{
+			Tenant:            s.TenantID,
+			Count:             s.Count,
+			OldestLeaseExpiry: s.OldestLeaseExpiry,
+			OldestAge:         max(s.ObservedAt.Sub(s.OldestLeaseExpiry), 0),
+		})
+	}
+	if snap.TakenAt.IsZero() {
+		snap.TakenAt = time.Now()
+	}
+	slices.SortFunc(snap.Tenants, func(a, b TenantOrphans) int {
+		if c := a.OldestLeaseExpiry.Compare(b.OldestLeaseExpiry); c != 0 {
+			return c
+		}
+		if a.Tenant < b.Tenant {
+			return -1
+		}
+		if a.Tenant > b.Tenant {
+			return 1
+		}
+		return 0
+	})
+	r.m.SetOrphans(stats)
+	r.mu.Lock()
+	r.snapshot = snap
+	r.mu.Unlock()
+	return snap, nil
+}
+
+// Orphans returns the snapshot of the last successful orphan watch (zero
+// before the first one).
+func (r *Runner) Orphans() OrphanSnapshot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.snapshot
+}
