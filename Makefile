@@ -1,0 +1,35 @@
+# idem — run `make help` for the targets.
+SQLC := go run github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: run
+run: ## Start the service on embedded SQLite in development mode (tokens printed).
+	go run ./cmd/server
+
+.PHONY: test
+test: ## Run every test (race detector, real throwaway PostgreSQL via pg_virtualenv, SQLite, browser).
+	scripts/test
+
+.PHONY: generate
+generate: ## Regenerate the sqlc query code from db/schema and db/queries.
+	$(SQLC) generate
+
+.PHONY: check-generated
+check-generated: ## Fail when the committed sqlc code is not current.
+	$(SQLC) diff
+
+.PHONY: lint
+lint: ## go vet, gofmt, OpenAPI lint (redocly), Dockerfile lint.
+	go vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
+	scripts/lint-openapi
+	scripts/lint-dockerfile
+
+.PHONY: build
+build: ## Build the static server binary into bin/idem (the Dockerfile's command).
+	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o bin/idem ./cmd/server
