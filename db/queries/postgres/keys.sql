@@ -1,0 +1,200 @@
+-- Every query takes the clock as the nullable parameter "now": NULL means the
+-- database clock (now()), so replicas with skewed clocks agree; tests pass a
+-- fake clock. Each returns that instant as observed_at.
+
+-- name: ClaimKey :one
+-- ClaimKey creates the record, or in the same statement takes over an
+-- orphaned one with the same operation and fingerprint (attempt+1, new
+-- token, recovery point kept), or replaces a completed one past its replay
+-- window with a fresh record. It returns no row when none of these applies;
+-- the caller then reads the stored row to tell why. The nextval of a claim
+-- that conflicts and does not apply is lost, which only leaves a gap.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+INSERT INTO idempotency_keys AS k (
+    tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
+    lease_expires_at, replay_window_seconds, reaper_threshold_seconds,
+    created_at, updated_at, purge_after
+)
+SELECT
+    sqlc.arg('tenant_id')::text, sqlc.arg('key')::text, 'in_flight',
+    sqlc.arg('operation')::text, sqlc.arg('fingerprint')::text,
+    nextval('fencing_tokens'), 1,
+    clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond',
+    sqlc.arg('replay_window_seconds')::integer,
+    sqlc.arg('reaper_threshold_seconds')::integer,
+    clock.now, clock.now,
+    clock.now + sqlc.arg('reaper_threshold_seconds')::integer * interval '1 second'
+FROM clock
+ON CONFLICT (tenant_id, key) DO UPDATE SET
+    state = 'in_flight',
+    operation = excluded.operation,
+    fingerprint = excluded.fingerprint,
+    fencing_token = excluded.fencing_token,
+    attempt = CASE WHEN k.state = 'completed' THEN 1 ELSE k.attempt + 1 END,
+    lease_expires_at = excluded.lease_expires_at,
+    recovery_point = CASE WHEN k.state = 'completed' THEN NULL ELSE k.recovery_point END,
+    recovery_data = CASE WHEN k.state = 'completed' THEN NULL ELSE k.recovery_data END,
+    response_status = NULL,
+    response_headers = NULL,
+    response_body = NULL,
+    response_body_encoding = NULL,
+    replay_window_seconds = CASE WHEN k.state = 'completed' THEN excluded.replay_window_seconds ELSE k.replay_window_seconds END,
+    reaper_threshold_seconds = CASE WHEN k.state = 'completed' THEN excluded.reaper_threshold_seconds ELSE k.reaper_threshold_seconds END,
+    created_at = CASE WHEN k.state = 'completed' THEN excluded.created_at ELSE k.created_at END,
+    updated_at = excluded.updated_at,
+    completed_at = NULL,
+    replay_until = NULL,
+    purge_after = CASE WHEN k.state = 'completed' THEN excluded.purge_after
+        ELSE excluded.created_at + k.reaper_threshold_seconds * interval '1 second' END
+WHERE
+    -- takeover of an orphan by the same request
+    (k.state = 'in_flight' AND k.lease_expires_at <= excluded.created_at
+        AND k.operation = excluded.operation AND k.fingerprint = excluded.fingerprint)
+    -- a completed record past its replay window counts as absent
+    OR (k.state = 'completed' AND k.replay_until <= excluded.created_at)
+RETURNING k.*, k.updated_at AS observed_at;
+
+-- name: GetKey :one
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+SELECT k.*, clock.now AS observed_at
+FROM idempotency_keys k, clock
+WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key');
+
+-- name: CheckpointKey :one
+-- CheckpointKey saves the recovery point, renews the lease and postpones the
+-- purge, only while the token is current and the record in flight.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+UPDATE idempotency_keys k SET
+    recovery_point = sqlc.arg('recovery_point')::text,
+    recovery_data = sqlc.narg('recovery_data')::bytea,
+    lease_expires_at = clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond',
+    updated_at = clock.now,
+    purge_after = greatest(k.purge_after, clock.now + k.reaper_threshold_seconds * interval '1 second')
+FROM clock
+WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
+    AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
+RETURNING k.*, clock.now AS observed_at;
+
+-- name: CompleteKey :one
+-- CompleteKey stores the response and starts the replay window, only while
+-- the token is current and the record in flight (the lease may have run out).
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+UPDATE idempotency_keys k SET
+    state = 'completed',
+    lease_expires_at = NULL,
+    response_status = sqlc.arg('response_status')::integer,
+    response_headers = sqlc.arg('response_headers')::jsonb,
+    response_body = sqlc.arg('response_body')::bytea,
+    response_body_encoding = sqlc.arg('response_body_encoding')::text,
+    updated_at = clock.now,
+    completed_at = clock.now,
+    replay_until = clock.now + k.replay_window_seconds * interval '1 second',
+    purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second'
+FROM clock
+WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
+    AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
+RETURNING k.*, clock.now AS observed_at;
+
+-- name: ReleaseKey :execrows
+-- ReleaseKey deletes an in-flight record whose token is current.
+DELETE FROM idempotency_keys k
+WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
+    AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight';
+
+-- name: ListKeys :many
+-- ListKeys lists a tenant's records without responses, newest first, with an
+-- optional API-state filter computed at the clock instant and a keyset cursor
+-- on (created_at, key).
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+SELECT
+    k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
+    k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data,
+    k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
+    k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    clock.now AS observed_at
+FROM idempotency_keys k, clock
+WHERE k.tenant_id = sqlc.arg('tenant_id')
+    AND CASE sqlc.arg('api_state')::text
+        WHEN '' THEN true
+        WHEN 'in_flight' THEN k.state = 'in_flight' AND k.lease_expires_at > clock.now
+        WHEN 'orphaned' THEN k.state = 'in_flight' AND k.lease_expires_at <= clock.now
+        WHEN 'completed' THEN k.state = 'completed' AND k.replay_until > clock.now
+        WHEN 'expired' THEN k.state = 'completed' AND k.replay_until <= clock.now
+        ELSE false
+    END
+    AND (sqlc.narg('after_time')::timestamptz IS NULL
+        OR (k.created_at, k.key) < (sqlc.narg('after_time')::timestamptz, sqlc.arg('after_key')::text))
+ORDER BY k.created_at DESC, k.key DESC
+LIMIT sqlc.arg('max_rows')::integer;
+
+-- name: ListOrphanKeys :many
+-- ListOrphanKeys lists orphaned records, oldest lease expiry first, for one
+-- tenant or ('' ) every tenant, with a keyset cursor on
+-- (lease_expires_at, tenant_id, key). It reads the partial orphan index.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+SELECT
+    k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
+    k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data,
+    k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
+    k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    clock.now AS observed_at
+FROM idempotency_keys k, clock
+WHERE k.state = 'in_flight' AND k.lease_expires_at <= clock.now
+    AND (sqlc.arg('tenant_id')::text = '' OR k.tenant_id = sqlc.arg('tenant_id')::text)
+    AND (sqlc.narg('after_time')::timestamptz IS NULL
+        OR (k.lease_expires_at, k.tenant_id, k.key)
+            > (sqlc.narg('after_time')::timestamptz, sqlc.arg('after_tenant_id')::text, sqlc.arg('after_key')::text))
+ORDER BY k.lease_expires_at, k.tenant_id, k.key
+LIMIT sqlc.arg('max_rows')::integer;
+
+-- name: OrphanStats :many
+-- OrphanStats counts orphans per tenant from the partial orphan index only.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+SELECT
+    k.tenant_id,
+    count(*)::bigint AS orphans,
+    min(k.lease_expires_at)::timestamptz AS oldest_lease_expiry,
+    min(clock.now)::timestamptz AS observed_at
+FROM idempotency_keys k, clock
+WHERE k.state = 'in_flight' AND k.lease_expires_at <= clock.now
+GROUP BY k.tenant_id
+ORDER BY k.tenant_id;
+
+-- name: ReapKeys :many
+-- ReapKeys deletes a batch of records past purge_after or of a disabled
+-- tenant. FOR UPDATE SKIP LOCKED lets concurrent reapers on several replicas
+-- each take different rows without waiting on one another; a row is deleted
+-- by one of them only.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+), victims AS (
+    SELECT v.tenant_id, v.key
+    FROM idempotency_keys v
+    WHERE v.purge_after <= (SELECT clock.now FROM clock)
+        OR v.tenant_id IN (SELECT t.id FROM tenants t WHERE t.disabled_at IS NOT NULL)
+    LIMIT sqlc.arg('max_rows')::integer
+    FOR UPDATE OF v SKIP LOCKED
+)
+DELETE FROM idempotency_keys k
+USING victims
+WHERE k.tenant_id = victims.tenant_id AND k.key = victims.key
+RETURNING
+    k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
+    k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data,
+    k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
+    k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    (SELECT clock.now FROM clock)::timestamptz AS observed_at;

@@ -1,0 +1,44 @@
+-- name: CreateTenant :one
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+INSERT INTO tenants (
+    id, name, replay_window_seconds, reaper_threshold_seconds,
+    lease_seconds_default, lease_seconds_max, max_response_bytes,
+    rate_limit_per_second, created_at, updated_at
+)
+SELECT
+    sqlc.arg('id')::text, sqlc.arg('name')::text,
+    sqlc.arg('replay_window_seconds')::integer, sqlc.arg('reaper_threshold_seconds')::integer,
+    sqlc.arg('lease_seconds_default')::integer, sqlc.arg('lease_seconds_max')::integer,
+    sqlc.arg('max_response_bytes')::integer, sqlc.arg('rate_limit_per_second')::integer,
+    clock.now, clock.now
+FROM clock
+RETURNING *;
+
+-- name: GetTenant :one
+SELECT * FROM tenants WHERE id = sqlc.arg('id');
+
+-- name: ListTenants :many
+SELECT * FROM tenants ORDER BY id;
+
+-- name: UpdateTenant :one
+-- UpdateTenant replaces name, settings and the disabled flag; disabled_at
+-- keeps the instant the tenant was first disabled.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+UPDATE tenants t SET
+    name = sqlc.arg('name')::text,
+    replay_window_seconds = sqlc.arg('replay_window_seconds')::integer,
+    reaper_threshold_seconds = sqlc.arg('reaper_threshold_seconds')::integer,
+    lease_seconds_default = sqlc.arg('lease_seconds_default')::integer,
+    lease_seconds_max = sqlc.arg('lease_seconds_max')::integer,
+    max_response_bytes = sqlc.arg('max_response_bytes')::integer,
+    rate_limit_per_second = sqlc.arg('rate_limit_per_second')::integer,
+    disabled_at = CASE WHEN sqlc.arg('disabled')::boolean
+        THEN coalesce(t.disabled_at, clock.now) ELSE NULL END,
+    updated_at = clock.now
+FROM clock
+WHERE t.id = sqlc.arg('id')
+RETURNING t.*;

@@ -1,0 +1,135 @@
+package postgres
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
+)
+
+// keyRow is the shape of every query that returns a whole record: all
+// columns of idempotency_keys plus the clock instant. sqlc generates one
+// identical struct per query; they convert to this one.
+type keyRow = dbsqlc.GetKeyRow
+
+// listRow is the shape of every query that returns records without their
+// responses.
+type listRow = dbsqlc.ListKeysRow
+
+// recordFromRow converts a whole record, response included.
+func recordFromRow(r keyRow) (idem.Record, error) {
+	rec := recordFromListRow(listRow{
+		TenantID: r.TenantID, Key: r.Key, State: r.State, Operation: r.Operation,
+		Fingerprint: r.Fingerprint, FencingToken: r.FencingToken, Attempt: r.Attempt,
+		LeaseExpiresAt: r.LeaseExpiresAt, RecoveryPoint: r.RecoveryPoint, RecoveryData: r.RecoveryData,
+		ReplayWindowSeconds: r.ReplayWindowSeconds, ReaperThresholdSeconds: r.ReaperThresholdSeconds,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
+		ReplayUntil: r.ReplayUntil, PurgeAfter: r.PurgeAfter, ObservedAt: r.ObservedAt,
+	})
+	if r.ResponseStatus == nil {
+		return rec, nil
+	}
+	resp := &idem.Response{Status: int(*r.ResponseStatus), Body: r.ResponseBody}
+	if r.ResponseBodyEncoding != nil {
+		resp.BodyEncoding = *r.ResponseBodyEncoding
+	}
+	if err := json.Unmarshal(r.ResponseHeaders, &resp.Headers); err != nil {
+		return idem.Record{}, fmt.Errorf("decode stored response headers of key %q: %w", r.Key, err)
+	}
+	rec.Response = resp
+	return rec, nil
+}
+
+// recordFromListRow converts a record without its response.
+func recordFromListRow(r listRow) idem.Record {
+	rec := idem.Record{
+		TenantID:        r.TenantID,
+		Key:             r.Key,
+		State:           idem.State(r.State),
+		Operation:       r.Operation,
+		Fingerprint:     r.Fingerprint,
+		FencingToken:    r.FencingToken,
+		Attempt:         int(r.Attempt),
+		LeaseExpiresAt:  timeOf(r.LeaseExpiresAt),
+		ReplayWindow:    time.Duration(r.ReplayWindowSeconds) * time.Second,
+		ReaperThreshold: time.Duration(r.ReaperThresholdSeconds) * time.Second,
+		CreatedAt:       timeOf(r.CreatedAt),
+		UpdatedAt:       timeOf(r.UpdatedAt),
+		CompletedAt:     timeOf(r.CompletedAt),
+		ReplayUntil:     timeOf(r.ReplayUntil),
+		PurgeAfter:      timeOf(r.PurgeAfter),
+		ObservedAt:      timeOf(r.ObservedAt),
+	}
+	if r.RecoveryPoint != nil {
+		rec.RecoveryPoint = *r.RecoveryPoint
+	}
+	if r.RecoveryData != nil {
+		rec.RecoveryData = json.RawMessage(r.RecoveryData)
+	}
+	return rec
+}
+
+// listRecords converts rows of any list-shaped query.
+func listRecords[R ~struct {
+	TenantID               string
+	Key                    string
+	State                  string
+	Operation              string
+	Fingerprint            string
+	FencingToken           int64
+	Attempt                int32
+	LeaseExpiresAt         pgtype.Timestamptz
+	RecoveryPoint          *string
+	RecoveryData           []byte
+	ReplayWindowSeconds    int32
+	ReaperThresholdSeconds int32
+	CreatedAt              pgtype.Timestamptz
+	UpdatedAt              pgtype.Timestamptz
+	CompletedAt            pgtype.Timestamptz
+	ReplayUntil            pgtype.Timestamptz
+	PurgeAfter             pgtype.Timestamptz
+	ObservedAt             pgtype.Timestamptz
+}](rows []R) []idem.Record {
+	out := make([]idem.Record, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, recordFromListRow(listRow(r)))
+	}
+	return out
+}
+
+// tenantFromRow converts a tenant.
+func tenantFromRow(t dbsqlc.Tenant) idem.Tenant {
+	return idem.Tenant{
+		ID:   t.ID,
+		Name: t.Name,
+		Settings: idem.Settings{
+			ReplayWindowSeconds:    int(t.ReplayWindowSeconds),
+			ReaperThresholdSeconds: int(t.ReaperThresholdSeconds),
+			LeaseSecondsDefault:    int(t.LeaseSecondsDefault),
+			LeaseSecondsMax:        int(t.LeaseSecondsMax),
+			MaxResponseBytes:       int(t.MaxResponseBytes),
+			RateLimitPerSecond:     int(t.RateLimitPerSecond),
+		},
+		Disabled:  t.DisabledAt.Valid,
+		CreatedAt: timeOf(t.CreatedAt),
+		UpdatedAt: timeOf(t.UpdatedAt),
+	}
+}
+
+// timeOf returns the UTC instant of a timestamptz, or the zero time for NULL.
+func timeOf(t pgtype.Timestamptz) time.Time {
+	if !t.Valid {
+		return time.Time{}
+	}
+	return t.Time.UTC()
+}
+
+// micros converts a duration to whole microseconds for interval arithmetic.
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// seconds converts a duration to whole seconds for the settings columns.
+func seconds(d time.Duration) int32 { return int32(d / time.Second) }

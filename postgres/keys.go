@@ -1,0 +1,241 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
+)
+
+// claimAttempts bounds the claim loop. Another round is needed only when the
+// row changed between the upsert and the read that explains its refusal
+// (released, reaped, or its lease ran out in between).
+const claimAttempts = 8
+
+// Claim applies the claim state machine in one upsert. When the upsert does
+// not apply, it reads the stored row and lets idem.DecideClaim say why:
+// a replay, request_in_flight, or fingerprint_mismatch.
+func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	for range claimAttempts {
+		row, err := s.q.ClaimKey(ctx, dbsqlc.ClaimKeyParams{
+			TenantID:               p.TenantID,
+			Key:                    p.Key,
+			Operation:              p.Operation,
+			Fingerprint:            p.Fingerprint,
+			LeaseUs:                micros(p.Lease),
+			ReplayWindowSeconds:    seconds(p.ReplayWindow),
+			ReaperThresholdSeconds: seconds(p.ReaperThreshold),
+			Now:                    s.clock(),
+		})
+		switch {
+		case err == nil:
+			rec, err := recordFromRow(keyRow(row))
+			if err != nil {
+				return idem.ClaimResult{}, err
+			}
+			action := idem.ActionTakeover
+			if rec.Attempt == 1 {
+				action = idem.ActionCreate
+			}
+			return idem.ClaimResult{Action: action, Record: rec}, nil
+		case pgErrorCode(err) == pgForeignKeyViolation:
+			return idem.ClaimResult{}, &idem.Error{Code: idem.CodeTenantUnknown, Detail: "tenant '" + p.TenantID + "' does not exist", Err: err}
+		case !errors.Is(err, pgx.ErrNoRows):
+			return idem.ClaimResult{}, s.interpretError(err, "claim key")
+		}
+
+		stored, err := s.getKey(ctx, p.TenantID, p.Key)
+		if err != nil {
+			return idem.ClaimResult{}, err
+		}
+		if stored == nil {
+			continue // released or reaped in between
+		}
+		action := idem.DecideClaim(stored, p.Operation, p.Fingerprint, stored.ObservedAt)
+		switch action {
+		case idem.ActionReplay:
+			return idem.ClaimResult{Action: idem.ActionReplay, Record: *stored}, nil
+		case idem.ActionRejectInFlight, idem.ActionRejectMismatch:
+			return idem.ClaimResult{}, idem.ClaimError(action, stored, stored.ObservedAt)
+		}
+		// Create or takeover: the lease or the window ran out since the upsert.
+	}
+	return idem.ClaimResult{}, fmt.Errorf("claim key: %w", errContention)
+}
+
+// Checkpoint saves a recovery point and renews the lease while the token is
+// current and the record in flight.
+func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.Record, error) {
+	row, err := s.q.CheckpointKey(ctx, dbsqlc.CheckpointKeyParams{
+		TenantID:      p.TenantID,
+		Key:           p.Key,
+		FencingToken:  p.FencingToken,
+		RecoveryPoint: p.RecoveryPoint,
+		RecoveryData:  p.Data,
+		LeaseUs:       micros(p.Lease),
+		Now:           s.clock(),
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		_, err = s.writeRefused(ctx, p.TenantID, p.Key, p.FencingToken, "checkpoint")
+		return idem.Record{}, err
+	}
+	if err != nil {
+		return idem.Record{}, s.interpretError(err, "checkpoint key")
+	}
+	return recordFromRow(keyRow(row))
+}
+
+// Complete stores the response while the token is current and the record
+// in flight. Completing again with the current token and an equal response
+// returns the stored record.
+func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Record, error) {
+	headers, err := json.Marshal(p.Response.Headers)
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("complete key: encode response headers: %w", err)
+	}
+	row, err := s.q.CompleteKey(ctx, dbsqlc.CompleteKeyParams{
+		TenantID:             p.TenantID,
+		Key:                  p.Key,
+		FencingToken:         p.FencingToken,
+		ResponseStatus:       int32(p.Response.Status),
+		ResponseHeaders:      headers,
+		ResponseBody:         p.Response.Body,
+		ResponseBodyEncoding: p.Response.BodyEncoding,
+		Now:                  s.clock(),
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		stored, err := s.writeRefused(ctx, p.TenantID, p.Key, p.FencingToken, "complete")
+		if errors.Is(err, idem.ErrAlreadyCompleted) && stored.Response != nil && stored.Response.Equal(p.Response) {
+			return *stored, nil
+		}
+		return idem.Record{}, err
+	}
+	if err != nil {
+		return idem.Record{}, s.interpretError(err, "complete key")
+	}
+	return recordFromRow(keyRow(row))
+}
+
+// Release deletes the in-flight record while the token is current.
+func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
+	n, err := s.q.ReleaseKey(ctx, dbsqlc.ReleaseKeyParams{TenantID: p.TenantID, Key: p.Key, FencingToken: p.FencingToken})
+	if err != nil {
+		return s.interpretError(err, "release key")
+	}
+	if n == 0 {
+		_, err = s.writeRefused(ctx, p.TenantID, p.Key, p.FencingToken, "release")
+		return err
+	}
+	return nil
+}
+
+// writeRefused explains why a token-guarded write did not apply: it reads
+// the row and returns it with key_not_found, lease_lost, or
+// already_completed when the token is current but the record completed.
+func (s *Store) writeRefused(ctx context.Context, tenantID, key string, token int64, op string) (*idem.Record, error) {
+	stored, err := s.getKey(ctx, tenantID, key)
+	if err != nil {
+		return nil, err
+	}
+	if err := idem.CheckToken(stored, token); err != nil {
+		return stored, err
+	}
+	if stored.State == idem.StateCompleted {
+		return stored, &idem.Error{Code: idem.CodeAlreadyCompleted, Detail: "key '" + key + "' is already completed"}
+	}
+	// In flight with the current token, yet the guarded statement did not
+	// apply: the row changed between the two statements. Tokens are never
+	// reused, so this only happens if the record was deleted and recreated,
+	// which hands out a new token; report it rather than guess.
+	return stored, fmt.Errorf("%s key: %w", op, errContention)
+}
+
+// GetRecord returns the record with its response.
+func (s *Store) GetRecord(ctx context.Context, p idem.GetRecordParams) (idem.Record, error) {
+	stored, err := s.getKey(ctx, p.TenantID, p.Key)
+	if err != nil {
+		return idem.Record{}, err
+	}
+	if stored == nil {
+		return idem.Record{}, idem.Errorf(idem.CodeKeyNotFound, "no record for key '%s'", p.Key)
+	}
+	return *stored, nil
+}
+
+// getKey reads a record at the store's clock; nil when absent.
+func (s *Store) getKey(ctx context.Context, tenantID, key string) (*idem.Record, error) {
+	row, err := s.q.GetKey(ctx, dbsqlc.GetKeyParams{TenantID: tenantID, Key: key, Now: s.clock()})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, s.interpretError(err, "read key")
+	}
+	rec, err := recordFromRow(row)
+	if err != nil {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// ListRecords lists a tenant's records without responses, newest first.
+func (s *Store) ListRecords(ctx context.Context, p idem.ListRecordsParams) ([]idem.Record, error) {
+	arg := dbsqlc.ListKeysParams{TenantID: p.TenantID, ApiState: string(p.State), MaxRows: int32(p.Limit), Now: s.clock()}
+	if p.After != nil {
+		arg.AfterTime = pgtype.Timestamptz{Time: p.After.Time, Valid: true}
+		arg.AfterKey = p.After.Key
+	}
+	rows, err := s.q.ListKeys(ctx, arg)
+	if err != nil {
+		return nil, s.interpretError(err, "list keys")
+	}
+	return listRecords(rows), nil
+}
+
+// ListOrphans lists orphaned records, oldest lease expiry first.
+func (s *Store) ListOrphans(ctx context.Context, p idem.ListOrphansParams) ([]idem.Record, error) {
+	arg := dbsqlc.ListOrphanKeysParams{TenantID: p.TenantID, MaxRows: int32(p.Limit), Now: s.clock()}
+	if p.After != nil {
+		arg.AfterTime = pgtype.Timestamptz{Time: p.After.Time, Valid: true}
+		arg.AfterTenantID = p.After.TenantID
+		arg.AfterKey = p.After.Key
+	}
+	rows, err := s.q.ListOrphanKeys(ctx, arg)
+	if err != nil {
+		return nil, s.interpretError(err, "list orphans")
+	}
+	return listRecords(rows), nil
+}
+
+// OrphanStats returns the orphan count and oldest lease expiry per tenant.
+func (s *Store) OrphanStats(ctx context.Context) ([]idem.OrphanStat, error) {
+	rows, err := s.q.OrphanStats(ctx, s.clock())
+	if err != nil {
+		return nil, s.interpretError(err, "orphan stats")
+	}
+	out := make([]idem.OrphanStat, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, idem.OrphanStat{
+			TenantID:          r.TenantID,
+			Count:             r.Orphans,
+			OldestLeaseExpiry: timeOf(r.OldestLeaseExpiry),
+			ObservedAt:        timeOf(r.ObservedAt),
+		})
+	}
+	return out, nil
+}
+
+// Reap deletes one batch of records past purge_after or of disabled tenants.
+func (s *Store) Reap(ctx context.Context, p idem.ReapParams) ([]idem.Record, error) {
+	rows, err := s.q.ReapKeys(ctx, dbsqlc.ReapKeysParams{MaxRows: int32(p.Limit), Now: s.clock()})
+	if err != nil {
+		return nil, s.interpretError(err, "reap keys")
+	}
+	return listRecords(rows), nil
+}
