@@ -1,0 +1,421 @@
+package server
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is the whole configuration of the server. Every field is both an
+// environment variable (IDEM_…) and a flag of cmd/server; a flag overrides
+// the environment. Load fills it, Validate checks it.
+type Config struct {
+	// Addr is the listen address (IDEM_ADDR); "127.0.0.1:0" picks a free
+	// port, see Server.Addr.
+	Addr string
+	// DatabaseURL chooses the store by scheme (IDEM_DATABASE_URL):
+	// postgres:// or postgresql:// for PostgreSQL, sqlite:PATH for the
+	// embedded store.
+	DatabaseURL string
+	// JWTHS256Secret is the HS256 signing secret, at least 32 bytes
+	// (IDEM_JWT_HS256_SECRET).
+	JWTHS256Secret string
+	// JWTJWKSFile names a JWKS file of public keys (IDEM_JWT_JWKS_FILE).
+	JWTJWKSFile string
+	// JWTIssuer and JWTAudience are the expected iss and aud claims.
+	JWTIssuer   string
+	JWTAudience string
+	// MaxBodyBytes is the largest request body accepted.
+	MaxBodyBytes int64
+	// LogFormat is "json" or "text"; "" picks text in development mode and
+	// json otherwise.
+	LogFormat string
+	// LogLevel is debug, info, warn or error.
+	LogLevel string
+	// ShutdownGrace is how long in-flight requests may take to finish after
+	// a shutdown signal.
+	ShutdownGrace time.Duration
+	// DBMaxConns is the PostgreSQL pool size.
+	DBMaxConns int
+	// DBConnectTimeout bounds connecting to the database at start.
+	DBConnectTimeout time.Duration
+	// ReapInterval, ReapBatchSize and OrphanWatchInterval tune the
+	// background jobs.
+	ReapInterval        time.Duration
+	ReapBatchSize       int
+	OrphanWatchInterval time.Duration
+	// TenantCacheTTL is how long tenant settings are cached on the hot
+	// path; other replicas see a settings change after at most this long.
+	TenantCacheTTL time.Duration
+	// HTTP server hardening.
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	WriteTimeout      time.Duration
+	IdleTimeout       time.Duration
+	MaxHeaderBytes    int
+	// DataDir holds the development-mode secret; "" means the folder of the
+	// SQLite file.
+	DataDir string
+}
+
+// DefaultConfig returns the configuration with every default of the
+// contract applied.
+func DefaultConfig() Config {
+	return Config{
+		Addr:                ":8080",
+		DatabaseURL:         "sqlite:./data/idem.db",
+		JWTIssuer:           "idem",
+		JWTAudience:         "idem",
+		MaxBodyBytes:        10 << 20,
+		LogLevel:            "info",
+		ShutdownGrace:       20 * time.Second,
+		DBMaxConns:          10,
+		DBConnectTimeout:    10 * time.Second,
+		ReapInterval:        30 * time.Second,
+		ReapBatchSize:       500,
+		OrphanWatchInterval: 15 * time.Second,
+		TenantCacheTTL:      5 * time.Second,
+		ReadHeaderTimeout:   5 * time.Second,
+		ReadTimeout:         30 * time.Second,
+		WriteTimeout:        30 * time.Second,
+		IdleTimeout:         120 * time.Second,
+		MaxHeaderBytes:      64 << 10,
+	}
+}
+
+// setting describes one configuration entry: its flag, its environment
+// variable, its help text and how to bind it to a Config.
+type setting struct {
+	flag, env, usage string
+	secret           bool
+	bind             func(*Config) flag.Value
+}
+
+func settings() []setting {
+	return []setting{
+		{"addr", "IDEM_ADDR", "listen address (host:port; port 0 picks a free one)", false,
+			func(c *Config) flag.Value { return (*stringValue)(&c.Addr) }},
+		{"database-url", "IDEM_DATABASE_URL", "store: postgres://… or postgresql://… for PostgreSQL, sqlite:PATH for the embedded store", true,
+			func(c *Config) flag.Value { return (*stringValue)(&c.DatabaseURL) }},
+		{"jwt-hs256-secret", "IDEM_JWT_HS256_SECRET", "HS256 signing secret, at least 32 bytes (prefer the environment variable over the flag)", true,
+			func(c *Config) flag.Value { return (*stringValue)(&c.JWTHS256Secret) }},
+		{"jwt-jwks-file", "IDEM_JWT_JWKS_FILE", "JWKS file of public keys (EdDSA, ES256, RS256) selected by kid", false,
+			func(c *Config) flag.Value { return (*stringValue)(&c.JWTJWKSFile) }},
+		{"jwt-issuer", "IDEM_JWT_ISSUER", "expected iss claim", false,
+			func(c *Config) flag.Value { return (*stringValue)(&c.JWTIssuer) }},
+		{"jwt-audience", "IDEM_JWT_AUDIENCE", "expected aud claim", false,
+			func(c *Config) flag.Value { return (*stringValue)(&c.JWTAudience) }},
+		{"max-body-bytes", "IDEM_MAX_BODY_BYTES", "largest request body accepted, in bytes", false,
+			func(c *Config) flag.Value { return (*int64Value)(&c.MaxBodyBytes) }},
+		{"log-format", "IDEM_LOG_FORMAT", "log format: json or text (default: text in development mode, json otherwise)", false,
+			func(c *Config) flag.Value { return (*stringValue)(&c.LogFormat) }},
+		{"log-level", "IDEM_LOG_LEVEL", "log level: debug, info, warn or error", false,
+			func(c *Config) flag.Value { return (*stringValue)(&c.LogLevel) }},
+		{"shutdown-grace", "IDEM_SHUTDOWN_GRACE", "time in-flight requests get to finish after SIGTERM/SIGINT", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.ShutdownGrace) }},
+		{"db-max-conns", "IDEM_DB_MAX_CONNS", "PostgreSQL connection pool size", false,
+			func(c *Config) flag.Value { return (*intValue)(&c.DBMaxConns) }},
+		{"db-connect-timeout", "IDEM_DB_CONNECT_TIMEOUT", "time allowed to connect to the database at start", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.DBConnectTimeout) }},
+		{"reap-interval", "IDEM_REAP_INTERVAL", "how often the reaper deletes records past their purge time", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.ReapInterval) }},
+		{"reap-batch-size", "IDEM_REAP_BATCH_SIZE", "most records the reaper deletes per batch", false,
+			func(c *Config) flag.Value { return (*intValue)(&c.ReapBatchSize) }},
+		{"orphan-watch-interval", "IDEM_ORPHAN_WATCH_INTERVAL", "how often orphan counts and ages are refreshed", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.OrphanWatchInterval) }},
+		{"tenant-cache-ttl", "IDEM_TENANT_CACHE_TTL", "how long tenant settings are cached on the hot path", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.TenantCacheTTL) }},
+		{"read-header-timeout", "IDEM_READ_HEADER_TIMEOUT", "time allowed to read request headers", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.ReadHeaderTimeout) }},
+		{"read-timeout", "IDEM_READ_TIMEOUT", "time allowed to read a whole request", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.ReadTimeout) }},
+		{"write-timeout", "IDEM_WRITE_TIMEOUT", "time allowed to write a response", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.WriteTimeout) }},
+		{"idle-timeout", "IDEM_IDLE_TIMEOUT", "how long an idle keep-alive connection stays open", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.IdleTimeout) }},
+		{"max-header-bytes", "IDEM_MAX_HEADER_BYTES", "largest request header block accepted, in bytes", false,
+			func(c *Config) flag.Value { return (*intValue)(&c.MaxHeaderBytes) }},
+		{"data-dir", "IDEM_DATA_DIR", "folder of the development-mode secret (default: the folder of the SQLite file)", false,
+			func(c *Config) flag.Value { return (*stringValue)(&c.DataDir) }},
+	}
+}
+
+// Flags registers one flag per setting on fs, bound to a Config that starts
+// from the defaults. Call the returned function after fs.Parse: it applies
+// the environment (read through getenv) to every setting whose flag was not
+// given, so a flag overrides its environment variable. Help texts show the
+// built-in defaults, never a value from the environment.
+func Flags(fs *flag.FlagSet, getenv func(string) string) func() (Config, error) {
+	cfg := DefaultConfig()
+	all := settings()
+	for _, s := range all {
+		fs.Var(s.bind(&cfg), s.flag, s.usage+" ("+s.env+")")
+	}
+	return func() (Config, error) {
+		given := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+		var errs []error
+		for _, s := range all {
+			if given[s.flag] {
+				continue
+			}
+			v := getenv(s.env)
+			if v == "" {
+				continue
+			}
+			if err := s.bind(&cfg).Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", s.env, err))
+			}
+		}
+		return cfg, errors.Join(errs...)
+	}
+}
+
+// Load parses args (flags, without the program name) over the environment
+// read through getenv, over the defaults.
+func Load(args []string, getenv func(string) string) (Config, error) {
+	fs := flag.NewFlagSet("idem", flag.ContinueOnError)
+	fs.SetOutput(discard{})
+	done := Flags(fs, getenv)
+	if err := fs.Parse(args); err != nil {
+		return Config{}, fmt.Errorf("parse flags: %w", err)
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	return done()
+}
+
+// Store schemes.
+const (
+	schemePostgres = "postgres"
+	schemeSQLite   = "sqlite"
+)
+
+// storeKind returns the store named by the database URL and, for SQLite,
+// the file path.
+func storeKind(dbURL string) (kind, path string, err error) {
+	switch {
+	case strings.HasPrefix(dbURL, "postgres://"), strings.HasPrefix(dbURL, "postgresql://"):
+		return schemePostgres, "", nil
+	case strings.HasPrefix(dbURL, "sqlite:"):
+		p := strings.TrimPrefix(dbURL, "sqlite:")
+		p = strings.TrimPrefix(p, "//")
+		if p == "" {
+			return "", "", errors.New("IDEM_DATABASE_URL: sqlite: needs a file path, e.g. sqlite:./data/idem.db")
+		}
+		if p == ":memory:" || strings.HasPrefix(p, "file::memory:") {
+			return "", "", errors.New("IDEM_DATABASE_URL: an in-memory SQLite database is not supported; name a file, e.g. sqlite:./data/idem.db")
+		}
+		return schemeSQLite, p, nil
+	}
+	return "", "", fmt.Errorf("IDEM_DATABASE_URL must start with postgres://, postgresql:// or sqlite: (got %q)", redactURL(dbURL))
+}
+
+// DevMode reports whether the server runs in development mode: no signing
+// key is configured and the store is the embedded SQLite.
+func (c Config) DevMode() bool {
+	kind, _, err := storeKind(c.DatabaseURL)
+	return err == nil && kind == schemeSQLite && c.JWTHS256Secret == "" && c.JWTJWKSFile == ""
+}
+
+// SQLitePath returns the file path of a sqlite: database URL, or "" for
+// another store.
+func (c Config) SQLitePath() string {
+	kind, p, err := storeKind(c.DatabaseURL)
+	if err != nil || kind != schemeSQLite {
+		return ""
+	}
+	return p
+}
+
+// DataFolder returns the folder of the development-mode secret: DataDir, or
+// the folder of the SQLite file, or "./data".
+func (c Config) DataFolder() string {
+	if c.DataDir != "" {
+		return c.DataDir
+	}
+	if p := c.SQLitePath(); p != "" {
+		return filepath.Dir(p)
+	}
+	return "data"
+}
+
+// EffectiveLogFormat returns LogFormat, or its default: text in
+// development mode, json otherwise.
+func (c Config) EffectiveLogFormat() string {
+	if c.LogFormat != "" {
+		return c.LogFormat
+	}
+	if c.DevMode() {
+		return "text"
+	}
+	return "json"
+}
+
+// Validate checks the configuration and returns every problem found, each
+// naming its environment variable.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	if c.Addr == "" {
+		bad("IDEM_ADDR must not be empty (e.g. :8080)")
+	}
+	kind, _, err := storeKind(c.DatabaseURL)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if c.JWTHS256Secret != "" && len(c.JWTHS256Secret) < 32 {
+		bad("IDEM_JWT_HS256_SECRET must be at least 32 bytes (got %d)", len(c.JWTHS256Secret))
+	}
+	if kind == schemePostgres && c.JWTHS256Secret == "" && c.JWTJWKSFile == "" {
+		bad("IDEM_DATABASE_URL is PostgreSQL but no signing key is configured: set IDEM_JWT_HS256_SECRET (at least 32 bytes) or IDEM_JWT_JWKS_FILE; development mode with a generated secret is only available with the embedded sqlite: store")
+	}
+	if c.JWTIssuer == "" {
+		bad("IDEM_JWT_ISSUER must not be empty")
+	}
+	if c.JWTAudience == "" {
+		bad("IDEM_JWT_AUDIENCE must not be empty")
+	}
+	if c.MaxBodyBytes < 1 {
+		bad("IDEM_MAX_BODY_BYTES must be at least 1 (got %d)", c.MaxBodyBytes)
+	}
+	switch c.LogFormat {
+	case "", "json", "text":
+	default:
+		bad("IDEM_LOG_FORMAT must be json or text (got %q)", c.LogFormat)
+	}
+	switch strings.ToLower(c.LogLevel) {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("IDEM_LOG_LEVEL must be debug, info, warn or error (got %q)", c.LogLevel)
+	}
+	positive := []struct {
+		env string
+		d   time.Duration
+	}{
+		{"IDEM_SHUTDOWN_GRACE", c.ShutdownGrace},
+		{"IDEM_DB_CONNECT_TIMEOUT", c.DBConnectTimeout},
+		{"IDEM_REAP_INTERVAL", c.ReapInterval},
+		{"IDEM_ORPHAN_WATCH_INTERVAL", c.OrphanWatchInterval},
+		{"IDEM_READ_HEADER_TIMEOUT", c.ReadHeaderTimeout},
+		{"IDEM_READ_TIMEOUT", c.ReadTimeout},
+		{"IDEM_WRITE_TIMEOUT", c.WriteTimeout},
+		{"IDEM_IDLE_TIMEOUT", c.IdleTimeout},
+	}
+	for _, p := range positive {
+		if p.d <= 0 {
+			bad("%s must be a positive duration such as 30s (got %s)", p.env, p.d)
+		}
+	}
+	if c.TenantCacheTTL < 0 {
+		bad("IDEM_TENANT_CACHE_TTL must not be negative (got %s)", c.TenantCacheTTL)
+	}
+	if c.DBMaxConns < 1 || c.DBMaxConns > 1000 {
+		bad("IDEM_DB_MAX_CONNS must be between 1 and 1000 (got %d)", c.DBMaxConns)
+	}
+	if c.ReapBatchSize < 1 || c.ReapBatchSize > 100000 {
+		bad("IDEM_REAP_BATCH_SIZE must be between 1 and 100000 (got %d)", c.ReapBatchSize)
+	}
+	if c.MaxHeaderBytes < 4096 {
+		bad("IDEM_MAX_HEADER_BYTES must be at least 4096 (got %d)", c.MaxHeaderBytes)
+	}
+	return errors.Join(errs...)
+}
+
+// Setting is one line of the effective configuration, as `server config`
+// prints it.
+type Setting struct {
+	Env   string
+	Flag  string
+	Value string
+}
+
+// Redacted returns the effective configuration, one Setting per variable,
+// with secrets hidden: the HS256 secret is shown as "[redacted]" and a
+// password in the database URL as "xxxxx".
+func (c Config) Redacted() []Setting {
+	out := make([]Setting, 0, len(settings()))
+	for _, s := range settings() {
+		v := s.bind(&c).String()
+		switch {
+		case s.env == "IDEM_DATABASE_URL":
+			v = redactURL(v)
+		case s.secret && v != "":
+			v = "[redacted]"
+		}
+		out = append(out, Setting{Env: s.env, Flag: "--" + s.flag, Value: v})
+	}
+	return out
+}
+
+// redactURL hides the password of a database URL, in the user info and in
+// a password query parameter.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		if strings.Contains(raw, "@") || strings.Contains(strings.ToLower(raw), "password") {
+			return "[redacted: unparsable URL]"
+		}
+		return raw
+	}
+	q := u.Query()
+	if q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// Flag values that print their current value and parse with clear errors.
+
+type stringValue string
+
+func (v *stringValue) String() string     { return string(*v) }
+func (v *stringValue) Set(s string) error { *v = stringValue(s); return nil }
+
+type intValue int
+
+func (v *intValue) String() string { return strconv.Itoa(int(*v)) }
+func (v *intValue) Set(s string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q is not a whole number", s)
+	}
+	*v = intValue(n)
+	return nil
+}
+
+type int64Value int64
+
+func (v *int64Value) String() string { return strconv.FormatInt(int64(*v), 10) }
+func (v *int64Value) Set(s string) error {
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil {
+		return fmt.Errorf("%q is not a whole number", s)
+	}
+	*v = int64Value(n)
+	return nil
+}
+
+type durationValue time.Duration
+
+func (v *durationValue) String() string { return time.Duration(*v).String() }
+func (v *durationValue) Set(s string) error {
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration such as 30s or 1m30s", s)
+	}
+	*v = durationValue(d)
+	return nil
+}

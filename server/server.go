@@ -1,0 +1,320 @@
+// Package server is the wiring of the idem binary: configuration, the store
+// chosen by URL scheme, development mode, the HTTP routes (API, metrics,
+// OpenAPI spec, docs, dashboard), the background jobs and graceful
+// shutdown. cmd/server and the end-to-end tests (package servertest) both
+// use it, so tests exercise exactly what production runs.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/api"
+	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/jobs"
+	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/postgres"
+	"github.com/idem-dev/idem/sqlite"
+	"github.com/idem-dev/idem/tenants"
+	"github.com/idem-dev/idem/web"
+)
+
+// Server is one running idem service: store, HTTP handler and background
+// jobs. Create it with New, then Run it; Run closes it.
+type Server struct {
+	cfg      Config
+	logger   *slog.Logger
+	rawStore idem.Store
+	store    idem.Store
+	tenants  *tenants.Service
+	registry *prometheus.Registry
+	metrics  *metrics.Metrics
+	jobs     *jobs.Runner
+	handler  http.Handler
+	dev      *DevInfo
+
+	mu        sync.Mutex
+	listener  net.Listener
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New validates cfg, opens the store (running its migrations), prepares
+// development mode when no signing key is configured with SQLite, and
+// builds the HTTP handler. It does not listen yet; see Listen and Run.
+func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	s := &Server{cfg: cfg, logger: logger}
+
+	authCfg := auth.Config{Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience}
+	if cfg.JWTHS256Secret != "" {
+		authCfg.HS256Secret = []byte(cfg.JWTHS256Secret)
+	}
+	if cfg.JWTJWKSFile != "" {
+		b, err := os.ReadFile(cfg.JWTJWKSFile)
+		if err != nil {
+			return nil, fmt.Errorf("IDEM_JWT_JWKS_FILE: %w", err)
+		}
+		authCfg.JWKS = b
+	}
+	var devSecret []byte
+	if cfg.DevMode() {
+		secret, err := s.bootstrapDev()
+		if err != nil {
+			return nil, fmt.Errorf("development mode: %w", err)
+		}
+		devSecret = secret
+		authCfg.HS256Secret = secret
+	}
+	verifier, err := auth.NewVerifier(authCfg)
+	if err != nil {
+		return nil, fmt.Errorf("configure token verification: %w", err)
+	}
+
+	raw, err := OpenStore(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.rawStore = raw
+
+	s.registry = prometheus.NewRegistry()
+	s.registry.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	s.metrics = metrics.New(s.registry)
+	switch st := raw.(type) {
+	case *postgres.Store:
+		s.metrics.RegisterPool(s.registry, st.Pool().Stat)
+	case *sqlite.Store:
+		s.metrics.RegisterDBStats(s.registry, st.DB().Stats)
+	}
+	s.store = metrics.InstrumentStore(raw, s.metrics)
+	s.tenants = tenants.NewService(s.store, cfg.TenantCacheTTL)
+
+	if devSecret != nil {
+		if _, err := s.tenants.Ensure(ctx, DevTenant, "Demo tenant (development mode)"); err != nil {
+			_ = raw.Close()
+			return nil, fmt.Errorf("development mode: create tenant %s: %w", DevTenant, err)
+		}
+		info, err := mintDevTokens(cfg, devSecret)
+		if err != nil {
+			_ = raw.Close()
+			return nil, fmt.Errorf("development mode: %w", err)
+		}
+		s.dev = &info
+	}
+
+	s.jobs = jobs.New(s.store, jobs.Config{
+		ReapInterval:        cfg.ReapInterval,
+		ReapBatchSize:       cfg.ReapBatchSize,
+		OrphanWatchInterval: cfg.OrphanWatchInterval,
+	}, logger, s.metrics)
+
+	s.handler = s.routes(verifier)
+	return s, nil
+}
+
+// routes builds the handler: the API router plus the operational and
+// static routes.
+func (s *Server) routes(verifier *auth.Verifier) http.Handler {
+	mux := api.New(api.Options{
+		Store:        s.store,
+		Tenants:      s.tenants,
+		Verifier:     verifier,
+		Logger:       s.logger,
+		MaxBodyBytes: s.cfg.MaxBodyBytes,
+		Observer:     s.metrics,
+		Middlewares:  []func(http.Handler) http.Handler{s.metrics.Middleware},
+		Production:   !s.cfg.DevMode(),
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
+	mux.Get("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		_, _ = w.Write(idem.OpenAPISpec)
+	})
+	static := func(prefix string, h http.Handler) {
+		mux.Get(prefix, http.RedirectHandler(prefix+"/", http.StatusMovedPermanently).ServeHTTP)
+		mux.Handle(prefix+"/*", http.StripPrefix(prefix+"/", h))
+	}
+	static("/docs", http.FileServerFS(web.Docs()))
+	static("/dashboard", http.FileServerFS(web.Dashboard()))
+	return mux
+}
+
+// Handler returns the server's HTTP handler.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Store returns the server's (instrumented) store.
+func (s *Server) Store() idem.Store { return s.store }
+
+// Tenants returns the server's tenant service.
+func (s *Server) Tenants() *tenants.Service { return s.tenants }
+
+// Config returns the configuration the server runs with.
+func (s *Server) Config() Config { return s.cfg }
+
+// Dev returns what development mode prepared, or nil outside it.
+func (s *Server) Dev() *DevInfo { return s.dev }
+
+// Listen binds cfg.Addr. It is optional: Run listens if it was not called.
+// After Listen, Addr returns the bound address (useful with port 0).
+func (s *Server) Listen() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.listener != nil {
+		return nil
+	}
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s (IDEM_ADDR): %w", s.cfg.Addr, err)
+	}
+	s.listener = ln
+	return nil
+}
+
+// Addr returns the bound address once listening, or the configured one.
+func (s *Server) Addr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.listener != nil {
+		return s.listener.Addr().String()
+	}
+	return s.cfg.Addr
+}
+
+// URL returns http://ADDR of the bound address, with an unspecified host
+// replaced by localhost.
+func (s *Server) URL() string { return "http://" + displayAddr(s.Addr()) }
+
+// Run serves HTTP and runs the background jobs until ctx is done. Then it
+// shuts down gracefully: it stops accepting connections, lets in-flight
+// requests finish within cfg.ShutdownGrace, stops the jobs and closes the
+// store. It returns nil after a clean shutdown.
+func (s *Server) Run(ctx context.Context) error {
+	if err := s.Listen(); err != nil {
+		_ = s.Close()
+		return err
+	}
+	s.mu.Lock()
+	ln := s.listener
+	s.mu.Unlock()
+
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		ReadTimeout:       s.cfg.ReadTimeout,
+		WriteTimeout:      s.cfg.WriteTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+
+	jobsCtx, stopJobs := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopJobs()
+	jobsDone := make(chan error, 1)
+	go func() { jobsDone <- s.jobs.Run(jobsCtx) }()
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	s.logger.Info("listening", "addr", ln.Addr().String(), "store", storeName(s.cfg), "dev_mode", s.cfg.DevMode())
+
+	var errs []error
+	select {
+	case err := <-serveErr:
+		errs = append(errs, fmt.Errorf("serve http: %w", err))
+	case <-ctx.Done():
+		s.logger.Info("shutting down: no new connections, waiting for in-flight requests", "grace", s.cfg.ShutdownGrace)
+		graceCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownGrace)
+		err := srv.Shutdown(graceCtx)
+		cancel()
+		if err != nil {
+			_ = srv.Close()
+			errs = append(errs, fmt.Errorf("graceful shutdown within IDEM_SHUTDOWN_GRACE (%s): %w", s.cfg.ShutdownGrace, err))
+		}
+		if err := <-serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, fmt.Errorf("serve http: %w", err))
+		}
+	}
+	stopJobs()
+	if err := <-jobsDone; err != nil && !errors.Is(err, context.Canceled) {
+		errs = append(errs, fmt.Errorf("background jobs: %w", err))
+	}
+	if err := s.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		s.logger.Info("stopped cleanly")
+	}
+	return errors.Join(errs...)
+}
+
+// Close closes the listener (if Run never used it) and the store. It is
+// safe to call more than once.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		if s.listener != nil {
+			_ = s.listener.Close()
+		}
+		s.mu.Unlock()
+		if s.rawStore != nil {
+			if err := s.rawStore.Close(); err != nil {
+				s.closeErr = fmt.Errorf("close store: %w", err)
+			}
+		}
+	})
+	return s.closeErr
+}
+
+// storeName names the store for logs, without credentials.
+func storeName(cfg Config) string {
+	kind, path, err := storeKind(cfg.DatabaseURL)
+	if err != nil {
+		return "unknown"
+	}
+	if kind == schemeSQLite {
+		return "sqlite:" + path
+	}
+	return redactURL(cfg.DatabaseURL)
+}
+
+// NewLogger returns the slog logger cfg asks for, writing to w: JSON or
+// text (text by default in development mode), at cfg.LogLevel.
+func NewLogger(cfg Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	switch strings.ToLower(cfg.LogLevel) {
+	case "debug":
+		level = slog.LevelDebug
+	case "warn":
+		level = slog.LevelWarn
+	case "error":
+		level = slog.LevelError
+	default:
+		level = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.EffectiveLogFormat() == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
