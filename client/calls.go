@@ -1,0 +1,214 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+func keyPath(key string, suffix string) string {
+	return "/v1/keys/" + url.PathEscape(key) + suffix
+}
+
+// Claim claims key for the request (POST /v1/keys/{key}/claim). The answer
+// is a fresh claim or a takeover (201), or a replay of a completed request
+// (200, Replayed true). A held key is an *Error matching
+// ErrRequestInFlight (RetryAfter = lease left); another request under the
+// same key matches ErrFingerprintMismatch. Most callers want Do instead.
+func (c *Client) Claim(ctx context.Context, key string, req Request) (ClaimResult, error) {
+	if err := ValidateKey(key); err != nil {
+		return ClaimResult{}, fmt.Errorf("claim: %w", err)
+	}
+	body := claimBody{Operation: req.Operation, Fingerprint: req.Fingerprint, Request: req.Payload, LeaseSeconds: leaseSeconds(req.Lease)}
+	var out ClaimResult
+	res, err := c.do(ctx, apiCall{name: "claim", method: http.MethodPost, path: keyPath(key, "/claim"), body: body, out: &out})
+	if err != nil {
+		return ClaimResult{}, err
+	}
+	out.Replayed = res.status == http.StatusOK
+	return out, nil
+}
+
+type checkpointBody struct {
+	FencingToken  int64           `json:"fencing_token"`
+	RecoveryPoint string          `json:"recovery_point"`
+	Data          json.RawMessage `json:"data,omitempty"`
+	LeaseSeconds  int             `json:"lease_seconds,omitempty"`
+}
+
+// Checkpoint saves a recovery point (name plus optional JSON data) on a
+// claimed key and renews its lease (POST /v1/keys/{key}/checkpoint). lease
+// zero renews by the tenant's default. A stale token matches ErrLeaseLost.
+func (c *Client) Checkpoint(ctx context.Context, key string, token int64, name string, data json.RawMessage, lease time.Duration) (Record, error) {
+	if err := ValidateKey(key); err != nil {
+		return Record{}, fmt.Errorf("checkpoint: %w", err)
+	}
+	var out Record
+	_, err := c.do(ctx, apiCall{name: "checkpoint", method: http.MethodPost, path: keyPath(key, "/checkpoint"),
+		body: checkpointBody{FencingToken: token, RecoveryPoint: name, Data: data, LeaseSeconds: leaseSeconds(lease)}, out: &out})
+	return out, err
+}
+
+type completeBody struct {
+	FencingToken int64    `json:"fencing_token"`
+	Response     Response `json:"response"`
+}
+
+// Complete stores the response of a claimed key and ends the claim (POST
+// /v1/keys/{key}/complete). Repeating it with the same token and response
+// is a no-op, which makes it safe to retry; a different response matches
+// ErrAlreadyCompleted, a stale token ErrLeaseLost, a response over the
+// tenant's limit ErrPayloadTooLarge (the claim stays).
+func (c *Client) Complete(ctx context.Context, key string, token int64, resp Response) (Record, error) {
+	if err := ValidateKey(key); err != nil {
+		return Record{}, fmt.Errorf("complete: %w", err)
+	}
+	var out Record
+	_, err := c.do(ctx, apiCall{name: "complete", method: http.MethodPost, path: keyPath(key, "/complete"),
+		body: completeBody{FencingToken: token, Response: resp}, out: &out})
+	return out, err
+}
+
+// Release removes a claimed key whose attempt left no side effect, so that
+// the next claim starts afresh (POST /v1/keys/{key}/release). A stale token
+// matches ErrLeaseLost; an absent key ErrKeyNotFound.
+func (c *Client) Release(ctx context.Context, key string, token int64) error {
+	if err := ValidateKey(key); err != nil {
+		return fmt.Errorf("release: %w", err)
+	}
+	_, err := c.do(ctx, apiCall{name: "release", method: http.MethodPost, path: keyPath(key, "/release"),
+		body: struct {
+			FencingToken int64 `json:"fencing_token"`
+		}{token}})
+	return err
+}
+
+// Get returns the full record of key (GET /v1/keys/{key}); an absent key
+// matches ErrKeyNotFound.
+func (c *Client) Get(ctx context.Context, key string) (Record, error) {
+	if err := ValidateKey(key); err != nil {
+		return Record{}, fmt.Errorf("get key: %w", err)
+	}
+	var out Record
+	_, err := c.do(ctx, apiCall{name: "get key", method: http.MethodGet, path: keyPath(key, ""), out: &out})
+	return out, err
+}
+
+// List returns one page of the tenant's records, newest first (GET
+// /v1/keys).
+func (c *Client) List(ctx context.Context, opts ListOptions) (KeyPage, error) {
+	q := url.Values{}
+	if opts.State != "" {
+		q.Set("state", string(opts.State))
+	}
+	if opts.Limit > 0 {
+		q.Set("limit", strconv.Itoa(opts.Limit))
+	}
+	if opts.Cursor != "" {
+		q.Set("cursor", opts.Cursor)
+	}
+	var out KeyPage
+	_, err := c.do(ctx, apiCall{name: "list keys", method: http.MethodGet, path: "/v1/keys", query: q, out: &out})
+	return out, err
+}
+
+// GetTenant returns the caller's own tenant (GET /v1/tenant).
+func (c *Client) GetTenant(ctx context.Context) (Tenant, error) {
+	var out Tenant
+	_, err := c.do(ctx, apiCall{name: "get tenant", method: http.MethodGet, path: "/v1/tenant", out: &out})
+	return out, err
+}
+
+// UpdateTenant changes the caller's own tenant (PATCH /v1/tenant, scope
+// tenant:admin). Violations match ErrInvalidRequest and name the field in
+// Error.Fields.
+func (c *Client) UpdateTenant(ctx context.Context, p TenantPatch) (Tenant, error) {
+	var out Tenant
+	_, err := c.do(ctx, apiCall{name: "update tenant", method: http.MethodPatch, path: "/v1/tenant", body: p, out: &out})
+	return out, err
+}
+
+// CreateTenant creates a tenant (POST /v1/admin/tenants, scope admin); an
+// existing id matches ErrTenantExists.
+func (c *Client) CreateTenant(ctx context.Context, t NewTenant) (Tenant, error) {
+	var out Tenant
+	_, err := c.do(ctx, apiCall{name: "create tenant", method: http.MethodPost, path: "/v1/admin/tenants", body: t, out: &out})
+	return out, err
+}
+
+// ListTenants returns every tenant (GET /v1/admin/tenants, scope admin).
+func (c *Client) ListTenants(ctx context.Context) ([]Tenant, error) {
+	var raw json.RawMessage
+	if _, err := c.do(ctx, apiCall{name: "list tenants", method: http.MethodGet, path: "/v1/admin/tenants", out: &raw}); err != nil {
+		return nil, err
+	}
+	var out []Tenant
+	if err := decodeItems(raw, &out); err != nil {
+		return nil, fmt.Errorf("list tenants: decode answer: %w", err)
+	}
+	return out, nil
+}
+
+// AdminGetTenant returns one tenant (GET /v1/admin/tenants/{id}, scope
+// admin); an unknown id matches ErrTenantNotFound.
+func (c *Client) AdminGetTenant(ctx context.Context, id string) (Tenant, error) {
+	var out Tenant
+	_, err := c.do(ctx, apiCall{name: "get tenant", method: http.MethodGet, path: "/v1/admin/tenants/" + url.PathEscape(id), out: &out})
+	return out, err
+}
+
+// AdminUpdateTenant changes a tenant's name, settings or disabled flag
+// (PATCH /v1/admin/tenants/{id}, scope admin).
+func (c *Client) AdminUpdateTenant(ctx context.Context, id string, p TenantPatch) (Tenant, error) {
+	var out Tenant
+	_, err := c.do(ctx, apiCall{name: "update tenant", method: http.MethodPatch, path: "/v1/admin/tenants/" + url.PathEscape(id), body: p, out: &out})
+	return out, err
+}
+
+// DisableTenant disables a tenant (DELETE /v1/admin/tenants/{id}, scope
+// admin); the reaper purges its keys.
+func (c *Client) DisableTenant(ctx context.Context, id string) error {
+	_, err := c.do(ctx, apiCall{name: "disable tenant", method: http.MethodDelete, path: "/v1/admin/tenants/" + url.PathEscape(id)})
+	return err
+}
+
+// ListOrphans returns orphaned records across tenants, oldest first (GET
+// /v1/admin/orphans, scope admin); tenant "" means every tenant.
+func (c *Client) ListOrphans(ctx context.Context, tenant string) ([]Record, error) {
+	q := url.Values{}
+	if tenant != "" {
+		q.Set("tenant", tenant)
+	}
+	var raw json.RawMessage
+	if _, err := c.do(ctx, apiCall{name: "list orphans", method: http.MethodGet, path: "/v1/admin/orphans", query: q, out: &raw}); err != nil {
+		return nil, err
+	}
+	var out []Record
+	if err := decodeItems(raw, &out); err != nil {
+		return nil, fmt.Errorf("list orphans: decode answer: %w", err)
+	}
+	return out, nil
+}
+
+// decodeItems accepts either a bare JSON array or an {"items": [...]}
+// object, the two shapes a list may take.
+func decodeItems[T any](raw json.RawMessage, out *[]T) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	if raw[0] == '[' {
+		return json.Unmarshal(raw, out)
+	}
+	var w struct {
+		Items []T `json:"items"`
+	}
+	if err := json.Unmarshal(raw, &w); err != nil {
+		return err
+	}
+	*out = w.Items
+	return nil
+}

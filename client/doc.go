@@ -1,0 +1,95 @@
+// Package client is the Go SDK of the idem idempotency service: typed calls
+// for every endpoint of the HTTP contract, a retry policy that is on by
+// default, the lifecycle helper Do that runs the whole claim → work →
+// checkpoint → complete protocol around a function, and key helpers.
+// Package idemhttp (client/idemhttp) builds net/http middleware on top of
+// it that gives any handler Stripe-style Idempotency-Key semantics.
+//
+// The package depends on the standard library only and does not import the
+// server's packages; its error codes mirror the contract.
+//
+// # Quick start
+//
+//	c, err := client.New("https://idem.example.com", client.WithToken(token))
+//	key, err := client.Key("order-confirm", orderID) // event-derived, never random per attempt
+//	res, err := c.Do(ctx, key, client.Request{Operation: "POST /orders/confirm", Payload: order},
+//		func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+//			if claim.RecoveryPoint() != "charged" {
+//				if err := charge(ctx, order); err != nil {
+//					return client.Response{}, err
+//				}
+//				if err := claim.Checkpoint(ctx, "charged", nil); err != nil {
+//					return client.Response{}, err
+//				}
+//			}
+//			return client.Response{Status: 201, Body: []byte(`{"ok":true}`)}, nil
+//		})
+//
+// # Retry policy (the defaults)
+//
+// Every call runs in one retry loop configured by RetryPolicy
+// (WithRetryPolicy; zero fields take these defaults):
+//
+//   - Allowlist only. Retried: connection refused, connection reset
+//     (including a connection closed before the answer arrived: EOF, broken
+//     pipe), timeouts (a net.Error whose Timeout() is true, or the
+//     per-attempt timeout), and HTTP 408, 429, 502, 503 and 504. HTTP 500 is
+//     not retried (RetryPolicy.Retry500 turns it on). Every other 4xx, every
+//     auth error, an error of the token source, and every local error
+//     (encoding, invalid key) is returned at once.
+//   - Attempts: at most 3 per call, the first included (MaxAttempts).
+//   - Backoff: full jitter, the wait before retry n (n = 0, 1, ...) drawn
+//     uniformly from [0, min(30 s, 1 s·2^n)) (BaseDelay 1 s, MaxDelay 30 s).
+//     DecorrelatedJitter draws min(30 s, uniform[1 s, 3·previous wait)).
+//   - Retry-After (delay-seconds or HTTP-date) replaces the backoff: the wait
+//     is Retry-After plus uniform [0, 1 s) of spread (RetryAfterJitter), so
+//     that a crowd told "1 second" does not come back in the same instant.
+//     Retry-After is not capped by MaxDelay — the server knows best — but
+//     it never pushes past the deadline (below).
+//   - One overall deadline, the context's, never reset per attempt. Each
+//     attempt has its own timeout of 10 s (AttemptTimeout), cut to the time
+//     left. The loop stops early, without sleeping, when the time left
+//     cannot fit the next wait plus 100 ms (MinAttemptTime); the error then
+//     wraps ErrDeadlineTooClose and the last attempt's error.
+//   - A client-wide retry budget, a token bucket shared by every call of
+//     one Client: capacity 10 tokens, full at start; each retry costs 1
+//     token and is not made when less than 1 is left (the error then wraps
+//     ErrRetryBudgetExhausted and the last attempt's error); each attempt
+//     that gets a sane answer (2xx, or a non-retryable 4xx) puts back 0.1
+//     up to the capacity. Under a sustained outage one Client thus sends at
+//     most its callers' first attempts plus 10 retries, then about one
+//     retry per 10 successes — it does not multiply the load on a
+//     struggling service.
+//   - Every attempt is reported to the hook (WithAttemptHook) and the
+//     logger (WithLogger): call, attempt number, status, error, whether a
+//     retry follows, the wait chosen, why the loop gave up, and the budget
+//     left.
+//
+// The calls are safe to retry: a repeated complete with the same token and
+// response is a no-op; a repeated checkpoint saves the same point. A claim
+// whose answer was lost is the one exception: the retry finds the key in
+// flight (held by the lost claim). Do waits such a claim out: once its
+// lease runs out, the next claim takes it over.
+//
+// # Lifecycle helper
+//
+// Do claims, replays, waits for other holders, hands the recovery point of
+// a crashed attempt to the function, keeps the lease alive, completes or
+// releases, and reports a stale fencing token as ErrLeaseLost; see Do for
+// the details. A function error that wraps ErrNoSideEffect releases the
+// key; any other function error leaves the claim to expire into an orphan
+// (visible to operators, taken over by the next Do), because the function
+// may have done part of its work.
+//
+// # Errors
+//
+// An error answer of the service is an *Error carrying Status, Code,
+// Title, Detail, Retryable, RetryAfter and RequestID. errors.Is matches it
+// against the sentinels by code (errors.Is(err, ErrRequestInFlight),
+// ErrFingerprintMismatch, ErrLeaseLost, ...) and errors.As reaches it.
+//
+// idem makes retries safe within one tenant and the tenant's replay window;
+// it does not make a side effect happen exactly once on its own: the
+// function must checkpoint after each external step for a takeover to skip
+// it.
+package client

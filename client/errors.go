@@ -1,0 +1,152 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Code is the stable, machine-readable name of an error of the idem HTTP
+// contract (the "code" member of a problem+json body).
+type Code string
+
+// The error codes of the idem HTTP contract, version 1.
+const (
+	CodeInvalidRequest       Code = "invalid_request"
+	CodeInvalidKey           Code = "invalid_key"
+	CodeUnauthenticated      Code = "unauthenticated"
+	CodeForbidden            Code = "forbidden"
+	CodeTenantUnknown        Code = "tenant_unknown"
+	CodeKeyNotFound          Code = "key_not_found"
+	CodeTenantNotFound       Code = "tenant_not_found"
+	CodeRequestInFlight      Code = "request_in_flight"
+	CodeLeaseLost            Code = "lease_lost"
+	CodeAlreadyCompleted     Code = "already_completed"
+	CodeTenantExists         Code = "tenant_exists"
+	CodePayloadTooLarge      Code = "payload_too_large"
+	CodeUnsupportedMediaType Code = "unsupported_media_type"
+	CodeFingerprintMismatch  Code = "fingerprint_mismatch"
+	CodeRateLimited          Code = "rate_limited"
+	CodeStoreUnavailable     Code = "store_unavailable"
+	// CodeInternal is a server error without a code of its own.
+	CodeInternal Code = "internal"
+	// CodeUnknown is given to an HTTP error whose body is not a problem+json
+	// document with a code (a proxy's 502 page, for example).
+	CodeUnknown Code = "unknown"
+)
+
+// FieldError names one invalid field of an invalid_request problem.
+type FieldError struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// Error is an error answer of the idem service: the RFC 9457 problem
+// details plus the HTTP status, the Retry-After header and the request id.
+// Match it by code with errors.Is (errors.Is(err, ErrLeaseLost)) and reach
+// the details with errors.As.
+type Error struct {
+	// Status is the HTTP status code.
+	Status int
+	// Code is the contract's machine-readable code (CodeUnknown when the
+	// body carried none).
+	Code Code
+	// Type, Title and Detail are the problem details members.
+	Type   string
+	Title  string
+	Detail string
+	// Retryable is the problem's "retryable" member: whether the same
+	// request may be sent again unchanged.
+	Retryable bool
+	// RetryAfter is the Retry-After header (seconds or HTTP-date), zero when
+	// absent.
+	RetryAfter time.Duration
+	// RequestID is the X-Request-Id response header, when the server sent
+	// one; quote it when reporting a problem.
+	RequestID string
+	// Fields lists the invalid fields of an invalid_request.
+	Fields []FieldError
+}
+
+// Error implements error.
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("idem: ")
+	if e.Status != 0 {
+		fmt.Fprintf(&b, "%d ", e.Status)
+	}
+	b.WriteString(string(e.Code))
+	if e.Detail != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Detail)
+	} else if e.Title != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Title)
+	}
+	if e.RequestID != "" {
+		b.WriteString(" (request id ")
+		b.WriteString(e.RequestID)
+		b.WriteString(")")
+	}
+	return b.String()
+}
+
+// Is reports whether target is an *Error with the same code, so that the
+// sentinels (ErrLeaseLost, ErrRequestInFlight, ...) match any error of
+// their code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code
+}
+
+// Sentinels for errors.Is; each matches any *Error of its code.
+var (
+	ErrInvalidRequest       = &Error{Code: CodeInvalidRequest}
+	ErrInvalidKey           = &Error{Code: CodeInvalidKey}
+	ErrUnauthenticated      = &Error{Code: CodeUnauthenticated}
+	ErrForbidden            = &Error{Code: CodeForbidden}
+	ErrTenantUnknown        = &Error{Code: CodeTenantUnknown}
+	ErrKeyNotFound          = &Error{Code: CodeKeyNotFound}
+	ErrTenantNotFound       = &Error{Code: CodeTenantNotFound}
+	ErrRequestInFlight      = &Error{Code: CodeRequestInFlight}
+	ErrLeaseLost            = &Error{Code: CodeLeaseLost}
+	ErrAlreadyCompleted     = &Error{Code: CodeAlreadyCompleted}
+	ErrTenantExists         = &Error{Code: CodeTenantExists}
+	ErrPayloadTooLarge      = &Error{Code: CodePayloadTooLarge}
+	ErrUnsupportedMediaType = &Error{Code: CodeUnsupportedMediaType}
+	ErrFingerprintMismatch  = &Error{Code: CodeFingerprintMismatch}
+	ErrRateLimited          = &Error{Code: CodeRateLimited}
+	ErrStoreUnavailable     = &Error{Code: CodeStoreUnavailable}
+	ErrInternal             = &Error{Code: CodeInternal}
+)
+
+// ErrNoSideEffect is the sentinel a function run by Do wraps into its error
+// to declare that it left no side effect (it failed before touching
+// anything external). Do then releases the key, so that the next attempt
+// with the same key starts afresh, and returns the function's error.
+var ErrNoSideEffect = errors.New("idem: the attempt left no side effect")
+
+// ErrRetryBudgetExhausted is wrapped into the error of a call that stopped
+// retrying because the client-wide retry budget was empty. The error of the
+// last attempt is wrapped as well.
+var ErrRetryBudgetExhausted = errors.New("idem: client retry budget exhausted")
+
+// ErrDeadlineTooClose is wrapped into the error of a call that stopped
+// retrying because the time left before the context's deadline could not fit
+// the next wait plus a minimal attempt. The error of the last attempt is
+// wrapped as well.
+var ErrDeadlineTooClose = errors.New("idem: no time left for another attempt before the deadline")
+
+// ErrorCode returns the code of err: the Code of an *Error in its chain,
+// "" for nil, and CodeUnknown for any other error (a network error, say).
+func ErrorCode(err error) Code {
+	if err == nil {
+		return ""
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeUnknown
+}

@@ -1,0 +1,254 @@
+package client
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"time"
+	"unicode/utf8"
+)
+
+// State is the state of a record as the service shows it.
+type State string
+
+// The states of a record.
+const (
+	StateInFlight  State = "in_flight"
+	StateCompleted State = "completed"
+	StateOrphaned  State = "orphaned"
+	StateExpired   State = "expired"
+)
+
+// Response is a stored response: the status, headers and body that a
+// completed request answered with and that a replay returns verbatim.
+type Response struct {
+	Status  int
+	Headers map[string]string
+	Body    []byte
+}
+
+type wireResponse struct {
+	Status       int               `json:"status"`
+	Headers      map[string]string `json:"headers,omitempty"`
+	Body         string            `json:"body"`
+	BodyEncoding string            `json:"body_encoding,omitempty"`
+}
+
+// MarshalJSON encodes the response as the contract's response object: the
+// body as UTF-8 text when it is valid UTF-8, base64 otherwise.
+func (r Response) MarshalJSON() ([]byte, error) {
+	w := wireResponse{Status: r.Status, Headers: r.Headers, BodyEncoding: "utf8"}
+	if utf8.Valid(r.Body) {
+		w.Body = string(r.Body)
+	} else {
+		w.Body = base64.StdEncoding.EncodeToString(r.Body)
+		w.BodyEncoding = "base64"
+	}
+	return json.Marshal(w)
+}
+
+// UnmarshalJSON decodes the contract's response object.
+func (r *Response) UnmarshalJSON(data []byte) error {
+	var w wireResponse
+	if err := json.Unmarshal(data, &w); err != nil {
+		return err
+	}
+	r.Status, r.Headers = w.Status, w.Headers
+	switch w.BodyEncoding {
+	case "", "utf8":
+		r.Body = []byte(w.Body)
+	case "base64":
+		b, err := base64.StdEncoding.DecodeString(w.Body)
+		if err != nil {
+			return fmt.Errorf("decode base64 response body: %w", err)
+		}
+		r.Body = b
+	default:
+		return fmt.Errorf("unknown body_encoding %q", w.BodyEncoding)
+	}
+	return nil
+}
+
+// Record is what the service stores for one key, as GET /v1/keys/{key}
+// returns it. Lists leave Response nil.
+type Record struct {
+	// Tenant is set by the operator's orphan list only.
+	Tenant         string          `json:"tenant,omitempty"`
+	Key            string          `json:"key"`
+	State          State           `json:"state"`
+	Operation      string          `json:"operation,omitempty"`
+	Fingerprint    string          `json:"fingerprint,omitempty"`
+	FencingToken   int64           `json:"fencing_token"`
+	Attempt        int             `json:"attempt"`
+	LeaseExpiresAt time.Time       `json:"lease_expires_at,omitzero"`
+	RecoveryPoint  string          `json:"recovery_point,omitempty"`
+	RecoveryData   json.RawMessage `json:"recovery_data,omitempty"`
+	CreatedAt      time.Time       `json:"created_at,omitzero"`
+	CompletedAt    time.Time       `json:"completed_at,omitzero"`
+	ReplayUntil    time.Time       `json:"replay_until,omitzero"`
+	PurgeAfter     time.Time       `json:"purge_after,omitzero"`
+	Response       *Response       `json:"response,omitempty"`
+}
+
+// UnmarshalJSON decodes a record, reading JSON nulls as zero values.
+func (r *Record) UnmarshalJSON(data []byte) error {
+	type plain Record
+	var w struct {
+		plain
+		LeaseExpiresAt *time.Time `json:"lease_expires_at"`
+		CreatedAt      *time.Time `json:"created_at"`
+		CompletedAt    *time.Time `json:"completed_at"`
+		ReplayUntil    *time.Time `json:"replay_until"`
+		PurgeAfter     *time.Time `json:"purge_after"`
+		RecoveryPoint  *string    `json:"recovery_point"`
+	}
+	if err := json.Unmarshal(data, &w); err != nil {
+		return err
+	}
+	*r = Record(w.plain)
+	deref := func(t *time.Time) time.Time {
+		if t == nil {
+			return time.Time{}
+		}
+		return *t
+	}
+	r.LeaseExpiresAt, r.CreatedAt, r.CompletedAt = deref(w.LeaseExpiresAt), deref(w.CreatedAt), deref(w.CompletedAt)
+	r.ReplayUntil, r.PurgeAfter = deref(w.ReplayUntil), deref(w.PurgeAfter)
+	if w.RecoveryPoint != nil {
+		r.RecoveryPoint = *w.RecoveryPoint
+	}
+	if string(r.RecoveryData) == "null" {
+		r.RecoveryData = nil
+	}
+	return nil
+}
+
+// Request describes the intent a key stands for, sent with every claim.
+type Request struct {
+	// Operation is a label of at most 128 bytes, e.g. "POST /v1/payments";
+	// it takes part in the mismatch check.
+	Operation string
+	// Fingerprint is an opaque digest of the request (1–256 characters).
+	// Leave it empty and set Payload to let the server compute one.
+	Fingerprint string
+	// Payload is the request itself, any value that encodes to JSON; the
+	// server fingerprints its canonical form. Fingerprint and Payload are
+	// mutually exclusive.
+	Payload any
+	// Lease is the lease asked for, rounded up to whole seconds; zero takes
+	// the tenant's default.
+	Lease time.Duration
+	// NoWait makes Do return ErrRequestInFlight at once instead of waiting
+	// for another holder of the key.
+	NoWait bool
+}
+
+type claimBody struct {
+	Operation    string `json:"operation,omitempty"`
+	Fingerprint  string `json:"fingerprint,omitempty"`
+	Request      any    `json:"request,omitempty"`
+	LeaseSeconds int    `json:"lease_seconds,omitempty"`
+}
+
+func leaseSeconds(d time.Duration) int {
+	if d <= 0 {
+		return 0
+	}
+	return int((d + time.Second - 1) / time.Second)
+}
+
+// ClaimResult is the answer to a claim: either a fresh claim or takeover
+// (Replayed false; FencingToken, Attempt, Resumed and the recovery point
+// are set), or a replay of a completed request (Replayed true; Record
+// holds the stored Response).
+type ClaimResult struct {
+	Record
+	// Resumed is true for a takeover of an orphaned claim; RecoveryPoint and
+	// RecoveryData then hold the last checkpoint.
+	Resumed bool `json:"resumed"`
+	// Replayed is true when the key was already completed: Response holds
+	// the stored response.
+	Replayed bool `json:"-"`
+}
+
+// Settings are a tenant's settings.
+type Settings struct {
+	ReplayWindowSeconds    int `json:"replay_window_seconds"`
+	ReaperThresholdSeconds int `json:"reaper_threshold_seconds"`
+	LeaseSecondsDefault    int `json:"lease_seconds_default"`
+	LeaseSecondsMax        int `json:"lease_seconds_max"`
+	MaxResponseBytes       int `json:"max_response_bytes"`
+	RateLimitPerSecond     int `json:"rate_limit_per_second"`
+}
+
+// SettingsPatch changes some settings; nil fields are left as they are.
+type SettingsPatch struct {
+	ReplayWindowSeconds    *int `json:"replay_window_seconds,omitempty"`
+	ReaperThresholdSeconds *int `json:"reaper_threshold_seconds,omitempty"`
+	LeaseSecondsDefault    *int `json:"lease_seconds_default,omitempty"`
+	LeaseSecondsMax        *int `json:"lease_seconds_max,omitempty"`
+	MaxResponseBytes       *int `json:"max_response_bytes,omitempty"`
+	RateLimitPerSecond     *int `json:"rate_limit_per_second,omitempty"`
+}
+
+// Tenant is an account of the service.
+type Tenant struct {
+	ID       string   `json:"id"`
+	Name     string   `json:"name"`
+	Settings Settings `json:"settings"`
+	// Disabled is reported by the operator endpoints.
+	Disabled  bool      `json:"disabled,omitempty"`
+	CreatedAt time.Time `json:"created_at,omitzero"`
+	UpdatedAt time.Time `json:"updated_at,omitzero"`
+}
+
+// TenantPatch changes a tenant; nil fields are left as they are. Disabled
+// is honoured by the operator endpoint only.
+type TenantPatch struct {
+	Name     *string        `json:"name,omitempty"`
+	Settings *SettingsPatch `json:"settings,omitempty"`
+	Disabled *bool          `json:"disabled,omitempty"`
+}
+
+// NewTenant is the body of an operator's tenant creation.
+type NewTenant struct {
+	// ID is 1–64 of [a-z0-9_-].
+	ID       string         `json:"id"`
+	Name     string         `json:"name,omitempty"`
+	Settings *SettingsPatch `json:"settings,omitempty"`
+}
+
+// ListOptions filter and page GET /v1/keys.
+type ListOptions struct {
+	// State filters by API state; empty lists all.
+	State State
+	// Limit is the page size; zero takes the server's default.
+	Limit int
+	// Cursor is NextCursor of the previous page; empty for the first.
+	Cursor string
+}
+
+// KeyPage is one page of records, newest first.
+type KeyPage struct {
+	Items []Record `json:"items"`
+	// NextCursor is empty on the last page.
+	NextCursor string `json:"next_cursor,omitempty"`
+}
+
+// Ptr returns a pointer to v, for the patch types.
+func Ptr[T any](v T) *T { return &v }
+
+// UnmarshalJSON decodes a claim answer (the record plus "resumed").
+func (c *ClaimResult) UnmarshalJSON(data []byte) error {
+	if err := json.Unmarshal(data, &c.Record); err != nil {
+		return err
+	}
+	var w struct {
+		Resumed bool `json:"resumed"`
+	}
+	if err := json.Unmarshal(data, &w); err != nil {
+		return err
+	}
+	c.Resumed = w.Resumed
+	return nil
+}
