@@ -1,11 +1,19 @@
 // Package api is the HTTP layer of idem: a chi router with JWT
-// authentication, one generic JSON endpoint wrapper and one RFC 9457 problem
-// writer.
+// authentication, one generic JSON endpoint wrapper (handle) and one RFC 9457
+// problem writer (writeProblem). Handlers hold no state that matters: every
+// decision on a key is made by the Store.
+//
+// Per-tenant rate limits are enforced by an in-memory token bucket in each
+// replica, so with N replicas the effective fleet limit is N times the
+// tenant's rate_limit_per_second.
 package api
 
 import (
+	"context"
+	"io"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -14,36 +22,136 @@ import (
 	"github.com/idem-dev/idem/tenants"
 )
 
+// DefaultMaxBodyBytes is the request body limit when Options.MaxBodyBytes is
+// zero or less.
+const DefaultMaxBodyBytes = 10 << 20
+
+// ReadyTimeout bounds the store ping of GET /readyz.
+const ReadyTimeout = 2 * time.Second
+
 // Options configure the router returned by New.
 type Options struct {
-	Store        idem.Store
-	Tenants      *tenants.Service
-	Verifier     *auth.Verifier
-	Logger       *slog.Logger
+	Store    idem.Store
+	Tenants  *tenants.Service
+	Verifier *auth.Verifier
+	// Logger receives the access log and internal errors; nil discards.
+	Logger *slog.Logger
+	// MaxBodyBytes limits every request body; zero or less means
+	// DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 	// Observer receives metrics hooks; nil for none.
 	Observer Observer
-	// Middlewares are installed inside the router after request id, access
-	// log and recoverer.
+	// Middlewares are installed with r.Use inside the router after the
+	// request id, access log and recoverer middlewares, so
+	// chi.RouteContext(r.Context()).RoutePattern() is set once
+	// next.ServeHTTP returns.
 	Middlewares []func(http.Handler) http.Handler
-	// Production hides internal details from problems.
+	// Production marks a production deployment. Problems never carry
+	// internal details in either mode; the caller chooses the log format.
 	Production bool
 }
 
 // Observer receives the outcome of claims and writes, for metrics.
 type Observer interface {
-	// ObserveClaim is called after every claim; action is 0 when err != nil.
+	// ObserveClaim is called after every claim that reached the store;
+	// action is 0 when err != nil.
 	ObserveClaim(tenant string, action idem.ClaimAction, err error)
-	// ObserveWrite is called after every checkpoint, complete and release.
+	// ObserveWrite is called after every checkpoint, complete and release
+	// that passed request validation; op is "checkpoint", "complete" or
+	// "release".
 	ObserveWrite(tenant, op string, err error)
 }
 
-// New returns the router serving /v1/..., /healthz and /readyz.
+// server holds the dependencies of the handlers.
+type server struct {
+	store    idem.Store
+	tenants  *tenants.Service
+	verifier *auth.Verifier
+	logger   *slog.Logger
+	maxBody  int64
+	observer Observer
+	limiter  *limiter
+}
+
+// New returns the router serving /v1/..., /healthz and /readyz. The caller
+// may mount more routes on it afterwards.
 func New(opts Options) *chi.Mux {
+	s := &server{
+		store:    opts.Store,
+		tenants:  opts.Tenants,
+		verifier: opts.Verifier,
+		logger:   opts.Logger,
+		maxBody:  opts.MaxBodyBytes,
+		observer: opts.Observer,
+		limiter:  newLimiter(time.Now),
+	}
+	if s.logger == nil {
+		s.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if s.maxBody <= 0 {
+		s.maxBody = DefaultMaxBodyBytes
+	}
+
 	r := chi.NewRouter()
-	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"status":"ok"}`))
+	r.Use(requestID, s.accessLog, s.recoverer)
+	r.Use(opts.Middlewares...)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		s.writeProblem(w, r, idem.Errorf(codeNotFound, "no such endpoint"))
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		s.writeProblem(w, r, idem.Errorf(codeMethodNotAllowed, "method %s is not allowed here", r.Method))
+	})
+
+	r.Get("/healthz", s.healthz)
+	r.Get("/readyz", s.readyz)
+
+	r.Route("/v1", func(r chi.Router) {
+		r.Use(s.authenticate)
+
+		r.Group(func(r chi.Router) {
+			r.Use(s.requireScope(auth.ScopeAdmin))
+			r.Post("/admin/tenants", handle(s, s.createTenant))
+			r.Get("/admin/tenants", handle(s, s.listTenants))
+			r.Get("/admin/tenants/{id}", handle(s, s.getTenant))
+			r.Patch("/admin/tenants/{id}", handle(s, s.patchTenant))
+			r.Delete("/admin/tenants/{id}", handle(s, s.deleteTenant))
+			r.Get("/admin/orphans", handle(s, s.listOrphans))
+		})
+
+		r.Group(func(r chi.Router) {
+			r.Use(s.requireScope(auth.ScopeKeysWrite))
+			r.Use(s.resolveTenant)
+			r.Post("/keys/{key}/claim", handle(s, s.claim))
+			r.Post("/keys/{key}/checkpoint", handle(s, s.checkpoint))
+			r.Post("/keys/{key}/complete", handle(s, s.complete))
+			r.Post("/keys/{key}/release", handle(s, s.release))
+		})
+
+		r.Group(func(r chi.Router) {
+			r.Use(s.requireScope(auth.ScopeKeysRead))
+			r.Use(s.resolveTenant)
+			r.Get("/keys", handle(s, s.listKeys))
+			r.Get("/keys/{key}", handle(s, s.getKey))
+		})
+
+		r.With(s.requireScope(auth.ScopeKeysRead, auth.ScopeTenantAdmin), s.resolveTenant).
+			Get("/tenant", handle(s, s.getOwnTenant))
+		r.With(s.requireScope(auth.ScopeTenantAdmin), s.resolveTenant).
+			Patch("/tenant", handle(s, s.patchOwnTenant))
 	})
 	return r
+}
+
+func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
+	s.writeJSON(w, r, map[string]string{"status": "ok"})
+}
+
+func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)
+	defer cancel()
+	if err := s.store.Ping(ctx); err != nil {
+		s.writeProblem(w, r, &idem.Error{Code: idem.CodeStoreUnavailable, Detail: "the store does not answer", Err: err})
+		return
+	}
+	s.writeJSON(w, r, map[string]string{"status": "ready"})
 }

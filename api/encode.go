@@ -1,0 +1,249 @@
+package api
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idem-dev/idem"
+)
+
+// timeJSON formats t as RFC 3339 in UTC, or null when t is zero.
+func timeJSON(t time.Time) *string {
+	if t.IsZero() {
+		return nil
+	}
+	s := t.UTC().Format(time.RFC3339Nano)
+	return &s
+}
+
+func stringOrNull(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// rawOrNull returns raw, or nil (encoded as null) when it is empty.
+func rawOrNull(raw json.RawMessage) json.RawMessage {
+	if len(raw) == 0 {
+		return nil
+	}
+	return raw
+}
+
+// responseJSON is a stored response as it travels in JSON.
+type responseJSON struct {
+	Status       int               `json:"status"`
+	Headers      map[string]string `json:"headers"`
+	Body         string            `json:"body"`
+	BodyEncoding string            `json:"body_encoding"`
+}
+
+func encodeResponse(r *idem.Response) *responseJSON {
+	if r == nil {
+		return nil
+	}
+	out := &responseJSON{Status: r.Status, Headers: r.Headers}
+	if out.Headers == nil {
+		out.Headers = map[string]string{}
+	}
+	if r.BodyEncoding == idem.BodyEncodingBase64 || !utf8.Valid(r.Body) {
+		out.Body, out.BodyEncoding = base64.StdEncoding.EncodeToString(r.Body), idem.BodyEncodingBase64
+	} else {
+		out.Body, out.BodyEncoding = string(r.Body), idem.BodyEncodingUTF8
+	}
+	return out
+}
+
+// recordJSON is the full record of GET /v1/keys/{key}.
+type recordJSON struct {
+	// Tenant is set only in operator listings across tenants.
+	Tenant         string          `json:"tenant,omitempty"`
+	Key            string          `json:"key"`
+	State          idem.State      `json:"state"`
+	Operation      string          `json:"operation"`
+	Fingerprint    string          `json:"fingerprint"`
+	FencingToken   int64           `json:"fencing_token"`
+	Attempt        int             `json:"attempt"`
+	LeaseExpiresAt *string         `json:"lease_expires_at"`
+	RecoveryPoint  *string         `json:"recovery_point"`
+	RecoveryData   json.RawMessage `json:"recovery_data"`
+	CreatedAt      *string         `json:"created_at"`
+	UpdatedAt      *string         `json:"updated_at"`
+	CompletedAt    *string         `json:"completed_at"`
+	ReplayUntil    *string         `json:"replay_until"`
+	PurgeAfter     *string         `json:"purge_after"`
+	Response       *responseJSON   `json:"response"`
+}
+
+func encodeRecord(r idem.Record) recordJSON {
+	out := recordJSON{
+		Key:           r.Key,
+		State:         r.APIState(),
+		Operation:     r.Operation,
+		Fingerprint:   r.Fingerprint,
+		FencingToken:  r.FencingToken,
+		Attempt:       r.Attempt,
+		RecoveryPoint: stringOrNull(r.RecoveryPoint),
+		RecoveryData:  rawOrNull(r.RecoveryData),
+		CreatedAt:     timeJSON(r.CreatedAt),
+		UpdatedAt:     timeJSON(r.UpdatedAt),
+		CompletedAt:   timeJSON(r.CompletedAt),
+		ReplayUntil:   timeJSON(r.ReplayUntil),
+		PurgeAfter:    timeJSON(r.PurgeAfter),
+		Response:      encodeResponse(r.Response),
+	}
+	if r.State == idem.StateInFlight {
+		out.LeaseExpiresAt = timeJSON(r.LeaseExpiresAt)
+	}
+	return out
+}
+
+// claimJSON is the 201 body of a claim.
+type claimJSON struct {
+	Key            string          `json:"key"`
+	State          idem.State      `json:"state"`
+	FencingToken   int64           `json:"fencing_token"`
+	Attempt        int             `json:"attempt"`
+	Resumed        bool            `json:"resumed"`
+	LeaseExpiresAt *string         `json:"lease_expires_at"`
+	RecoveryPoint  *string         `json:"recovery_point"`
+	RecoveryData   json.RawMessage `json:"recovery_data"`
+}
+
+// tenantJSON is a tenant as the API shows it.
+type tenantJSON struct {
+	ID        string        `json:"id"`
+	Name      string        `json:"name"`
+	Settings  idem.Settings `json:"settings"`
+	Disabled  bool          `json:"disabled"`
+	CreatedAt *string       `json:"created_at"`
+	UpdatedAt *string       `json:"updated_at"`
+}
+
+func encodeTenant(t idem.Tenant) tenantJSON {
+	return tenantJSON{
+		ID: t.ID, Name: t.Name, Settings: t.Settings, Disabled: t.Disabled,
+		CreatedAt: timeJSON(t.CreatedAt), UpdatedAt: timeJSON(t.UpdatedAt),
+	}
+}
+
+// responseInput is the response of a complete request.
+type responseInput struct {
+	Status       *int              `json:"status"`
+	Headers      map[string]string `json:"headers"`
+	Body         json.RawMessage   `json:"body"`
+	BodyEncoding string            `json:"body_encoding"`
+}
+
+// decode validates the response and returns it; field names start with
+// "response.".
+func (in *responseInput) decode() (idem.Response, error) {
+	if in == nil {
+		return idem.Response{}, fieldError("response", "is required", nil)
+	}
+	if in.Status == nil {
+		return idem.Response{}, fieldError("response.status", "is required", nil)
+	}
+	if *in.Status < 100 || *in.Status > 599 {
+		return idem.Response{}, fieldError("response.status", "must be between 100 and 599", nil)
+	}
+	for name := range in.Headers {
+		if !validHeaderName(name) {
+			return idem.Response{}, fieldError("response.headers", fmt.Sprintf("%q is not a valid header name", name), nil)
+		}
+	}
+	out := idem.Response{Status: *in.Status, Headers: in.Headers, BodyEncoding: in.BodyEncoding}
+	if out.Headers == nil {
+		out.Headers = map[string]string{}
+	}
+	if out.BodyEncoding == "" {
+		out.BodyEncoding = idem.BodyEncodingUTF8
+	}
+	var text string
+	if len(in.Body) > 0 && !bytes.Equal(in.Body, []byte("null")) {
+		if err := json.Unmarshal(in.Body, &text); err != nil {
+			return idem.Response{}, fieldError("response.body", "must be a string", err)
+		}
+	}
+	switch out.BodyEncoding {
+	case idem.BodyEncodingUTF8:
+		if !validUTF8JSONString(in.Body, text) {
+			return idem.Response{}, fieldError("response.body", "is not valid UTF-8; send it with body_encoding base64", nil)
+		}
+		out.Body = []byte(text)
+	case idem.BodyEncodingBase64:
+		b, err := base64.StdEncoding.DecodeString(text)
+		if err != nil {
+			return idem.Response{}, fieldError("response.body", "is not valid standard base64", err)
+		}
+		out.Body = b
+	default:
+		return idem.Response{}, fieldError("response.body_encoding", `must be "utf8" or "base64"`, nil)
+	}
+	return out, nil
+}
+
+// validUTF8JSONString reports whether the raw JSON string decoded to text was
+// valid UTF-8: encoding/json replaces invalid bytes and lone surrogate
+// escapes with U+FFFD silently, so every U+FFFD in text must have been
+// written as such in raw.
+func validUTF8JSONString(raw json.RawMessage, text string) bool {
+	if !utf8.Valid(raw) {
+		return false
+	}
+	got := strings.Count(text, "\uFFFD")
+	if got == 0 {
+		return true
+	}
+	lower := strings.ToLower(string(raw))
+	written := strings.Count(string(raw), "\uFFFD") + strings.Count(lower, `\ufffd`)
+	return got <= written
+}
+
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c <= ' ' || c >= 0x7F || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// claimReply is a claim's response: 201 with claimJSON, or 200 with the
+// stored record and Idempotent-Replayed: true.
+type claimReply struct {
+	replayed bool
+	body     any
+}
+
+func (c claimReply) statusCode() int {
+	if c.replayed {
+		return http.StatusOK
+	}
+	return http.StatusCreated
+}
+
+func (c claimReply) writeHeader(h http.Header) {
+	if c.replayed {
+		h.Set("Idempotent-Replayed", "true")
+	}
+}
+
+func (c claimReply) MarshalJSON() ([]byte, error) { return json.Marshal(c.body) }
+
+// created wraps a body answered with 201.
+type created struct{ body any }
+
+func (created) statusCode() int                 { return http.StatusCreated }
+func (c created) MarshalJSON() ([]byte, error) { return json.Marshal(c.body) }

@@ -1,0 +1,187 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/idem-dev/idem"
+)
+
+// Endpoints follow the riverui apiframe pattern: each endpoint is a request
+// struct and an execute function; handle does everything else.
+//
+// A request struct may implement binder (path and query parameters, read
+// after the body so the body can never set them) and validator (checks that
+// need no store). A response may implement statusCoder and headerWriter; a
+// response whose status is 204 has no body.
+
+type binder interface {
+	bind(r *http.Request) error
+}
+
+type validator interface {
+	validate() error
+}
+
+type statusCoder interface {
+	statusCode() int
+}
+
+type headerWriter interface {
+	writeHeader(h http.Header)
+}
+
+// noContent is the response of endpoints that answer 204.
+type noContent struct{}
+
+func (noContent) statusCode() int { return http.StatusNoContent }
+
+// handle returns the handler of one JSON endpoint: it limits the body to
+// MaxBodyBytes before reading it (413), requires application/json for a
+// non-empty body (415), treats an empty body as {}, decodes with unknown
+// fields refused and no trailing data (400 naming the field when it can),
+// binds path and query parameters, validates, executes and encodes the
+// response.
+func handle[Req any, Resp any](s *server, exec func(ctx context.Context, req *Req) (Resp, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		req := new(Req)
+		if err := s.decodeBody(w, r, req); err != nil {
+			s.writeProblem(w, r, err)
+			return
+		}
+		if b, ok := any(req).(binder); ok {
+			if err := b.bind(r); err != nil {
+				s.writeProblem(w, r, err)
+				return
+			}
+		}
+		if v, ok := any(req).(validator); ok {
+			if err := v.validate(); err != nil {
+				s.writeProblem(w, r, err)
+				return
+			}
+		}
+		resp, err := exec(r.Context(), req)
+		if err != nil {
+			s.writeProblem(w, r, err)
+			return
+		}
+		s.writeJSON(w, r, resp)
+	}
+}
+
+func (s *server) writeJSON(w http.ResponseWriter, r *http.Request, resp any) {
+	status := http.StatusOK
+	if sc, ok := resp.(statusCoder); ok {
+		status = sc.statusCode()
+	}
+	if hw, ok := resp.(headerWriter); ok {
+		hw.writeHeader(w.Header())
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	if status == http.StatusNoContent {
+		w.WriteHeader(status)
+		return
+	}
+	body, err := json.Marshal(resp)
+	if err != nil {
+		s.writeProblem(w, r, fmt.Errorf("encode response: %w", err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// decodeBody reads at most MaxBodyBytes of the body and decodes it into dst.
+func (s *server) decodeBody(w http.ResponseWriter, r *http.Request, dst any) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return idem.Errorf(idem.CodePayloadTooLarge, "the request body is larger than %d bytes", mbe.Limit)
+		}
+		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "the request body could not be read", Err: err}
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		body = []byte("{}")
+	} else if err := checkJSONContentType(r.Header.Get("Content-Type")); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return decodeError(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return idem.Errorf(idem.CodeInvalidRequest, "the request body holds data after the JSON value")
+	}
+	return nil
+}
+
+func checkJSONContentType(ct string) error {
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "application/json" {
+		return idem.Errorf(idem.CodeUnsupportedMediaType, "a request body must be sent as application/json")
+	}
+	return nil
+}
+
+// decodeError turns a JSON decoding error into an invalid_request that names
+// the field when it can.
+func decodeError(err error) error {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr) && typeErr.Field != "":
+		return fieldError(typeErr.Field, "must be of JSON type "+jsonTypeName(typeErr.Type.Kind().String()), err)
+	case errors.As(err, &syntaxErr):
+		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: fmt.Sprintf("malformed JSON at byte %d", syntaxErr.Offset), Err: err}
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "the JSON body ends early", Err: err}
+	}
+	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		name = strings.Trim(name, `"`)
+		return fieldError(name, "is not a known field", err)
+	}
+	var fe *idem.Error
+	if errors.As(err, &fe) {
+		return fe
+	}
+	return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "the request body is not valid for this endpoint", Err: err}
+}
+
+func jsonTypeName(kind string) string {
+	switch {
+	case strings.HasPrefix(kind, "int"), strings.HasPrefix(kind, "uint"):
+		return "integer"
+	case strings.HasPrefix(kind, "float"):
+		return "number"
+	case kind == "string":
+		return "string"
+	case kind == "bool":
+		return "boolean"
+	case kind == "map", kind == "struct":
+		return "object"
+	case kind == "slice":
+		return "array"
+	}
+	return kind
+}
+
+// fieldError is an invalid_request naming one field.
+func fieldError(field, message string, cause error) *idem.Error {
+	return &idem.Error{
+		Code:   idem.CodeInvalidRequest,
+		Detail: field + " " + message,
+		Fields: []idem.FieldError{{Field: field, Message: message}},
+		Err:    cause,
+	}
+}

@@ -1,0 +1,357 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/idem-dev/idem"
+)
+
+// pathKey returns the unescaped {key} of the route. chi matches on
+// r.URL.RawPath when the request path holds escapes that differ from the
+// default encoding (such as %2F), and then the parameter is still escaped;
+// otherwise it matched on the decoded r.URL.Path.
+func pathKey(r *http.Request) (string, error) {
+	raw := chi.URLParam(r, "key")
+	key := raw
+	if r.URL.RawPath != "" {
+		var err error
+		key, err = url.PathUnescape(raw)
+		if err != nil {
+			return "", idem.Errorf(idem.CodeInvalidKey, "the key is not correctly path-escaped")
+		}
+	}
+	if err := idem.ValidateKey(key); err != nil {
+		return "", err
+	}
+	return key, nil
+}
+
+// keyParam is embedded by every request on /v1/keys/{key}.
+type keyParam struct {
+	key string
+}
+
+func (k *keyParam) bind(r *http.Request) error {
+	var err error
+	k.key, err = pathKey(r)
+	return err
+}
+
+// isNull reports whether a raw JSON value is absent or null.
+func isNull(raw json.RawMessage) bool {
+	return len(raw) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
+}
+
+// claimRequest is the body of POST /v1/keys/{key}/claim.
+type claimRequest struct {
+	keyParam
+	Operation    string          `json:"operation"`
+	Fingerprint  *string         `json:"fingerprint"`
+	Request      json.RawMessage `json:"request"`
+	LeaseSeconds int             `json:"lease_seconds"`
+}
+
+func (c *claimRequest) validate() error {
+	if err := idem.ValidateOperation(c.Operation); err != nil {
+		return err
+	}
+	if c.Fingerprint != nil && !isNull(c.Request) {
+		return &idem.Error{
+			Code:   idem.CodeInvalidRequest,
+			Detail: "fingerprint and request are mutually exclusive",
+			Fields: []idem.FieldError{{Field: "request", Message: "must not be sent together with fingerprint"}},
+		}
+	}
+	if c.Fingerprint != nil {
+		if n := utf8.RuneCountInString(*c.Fingerprint); n < 1 || n > idem.MaxFingerprintChars {
+			return fieldError("fingerprint", fmt.Sprintf("must be 1-%d characters", idem.MaxFingerprintChars), nil)
+		}
+	}
+	if c.LeaseSeconds < 0 {
+		return fieldError("lease_seconds", "must be positive", nil)
+	}
+	return nil
+}
+
+// claim decides a claim. Without fingerprint and request the fingerprint is
+// empty: the key alone identifies the intent, and the operation is still
+// compared.
+func (s *server) claim(ctx context.Context, req *claimRequest) (claimReply, error) {
+	t := tenantFrom(ctx)
+	lease, err := t.Settings.LeaseFor(req.LeaseSeconds)
+	if err != nil {
+		return claimReply{}, err
+	}
+	fp := ""
+	switch {
+	case req.Fingerprint != nil:
+		fp = *req.Fingerprint
+	case !isNull(req.Request):
+		fp, err = idem.FingerprintJSON(req.Request)
+		if err != nil {
+			return claimReply{}, fieldError("request", "cannot be canonicalized: "+err.Error(), err)
+		}
+	}
+	res, err := s.store.Claim(ctx, idem.ClaimParams{
+		TenantID:        t.ID,
+		Key:             req.key,
+		Operation:       req.Operation,
+		Fingerprint:     fp,
+		Lease:           lease,
+		ReplayWindow:    t.Settings.ReplayWindow(),
+		ReaperThreshold: t.Settings.ReaperThreshold(),
+	})
+	if s.observer != nil {
+		var action idem.ClaimAction
+		if err == nil {
+			action = res.Action
+		}
+		s.observer.ObserveClaim(t.ID, action, err)
+	}
+	if err != nil {
+		return claimReply{}, fmt.Errorf("claim key: %w", err)
+	}
+	rec := res.Record
+	if res.Action == idem.ActionReplay {
+		return claimReply{replayed: true, body: encodeRecord(rec)}, nil
+	}
+	return claimReply{body: claimJSON{
+		Key:            rec.Key,
+		State:          rec.APIState(),
+		FencingToken:   rec.FencingToken,
+		Attempt:        rec.Attempt,
+		Resumed:        res.Action == idem.ActionTakeover,
+		LeaseExpiresAt: timeJSON(rec.LeaseExpiresAt),
+		RecoveryPoint:  stringOrNull(rec.RecoveryPoint),
+		RecoveryData:   rawOrNull(rec.RecoveryData),
+	}}, nil
+}
+
+func (s *server) observeWrite(tenant, op string, err error) {
+	if s.observer != nil {
+		s.observer.ObserveWrite(tenant, op, err)
+	}
+}
+
+func requireToken(tok *int64) error {
+	if tok == nil {
+		return fieldError("fencing_token", "is required", nil)
+	}
+	return nil
+}
+
+// checkpointRequest is the body of POST /v1/keys/{key}/checkpoint.
+type checkpointRequest struct {
+	keyParam
+	FencingToken  *int64          `json:"fencing_token"`
+	RecoveryPoint string          `json:"recovery_point"`
+	Data          json.RawMessage `json:"data"`
+	LeaseSeconds  int             `json:"lease_seconds"`
+}
+
+func (c *checkpointRequest) validate() error {
+	if err := requireToken(c.FencingToken); err != nil {
+		return err
+	}
+	if c.RecoveryPoint == "" {
+		return fieldError("recovery_point", "is required", nil)
+	}
+	if len(c.RecoveryPoint) > idem.MaxRecoveryPointBytes {
+		return fieldError("recovery_point", fmt.Sprintf("must be at most %d bytes", idem.MaxRecoveryPointBytes), nil)
+	}
+	if c.LeaseSeconds < 0 {
+		return fieldError("lease_seconds", "must be positive", nil)
+	}
+	return nil
+}
+
+func (s *server) checkpoint(ctx context.Context, req *checkpointRequest) (recordJSON, error) {
+	t := tenantFrom(ctx)
+	lease, err := t.Settings.LeaseFor(req.LeaseSeconds)
+	if err != nil {
+		return recordJSON{}, err
+	}
+	var data json.RawMessage
+	if !isNull(req.Data) {
+		data = req.Data
+	}
+	rec, err := s.store.Checkpoint(ctx, idem.CheckpointParams{
+		TenantID: t.ID, Key: req.key, FencingToken: *req.FencingToken,
+		RecoveryPoint: req.RecoveryPoint, Data: data, Lease: lease,
+	})
+	s.observeWrite(t.ID, "checkpoint", err)
+	if err != nil {
+		return recordJSON{}, fmt.Errorf("checkpoint key: %w", err)
+	}
+	return encodeRecord(rec), nil
+}
+
+// completeRequest is the body of POST /v1/keys/{key}/complete.
+type completeRequest struct {
+	keyParam
+	FencingToken *int64         `json:"fencing_token"`
+	Response     *responseInput `json:"response"`
+
+	decoded idem.Response
+}
+
+func (c *completeRequest) validate() error {
+	if err := requireToken(c.FencingToken); err != nil {
+		return err
+	}
+	var err error
+	c.decoded, err = c.Response.decode()
+	return err
+}
+
+func (s *server) complete(ctx context.Context, req *completeRequest) (recordJSON, error) {
+	t := tenantFrom(ctx)
+	if size := req.decoded.Size(); size > t.Settings.MaxResponseBytes {
+		err := idem.Errorf(idem.CodePayloadTooLarge, "the response is %d bytes; the tenant's max_response_bytes is %d", size, t.Settings.MaxResponseBytes)
+		s.observeWrite(t.ID, "complete", err)
+		return recordJSON{}, err
+	}
+	rec, err := s.store.Complete(ctx, idem.CompleteParams{
+		TenantID: t.ID, Key: req.key, FencingToken: *req.FencingToken, Response: req.decoded,
+	})
+	s.observeWrite(t.ID, "complete", err)
+	if err != nil {
+		return recordJSON{}, fmt.Errorf("complete key: %w", err)
+	}
+	return encodeRecord(rec), nil
+}
+
+// releaseRequest is the body of POST /v1/keys/{key}/release.
+type releaseRequest struct {
+	keyParam
+	FencingToken *int64 `json:"fencing_token"`
+}
+
+func (c *releaseRequest) validate() error { return requireToken(c.FencingToken) }
+
+func (s *server) release(ctx context.Context, req *releaseRequest) (noContent, error) {
+	t := tenantFrom(ctx)
+	err := s.store.Release(ctx, idem.ReleaseParams{TenantID: t.ID, Key: req.key, FencingToken: *req.FencingToken})
+	s.observeWrite(t.ID, "release", err)
+	if err != nil {
+		return noContent{}, fmt.Errorf("release key: %w", err)
+	}
+	return noContent{}, nil
+}
+
+// getKeyRequest is GET /v1/keys/{key}.
+type getKeyRequest struct {
+	keyParam
+}
+
+func (s *server) getKey(ctx context.Context, req *getKeyRequest) (recordJSON, error) {
+	rec, err := s.store.GetRecord(ctx, idem.GetRecordParams{TenantID: tenantFrom(ctx).ID, Key: req.key})
+	if err != nil {
+		return recordJSON{}, fmt.Errorf("get key: %w", err)
+	}
+	return encodeRecord(rec), nil
+}
+
+// Page sizes of listings.
+const (
+	DefaultPageLimit = 50
+	MaxPageLimit     = 500
+)
+
+// pageParams are the limit and cursor query parameters of a listing.
+type pageParams struct {
+	limit int
+	after *idem.Cursor
+}
+
+// cursorJSON is the content of an opaque cursor (base64url of this JSON).
+type cursorJSON struct {
+	Time   time.Time `json:"t"`
+	Tenant string    `json:"n,omitempty"`
+	Key    string    `json:"k"`
+}
+
+func encodeCursor(c idem.Cursor) *string {
+	b, _ := json.Marshal(cursorJSON{Time: c.Time.UTC(), Tenant: c.TenantID, Key: c.Key})
+	s := base64.RawURLEncoding.EncodeToString(b)
+	return &s
+}
+
+func (p *pageParams) bind(r *http.Request) error {
+	q := r.URL.Query()
+	p.limit = DefaultPageLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxPageLimit {
+			return fieldError("limit", fmt.Sprintf("must be an integer between 1 and %d", MaxPageLimit), err)
+		}
+		p.limit = n
+	}
+	if v := q.Get("cursor"); v != "" {
+		b, err := base64.RawURLEncoding.DecodeString(v)
+		var c cursorJSON
+		if err == nil {
+			err = json.Unmarshal(b, &c)
+		}
+		if err == nil && (c.Time.IsZero() || c.Key == "") {
+			err = fmt.Errorf("incomplete cursor")
+		}
+		if err != nil {
+			return fieldError("cursor", "is not a cursor returned by this endpoint", err)
+		}
+		p.after = &idem.Cursor{Time: c.Time, TenantID: c.Tenant, Key: c.Key}
+	}
+	return nil
+}
+
+// listJSON is a page of a listing.
+type listJSON[T any] struct {
+	Items      []T     `json:"items"`
+	NextCursor *string `json:"next_cursor"`
+}
+
+// listKeysRequest is GET /v1/keys?state=&limit=&cursor=.
+type listKeysRequest struct {
+	pageParams
+	state idem.State
+}
+
+func (l *listKeysRequest) bind(r *http.Request) error {
+	if v := r.URL.Query().Get("state"); v != "" {
+		l.state = idem.State(v)
+		if !l.state.Valid() {
+			return fieldError("state", "must be one of in_flight, completed, orphaned, expired", nil)
+		}
+	}
+	return l.pageParams.bind(r)
+}
+
+func (s *server) listKeys(ctx context.Context, req *listKeysRequest) (listJSON[recordJSON], error) {
+	recs, err := s.store.ListRecords(ctx, idem.ListRecordsParams{
+		TenantID: tenantFrom(ctx).ID, State: req.state, Limit: req.limit + 1, After: req.after,
+	})
+	if err != nil {
+		return listJSON[recordJSON]{}, fmt.Errorf("list keys: %w", err)
+	}
+	out := listJSON[recordJSON]{Items: make([]recordJSON, 0, min(len(recs), req.limit))}
+	if len(recs) > req.limit {
+		recs = recs[:req.limit]
+		last := recs[len(recs)-1]
+		out.NextCursor = encodeCursor(idem.Cursor{Time: last.CreatedAt, Key: last.Key})
+	}
+	for _, r := range recs {
+		out.Items = append(out.Items, encodeRecord(r))
+	}
+	return out, nil
+}

@@ -1,0 +1,118 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/idem-dev/idem"
+)
+
+// problemInfo is one row of the contract's error table.
+type problemInfo struct {
+	status    int
+	title     string
+	retryable bool
+}
+
+// Codes of this package that the domain does not define: an unknown route or
+// method. The contract is silent about them; they follow the same shape.
+const (
+	codeNotFound         idem.Code = "not_found"
+	codeMethodNotAllowed idem.Code = "method_not_allowed"
+)
+
+// problems maps every code to its status, title and retryability (contract
+// §3). Codes missing here are answered as internal errors.
+var problems = map[idem.Code]problemInfo{
+	idem.CodeInvalidRequest:       {http.StatusBadRequest, "Invalid request", false},
+	idem.CodeInvalidKey:           {http.StatusBadRequest, "Invalid idempotency key", false},
+	idem.CodeUnauthenticated:      {http.StatusUnauthorized, "Unauthenticated", false},
+	idem.CodeForbidden:            {http.StatusForbidden, "Forbidden", false},
+	idem.CodeTenantUnknown:        {http.StatusForbidden, "Unknown tenant", false},
+	idem.CodeKeyNotFound:          {http.StatusNotFound, "Key not found", false},
+	idem.CodeTenantNotFound:       {http.StatusNotFound, "Tenant not found", false},
+	idem.CodeRequestInFlight:      {http.StatusConflict, "Request in flight", true},
+	idem.CodeLeaseLost:            {http.StatusConflict, "Lease lost", false},
+	idem.CodeAlreadyCompleted:     {http.StatusConflict, "Already completed", false},
+	idem.CodeTenantExists:         {http.StatusConflict, "Tenant exists", false},
+	idem.CodePayloadTooLarge:      {http.StatusRequestEntityTooLarge, "Payload too large", false},
+	idem.CodeUnsupportedMediaType: {http.StatusUnsupportedMediaType, "Unsupported media type", false},
+	idem.CodeFingerprintMismatch:  {http.StatusUnprocessableEntity, "Fingerprint mismatch", false},
+	idem.CodeRateLimited:          {http.StatusTooManyRequests, "Rate limited", true},
+	idem.CodeStoreUnavailable:     {http.StatusServiceUnavailable, "Store unavailable", true},
+	idem.CodeInternal:             {http.StatusInternalServerError, "Internal error", false},
+	codeNotFound:                  {http.StatusNotFound, "Not found", false},
+	codeMethodNotAllowed:          {http.StatusMethodNotAllowed, "Method not allowed", false},
+}
+
+// problem is the RFC 9457 body of every error.
+type problem struct {
+	Type      string            `json:"type"`
+	Title     string            `json:"title"`
+	Status    int               `json:"status"`
+	Detail    string            `json:"detail"`
+	Code      idem.Code         `json:"code"`
+	Retryable bool              `json:"retryable"`
+	Errors    []idem.FieldError `json:"errors,omitempty"`
+	RequestID string            `json:"request_id,omitempty"`
+}
+
+// retryAfterSeconds rounds a wait up to whole seconds, at least 1.
+func retryAfterSeconds(d time.Duration) int {
+	s := int(math.Ceil(d.Seconds()))
+	return max(s, 1)
+}
+
+// writeProblem answers err as application/problem+json. An error without a
+// known code is a 500 "internal" whose cause is logged and never shown.
+func (s *server) writeProblem(w http.ResponseWriter, r *http.Request, err error) {
+	var e *idem.Error
+	if !errors.As(err, &e) {
+		e = &idem.Error{Code: idem.CodeInternal, Err: err}
+	}
+	info, ok := problems[e.Code]
+	if !ok {
+		e = &idem.Error{Code: idem.CodeInternal, Err: err}
+		info = problems[idem.CodeInternal]
+	}
+	detail := e.Detail
+	if e.Code == idem.CodeInternal {
+		s.logger.ErrorContext(r.Context(), "internal error",
+			slog.String("request_id", requestIDFrom(r.Context())),
+			slog.String("method", r.Method),
+			slog.String("error", err.Error()))
+		detail = "an internal error occurred; quote the request id when reporting it"
+	}
+	if detail == "" {
+		detail = info.title
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	if info.retryable {
+		wait := e.RetryAfter
+		if e.Code == idem.CodeStoreUnavailable && wait <= 0 {
+			wait = time.Second
+		}
+		h.Set("Retry-After", strconv.Itoa(retryAfterSeconds(wait)))
+	}
+	if e.Code == idem.CodeUnauthenticated {
+		h.Set("WWW-Authenticate", `Bearer error="invalid_token"`)
+	}
+	w.WriteHeader(info.status)
+	_ = json.NewEncoder(w).Encode(problem{
+		Type:      "/docs/errors#" + string(e.Code),
+		Title:     info.title,
+		Status:    info.status,
+		Detail:    detail,
+		Code:      e.Code,
+		Retryable: info.retryable,
+		Errors:    e.Fields,
+		RequestID: requestIDFrom(r.Context()),
+	})
+}

@@ -1,0 +1,156 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/tenants"
+)
+
+// emptyRequest is the request of endpoints that take no input.
+type emptyRequest struct{}
+
+// getOwnTenant is GET /v1/tenant. It reads the store, not the cache, so a
+// PATCH is visible at once.
+func (s *server) getOwnTenant(ctx context.Context, _ *emptyRequest) (tenantJSON, error) {
+	t, err := s.tenants.Get(ctx, tenantFrom(ctx).ID)
+	if err != nil {
+		return tenantJSON{}, fmt.Errorf("get own tenant: %w", err)
+	}
+	return encodeTenant(t), nil
+}
+
+// patchOwnTenantRequest is the body of PATCH /v1/tenant: the caller may
+// change its own settings only.
+type patchOwnTenantRequest struct {
+	Settings idem.SettingsPatch `json:"settings"`
+}
+
+func (s *server) patchOwnTenant(ctx context.Context, req *patchOwnTenantRequest) (tenantJSON, error) {
+	t, err := s.tenants.Update(ctx, tenantFrom(ctx).ID, tenants.Patch{Settings: req.Settings})
+	if err != nil {
+		return tenantJSON{}, fmt.Errorf("patch own tenant: %w", err)
+	}
+	return encodeTenant(t), nil
+}
+
+// createTenantRequest is the body of POST /v1/admin/tenants.
+type createTenantRequest struct {
+	ID       string             `json:"id"`
+	Name     string             `json:"name"`
+	Settings idem.SettingsPatch `json:"settings"`
+}
+
+func (s *server) createTenant(ctx context.Context, req *createTenantRequest) (created, error) {
+	t, err := s.tenants.Create(ctx, req.ID, req.Name, req.Settings)
+	if err != nil {
+		return created{}, fmt.Errorf("create tenant: %w", err)
+	}
+	return created{body: encodeTenant(t)}, nil
+}
+
+func (s *server) listTenants(ctx context.Context, _ *emptyRequest) (listJSON[tenantJSON], error) {
+	ts, err := s.tenants.List(ctx)
+	if err != nil {
+		return listJSON[tenantJSON]{}, fmt.Errorf("list tenants: %w", err)
+	}
+	out := listJSON[tenantJSON]{Items: make([]tenantJSON, 0, len(ts))}
+	for _, t := range ts {
+		out.Items = append(out.Items, encodeTenant(t))
+	}
+	return out, nil
+}
+
+// tenantParam is the {id} of /v1/admin/tenants/{id}.
+type tenantParam struct {
+	id string
+}
+
+func (p *tenantParam) bind(r *http.Request) error {
+	p.id = chi.URLParam(r, "id")
+	if idem.ValidateTenantID(p.id) != nil {
+		// A malformed id names no tenant.
+		return idem.Errorf(idem.CodeTenantNotFound, "no tenant with this id")
+	}
+	return nil
+}
+
+type getTenantRequest struct {
+	tenantParam
+}
+
+func (s *server) getTenant(ctx context.Context, req *getTenantRequest) (tenantJSON, error) {
+	t, err := s.tenants.Get(ctx, req.id)
+	if err != nil {
+		return tenantJSON{}, fmt.Errorf("get tenant: %w", err)
+	}
+	return encodeTenant(t), nil
+}
+
+// patchTenantRequest is the body of PATCH /v1/admin/tenants/{id}.
+type patchTenantRequest struct {
+	tenantParam
+	Name     *string            `json:"name"`
+	Settings idem.SettingsPatch `json:"settings"`
+	Disabled *bool              `json:"disabled"`
+}
+
+func (s *server) patchTenant(ctx context.Context, req *patchTenantRequest) (tenantJSON, error) {
+	t, err := s.tenants.Update(ctx, req.id, tenants.Patch{Name: req.Name, Settings: req.Settings, Disabled: req.Disabled})
+	if err != nil {
+		return tenantJSON{}, fmt.Errorf("patch tenant: %w", err)
+	}
+	return encodeTenant(t), nil
+}
+
+type deleteTenantRequest struct {
+	tenantParam
+}
+
+// deleteTenant disables the tenant; the reaper purges its keys.
+func (s *server) deleteTenant(ctx context.Context, req *deleteTenantRequest) (noContent, error) {
+	disabled := true
+	if _, err := s.tenants.Update(ctx, req.id, tenants.Patch{Disabled: &disabled}); err != nil {
+		return noContent{}, fmt.Errorf("delete tenant: %w", err)
+	}
+	return noContent{}, nil
+}
+
+// listOrphansRequest is GET /v1/admin/orphans?tenant=&limit=&cursor=.
+type listOrphansRequest struct {
+	pageParams
+	tenant string
+}
+
+func (l *listOrphansRequest) bind(r *http.Request) error {
+	if v := r.URL.Query().Get("tenant"); v != "" {
+		if err := idem.ValidateTenantID(v); err != nil {
+			return fieldError("tenant", "must be 1-64 characters of [a-z0-9_-]", err)
+		}
+		l.tenant = v
+	}
+	return l.pageParams.bind(r)
+}
+
+func (s *server) listOrphans(ctx context.Context, req *listOrphansRequest) (listJSON[recordJSON], error) {
+	recs, err := s.store.ListOrphans(ctx, idem.ListOrphansParams{TenantID: req.tenant, Limit: req.limit + 1, After: req.after})
+	if err != nil {
+		return listJSON[recordJSON]{}, fmt.Errorf("list orphans: %w", err)
+	}
+	out := listJSON[recordJSON]{Items: make([]recordJSON, 0, min(len(recs), req.limit))}
+	if len(recs) > req.limit {
+		recs = recs[:req.limit]
+		last := recs[len(recs)-1]
+		out.NextCursor = encodeCursor(idem.Cursor{Time: last.LeaseExpiresAt, TenantID: last.TenantID, Key: last.Key})
+	}
+	for _, r := range recs {
+		j := encodeRecord(r)
+		j.Tenant = r.TenantID
+		out.Items = append(out.Items, j)
+	}
+	return out, nil
+}
