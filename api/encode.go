@@ -245,5 +245,5 @@ func (c claimReply) MarshalJSON() ([]byte, error) { return json.Marshal(c.body) 
 // created wraps a body answered with 201.
 type created struct{ body any }
 
-func (created) statusCode() int                 { return http.StatusCreated }
+func (created) statusCode() int                { return http.StatusCreated }
 func (c created) MarshalJSON() ([]byte, error) { return json.Marshal(c.body) }
