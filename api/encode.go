@@ -63,8 +63,6 @@ func encodeResponse(r *idem.Response) *responseJSON {
 
 // recordJSON is the full record of GET /v1/keys/{key}.
 type recordJSON struct {
-	// Tenant is set only in operator listings across tenants.
-	Tenant         string          `json:"tenant,omitempty"`
 	Key            string          `json:"key"`
 	State          idem.State      `json:"state"`
 	Operation      string          `json:"operation"`
@@ -75,11 +73,40 @@ type recordJSON struct {
 	RecoveryPoint  *string         `json:"recovery_point"`
 	RecoveryData   json.RawMessage `json:"recovery_data"`
 	CreatedAt      *string         `json:"created_at"`
-	UpdatedAt      *string         `json:"updated_at"`
 	CompletedAt    *string         `json:"completed_at"`
 	ReplayUntil    *string         `json:"replay_until"`
 	PurgeAfter     *string         `json:"purge_after"`
 	Response       *responseJSON   `json:"response"`
+}
+
+// orphanJSON is one item of GET /v1/admin/orphans: a record without its
+// response, with its tenant.
+type orphanJSON struct {
+	Tenant         string          `json:"tenant"`
+	Key            string          `json:"key"`
+	State          idem.State      `json:"state"`
+	Operation      string          `json:"operation"`
+	Fingerprint    string          `json:"fingerprint"`
+	FencingToken   int64           `json:"fencing_token"`
+	Attempt        int             `json:"attempt"`
+	LeaseExpiresAt *string         `json:"lease_expires_at"`
+	RecoveryPoint  *string         `json:"recovery_point"`
+	RecoveryData   json.RawMessage `json:"recovery_data"`
+	CreatedAt      *string         `json:"created_at"`
+	CompletedAt    *string         `json:"completed_at"`
+	ReplayUntil    *string         `json:"replay_until"`
+	PurgeAfter     *string         `json:"purge_after"`
+}
+
+func encodeOrphan(r idem.Record) orphanJSON {
+	j := encodeRecord(r)
+	return orphanJSON{
+		Tenant: r.TenantID, Key: j.Key, State: j.State, Operation: j.Operation,
+		Fingerprint: j.Fingerprint, FencingToken: j.FencingToken, Attempt: j.Attempt,
+		LeaseExpiresAt: timeJSON(r.LeaseExpiresAt), RecoveryPoint: j.RecoveryPoint,
+		RecoveryData: j.RecoveryData, CreatedAt: j.CreatedAt, CompletedAt: j.CompletedAt,
+		ReplayUntil: j.ReplayUntil, PurgeAfter: j.PurgeAfter,
+	}
 }
 
 func encodeRecord(r idem.Record) recordJSON {
@@ -93,7 +120,6 @@ func encodeRecord(r idem.Record) recordJSON {
 		RecoveryPoint: stringOrNull(r.RecoveryPoint),
 		RecoveryData:  rawOrNull(r.RecoveryData),
 		CreatedAt:     timeJSON(r.CreatedAt),
-		UpdatedAt:     timeJSON(r.UpdatedAt),
 		CompletedAt:   timeJSON(r.CompletedAt),
 		ReplayUntil:   timeJSON(r.ReplayUntil),
 		PurgeAfter:    timeJSON(r.PurgeAfter),

@@ -25,13 +25,14 @@ func (s *server) getOwnTenant(ctx context.Context, _ *emptyRequest) (tenantJSON,
 }
 
 // patchOwnTenantRequest is the body of PATCH /v1/tenant: the caller may
-// change its own settings only.
+// change its own name and settings, not its disabled flag.
 type patchOwnTenantRequest struct {
+	Name     *string            `json:"name"`
 	Settings idem.SettingsPatch `json:"settings"`
 }
 
 func (s *server) patchOwnTenant(ctx context.Context, req *patchOwnTenantRequest) (tenantJSON, error) {
-	t, err := s.tenants.Update(ctx, tenantFrom(ctx).ID, tenants.Patch{Settings: req.Settings})
+	t, err := s.tenants.Update(ctx, tenantFrom(ctx).ID, tenants.Patch{Name: req.Name, Settings: req.Settings})
 	if err != nil {
 		return tenantJSON{}, fmt.Errorf("patch own tenant: %w", err)
 	}
@@ -136,21 +137,19 @@ func (l *listOrphansRequest) bind(r *http.Request) error {
 	return l.pageParams.bind(r)
 }
 
-func (s *server) listOrphans(ctx context.Context, req *listOrphansRequest) (listJSON[recordJSON], error) {
+func (s *server) listOrphans(ctx context.Context, req *listOrphansRequest) (listJSON[orphanJSON], error) {
 	recs, err := s.store.ListOrphans(ctx, idem.ListOrphansParams{TenantID: req.tenant, Limit: req.limit + 1, After: req.after})
 	if err != nil {
-		return listJSON[recordJSON]{}, fmt.Errorf("list orphans: %w", err)
+		return listJSON[orphanJSON]{}, fmt.Errorf("list orphans: %w", err)
 	}
-	out := listJSON[recordJSON]{Items: make([]recordJSON, 0, min(len(recs), req.limit))}
+	out := listJSON[orphanJSON]{Items: make([]orphanJSON, 0, min(len(recs), req.limit))}
 	if len(recs) > req.limit {
 		recs = recs[:req.limit]
 		last := recs[len(recs)-1]
 		out.NextCursor = encodeCursor(idem.Cursor{Time: last.LeaseExpiresAt, TenantID: last.TenantID, Key: last.Key})
 	}
 	for _, r := range recs {
-		j := encodeRecord(r)
-		j.Tenant = r.TenantID
-		out.Items = append(out.Items, j)
+		out.Items = append(out.Items, encodeOrphan(r))
 	}
 	return out, nil
 }
