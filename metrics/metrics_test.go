@@ -1,0 +1,242 @@
+package metrics_test
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/metrics"
+)
+
+func TestObserverCountsOutcomes(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	m := metrics.New(reg)
+
+	m.ObserveClaim("acme", idem.ActionCreate, nil)
+	m.ObserveClaim("acme", idem.ActionCreate, nil)
+	m.ObserveClaim("acme", idem.ActionReplay, nil)
+	m.ObserveClaim("acme", idem.ActionTakeover, nil)
+	m.ObserveClaim("acme", 0, idem.Errorf(idem.CodeRequestInFlight, "busy"))
+	m.ObserveClaim("beta", 0, idem.Errorf(idem.CodeFingerprintMismatch, "other"))
+	m.ObserveClaim("beta", 0, errors.New("boom"))
+
+	m.ObserveWrite("acme", "complete", nil)
+	m.ObserveWrite("acme", "complete", idem.Errorf(idem.CodeLeaseLost, "stale"))
+	m.ObserveWrite("acme", "checkpoint", idem.Errorf(idem.CodeKeyNotFound, "gone"))
+	m.ObserveWrite("acme", "release", idem.Errorf(idem.CodeAlreadyCompleted, "done"))
+	m.ObserveWrite("acme", "bogus", nil)
+
+	problems, err := testutil.GatherAndLint(reg)
+	require.NoError(t, err)
+	require.Empty(t, problems)
+
+	expected := `
+# HELP idem_claims_total Claims by tenant and outcome (created, replayed, in_flight, mismatch, takeover, error).
+# TYPE idem_claims_total counter
+idem_claims_total{outcome="created",tenant="acme"} 2
+idem_claims_total{outcome="in_flight",tenant="acme"} 1
+idem_claims_total{outcome="replayed",tenant="acme"} 1
+idem_claims_total{outcome="takeover",tenant="acme"} 1
+idem_claims_total{outcome="error",tenant="beta"} 1
+idem_claims_total{outcome="mismatch",tenant="beta"} 1
+# HELP idem_key_writes_total Checkpoints, completes and releases by tenant, operation and result; result lease_lost counts stale fencing tokens refused.
+# TYPE idem_key_writes_total counter
+idem_key_writes_total{op="checkpoint",result="not_found",tenant="acme"} 1
+idem_key_writes_total{op="complete",result="lease_lost",tenant="acme"} 1
+idem_key_writes_total{op="complete",result="ok",tenant="acme"} 1
+idem_key_writes_total{op="other",result="ok",tenant="acme"} 1
+idem_key_writes_total{op="release",result="already_completed",tenant="acme"} 1
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected), "idem_claims_total", "idem_key_writes_total"))
+}
+
+func TestOrphanGaugesFollowSnapshot(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+	m.SetOrphans([]idem.OrphanStat{
+		{TenantID: "acme", Count: 3, OldestLeaseExpiry: now.Add(-90 * time.Second), ObservedAt: now},
+		{TenantID: "beta", Count: 1, OldestLeaseExpiry: now.Add(-2 * time.Second), ObservedAt: now},
+	})
+	require.Equal(t, 2, testutil.CollectAndCount(reg, "idem_orphans"))
+	require.Equal(t, 3.0, gaugeValue(t, reg, "idem_orphans", "acme"))
+	require.Equal(t, 90.0, gaugeValue(t, reg, "idem_oldest_orphan_age_seconds", "acme"))
+	require.Equal(t, 2.0, gaugeValue(t, reg, "idem_oldest_orphan_age_seconds", "beta"))
+
+	// beta's orphan is gone: its series disappear, acme's are updated.
+	m.SetOrphans([]idem.OrphanStat{
+		{TenantID: "acme", Count: 1, OldestLeaseExpiry: now.Add(-10 * time.Second), ObservedAt: now},
+	})
+	require.Equal(t, 1, testutil.CollectAndCount(reg, "idem_orphans"))
+	require.Equal(t, 1, testutil.CollectAndCount(reg, "idem_oldest_orphan_age_seconds"))
+	require.Equal(t, 1.0, gaugeValue(t, reg, "idem_orphans", "acme"))
+	require.Equal(t, 10.0, gaugeValue(t, reg, "idem_oldest_orphan_age_seconds", "acme"))
+
+	m.SetOrphans(nil)
+	require.Zero(t, testutil.CollectAndCount(reg, "idem_orphans"))
+	require.Empty(t, m.OrphanTenants())
+	require.Equal(t, 1, testutil.CollectAndCount(reg, "idem_orphan_watch_last_success_timestamp_seconds"))
+}
+
+func TestReaperCounters(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	now := time.Now()
+	m.ObserveReaped([]idem.Record{
+		{TenantID: "acme", Key: "a", State: idem.StateInFlight, LeaseExpiresAt: now.Add(-time.Hour), ObservedAt: now},
+		{TenantID: "acme", Key: "b", State: idem.StateInFlight, LeaseExpiresAt: now.Add(-time.Hour), ObservedAt: now},
+		{TenantID: "beta", Key: "c", State: idem.StateCompleted, ReplayUntil: now.Add(-time.Hour), ObservedAt: now},
+		{TenantID: "gone", Key: "d", State: idem.StateCompleted, ReplayUntil: now.Add(time.Hour), ObservedAt: now},
+	})
+	m.ObserveReaperRun(nil)
+	m.ObserveReaperRun(errors.New("db down"))
+
+	expected := `
+# HELP idem_reaper_deleted_total Records deleted by the reaper, by their API state at deletion (orphaned, expired, in_flight, completed).
+# TYPE idem_reaper_deleted_total counter
+idem_reaper_deleted_total{state="completed"} 1
+idem_reaper_deleted_total{state="expired"} 1
+idem_reaper_deleted_total{state="orphaned"} 2
+# HELP idem_reaper_orphans_deleted_total Orphans deleted by the reaper, by tenant; each one is also logged for follow-up.
+# TYPE idem_reaper_orphans_deleted_total counter
+idem_reaper_orphans_deleted_total{tenant="acme"} 2
+# HELP idem_reaper_runs_total Reaper passes by result (ok, error).
+# TYPE idem_reaper_runs_total counter
+idem_reaper_runs_total{result="error"} 1
+idem_reaper_runs_total{result="ok"} 1
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected),
+		"idem_reaper_deleted_total", "idem_reaper_orphans_deleted_total", "idem_reaper_runs_total"))
+}
+
+// TestMiddlewareLabelsByRoutePattern sends real HTTP requests through a chi
+// router on a loopback listener and checks that the histogram is labelled
+// by route pattern, never by raw path.
+func TestMiddlewareLabelsByRoutePattern(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+
+	r := chi.NewRouter()
+	r.Use(m.Middleware)
+	r.Post("/v1/keys/{key}/claim", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+	r.Get("/v1/keys/{key}", func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "nope", http.StatusNotFound)
+	})
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+
+	do := func(method, path string) int {
+		req, err := http.NewRequest(method, srv.URL+path, nil)
+		require.NoError(t, err)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, 201, do("POST", "/v1/keys/order-1/claim"))
+	require.Equal(t, 201, do("POST", "/v1/keys/order-2/claim"))
+	require.Equal(t, 404, do("GET", "/v1/keys/order-3"))
+	require.Equal(t, 200, do("GET", "/healthz"))
+	require.Equal(t, 404, do("GET", "/no/such/path/123"))
+
+	counts := histogramCounts(t, reg, "idem_http_request_duration_seconds")
+	require.Equal(t, map[string]uint64{
+		"/v1/keys/{key}/claim POST 2xx": 2,
+		"/v1/keys/{key} GET 4xx":        1,
+		"/healthz GET 2xx":              1,
+		"other GET 4xx":                 1,
+	}, counts)
+
+	problems, err := testutil.GatherAndLint(reg)
+	require.NoError(t, err)
+	require.Empty(t, problems)
+}
+
+func TestNilMetricsIsNoop(t *testing.T) {
+	t.Parallel()
+	var m *metrics.Metrics
+	m.ObserveClaim("a", idem.ActionCreate, nil)
+	m.ObserveWrite("a", "complete", nil)
+	m.SetOrphans(nil)
+	m.ObserveReaped(nil)
+	m.ObserveReaperRun(nil)
+	h := m.Middleware(http.NotFoundHandler())
+	require.NotNil(t, h)
+}
+
+func TestOutcomeMapping(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "created", metrics.ClaimOutcome(idem.ActionCreate, nil))
+	require.Equal(t, "in_flight", metrics.ClaimOutcome(0, &idem.Error{Code: idem.CodeRequestInFlight}))
+	require.Equal(t, "error", metrics.ClaimOutcome(0, idem.Errorf(idem.CodeStoreUnavailable, "down")))
+	require.Equal(t, "ok", metrics.StoreResult(nil))
+	require.Equal(t, "rejected", metrics.StoreResult(idem.ErrKeyNotFound))
+	require.Equal(t, "unavailable", metrics.StoreResult(idem.ErrStoreUnavailable))
+	require.Equal(t, "error", metrics.StoreResult(errors.New("x")))
+}
+
+// gaugeValue returns the value of the series of name with tenant=tenant.
+func gaugeValue(t *testing.T, g prometheus.Gatherer, name, tenant string) float64 {
+	t.Helper()
+	for _, mf := range gather(t, g, name) {
+		for _, mt := range mf.GetMetric() {
+			if label(mt, "tenant") == tenant {
+				return mt.GetGauge().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no %s series for tenant %q", name, tenant)
+	return 0
+}
+
+// histogramCounts returns sample counts keyed by "route method status_class".
+func histogramCounts(t *testing.T, g prometheus.Gatherer, name string) map[string]uint64 {
+	t.Helper()
+	out := map[string]uint64{}
+	for _, mf := range gather(t, g, name) {
+		for _, mt := range mf.GetMetric() {
+			k := label(mt, "route") + " " + label(mt, "method") + " " + label(mt, "status_class")
+			out[k] = mt.GetHistogram().GetSampleCount()
+		}
+	}
+	return out
+}
+
+func gather(t *testing.T, g prometheus.Gatherer, name string) []*dto.MetricFamily {
+	t.Helper()
+	mfs, err := g.Gather()
+	require.NoError(t, err)
+	var out []*dto.MetricFamily
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			out = append(out, mf)
+		}
+	}
+	return out
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
