@@ -1,0 +1,283 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/tenants"
+)
+
+func runToken(_ context.Context, e env, args []string) int {
+	fs := flag.NewFlagSet("token", flag.ContinueOnError)
+	tenant := fs.String("tenant", "", "tenant id the token acts for (empty for an operator token)")
+	scope := fs.String("scope", "", `space-separated scopes: keys:write, keys:read, tenant:admin, admin`)
+	ttl := fs.Duration("ttl", 24*time.Hour, "how long the token is valid")
+	subject := fs.String("subject", "cli", "sub claim of the token")
+	usage := settingsUsage(e, fs, `Usage: PROG token --tenant ID --scope "keys:write" [--ttl 24h]
+
+Mints an HS256 token with IDEM_JWT_HS256_SECRET (in development mode: with
+the generated secret file in the data folder) and prints it on stdout.
+Issuer and audience are IDEM_JWT_ISSUER and IDEM_JWT_AUDIENCE.
+
+Examples:
+  PROG token --tenant acme --scope "keys:write"
+  PROG token --scope admin --ttl 1h`)
+	cfg, pos, done, code := loadConfig(e, fs, usage, args)
+	if done {
+		return code
+	}
+	if len(pos) > 0 {
+		fmt.Fprintf(e.stderr, "%s: unexpected argument %q\n", e.prog, pos[0])
+		return 2
+	}
+	scopes := strings.Fields(*scope)
+	if len(scopes) == 0 {
+		fmt.Fprintf(e.stderr, "%s: --scope is required, e.g. --scope \"keys:write\" or --scope admin\n", e.prog)
+		return 2
+	}
+	for _, s := range scopes {
+		switch s {
+		case auth.ScopeKeysWrite, auth.ScopeKeysRead, auth.ScopeTenantAdmin, auth.ScopeAdmin:
+		default:
+			fmt.Fprintf(e.stderr, "%s: unknown scope %q (want keys:write, keys:read, tenant:admin or admin)\n", e.prog, s)
+			return 2
+		}
+	}
+	if *tenant == "" && !(len(scopes) == 1 && scopes[0] == auth.ScopeAdmin) {
+		fmt.Fprintf(e.stderr, "%s: --tenant is required unless the only scope is admin\n", e.prog)
+		return 2
+	}
+	if *tenant != "" {
+		if err := idem.ValidateTenantID(*tenant); err != nil {
+			fmt.Fprintf(e.stderr, "%s: --tenant %q: must be 1-64 characters of [a-z0-9_-]\n", e.prog, *tenant)
+			return 2
+		}
+	}
+	if *ttl <= 0 {
+		fmt.Fprintf(e.stderr, "%s: --ttl must be positive\n", e.prog)
+		return 2
+	}
+	if cfg.JWTHS256Secret != "" && len(cfg.JWTHS256Secret) < auth.MinSecretBytes {
+		return fail(e, "IDEM_JWT_HS256_SECRET must be at least %d bytes (got %d)", auth.MinSecretBytes, len(cfg.JWTHS256Secret))
+	}
+	secret, err := server.SigningSecret(cfg)
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	tok, err := auth.MintHS256(secret, auth.MintClaims{
+		Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Subject: *subject,
+		Tenant: *tenant, Scopes: scopes, TTL: *ttl,
+	})
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	fmt.Fprintln(e.stdout, tok)
+	return 0
+}
+
+// optInt is an int flag that remembers whether it was given.
+type optInt struct{ v *int }
+
+func (o *optInt) String() string {
+	if o == nil || o.v == nil {
+		return ""
+	}
+	return strconv.Itoa(*o.v)
+}
+
+func (o *optInt) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a whole number", s)
+	}
+	o.v = &n
+	return nil
+}
+
+// settingsFlags registers one flag per tenant setting and returns the
+// patch they build.
+func settingsFlags(fs *flag.FlagSet) func() idem.SettingsPatch {
+	var f [6]optInt
+	names := []string{"replay-window-seconds", "reaper-threshold-seconds", "lease-seconds-default", "lease-seconds-max", "max-response-bytes", "rate-limit-per-second"}
+	help := []string{
+		"how long a completed response is replayed (default 86400)",
+		"how long any record is kept before the reaper deletes it (default 259200)",
+		"lease of a claim that asks for none (default 30)",
+		"longest lease a claim may ask for (default 3600)",
+		"largest stored response in bytes (default 1048576)",
+		"requests per second allowed, 0 for no limit (default 0)",
+	}
+	for i := range names {
+		fs.Var(&f[i], names[i], "tenant setting: "+help[i])
+	}
+	return func() idem.SettingsPatch {
+		return idem.SettingsPatch{
+			ReplayWindowSeconds:    f[0].v,
+			ReaperThresholdSeconds: f[1].v,
+			LeaseSecondsDefault:    f[2].v,
+			LeaseSecondsMax:        f[3].v,
+			MaxResponseBytes:       f[4].v,
+			RateLimitPerSecond:     f[5].v,
+		}
+	}
+}
+
+const tenantUsage = `Usage:
+  PROG tenant create ID [--name NAME] [setting flags]
+  PROG tenant list [--json]
+  PROG tenant set ID [--name NAME] [--disabled=true|false] [setting flags]
+
+Operates on the store named by IDEM_DATABASE_URL directly (migrations run
+first). create and set print the tenant as JSON.`
+
+func runTenant(ctx context.Context, e env, args []string) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		w := e.stdout
+		code := 0
+		if len(args) == 0 {
+			w, code = e.stderr, 2
+		}
+		fmt.Fprintln(w, strings.ReplaceAll(tenantUsage, "PROG", e.prog))
+		fmt.Fprintf(w, "\nRun '%s tenant create --help' for the flags.\n", e.prog)
+		return code
+	}
+	sub, args := args[0], args[1:]
+	fs := flag.NewFlagSet("tenant "+sub, flag.ContinueOnError)
+	var (
+		name     *string
+		disabled *bool
+		asJSON   *bool
+		patch    func() idem.SettingsPatch
+	)
+	switch sub {
+	case "create", "set":
+		name = fs.String("name", "", "display name of the tenant")
+		patch = settingsFlags(fs)
+		if sub == "set" {
+			disabled = fs.Bool("disabled", false, "disable (true) or re-enable (false) the tenant")
+		}
+	case "list":
+		asJSON = fs.Bool("json", false, "print JSON instead of a table")
+	default:
+		fmt.Fprintf(e.stderr, "%s: unknown tenant command %q (want create, list or set)\n", e.prog, sub)
+		return 2
+	}
+	cfg, pos, done, code := loadConfig(e, fs, settingsUsage(e, fs, tenantUsage), args)
+	if done {
+		return code
+	}
+	wantArgs := 1
+	if sub == "list" {
+		wantArgs = 0
+	}
+	if len(pos) != wantArgs {
+		fmt.Fprintf(e.stderr, "%s: tenant %s takes %d argument(s), got %d\n%s\n", e.prog, sub, wantArgs, len(pos), strings.ReplaceAll(tenantUsage, "PROG", e.prog))
+		return 2
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+
+	ctx, cancel := context.WithTimeout(ctx, cfg.DBConnectTimeout+30*time.Second)
+	defer cancel()
+	store, err := server.OpenStore(ctx, cfg)
+	if err != nil {
+		return fail(e, "%v", err)
+	}
+	defer store.Close()
+	svc := tenants.NewService(store, 0)
+
+	switch sub {
+	case "list":
+		list, err := svc.List(ctx)
+		if err != nil {
+			return fail(e, "list tenants: %s", describe(err))
+		}
+		if *asJSON {
+			out := make([]tenantJSON, 0, len(list))
+			for _, t := range list {
+				out = append(out, toJSON(t))
+			}
+			return printJSON(e, out)
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tNAME\tDISABLED\tREPLAY_WINDOW_S\tREAPER_THRESHOLD_S\tLEASE_DEFAULT_S\tLEASE_MAX_S\tMAX_RESPONSE_BYTES\tRATE_LIMIT")
+		for _, t := range list {
+			s := t.Settings
+			fmt.Fprintf(tw, "%s\t%s\t%t\t%d\t%d\t%d\t%d\t%d\t%d\n", t.ID, t.Name, t.Disabled,
+				s.ReplayWindowSeconds, s.ReaperThresholdSeconds, s.LeaseSecondsDefault, s.LeaseSecondsMax, s.MaxResponseBytes, s.RateLimitPerSecond)
+		}
+		if err := tw.Flush(); err != nil {
+			return fail(e, "write: %v", err)
+		}
+		return 0
+	case "create":
+		n := *name
+		if n == "" {
+			n = pos[0]
+		}
+		t, err := svc.Create(ctx, pos[0], n, patch())
+		if err != nil {
+			return fail(e, "create tenant %s: %s", pos[0], describe(err))
+		}
+		return printJSON(e, toJSON(t))
+	default: // set
+		p := tenants.Patch{Settings: patch()}
+		if given["name"] {
+			p.Name = name
+		}
+		if given["disabled"] {
+			p.Disabled = disabled
+		}
+		t, err := svc.Update(ctx, pos[0], p)
+		if err != nil {
+			return fail(e, "update tenant %s: %s", pos[0], describe(err))
+		}
+		return printJSON(e, toJSON(t))
+	}
+}
+
+type tenantJSON struct {
+	ID        string        `json:"id"`
+	Name      string        `json:"name"`
+	Disabled  bool          `json:"disabled"`
+	Settings  idem.Settings `json:"settings"`
+	CreatedAt time.Time     `json:"created_at"`
+	UpdatedAt time.Time     `json:"updated_at"`
+}
+
+func toJSON(t idem.Tenant) tenantJSON {
+	return tenantJSON{ID: t.ID, Name: t.Name, Disabled: t.Disabled, Settings: t.Settings, CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
+}
+
+func printJSON(e env, v any) int {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fail(e, "write: %v", err)
+	}
+	return 0
+}
+
+// describe renders an error with the invalid fields of an invalid_request.
+func describe(err error) string {
+	var ie *idem.Error
+	if errors.As(err, &ie) && len(ie.Fields) > 0 {
+		var b strings.Builder
+		b.WriteString(err.Error())
+		for _, f := range ie.Fields {
+			fmt.Fprintf(&b, "\n  %s: %s", f.Field, f.Message)
+		}
+		return b.String()
+	}
+	return err.Error()
+}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/idem-dev/idem/server"
+)
+
+// loadConfig registers the settings flags on fs, parses args and returns
+// the configuration. done reports that the command must end with code.
+func loadConfig(e env, fs *flag.FlagSet, usage func(io.Writer), args []string) (cfg server.Config, positional []string, done bool, code int) {
+	finish := server.Flags(fs, e.getenv)
+	positional, done, code = parseFlags(fs, e, usage, args)
+	if done {
+		return server.Config{}, nil, true, code
+	}
+	cfg, err := finish()
+	if err != nil {
+		fmt.Fprintf(e.stderr, "%s: invalid configuration:\n%s\n", e.prog, indent(err.Error()))
+		return server.Config{}, nil, true, 2
+	}
+	return cfg, positional, false, 0
+}
+
+func indent(s string) string {
+	return "  " + strings.ReplaceAll(s, "\n", "\n  ")
+}
+
+func settingsUsage(e env, fs *flag.FlagSet, head string) func(io.Writer) {
+	return func(w io.Writer) {
+		fmt.Fprintf(w, "%s\n\nSettings (each flag overrides the environment variable in brackets):\n", strings.ReplaceAll(head, "PROG", e.prog))
+		printFlags(w, fs)
+	}
+}
+
+func runServe(ctx context.Context, e env, args []string) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	usage := settingsUsage(e, fs, `Usage: PROG [serve] [flags]
+
+Runs the idem HTTP service: the /v1 API, /healthz, /readyz, /metrics,
+/openapi.yaml, /docs/ and /dashboard/. SIGTERM or SIGINT stop it gracefully:
+no new connections, in-flight requests finish within --shutdown-grace, then
+the background jobs stop and the database pool closes.
+
+Without IDEM_JWT_HS256_SECRET and IDEM_JWT_JWKS_FILE and with the sqlite:
+store, it runs in development mode and prints an operator token, a token for
+the "demo" tenant and a curl line to try. With PostgreSQL a key is required.`)
+	cfg, pos, done, code := loadConfig(e, fs, usage, args)
+	if done {
+		return code
+	}
+	if len(pos) > 0 {
+		fmt.Fprintf(e.stderr, "%s: unexpected argument %q\n", e.prog, pos[0])
+		return 2
+	}
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(e.stderr, "%s: invalid configuration:\n%s\n", e.prog, indent(err.Error()))
+		return 2
+	}
+	logger := server.NewLogger(cfg, e.stderr)
+	srv, err := server.New(ctx, cfg, logger)
+	if err != nil {
+		logger.Error("start failed", "err", err)
+		return 1
+	}
+	if err := srv.Listen(); err != nil {
+		_ = srv.Close()
+		logger.Error("start failed", "err", err)
+		return 1
+	}
+	srv.PrintDevBanner(e.stdout)
+	if err := srv.Run(ctx); err != nil {
+		logger.Error("stopped with an error", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func runMigrate(ctx context.Context, e env, args []string) int {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	usage := settingsUsage(e, fs, `Usage: PROG migrate [flags]
+
+Runs the embedded database migrations of the store named by
+IDEM_DATABASE_URL and exits. The service also runs them at start.`)
+	cfg, pos, done, code := loadConfig(e, fs, usage, args)
+	if done {
+		return code
+	}
+	if len(pos) > 0 {
+		fmt.Fprintf(e.stderr, "%s: unexpected argument %q\n", e.prog, pos[0])
+		return 2
+	}
+	if err := server.Migrate(ctx, cfg); err != nil {
+		return fail(e, "%v", err)
+	}
+	fmt.Fprintln(e.stdout, "migrations applied")
+	return 0
+}
+
+func runConfig(_ context.Context, e env, args []string) int {
+	fs := flag.NewFlagSet("config", flag.ContinueOnError)
+	usage := settingsUsage(e, fs, `Usage: PROG config [flags]
+
+Prints the effective configuration (defaults, then environment, then flags)
+with secrets redacted, then checks it. Exits 1 when it is invalid.`)
+	cfg, pos, done, code := loadConfig(e, fs, usage, args)
+	if done {
+		return code
+	}
+	if len(pos) > 0 {
+		fmt.Fprintf(e.stderr, "%s: unexpected argument %q\n", e.prog, pos[0])
+		return 2
+	}
+	for _, s := range cfg.Redacted() {
+		fmt.Fprintf(e.stdout, "%s=%s\n", s.Env, s.Value)
+	}
+	mode := "production"
+	if cfg.DevMode() {
+		mode = "development (generated secret in " + cfg.DataFolder() + ")"
+	}
+	fmt.Fprintf(e.stdout, "# mode: %s; log format: %s\n", mode, cfg.EffectiveLogFormat())
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(e.stderr, "%s: invalid configuration:\n%s\n", e.prog, indent(err.Error()))
+		return 1
+	}
+	return 0
+}
