@@ -186,10 +186,10 @@ func (b *retryBudget) take() bool {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.tokens < b.cost {
+	if b.tokens+1e-9 < b.cost { // tolerate float sums like 10 × 0.1
 		return false
 	}
-	b.tokens -= b.cost
+	b.tokens = max(b.tokens-b.cost, 0)
 	return true
 }
 
