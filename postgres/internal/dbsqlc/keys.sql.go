@@ -659,13 +659,24 @@ func (q *Queries) OrphanStats(ctx context.Context, now pgtype.Timestamptz) ([]Or
 const reapKeys = `-- name: ReapKeys :many
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now())::timestamptz AS now
-), victims AS (
-    SELECT v.tenant_id, v.key
-    FROM idempotency_keys v
-    WHERE v.purge_after <= (SELECT clock.now FROM clock)
-        OR v.tenant_id IN (SELECT t.id FROM tenants t WHERE t.disabled_at IS NOT NULL)
+), expired AS (
+    SELECT e.tenant_id, e.key
+    FROM idempotency_keys e
+    WHERE e.purge_after <= (SELECT clock.now FROM clock)
+    ORDER BY e.purge_after
     LIMIT $2::integer
-    FOR UPDATE OF v SKIP LOCKED
+    FOR UPDATE OF e SKIP LOCKED
+), disabled AS (
+    SELECT d.tenant_id, d.key
+    FROM idempotency_keys d
+    WHERE d.tenant_id IN (SELECT t.id FROM tenants t WHERE t.disabled_at IS NOT NULL)
+    LIMIT $2::integer
+    FOR UPDATE OF d SKIP LOCKED
+), victims AS (
+    SELECT expired.tenant_id, expired.key FROM expired
+    UNION
+    SELECT disabled.tenant_id, disabled.key FROM disabled
+    LIMIT $2::integer
 )
 DELETE FROM idempotency_keys k
 USING victims
@@ -704,10 +715,12 @@ type ReapKeysRow struct {
 	ObservedAt             pgtype.Timestamptz
 }
 
-// ReapKeys deletes a batch of records past purge_after or of a disabled
-// tenant. FOR UPDATE SKIP LOCKED lets concurrent reapers on several replicas
-// each take different rows without waiting on one another; a row is deleted
-// by one of them only.
+// ReapKeys deletes a batch of records past purge_after (oldest first, from
+// the purge_after index) or of a disabled tenant (from the primary key).
+// FOR UPDATE SKIP LOCKED lets concurrent reapers on several replicas each
+// take different rows without waiting on one another; a row is deleted by
+// one of them only. Rows locked by a branch but cut by the final LIMIT are
+// released when the statement ends.
 func (q *Queries) ReapKeys(ctx context.Context, arg ReapKeysParams) ([]ReapKeysRow, error) {
 	rows, err := q.db.Query(ctx, reapKeys, arg.Now, arg.MaxRows)
 	if err != nil {
