@@ -86,7 +86,7 @@ func jwksDoc(t *testing.T, k signingKeys) []byte {
 // advance instead of sleeping.
 type clock struct{ offset atomic.Int64 }
 
-func (c *clock) Now() time.Time           { return time.Now().Add(time.Duration(c.offset.Load())) }
+func (c *clock) Now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
 func (c *clock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
 
 // bundle is what setup returns.
