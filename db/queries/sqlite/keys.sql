@@ -1,0 +1,158 @@
+-- Queries of the embedded SQLite store. Times are unix microseconds. The
+-- store runs every read-decide-write sequence inside one BEGIN IMMEDIATE
+-- transaction, so these statements need no conditions of their own to be
+-- race-free.
+
+-- name: NextFencingToken :one
+UPDATE fencing_counter SET value = value + 1 WHERE id = 1
+RETURNING value;
+
+-- name: GetKey :one
+-- GetKey also tells an empty response body from none: the driver reads both
+-- a zero-length BLOB and NULL as a nil slice.
+SELECT sqlc.embed(idempotency_keys),
+       CAST(response_body IS NOT NULL AS INTEGER) AS has_response_body
+FROM idempotency_keys
+WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key);
+
+-- name: CreateKey :one
+-- CreateKey inserts a fresh in-flight record, or overwrites an expired one
+-- with a fresh record: attempt 1, response and recovery point cleared.
+INSERT INTO idempotency_keys (
+    tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
+    lease_expires_at, recovery_point, recovery_data,
+    response_status, response_headers, response_body, response_body_encoding,
+    replay_window_seconds, reaper_threshold_seconds,
+    created_at, updated_at, completed_at, replay_until, purge_after
+) VALUES (
+    sqlc.arg(tenant_id), sqlc.arg(key), 'in_flight', sqlc.arg(operation), sqlc.arg(fingerprint),
+    sqlc.arg(fencing_token), 1,
+    sqlc.arg(lease_expires_at), NULL, NULL,
+    NULL, NULL, NULL, NULL,
+    sqlc.arg(replay_window_seconds), sqlc.arg(reaper_threshold_seconds),
+    sqlc.arg(now), sqlc.arg(now), NULL, NULL, sqlc.arg(purge_after)
+)
+ON CONFLICT (tenant_id, key) DO UPDATE SET
+    state = excluded.state,
+    operation = excluded.operation,
+    fingerprint = excluded.fingerprint,
+    fencing_token = excluded.fencing_token,
+    attempt = excluded.attempt,
+    lease_expires_at = excluded.lease_expires_at,
+    recovery_point = NULL,
+    recovery_data = NULL,
+    response_status = NULL,
+    response_headers = NULL,
+    response_body = NULL,
+    response_body_encoding = NULL,
+    replay_window_seconds = excluded.replay_window_seconds,
+    reaper_threshold_seconds = excluded.reaper_threshold_seconds,
+    created_at = excluded.created_at,
+    updated_at = excluded.updated_at,
+    completed_at = NULL,
+    replay_until = NULL,
+    purge_after = excluded.purge_after
+RETURNING *;
+
+-- name: TakeoverKey :one
+-- TakeoverKey hands an orphaned record to a new attempt; the recovery point
+-- and data stay for the new owner.
+UPDATE idempotency_keys SET
+    fencing_token = sqlc.arg(fencing_token),
+    attempt = attempt + 1,
+    lease_expires_at = sqlc.arg(lease_expires_at),
+    updated_at = sqlc.arg(now),
+    purge_after = sqlc.arg(purge_after)
+WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
+RETURNING *;
+
+-- name: CheckpointKey :one
+UPDATE idempotency_keys SET
+    recovery_point = sqlc.arg(recovery_point),
+    recovery_data = sqlc.narg(recovery_data),
+    lease_expires_at = sqlc.arg(lease_expires_at),
+    updated_at = sqlc.arg(now),
+    purge_after = sqlc.arg(purge_after)
+WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
+RETURNING *;
+
+-- name: CompleteKey :one
+UPDATE idempotency_keys SET
+    state = 'completed',
+    lease_expires_at = NULL,
+    response_status = sqlc.arg(response_status),
+    response_headers = sqlc.arg(response_headers),
+    response_body = sqlc.arg(response_body),
+    response_body_encoding = sqlc.arg(response_body_encoding),
+    updated_at = sqlc.arg(now),
+    completed_at = sqlc.arg(now),
+    replay_until = sqlc.arg(replay_until),
+    purge_after = sqlc.arg(purge_after)
+WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
+RETURNING *;
+
+-- name: DeleteKey :execrows
+DELETE FROM idempotency_keys
+WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key) AND fencing_token = sqlc.arg(fencing_token);
+
+-- name: ListKeys :many
+-- ListKeys lists a tenant's records newest first, without responses. The
+-- state filter is the API state at now ('' for all). The keyset cursor is
+-- always present (the first page passes the largest possible position) so
+-- the listing index serves it as a range.
+SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
+       lease_expires_at, recovery_point, recovery_data,
+       replay_window_seconds, reaper_threshold_seconds,
+       created_at, updated_at, completed_at, replay_until, purge_after
+FROM idempotency_keys
+WHERE tenant_id = sqlc.arg(tenant_id)
+  AND (created_at, key) < (CAST(sqlc.arg(after_created_at) AS INTEGER), CAST(sqlc.arg(after_key) AS TEXT))
+  AND (CAST(sqlc.arg(state_filter) AS TEXT) = ''
+       OR CAST(sqlc.arg(state_filter) AS TEXT) = CASE
+            WHEN state = 'in_flight' AND lease_expires_at > CAST(sqlc.arg(now) AS INTEGER) THEN 'in_flight'
+            WHEN state = 'in_flight' THEN 'orphaned'
+            WHEN replay_until > CAST(sqlc.arg(now) AS INTEGER) THEN 'completed'
+            ELSE 'expired'
+          END)
+ORDER BY created_at DESC, key DESC
+LIMIT sqlc.arg(row_limit);
+
+-- name: ListOrphans :many
+-- ListOrphans lists orphaned records, oldest lease first, from the partial
+-- index of in-flight leases; tenant '' lists every tenant.
+SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
+       lease_expires_at, recovery_point, recovery_data,
+       replay_window_seconds, reaper_threshold_seconds,
+       created_at, updated_at, completed_at, replay_until, purge_after
+FROM idempotency_keys
+WHERE state = 'in_flight'
+  AND lease_expires_at <= CAST(sqlc.arg(now) AS INTEGER)
+  AND (CAST(sqlc.arg(tenant_filter) AS TEXT) = '' OR tenant_id = sqlc.arg(tenant_filter))
+  AND (lease_expires_at, tenant_id, key)
+      > (CAST(sqlc.arg(after_lease_expires_at) AS INTEGER), CAST(sqlc.arg(after_tenant_id) AS TEXT), CAST(sqlc.arg(after_key) AS TEXT))
+ORDER BY lease_expires_at, tenant_id, key
+LIMIT sqlc.arg(row_limit);
+
+-- name: OrphanStats :many
+SELECT tenant_id,
+       COUNT(*) AS orphans,
+       CAST(MIN(lease_expires_at) AS INTEGER) AS oldest_lease_expires_at
+FROM idempotency_keys
+WHERE state = 'in_flight' AND lease_expires_at <= CAST(sqlc.arg(now) AS INTEGER)
+GROUP BY tenant_id
+ORDER BY tenant_id;
+
+-- name: ReapKeys :many
+-- ReapKeys deletes one bounded batch of records past purge_after or of
+-- disabled tenants and returns them without responses.
+DELETE FROM idempotency_keys
+WHERE rowid IN (
+    SELECT k.rowid FROM idempotency_keys AS k
+    WHERE k.purge_after <= sqlc.arg(now)
+       OR k.tenant_id IN (SELECT t.id FROM tenants AS t WHERE t.disabled_at IS NOT NULL)
+    LIMIT sqlc.arg(row_limit)
+)
+RETURNING tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
+          lease_expires_at, recovery_point, recovery_data,
+          replay_window_seconds, reaper_threshold_seconds,
+          created_at, updated_at, completed_at, replay_until, purge_after;

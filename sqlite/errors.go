@@ -1,0 +1,69 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	sqlite3 "modernc.org/sqlite"
+	sqlitelib "modernc.org/sqlite/lib"
+
+	"github.com/idem-dev/idem"
+)
+
+// retryAfterUnavailable is the wait suggested to callers while the database
+// is locked or closed.
+const retryAfterUnavailable = time.Second
+
+// interpretError translates a database error into the domain's errors:
+// *idem.Error values pass through; a lock wait that ran out (SQLITE_BUSY,
+// SQLITE_LOCKED), a closed database, or a context that ended become
+// store_unavailable; anything else is wrapped with what was being done.
+// Callers handle sql.ErrNoRows and the constraint violations that mean
+// something for their operation (see sqliteCode) before calling it.
+func interpretError(err error, doing string) error {
+	if err == nil {
+		return nil
+	}
+	var ie *idem.Error
+	if errors.As(err, &ie) {
+		return err
+	}
+	wrapped := fmt.Errorf("%s: %w", doing, err)
+	if code := sqliteCode(err); code == sqlitelib.SQLITE_BUSY || code == sqlitelib.SQLITE_LOCKED {
+		return unavailable(wrapped)
+	}
+	if errors.Is(err, sql.ErrConnDone) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, context.Canceled) || strings.Contains(err.Error(), "sql: database is closed") {
+		return unavailable(wrapped)
+	}
+	return wrapped
+}
+
+// unavailable returns the store_unavailable error for cause.
+func unavailable(cause error) error {
+	return &idem.Error{
+		Code:       idem.CodeStoreUnavailable,
+		Detail:     "the database is busy or closed",
+		RetryAfter: retryAfterUnavailable,
+		Err:        cause,
+	}
+}
+
+// sqliteCode returns the extended result code of a SQLite error, its primary
+// code when the extended one is a plain busy or locked variant, or 0.
+func sqliteCode(err error) int {
+	var se *sqlite3.Error
+	if !errors.As(err, &se) {
+		return 0
+	}
+	code := se.Code()
+	switch primary := code & 0xff; primary {
+	case sqlitelib.SQLITE_BUSY, sqlitelib.SQLITE_LOCKED:
+		return primary
+	}
+	return code
+}

@@ -1,0 +1,310 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	sqlitelib "modernc.org/sqlite/lib"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
+)
+
+// Claim applies the claim state machine in one IMMEDIATE transaction: read
+// the row, idem.DecideClaim, then create, take over, replay or refuse.
+func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	var res idem.ClaimResult
+	err := s.inTx(ctx, "claim key", func(q *dbsqlc.Queries, now time.Time) error {
+		stored, err := getKey(ctx, q, p.TenantID, p.Key, now)
+		if err != nil {
+			return err
+		}
+		action := idem.DecideClaim(stored, p.Operation, p.Fingerprint, now)
+		if err := idem.ClaimError(action, stored, now); err != nil {
+			return err
+		}
+		res.Action = action
+		switch action {
+		case idem.ActionReplay:
+			res.Record = *stored
+			return nil
+		case idem.ActionTakeover:
+			res.Record, err = takeover(ctx, q, stored, p, now)
+		default:
+			res.Record, err = create(ctx, q, p, now)
+		}
+		return err
+	})
+	return res, err
+}
+
+// create inserts a fresh in-flight record, overwriting an expired one.
+func create(ctx context.Context, q *dbsqlc.Queries, p idem.ClaimParams, now time.Time) (idem.Record, error) {
+	token, err := q.NextFencingToken(ctx)
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("next fencing token: %w", err)
+	}
+	row, err := q.CreateKey(ctx, dbsqlc.CreateKeyParams{
+		TenantID:               p.TenantID,
+		Key:                    p.Key,
+		Operation:              p.Operation,
+		Fingerprint:            p.Fingerprint,
+		FencingToken:           token,
+		LeaseExpiresAt:         microsPtr(now.Add(p.Lease)),
+		ReplayWindowSeconds:    seconds(p.ReplayWindow),
+		ReaperThresholdSeconds: seconds(p.ReaperThreshold),
+		Now:                    micros(now),
+		PurgeAfter:             micros(now.Add(p.ReaperThreshold)),
+	})
+	if sqliteCode(err) == sqlitelib.SQLITE_CONSTRAINT_FOREIGNKEY {
+		return idem.Record{}, &idem.Error{Code: idem.CodeTenantUnknown, Detail: "tenant '" + p.TenantID + "' does not exist", Err: err}
+	}
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("insert record: %w", err)
+	}
+	return fullRecord(row, now)
+}
+
+// takeover hands an orphaned record to the claim: attempt+1, a new token, a
+// new lease, the recovery point kept.
+func takeover(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, p idem.ClaimParams, now time.Time) (idem.Record, error) {
+	token, err := q.NextFencingToken(ctx)
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("next fencing token: %w", err)
+	}
+	row, err := q.TakeoverKey(ctx, dbsqlc.TakeoverKeyParams{
+		TenantID:       p.TenantID,
+		Key:            p.Key,
+		FencingToken:   token,
+		LeaseExpiresAt: microsPtr(now.Add(p.Lease)),
+		Now:            micros(now),
+		PurgeAfter:     micros(now.Add(stored.ReaperThreshold)),
+	})
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("take over record: %w", err)
+	}
+	return fullRecord(row, now)
+}
+
+// Checkpoint saves a recovery point and renews the lease while the token is
+// current and the record in flight. It also postpones the purge to at least
+// now + the record's reaper threshold, so the reaper never deletes a record
+// that is still being worked on.
+func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.Record, error) {
+	var rec idem.Record
+	err := s.inTx(ctx, "checkpoint key", func(q *dbsqlc.Queries, now time.Time) error {
+		stored, err := currentInFlight(ctx, q, p.TenantID, p.Key, p.FencingToken, now)
+		if err != nil {
+			return err
+		}
+		row, err := q.CheckpointKey(ctx, dbsqlc.CheckpointKeyParams{
+			TenantID:       p.TenantID,
+			Key:            p.Key,
+			RecoveryPoint:  &p.RecoveryPoint,
+			RecoveryData:   p.Data,
+			LeaseExpiresAt: microsPtr(now.Add(p.Lease)),
+			Now:            micros(now),
+			PurgeAfter:     micros(latest(stored.PurgeAfter, now.Add(stored.ReaperThreshold))),
+		})
+		if err != nil {
+			return fmt.Errorf("update record: %w", err)
+		}
+		rec, err = fullRecord(row, now)
+		return err
+	})
+	return rec, err
+}
+
+// Complete stores the response while the token is current, even after the
+// lease ran out. Completing again with the current token and an equal
+// response returns the stored record.
+func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Record, error) {
+	headers, err := json.Marshal(p.Response.Headers)
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("complete key: encode response headers: %w", err)
+	}
+	var rec idem.Record
+	err = s.inTx(ctx, "complete key", func(q *dbsqlc.Queries, now time.Time) error {
+		stored, err := getKey(ctx, q, p.TenantID, p.Key, now)
+		if err != nil {
+			return err
+		}
+		if err := idem.CheckToken(stored, p.FencingToken); err != nil {
+			return err
+		}
+		if stored.State == idem.StateCompleted {
+			if stored.Response != nil && stored.Response.Equal(p.Response) {
+				rec = *stored
+				return nil
+			}
+			return alreadyCompleted(p.Key)
+		}
+		status := int64(p.Response.Status)
+		headersText := string(headers)
+		row, err := q.CompleteKey(ctx, dbsqlc.CompleteKeyParams{
+			TenantID:             p.TenantID,
+			Key:                  p.Key,
+			ResponseStatus:       &status,
+			ResponseHeaders:      &headersText,
+			ResponseBody:         p.Response.Body,
+			ResponseBodyEncoding: &p.Response.BodyEncoding,
+			Now:                  micros(now),
+			ReplayUntil:          microsPtr(now.Add(stored.ReplayWindow)),
+			PurgeAfter:           micros(now.Add(stored.ReaperThreshold)),
+		})
+		if err != nil {
+			return fmt.Errorf("update record: %w", err)
+		}
+		rec, err = fullRecord(row, now)
+		keepEmptyBody(&rec, p.Response.Body != nil)
+		return err
+	})
+	return rec, err
+}
+
+// keepEmptyBody gives a stored empty response body back as an empty, non-nil
+// slice: the driver reads a zero-length BLOB as nil, like NULL.
+func keepEmptyBody(rec *idem.Record, hasBody bool) {
+	if hasBody && rec.Response != nil && rec.Response.Body == nil {
+		rec.Response.Body = []byte{}
+	}
+}
+
+// Release deletes the in-flight record while the token is current.
+func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
+	return s.inTx(ctx, "release key", func(q *dbsqlc.Queries, now time.Time) error {
+		if _, err := currentInFlight(ctx, q, p.TenantID, p.Key, p.FencingToken, now); err != nil {
+			return err
+		}
+		if _, err := q.DeleteKey(ctx, dbsqlc.DeleteKeyParams{TenantID: p.TenantID, Key: p.Key, FencingToken: p.FencingToken}); err != nil {
+			return fmt.Errorf("delete record: %w", err)
+		}
+		return nil
+	})
+}
+
+// currentInFlight reads the record inside a write transaction and checks
+// that token is its current one and that it is still in flight: it returns
+// key_not_found, lease_lost or already_completed otherwise.
+func currentInFlight(ctx context.Context, q *dbsqlc.Queries, tenantID, key string, token int64, now time.Time) (*idem.Record, error) {
+	stored, err := getKey(ctx, q, tenantID, key, now)
+	if err != nil {
+		return nil, err
+	}
+	if err := idem.CheckToken(stored, token); err != nil {
+		return nil, err
+	}
+	if stored.State == idem.StateCompleted {
+		return nil, alreadyCompleted(key)
+	}
+	return stored, nil
+}
+
+func alreadyCompleted(key string) error {
+	return &idem.Error{Code: idem.CodeAlreadyCompleted, Detail: "key '" + key + "' is already completed"}
+}
+
+// getKey reads a record observed at now; nil when absent.
+func getKey(ctx context.Context, q *dbsqlc.Queries, tenantID, key string, now time.Time) (*idem.Record, error) {
+	row, err := q.GetKey(ctx, dbsqlc.GetKeyParams{TenantID: tenantID, Key: key})
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read record: %w", err)
+	}
+	rec, err := fullRecord(row.IdempotencyKey, now)
+	if err != nil {
+		return nil, err
+	}
+	keepEmptyBody(&rec, row.HasResponseBody != 0)
+	return &rec, nil
+}
+
+// GetRecord returns the record with its response.
+func (s *Store) GetRecord(ctx context.Context, p idem.GetRecordParams) (idem.Record, error) {
+	stored, err := getKey(ctx, s.q, p.TenantID, p.Key, s.clock())
+	if err != nil {
+		return idem.Record{}, interpretError(err, "get key")
+	}
+	if stored == nil {
+		return idem.Record{}, idem.Errorf(idem.CodeKeyNotFound, "no record for key '%s'", p.Key)
+	}
+	return *stored, nil
+}
+
+// ListRecords lists a tenant's records without responses, newest first.
+func (s *Store) ListRecords(ctx context.Context, p idem.ListRecordsParams) ([]idem.Record, error) {
+	now := s.clock()
+	arg := dbsqlc.ListKeysParams{
+		TenantID:       p.TenantID,
+		AfterCreatedAt: cursorNewest,
+		StateFilter:    string(p.State),
+		Now:            micros(now),
+		RowLimit:       int64(p.Limit),
+	}
+	if p.After != nil {
+		arg.AfterCreatedAt, arg.AfterKey = micros(p.After.Time), p.After.Key
+	}
+	rows, err := s.q.ListKeys(ctx, arg)
+	if err != nil {
+		return nil, interpretError(err, "list keys")
+	}
+	return summaryRecords(rows, now), nil
+}
+
+// ListOrphans lists orphaned records, oldest lease expiry first.
+func (s *Store) ListOrphans(ctx context.Context, p idem.ListOrphansParams) ([]idem.Record, error) {
+	now := s.clock()
+	arg := dbsqlc.ListOrphansParams{
+		Now:                 micros(now),
+		TenantFilter:        p.TenantID,
+		AfterLeaseExpiresAt: cursorOldest,
+		RowLimit:            int64(p.Limit),
+	}
+	if p.After != nil {
+		arg.AfterLeaseExpiresAt, arg.AfterTenantID, arg.AfterKey = micros(p.After.Time), p.After.TenantID, p.After.Key
+	}
+	rows, err := s.q.ListOrphans(ctx, arg)
+	if err != nil {
+		return nil, interpretError(err, "list orphans")
+	}
+	return summaryRecords(rows, now), nil
+}
+
+// OrphanStats returns the orphan count and oldest lease expiry per tenant,
+// ordered by tenant id.
+func (s *Store) OrphanStats(ctx context.Context) ([]idem.OrphanStat, error) {
+	now := s.clock()
+	rows, err := s.q.OrphanStats(ctx, micros(now))
+	if err != nil {
+		return nil, interpretError(err, "orphan stats")
+	}
+	out := make([]idem.OrphanStat, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, idem.OrphanStat{
+			TenantID:          r.TenantID,
+			Count:             r.Orphans,
+			OldestLeaseExpiry: timeOf(r.OldestLeaseExpiresAt),
+			ObservedAt:        now,
+		})
+	}
+	return out, nil
+}
+
+// Reap deletes one batch of at most p.Limit records past purge_after or of
+// disabled tenants in one short statement, and returns them without
+// responses. SQLite serializes writers, so concurrent reapers never delete a
+// record twice.
+func (s *Store) Reap(ctx context.Context, p idem.ReapParams) ([]idem.Record, error) {
+	now := s.clock()
+	rows, err := s.q.ReapKeys(ctx, dbsqlc.ReapKeysParams{Now: micros(now), RowLimit: int64(p.Limit)})
+	if err != nil {
+		return nil, interpretError(err, "reap keys")
+	}
+	return summaryRecords(rows, now), nil
+}

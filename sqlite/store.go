@@ -1,0 +1,198 @@
+// Package sqlite is the embedded SQLite implementation of idem.Store, for a
+// single-host deployment or development: no server to run, one file on disk.
+//
+// Every decision on a key (claim, checkpoint, complete, release) reads the
+// row, decides with the rules of package idem, and writes, all inside one
+// BEGIN IMMEDIATE transaction: SQLite takes its single write lock before the
+// read, so the decision cannot race with another writer, whether it sits in
+// this process or in another process that opened the same file. Fencing
+// tokens come from a one-row counter table, so they keep increasing after a
+// release or the reaper deleted the row that held the previous one.
+//
+// The database runs inside this process, so "the database clock" is this
+// host's clock: with Options.Now nil the store uses time.Now. Times are kept
+// as INTEGER unix microseconds (see db/schema/sqlite).
+//
+// Durability: the file is opened in WAL mode with synchronous=FULL, so a
+// transaction that returned (a stored response above all) survives a crash or
+// a power loss.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/pressly/goose/v3"
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+
+	"github.com/idem-dev/idem"
+	schema "github.com/idem-dev/idem/db/schema/sqlite"
+	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
+)
+
+var _ idem.Store = (*Store)(nil)
+
+// busyTimeout is how long a statement waits for another connection's write
+// lock before SQLite gives up with SQLITE_BUSY.
+const busyTimeout = 10 * time.Second
+
+// maxOpenConns caps the connections of one Store. Writers queue on SQLite's
+// single write lock anyway; a small pool keeps them waiting in Go's pool
+// queue instead of polling the lock with SQLite's busy handler, while WAL
+// still lets reads run beside the writer.
+const maxOpenConns = 4
+
+// migrateAttempts bounds the migration retries when several processes open a
+// new file at once: the loser of a race to apply a migration fails inside its
+// rolled-back transaction and finds the work done on the next attempt.
+const migrateAttempts = 5
+
+// Options tune a Store.
+type Options struct {
+	// Now is the clock of every decision. nil means this host's clock, which
+	// is the database's clock for an embedded database; tests pass a fake
+	// clock.
+	Now func() time.Time
+}
+
+// Store is an idem.Store backed by one SQLite file.
+type Store struct {
+	db  *sql.DB
+	q   *dbsqlc.Queries
+	now func() time.Time
+}
+
+// Open opens (creating it and its folder if missing) the SQLite database at
+// path, applies the embedded migrations and returns the store. path is a file
+// path; ":memory:" is not supported, since every pooled connection would see
+// its own empty database.
+func Open(ctx context.Context, path string, opts Options) (*Store, error) {
+	db, err := openDB(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	if err := migrate(ctx, db); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &Store{db: db, q: dbsqlc.New(db), now: now}, nil
+}
+
+// Migrate applies the embedded migrations to the database at path and
+// returns. Open does the same; Migrate serves the `migrate` subcommand.
+func Migrate(ctx context.Context, path string) error {
+	db, err := openDB(ctx, path)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return migrate(ctx, db)
+}
+
+// DB returns the store's connection pool, for pool metrics and tests.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Ping checks that the database answers a query.
+func (s *Store) Ping(ctx context.Context) error {
+	var one int
+	if err := s.db.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
+		return interpretError(err, "ping database")
+	}
+	return nil
+}
+
+// Close closes the store's connections. Later calls return store_unavailable.
+func (s *Store) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("close database: %w", err)
+	}
+	return nil
+}
+
+// dsn returns the driver DSN for path: the pragmas every pooled connection
+// runs when it opens, and BEGIN IMMEDIATE for every transaction.
+func dsn(path string) string {
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_pragma", "foreign_keys(ON)")
+	q.Set("_txlock", "immediate")
+	return "file:" + path + "?" + q.Encode()
+}
+
+func openDB(ctx context.Context, path string) (*sql.DB, error) {
+	if path == "" || path == ":memory:" || len(path) >= 5 && path[:5] == "file:" {
+		return nil, fmt.Errorf("open sqlite database: %q is not a file path", path)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("open sqlite database: create folder: %w", err)
+	}
+	db, err := sql.Open("sqlite", dsn(path))
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite database: %w", err)
+	}
+	db.SetMaxOpenConns(maxOpenConns)
+	db.SetMaxIdleConns(maxOpenConns)
+	db.SetConnMaxIdleTime(0)
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, interpretError(err, "open sqlite database "+path)
+	}
+	return db, nil
+}
+
+// migrate applies the embedded goose migrations with a provider (no global
+// goose state).
+func migrate(ctx context.Context, db *sql.DB) error {
+	provider, err := goose.NewProvider(goose.DialectSQLite3, db, schema.Migrations())
+	if err != nil {
+		return fmt.Errorf("migrate: create provider: %w", err)
+	}
+	for attempt := 1; ; attempt++ {
+		_, err = provider.Up(ctx)
+		if err == nil {
+			return nil
+		}
+		if attempt == migrateAttempts || ctx.Err() != nil {
+			return interpretError(err, "migrate")
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(attempt) * 50 * time.Millisecond):
+		}
+	}
+}
+
+// clock returns the instant of a decision, at the microsecond precision the
+// database keeps.
+func (s *Store) clock() time.Time {
+	return s.now().UTC().Truncate(time.Microsecond)
+}
+
+// inTx runs fn inside one BEGIN IMMEDIATE transaction (the DSN's _txlock)
+// with the instant of the decision, taken once the write lock is held. fn's
+// error rolls the transaction back.
+func (s *Store) inTx(ctx context.Context, doing string, fn func(q *dbsqlc.Queries, now time.Time) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return interpretError(err, doing)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := fn(s.q.WithTx(tx), s.clock()); err != nil {
+		return interpretError(err, doing)
+	}
+	if err := tx.Commit(); err != nil {
+		return interpretError(err, doing)
+	}
+	return nil
+}

@@ -1,0 +1,90 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	sqlitelib "modernc.org/sqlite/lib"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
+)
+
+// CreateTenant creates a tenant; an existing id is tenant_exists.
+func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (idem.Tenant, error) {
+	row, err := s.q.CreateTenant(ctx, dbsqlc.CreateTenantParams{
+		ID:                     p.ID,
+		Name:                   p.Name,
+		ReplayWindowSeconds:    int64(p.Settings.ReplayWindowSeconds),
+		ReaperThresholdSeconds: int64(p.Settings.ReaperThresholdSeconds),
+		LeaseSecondsDefault:    int64(p.Settings.LeaseSecondsDefault),
+		LeaseSecondsMax:        int64(p.Settings.LeaseSecondsMax),
+		MaxResponseBytes:       int64(p.Settings.MaxResponseBytes),
+		RateLimitPerSecond:     int64(p.Settings.RateLimitPerSecond),
+		Now:                    micros(s.clock()),
+	})
+	if code := sqliteCode(err); code == sqlitelib.SQLITE_CONSTRAINT_PRIMARYKEY || code == sqlitelib.SQLITE_CONSTRAINT_UNIQUE {
+		return idem.Tenant{}, &idem.Error{Code: idem.CodeTenantExists, Detail: "tenant '" + p.ID + "' already exists", Err: err}
+	}
+	if err != nil {
+		return idem.Tenant{}, interpretError(err, "create tenant")
+	}
+	return tenantFromRow(row), nil
+}
+
+// GetTenant returns a tenant, disabled or not.
+func (s *Store) GetTenant(ctx context.Context, id string) (idem.Tenant, error) {
+	row, err := s.q.GetTenant(ctx, id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return idem.Tenant{}, tenantNotFound(id)
+	}
+	if err != nil {
+		return idem.Tenant{}, interpretError(err, "get tenant")
+	}
+	return tenantFromRow(row), nil
+}
+
+// ListTenants returns every tenant ordered by id.
+func (s *Store) ListTenants(ctx context.Context) ([]idem.Tenant, error) {
+	rows, err := s.q.ListTenants(ctx)
+	if err != nil {
+		return nil, interpretError(err, "list tenants")
+	}
+	out := make([]idem.Tenant, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, tenantFromRow(r))
+	}
+	return out, nil
+}
+
+// UpdateTenant replaces a tenant's name, settings and disabled flag.
+func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (idem.Tenant, error) {
+	var disabled int64
+	if p.Disabled {
+		disabled = 1
+	}
+	row, err := s.q.UpdateTenant(ctx, dbsqlc.UpdateTenantParams{
+		ID:                     p.ID,
+		Name:                   p.Name,
+		ReplayWindowSeconds:    int64(p.Settings.ReplayWindowSeconds),
+		ReaperThresholdSeconds: int64(p.Settings.ReaperThresholdSeconds),
+		LeaseSecondsDefault:    int64(p.Settings.LeaseSecondsDefault),
+		LeaseSecondsMax:        int64(p.Settings.LeaseSecondsMax),
+		MaxResponseBytes:       int64(p.Settings.MaxResponseBytes),
+		RateLimitPerSecond:     int64(p.Settings.RateLimitPerSecond),
+		Disabled:               disabled,
+		Now:                    micros(s.clock()),
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return idem.Tenant{}, tenantNotFound(p.ID)
+	}
+	if err != nil {
+		return idem.Tenant{}, interpretError(err, "update tenant")
+	}
+	return tenantFromRow(row), nil
+}
+
+func tenantNotFound(id string) error {
+	return idem.Errorf(idem.CodeTenantNotFound, "tenant '%s' does not exist", id)
+}
