@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -49,17 +50,17 @@ type testBundle struct {
 // "acme".
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	url := pgtest.URL(t)
+	dsn := pgtest.URL(t)
 	clock := newFakeClock()
-	store := openStore(t, url, Options{Now: clock.Now})
+	store := openStore(t, dsn, Options{Now: clock.Now})
 	_, err := store.CreateTenant(context.Background(), idem.CreateTenantParams{ID: "acme", Name: "Acme", Settings: idem.DefaultSettings()})
 	require.NoError(t, err)
-	return &testBundle{url: url, store: store, clock: clock}
+	return &testBundle{url: dsn, store: store, clock: clock}
 }
 
-func openStore(t *testing.T, url string, opts Options) *Store {
+func openStore(t *testing.T, dsn string, opts Options) *Store {
 	t.Helper()
-	store, err := Open(context.Background(), url, opts)
+	store, err := Open(context.Background(), dsn, opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = store.Close() })
 	return store
@@ -75,10 +76,10 @@ func claimParams(key string) idem.ClaimParams {
 func TestMigrateTwice(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.URL(t)
-	require.NoError(t, Migrate(ctx, url))
-	require.NoError(t, Migrate(ctx, url))
-	store := openStore(t, url, Options{})
+	dsn := pgtest.URL(t)
+	require.NoError(t, Migrate(ctx, dsn))
+	require.NoError(t, Migrate(ctx, dsn))
+	store := openStore(t, dsn, Options{MaxConns: 1})
 	require.NoError(t, store.Ping(ctx))
 	_, err := store.ListTenants(ctx)
 	require.NoError(t, err)
@@ -197,8 +198,8 @@ func TestFencingTokenGrowsAfterRelease(t *testing.T) {
 func TestConcurrentClaimsTwoReplicas(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.URL(t)
-	replicas := []*Store{openStore(t, url, Options{MaxConns: 8}), openStore(t, url, Options{MaxConns: 8})}
+	dsn := pgtest.URL(t)
+	replicas := []*Store{openStore(t, dsn, Options{MaxConns: 8}), openStore(t, dsn, Options{MaxConns: 8})}
 	_, err := replicas[0].CreateTenant(ctx, idem.CreateTenantParams{ID: "acme", Name: "Acme", Settings: idem.DefaultSettings()})
 	require.NoError(t, err)
 
@@ -427,8 +428,8 @@ func TestUnavailable(t *testing.T) {
 	require.Equal(t, time.Second, err.(*idem.Error).RetryAfter)
 
 	// A store reached through a proxy that then goes away.
-	url := pgtest.URL(t)
-	proxy := startProxy(t, url)
+	dsn := pgtest.URL(t)
+	proxy := startProxy(t, dsn)
 	store := openStore(t, proxy.url, Options{ConnectTimeout: time.Second})
 	_, err = store.CreateTenant(ctx, idem.CreateTenantParams{ID: "acme", Name: "Acme", Settings: idem.DefaultSettings()})
 	require.NoError(t, err)
@@ -450,7 +451,7 @@ type proxy struct {
 
 func startProxy(t *testing.T, target string) *proxy {
 	t.Helper()
-	u, err := parseURL(target)
+	u, err := url.Parse(target)
 	require.NoError(t, err)
 	upstream := u.Host
 	l, err := net.Listen("tcp", "127.0.0.1:0")
