@@ -1,0 +1,177 @@
+package server
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func envOf(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestLoadDefaults(t *testing.T) {
+	t.Parallel()
+	cfg, err := Load(nil, envOf(nil))
+	require.NoError(t, err)
+	require.Equal(t, DefaultConfig(), cfg)
+	require.Equal(t, ":8080", cfg.Addr)
+	require.Equal(t, "sqlite:./data/idem.db", cfg.DatabaseURL)
+	require.Equal(t, int64(10485760), cfg.MaxBodyBytes)
+	require.Equal(t, 20*time.Second, cfg.ShutdownGrace)
+	require.Equal(t, 30*time.Second, cfg.ReapInterval)
+	require.Equal(t, 500, cfg.ReapBatchSize)
+	require.Equal(t, 15*time.Second, cfg.OrphanWatchInterval)
+	require.True(t, cfg.DevMode())
+	require.Equal(t, "text", cfg.EffectiveLogFormat())
+	require.Equal(t, "data", cfg.DataFolder())
+	require.NoError(t, cfg.Validate())
+}
+
+func TestLoadFlagOverridesEnv(t *testing.T) {
+	t.Parallel()
+	env := envOf(map[string]string{
+		"IDEM_ADDR":             ":9000",
+		"IDEM_REAP_INTERVAL":    "1m",
+		"IDEM_DB_MAX_CONNS":     "7",
+		"IDEM_JWT_ISSUER":       "env-issuer",
+		"IDEM_MAX_BODY_BYTES":   "2048",
+		"IDEM_LOG_FORMAT":       "text",
+		"IDEM_SHUTDOWN_GRACE":   "5s",
+		"IDEM_DATABASE_URL":     "postgres://u:p@db/idem",
+		"IDEM_JWT_HS256_SECRET": strings.Repeat("s", 32),
+	})
+	cfg, err := Load([]string{"--addr", "127.0.0.1:0", "--reap-interval=2s", "-db-max-conns", "3", "--log-format", "json"}, env)
+	require.NoError(t, err)
+	// Flags win over the environment.
+	require.Equal(t, "127.0.0.1:0", cfg.Addr)
+	require.Equal(t, 2*time.Second, cfg.ReapInterval)
+	require.Equal(t, 3, cfg.DBMaxConns)
+	require.Equal(t, "json", cfg.LogFormat)
+	// The environment wins over the defaults.
+	require.Equal(t, "env-issuer", cfg.JWTIssuer)
+	require.Equal(t, int64(2048), cfg.MaxBodyBytes)
+	require.Equal(t, 5*time.Second, cfg.ShutdownGrace)
+	require.False(t, cfg.DevMode())
+	require.Equal(t, "json", cfg.EffectiveLogFormat())
+	require.NoError(t, cfg.Validate())
+}
+
+func TestLoadParseErrorsNameTheVariable(t *testing.T) {
+	t.Parallel()
+	_, err := Load(nil, envOf(map[string]string{"IDEM_REAP_INTERVAL": "soon", "IDEM_DB_MAX_CONNS": "many"}))
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `IDEM_REAP_INTERVAL: "soon" is not a duration`)
+	require.Contains(t, err.Error(), `IDEM_DB_MAX_CONNS: "many" is not a whole number`)
+
+	_, err = Load([]string{"--reap-interval", "soon"}, envOf(nil))
+	require.ErrorContains(t, err, "reap-interval")
+
+	_, err = Load([]string{"stray"}, envOf(nil))
+	require.ErrorContains(t, err, "unexpected arguments: stray")
+}
+
+func TestValidateMessages(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		change func(*Config)
+		want   string
+	}{
+		{"short secret", func(c *Config) { c.JWTHS256Secret = "short" }, "IDEM_JWT_HS256_SECRET must be at least 32 bytes (got 5)"},
+		{"postgres without key", func(c *Config) { c.DatabaseURL = "postgres://idem@localhost/idem" }, "set IDEM_JWT_HS256_SECRET (at least 32 bytes) or IDEM_JWT_JWKS_FILE"},
+		{"unknown scheme", func(c *Config) { c.DatabaseURL = "mysql://root:hunter2@db/idem" }, "IDEM_DATABASE_URL must start with postgres://, postgresql:// or sqlite:"},
+		{"memory sqlite", func(c *Config) { c.DatabaseURL = "sqlite::memory:" }, "in-memory SQLite database is not supported"},
+		{"empty sqlite path", func(c *Config) { c.DatabaseURL = "sqlite:" }, "sqlite: needs a file path"},
+		{"empty addr", func(c *Config) { c.Addr = "" }, "IDEM_ADDR must not be empty"},
+		{"issuer", func(c *Config) { c.JWTIssuer = "" }, "IDEM_JWT_ISSUER must not be empty"},
+		{"audience", func(c *Config) { c.JWTAudience = "" }, "IDEM_JWT_AUDIENCE must not be empty"},
+		{"body", func(c *Config) { c.MaxBodyBytes = 0 }, "IDEM_MAX_BODY_BYTES must be at least 1"},
+		{"log format", func(c *Config) { c.LogFormat = "xml" }, `IDEM_LOG_FORMAT must be json or text (got "xml")`},
+		{"log level", func(c *Config) { c.LogLevel = "loud" }, `IDEM_LOG_LEVEL must be debug, info, warn or error (got "loud")`},
+		{"grace", func(c *Config) { c.ShutdownGrace = 0 }, "IDEM_SHUTDOWN_GRACE must be a positive duration"},
+		{"reap interval", func(c *Config) { c.ReapInterval = -time.Second }, "IDEM_REAP_INTERVAL must be a positive duration"},
+		{"orphan watch", func(c *Config) { c.OrphanWatchInterval = 0 }, "IDEM_ORPHAN_WATCH_INTERVAL must be a positive duration"},
+		{"read header", func(c *Config) { c.ReadHeaderTimeout = 0 }, "IDEM_READ_HEADER_TIMEOUT must be a positive duration"},
+		{"write timeout", func(c *Config) { c.WriteTimeout = 0 }, "IDEM_WRITE_TIMEOUT must be a positive duration"},
+		{"connect timeout", func(c *Config) { c.DBConnectTimeout = 0 }, "IDEM_DB_CONNECT_TIMEOUT must be a positive duration"},
+		{"max conns", func(c *Config) { c.DBMaxConns = 0 }, "IDEM_DB_MAX_CONNS must be between 1 and 1000 (got 0)"},
+		{"batch", func(c *Config) { c.ReapBatchSize = 0 }, "IDEM_REAP_BATCH_SIZE must be between 1 and 100000 (got 0)"},
+		{"header bytes", func(c *Config) { c.MaxHeaderBytes = 10 }, "IDEM_MAX_HEADER_BYTES must be at least 4096 (got 10)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := DefaultConfig()
+			tt.change(&cfg)
+			err := cfg.Validate()
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tt.want)
+			require.NotContains(t, err.Error(), "hunter2", "a validation message must not echo a password")
+		})
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	cfg.JWTHS256Secret = "short"
+	cfg.ReapBatchSize = -1
+	cfg.LogLevel = "loud"
+	err := cfg.Validate()
+	require.Error(t, err)
+	for _, want := range []string{"IDEM_JWT_HS256_SECRET", "IDEM_REAP_BATCH_SIZE", "IDEM_LOG_LEVEL"} {
+		require.Contains(t, err.Error(), want)
+	}
+}
+
+func TestPostgresWithKeyIsValid(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	cfg.DatabaseURL = "postgresql://idem@localhost/idem"
+	cfg.JWTJWKSFile = "/etc/idem/jwks.json"
+	require.NoError(t, cfg.Validate())
+	require.False(t, cfg.DevMode())
+}
+
+func TestRedacted(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	cfg.JWTHS256Secret = "super-secret-value-0123456789abcdef"
+	cfg.DatabaseURL = "postgres://idem:hunter2@db:5432/idem?sslmode=disable&password=alsosecret"
+	got := map[string]string{}
+	for _, s := range cfg.Redacted() {
+		require.True(t, strings.HasPrefix(s.Flag, "--"), s.Flag)
+		got[s.Env] = s.Value
+	}
+	require.Equal(t, "[redacted]", got["IDEM_JWT_HS256_SECRET"])
+	require.NotContains(t, got["IDEM_DATABASE_URL"], "hunter2")
+	require.NotContains(t, got["IDEM_DATABASE_URL"], "alsosecret")
+	require.Contains(t, got["IDEM_DATABASE_URL"], "postgres://idem:xxxxx@db:5432/idem")
+	require.Equal(t, ":8080", got["IDEM_ADDR"])
+	require.Equal(t, "20s", got["IDEM_SHUTDOWN_GRACE"])
+	require.Equal(t, "500", got["IDEM_REAP_BATCH_SIZE"])
+	// Every setting is listed once.
+	require.Len(t, got, len(settings()))
+
+	cfg.JWTHS256Secret = ""
+	for _, s := range cfg.Redacted() {
+		if s.Env == "IDEM_JWT_HS256_SECRET" {
+			require.Empty(t, s.Value, "an unset secret shows as empty, not as redacted")
+		}
+	}
+}
+
+func TestDataFolder(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	cfg.DatabaseURL = "sqlite:/var/lib/idem/idem.db"
+	require.Equal(t, "/var/lib/idem", cfg.DataFolder())
+	require.Equal(t, "/var/lib/idem/idem.db", cfg.SQLitePath())
+	cfg.DatabaseURL = "sqlite:///var/lib/idem/other.db"
+	require.Equal(t, "/var/lib/idem/other.db", cfg.SQLitePath())
+	cfg.DataDir = "/srv/idem"
+	require.Equal(t, "/srv/idem", cfg.DataFolder())
+}
