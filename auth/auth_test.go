@@ -53,7 +53,10 @@ func TestNewVerifierConfig(t *testing.T) {
 		{"small RSA", auth.Config{JWKS: jwks(t, map[string]any{"kty": "RSA", "kid": "a", "n": b64u(make([]byte, 128)), "e": "AQAB"}), Issuer: "i", Audience: "a"}, "bits"},
 		{"symmetric jwk", auth.Config{JWKS: jwks(t, map[string]any{"kty": "oct", "kid": "a", "k": "AA"}), Issuer: "i", Audience: "a"}, "key type"},
 		{"duplicate kid", auth.Config{JWKS: jwks(t, okp, okp), Issuer: "i", Audience: "a"}, "duplicate"},
-		{"secret equals a public key", auth.Config{HS256Secret: func() []byte { d, _ := x509.MarshalPKIXPublicKey(pub); return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: d}) }(), JWKS: jwks(t, okp), Issuer: "i", Audience: "a"}, "equals the public key"},
+		{"secret equals a public key", auth.Config{HS256Secret: func() []byte {
+			d, _ := x509.MarshalPKIXPublicKey(pub)
+			return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: d})
+		}(), JWKS: jwks(t, okp), Issuer: "i", Audience: "a"}, "equals the public key"},
 	}
 	for _, tc := range cases {
 		_, err := auth.NewVerifier(tc.cfg)
