@@ -29,7 +29,7 @@ func (c *Client) Claim(ctx context.Context, key string, req Request) (ClaimResul
 	if err != nil {
 		return ClaimResult{}, err
 	}
-	out.Replayed = res.status == http.StatusOK
+	out.Replayed = res.status == http.StatusOK || res.header.Get("Idempotent-Replayed") == "true"
 	return out, nil
 }
 
@@ -176,22 +176,32 @@ func (c *Client) DisableTenant(ctx context.Context, id string) error {
 	return err
 }
 
-// ListOrphans returns orphaned records across tenants, oldest first (GET
-// /v1/admin/orphans, scope admin); tenant "" means every tenant.
-func (c *Client) ListOrphans(ctx context.Context, tenant string) ([]Record, error) {
+// OrphanListOptions filter and page GET /v1/admin/orphans.
+type OrphanListOptions struct {
+	// Tenant restricts the list to one tenant; empty lists every tenant.
+	Tenant string
+	// Limit is the page size; zero takes the server's default.
+	Limit int
+	// Cursor is NextCursor of the previous page; empty for the first.
+	Cursor string
+}
+
+// ListOrphans returns one page of orphaned records across tenants, oldest
+// first, each with its Tenant set (GET /v1/admin/orphans, scope admin).
+func (c *Client) ListOrphans(ctx context.Context, opts OrphanListOptions) (KeyPage, error) {
 	q := url.Values{}
-	if tenant != "" {
-		q.Set("tenant", tenant)
+	if opts.Tenant != "" {
+		q.Set("tenant", opts.Tenant)
 	}
-	var raw json.RawMessage
-	if _, err := c.do(ctx, apiCall{name: "list orphans", method: http.MethodGet, path: "/v1/admin/orphans", query: q, out: &raw}); err != nil {
-		return nil, err
+	if opts.Limit > 0 {
+		q.Set("limit", strconv.Itoa(opts.Limit))
 	}
-	var out []Record
-	if err := decodeItems(raw, &out); err != nil {
-		return nil, fmt.Errorf("list orphans: decode answer: %w", err)
+	if opts.Cursor != "" {
+		q.Set("cursor", opts.Cursor)
 	}
-	return out, nil
+	var out KeyPage
+	_, err := c.do(ctx, apiCall{name: "list orphans", method: http.MethodGet, path: "/v1/admin/orphans", query: q, out: &out})
+	return out, err
 }
 
 // decodeItems accepts either a bare JSON array or an {"items": [...]}

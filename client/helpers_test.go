@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"encoding/json"
 	"sync"
 	"time"
 
@@ -54,3 +55,5 @@ func (a *attempts) all() []client.AttemptInfo {
 	defer a.mu.Unlock()
 	return append([]client.AttemptInfo(nil), a.infos...)
 }
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -1,0 +1,349 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/client"
+	"github.com/idem-dev/idem/client/internal/faultproxy"
+	"github.com/idem-dev/idem/server/servertest"
+)
+
+var backends = []string{servertest.BackendSQLite, servertest.BackendPostgres}
+
+type e2e struct {
+	srv   *servertest.Server
+	token string
+}
+
+func setupE2E(t *testing.T, backend string) e2e {
+	t.Helper()
+	srv := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"acme"}})
+	return e2e{srv: srv, token: srv.Token(t, "acme", "keys:write", "tenant:admin")}
+}
+
+// fastPolicy keeps the real waits of the end-to-end tests short.
+var fastPolicy = client.RetryPolicy{BaseDelay: 50 * time.Millisecond, RetryAfterJitter: 100 * time.Millisecond}
+
+func (e e2e) client(t *testing.T, base string, opts ...client.Option) *client.Client {
+	t.Helper()
+	c, err := client.New(base, append([]client.Option{client.WithToken(e.token), client.WithRetryPolicy(fastPolicy)}, opts...)...)
+	require.NoError(t, err)
+	return c
+}
+
+func forEachBackend(t *testing.T, test func(t *testing.T, e e2e)) {
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) {
+			t.Parallel()
+			test(t, setupE2E(t, b))
+		})
+	}
+}
+
+var confirmed = client.Response{Status: 201, Headers: map[string]string{"Content-Type": "application/json"}, Body: []byte(`{"id":"ord_1"}`)}
+
+func TestE2EDroppedConnectionAfterComplete(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, e e2e) {
+		ctx := context.Background()
+		host := strings.TrimPrefix(e.srv.URL(), "http://")
+
+		t.Run("retried inside Do", func(t *testing.T) {
+			var once atomic.Bool
+			proxy := faultproxy.Start(t, host, func(r *http.Request) bool {
+				return strings.HasSuffix(r.URL.Path, "/complete") && once.CompareAndSwap(false, true)
+			})
+			c := e.client(t, proxy.URL())
+			var ran atomic.Int64
+			fn := func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+				ran.Add(1)
+				return confirmed, nil
+			}
+			key, _ := client.Key("order-confirm", "drop-1")
+			res, err := c.Do(ctx, key, client.Request{Operation: "POST /orders", Payload: map[string]any{"order": 1}}, fn)
+			require.NoError(t, err)
+			require.Equal(t, 1, proxy.Dropped(), "the server completed but the answer was lost")
+			require.False(t, res.Replayed)
+			res2, err := c.Do(ctx, key, client.Request{Operation: "POST /orders", Payload: map[string]any{"order": 1}}, fn)
+			require.NoError(t, err)
+			require.True(t, res2.Replayed)
+			require.Equal(t, confirmed.Body, res2.Response.Body)
+			require.Equal(t, confirmed.Status, res2.Response.Status)
+			require.Equal(t, int64(1), ran.Load())
+		})
+
+		t.Run("caller retries Do", func(t *testing.T) {
+			proxy := faultproxy.Start(t, host, func(r *http.Request) bool { return strings.HasSuffix(r.URL.Path, "/complete") })
+			flaky := e.client(t, proxy.URL(), client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 1}))
+			var ran atomic.Int64
+			fn := func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+				ran.Add(1)
+				return confirmed, nil
+			}
+			key, _ := client.Key("order-confirm", "drop-2")
+			_, err := flaky.Do(ctx, key, client.Request{Payload: map[string]any{"order": 2}}, fn)
+			require.Error(t, err, "the completion's answer was lost")
+			require.Equal(t, client.CodeUnknown, client.ErrorCode(err))
+
+			res, err := e.client(t, e.srv.URL()).Do(ctx, key, client.Request{Payload: map[string]any{"order": 2}}, fn)
+			require.NoError(t, err)
+			require.True(t, res.Replayed)
+			require.Equal(t, confirmed.Body, res.Response.Body)
+			require.Equal(t, int64(1), ran.Load())
+		})
+	})
+}
+
+func TestE2EConcurrentDoOneExecution(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, e e2e) {
+		c := e.client(t, e.srv.URL())
+		const callers = 8
+		var ran atomic.Int64
+		results := make([]client.Result, callers)
+		errs := make([]error, callers)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range callers {
+			wg.Go(func() {
+				<-start
+				results[i], errs[i] = c.Do(context.Background(), "pay-7", client.Request{Operation: "POST /pay", Payload: map[string]int{"amount": 7}, Lease: time.Second},
+					func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+						ran.Add(1)
+						time.Sleep(200 * time.Millisecond)
+						return confirmed, nil
+					})
+			})
+		}
+		close(start)
+		wg.Wait()
+		require.Equal(t, int64(1), ran.Load(), "one execution")
+		executed := 0
+		for i := range callers {
+			require.NoError(t, errs[i])
+			require.Equal(t, confirmed.Body, results[i].Response.Body)
+			if !results[i].Replayed {
+				executed++
+			}
+		}
+		require.Equal(t, 1, executed, "one caller ran the function, the others got the replay")
+		rec, err := c.Get(context.Background(), "pay-7")
+		require.NoError(t, err)
+		require.Equal(t, client.StateCompleted, rec.State)
+		require.Equal(t, 1, rec.Attempt)
+	})
+}
+
+func TestE2ECrashResumesFromCheckpoint(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, e e2e) {
+		ctx := context.Background()
+		c := e.client(t, e.srv.URL())
+		var charges, emails atomic.Int64
+		crash := errors.New("process crashed")
+		req := client.Request{Operation: "POST /checkout", Payload: map[string]int{"cart": 9}, Lease: time.Second}
+		step := func(crashAfterCharge bool) func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+			return func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+				chargeID := "ch_1"
+				if claim.RecoveryPoint() == "charged" {
+					var data struct{ Charge string }
+					require.NoError(t, jsonUnmarshal(claim.RecoveryData(), &data))
+					chargeID = data.Charge
+				} else {
+					charges.Add(1) // the external step
+					if err := claim.Checkpoint(ctx, "charged", map[string]string{"charge": chargeID}); err != nil {
+						return client.Response{}, err
+					}
+				}
+				if crashAfterCharge {
+					return client.Response{}, crash
+				}
+				emails.Add(1)
+				return client.Response{Status: 200, Body: []byte(chargeID)}, nil
+			}
+		}
+		_, err := c.Do(ctx, "checkout-9", req, step(true))
+		require.ErrorIs(t, err, crash)
+		require.NotErrorIs(t, err, client.ErrLeaseLost)
+
+		rec, err := c.Get(ctx, "checkout-9")
+		require.NoError(t, err)
+		require.Equal(t, client.StateInFlight, rec.State, "the claim is left, not completed with a made-up response")
+
+		// The next Do waits the lease out and takes the key over.
+		res, err := c.Do(ctx, "checkout-9", req, step(false))
+		require.NoError(t, err)
+		require.True(t, res.Resumed)
+		require.Equal(t, 2, res.Attempt)
+		require.Equal(t, "ch_1", string(res.Response.Body))
+		require.Equal(t, int64(1), charges.Load(), "the step before the checkpoint is not repeated")
+		require.Equal(t, int64(1), emails.Load())
+	})
+}
+
+func TestE2ENoSideEffectReleases(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, e e2e) {
+		ctx := context.Background()
+		c := e.client(t, e.srv.URL())
+		declined := errors.New("card declined before charging")
+		_, err := c.Do(ctx, "k-release", client.Request{}, func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+			return client.Response{}, errors.Join(client.ErrNoSideEffect, declined)
+		})
+		require.ErrorIs(t, err, declined)
+		require.ErrorIs(t, err, client.ErrNoSideEffect)
+		_, err = c.Get(ctx, "k-release")
+		require.ErrorIs(t, err, client.ErrKeyNotFound)
+
+		res, err := c.Do(ctx, "k-release", client.Request{}, func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+			return client.Response{Status: 204}, nil
+		})
+		require.NoError(t, err)
+		require.False(t, res.Replayed)
+		require.False(t, res.Resumed)
+		require.Equal(t, 1, res.Attempt)
+	})
+}
+
+func TestE2ELeaseKeeperAndLeaseLost(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, e e2e) {
+		ctx := context.Background()
+		c := e.client(t, e.srv.URL())
+		other := e.client(t, e.srv.URL())
+
+		// A function longer than its lease keeps the key: the keeper renews.
+		res, err := c.Do(ctx, "long", client.Request{Lease: time.Second}, func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+			time.Sleep(1500 * time.Millisecond)
+			_, err := other.Claim(ctx, "long", client.Request{})
+			require.ErrorIs(t, err, client.ErrRequestInFlight, "the lease was renewed; no takeover")
+			return confirmed, nil
+		})
+		require.NoError(t, err)
+		require.False(t, res.Replayed)
+
+		// A stale fencing token is ErrLeaseLost.
+		first, err := c.Claim(ctx, "stale", client.Request{Lease: time.Second})
+		require.NoError(t, err)
+		time.Sleep(1100 * time.Millisecond)
+		second, err := other.Claim(ctx, "stale", client.Request{})
+		require.NoError(t, err)
+		require.True(t, second.Resumed)
+		require.Greater(t, second.FencingToken, first.FencingToken)
+		_, err = c.Complete(ctx, "stale", first.FencingToken, confirmed)
+		require.ErrorIs(t, err, client.ErrLeaseLost)
+		_, err = c.Checkpoint(ctx, "stale", first.FencingToken, "x", nil, 0)
+		require.ErrorIs(t, err, client.ErrLeaseLost)
+		require.ErrorIs(t, c.Release(ctx, "stale", first.FencingToken), client.ErrLeaseLost)
+		_, err = other.Complete(ctx, "stale", second.FencingToken, confirmed)
+		require.NoError(t, err)
+		_, err = other.Complete(ctx, "stale", second.FencingToken, confirmed)
+		require.NoError(t, err, "a repeated completion is a no-op")
+		_, err = other.Complete(ctx, "stale", second.FencingToken, client.Response{Status: 500})
+		require.ErrorIs(t, err, client.ErrAlreadyCompleted)
+	})
+}
+
+func TestE2ETypedCalls(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, e e2e) {
+		ctx := context.Background()
+		c := e.client(t, e.srv.URL())
+
+		_, err := c.Do(ctx, "typed-1", client.Request{Operation: "POST /a", Payload: map[string]int{"n": 1}}, func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+			return client.Response{Status: 200, Body: []byte{0xff, 0xfe}}, nil
+		})
+		require.NoError(t, err)
+		_, err = c.Do(ctx, "typed-1", client.Request{Operation: "POST /a", Payload: map[string]int{"n": 2}}, func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+			t.Error("a mismatched request must not run")
+			return client.Response{}, nil
+		})
+		require.ErrorIs(t, err, client.ErrFingerprintMismatch)
+		var pe *client.Error
+		require.ErrorAs(t, err, &pe)
+		require.Equal(t, http.StatusUnprocessableEntity, pe.Status)
+		require.False(t, pe.Retryable)
+
+		rec, err := c.Get(ctx, "typed-1")
+		require.NoError(t, err)
+		require.Equal(t, client.StateCompleted, rec.State)
+		require.Equal(t, "POST /a", rec.Operation)
+		require.Equal(t, []byte{0xff, 0xfe}, rec.Response.Body, "binary bodies travel as base64")
+		require.False(t, rec.ReplayUntil.IsZero())
+
+		// A key with characters that need path escaping.
+		odd := "a/b?c#d%e"
+		cr, err := c.Claim(ctx, odd, client.Request{Fingerprint: "fp-1"})
+		require.NoError(t, err)
+		got, err := c.Get(ctx, odd)
+		require.NoError(t, err)
+		require.Equal(t, odd, got.Key)
+		require.Equal(t, cr.FencingToken, got.FencingToken)
+
+		page, err := c.List(ctx, client.ListOptions{State: client.StateInFlight, Limit: 10})
+		require.NoError(t, err)
+		require.Len(t, page.Items, 1)
+		require.Equal(t, odd, page.Items[0].Key)
+
+		tn, err := c.GetTenant(ctx)
+		require.NoError(t, err)
+		require.Equal(t, "acme", tn.ID)
+		require.Equal(t, idem.DefaultSettings().LeaseSecondsDefault, tn.Settings.LeaseSecondsDefault)
+		tn, err = c.UpdateTenant(ctx, client.TenantPatch{Settings: &client.SettingsPatch{LeaseSecondsDefault: client.Ptr(45)}})
+		require.NoError(t, err)
+		require.Equal(t, 45, tn.Settings.LeaseSecondsDefault)
+		_, err = c.UpdateTenant(ctx, client.TenantPatch{Settings: &client.SettingsPatch{LeaseSecondsDefault: client.Ptr(-1)}})
+		require.ErrorIs(t, err, client.ErrInvalidRequest)
+		require.ErrorAs(t, err, &pe)
+		require.NotEmpty(t, pe.Fields)
+
+		// Operator endpoints.
+		admin, err := client.New(e.srv.URL(), client.WithToken(e.srv.Token(t, "", "admin")))
+		require.NoError(t, err)
+		created, err := admin.CreateTenant(ctx, client.NewTenant{ID: "globex", Name: "Globex", Settings: &client.SettingsPatch{ReplayWindowSeconds: client.Ptr(60)}})
+		require.NoError(t, err)
+		require.Equal(t, 60, created.Settings.ReplayWindowSeconds)
+		_, err = admin.CreateTenant(ctx, client.NewTenant{ID: "globex"})
+		require.ErrorIs(t, err, client.ErrTenantExists)
+		all, err := admin.ListTenants(ctx)
+		require.NoError(t, err)
+		require.Len(t, all, 2)
+		upd, err := admin.AdminUpdateTenant(ctx, "globex", client.TenantPatch{Name: client.Ptr("Globex Corp")})
+		require.NoError(t, err)
+		require.Equal(t, "Globex Corp", upd.Name)
+		require.NoError(t, admin.DisableTenant(ctx, "globex"))
+		got2, err := admin.AdminGetTenant(ctx, "globex")
+		require.NoError(t, err)
+		require.True(t, got2.Disabled)
+		_, err = admin.AdminGetTenant(ctx, "nope")
+		require.ErrorIs(t, err, client.ErrTenantNotFound)
+
+		_, err = c.Claim(ctx, "orphan-1", client.Request{Lease: time.Second})
+		require.NoError(t, err)
+		time.Sleep(1100 * time.Millisecond)
+		orphans, err := admin.ListOrphans(ctx, client.OrphanListOptions{Tenant: "acme"})
+		require.NoError(t, err)
+		keys := []string{}
+		for _, o := range orphans.Items {
+			require.Equal(t, "acme", o.Tenant)
+			keys = append(keys, o.Key)
+		}
+		require.Contains(t, keys, "orphan-1")
+
+		// Auth errors are not retried.
+		bad, err := client.New(e.srv.URL(), client.WithToken("not-a-jwt"))
+		require.NoError(t, err)
+		_, err = bad.Get(ctx, "x")
+		require.ErrorIs(t, err, client.ErrUnauthenticated)
+	})
+}
