@@ -30,6 +30,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/internal/contract"
 	"github.com/idem-dev/idem/sqlite"
 	"github.com/idem-dev/idem/tenants"
 )
@@ -134,7 +135,8 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 	return w.buf.Write(p)
 }
 
-// newTestClient is the one place tests build their HTTP client.
+// newTestClient is the one place tests build their HTTP client. Every
+// exchange goes through the OpenAPI contract validator.
 func newTestClient(t *testing.T) *http.Client {
 	t.Helper()
 	tr := &http.Transport{
@@ -142,7 +144,7 @@ func newTestClient(t *testing.T) *http.Client {
 		MaxIdleConnsPerHost: 64,
 	}
 	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	return &http.Client{Transport: contract.Transport(t, tr), Timeout: 30 * time.Second}
 }
 
 // setup starts the API on a real SQLite store and a real HTTP server on
