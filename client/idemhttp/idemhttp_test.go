@@ -1,0 +1,269 @@
+package idemhttp_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem/client"
+	"github.com/idem-dev/idem/client/idemhttp"
+	"github.com/idem-dev/idem/client/internal/faultproxy"
+	"github.com/idem-dev/idem/server/servertest"
+)
+
+// app is a sample API whose POST /orders has a side effect it counts.
+type app struct {
+	orders  atomic.Int64
+	fail    atomic.Int64 // answer 500 this many times first
+	delay   time.Duration
+	entered atomic.Int64 // handler runs that got past the failure injection
+	srv     *httptest.Server
+}
+
+func newApp(t *testing.T, c *client.Client, opts idemhttp.Options) *app {
+	t.Helper()
+	a := &app{}
+	r := chi.NewRouter()
+	r.With(idemhttp.Middleware(c, opts)).Post("/orders/{customer}", func(w http.ResponseWriter, r *http.Request) {
+		if a.fail.Add(-1) >= 0 {
+			http.Error(w, "boom", http.StatusInternalServerError)
+			return
+		}
+		a.entered.Add(1)
+		time.Sleep(a.delay)
+		n := a.orders.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", fmt.Sprintf("/orders/%d", n))
+		w.Header().Set("Set-Cookie", "session=secret")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d,"customer":%q,"echo":%s}`, n, chi.URLParam(r, "customer"), body)
+	})
+	r.With(idemhttp.Middleware(c, opts)).Get("/orders", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "[]")
+	})
+	a.srv = httptest.NewServer(r)
+	t.Cleanup(a.srv.Close)
+	return a
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func post(t *testing.T, url, key, body string) reply {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set(idemhttp.HeaderKey, key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return reply{resp.StatusCode, resp.Header, string(b)}
+}
+
+func problemCode(t *testing.T, r reply) string {
+	t.Helper()
+	require.Equal(t, "application/problem+json", r.header.Get("Content-Type"))
+	var p struct {
+		Code string `json:"code"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.body), &p))
+	return p.Code
+}
+
+func idemClient(t *testing.T, backend string) (*servertest.Server, *client.Client) {
+	t.Helper()
+	srv := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"shop"}})
+	c, err := client.New(srv.URL(), client.WithToken(srv.Token(t, "shop", "keys:write")),
+		client.WithRetryPolicy(client.RetryPolicy{BaseDelay: 20 * time.Millisecond, RetryAfterJitter: 50 * time.Millisecond}))
+	require.NoError(t, err)
+	return srv, c
+}
+
+func forEachBackend(t *testing.T, test func(t *testing.T, srv *servertest.Server, c *client.Client)) {
+	for _, b := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(b, func(t *testing.T) {
+			t.Parallel()
+			srv, c := idemClient(t, b)
+			test(t, srv, c)
+		})
+	}
+}
+
+func TestMiddlewareReplayAndErrors(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
+		a := newApp(t, c, idemhttp.Options{})
+		url := a.srv.URL + "/orders/cus_1"
+
+		first := post(t, url, "k-1", `{"sku":"A"}`)
+		require.Equal(t, http.StatusCreated, first.status)
+		require.Empty(t, first.header.Get(idemhttp.HeaderReplayed))
+		require.Equal(t, "session=secret", first.header.Get("Set-Cookie"), "the first answer is the handler's own")
+
+		again := post(t, url, "k-1", `{"sku":"A"}`)
+		require.Equal(t, http.StatusCreated, again.status)
+		require.Equal(t, "true", again.header.Get(idemhttp.HeaderReplayed))
+		require.Equal(t, first.body, again.body)
+		require.Equal(t, "/orders/1", again.header.Get("Location"))
+		require.Equal(t, "application/json", again.header.Get("Content-Type"))
+		require.Empty(t, again.header.Get("Set-Cookie"), "headers outside the allowlist are not stored")
+		require.Equal(t, int64(1), a.orders.Load())
+
+		// Same key, another body: 422.
+		mismatch := post(t, url, "k-1", `{"sku":"B"}`)
+		require.Equal(t, http.StatusUnprocessableEntity, mismatch.status)
+		require.Equal(t, "fingerprint_mismatch", problemCode(t, mismatch))
+		// Same key, another path: 422 too.
+		require.Equal(t, http.StatusUnprocessableEntity, post(t, a.srv.URL+"/orders/cus_2", "k-1", `{"sku":"A"}`).status)
+
+		// Missing key on POST: 400; malformed key: 400.
+		missing := post(t, url, "", `{}`)
+		require.Equal(t, http.StatusBadRequest, missing.status)
+		require.Equal(t, "idempotency_key_missing", problemCode(t, missing))
+		bad := post(t, url, strings.Repeat("x", 300), `{}`)
+		require.Equal(t, http.StatusBadRequest, bad.status)
+		require.Equal(t, "invalid_key", problemCode(t, bad))
+
+		// GET is never claimed.
+		resp, err := http.Get(a.srv.URL + "/orders")
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.Equal(t, int64(1), a.orders.Load())
+
+		// AllowMissingKey passes through.
+		b := newApp(t, c, idemhttp.Options{AllowMissingKey: true})
+		require.Equal(t, http.StatusCreated, post(t, b.srv.URL+"/orders/x", "", `{}`).status)
+	})
+}
+
+func TestMiddlewareServerErrorReleases(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
+		a := newApp(t, c, idemhttp.Options{})
+		a.fail.Store(1)
+		url := a.srv.URL + "/orders/cus_1"
+		require.Equal(t, http.StatusInternalServerError, post(t, url, "k-5xx", `{}`).status)
+		ok := post(t, url, "k-5xx", `{}`)
+		require.Equal(t, http.StatusCreated, ok.status, "the 5xx was released, the retry ran the handler")
+		require.Empty(t, ok.header.Get(idemhttp.HeaderReplayed))
+		require.Equal(t, "true", post(t, url, "k-5xx", `{}`).header.Get(idemhttp.HeaderReplayed))
+		require.Equal(t, int64(1), a.orders.Load())
+	})
+}
+
+func TestMiddlewareInFlight(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
+		a := newApp(t, c, idemhttp.Options{})
+		a.delay = 500 * time.Millisecond
+		url := a.srv.URL + "/orders/cus_1"
+		done := make(chan reply)
+		go func() { done <- post(t, url, "k-slow", `{}`) }()
+		require.Eventually(t, func() bool { return a.entered.Load() == 1 }, 5*time.Second, 5*time.Millisecond)
+		inflight := post(t, url, "k-slow", `{}`)
+		require.Equal(t, http.StatusConflict, inflight.status)
+		require.Equal(t, "request_in_flight", problemCode(t, inflight))
+		require.NotEmpty(t, inflight.header.Get("Retry-After"))
+		require.Equal(t, http.StatusCreated, (<-done).status)
+		require.Equal(t, int64(1), a.orders.Load())
+	})
+}
+
+// TestMiddlewareDuplicatesAndDroppedResponses fires concurrent duplicates
+// of one request, some through a proxy that drops the answer, and retries
+// every caller until it gets a final answer: the side effect happens once
+// and every caller sees the same body.
+func TestMiddlewareDuplicatesAndDroppedResponses(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, srv *servertest.Server, c *client.Client) {
+		// The middleware's own calls to idem also lose answers now and then.
+		var n atomic.Int64
+		idemProxy := faultproxy.Start(t, strings.TrimPrefix(srv.URL(), "http://"), func(r *http.Request) bool {
+			return strings.HasSuffix(r.URL.Path, "/complete") && n.Add(1)%2 == 1
+		})
+		flaky, err := client.New(idemProxy.URL(), client.WithToken(srv.Token(t, "shop", "keys:write")),
+			client.WithRetryPolicy(client.RetryPolicy{BaseDelay: 20 * time.Millisecond}))
+		require.NoError(t, err)
+		a := newApp(t, flaky, idemhttp.Options{})
+		a.delay = 50 * time.Millisecond
+		var dropped atomic.Int64
+		appProxy := faultproxy.Start(t, strings.TrimPrefix(a.srv.URL, "http://"), func(r *http.Request) bool {
+			return dropped.Add(1) <= 3 // the first three answers never reach their callers
+		})
+
+		const callers = 12
+		bodies := make([]string, callers)
+		var wg sync.WaitGroup
+		for i := range callers {
+			base := a.srv.URL
+			if i%2 == 0 {
+				base = appProxy.URL()
+			}
+			wg.Go(func() {
+				for try := 0; try < 100; try++ {
+					req, _ := http.NewRequest(http.MethodPost, base+"/orders/cus_9", bytes.NewReader([]byte(`{"sku":"Z"}`)))
+					req.Header.Set(idemhttp.HeaderKey, "order-cus_9-1")
+					resp, err := (&http.Client{Transport: &http.Transport{}}).Do(req)
+					if err != nil {
+						time.Sleep(20 * time.Millisecond) // dropped answer: retry with the same key
+						continue
+					}
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == http.StatusConflict {
+						time.Sleep(50 * time.Millisecond)
+						continue
+					}
+					if resp.StatusCode == http.StatusCreated {
+						bodies[i] = string(b)
+					}
+					return
+				}
+			})
+		}
+		wg.Wait()
+		require.Equal(t, int64(1), a.orders.Load(), "one side effect")
+		for i := range callers {
+			require.Equal(t, bodies[0], bodies[i], "caller %d", i)
+		}
+		require.Contains(t, bodies[0], `"order":1`)
+	})
+}
+
+func TestMiddlewareFailsClosed(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	c, err := client.New("http://"+addr, client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 1}))
+	require.NoError(t, err)
+	a := newApp(t, c, idemhttp.Options{UnavailableRetryAfter: 3 * time.Second})
+	r := post(t, a.srv.URL+"/orders/cus_1", "k-down", `{}`)
+	require.Equal(t, http.StatusServiceUnavailable, r.status)
+	require.Equal(t, "idempotency_unavailable", problemCode(t, r))
+	require.Equal(t, "3", r.header.Get("Retry-After"))
+	require.Zero(t, a.orders.Load(), "the handler does not run unprotected")
+}
