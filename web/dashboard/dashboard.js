@@ -1,0 +1,517 @@
+// idem orphan dashboard. Plain JavaScript, no framework, no network access
+// beyond this server's own API and /metrics.
+//
+// The token lives in sessionStorage (this tab only) and travels only in the
+// Authorization header; it is never put in a URL or logged.
+"use strict";
+
+(function () {
+  const TOKEN_KEY = "idem.dashboard.token";
+  const INTERVAL_KEY = "idem.dashboard.interval";
+  const PAGE_LIMIT = 500;
+  const MAX_PAGES = 4; // show at most 2000 orphans; counts say "2000+" beyond
+  const OUTCOMES = [
+    { id: "created", label: "Created", color: "#3b5bdb" },
+    { id: "replayed", label: "Replayed", color: "#2b8a3e" },
+    { id: "takeover", label: "Takeover", color: "#f08c00" },
+    { id: "in_flight", label: "In flight", color: "#868e96" },
+    { id: "mismatch", label: "Mismatch", color: "#c92a2a" },
+    { id: "error", label: "Error", color: "#862e9c" },
+  ];
+
+  const $ = (id) => document.getElementById(id);
+
+  const state = {
+    token: null,
+    mode: null, // "operator" | "tenant"
+    tenant: null, // the tenant of a tenant token
+    filter: null, // tenant selected in the operator view
+    lastUpdate: 0, // client ms of the last successful refresh
+    skewMs: 0, // server clock minus client clock, from the Date header
+    prevClaims: null, // {at: ms, counts: {outcome: n}}
+    rates: null,
+    orphans: [],
+    truncated: false,
+    tenants: [],
+    timer: null,
+    inflight: false,
+  };
+
+  class HTTPError extends Error {
+    constructor(status, problem) {
+      super((problem && (problem.detail || problem.title)) || "HTTP " + status);
+      this.status = status;
+      this.problem = problem;
+    }
+  }
+
+  // ---------- token ----------
+
+  function decodeClaims(token) {
+    const parts = token.split(".");
+    if (parts.length !== 3) return null;
+    try {
+      const b64 = parts[1].replace(/-/g, "+").replace(/_/g, "/");
+      const pad = b64 + "===".slice((b64.length + 3) % 4);
+      return JSON.parse(atob(pad));
+    } catch (e) {
+      return null;
+    }
+  }
+
+  function setToken(token) {
+    const claims = decodeClaims(token);
+    if (!claims) return "That does not look like a JWT (three base64url parts separated by dots).";
+    const scopes = String(claims.scope || "").split(/\s+/).filter(Boolean);
+    if (scopes.includes("admin")) {
+      state.mode = "operator";
+      state.tenant = null;
+    } else if (claims.tenant) {
+      if (!scopes.includes("keys:read") && !scopes.includes("keys:write")) {
+        return "This tenant token has no keys:read scope; the dashboard needs it to list keys.";
+      }
+      state.mode = "tenant";
+      state.tenant = String(claims.tenant);
+    } else {
+      return "This token has neither the admin scope nor a tenant.";
+    }
+    if (claims.exp && claims.exp * 1000 < Date.now()) {
+      return "This token expired " + ago(Date.now() - claims.exp * 1000) + " ago. Mint a new one.";
+    }
+    state.token = token;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    return null;
+  }
+
+  function signOut(message) {
+    state.token = null;
+    state.prevClaims = null;
+    state.rates = null;
+    state.filter = null;
+    sessionStorage.removeItem(TOKEN_KEY);
+    stopTimer();
+    showLogin(message);
+  }
+
+  // ---------- HTTP ----------
+
+  async function api(path) {
+    const resp = await fetch(path, {
+      headers: { Authorization: "Bearer " + state.token, Accept: "application/json" },
+      cache: "no-store",
+      credentials: "omit",
+    });
+    noteServerClock(resp);
+    if (!resp.ok) {
+      let problem = null;
+      try { problem = await resp.json(); } catch (e) { /* not JSON */ }
+      throw new HTTPError(resp.status, problem);
+    }
+    return resp.json();
+  }
+
+  function noteServerClock(resp) {
+    const d = Date.parse(resp.headers.get("Date") || "");
+    if (!Number.isNaN(d)) state.skewMs = d - Date.now();
+  }
+
+  function serverNow() { return Date.now() + state.skewMs; }
+
+  async function listAll(path) {
+    let items = [];
+    let cursor = null;
+    for (let page = 0; page < MAX_PAGES; page++) {
+      const sep = path.includes("?") ? "&" : "?";
+      const url = path + sep + "limit=" + PAGE_LIMIT + (cursor ? "&cursor=" + encodeURIComponent(cursor) : "");
+      const body = await api(url);
+      items = items.concat(body.items || []);
+      cursor = body.next_cursor;
+      if (!cursor) return { items, truncated: false };
+    }
+    return { items, truncated: true };
+  }
+
+  async function fetchClaimCounts() {
+    const resp = await fetch("/metrics", { cache: "no-store", credentials: "omit" });
+    if (!resp.ok) throw new HTTPError(resp.status, null);
+    const text = await resp.text();
+    const counts = {};
+    for (const o of OUTCOMES) counts[o.id] = 0;
+    const re = /^idem_claims_total\{([^}]*)\}\s+(\S+)/;
+    for (const line of text.split("\n")) {
+      const m = re.exec(line);
+      if (!m) continue;
+      const labels = parseLabels(m[1]);
+      if (state.mode === "tenant" && labels.tenant !== state.tenant) continue;
+      const v = Number(m[2]);
+      if (!Number.isFinite(v)) continue;
+      counts[labels.outcome] = (counts[labels.outcome] || 0) + v;
+    }
+    return { at: Date.now(), counts };
+  }
+
+  function parseLabels(s) {
+    const out = {};
+    const re = /(\w+)="((?:[^"\\]|\\.)*)"/g;
+    let m;
+    while ((m = re.exec(s)) !== null) out[m[1]] = m[2].replace(/\\(.)/g, "$1");
+    return out;
+  }
+
+  // ---------- refresh ----------
+
+  async function refresh() {
+    if (!state.token || state.inflight) return;
+    state.inflight = true;
+    $("status-dot").className = "dot busy";
+    try {
+      if (state.mode === "operator") {
+        const [tenants, orphans] = await Promise.all([
+          api("/v1/admin/tenants"),
+          listAll("/v1/admin/orphans"),
+        ]);
+        state.tenants = tenants.items || [];
+        state.orphans = orphans.items;
+        state.truncated = orphans.truncated;
+      } else {
+        const [tenant, orphans] = await Promise.all([
+          api("/v1/tenant"),
+          listAll("/v1/keys?state=orphaned"),
+        ]);
+        state.tenants = [tenant];
+        state.orphans = orphans.items.map((o) => Object.assign({ tenant: state.tenant }, o));
+        state.truncated = orphans.truncated;
+      }
+      hideBanner();
+      state.lastUpdate = Date.now();
+    } catch (err) {
+      state.inflight = false;
+      return handleError(err);
+    }
+    // Claim rates come from /metrics; a failure there does not hide orphans.
+    try {
+      const now = await fetchClaimCounts();
+      const prev = state.prevClaims;
+      if (prev && now.at > prev.at) {
+        const minutes = (now.at - prev.at) / 60000;
+        const rates = {};
+        let reset = false;
+        for (const o of OUTCOMES) {
+          const d = (now.counts[o.id] || 0) - (prev.counts[o.id] || 0);
+          if (d < 0) reset = true;
+          rates[o.id] = Math.max(d, 0) / minutes;
+        }
+        state.rates = reset ? null : { perMin: rates, windowMs: now.at - prev.at };
+      }
+      state.prevClaims = now;
+      state.metricsError = null;
+    } catch (err) {
+      state.metricsError = "The /metrics endpoint is not reachable from here, so claim rates are unavailable.";
+    }
+    state.inflight = false;
+    render();
+  }
+
+  function handleError(err) {
+    if (err instanceof HTTPError && err.status === 401) {
+      return signOut("The server rejected this token (" + err.message + "). Paste a new one.");
+    }
+    if (err instanceof HTTPError && (err.status === 403)) {
+      const code = err.problem && err.problem.code;
+      const why = code === "tenant_unknown"
+        ? "The token's tenant does not exist or is disabled."
+        : "This token lacks the scope the dashboard needs (admin for operators, keys:read for a tenant).";
+      return signOut(why + " Paste another token.");
+    }
+    const msg = err instanceof HTTPError
+      ? "The server answered " + err.status + ": " + err.message
+      : "Cannot reach the server (" + err.message + ").";
+    showBanner(msg + " Showing the last data; retrying on the next refresh.", err.status === 503 ? "warn" : "");
+    $("status-dot").className = "dot stale";
+    updateAgo();
+  }
+
+  // ---------- rendering ----------
+
+  function el(tag, attrs, ...children) {
+    const n = document.createElement(tag);
+    if (attrs) {
+      for (const [k, v] of Object.entries(attrs)) {
+        if (v === undefined || v === null || v === false) continue;
+        if (k === "class") n.className = v;
+        else if (k === "text") n.textContent = v;
+        else if (k.startsWith("on")) n.addEventListener(k.slice(2), v);
+        else n.setAttribute(k, v);
+      }
+    }
+    for (const c of children) {
+      if (c === null || c === undefined) continue;
+      n.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return n;
+  }
+
+  function ago(ms) {
+    const s = Math.max(0, Math.floor(ms / 1000));
+    if (s < 60) return s + " s";
+    const m = Math.floor(s / 60);
+    if (m < 60) return (m + " min " + (s % 60 ? (s % 60) + " s" : "")).trim();
+    const h = Math.floor(m / 60);
+    if (h < 48) return (h + " h " + (m % 60 ? (m % 60) + " min" : "")).trim();
+    const d = Math.floor(h / 24);
+    return (d + " d " + (h % 24 ? (h % 24) + " h" : "")).trim();
+  }
+
+  function fmtTime(iso) {
+    const d = new Date(iso);
+    return Number.isNaN(d.getTime()) ? "" : d.toLocaleString(undefined, {
+      year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit",
+    });
+  }
+
+  function fmtRate(v) {
+    if (v === 0) return "0";
+    if (v < 0.1) return v.toFixed(2);
+    if (v < 10) return v.toFixed(1);
+    return Math.round(v).toLocaleString();
+  }
+
+  function tenantSummaries() {
+    const by = new Map();
+    for (const t of state.tenants) {
+      by.set(t.id, { id: t.id, name: t.name, count: 0, oldest: null, leaseMax: t.settings && t.settings.lease_seconds_max });
+    }
+    for (const o of state.orphans) {
+      let s = by.get(o.tenant);
+      if (!s) { s = { id: o.tenant, name: o.tenant, count: 0, oldest: null }; by.set(o.tenant, s); }
+      s.count++;
+      const exp = Date.parse(o.lease_expires_at);
+      if (!Number.isNaN(exp) && (s.oldest === null || exp < s.oldest)) s.oldest = exp;
+    }
+    return [...by.values()].sort((a, b) =>
+      (b.count > 0) - (a.count > 0) || (a.oldest ?? Infinity) - (b.oldest ?? Infinity) || a.id.localeCompare(b.id));
+  }
+
+  function render() {
+    const now = serverNow();
+    const summaries = tenantSummaries();
+    const affected = summaries.filter((s) => s.count > 0);
+    const total = state.orphans.length;
+    const oldest = affected.reduce((m, s) => (s.oldest !== null && (m === null || s.oldest < m) ? s.oldest : m), null);
+
+    // Stats
+    setStat("stat-orphans", total === 0 ? "0" : total.toLocaleString() + (state.truncated ? "+" : ""), total > 0 ? "warn" : "good");
+    $("stat-orphans-note").textContent = total === 0 ? "nothing stuck" : state.truncated ? "showing the oldest " + total : "in flight with an expired lease";
+    if (state.mode === "operator") {
+      setStat("stat-tenants", affected.length + " / " + state.tenants.length, affected.length ? "warn" : "good");
+      $("stat-tenants-note").textContent = "tenants with orphans";
+    } else {
+      setStat("stat-tenants", affected.length ? "1" : "0", affected.length ? "warn" : "good");
+      $("stat-tenants-note").textContent = "tenant " + state.tenant;
+    }
+    setStat("stat-oldest", oldest === null ? "–" : ago(now - oldest), oldest !== null ? "warn" : "");
+    if (state.rates) {
+      const sum = OUTCOMES.reduce((a, o) => a + state.rates.perMin[o.id], 0);
+      setStat("stat-rate", fmtRate(sum), "");
+      $("stat-rate-note").textContent = "over the last " + ago(state.rates.windowMs);
+    } else {
+      setStat("stat-rate", "–", "");
+      $("stat-rate-note").textContent = state.metricsError ? "unavailable" : "measuring… (next refresh)";
+    }
+
+    renderTenants(summaries, now);
+    renderRates();
+    renderKeys(now);
+    $("status-dot").className = "dot ok";
+    updateAgo();
+  }
+
+  function setStat(id, text, cls) {
+    const n = $(id);
+    n.textContent = text;
+    n.className = "stat-value" + (cls ? " " + cls : "");
+  }
+
+  function renderTenants(summaries, now) {
+    const body = $("tenants-body");
+    body.replaceChildren();
+    const max = Math.max(1, ...summaries.map((s) => s.count));
+    for (const s of summaries) {
+      const overLease = s.oldest !== null && s.leaseMax && (now - s.oldest) / 1000 > s.leaseMax;
+      const row = el("tr", {
+        class: ["clickable", s.count === 0 ? "zero" : "", state.filter === s.id ? "selected" : ""].join(" ").trim(),
+        "data-tenant": s.id,
+        title: state.mode === "operator" ? "Show only " + s.id : null,
+        onclick: state.mode === "operator" ? () => { state.filter = state.filter === s.id ? null : s.id; render(); } : null,
+      },
+      el("td", null, el("span", { class: "tenant-name", text: s.name || s.id }),
+        s.name && s.name !== s.id ? el("span", { class: "tenant-id", text: s.id }) : null),
+      el("td", { class: "num", text: s.count.toLocaleString() }),
+      el("td", null, s.oldest === null
+        ? el("span", { class: "pill ok", text: "none" })
+        : el("span", { class: "pill" + (overLease ? " warn" : ""), title: overLease ? "older than the tenant's lease_seconds_max" : null, text: ago(now - s.oldest) })),
+      el("td", { class: "bar-col" }, el("div", { class: "bar" }, el("span", { style: "width:" + (100 * s.count / max).toFixed(1) + "%" }))));
+      body.append(row);
+    }
+    const empty = $("tenants-empty");
+    if (summaries.length === 0) {
+      empty.replaceChildren(el("strong", { text: "No tenants yet" }), "Create one with POST /v1/admin/tenants.");
+      empty.hidden = false;
+    } else {
+      empty.hidden = true;
+    }
+  }
+
+  function renderRates() {
+    const list = $("rates");
+    list.replaceChildren();
+    const rates = state.rates && state.rates.perMin;
+    const max = rates ? Math.max(0.0001, ...OUTCOMES.map((o) => rates[o.id])) : 1;
+    for (const o of OUTCOMES) {
+      const v = rates ? rates[o.id] : null;
+      const totalSince = state.prevClaims ? state.prevClaims.counts[o.id] || 0 : 0;
+      list.append(el("li", { "data-outcome": o.id },
+        el("span", { class: "rate-name" }, el("span", { class: "swatch", style: "background:" + o.color }), o.label),
+        el("div", { class: "bar" }, el("span", { style: "background:" + o.color + ";width:" + (v === null ? 0 : (100 * v / max)).toFixed(1) + "%" })),
+        el("span", { class: "rate-val" }, v === null ? "–" : fmtRate(v) + "/min",
+          el("span", { class: "sub", text: totalSince.toLocaleString() + " total" }))));
+    }
+    $("rates-window").textContent = state.rates ? "per minute, last " + ago(state.rates.windowMs) : "";
+    $("rates-note").textContent = state.metricsError
+      ? state.metricsError
+      : (state.rates ? "" : "Rates appear after the next refresh. ") +
+        "Counted by the replica that served /metrics" + (state.mode === "tenant" ? ", for tenant " + state.tenant : ", all tenants") + "; totals since it started.";
+  }
+
+  function renderKeys(now) {
+    const body = $("keys-body");
+    body.replaceChildren();
+    const rows = state.filter ? state.orphans.filter((o) => o.tenant === state.filter) : state.orphans;
+    const showTenant = state.mode === "operator";
+    document.querySelectorAll(".col-tenant").forEach((n) => { n.hidden = !showTenant; });
+    const sorted = rows.slice().sort((a, b) => Date.parse(a.lease_expires_at) - Date.parse(b.lease_expires_at));
+    for (const o of sorted) {
+      const exp = Date.parse(o.lease_expires_at);
+      const tr = el("tr", { "data-key": o.key, "data-tenant": o.tenant },
+        el("td", null, el("span", { class: "key", text: o.key })),
+        showTenant ? el("td", { class: "col-tenant", text: o.tenant }) : null,
+        el("td", null, o.operation ? el("span", { class: "op", text: o.operation }) : el("span", { class: "muted", text: "—" })),
+        el("td", { class: "num", text: String(o.attempt) }),
+        el("td", null, o.recovery_point ? el("span", { class: "pill rp", text: o.recovery_point }) : el("span", { class: "muted", text: "none" })),
+        el("td", { class: "ago", title: fmtTime(o.lease_expires_at) }, Number.isNaN(exp) ? "—" : ago(now - exp) + " ago",
+          el("span", { class: "sub", text: fmtTime(o.lease_expires_at) })),
+        el("td", { class: "ago", title: fmtTime(o.created_at) }, o.created_at ? ago(now - Date.parse(o.created_at)) + " ago" : "—"));
+      body.append(tr);
+    }
+    const chip = $("filter-chip");
+    if (state.filter) {
+      chip.replaceChildren("tenant " + state.filter, el("button", { type: "button", title: "Clear filter", "aria-label": "Clear filter", onclick: () => { state.filter = null; render(); } }, "×"));
+      chip.hidden = false;
+    } else {
+      chip.hidden = true;
+    }
+    $("keys-count").textContent = rows.length === 0 ? "" : rows.length.toLocaleString() + " key" + (rows.length === 1 ? "" : "s") + ", oldest first" + (state.truncated ? " (first " + state.orphans.length + " loaded)" : "");
+    const empty = $("keys-empty");
+    $("keys-table").hidden = rows.length === 0;
+    if (rows.length === 0) {
+      empty.replaceChildren(el("div", { class: "icon", text: "✓" }), el("strong", { text: "No orphaned keys" + (state.filter ? " for " + state.filter : "") }),
+        "Every claimed key was completed, released, or is still within its lease.");
+      empty.hidden = false;
+    } else {
+      empty.hidden = true;
+    }
+  }
+
+  function updateAgo() {
+    const n = $("updated");
+    if (!state.lastUpdate) { n.textContent = "Loading…"; return; }
+    n.textContent = "Updated " + ago(Date.now() - state.lastUpdate) + " ago";
+  }
+
+  function showBanner(msg, cls) {
+    const b = $("banner");
+    b.textContent = msg;
+    b.className = "banner" + (cls ? " " + cls : "");
+    b.hidden = false;
+  }
+
+  function hideBanner() { $("banner").hidden = true; }
+
+  // ---------- views ----------
+
+  function showLogin(message) {
+    $("dash").hidden = true;
+    $("identity").hidden = true;
+    $("signout").hidden = true;
+    $("login").hidden = false;
+    const e = $("login-error");
+    e.textContent = message || "";
+    e.hidden = !message;
+    $("token").value = "";
+    $("token").focus();
+  }
+
+  function showDashboard() {
+    $("login").hidden = true;
+    $("dash").hidden = false;
+    $("signout").hidden = false;
+    const id = $("identity");
+    id.textContent = state.mode === "operator" ? "Operator · all tenants" : "Tenant · " + state.tenant;
+    id.hidden = false;
+    $("title").textContent = state.mode === "operator" ? "Orphaned keys across tenants" : "Orphaned keys of " + state.tenant;
+    $("subtitle").textContent = state.mode === "operator"
+      ? "Claims whose lease expired with no completion, release or takeover, oldest first."
+      : "Your claims whose lease expired with no completion, release or takeover, oldest first.";
+    state.lastUpdate = 0;
+    updateAgo();
+    refresh();
+    startTimer();
+  }
+
+  function startTimer() {
+    stopTimer();
+    const secs = Number($("interval").value);
+    if (secs > 0) state.timer = setInterval(refresh, secs * 1000);
+  }
+
+  function stopTimer() {
+    if (state.timer) clearInterval(state.timer);
+    state.timer = null;
+  }
+
+  function init() {
+    const saved = sessionStorage.getItem(INTERVAL_KEY);
+    if (saved !== null && [...$("interval").options].some((o) => o.value === saved)) $("interval").value = saved;
+
+    $("login-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const token = $("token").value.trim().replace(/^Bearer\s+/i, "");
+      const err = token ? setToken(token) : "Paste a token first.";
+      if (err) {
+        $("login-error").textContent = err;
+        $("login-error").hidden = false;
+        return;
+      }
+      showDashboard();
+    });
+    $("token").addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("login-form").requestSubmit(); }
+    });
+    $("signout").addEventListener("click", () => signOut(null));
+    $("refresh").addEventListener("click", refresh);
+    $("interval").addEventListener("change", () => {
+      sessionStorage.setItem(INTERVAL_KEY, $("interval").value);
+      startTimer();
+    });
+    document.addEventListener("visibilitychange", () => {
+      if (!document.hidden && state.token) refresh();
+    });
+    setInterval(updateAgo, 1000);
+
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    if (token && !setToken(token)) showDashboard();
+    else { sessionStorage.removeItem(TOKEN_KEY); showLogin(null); }
+  }
+
+  init();
+})();

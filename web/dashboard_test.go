@@ -1,0 +1,221 @@
+package web_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem/internal/browsertest"
+	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/web"
+)
+
+// dashCall sends one API request to the test server and decodes the JSON
+// answer into out (when non-nil). It returns the status code.
+func dashCall(t *testing.T, srv *servertest.Server, token, method, path string, body, out any) int {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		require.NoError(t, err)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, srv.URL()+path, rd)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	if out != nil && len(raw) > 0 {
+		require.NoError(t, json.Unmarshal(raw, out), "body: %s", raw)
+	}
+	return resp.StatusCode
+}
+
+type dashClaim struct {
+	FencingToken int64 `json:"fencing_token"`
+}
+
+func dashClaimKey(t *testing.T, srv *servertest.Server, token, key string, lease int) dashClaim {
+	t.Helper()
+	var c dashClaim
+	status := dashCall(t, srv, token, "POST", "/v1/keys/"+key+"/claim",
+		map[string]any{"operation": "POST /v1/payments", "request": map[string]any{"key": key}, "lease_seconds": lease}, &c)
+	require.Equal(t, http.StatusCreated, status, "claim %s", key)
+	return c
+}
+
+// dashMetric returns the value of one series line of /metrics, or "" when
+// the series is absent.
+func dashMetric(t *testing.T, srv *servertest.Server, series string) string {
+	t.Helper()
+	resp, err := http.Get(srv.URL() + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindSubmatch(raw)
+	if m == nil {
+		return ""
+	}
+	return string(m[1])
+}
+
+func TestDashboardEmbedded(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"index.html", "dashboard.js", "dashboard.css"} {
+		b, err := fs.ReadFile(web.Dashboard(), name)
+		require.NoError(t, err)
+		// No CDN, no remote fonts: every reference stays on this server.
+		require.NotRegexp(t, `(?i)(src|href)=["']?(https?:)?//`, string(b), name)
+		require.NotContains(t, string(b), "@import", name)
+		require.NotContains(t, string(b), "localStorage", name, "the token belongs in sessionStorage")
+	}
+}
+
+// TestDashboardShowsOrphans creates orphans through the API on a real
+// server, checks they appear in the list endpoints and in /metrics, then
+// opens /dashboard/ in headless Chromium, pastes an operator token, then a
+// tenant token, and checks the orphan rows, the claim rates, that no
+// request left loopback, and that the console stayed clean.
+func TestDashboardShowsOrphans(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			srv := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"acme", "beta"}})
+			acme := srv.Token(t, "acme", "keys:write")
+			beta := srv.Token(t, "beta", "keys:write")
+			operator := srv.Token(t, "", "admin")
+
+			// Orphans-to-be: 1 s leases nobody completes.
+			c := dashClaimKey(t, srv, acme, "order-1001", 1)
+			require.Equal(t, http.StatusOK, dashCall(t, srv, acme, "POST", "/v1/keys/order-1001/checkpoint",
+				map[string]any{"fencing_token": c.FencingToken, "recovery_point": "charge_created", "data": map[string]any{"charge": "ch_1"}, "lease_seconds": 1}, nil))
+			dashClaimKey(t, srv, acme, "order-1002", 1)
+			dashClaimKey(t, srv, beta, "invoice-7", 1)
+			// Not orphans: a completed key and a live claim.
+			done := dashClaimKey(t, srv, acme, "order-done", 1)
+			require.Equal(t, http.StatusOK, dashCall(t, srv, acme, "POST", "/v1/keys/order-done/complete",
+				map[string]any{"fencing_token": done.FencingToken, "response": map[string]any{"status": 201, "body": "{}"}}, nil))
+			dashClaimKey(t, srv, acme, "order-live", 600)
+			time.Sleep(1100 * time.Millisecond)
+
+			// The list endpoints see them.
+			var orphans struct {
+				Items []struct{ Tenant, Key string } `json:"items"`
+			}
+			require.Equal(t, http.StatusOK, dashCall(t, srv, operator, "GET", "/v1/admin/orphans", nil, &orphans))
+			var got []string
+			for _, o := range orphans.Items {
+				got = append(got, o.Tenant+"/"+o.Key)
+			}
+			require.ElementsMatch(t, []string{"acme/order-1001", "acme/order-1002", "beta/invoice-7"}, got)
+			var keys struct {
+				Items []struct{ Key string } `json:"items"`
+			}
+			require.Equal(t, http.StatusOK, dashCall(t, srv, beta, "GET", "/v1/keys?state=orphaned", nil, &keys))
+			require.Len(t, keys.Items, 1)
+			require.Equal(t, "invoice-7", keys.Items[0].Key)
+
+			// The orphan watch puts them in /metrics.
+			require.Eventually(t, func() bool {
+				return dashMetric(t, srv, `idem_orphans{tenant="acme"}`) == "2" &&
+					dashMetric(t, srv, `idem_orphans{tenant="beta"}`) == "1"
+			}, 5*time.Second, 50*time.Millisecond, "orphan gauges")
+			require.Equal(t, "4", dashMetric(t, srv, `idem_claims_total{outcome="created",tenant="acme"}`))
+			require.Equal(t, "1", dashMetric(t, srv, `idem_claims_total{outcome="created",tenant="beta"}`))
+			require.Equal(t, "1", dashMetric(t, srv, `idem_key_writes_total{op="checkpoint",result="ok",tenant="acme"}`))
+			require.Equal(t, "1", dashMetric(t, srv, `idem_key_writes_total{op="complete",result="ok",tenant="acme"}`))
+
+			// The dashboard, as the operator.
+			b := browsertest.New(t)
+			b.Do(
+				chromedp.Navigate(srv.URL()+"/dashboard/"),
+				chromedp.WaitVisible(chromedp.CSS("#token")),
+				chromedp.SendKeys(chromedp.CSS("#token"), operator),
+				chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+				chromedp.WaitVisible(chromedp.CSS(`#keys-body tr[data-key="order-1002"]`)),
+			)
+			rows := browsertest.Run(b, chromedp.Evaluate[[]string](
+				`[...document.querySelectorAll("#keys-body tr")].map(r => r.dataset.tenant + "/" + r.dataset.key + "/" + r.cells[4].textContent)`))
+			require.ElementsMatch(t, []string{"acme/order-1001/charge_created", "acme/order-1002/none", "beta/invoice-7/none"}, rows)
+			tenantRows := browsertest.Run(b, chromedp.Evaluate[[]string](
+				`[...document.querySelectorAll("#tenants-body tr")].map(r => r.dataset.tenant + ":" + r.cells[1].textContent)`))
+			require.Equal(t, []string{"acme:2", "beta:1"}, tenantRows)
+			require.Equal(t, "3", browsertest.Run(b, chromedp.Text(chromedp.CSS("#stat-orphans"))))
+			require.Contains(t, browsertest.Run(b, chromedp.Text(chromedp.CSS("#updated"))), "Updated")
+
+			// The token stays out of the URL and in sessionStorage.
+			loc := browsertest.Run(b, chromedp.Location())
+			require.NotContains(t, loc, operator)
+			require.Equal(t, operator, browsertest.Run(b, chromedp.Evaluate[string](`sessionStorage.getItem("idem.dashboard.token")`)))
+
+			// A claim between two refreshes shows up as a created rate.
+			dashClaimKey(t, srv, acme, "order-between", 60)
+			b.Do(chromedp.Click(chromedp.CSS("#refresh")))
+			browsertest.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`,
+				chromedp.WithPollingTimeout(10*time.Second)))
+			created := browsertest.Run(b, chromedp.Text(chromedp.CSS(`#rates li[data-outcome="created"] .rate-val`)))
+			require.NotRegexp(t, `^(–|0/min)`, created, "created rate after a claim between refreshes")
+			b.Screenshot("operator")
+
+			// Filter by tenant by clicking its row.
+			b.Do(
+				chromedp.Click(chromedp.CSS(`#tenants-body tr[data-tenant="beta"]`)),
+				chromedp.WaitNotPresent(chromedp.CSS(`#keys-body tr[data-key="order-1001"]`)),
+			)
+			require.Equal(t, 1, browsertest.Run(b, chromedp.Evaluate[int](`document.querySelectorAll("#keys-body tr").length`)))
+
+			// As tenant beta: only its own orphan.
+			b.Do(
+				chromedp.Click(chromedp.CSS("#signout")),
+				chromedp.WaitVisible(chromedp.CSS("#token")),
+				chromedp.SendKeys(chromedp.CSS("#token"), srv.Token(t, "beta", "keys:read")),
+				chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+				chromedp.WaitVisible(chromedp.CSS(`#keys-body tr[data-key="invoice-7"]`)),
+			)
+			rows = browsertest.Run(b, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#keys-body tr")].map(r => r.dataset.key)`))
+			require.Equal(t, []string{"invoice-7"}, rows)
+			require.Equal(t, "Tenant · beta", browsertest.Run(b, chromedp.Text(chromedp.CSS("#identity"))))
+			b.Screenshot("tenant")
+
+			b.RequireNoConsoleErrors()
+			b.RequireLoopbackOnly()
+			for _, u := range b.Requests() {
+				require.NotContains(t, u, "eyJ", "a token leaked into a URL: %s", u)
+			}
+
+			// A token the server rejects sends the user back to the token form.
+			forged := strings.Join(append(strings.Split(operator, ".")[:2], "c2lnbmF0dXJl"), ".")
+			b.Do(
+				chromedp.Click(chromedp.CSS("#signout")),
+				chromedp.WaitVisible(chromedp.CSS("#token")),
+				chromedp.SendKeys(chromedp.CSS("#token"), forged),
+				chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+				chromedp.WaitVisible(chromedp.CSS("#login-error")),
+			)
+			msg := browsertest.Run(b, chromedp.Text(chromedp.CSS("#login-error")))
+			require.Contains(t, msg, "rejected")
+			require.Nil(t, browsertest.Run(b, chromedp.Evaluate[*string](`sessionStorage.getItem("idem.dashboard.token")`)))
+			require.True(t, slices.ContainsFunc(b.Requests(), func(u string) bool { return strings.HasSuffix(u, "/v1/admin/tenants") }),
+				fmt.Sprint(b.Requests()))
+		})
+	}
+}
