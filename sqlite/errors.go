@@ -20,7 +20,7 @@ const retryAfterUnavailable = time.Second
 
 // interpretError translates a database error into the domain's errors:
 // *idem.Error values pass through; a lock wait that ran out (SQLITE_BUSY,
-// SQLITE_LOCKED), a closed database, or a context that ended become
+// SQLITE_LOCKED), a closed database, or a deadline that ran out become
 // store_unavailable; anything else is wrapped with what was being done.
 // Callers handle sql.ErrNoRows and the constraint violations that mean
 // something for their operation (see sqliteCode) before calling it.
@@ -37,7 +37,7 @@ func interpretError(err error, doing string) error {
 		return unavailable(wrapped)
 	}
 	if errors.Is(err, sql.ErrConnDone) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, context.Canceled) || strings.Contains(err.Error(), "sql: database is closed") {
+		strings.Contains(err.Error(), "sql: database is closed") {
 		return unavailable(wrapped)
 	}
 	return wrapped

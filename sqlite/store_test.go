@@ -113,6 +113,29 @@ func TestOpenCreatesFolderAndRefusesMemory(t *testing.T) {
 	require.Error(t, err)
 }
 
+// TestConcurrentOpenOfNewFile: processes starting together on a new file
+// all get a migrated store.
+func TestConcurrentOpenOfNewFile(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	const openers = 4
+	stores := make([]*Store, openers)
+	errs := make([]error, openers)
+	var wg sync.WaitGroup
+	for i := range openers {
+		wg.Go(func() { stores[i], errs[i] = Open(context.Background(), path, Options{}) })
+	}
+	wg.Wait()
+	for i := range openers {
+		require.NoError(t, errs[i])
+		t.Cleanup(func() { _ = stores[i].Close() })
+	}
+	createTenant(t, stores[0], "acme")
+	got, err := stores[openers-1].GetTenant(context.Background(), "acme")
+	require.NoError(t, err)
+	require.Equal(t, "acme", got.ID)
+}
+
 // TestTwoStoresOneFileOneWinner is two processes sharing a file: 64
 // concurrent claims of one key through two Store instances leave exactly one
 // creator, every other claim is request_in_flight, and the stored token is
@@ -506,4 +529,43 @@ func TestClosedStoreIsUnavailable(t *testing.T) {
 	require.True(t, errors.As(err, &ie), "got %v", err)
 	require.Equal(t, idem.CodeStoreUnavailable, ie.Code)
 	require.Equal(t, time.Second, ie.RetryAfter)
+}
+
+// BenchmarkClaimParallel measures claims of distinct keys from many
+// goroutines, two Store instances sharing the file, for several pool sizes
+// (the reason for maxOpenConns).
+func BenchmarkClaimParallel(b *testing.B) {
+	for _, conns := range []int{1, maxOpenConns, 16} {
+		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
+			path := filepath.Join(b.TempDir(), "idem.db")
+			ctx := context.Background()
+			var stores []*Store
+			for range 2 {
+				s, err := Open(ctx, path, Options{})
+				require.NoError(b, err)
+				defer s.Close()
+				s.DB().SetMaxOpenConns(conns)
+				stores = append(stores, s)
+			}
+			_, err := stores[0].CreateTenant(ctx, idem.CreateTenantParams{ID: "acme", Name: "acme", Settings: idem.DefaultSettings()})
+			require.NoError(b, err)
+			var mu sync.Mutex
+			next := 0
+			b.SetParallelism(8)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				mu.Lock()
+				g := next
+				next++
+				mu.Unlock()
+				s := stores[g%2]
+				for i := 0; pb.Next(); i++ {
+					if _, err := s.Claim(ctx, claimParams("acme", fmt.Sprintf("g%d-%d", g, i))); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
 }
