@@ -151,6 +151,7 @@ func TestDashboardShowsOrphans(t *testing.T) {
 				chromedp.WaitVisible(chromedp.CSS("#token")),
 				chromedp.SendKeys(chromedp.CSS("#token"), operator),
 				chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+				chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="operator"][data-loaded="1"]`)),
 				chromedp.WaitVisible(chromedp.CSS(`#keys-body tr[data-key="order-1002"]`)),
 			)
 			rows := browsertest.Run(b, chromedp.Evaluate[[]string](
@@ -189,11 +190,15 @@ func TestDashboardShowsOrphans(t *testing.T) {
 				chromedp.WaitVisible(chromedp.CSS("#token")),
 				chromedp.SendKeys(chromedp.CSS("#token"), srv.Token(t, "beta", "keys:read")),
 				chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+				chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="tenant"][data-loaded="1"]`)),
 				chromedp.WaitVisible(chromedp.CSS(`#keys-body tr[data-key="invoice-7"]`)),
 			)
 			rows = browsertest.Run(b, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#keys-body tr")].map(r => r.dataset.key)`))
 			require.Equal(t, []string{"invoice-7"}, rows)
 			require.Equal(t, "Tenant · beta", browsertest.Run(b, chromedp.Text(chromedp.CSS("#identity"))))
+			require.Equal(t, []string{"beta:1"}, browsertest.Run(b, chromedp.Evaluate[[]string](
+				`[...document.querySelectorAll("#tenants-body tr")].map(r => r.dataset.tenant + ":" + r.cells[1].textContent)`)))
+			require.Equal(t, "1", browsertest.Run(b, chromedp.Text(chromedp.CSS("#stat-orphans"))))
 			b.Screenshot("tenant")
 
 			b.RequireNoConsoleErrors()

@@ -34,7 +34,8 @@
     truncated: false,
     tenants: [],
     timer: null,
-    inflight: false,
+    gen: 0, // bumped whenever the token changes; stale answers are dropped
+    inflightGen: -1,
   };
 
   class HTTPError extends Error {
@@ -83,11 +84,21 @@
     return null;
   }
 
-  function signOut(message) {
-    state.token = null;
+  function resetData() {
+    state.gen++;
     state.prevClaims = null;
     state.rates = null;
+    state.metricsError = null;
     state.filter = null;
+    state.orphans = [];
+    state.tenants = [];
+    state.truncated = false;
+    state.lastUpdate = 0;
+  }
+
+  function signOut(message) {
+    state.token = null;
+    resetData();
     sessionStorage.removeItem(TOKEN_KEY);
     stopTimer();
     showLogin(message);
@@ -161,36 +172,46 @@
   // ---------- refresh ----------
 
   async function refresh() {
-    if (!state.token || state.inflight) return;
-    state.inflight = true;
+    const gen = state.gen;
+    if (!state.token || state.inflightGen === gen) return;
+    state.inflightGen = gen;
+    const done = () => { if (state.inflightGen === gen) state.inflightGen = -1; };
     $("status-dot").className = "dot busy";
+    let data;
     try {
       if (state.mode === "operator") {
         const [tenants, orphans] = await Promise.all([
           api("/v1/admin/tenants"),
           listAll("/v1/admin/orphans"),
         ]);
-        state.tenants = tenants.items || [];
-        state.orphans = orphans.items;
-        state.truncated = orphans.truncated;
+        data = { tenants: tenants.items || [], orphans: orphans.items, truncated: orphans.truncated };
       } else {
+        const tenantID = state.tenant;
         const [tenant, orphans] = await Promise.all([
           api("/v1/tenant"),
           listAll("/v1/keys?state=orphaned"),
         ]);
-        state.tenants = [tenant];
-        state.orphans = orphans.items.map((o) => Object.assign({ tenant: state.tenant }, o));
-        state.truncated = orphans.truncated;
+        data = {
+          tenants: [tenant],
+          orphans: orphans.items.map((o) => Object.assign({ tenant: tenantID }, o)),
+          truncated: orphans.truncated,
+        };
       }
-      hideBanner();
-      state.lastUpdate = Date.now();
     } catch (err) {
-      state.inflight = false;
+      done();
+      if (gen !== state.gen) return; // the token changed meanwhile
       return handleError(err);
     }
+    if (gen !== state.gen) { done(); return; }
+    state.tenants = data.tenants;
+    state.orphans = data.orphans;
+    state.truncated = data.truncated;
+    hideBanner();
+    state.lastUpdate = Date.now();
     // Claim rates come from /metrics; a failure there does not hide orphans.
     try {
       const now = await fetchClaimCounts();
+      if (gen !== state.gen) { done(); return; }
       const prev = state.prevClaims;
       if (prev && now.at > prev.at) {
         const minutes = (now.at - prev.at) / 60000;
@@ -208,7 +229,8 @@
     } catch (err) {
       state.metricsError = "The /metrics endpoint is not reachable from here, so claim rates are unavailable.";
     }
-    state.inflight = false;
+    done();
+    if (gen !== state.gen) return;
     render();
   }
 
@@ -269,6 +291,10 @@
     });
   }
 
+  function fmtWindow(ms) {
+    return ms < 10000 ? (ms / 1000).toFixed(1) + " s" : ago(ms);
+  }
+
   function fmtRate(v) {
     if (v === 0) return "0";
     if (v < 0.1) return v.toFixed(2);
@@ -306,14 +332,16 @@
       setStat("stat-tenants", affected.length + " / " + state.tenants.length, affected.length ? "warn" : "good");
       $("stat-tenants-note").textContent = "tenants with orphans";
     } else {
-      setStat("stat-tenants", affected.length ? "1" : "0", affected.length ? "warn" : "good");
-      $("stat-tenants-note").textContent = "tenant " + state.tenant;
+      const t = state.tenants[0] || {};
+      const leaseMax = t.settings && t.settings.lease_seconds_max;
+      setStat("stat-tenants", leaseMax ? ago(leaseMax * 1000) : "–", "");
+      $("stat-tenants-note").textContent = "lease_seconds_max of " + state.tenant;
     }
     setStat("stat-oldest", oldest === null ? "–" : ago(now - oldest), oldest !== null ? "warn" : "");
     if (state.rates) {
       const sum = OUTCOMES.reduce((a, o) => a + state.rates.perMin[o.id], 0);
       setStat("stat-rate", fmtRate(sum), "");
-      $("stat-rate-note").textContent = "over the last " + ago(state.rates.windowMs);
+      $("stat-rate-note").textContent = "over the last " + fmtWindow(state.rates.windowMs);
     } else {
       setStat("stat-rate", "–", "");
       $("stat-rate-note").textContent = state.metricsError ? "unavailable" : "measuring… (next refresh)";
@@ -323,6 +351,7 @@
     renderRates();
     renderKeys(now);
     $("status-dot").className = "dot ok";
+    $("dash").dataset.loaded = "1";
     updateAgo();
   }
 
@@ -339,7 +368,7 @@
     for (const s of summaries) {
       const overLease = s.oldest !== null && s.leaseMax && (now - s.oldest) / 1000 > s.leaseMax;
       const row = el("tr", {
-        class: ["clickable", s.count === 0 ? "zero" : "", state.filter === s.id ? "selected" : ""].join(" ").trim(),
+        class: [state.mode === "operator" ? "clickable" : "", s.count === 0 ? "zero" : "", state.filter === s.id ? "selected" : ""].join(" ").trim(),
         "data-tenant": s.id,
         title: state.mode === "operator" ? "Show only " + s.id : null,
         onclick: state.mode === "operator" ? () => { state.filter = state.filter === s.id ? null : s.id; render(); } : null,
@@ -376,7 +405,7 @@
         el("span", { class: "rate-val" }, v === null ? "–" : fmtRate(v) + "/min",
           el("span", { class: "sub", text: totalSince.toLocaleString() + " total" }))));
     }
-    $("rates-window").textContent = state.rates ? "per minute, last " + ago(state.rates.windowMs) : "";
+    $("rates-window").textContent = state.rates ? "per minute, last " + fmtWindow(state.rates.windowMs) : "";
     $("rates-note").textContent = state.metricsError
       ? state.metricsError
       : (state.rates ? "" : "Rates appear after the next refresh. ") +
@@ -428,6 +457,15 @@
     n.textContent = "Updated " + ago(Date.now() - state.lastUpdate) + " ago";
   }
 
+  // clearView empties every figure so nothing of a previous token shows.
+  function clearView() {
+    for (const id of ["stat-orphans", "stat-tenants", "stat-oldest", "stat-rate"]) setStat(id, "–", "");
+    for (const id of ["stat-orphans-note", "stat-tenants-note", "stat-rate-note", "keys-count", "rates-window", "rates-note"]) $(id).textContent = "";
+    for (const id of ["tenants-body", "keys-body", "rates"]) $(id).replaceChildren();
+    for (const id of ["tenants-empty", "keys-empty", "filter-chip", "banner"]) $(id).hidden = true;
+    $("keys-table").hidden = false;
+  }
+
   function showBanner(msg, cls) {
     const b = $("banner");
     b.textContent = msg;
@@ -458,11 +496,17 @@
     const id = $("identity");
     id.textContent = state.mode === "operator" ? "Operator · all tenants" : "Tenant · " + state.tenant;
     id.hidden = false;
+    const dash = $("dash");
+    dash.dataset.mode = state.mode;
+    delete dash.dataset.loaded;
+    $("stat-tenants-label").textContent = state.mode === "operator" ? "Tenants affected" : "Lease max";
+    $("tenants-hint").hidden = state.mode !== "operator";
     $("title").textContent = state.mode === "operator" ? "Orphaned keys across tenants" : "Orphaned keys of " + state.tenant;
     $("subtitle").textContent = state.mode === "operator"
       ? "Claims whose lease expired with no completion, release or takeover, oldest first."
       : "Your claims whose lease expired with no completion, release or takeover, oldest first.";
-    state.lastUpdate = 0;
+    resetData();
+    clearView();
     updateAgo();
     refresh();
     startTimer();
