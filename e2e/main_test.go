@@ -166,12 +166,20 @@ func (p *proc) stop(t *testing.T, sig syscall.Signal, within time.Duration) (exi
 	t.Helper()
 	start := time.Now()
 	require.NoError(t, p.cmd.Process.Signal(sig))
+	code := p.wait(t, within)
+	return code, time.Since(start)
+}
+
+// wait waits (bounded) for the process to exit and returns its exit code
+// (-1 when a signal killed it).
+func (p *proc) wait(t *testing.T, within time.Duration) int {
+	t.Helper()
 	select {
 	case <-p.done:
 	case <-time.After(within):
-		t.Fatalf("server did not exit within %s after %s:\n%s", within, sig, tail(p.stderr.String(), 4000))
+		t.Fatalf("server did not exit within %s:\n%s", within, tail(p.stderr.String(), 4000))
 	}
-	return p.cmd.ProcessState.ExitCode(), time.Since(start)
+	return p.cmd.ProcessState.ExitCode()
 }
 
 func tail(s string, n int) string {
