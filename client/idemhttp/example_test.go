@@ -1,0 +1,93 @@
+package idemhttp_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/client"
+	"github.com/idem-dev/idem/client/idemhttp"
+	"github.com/idem-dev/idem/server"
+)
+
+// Wrap a chi route so that a retried POST with the same Idempotency-Key
+// gets the stored answer instead of creating a second order.
+func ExampleMiddleware() {
+	idemURL, token, stop := startIdem()
+	defer stop()
+	c, err := client.New(idemURL, client.WithToken(token))
+	if err != nil {
+		panic(err)
+	}
+
+	orders := 0
+	r := chi.NewRouter()
+	r.With(idemhttp.Middleware(c, idemhttp.Options{})).Post("/orders", func(w http.ResponseWriter, r *http.Request) {
+		orders++
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d}`, orders)
+	})
+	app := httptest.NewServer(r)
+	defer app.Close()
+
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, app.URL+"/orders", strings.NewReader(`{"sku":"A"}`))
+		req.Header.Set("Idempotency-Key", "checkout-1234")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			panic(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode, string(body), "replayed:", resp.Header.Get("Idempotent-Replayed") == "true")
+	}
+	resp, _ := http.Post(app.URL+"/orders", "application/json", strings.NewReader(`{}`))
+	resp.Body.Close()
+	fmt.Println("without a key:", resp.StatusCode)
+	// Output:
+	// 201 {"order":1} replayed: false
+	// 201 {"order":1} replayed: true
+	// without a key: 400
+}
+
+// startIdem runs the real idem server wiring (SQLite) behind an httptest
+// server, with a tenant "shop".
+func startIdem() (url, token string, stop func()) {
+	dir, err := os.MkdirTemp("", "idemhttp-example")
+	if err != nil {
+		panic(err)
+	}
+	const secret = "example-hs256-secret-0123456789abcdef"
+	cfg := server.DefaultConfig()
+	cfg.DatabaseURL = "sqlite:" + dir + "/idem.db"
+	cfg.JWTHS256Secret = secret
+	ctx := context.Background()
+	srv, err := server.New(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		panic(err)
+	}
+	if _, err := srv.Tenants().Ensure(ctx, "shop", "Shop"); err != nil {
+		panic(err)
+	}
+	token, err = auth.MintHS256([]byte(secret), auth.MintClaims{Issuer: "idem", Audience: "idem", Subject: "shop-api",
+		Tenant: "shop", Scopes: []string{"keys:write"}, TTL: time.Hour})
+	if err != nil {
+		panic(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	return hs.URL, token, func() {
+		hs.Close()
+		_ = srv.Close()
+		_ = os.RemoveAll(dir)
+	}
+}
