@@ -147,4 +147,3 @@ func ExampleWithRetryPolicy() {
 	// 5 1s 30s 10s 10 false
 	// 3
 }
-
