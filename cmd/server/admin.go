@@ -68,7 +68,8 @@ Examples:
 		return 2
 	}
 	if cfg.JWTHS256Secret != "" && len(cfg.JWTHS256Secret) < auth.MinSecretBytes {
-		return fail(e, "IDEM_JWT_HS256_SECRET must be at least %d bytes (got %d)", auth.MinSecretBytes, len(cfg.JWTHS256Secret))
+		fmt.Fprintf(e.stderr, "%s: IDEM_JWT_HS256_SECRET must be at least %d bytes (got %d)\n", e.prog, auth.MinSecretBytes, len(cfg.JWTHS256Secret))
+		return 2
 	}
 	secret, err := server.SigningSecret(cfg)
 	if err != nil {

@@ -1,0 +1,210 @@
+package e2e
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestCLITenantAndToken(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	env := map[string]string{
+		"IDEM_DATABASE_URL":     "sqlite:" + filepath.Join(dir, "idem.db"),
+		"IDEM_JWT_HS256_SECRET": testSecret,
+	}
+	mustCLI(t, env, "migrate")
+
+	// tenant create prints the tenant with its settings.
+	out := mustCLI(t, env, "tenant", "create", "acme", "--name", "Acme Inc", "--replay-window-seconds", "600", "--reaper-threshold-seconds", "1200")
+	var created struct {
+		ID       string         `json:"id"`
+		Name     string         `json:"name"`
+		Disabled bool           `json:"disabled"`
+		Settings map[string]int `json:"settings"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &created), out)
+	require.Equal(t, "acme", created.ID)
+	require.Equal(t, "Acme Inc", created.Name)
+	require.Equal(t, 600, created.Settings["replay_window_seconds"])
+	require.Equal(t, 30, created.Settings["lease_seconds_default"], "unset settings take the defaults")
+	mustCLI(t, env, "tenant", "create", "--name", "Beta", "beta")
+
+	// Creating it again and invalid settings fail with clear messages.
+	_, errOut, code := runCLI(t, env, "tenant", "create", "acme")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "tenant_exists")
+	_, errOut, code = runCLI(t, env, "tenant", "create", "gamma", "--lease-seconds-max", "0")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "lease_seconds_max")
+	_, errOut, code = runCLI(t, env, "tenant", "create", "Bad Id!")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "invalid_request")
+	_, _, code = runCLI(t, env, "tenant", "create")
+	require.Equal(t, 2, code)
+
+	// tenant list: a table and JSON.
+	out = mustCLI(t, env, "tenant", "list")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3, out)
+	require.True(t, strings.HasPrefix(lines[0], "ID"))
+	require.Contains(t, lines[1], "acme")
+	require.Contains(t, lines[1], "Acme Inc")
+	require.Contains(t, lines[2], "beta")
+	out = mustCLI(t, env, "tenant", "list", "--json")
+	var list []struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &list))
+	require.Len(t, list, 2)
+
+	// tenant set changes only what is given.
+	out = mustCLI(t, env, "tenant", "set", "acme", "--lease-seconds-default", "10")
+	require.NoError(t, json.Unmarshal([]byte(out), &created), out)
+	require.Equal(t, 10, created.Settings["lease_seconds_default"])
+	require.Equal(t, 600, created.Settings["replay_window_seconds"])
+	require.Equal(t, "Acme Inc", created.Name)
+	_, errOut, code = runCLI(t, env, "tenant", "set", "nobody", "--name", "x")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "tenant_not_found")
+
+	// token mints tokens the server accepts with the same secret.
+	srv := startServer(t, env)
+	c := newClient(true)
+	tok := mintToken(t, env, "acme", "keys:write")
+	res := mustCall(t, c, http.MethodPost, srv.url+"/v1/keys/k1/claim", tok, map[string]any{"fingerprint": "fp"})
+	require.Equal(t, http.StatusCreated, res.status, string(res.body))
+	admin := mintToken(t, env, "", "admin")
+	res = mustCall(t, c, http.MethodGet, srv.url+"/v1/admin/tenants/beta", admin, nil)
+	require.Equal(t, http.StatusOK, res.status, string(res.body))
+	readOnly := mintToken(t, env, "acme", "keys:read")
+	res = mustCall(t, c, http.MethodPost, srv.url+"/v1/keys/k2/claim", readOnly, map[string]any{"fingerprint": "fp"})
+	require.Equal(t, http.StatusForbidden, res.status, string(res.body))
+
+	// A tenant disabled with the CLI is refused by the server (its cache
+	// expires after IDEM_TENANT_CACHE_TTL; beta was never cached).
+	mustCLI(t, env, "tenant", "set", "beta", "--disabled=true")
+	betaTok := mintToken(t, env, "beta", "keys:write")
+	res = mustCall(t, c, http.MethodPost, srv.url+"/v1/keys/k1/claim", betaTok, map[string]any{"fingerprint": "fp"})
+	require.Equal(t, http.StatusForbidden, res.status, string(res.body))
+	require.Equal(t, "tenant_unknown", problemCode(res.body))
+
+	// The server never logged the secret or a token.
+	code, _ = srv.stop(t, syscall.SIGTERM, 20*time.Second)
+	require.Equal(t, 0, code)
+	logs := srv.stderr.String()
+	require.NotContains(t, logs, testSecret)
+	require.NotContains(t, logs, tok)
+	require.NotContains(t, logs, admin)
+	require.Empty(t, srv.stdout.String(), "production mode prints nothing on stdout")
+
+	// token usage errors.
+	_, errOut, code = runCLI(t, env, "token", "--tenant", "acme")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--scope is required")
+	_, errOut, code = runCLI(t, env, "token", "--tenant", "acme", "--scope", "keys:everything")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "unknown scope")
+	_, errOut, code = runCLI(t, map[string]string{"IDEM_DATABASE_URL": env["IDEM_DATABASE_URL"], "IDEM_JWT_HS256_SECRET": "short"}, "token", "--tenant", "acme", "--scope", "keys:write")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "IDEM_JWT_HS256_SECRET must be at least 32 bytes")
+}
+
+func TestCLIDevModeTokenAndServe(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	env := map[string]string{"IDEM_DATABASE_URL": "sqlite:" + filepath.Join(dir, "data", "idem.db")}
+
+	// `token` in development mode uses (and creates) the data folder's secret.
+	tok := mintToken(t, env, "demo", "keys:write")
+	fi, err := os.Stat(filepath.Join(dir, "data", "dev-jwt-secret"))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+
+	srv := startServer(t, env)
+	// The banner on stdout carries working tokens and a curl line.
+	banner := srv.stdout.String()
+	require.Contains(t, banner, "DEVELOPMENT MODE")
+	require.Contains(t, banner, "curl -sS -X POST "+srv.url+"/v1/keys/order-42/claim")
+	var demoTok string
+	for _, line := range strings.Split(banner, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "export IDEM_TOKEN="); ok {
+			demoTok = v
+		}
+	}
+	require.NotEmpty(t, demoTok, banner)
+	require.NotContains(t, srv.stderr.String(), demoTok, "tokens go to stdout, never to the log")
+
+	c := newClient(true)
+	res := mustCall(t, c, http.MethodPost, srv.url+"/v1/keys/order-42/claim", demoTok, map[string]any{"operation": "POST /v1/payments", "request": map[string]any{"amount": 1000}})
+	require.Equal(t, http.StatusCreated, res.status, string(res.body))
+	res = mustCall(t, c, http.MethodPost, srv.url+"/v1/keys/order-43/claim", tok, map[string]any{"fingerprint": "fp"})
+	require.Equal(t, http.StatusCreated, res.status, string(res.body))
+	code, _ := srv.stop(t, syscall.SIGINT, 20*time.Second)
+	require.Equal(t, 0, code)
+}
+
+func TestCLIConfigRedacts(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{
+		"IDEM_DATABASE_URL":     "postgres://idem:hunter2@db.internal:5432/idem?sslmode=disable",
+		"IDEM_JWT_HS256_SECRET": testSecret,
+		"IDEM_REAP_INTERVAL":    "45s",
+	}
+	out := mustCLI(t, env, "config", "--reap-batch-size", "77")
+	require.NotContains(t, out, testSecret)
+	require.NotContains(t, out, "hunter2")
+	require.Contains(t, out, "IDEM_JWT_HS256_SECRET=[redacted]\n")
+	require.Contains(t, out, "IDEM_DATABASE_URL=postgres://idem:xxxxx@db.internal:5432/idem?sslmode=disable\n")
+	require.Contains(t, out, "IDEM_REAP_INTERVAL=45s\n")
+	require.Contains(t, out, "IDEM_REAP_BATCH_SIZE=77\n", "a flag overrides")
+	require.Contains(t, out, "IDEM_ADDR=:8080\n")
+	require.Contains(t, out, "# mode: production; log format: json")
+
+	// Invalid configuration: printed, then the problems, exit 1.
+	out, errOut, code := runCLI(t, map[string]string{"IDEM_DATABASE_URL": "postgres://idem:hunter2@db/idem", "IDEM_SHUTDOWN_GRACE": "0s"}, "config")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "set IDEM_JWT_HS256_SECRET (at least 32 bytes) or IDEM_JWT_JWKS_FILE")
+	require.Contains(t, errOut, "IDEM_SHUTDOWN_GRACE must be a positive duration")
+	require.NotContains(t, out+errOut, "hunter2")
+
+	// serve refuses PostgreSQL without a key, before connecting anywhere.
+	_, errOut, code = runCLI(t, map[string]string{"IDEM_DATABASE_URL": "postgres://idem:hunter2@127.0.0.1:1/idem"}, "serve")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "IDEM_JWT_HS256_SECRET")
+	require.NotContains(t, errOut, "hunter2")
+
+	// A bad value names its variable.
+	_, errOut, code = runCLI(t, map[string]string{"IDEM_REAP_INTERVAL": "often"}, "config")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `IDEM_REAP_INTERVAL: "often" is not a duration`)
+}
+
+func TestCLIHelp(t *testing.T) {
+	t.Parallel()
+	out := mustCLI(t, nil, "--help")
+	for _, c := range []string{"serve", "migrate", "token", "tenant", "config"} {
+		require.Contains(t, out, "\n  "+c)
+	}
+	out = mustCLI(t, nil, "serve", "--help")
+	require.Contains(t, out, "--shutdown-grace")
+	require.Contains(t, out, "IDEM_SHUTDOWN_GRACE")
+	require.Contains(t, out, "development mode")
+	out = mustCLI(t, nil, "token", "--help")
+	require.Contains(t, out, "--tenant")
+	out = mustCLI(t, nil, "tenant", "--help")
+	require.Contains(t, out, "tenant create ID")
+	_, errOut, code := runCLI(t, nil, "frobnicate")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `unknown command "frobnicate"`)
+	_, errOut, code = runCLI(t, nil, "serve", "--no-such-flag")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "no-such-flag")
+}
