@@ -96,9 +96,15 @@ func TestCLITenantAndToken(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, res.status, string(res.body))
 	require.Equal(t, "tenant_unknown", problemCode(res.body))
 
+	// healthcheck asks the running service.
+	hcEnv := map[string]string{"IDEM_ADDR": strings.TrimPrefix(srv.url, "http://")}
+	require.Equal(t, "ok\n", mustCLI(t, hcEnv, "healthcheck"))
+
 	// The server never logged the secret or a token.
 	code, _ = srv.stop(t, syscall.SIGTERM, 20*time.Second)
 	require.Equal(t, 0, code)
+	_, _, code = runCLI(t, hcEnv, "healthcheck", "--timeout", "1s")
+	require.Equal(t, 1, code, "healthcheck must fail once the service is gone")
 	logs := srv.stderr.String()
 	require.NotContains(t, logs, testSecret)
 	require.NotContains(t, logs, tok)
@@ -190,7 +196,7 @@ func TestCLIConfigRedacts(t *testing.T) {
 func TestCLIHelp(t *testing.T) {
 	t.Parallel()
 	out := mustCLI(t, nil, "--help")
-	for _, c := range []string{"serve", "migrate", "token", "tenant", "config"} {
+	for _, c := range []string{"serve", "migrate", "token", "tenant", "config", "healthcheck"} {
 		require.Contains(t, out, "\n  "+c)
 	}
 	out = mustCLI(t, nil, "serve", "--help")

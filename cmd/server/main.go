@@ -6,6 +6,7 @@
 //	server token               mint an HS256 token
 //	server tenant create|list|set
 //	server config              print the effective configuration, secrets redacted
+//	server healthcheck         exit 0 when the local service answers /healthz
 //
 // Every setting is an environment variable (IDEM_…) and a flag; a flag
 // overrides its variable. Run `server --help` or `server COMMAND --help`.
@@ -52,6 +53,7 @@ func commands() []command {
 		{"token", "mint an HS256 token: token --tenant ID --scope \"keys:write\" --ttl 24h", runToken},
 		{"tenant", "manage tenants in the store: tenant create|list|set", runTenant},
 		{"config", "print the effective configuration with secrets redacted", runConfig},
+		{"healthcheck", "exit 0 when the local service answers GET /healthz (for container HEALTHCHECKs)", runHealthcheck},
 	}
 }
 
@@ -96,7 +98,7 @@ Usage:
 Commands:
 `, e.prog)
 	for _, c := range commands() {
-		fmt.Fprintf(e.stdout, "  %-9s %s\n", c.name, c.summary)
+		fmt.Fprintf(e.stdout, "  %-12s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintf(e.stdout, `
 Every setting is an environment variable and a flag; a flag overrides its

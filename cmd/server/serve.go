@@ -5,7 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"strings"
+	"time"
 
 	"github.com/idem-dev/idem/server"
 )
@@ -127,5 +130,46 @@ with secrets redacted, then checks it. Exits 1 when it is invalid.`)
 		fmt.Fprintf(e.stderr, "%s: invalid configuration:\n%s\n", e.prog, indent(err.Error()))
 		return 1
 	}
+	return 0
+}
+
+func runHealthcheck(ctx context.Context, e env, args []string) int {
+	fs := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
+	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for the answer")
+	usage := settingsUsage(e, fs, `Usage: PROG healthcheck [flags]
+
+Asks the service listening on IDEM_ADDR (on this host) for GET /healthz and
+exits 0 when it answers 200, 1 otherwise. Meant for container HEALTHCHECKs
+in images without curl.`)
+	cfg, pos, done, code := loadConfig(e, fs, usage, args)
+	if done {
+		return code
+	}
+	if len(pos) > 0 {
+		fmt.Fprintf(e.stderr, "%s: unexpected argument %q\n", e.prog, pos[0])
+		return 2
+	}
+	host, port, err := net.SplitHostPort(cfg.Addr)
+	if err != nil {
+		return fail(e, "IDEM_ADDR %q: %v", cfg.Addr, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/healthz", nil)
+	if err != nil {
+		return fail(e, "healthcheck: %v", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fail(e, "healthcheck: %v", err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fail(e, "healthcheck: /healthz answered %d", resp.StatusCode)
+	}
+	fmt.Fprintln(e.stdout, "ok")
 	return 0
 }
