@@ -141,13 +141,15 @@ func (r *Runner) ReapOnce(ctx context.Context) (ReapResult, error) {
 	res := ReapResult{ByState: map[idem.State]int{}}
 	for {
 		if err := ctx.Err(); err != nil {
-			r.m.ObserveReaperRun(err)
+			// Shutting down is not a failed pass.
 			return res, fmt.Errorf("reap: %w", err)
 		}
 		batch, err := r.store.Reap(ctx, idem.ReapParams{Limit: r.cfg.ReapBatchSize})
 		res.Batches++
 		if err != nil {
-			r.m.ObserveReaperRun(err)
+			if ctx.Err() == nil {
+				r.m.ObserveReaperRun(err)
+			}
 			return res, fmt.Errorf("reap batch %d: %w", res.Batches, err)
 		}
 		r.m.ObserveReaped(batch)
