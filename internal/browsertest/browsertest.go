@@ -16,9 +16,9 @@
 // Every network request the page makes is recorded. A request to anything
 // but loopback (127.0.0.0/8, localhost, [::1]) over http(s), or a URL with
 // another scheme than http, https, data or blob, fails the test at cleanup
-// (and at RequireLoopbackOnly). Name resolution for any host but localhost
-// (and of IP literals but 127.0.0.1 and ::1) is also disabled in the browser, so such a request cannot reach the
-// network even before the test fails. Console errors and uncaught
+// (and at RequireLoopbackOnly). Name resolution is also disabled in the
+// browser for every host but localhost, 127.0.0.1 and ::1, so such a
+// request cannot reach the network even before the test fails. Console errors and uncaught
 // exceptions are collected; RequireNoConsoleErrors fails on them.
 //
 // Screenshots go to $IDEM_ARTIFACTS_DIR, or to artifacts/ at the module
