@@ -135,7 +135,11 @@ func TestCLIDevModeTokenAndServe(t *testing.T) {
 	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 
 	srv := startServer(t, env)
-	// The banner on stdout carries working tokens and a curl line.
+	// The banner on stdout carries working tokens and a curl line. It is
+	// written before the "listening" log line, but stdout is copied by
+	// another goroutine: wait for it.
+	require.Eventually(t, func() bool { return strings.Contains(srv.stdout.String(), "Try a claim:") },
+		10*time.Second, 10*time.Millisecond, "no banner on stdout")
 	banner := srv.stdout.String()
 	require.Contains(t, banner, "DEVELOPMENT MODE")
 	require.Contains(t, banner, "curl -sS -X POST "+srv.url+"/v1/keys/order-42/claim")
