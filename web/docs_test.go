@@ -126,8 +126,12 @@ func TestExamplesRunAgainstLiveServer(t *testing.T) {
 		name string
 		argv func(t *testing.T) []string
 	}{
-		{"python", func(t *testing.T) []string { return []string{interpreter(t, "python3"), filepath.Join(examplesDir, "quickstart.py")} }},
-		{"node", func(t *testing.T) []string { return []string{interpreter(t, "node"), filepath.Join(examplesDir, "quickstart.mjs")} }},
+		{"python", func(t *testing.T) []string {
+			return []string{interpreter(t, "python3"), filepath.Join(examplesDir, "quickstart.py")}
+		}},
+		{"node", func(t *testing.T) []string {
+			return []string{interpreter(t, "node"), filepath.Join(examplesDir, "quickstart.mjs")}
+		}},
 		{"curl", func(t *testing.T) []string {
 			interpreter(t, "curl")
 			return []string{interpreter(t, "bash"), filepath.Join(examplesDir, "quickstart.sh")}
@@ -152,8 +156,12 @@ func TestExamplesRunAgainstLiveServer(t *testing.T) {
 		name string
 		argv func(t *testing.T) []string
 	}{
-		{"python", func(t *testing.T) []string { return []string{interpreter(t, "python3"), filepath.Join(examplesDir, "retry_loop.py")} }},
-		{"node", func(t *testing.T) []string { return []string{interpreter(t, "node"), filepath.Join(examplesDir, "retry_loop.mjs")} }},
+		{"python", func(t *testing.T) []string {
+			return []string{interpreter(t, "python3"), filepath.Join(examplesDir, "retry_loop.py")}
+		}},
+		{"node", func(t *testing.T) []string {
+			return []string{interpreter(t, "node"), filepath.Join(examplesDir, "retry_loop.mjs")}
+		}},
 		{"go", func(t *testing.T) []string {
 			return []string{filepath.Join(runtime.GOROOT(), "bin", "go"), "run", "./" + examplesDir + "/go/retryloop"}
 		}},
