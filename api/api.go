@@ -46,9 +46,6 @@ type Options struct {
 	// chi.RouteContext(r.Context()).RoutePattern() is set once
 	// next.ServeHTTP returns.
 	Middlewares []func(http.Handler) http.Handler
-	// Production marks a production deployment. Problems never carry
-	// internal details in either mode; the caller chooses the log format.
-	Production bool
 }
 
 // Observer receives the outcome of claims and writes, for metrics.

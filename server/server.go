@@ -144,7 +144,6 @@ func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 		MaxBodyBytes: s.cfg.MaxBodyBytes,
 		Observer:     s.metrics,
 		Middlewares:  []func(http.Handler) http.Handler{s.metrics.Middleware},
-		Production:   !s.cfg.DevMode(),
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
 	mux.Get("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
