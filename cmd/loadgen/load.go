@@ -1,0 +1,315 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// The load modes.
+const (
+	modeClaim      = "claim"
+	modeLifecycle  = "lifecycle"
+	modeReplay     = "replay"
+	modeContention = "contention"
+)
+
+// The request kinds latencies are kept for.
+const (
+	kindClaim    = "claim"
+	kindComplete = "complete"
+)
+
+// claimBody is the claim request every mode sends: the server computes the
+// JCS fingerprint of "request", as for a typical integration.
+var claimBody = []byte(`{"operation":"POST /v1/payments","request":{"amount":1000,"currency":"usd"}}`)
+
+// maxResponseBytes bounds how much of a response body is read.
+const maxResponseBytes = 1 << 20
+
+// result is the outcome of one HTTP request.
+type result struct {
+	status int
+	code   string // problem code of an error response
+	token  int64  // fencing_token of a 201 claim
+	err    error  // transport error
+}
+
+// label names the outcome in the report: "201", "409 request_in_flight",
+// "transport error".
+func (r result) label() string {
+	if r.err != nil {
+		return "transport error"
+	}
+	if r.code != "" {
+		return strconv.Itoa(r.status) + " " + r.code
+	}
+	return strconv.Itoa(r.status)
+}
+
+// tally is what one worker (and, merged, the whole run) observed.
+type tally struct {
+	latencies  map[string][]time.Duration // by request kind
+	outcomes   map[string]int64           // "claim 201" → count
+	unexpected int64                      // responses the mode does not expect
+	wins       map[string]int             // contention: 201s per key
+	decided    map[string]bool            // contention: keys that got a 200, 201 or 409 request_in_flight
+	iterations int64
+}
+
+func newTally() *tally {
+	return &tally{
+		latencies: map[string][]time.Duration{},
+		outcomes:  map[string]int64{},
+		wins:      map[string]int{},
+		decided:   map[string]bool{},
+	}
+}
+
+func (t *tally) record(kind string, d time.Duration, r result, expected bool) {
+	t.latencies[kind] = append(t.latencies[kind], d)
+	t.outcomes[kind+" "+r.label()]++
+	if !expected {
+		t.unexpected++
+	}
+}
+
+func (t *tally) merge(o *tally) {
+	for k, v := range o.latencies {
+		t.latencies[k] = append(t.latencies[k], v...)
+	}
+	for k, v := range o.outcomes {
+		t.outcomes[k] += v
+	}
+	for k, v := range o.wins {
+		t.wins[k] += v
+	}
+	for k := range o.decided {
+		t.decided[k] = true
+	}
+	t.unexpected += o.unexpected
+	t.iterations += o.iterations
+}
+
+// loader sends the requests of one run.
+type loader struct {
+	cfg    config
+	client *http.Client
+	prefix string // per-run key prefix
+}
+
+// loopbackOnly refuses, at dial time, any connection to a non-loopback
+// address (for example a "localhost" that does not resolve to loopback).
+func loopbackOnly(_, address string, _ syscall.RawConn) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return fmt.Errorf("dial %s: %w", address, err)
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("dial %s: not a loopback address, refused", address)
+	}
+	return nil
+}
+
+func newLoader(cfg config) (*loader, error) {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, fmt.Errorf("key prefix: %w", err)
+	}
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, Control: loopbackOnly}).DialContext,
+		MaxIdleConns:        cfg.concurrency,
+		MaxIdleConnsPerHost: cfg.concurrency,
+		MaxConnsPerHost:     cfg.concurrency,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+	return &loader{
+		cfg: cfg,
+		client: &http.Client{
+			Transport:     tr,
+			Timeout:       cfg.timeout,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+		prefix: "lg-" + hex.EncodeToString(b[:]),
+	}, nil
+}
+
+// post sends one POST to /v1/keys/{key}/{op} and reads the whole answer (so
+// the connection is reused).
+func (l *loader) post(ctx context.Context, key, op string, body []byte) result {
+	u := *l.cfg.baseURL
+	u.Path += "/v1/keys/" + key + "/" + op
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return result{err: fmt.Errorf("new request: %w", err)}
+	}
+	req.Header.Set("Authorization", "Bearer "+l.cfg.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := l.client.Do(req)
+	if err != nil {
+		return result{err: err}
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
+	if err != nil {
+		return result{status: resp.StatusCode, err: fmt.Errorf("read body: %w", err)}
+	}
+	r := result{status: resp.StatusCode}
+	var v struct {
+		Code         string `json:"code"`
+		FencingToken int64  `json:"fencing_token"`
+	}
+	if json.Unmarshal(data, &v) == nil {
+		r.code = v.Code
+		if resp.StatusCode == http.StatusCreated {
+			r.token = v.FencingToken
+		}
+	}
+	return r
+}
+
+func completeBody(token int64) []byte {
+	return fmt.Appendf(nil, `{"fencing_token":%d,"response":{"status":201,"headers":{"Content-Type":"application/json"},"body":"{\"id\":\"ord_1\"}"}}`, token)
+}
+
+// timed runs one request and records it.
+func (l *loader) timed(ctx context.Context, t *tally, kind, key string, body []byte, expect func(result) bool) result {
+	start := time.Now()
+	r := l.post(ctx, key, kind, body)
+	t.record(kind, time.Since(start), r, expect(r))
+	return r
+}
+
+func is(statuses ...int) func(result) bool {
+	return func(r result) bool {
+		if r.err != nil {
+			return false
+		}
+		for _, s := range statuses {
+			if r.status == s && (s < 400 || r.code != "") {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+func contentionOK(r result) bool {
+	return r.err == nil && (r.status == http.StatusCreated || r.status == http.StatusOK ||
+		(r.status == http.StatusConflict && r.code == "request_in_flight"))
+}
+
+// iterate runs one iteration of the mode for worker w.
+func (l *loader) iterate(ctx context.Context, t *tally, w int, n int64) {
+	switch l.cfg.mode {
+	case modeClaim:
+		l.timed(ctx, t, kindClaim, fmt.Sprintf("%s-w%d-%d", l.prefix, w, n), claimBody, is(201))
+	case modeLifecycle:
+		key := fmt.Sprintf("%s-w%d-%d", l.prefix, w, n)
+		if r := l.timed(ctx, t, kindClaim, key, claimBody, is(201)); r.err == nil && r.status == http.StatusCreated {
+			l.timed(ctx, t, kindComplete, key, completeBody(r.token), is(200))
+		}
+	case modeReplay:
+		key := fmt.Sprintf("%s-r%d", l.prefix, mrand.IntN(l.cfg.keys))
+		l.timed(ctx, t, kindClaim, key, claimBody, is(200))
+	case modeContention:
+		key := fmt.Sprintf("%s-c%d", l.prefix, mrand.IntN(l.cfg.keys))
+		r := l.timed(ctx, t, kindClaim, key, claimBody, contentionOK)
+		if contentionOK(r) {
+			t.decided[key] = true
+		}
+		if r.err == nil && r.status == http.StatusCreated {
+			t.wins[key]++
+			l.timed(ctx, t, kindComplete, key, completeBody(r.token), is(200))
+		}
+	}
+}
+
+// prepareReplay claims and completes the replay key set (not measured).
+func (l *loader) prepareReplay(ctx context.Context) error {
+	var (
+		wg   sync.WaitGroup
+		next atomic.Int64
+		mu   sync.Mutex
+		errs []error
+	)
+	for range l.cfg.concurrency {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(l.cfg.keys) {
+					return
+				}
+				key := fmt.Sprintf("%s-r%d", l.prefix, i)
+				r := l.post(ctx, key, kindClaim, claimBody)
+				if r.err == nil && r.status == http.StatusCreated {
+					r = l.post(ctx, key, kindComplete, completeBody(r.token))
+					if r.err == nil && r.status == http.StatusOK {
+						continue
+					}
+				}
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("prepare replay key %s: %s: %v", key, r.label(), r.err))
+				mu.Unlock()
+				return
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// runLoad runs the configured load and returns the merged observations.
+func runLoad(ctx context.Context, cfg config) (*report, error) {
+	l, err := newLoader(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer l.client.CloseIdleConnections()
+	if cfg.mode == modeReplay {
+		if err := l.prepareReplay(ctx); err != nil {
+			return nil, err
+		}
+	}
+	var (
+		wg      sync.WaitGroup
+		started atomic.Int64
+		tallies = make([]*tally, cfg.concurrency)
+	)
+	begin := time.Now()
+	deadline := begin.Add(cfg.duration)
+	for w := range cfg.concurrency {
+		t := newTally()
+		tallies[w] = t
+		wg.Go(func() {
+			for n := int64(0); ctx.Err() == nil && time.Now().Before(deadline); n++ {
+				if cfg.requests > 0 && started.Add(1) > cfg.requests {
+					return
+				}
+				l.iterate(ctx, t, w, n)
+				t.iterations++
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(begin)
+	total := newTally()
+	for _, t := range tallies {
+		total.merge(t)
+	}
+	return &report{cfg: cfg, elapsed: elapsed, tally: total}, nil
+}

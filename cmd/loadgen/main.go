@@ -1,0 +1,179 @@
+// Command loadgen is an HTTP load generator for the claim hot path of an idem
+// server running on this machine. It talks raw net/http with keep-alive
+// (not the client SDK, whose retries and backoff would hide the server's
+// behaviour), so the numbers it prints measure the server.
+//
+// Usage:
+//
+//	loadgen -url http://127.0.0.1:8080 -token "$IDEM_TOKEN" \
+//	    [-mode claim|lifecycle|replay|contention] [-duration 10s] \
+//	    [-concurrency 16] [-requests N] [-keys N]
+//
+// Modes:
+//
+//   - claim: every request claims a fresh key (201 expected).
+//   - lifecycle: claim a fresh key (201), then complete it (200).
+//   - replay: first claims and completes -keys keys (not measured), then
+//     claims them again and again (200 replays expected).
+//   - contention: every worker claims keys of a small set of -keys keys; the
+//     one that gets 201 completes the key, the others get 409
+//     request_in_flight or a 200 replay. Each key must see exactly one 201:
+//     if not, loadgen prints an INVARIANT VIOLATION line and exits 1.
+//
+// The token needs the keys:write scope for a tenant whose rate limit is off.
+// Keys carry a per-run prefix, so runs never see each other's keys.
+//
+// It prints a report: requests, responses by status and problem code,
+// throughput, latency p50/p90/p99/max (per request kind), and a final
+// machine-readable RESULT line. It exits 1 when any response was not one the
+// mode expects, or on an invariant violation; 2 on a usage error.
+//
+// Safety bounds: -url must name a loopback address (127.0.0.0/8, ::1 or
+// localhost) and every connection is checked to be loopback when dialled;
+// redirects are not followed; -duration is at most 120s; -concurrency at most
+// 1024; -requests caps the number of iterations started.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Bounds of the flags.
+const (
+	maxDuration    = 120 * time.Second
+	maxConcurrency = 1024
+	maxKeys        = 100000
+)
+
+// config is the parsed command line.
+type config struct {
+	baseURL     *url.URL
+	token       string
+	duration    time.Duration
+	concurrency int
+	mode        string
+	requests    int64
+	keys        int
+	timeout     time.Duration
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "loadgen: %v\n", err)
+		return 2
+	}
+	rep, err := runLoad(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "loadgen: %v\n", err)
+		return 1
+	}
+	return rep.print(stdout)
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	rawURL := fs.String("url", "http://127.0.0.1:8080", "base URL of the idem server (loopback only)")
+	token := fs.String("token", "", "bearer token with keys:write (default: $IDEM_TOKEN)")
+	duration := fs.Duration("duration", 10*time.Second, "how long to run (at most 120s)")
+	concurrency := fs.Int("concurrency", 16, "number of concurrent workers (connections)")
+	mode := fs.String("mode", "claim", "claim | lifecycle | replay | contention")
+	requests := fs.Int64("requests", 0, "stop after this many iterations (0 = only -duration bounds the run)")
+	keys := fs.Int("keys", 0, "size of the key set for replay (default 256) and contention (default 8)")
+	timeout := fs.Duration("timeout", 10*time.Second, "timeout of one HTTP request")
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	cfg := config{
+		token: *token, duration: *duration, concurrency: *concurrency,
+		mode: *mode, requests: *requests, keys: *keys, timeout: *timeout,
+	}
+	if cfg.token == "" {
+		cfg.token = os.Getenv("IDEM_TOKEN")
+	}
+	if cfg.token == "" {
+		return config{}, errors.New("-token (or IDEM_TOKEN) is required")
+	}
+	u, err := checkLoopbackURL(*rawURL)
+	if err != nil {
+		return config{}, err
+	}
+	cfg.baseURL = u
+	if cfg.duration <= 0 || cfg.duration > maxDuration {
+		return config{}, fmt.Errorf("-duration must be in (0, %s], got %s", maxDuration, cfg.duration)
+	}
+	if cfg.concurrency < 1 || cfg.concurrency > maxConcurrency {
+		return config{}, fmt.Errorf("-concurrency must be 1..%d, got %d", maxConcurrency, cfg.concurrency)
+	}
+	if cfg.requests < 0 {
+		return config{}, fmt.Errorf("-requests must be ≥ 0, got %d", cfg.requests)
+	}
+	if cfg.timeout <= 0 || cfg.timeout > time.Minute {
+		return config{}, fmt.Errorf("-timeout must be in (0, 1m], got %s", cfg.timeout)
+	}
+	switch cfg.mode {
+	case modeClaim, modeLifecycle:
+	case modeReplay, modeContention:
+		if cfg.keys == 0 {
+			cfg.keys = 256
+			if cfg.mode == modeContention {
+				cfg.keys = 8
+			}
+		}
+		if cfg.keys < 1 || cfg.keys > maxKeys {
+			return config{}, fmt.Errorf("-keys must be 1..%d, got %d", maxKeys, cfg.keys)
+		}
+	default:
+		return config{}, fmt.Errorf("-mode must be claim, lifecycle, replay or contention, got %q", cfg.mode)
+	}
+	return cfg, nil
+}
+
+// checkLoopbackURL parses raw and accepts it only when it is an http(s) URL
+// whose host is a loopback IP literal (127.0.0.0/8, ::1) or "localhost". Other
+// host names are refused without being resolved.
+func checkLoopbackURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("-url: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("-url %q: scheme must be http or https", raw)
+	}
+	host := u.Hostname()
+	if host == "" {
+		return nil, fmt.Errorf("-url %q: no host", raw)
+	}
+	if !strings.EqualFold(host, "localhost") {
+		ip := net.ParseIP(host)
+		if ip == nil || !ip.IsLoopback() {
+			return nil, fmt.Errorf("-url %q: host must be a loopback address (127.0.0.0/8, ::1 or localhost); loadgen only loads this machine", raw)
+		}
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	return u, nil
+}

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"bytes"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestPercentileNearestRank(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, time.Duration(0), percentile(nil, 50))
+
+	d := make([]time.Duration, 100) // 1ms … 100ms, sorted
+	for i := range d {
+		d[i] = time.Duration(i+1) * time.Millisecond
+	}
+	require.Equal(t, 50*time.Millisecond, percentile(d, 50))
+	require.Equal(t, 90*time.Millisecond, percentile(d, 90))
+	require.Equal(t, 99*time.Millisecond, percentile(d, 99))
+	require.Equal(t, 100*time.Millisecond, percentile(d, 100))
+	require.Equal(t, 1*time.Millisecond, percentile(d, 0.1))
+
+	one := []time.Duration{7 * time.Millisecond}
+	require.Equal(t, 7*time.Millisecond, percentile(one, 50))
+	require.Equal(t, 7*time.Millisecond, percentile(one, 99))
+
+	three := []time.Duration{1, 2, 3}
+	require.Equal(t, time.Duration(2), percentile(three, 50))
+	require.Equal(t, time.Duration(3), percentile(three, 90))
+}
+
+func TestCheckLoopbackURL(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{
+		"http://127.0.0.1:8080", "http://127.1.2.3:9", "http://[::1]:8080/", "http://localhost:8080", "https://LOCALHOST",
+	} {
+		u, err := checkLoopbackURL(ok)
+		require.NoError(t, err, ok)
+		require.False(t, strings.HasSuffix(u.Path, "/"), ok)
+	}
+	for _, bad := range []string{
+		"http://10.0.0.1:8080", "http://example.com", "https://example.com:443", "http://192.168.1.10",
+		"http://0.0.0.0:8080", "http://[::ffff:10.0.0.1]", "http://127.0.0.1.example.com", "ftp://127.0.0.1", "127.0.0.1:8080", "http://:8080",
+	} {
+		_, err := checkLoopbackURL(bad)
+		require.Error(t, err, bad)
+	}
+}
+
+func TestLoopbackDialControl(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, loopbackOnly("tcp", "127.0.0.1:80", nil))
+	require.NoError(t, loopbackOnly("tcp6", "[::1]:80", nil))
+	require.Error(t, loopbackOnly("tcp", "10.0.0.1:80", nil))
+	require.Error(t, loopbackOnly("tcp", "93.184.216.34:443", nil))
+}
+
+func TestParseFlagsBounds(t *testing.T) {
+	t.Parallel()
+	var errOut bytes.Buffer
+	parse := func(args ...string) error {
+		_, err := parseFlags(append([]string{"-token", "t"}, args...), &errOut)
+		return err
+	}
+	require.NoError(t, parse())
+	require.NoError(t, parse("-duration", "120s", "-mode", "contention"))
+	require.ErrorContains(t, parse("-duration", "121s"), "-duration")
+	require.ErrorContains(t, parse("-duration", "0s"), "-duration")
+	require.ErrorContains(t, parse("-concurrency", "0"), "-concurrency")
+	require.ErrorContains(t, parse("-concurrency", "5000"), "-concurrency")
+	require.ErrorContains(t, parse("-mode", "nope"), "-mode")
+	require.ErrorContains(t, parse("-url", "http://example.com"), "loopback")
+	cfg, err := parseFlags([]string{"-token", "t", "-mode", "contention"}, &errOut)
+	require.NoError(t, err)
+	require.Equal(t, 8, cfg.keys)
+	cfg, err = parseFlags([]string{"-token", "t", "-mode", "replay"}, &errOut)
+	require.NoError(t, err)
+	require.Equal(t, 256, cfg.keys)
+}
+
+func TestCheckContention(t *testing.T) {
+	t.Parallel()
+	decided := map[string]bool{"a": true, "b": true, "c": true}
+
+	require.Empty(t, checkContention(map[string]int{"a": 1, "b": 1, "c": 1}, decided))
+
+	bad := checkContention(map[string]int{"a": 1, "b": 2, "c": 1}, decided)
+	require.Len(t, bad, 1)
+	require.Contains(t, bad[0], "key b: 2 claims answered 201")
+
+	bad = checkContention(map[string]int{"a": 1, "c": 1}, decided)
+	require.Len(t, bad, 1)
+	require.Contains(t, bad[0], "key b")
+
+	// A key that never got a decided answer (only transport errors) and no
+	// 201 is not a violation; a 201 without a decided mark still counts.
+	require.Empty(t, checkContention(map[string]int{"a": 1}, map[string]bool{"a": true}))
+	require.Len(t, checkContention(map[string]int{"x": 3}, nil), 1)
+}
+
+func TestReportPrintsViolationAndFails(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse("http://127.0.0.1:1")
+	require.NoError(t, err)
+	tl := newTally()
+	tl.record(kindClaim, time.Millisecond, result{status: 201}, true)
+	tl.record(kindClaim, 2*time.Millisecond, result{status: 201}, true)
+	tl.wins["k"] = 2
+	tl.decided["k"] = true
+	tl.iterations = 2
+	rep := &report{cfg: config{baseURL: u, mode: modeContention, concurrency: 2, keys: 1}, elapsed: time.Second, tally: tl}
+	var out bytes.Buffer
+	require.Equal(t, 1, rep.print(&out))
+	require.Contains(t, out.String(), "INVARIANT VIOLATION: key k: 2 claims answered 201")
+	require.Contains(t, out.String(), "RESULT mode=contention")
+	require.Contains(t, out.String(), "violations=1")
+
+	tl.wins["k"] = 1
+	out.Reset()
+	require.Equal(t, 0, rep.print(&out))
+	require.NotContains(t, out.String(), "INVARIANT VIOLATION")
+	require.Contains(t, out.String(), "requests     2")
+}
