@@ -117,8 +117,8 @@ func (r *report) print(w io.Writer) int {
 			code = 1
 		}
 	}
-	fmt.Fprintf(w, "RESULT mode=%s concurrency=%d requests=%d rps=%.1f p50_ms=%s p90_ms=%s p99_ms=%s max_ms=%s errors=%d violations=%d\n",
-		r.cfg.mode, r.cfg.concurrency, requests, rps,
+	fmt.Fprintf(w, "RESULT mode=%s concurrency=%d requests=%d rps=%.1f iterations_per_s=%.1f p50_ms=%s p90_ms=%s p99_ms=%s max_ms=%s errors=%d violations=%d\n",
+		r.cfg.mode, r.cfg.concurrency, requests, rps, float64(t.iterations)/secs,
 		ms(percentile(all, 50)), ms(percentile(all, 90)), ms(percentile(all, 99)), ms(percentile(all, 100)),
 		t.unexpected, violations)
 	return code
