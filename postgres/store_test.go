@@ -15,35 +15,14 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/postgres/pgtest"
+	"github.com/idem-dev/idem/storetest"
 )
-
-// fakeClock is a settable clock for tests.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{t: time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // testBundle is what setup returns.
 type testBundle struct {
 	url   string
 	store *Store
-	clock *fakeClock
+	clock *storetest.Clock
 }
 
 // setup opens a store on a fresh schema with a fake clock and one tenant
@@ -51,7 +30,7 @@ type testBundle struct {
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	dsn := pgtest.URL(t)
-	clock := newFakeClock()
+	clock := storetest.NewClock()
 	store := openStore(t, dsn, Options{Now: clock.Now})
 	_, err := store.CreateTenant(context.Background(), idem.CreateTenantParams{ID: "acme", Name: "Acme", Settings: idem.DefaultSettings()})
 	require.NoError(t, err)

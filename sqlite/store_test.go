@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/storetest"
 )
 
 // testBundle is what each test starts from: a store on a fresh file, its
@@ -20,30 +21,12 @@ import (
 type testBundle struct {
 	store *Store
 	path  string
-	clock *fakeClock
-}
-
-// fakeClock is a clock that moves only when told to.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
+	clock *storetest.Clock
 }
 
 func setup(t *testing.T) testBundle {
 	t.Helper()
-	clock := &fakeClock{now: time.Date(2026, time.November, 29, 10, 0, 0, 0, time.UTC)}
+	clock := storetest.NewClock()
 	path := filepath.Join(t.TempDir(), "idem.db")
 	return testBundle{store: openStore(t, path, clock.Now), path: path, clock: clock}
 }
