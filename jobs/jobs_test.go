@@ -22,31 +22,14 @@ import (
 	"github.com/idem-dev/idem/postgres"
 	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/sqlite"
+	"github.com/idem-dev/idem/storetest"
 )
-
-// clock is a test clock shared by every store handle of a test.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // bundle is one backend under test: a store, its clock, and a way to open
 // a second handle on the same database (another "replica").
 type bundle struct {
 	store idem.Store
-	clock *clock
+	clock *storetest.Clock
 	open  func(t *testing.T) idem.Store
 }
 
@@ -57,7 +40,7 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, b *bundle)) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
 		path := filepath.Join(t.TempDir(), "idem.db")
-		clk := &clock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+		clk := storetest.NewClock()
 		open := func(t *testing.T) idem.Store {
 			s, err := sqlite.Open(context.Background(), path, sqlite.Options{Now: clk.Now})
 			require.NoError(t, err)
@@ -69,7 +52,7 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, b *bundle)) {
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
 		url := pgtest.URL(t)
-		clk := &clock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+		clk := storetest.NewClock()
 		open := func(t *testing.T) idem.Store {
 			s, err := postgres.Open(context.Background(), url, postgres.Options{Now: clk.Now})
 			require.NoError(t, err)
