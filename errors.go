@@ -81,6 +81,13 @@ func Errorf(code Code, format string, args ...any) *Error {
 	return &Error{Code: code, Detail: fmt.Sprintf(format, args...)}
 }
 
+// StoreUnavailable returns the store_unavailable error a store gives when
+// its database cannot be used (unreachable, busy, closed), with detail for
+// the caller, cause for the logs and a Retry-After of one second.
+func StoreUnavailable(detail string, cause error) *Error {
+	return &Error{Code: CodeStoreUnavailable, Detail: detail, RetryAfter: time.Second, Err: cause}
+}
+
 // ErrorCode returns the code of err, CodeInternal when err carries none, or
 // "" for a nil error.
 func ErrorCode(err error) Code {

@@ -8,16 +8,11 @@ import (
 	"io"
 	"net"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idem-dev/idem"
 )
-
-// retryAfterUnavailable is the wait suggested to callers while the database
-// cannot be reached.
-const retryAfterUnavailable = time.Second
 
 // PostgreSQL error codes the store translates.
 const (
@@ -47,12 +42,7 @@ func interpretError(err error, doing string) error {
 
 // unavailable returns the store_unavailable error for cause.
 func unavailable(cause error) error {
-	return &idem.Error{
-		Code:       idem.CodeStoreUnavailable,
-		Detail:     "the database cannot be reached",
-		RetryAfter: retryAfterUnavailable,
-		Err:        cause,
-	}
+	return idem.StoreUnavailable("the database cannot be reached", cause)
 }
 
 // isUnavailable reports whether err means the database cannot be reached or

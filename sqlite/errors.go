@@ -6,17 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	sqlite3 "modernc.org/sqlite"
 	sqlitelib "modernc.org/sqlite/lib"
 
 	"github.com/idem-dev/idem"
 )
-
-// retryAfterUnavailable is the wait suggested to callers while the database
-// is locked or closed.
-const retryAfterUnavailable = time.Second
 
 // interpretError translates a database error into the domain's errors:
 // *idem.Error values pass through; a lock wait that ran out (SQLITE_BUSY,
@@ -45,12 +40,7 @@ func interpretError(err error, doing string) error {
 
 // unavailable returns the store_unavailable error for cause.
 func unavailable(cause error) error {
-	return &idem.Error{
-		Code:       idem.CodeStoreUnavailable,
-		Detail:     "the database is busy or closed",
-		RetryAfter: retryAfterUnavailable,
-		Err:        cause,
-	}
+	return idem.StoreUnavailable("the database is busy or closed", cause)
 }
 
 // sqliteCode returns the extended result code of a SQLite error, its primary
