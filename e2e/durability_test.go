@@ -5,14 +5,11 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/idem-dev/idem/postgres/pgtest"
 )
 
 // A response completed with 200 survives kill -9 of the server, on both
@@ -22,12 +19,7 @@ func TestKill9KeepsCompletedResponses(t *testing.T) {
 	for _, backend := range []string{"sqlite", "postgres"} {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
-			env := map[string]string{"IDEM_JWT_HS256_SECRET": testSecret}
-			if backend == "postgres" {
-				env["IDEM_DATABASE_URL"] = pgtest.URL(t)
-			} else {
-				env["IDEM_DATABASE_URL"] = "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-			}
+			env := backendEnv(t, backend, nil)
 			mustCLI(t, env, "tenant", "create", "acme")
 			tok := mintToken(t, env, "acme", "keys:write")
 			c := newClient(true)

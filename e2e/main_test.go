@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,6 +24,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem/postgres/pgtest"
 )
 
 // binary is the path of the server binary built by TestMain.
@@ -52,6 +55,21 @@ func TestMain(m *testing.M) {
 
 // testSecret is the HS256 secret the processes under test verify with.
 const testSecret = "e2e-hs256-secret-0123456789abcdefghij"
+
+// backendEnv is the environment of a server process on backend: "postgres"
+// gets an isolated schema from pgtest.URL, anything else a SQLite file in a
+// temporary folder; the test secret is set, and extra is added.
+func backendEnv(t *testing.T, backend string, extra map[string]string) map[string]string {
+	t.Helper()
+	env := map[string]string{"IDEM_JWT_HS256_SECRET": testSecret}
+	maps.Copy(env, extra)
+	if backend == "postgres" {
+		env["IDEM_DATABASE_URL"] = pgtest.URL(t)
+	} else {
+		env["IDEM_DATABASE_URL"] = "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	}
+	return env
+}
 
 // baseEnv is the process environment without any IDEM_ variable, plus env.
 func baseEnv(env map[string]string) []string {

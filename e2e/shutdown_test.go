@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,8 +15,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/idem-dev/idem/postgres/pgtest"
 )
 
 // outcome is one request of the load, as the client saw it.
@@ -40,12 +37,7 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
 			const grace = 10 * time.Second
-			env := map[string]string{"IDEM_JWT_HS256_SECRET": testSecret, "IDEM_SHUTDOWN_GRACE": grace.String(), "IDEM_LOG_LEVEL": "info"}
-			if backend == "postgres" {
-				env["IDEM_DATABASE_URL"] = pgtest.URL(t)
-			} else {
-				env["IDEM_DATABASE_URL"] = "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-			}
+			env := backendEnv(t, backend, map[string]string{"IDEM_SHUTDOWN_GRACE": grace.String(), "IDEM_LOG_LEVEL": "info"})
 			mustCLI(t, env, "tenant", "create", "acme")
 			tok := mintToken(t, env, "acme", "keys:write")
 			srv := startServer(t, env)
