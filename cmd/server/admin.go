@@ -32,13 +32,9 @@ Issuer and audience are IDEM_JWT_ISSUER and IDEM_JWT_AUDIENCE.
 Examples:
   PROG token --tenant acme --scope "keys:write"
   PROG token --scope admin --ttl 1h`)
-	cfg, pos, done, code := loadConfig(e, fs, usage, args)
+	cfg, done, code := loadConfigNoArgs(e, fs, usage, args)
 	if done {
 		return code
-	}
-	if len(pos) > 0 {
-		fmt.Fprintf(e.stderr, "%s: unexpected argument %q\n", e.prog, pos[0])
-		return 2
 	}
 	scopes := strings.Fields(*scope)
 	if len(scopes) == 0 {
@@ -148,7 +144,7 @@ func runTenant(ctx context.Context, e env, args []string) int {
 		if len(args) == 0 {
 			w, code = e.stderr, 2
 		}
-		fmt.Fprintln(w, strings.ReplaceAll(tenantUsage, "PROG", e.prog))
+		fmt.Fprintln(w, e.expand(tenantUsage))
 		fmt.Fprintf(w, "\nRun '%s tenant create --help' for the flags.\n", e.prog)
 		return code
 	}
@@ -182,7 +178,7 @@ func runTenant(ctx context.Context, e env, args []string) int {
 		wantArgs = 0
 	}
 	if len(pos) != wantArgs {
-		fmt.Fprintf(e.stderr, "%s: tenant %s takes %d argument(s), got %d\n%s\n", e.prog, sub, wantArgs, len(pos), strings.ReplaceAll(tenantUsage, "PROG", e.prog))
+		fmt.Fprintf(e.stderr, "%s: tenant %s takes %d argument(s), got %d\n%s\n", e.prog, sub, wantArgs, len(pos), e.expand(tenantUsage))
 		return 2
 	}
 	given := map[string]bool{}
@@ -203,24 +199,7 @@ func runTenant(ctx context.Context, e env, args []string) int {
 		if err != nil {
 			return fail(e, "list tenants: %s", describe(err))
 		}
-		if *asJSON {
-			out := make([]tenantJSON, 0, len(list))
-			for _, t := range list {
-				out = append(out, toJSON(t))
-			}
-			return printJSON(e, out)
-		}
-		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tNAME\tDISABLED\tREPLAY_WINDOW_S\tREAPER_THRESHOLD_S\tLEASE_DEFAULT_S\tLEASE_MAX_S\tMAX_RESPONSE_BYTES\tRATE_LIMIT")
-		for _, t := range list {
-			s := t.Settings
-			fmt.Fprintf(tw, "%s\t%s\t%t\t%d\t%d\t%d\t%d\t%d\t%d\n", t.ID, t.Name, t.Disabled,
-				s.ReplayWindowSeconds, s.ReaperThresholdSeconds, s.LeaseSecondsDefault, s.LeaseSecondsMax, s.MaxResponseBytes, s.RateLimitPerSecond)
-		}
-		if err := tw.Flush(); err != nil {
-			return fail(e, "write: %v", err)
-		}
-		return 0
+		return printTenants(e, list, *asJSON)
 	case "create":
 		n := *name
 		if n == "" {
@@ -245,6 +224,28 @@ func runTenant(ctx context.Context, e env, args []string) int {
 		}
 		return printJSON(e, toJSON(t))
 	}
+}
+
+// printTenants writes list as JSON or as a table.
+func printTenants(e env, list []idem.Tenant, asJSON bool) int {
+	if asJSON {
+		out := make([]tenantJSON, 0, len(list))
+		for _, t := range list {
+			out = append(out, toJSON(t))
+		}
+		return printJSON(e, out)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tDISABLED\tREPLAY_WINDOW_S\tREAPER_THRESHOLD_S\tLEASE_DEFAULT_S\tLEASE_MAX_S\tMAX_RESPONSE_BYTES\tRATE_LIMIT")
+	for _, t := range list {
+		s := t.Settings
+		fmt.Fprintf(tw, "%s\t%s\t%t\t%d\t%d\t%d\t%d\t%d\t%d\n", t.ID, t.Name, t.Disabled,
+			s.ReplayWindowSeconds, s.ReaperThresholdSeconds, s.LeaseSecondsDefault, s.LeaseSecondsMax, s.MaxResponseBytes, s.RateLimitPerSecond)
+	}
+	if err := tw.Flush(); err != nil {
+		return fail(e, "write: %v", err)
+	}
+	return 0
 }
 
 type tenantJSON struct {

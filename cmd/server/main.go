@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 )
 
@@ -37,6 +38,11 @@ type env struct {
 	getenv func(string) string
 	stdout io.Writer
 	stderr io.Writer
+}
+
+// expand puts the program name in place of PROG in a usage text.
+func (e env) expand(text string) string {
+	return strings.ReplaceAll(text, "PROG", e.prog)
 }
 
 // command is one subcommand.

@@ -23,10 +23,29 @@ func loadConfig(e env, fs *flag.FlagSet, usage func(io.Writer), args []string) (
 	}
 	cfg, err := finish()
 	if err != nil {
-		fmt.Fprintf(e.stderr, "%s: invalid configuration:\n%s\n", e.prog, indent(err.Error()))
-		return server.Config{}, nil, true, 2
+		return server.Config{}, nil, true, invalidConfig(e, err, 2)
 	}
 	return cfg, positional, false, 0
+}
+
+// loadConfigNoArgs is loadConfig for a command that takes no positional
+// arguments: one is a usage error.
+func loadConfigNoArgs(e env, fs *flag.FlagSet, usage func(io.Writer), args []string) (cfg server.Config, done bool, code int) {
+	cfg, pos, done, code := loadConfig(e, fs, usage, args)
+	if done {
+		return cfg, true, code
+	}
+	if len(pos) > 0 {
+		fmt.Fprintf(e.stderr, "%s: unexpected argument %q\n", e.prog, pos[0])
+		return server.Config{}, true, 2
+	}
+	return cfg, false, 0
+}
+
+// invalidConfig reports an invalid configuration and returns code.
+func invalidConfig(e env, err error, code int) int {
+	fmt.Fprintf(e.stderr, "%s: invalid configuration:\n%s\n", e.prog, indent(err.Error()))
+	return code
 }
 
 func indent(s string) string {
@@ -35,7 +54,7 @@ func indent(s string) string {
 
 func settingsUsage(e env, fs *flag.FlagSet, head string) func(io.Writer) {
 	return func(w io.Writer) {
-		fmt.Fprintf(w, "%s\n\nSettings (each flag overrides the environment variable in brackets):\n", strings.ReplaceAll(head, "PROG", e.prog))
+		fmt.Fprintf(w, "%s\n\nSettings (each flag overrides the environment variable in brackets):\n", e.expand(head))
 		printFlags(w, fs)
 	}
 }
@@ -52,17 +71,12 @@ the background jobs stop and the database pool closes.
 Without IDEM_JWT_HS256_SECRET and IDEM_JWT_JWKS_FILE and with the sqlite:
 store, it runs in development mode and prints an operator token, a token for
 the "demo" tenant and a curl line to try. With PostgreSQL a key is required.`)
-	cfg, pos, done, code := loadConfig(e, fs, usage, args)
+	cfg, done, code := loadConfigNoArgs(e, fs, usage, args)
 	if done {
 		return code
 	}
-	if len(pos) > 0 {
-		fmt.Fprintf(e.stderr, "%s: unexpected argument %q\n", e.prog, pos[0])
-		return 2
-	}
 	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(e.stderr, "%s: invalid configuration:\n%s\n", e.prog, indent(err.Error()))
-		return 2
+		return invalidConfig(e, err, 2)
 	}
 	logger := server.NewLogger(cfg, e.stderr)
 	srv, err := server.New(ctx, cfg, logger)
@@ -89,13 +103,9 @@ func runMigrate(ctx context.Context, e env, args []string) int {
 
 Runs the embedded database migrations of the store named by
 IDEM_DATABASE_URL and exits. The service also runs them at start.`)
-	cfg, pos, done, code := loadConfig(e, fs, usage, args)
+	cfg, done, code := loadConfigNoArgs(e, fs, usage, args)
 	if done {
 		return code
-	}
-	if len(pos) > 0 {
-		fmt.Fprintf(e.stderr, "%s: unexpected argument %q\n", e.prog, pos[0])
-		return 2
 	}
 	if err := server.Migrate(ctx, cfg); err != nil {
 		return fail(e, "%v", err)
@@ -110,13 +120,9 @@ func runConfig(_ context.Context, e env, args []string) int {
 
 Prints the effective configuration (defaults, then environment, then flags)
 with secrets redacted, then checks it. Exits 1 when it is invalid.`)
-	cfg, pos, done, code := loadConfig(e, fs, usage, args)
+	cfg, done, code := loadConfigNoArgs(e, fs, usage, args)
 	if done {
 		return code
-	}
-	if len(pos) > 0 {
-		fmt.Fprintf(e.stderr, "%s: unexpected argument %q\n", e.prog, pos[0])
-		return 2
 	}
 	for _, s := range cfg.Redacted() {
 		fmt.Fprintf(e.stdout, "%s=%s\n", s.Env, s.Value)
@@ -127,8 +133,7 @@ with secrets redacted, then checks it. Exits 1 when it is invalid.`)
 	}
 	fmt.Fprintf(e.stdout, "# mode: %s; log format: %s\n", mode, cfg.EffectiveLogFormat())
 	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(e.stderr, "%s: invalid configuration:\n%s\n", e.prog, indent(err.Error()))
-		return 1
+		return invalidConfig(e, err, 1)
 	}
 	return 0
 }
@@ -141,13 +146,9 @@ func runHealthcheck(ctx context.Context, e env, args []string) int {
 Asks the service listening on IDEM_ADDR (on this host) for GET /healthz and
 exits 0 when it answers 200, 1 otherwise. Meant for container HEALTHCHECKs
 in images without curl.`)
-	cfg, pos, done, code := loadConfig(e, fs, usage, args)
+	cfg, done, code := loadConfigNoArgs(e, fs, usage, args)
 	if done {
 		return code
-	}
-	if len(pos) > 0 {
-		fmt.Fprintf(e.stderr, "%s: unexpected argument %q\n", e.prog, pos[0])
-		return 2
 	}
 	host, port, err := net.SplitHostPort(cfg.Addr)
 	if err != nil {
