@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
@@ -263,7 +264,7 @@ func TestConcurrentReap(t *testing.T) {
 		wg.Go(func() {
 			for {
 				recs, err := s.Reap(ctx, idem.ReapParams{Limit: 17})
-				if !assertNoError(t, err) || len(recs) == 0 {
+				if !assert.NoError(t, err) || len(recs) == 0 {
 					return
 				}
 				mu.Lock()
@@ -290,15 +291,6 @@ func TestConcurrentReap(t *testing.T) {
 	for _, r := range left {
 		require.Regexp(t, `^live-`, r.Key)
 	}
-}
-
-func assertNoError(t *testing.T, err error) bool {
-	t.Helper()
-	if err != nil {
-		t.Errorf("unexpected error: %v", err)
-		return false
-	}
-	return true
 }
 
 func TestReapDisabledTenant(t *testing.T) {

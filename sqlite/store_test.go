@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
@@ -439,7 +440,7 @@ func TestConcurrentReapDeletesEachRecordOnce(t *testing.T) {
 			s := []*Store{b.store, other}[i%2]
 			for {
 				recs, err := s.Reap(ctx, idem.ReapParams{Limit: 4})
-				if !assertNoError(t, err) || len(recs) == 0 {
+				if !assert.NoError(t, err) || len(recs) == 0 {
 					return
 				}
 				mu.Lock()
@@ -459,16 +460,6 @@ func TestConcurrentReapDeletesEachRecordOnce(t *testing.T) {
 	got, err := b.store.GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: "live"})
 	require.NoError(t, err)
 	require.Equal(t, live.Record.FencingToken, got.FencingToken)
-}
-
-// assertNoError reports err from a goroutine without stopping it with
-// FailNow.
-func assertNoError(t *testing.T, err error) bool {
-	if err != nil {
-		t.Errorf("unexpected error: %v", err)
-		return false
-	}
-	return true
 }
 
 func TestTenants(t *testing.T) {
