@@ -14,6 +14,10 @@ func keyPath(key string, suffix string) string {
 	return "/v1/keys/" + url.PathEscape(key) + suffix
 }
 
+func adminTenantPath(id string) string {
+	return "/v1/admin/tenants/" + url.PathEscape(id)
+}
+
 // Claim claims key for the request (POST /v1/keys/{key}/claim). The answer
 // is a fresh claim or a takeover (201), or a replay of a completed request
 // (200, Replayed true). A held key is an *Error matching
@@ -101,16 +105,7 @@ func (c *Client) Get(ctx context.Context, key string) (Record, error) {
 // List returns one page of the tenant's records, newest first (GET
 // /v1/keys).
 func (c *Client) List(ctx context.Context, opts ListOptions) (KeyPage, error) {
-	q := url.Values{}
-	if opts.State != "" {
-		q.Set("state", string(opts.State))
-	}
-	if opts.Limit > 0 {
-		q.Set("limit", strconv.Itoa(opts.Limit))
-	}
-	if opts.Cursor != "" {
-		q.Set("cursor", opts.Cursor)
-	}
+	q := pageQuery("state", string(opts.State), opts.Limit, opts.Cursor)
 	var out KeyPage
 	_, err := c.do(ctx, apiCall{name: "list keys", method: http.MethodGet, path: "/v1/keys", query: q, out: &out})
 	return out, err
@@ -157,7 +152,7 @@ func (c *Client) ListTenants(ctx context.Context) ([]Tenant, error) {
 // admin); an unknown id matches ErrTenantNotFound.
 func (c *Client) AdminGetTenant(ctx context.Context, id string) (Tenant, error) {
 	var out Tenant
-	_, err := c.do(ctx, apiCall{name: "get tenant", method: http.MethodGet, path: "/v1/admin/tenants/" + url.PathEscape(id), out: &out})
+	_, err := c.do(ctx, apiCall{name: "get tenant", method: http.MethodGet, path: adminTenantPath(id), out: &out})
 	return out, err
 }
 
@@ -165,14 +160,14 @@ func (c *Client) AdminGetTenant(ctx context.Context, id string) (Tenant, error) 
 // (PATCH /v1/admin/tenants/{id}, scope admin).
 func (c *Client) AdminUpdateTenant(ctx context.Context, id string, p TenantPatch) (Tenant, error) {
 	var out Tenant
-	_, err := c.do(ctx, apiCall{name: "update tenant", method: http.MethodPatch, path: "/v1/admin/tenants/" + url.PathEscape(id), body: p, out: &out})
+	_, err := c.do(ctx, apiCall{name: "update tenant", method: http.MethodPatch, path: adminTenantPath(id), body: p, out: &out})
 	return out, err
 }
 
 // DisableTenant disables a tenant (DELETE /v1/admin/tenants/{id}, scope
 // admin); the reaper purges its keys.
 func (c *Client) DisableTenant(ctx context.Context, id string) error {
-	_, err := c.do(ctx, apiCall{name: "disable tenant", method: http.MethodDelete, path: "/v1/admin/tenants/" + url.PathEscape(id)})
+	_, err := c.do(ctx, apiCall{name: "disable tenant", method: http.MethodDelete, path: adminTenantPath(id)})
 	return err
 }
 
@@ -189,19 +184,26 @@ type OrphanListOptions struct {
 // ListOrphans returns one page of orphaned records across tenants, oldest
 // first, each with its Tenant set (GET /v1/admin/orphans, scope admin).
 func (c *Client) ListOrphans(ctx context.Context, opts OrphanListOptions) (KeyPage, error) {
-	q := url.Values{}
-	if opts.Tenant != "" {
-		q.Set("tenant", opts.Tenant)
-	}
-	if opts.Limit > 0 {
-		q.Set("limit", strconv.Itoa(opts.Limit))
-	}
-	if opts.Cursor != "" {
-		q.Set("cursor", opts.Cursor)
-	}
+	q := pageQuery("tenant", opts.Tenant, opts.Limit, opts.Cursor)
 	var out KeyPage
 	_, err := c.do(ctx, apiCall{name: "list orphans", method: http.MethodGet, path: "/v1/admin/orphans", query: q, out: &out})
 	return out, err
+}
+
+// pageQuery builds the query of a paged list: the filter (name=value) when
+// value is set, limit when positive, cursor when set.
+func pageQuery(name, value string, limit int, cursor string) url.Values {
+	q := url.Values{}
+	if value != "" {
+		q.Set(name, value)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	}
+	return q
 }
 
 // decodeItems accepts either a bare JSON array or an {"items": [...]}

@@ -115,12 +115,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return nil, fmt.Errorf("idem base URL %q: scheme must be http or https", baseURL)
 	}
-	c := &Client{
-		base:      u,
-		hc:        &http.Client{},
-		clock:     realClock{},
-		userAgent: "idem-go-client/1",
-	}
+	c := &Client{base: u, userAgent: "idem-go-client/1"}
 	for _, o := range opts {
 		o(c)
 	}
@@ -347,6 +342,7 @@ func (c *Client) problem(resp *http.Response, data []byte) *Error {
 		Code:       CodeUnknown,
 		RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), c.clock.Now()),
 		RequestID:  resp.Header.Get("X-Request-Id"),
+		Retryable:  c.policy.retryableStatus(resp.StatusCode),
 	}
 	var pd struct {
 		Type      string       `json:"type"`
@@ -363,12 +359,7 @@ func (c *Client) problem(resp *http.Response, data []byte) *Error {
 		}
 		if pd.Retryable != nil {
 			e.Retryable = *pd.Retryable
-		} else {
-			e.Retryable = c.policy.retryableStatus(resp.StatusCode)
 		}
-	} else {
-		e.Title = http.StatusText(resp.StatusCode)
-		e.Retryable = c.policy.retryableStatus(resp.StatusCode)
 	}
 	if e.Title == "" {
 		e.Title = http.StatusText(resp.StatusCode)

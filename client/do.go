@@ -99,11 +99,9 @@ func (c *Claim) Checkpoint(ctx context.Context, name string, data any) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, err := c.client.Checkpoint(ctx, c.key, c.token, name, raw, c.lease); err != nil {
+	if err := c.saveLocked(ctx, name, raw); err != nil {
 		return fmt.Errorf("checkpoint %q: %w", name, err)
 	}
-	c.point, c.data = name, raw
-	c.renewed = c.client.clock.Now()
 	return nil
 }
 
@@ -111,10 +109,16 @@ func (c *Claim) Checkpoint(ctx context.Context, name string, data any) error {
 func (c *Claim) renew(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	point, data := c.point, c.data
+	point := c.point
 	if point == "" {
 		point = RenewalPoint
 	}
+	return c.saveLocked(ctx, point, c.data)
+}
+
+// saveLocked checkpoints point and data, which renews the lease, and
+// remembers them. c.mu must be held.
+func (c *Claim) saveLocked(ctx context.Context, point string, data json.RawMessage) error {
 	if _, err := c.client.Checkpoint(ctx, c.key, c.token, point, data, c.lease); err != nil {
 		return err
 	}

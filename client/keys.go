@@ -18,17 +18,22 @@ const keySeparator = ':'
 // or nil.
 func ValidateKey(key string) error {
 	if key == "" {
-		return &Error{Code: CodeInvalidKey, Title: "Invalid key", Detail: "the key is empty"}
+		return invalidKey("the key is empty")
 	}
 	if len(key) > MaxKeyBytes {
-		return &Error{Code: CodeInvalidKey, Title: "Invalid key", Detail: fmt.Sprintf("the key is %d bytes long; at most %d are allowed", len(key), MaxKeyBytes)}
+		return invalidKey(fmt.Sprintf("the key is %d bytes long; at most %d are allowed", len(key), MaxKeyBytes))
 	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < 0x21 || c > 0x7E {
-			return &Error{Code: CodeInvalidKey, Title: "Invalid key", Detail: fmt.Sprintf("byte %d of the key (0x%02X) is outside printable ASCII 0x21-0x7E", i, c)}
+			return invalidKey(fmt.Sprintf("byte %d of the key (0x%02X) is outside printable ASCII 0x21-0x7E", i, c))
 		}
 	}
 	return nil
+}
+
+// invalidKey returns the *Error matching ErrInvalidKey with detail.
+func invalidKey(detail string) *Error {
+	return &Error{Code: CodeInvalidKey, Title: "Invalid key", Detail: detail}
 }
 
 // Key builds an idempotency key from the parts that identify one business
@@ -46,12 +51,12 @@ func ValidateKey(key string) error {
 // is an error (an empty order id is a bug that would merge intents).
 func Key(parts ...string) (string, error) {
 	if len(parts) == 0 {
-		return "", &Error{Code: CodeInvalidKey, Title: "Invalid key", Detail: "a key needs at least one part"}
+		return "", invalidKey("a key needs at least one part")
 	}
 	var b strings.Builder
 	for i, p := range parts {
 		if p == "" {
-			return "", &Error{Code: CodeInvalidKey, Title: "Invalid key", Detail: fmt.Sprintf("part %d of the key is empty", i)}
+			return "", invalidKey(fmt.Sprintf("part %d of the key is empty", i))
 		}
 		if i > 0 {
 			b.WriteByte(keySeparator)

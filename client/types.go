@@ -90,33 +90,16 @@ type Record struct {
 	Response       *Response       `json:"response,omitempty"`
 }
 
-// UnmarshalJSON decodes a record, reading JSON nulls as zero values.
+// UnmarshalJSON decodes a record, reading JSON nulls as zero values
+// (encoding/json already does so for the timestamps and strings; a null
+// recovery_data would otherwise stay the raw text "null").
 func (r *Record) UnmarshalJSON(data []byte) error {
 	type plain Record
-	var w struct {
-		plain
-		LeaseExpiresAt *time.Time `json:"lease_expires_at"`
-		CreatedAt      *time.Time `json:"created_at"`
-		CompletedAt    *time.Time `json:"completed_at"`
-		ReplayUntil    *time.Time `json:"replay_until"`
-		PurgeAfter     *time.Time `json:"purge_after"`
-		RecoveryPoint  *string    `json:"recovery_point"`
-	}
-	if err := json.Unmarshal(data, &w); err != nil {
+	var p plain
+	if err := json.Unmarshal(data, &p); err != nil {
 		return err
 	}
-	*r = Record(w.plain)
-	deref := func(t *time.Time) time.Time {
-		if t == nil {
-			return time.Time{}
-		}
-		return *t
-	}
-	r.LeaseExpiresAt, r.CreatedAt, r.CompletedAt = deref(w.LeaseExpiresAt), deref(w.CreatedAt), deref(w.CompletedAt)
-	r.ReplayUntil, r.PurgeAfter = deref(w.ReplayUntil), deref(w.PurgeAfter)
-	if w.RecoveryPoint != nil {
-		r.RecoveryPoint = *w.RecoveryPoint
-	}
+	*r = Record(p)
 	if string(r.RecoveryData) == "null" {
 		r.RecoveryData = nil
 	}

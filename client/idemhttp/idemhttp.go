@@ -225,7 +225,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	})
 	switch {
 	case err == nil && res.Replayed:
-		writeStored(w, res.Response, true)
+		writeStored(w, res.Response)
 	case ran:
 		if err != nil && !errors.Is(err, errNoSE) {
 			m.opts.Logger.ErrorContext(r.Context(), "idem: the handler ran but its response was not stored", "error", err)
@@ -311,13 +311,12 @@ func (m *middleware) selectHeaders(h http.Header) map[string]string {
 	return out
 }
 
-func writeStored(w http.ResponseWriter, resp client.Response, replayed bool) {
+// writeStored replays a stored response, marked with HeaderReplayed.
+func writeStored(w http.ResponseWriter, resp client.Response) {
 	for k, v := range resp.Headers {
 		w.Header().Set(k, v)
 	}
-	if replayed {
-		w.Header().Set(HeaderReplayed, "true")
-	}
+	w.Header().Set(HeaderReplayed, "true")
 	w.Header().Set("Content-Length", strconv.Itoa(len(resp.Body)))
 	status := resp.Status
 	if status == 0 {
