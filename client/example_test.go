@@ -4,48 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/http/httptest"
-	"os"
 	"time"
 
-	"github.com/idem-dev/idem/auth"
 	"github.com/idem-dev/idem/client"
-	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/client/internal/examplesrv"
 )
 
 // startExampleServer runs the real idem server wiring (SQLite in a
 // temporary folder) behind an httptest server and returns its URL, a token
 // for tenant "demo" and a stop function.
 func startExampleServer() (url, token string, stop func()) {
-	dir, err := os.MkdirTemp("", "idem-example")
-	if err != nil {
-		panic(err)
-	}
-	const secret = "example-hs256-secret-0123456789abcdef"
-	cfg := server.DefaultConfig()
-	cfg.DatabaseURL = "sqlite:" + dir + "/idem.db"
-	cfg.JWTHS256Secret = secret
-	ctx := context.Background()
-	srv, err := server.New(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		panic(err)
-	}
-	if _, err := srv.Tenants().Ensure(ctx, "demo", "Demo"); err != nil {
-		panic(err)
-	}
-	token, err = auth.MintHS256([]byte(secret), auth.MintClaims{Issuer: "idem", Audience: "idem", Subject: "example",
-		Tenant: "demo", Scopes: []string{"keys:write"}, TTL: time.Hour})
-	if err != nil {
-		panic(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	return hs.URL, token, func() {
-		hs.Close()
-		_ = srv.Close()
-		_ = os.RemoveAll(dir)
-	}
+	return examplesrv.Start("demo", "Demo", "example")
 }
 
 // Do runs the function once per key: the second call replays the stored

@@ -1,22 +1,17 @@
 package idemhttp_test
 
 import (
-	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/idem-dev/idem/auth"
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/client/idemhttp"
-	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/client/internal/examplesrv"
 )
 
 // Wrap a chi route so that a retried POST with the same Idempotency-Key
@@ -63,31 +58,5 @@ func ExampleMiddleware() {
 // startIdem runs the real idem server wiring (SQLite) behind an httptest
 // server, with a tenant "shop".
 func startIdem() (url, token string, stop func()) {
-	dir, err := os.MkdirTemp("", "idemhttp-example")
-	if err != nil {
-		panic(err)
-	}
-	const secret = "example-hs256-secret-0123456789abcdef"
-	cfg := server.DefaultConfig()
-	cfg.DatabaseURL = "sqlite:" + dir + "/idem.db"
-	cfg.JWTHS256Secret = secret
-	ctx := context.Background()
-	srv, err := server.New(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		panic(err)
-	}
-	if _, err := srv.Tenants().Ensure(ctx, "shop", "Shop"); err != nil {
-		panic(err)
-	}
-	token, err = auth.MintHS256([]byte(secret), auth.MintClaims{Issuer: "idem", Audience: "idem", Subject: "shop-api",
-		Tenant: "shop", Scopes: []string{"keys:write"}, TTL: time.Hour})
-	if err != nil {
-		panic(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	return hs.URL, token, func() {
-		hs.Close()
-		_ = srv.Close()
-		_ = os.RemoveAll(dir)
-	}
+	return examplesrv.Start("shop", "Shop", "shop-api")
 }
