@@ -10,6 +10,7 @@ package auth
 
 import (
 	"crypto/hmac"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"slices"
@@ -79,6 +80,7 @@ type Verifier struct {
 	keys   map[string]publicKey // by kid
 	parser *jwt.Parser
 	now    func() time.Time
+	cache  *tokenCache
 }
 
 // claims are the claims idem reads from a token.
@@ -99,7 +101,7 @@ func newVerifier(cfg Config, now func() time.Time) (*Verifier, error) {
 	if cfg.Issuer == "" || cfg.Audience == "" {
 		return nil, errors.New("new verifier: issuer and audience must be set")
 	}
-	v := &Verifier{keys: map[string]publicKey{}, now: now}
+	v := &Verifier{keys: map[string]publicKey{}, now: now, cache: newTokenCache()}
 	var methods []string
 	if cfg.HS256Secret != nil {
 		if len(cfg.HS256Secret) < MinSecretBytes {
@@ -140,13 +142,23 @@ func newVerifier(cfg Config, now func() time.Time) (*Verifier, error) {
 
 // Verify checks token and returns its principal. Every failure is an
 // *idem.Error with code unauthenticated and a short detail safe to show.
+//
+// A token that passed verification is remembered (see MaxCachedTokens), so
+// repeating it costs a hash and a map lookup while its exp, nbf and iat
+// still hold; the answer is the same as a full verification's.
 func (v *Verifier) Verify(token string) (Principal, error) {
+	key := sha256.Sum256([]byte(token))
+	if p, ok := v.cache.get(key, v.now()); ok {
+		return p, nil
+	}
 	var c claims
 	_, err := v.parser.ParseWithClaims(token, &c, v.keyFunc)
 	if err != nil {
 		return Principal{}, &idem.Error{Code: idem.CodeUnauthenticated, Detail: failureDetail(err), Err: fmt.Errorf("verify token: %w", err)}
 	}
-	return Principal{Subject: c.Subject, Tenant: c.Tenant, Scopes: strings.Fields(c.Scope)}, nil
+	p := Principal{Subject: c.Subject, Tenant: c.Tenant, Scopes: strings.Fields(c.Scope)}
+	v.cache.put(key, p, &c, v.now())
+	return p, nil
 }
 
 // keyFunc selects the verification key for a token whose algorithm already

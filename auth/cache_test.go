@@ -1,0 +1,105 @@
+package auth
+
+import (
+	"crypto/sha256"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem"
+)
+
+// TestVerifyCacheKeepsTimeChecks verifies that a remembered token is still
+// refused outside its exp/nbf/iat window, with the same detail a fresh
+// verification gives, and accepted again inside it.
+func TestVerifyCacheKeepsTimeChecks(t *testing.T) {
+	t.Parallel()
+	secret := []byte(strings.Repeat("s", MinSecretBytes))
+	var offset atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	v, err := newVerifier(Config{HS256Secret: secret, Issuer: "iss", Audience: "aud"}, now)
+	require.NoError(t, err)
+	tok, err := MintHS256(secret, MintClaims{Issuer: "iss", Audience: "aud", Subject: "sub", Tenant: "acme", Scopes: []string{ScopeKeysWrite}, TTL: time.Hour})
+	require.NoError(t, err)
+	want := Principal{Subject: "sub", Tenant: "acme", Scopes: []string{ScopeKeysWrite}}
+
+	p, err := v.Verify(tok)
+	require.NoError(t, err)
+	require.Equal(t, want, p)
+	_, cached := v.cache.get(sha256.Sum256([]byte(tok)), now())
+	require.True(t, cached, "a verified token is remembered")
+
+	p, err = v.Verify(tok) // from the cache
+	require.NoError(t, err)
+	require.Equal(t, want, p)
+	p.Scopes[0] = "mutated"
+	p, err = v.Verify(tok)
+	require.NoError(t, err)
+	require.Equal(t, want, p, "a caller cannot change the remembered principal")
+
+	// A different token (one signature character changed) is verified on
+	// its own and refused.
+	bad := tok[:len(tok)-2] + map[bool]string{true: "A", false: "B"}[tok[len(tok)-2] != 'A'] + tok[len(tok)-1:]
+	_, err = v.Verify(bad)
+	require.Equal(t, idem.CodeUnauthenticated, idem.ErrorCode(err))
+
+	requireDetail := func(detail string) {
+		t.Helper()
+		_, err := v.Verify(tok)
+		require.Equal(t, idem.CodeUnauthenticated, idem.ErrorCode(err))
+		var ie *idem.Error
+		require.ErrorAs(t, err, &ie)
+		require.Equal(t, detail, ie.Detail)
+	}
+
+	offset.Store(int64(time.Hour + Leeway + time.Second))
+	requireDetail("the token has expired")
+	offset.Store(int64(-Leeway - 2*time.Second))
+	requireDetail("the token is not valid yet")
+
+	offset.Store(0)
+	p, err = v.Verify(tok)
+	require.NoError(t, err)
+	require.Equal(t, want, p)
+}
+
+// TestTokenCacheBounded verifies that the cache never holds more than
+// MaxCachedTokens entries.
+func TestTokenCacheBounded(t *testing.T) {
+	t.Parallel()
+	c := newTokenCache()
+	now := time.Now()
+	for i := range MaxCachedTokens + 10 {
+		var key [sha256.Size]byte
+		key[0], key[1], key[2] = byte(i), byte(i>>8), byte(i>>16)
+		cl := &claims{}
+		cl.ExpiresAt = jwt.NewNumericDate(now.Add(time.Hour))
+		c.put(key, Principal{Tenant: "t"}, cl, now)
+		require.LessOrEqual(t, len(c.entries), MaxCachedTokens)
+	}
+	require.NotEmpty(t, c.entries)
+}
+
+// BenchmarkVerifyHS256 verifies the same HS256 token repeatedly, as a
+// client that reuses its token makes the server do.
+func BenchmarkVerifyHS256(b *testing.B) {
+	secret := []byte(strings.Repeat("s", MinSecretBytes))
+	v, err := NewVerifier(Config{HS256Secret: secret, Issuer: "iss", Audience: "aud"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	tok, err := MintHS256(secret, MintClaims{Issuer: "iss", Audience: "aud", Subject: "sub", Tenant: "acme", Scopes: []string{ScopeKeysWrite}, TTL: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := v.Verify(tok); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
