@@ -54,8 +54,10 @@ const EnvRequire = "IDEM_REQUIRE_BROWSER"
 // EnvArtifacts names the variable holding the directory for screenshots.
 const EnvArtifacts = "IDEM_ARTIFACTS_DIR"
 
-// DefaultTimeout bounds each Do/Run call.
-const DefaultTimeout = 30 * time.Second
+// DefaultTimeout bounds each Do/Run call. It is generous on purpose: it only
+// stops a hung browser, and on a loaded 2-core CI machine Chromium can take
+// tens of seconds to parse and render the Redoc bundle.
+const DefaultTimeout = 90 * time.Second
 
 // Browser is one headless Chromium tab with request and console recording.
 type Browser struct {
