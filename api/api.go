@@ -9,10 +9,12 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -68,6 +70,7 @@ type server struct {
 	maxBody  int64
 	observer Observer
 	limiter  *limiter
+	buffers  sync.Pool // of *bytes.Buffer, for encoding responses
 }
 
 // New returns the router serving /v1/..., /healthz and /readyz. The caller
@@ -82,6 +85,7 @@ func New(opts Options) *chi.Mux {
 		observer: opts.Observer,
 		limiter:  newLimiter(time.Now),
 	}
+	s.buffers.New = func() any { return new(bytes.Buffer) }
 	if s.logger == nil {
 		s.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

@@ -266,10 +266,16 @@ func (c claimReply) writeHeader(h http.Header) {
 	}
 }
 
+func (c claimReply) jsonBody() any { return c.body }
+
+// MarshalJSON encodes the body.
 func (c claimReply) MarshalJSON() ([]byte, error) { return json.Marshal(c.body) }
 
 // created wraps a body answered with 201.
 type created struct{ body any }
 
-func (created) statusCode() int                { return http.StatusCreated }
+func (created) statusCode() int { return http.StatusCreated }
+func (c created) jsonBody() any { return c.body }
+
+// MarshalJSON encodes the body.
 func (c created) MarshalJSON() ([]byte, error) { return json.Marshal(c.body) }

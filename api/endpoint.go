@@ -90,14 +90,38 @@ func (s *server) writeJSON(w http.ResponseWriter, r *http.Request, resp any) {
 		w.WriteHeader(status)
 		return
 	}
-	body, err := json.Marshal(resp)
-	if err != nil {
+	if bw, ok := resp.(bodyWrapper); ok {
+		// Encode the body itself rather than through the wrapper's
+		// MarshalJSON, which would encode it and then compact the result
+		// again; the bytes are the same.
+		resp = bw.jsonBody()
+	}
+	buf := s.buffers.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= maxPooledBuffer {
+			buf.Reset()
+			s.buffers.Put(buf)
+		}
+	}()
+	buf.Reset()
+	// Encode writes what json.Marshal returns plus a newline.
+	if err := json.NewEncoder(buf).Encode(resp); err != nil {
 		s.writeProblem(w, r, fmt.Errorf("encode response: %w", err))
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
+	_, _ = w.Write(buf.Bytes())
+}
+
+// maxPooledBuffer is the largest response buffer kept for reuse; buffers
+// that grew past it (large listings or stored responses) are dropped.
+const maxPooledBuffer = 64 << 10
+
+// bodyWrapper is a response that only adds a status or headers to a JSON
+// body; writeJSON encodes the body directly.
+type bodyWrapper interface {
+	jsonBody() any
 }
 
 // decodeBody reads at most MaxBodyBytes of the body and decodes it into dst.
