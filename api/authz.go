@@ -12,7 +12,7 @@ import (
 )
 
 // authenticate verifies the bearer token and puts its principal in the
-// context; anything else is 401 unauthenticated.
+// request's state; anything else is 401 unauthenticated.
 func (s *server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := r.Header.Get("Authorization")
@@ -26,13 +26,17 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 			s.writeProblem(w, r, err)
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey, p)))
+		st, r := withState(r)
+		st.principal = p
+		next.ServeHTTP(w, r)
 	})
 }
 
 func principalFrom(ctx context.Context) auth.Principal {
-	p, _ := ctx.Value(principalKey).(auth.Principal)
-	return p
+	if st := stateFrom(ctx); st != nil {
+		return st.principal
+	}
+	return auth.Principal{}
 }
 
 // requireScope answers 403 forbidden unless the principal holds one of
@@ -54,7 +58,7 @@ func (s *server) requireScope(scopes ...string) func(http.Handler) http.Handler 
 
 // resolveTenant loads the token's tenant (403 tenant_unknown when it is
 // missing or disabled), applies the tenant's rate limit (429) and puts the
-// tenant in the context. The tenant comes only from the token.
+// tenant in the request's state. The tenant comes only from the token.
 func (s *server) resolveTenant(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := principalFrom(r.Context())
@@ -67,7 +71,9 @@ func (s *server) resolveTenant(next http.Handler) http.Handler {
 			s.writeProblem(w, r, err)
 			return
 		}
-		setLogTenant(r.Context(), t.ID)
+		st, r := withState(r)
+		id := t.ID
+		st.logTenant.Store(&id)
 		if ok, wait := s.limiter.allow(t.ID, t.Settings.RateLimitPerSecond); !ok {
 			s.writeProblem(w, r, &idem.Error{
 				Code:       idem.CodeRateLimited,
@@ -76,13 +82,16 @@ func (s *server) resolveTenant(next http.Handler) http.Handler {
 			})
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey, t)))
+		st.tenant = t
+		next.ServeHTTP(w, r)
 	})
 }
 
 func tenantFrom(ctx context.Context) idem.Tenant {
-	t, _ := ctx.Value(tenantKey).(idem.Tenant)
-	return t
+	if st := stateFrom(ctx); st != nil {
+		return st.tenant
+	}
+	return idem.Tenant{}
 }
 
 // limiter is an in-memory token bucket per tenant. It lives in one replica:

@@ -13,16 +13,43 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/auth"
 )
 
 type ctxKey int
 
-const (
-	requestIDKey ctxKey = iota + 1
-	logInfoKey
-	principalKey
-	tenantKey
-)
+// stateKey holds the request's *reqState.
+const stateKey ctxKey = 1
+
+// reqState is what the middlewares learn about one request, in one context
+// value (one request copy) instead of one context value each: the request id
+// (requestID), the tenant for the access log line, the principal
+// (authenticate) and the tenant (resolveTenant). Each field is set before the
+// handlers that read it run; logTenant is atomic because the access log
+// reads it after the handler returned.
+type reqState struct {
+	id        string
+	logTenant atomic.Pointer[string]
+	principal auth.Principal
+	tenant    idem.Tenant
+}
+
+func stateFrom(ctx context.Context) *reqState {
+	st, _ := ctx.Value(stateKey).(*reqState)
+	return st
+}
+
+// withState returns r's state, attaching a new one to r when the request
+// has none (a middleware used outside New's chain).
+func withState(r *http.Request) (*reqState, *http.Request) {
+	if st := stateFrom(r.Context()); st != nil {
+		return st, r
+	}
+	st := &reqState{}
+	return st, r.WithContext(context.WithValue(r.Context(), stateKey, st))
+}
 
 // RequestIDHeader carries the request id in both directions.
 const RequestIDHeader = "X-Request-Id"
@@ -57,24 +84,17 @@ func requestID(next http.Handler) http.Handler {
 			id = newRequestID()
 		}
 		w.Header().Set(RequestIDHeader, id)
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+		st, r := withState(r)
+		st.id = id
+		next.ServeHTTP(w, r)
 	})
 }
 
 func requestIDFrom(ctx context.Context) string {
-	id, _ := ctx.Value(requestIDKey).(string)
-	return id
-}
-
-// logInfo is filled in by inner handlers for the access log line.
-type logInfo struct {
-	tenant atomic.Pointer[string]
-}
-
-func setLogTenant(ctx context.Context, tenant string) {
-	if li, ok := ctx.Value(logInfoKey).(*logInfo); ok {
-		li.tenant.Store(&tenant)
+	if st := stateFrom(ctx); st != nil {
+		return st.id
 	}
+	return ""
 }
 
 // accessLog writes one line per request: request id, method, route pattern,
@@ -83,9 +103,8 @@ func setLogTenant(ctx context.Context, tenant string) {
 func (s *server) accessLog(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		li := &logInfo{}
+		st, r := withState(r)
 		ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
-		r = r.WithContext(context.WithValue(r.Context(), logInfoKey, li))
 		defer func() {
 			status := ww.Status()
 			if status == 0 {
@@ -96,13 +115,13 @@ func (s *server) accessLog(next http.Handler) http.Handler {
 				pattern = rc.RoutePattern()
 			}
 			attrs := []slog.Attr{
-				slog.String("request_id", requestIDFrom(r.Context())),
+				slog.String("request_id", st.id),
 				slog.String("method", r.Method),
 				slog.String("route", pattern),
 				slog.Int("status", status),
 				slog.Duration("duration", time.Since(start)),
 			}
-			if t := li.tenant.Load(); t != nil {
+			if t := st.logTenant.Load(); t != nil {
 				attrs = append(attrs, slog.String("tenant", *t))
 			}
 			s.logger.LogAttrs(r.Context(), slog.LevelInfo, "http request", attrs...)
