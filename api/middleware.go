@@ -114,13 +114,16 @@ func (s *server) accessLog(next http.Handler) http.Handler {
 			if rc := chi.RouteContext(r.Context()); rc != nil {
 				pattern = rc.RoutePattern()
 			}
-			attrs := []slog.Attr{
+			// Room for the tenant, so the append does not move the slice
+			// to the heap.
+			attrs := make([]slog.Attr, 0, 6)
+			attrs = append(attrs,
 				slog.String("request_id", st.id),
 				slog.String("method", r.Method),
 				slog.String("route", pattern),
 				slog.Int("status", status),
 				slog.Duration("duration", time.Since(start)),
-			}
+			)
 			if t := st.logTenant.Load(); t != nil {
 				attrs = append(attrs, slog.String("tenant", *t))
 			}
