@@ -301,6 +301,10 @@ func (s *Store) OrphanStats(ctx context.Context) ([]idem.OrphanStat, error) {
 // responses. SQLite serializes writers, so concurrent reapers never delete a
 // record twice.
 func (s *Store) Reap(ctx context.Context, p idem.ReapParams) ([]idem.Record, error) {
+	if err := s.lockWriter(ctx); err != nil {
+		return nil, interpretError(err, "reap keys")
+	}
+	defer s.unlockWriter()
 	now := s.clock()
 	rows, err := s.q.ReapKeys(ctx, dbsqlc.ReapKeysParams{Now: micros(now), RowLimit: int64(p.Limit)})
 	if err != nil {

@@ -9,6 +9,15 @@
 // tokens come from a one-row counter table, so they keep increasing after a
 // release or the reaper deleted the row that held the previous one.
 //
+// Writers of one Store queue in arrival order for a single writer slot (see
+// lockWriter) before they begin: SQLite admits one writer at a time anyway,
+// and a writer that finds the lock taken inside SQLite sleeps in its busy
+// handler with growing pauses (up to 100 ms), so under load some waited
+// seconds while later arrivals went first. Readers do not queue; WAL lets
+// them run beside the writer on the other pooled connections. The slot only
+// orders this Store's writers: BEGIN IMMEDIATE with busy_timeout still
+// guards against writers of other processes or other Stores on the file.
+//
 // The database runs inside this process, so "the database clock" is this
 // host's clock: with Options.Now nil the store uses time.Now. Times are kept
 // as INTEGER unix microseconds (see db/schema/sqlite).
@@ -41,9 +50,10 @@ var _ idem.Store = (*Store)(nil)
 // lock before SQLite gives up with SQLITE_BUSY.
 const busyTimeout = 10 * time.Second
 
-// maxOpenConns caps the connections of one Store. Writers queue on SQLite's
-// single write lock anyway, and a commit costs an fsync (synchronous=FULL),
-// so a larger pool does not claim faster (BenchmarkClaimParallel measures 1,
+// maxOpenConns caps the connections of one Store. Writers of a Store take
+// turns on its writer slot (SQLite has a single write lock anyway), and a
+// commit costs an fsync (synchronous=FULL), so a larger pool does not claim
+// faster (BenchmarkClaimParallel measures 1,
 // 4 and 16 connections within noise of each other); a few connections let
 // reads run beside the writer in WAL mode.
 const maxOpenConns = 4
@@ -66,6 +76,10 @@ type Store struct {
 	db  *sql.DB
 	q   *dbsqlc.Queries
 	now func() time.Time
+	// writer is the writer slot, a semaphore of one: a send takes it, a
+	// receive gives it back. Goroutines blocked sending on a channel are
+	// woken first in, first out, which makes the queue fair.
+	writer chan struct{}
 }
 
 // Open opens (creating it and its folder if missing) the SQLite database at
@@ -85,7 +99,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	if now == nil {
 		now = time.Now
 	}
-	return &Store{db: db, q: dbsqlc.New(db), now: now}, nil
+	return &Store{db: db, q: dbsqlc.New(db), now: now, writer: make(chan struct{}, 1)}, nil
 }
 
 // Migrate applies the embedded migrations to the database at path and
@@ -180,10 +194,32 @@ func (s *Store) clock() time.Time {
 	return s.now().UTC().Truncate(time.Microsecond)
 }
 
-// inTx runs fn inside one BEGIN IMMEDIATE transaction (the DSN's _txlock)
-// with the instant of the decision, taken once the write lock is held. fn's
-// error rolls the transaction back.
+// lockWriter waits, behind the writers that arrived earlier, for this
+// Store's writer slot, or until ctx ends; it returns ctx's error then, as
+// BeginTx would. A nil error obliges the caller to call unlockWriter.
+func (s *Store) lockWriter(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	select {
+	case s.writer <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// unlockWriter gives the writer slot to the next writer in line.
+func (s *Store) unlockWriter() { <-s.writer }
+
+// inTx runs fn inside one BEGIN IMMEDIATE transaction (the DSN's _txlock),
+// holding the writer slot, with the instant of the decision, taken once the
+// write lock is held. fn's error rolls the transaction back.
 func (s *Store) inTx(ctx context.Context, doing string, fn func(q *dbsqlc.Queries, now time.Time) error) error {
+	if err := s.lockWriter(ctx); err != nil {
+		return interpretError(err, doing)
+	}
+	defer s.unlockWriter()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return interpretError(err, doing)

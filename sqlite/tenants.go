@@ -13,6 +13,10 @@ import (
 
 // CreateTenant creates a tenant; an existing id is tenant_exists.
 func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (idem.Tenant, error) {
+	if err := s.lockWriter(ctx); err != nil {
+		return idem.Tenant{}, interpretError(err, "create tenant")
+	}
+	defer s.unlockWriter()
 	row, err := s.q.CreateTenant(ctx, dbsqlc.CreateTenantParams{
 		ID:                     p.ID,
 		Name:                   p.Name,
@@ -64,6 +68,10 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 	if p.Disabled {
 		disabled = 1
 	}
+	if err := s.lockWriter(ctx); err != nil {
+		return idem.Tenant{}, interpretError(err, "update tenant")
+	}
+	defer s.unlockWriter()
 	row, err := s.q.UpdateTenant(ctx, dbsqlc.UpdateTenantParams{
 		ID:                     p.ID,
 		Name:                   p.Name,
