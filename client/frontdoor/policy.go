@@ -1,0 +1,168 @@
+package frontdoor
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// Requirement says what a front door does with a request of one method.
+type Requirement int
+
+// The requirements of a method.
+const (
+	// Pass: never claimed, the request goes straight to the handler.
+	Pass Requirement = iota
+	// Optional: protected when it carries a key, passed through when not.
+	Optional
+	// Required: protected; without a key it is refused with 400
+	// idempotency_key_missing.
+	Required
+)
+
+// String returns the requirement's name as the vectors spell it.
+func (r Requirement) String() string {
+	switch r {
+	case Optional:
+		return "optional"
+	case Required:
+		return "required"
+	}
+	return "pass"
+}
+
+// Methods configures which methods need a key. The zero value is the
+// default: POST and PATCH required, PUT and DELETE (and any other unsafe
+// method) optional. Safe methods (GET, HEAD, OPTIONS, TRACE) always pass,
+// whatever is configured: they must not have side effects, and storing
+// their answers would serve stale reads.
+type Methods struct {
+	// Required lists the methods that must carry a key; nil means POST,
+	// PATCH. An empty non-nil list requires none.
+	Required []string
+	// Optional lists the methods that are protected when they carry a key;
+	// nil means every unsafe method not in Required.
+	Optional []string
+}
+
+// DefaultRequired are the methods that must carry a key by default: the
+// ones RFC 9110 does not define as idempotent.
+var DefaultRequired = []string{http.MethodPost, http.MethodPatch}
+
+// SafeMethod reports whether m is a safe method, which is never claimed.
+func SafeMethod(m string) bool {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}
+
+// For returns the requirement of method.
+func (m Methods) For(method string) Requirement {
+	method = strings.ToUpper(method)
+	if SafeMethod(method) {
+		return Pass
+	}
+	req := m.Required
+	if req == nil {
+		req = DefaultRequired
+	}
+	if slices.Contains(req, method) {
+		return Required
+	}
+	if m.Optional == nil || slices.Contains(m.Optional, method) {
+		return Optional
+	}
+	return Pass
+}
+
+// KeyFor applies the header rules and the method's requirement to a
+// request: it returns the parsed key and whether the request is protected.
+// A request that is not protected goes to the handler as is. A required
+// method without a key gives CodeKeyMissing; a malformed key gives
+// CodeInvalidKey even on an optional method (a caller who sends a key
+// expects protection).
+func (m Methods) KeyFor(r *http.Request) (key string, protected bool, err error) {
+	need := m.For(r.Method)
+	if need == Pass {
+		return "", false, nil
+	}
+	key, err = ParseKey(r.Header.Values(HeaderKey))
+	if err != nil {
+		return "", false, err
+	}
+	if key == "" {
+		if need == Required {
+			return "", false, &Error{Code: CodeKeyMissing, Detail: r.Method + " requires an " + HeaderKey + " header"}
+		}
+		return "", false, nil
+	}
+	return key, true, nil
+}
+
+// StoreStatus reports whether an answer with status is stored (and then
+// replayed) or the key released. Every status is stored by default, 5xx
+// included (Stripe's behaviour: a 5xx may come after a side effect, and a
+// replay must not hide it behind a second run); with store5xx false a 5xx
+// releases the key so that the retry runs the handler again.
+func StoreStatus(status int, store5xx bool) bool {
+	return status < 500 || store5xx
+}
+
+// DefaultStoredHeaders are the response headers stored and replayed by
+// default: the ones that describe the representation. Per-caller headers
+// (Set-Cookie above all) are left out.
+var DefaultStoredHeaders = []string{
+	"Content-Type", "Content-Language", "Content-Disposition", "Content-Encoding",
+	"Location", "ETag", "Last-Modified", "Cache-Control",
+}
+
+// StoredHeaders returns the headers of h to store: those named in allow
+// (nil means DefaultStoredHeaders), looked up case-insensitively and kept
+// under the name as allow spells it, several values of one name joined
+// with ", ". Set-Cookie is never stored, even when allowed.
+func StoredHeaders(h http.Header, allow []string) map[string]string {
+	if allow == nil {
+		allow = DefaultStoredHeaders
+	}
+	out := make(map[string]string, len(allow))
+	for _, name := range allow {
+		if strings.EqualFold(name, "Set-Cookie") {
+			continue
+		}
+		if v := h.Values(name); len(v) > 0 {
+			out[name] = strings.Join(v, ", ")
+		}
+	}
+	return out
+}
+
+// HeaderNotReplayable is the header a front door stores, in place of a
+// body, on a record whose response was too large to keep: a replay of such
+// a record answers CodeResponseNotReplayable instead of running the
+// request again. Its value is the response's status line reason for
+// operators ("body of N bytes not stored").
+const HeaderNotReplayable = "Idem-Not-Replayable"
+
+// WriteReplay writes a stored response: its status, stored headers and
+// body verbatim, marked with Idempotent-Replayed: true. A record stored
+// without its body (HeaderNotReplayable) answers CodeResponseNotReplayable.
+func WriteReplay(w http.ResponseWriter, r *http.Request, status int, headers map[string]string, body []byte) {
+	if _, ok := headers[HeaderNotReplayable]; ok {
+		WriteProblem(w, r, &Error{Code: CodeResponseNotReplayable,
+			Detail: "the request was completed, but its response was too large to store and cannot be replayed"})
+		return
+	}
+	h := w.Header()
+	for k, v := range headers {
+		h.Set(k, v)
+	}
+	h.Set(HeaderReplayed, "true")
+	h.Set("Content-Length", itoa(len(body)))
+	if status == 0 {
+		status = http.StatusOK
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}

@@ -1,0 +1,181 @@
+package frontdoor
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Code is the machine-readable name of a front-door refusal.
+type Code string
+
+// The codes a front door answers with. The last three come from the gateway
+// only.
+const (
+	CodeKeyMissing            Code = "idempotency_key_missing"
+	CodeInvalidKey            Code = "invalid_key"
+	CodeInvalidRequest        Code = "invalid_request"
+	CodeRequestInFlight       Code = "request_in_flight"
+	CodeFingerprintMismatch   Code = "fingerprint_mismatch"
+	CodeStoreUnavailable      Code = "store_unavailable"
+	CodeUpstreamUnavailable   Code = "upstream_unavailable"
+	CodeUpstreamTimeout       Code = "upstream_timeout"
+	CodeResponseNotReplayable Code = "response_not_replayable"
+)
+
+// ProblemInfo is the fixed part of a code's problem body.
+type ProblemInfo struct {
+	Status    int
+	Title     string
+	Retryable bool
+}
+
+// Problems maps every code to its status, title and retryability. Only
+// request_in_flight and store_unavailable are retryable unchanged (after
+// Retry-After); upstream errors released the key, so the client may retry
+// them too, but nothing promises the next attempt succeeds.
+var Problems = map[Code]ProblemInfo{
+	CodeKeyMissing:            {http.StatusBadRequest, "Idempotency key missing", false},
+	CodeInvalidKey:            {http.StatusBadRequest, "Invalid idempotency key", false},
+	CodeInvalidRequest:        {http.StatusBadRequest, "Invalid request", false},
+	CodeRequestInFlight:       {http.StatusConflict, "Request in flight", true},
+	CodeFingerprintMismatch:   {http.StatusUnprocessableEntity, "Idempotency key reused with another request", false},
+	CodeStoreUnavailable:      {http.StatusServiceUnavailable, "Idempotency store unavailable", true},
+	CodeUpstreamUnavailable:   {http.StatusBadGateway, "Upstream unavailable", false},
+	CodeUpstreamTimeout:       {http.StatusGatewayTimeout, "Upstream timeout", false},
+	CodeResponseNotReplayable: {http.StatusConflict, "Response not replayable", false},
+}
+
+// FieldError names one invalid part of a request.
+type FieldError struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// Error is a refusal of a front door; WriteProblem turns it into an RFC
+// 9457 problem body.
+type Error struct {
+	Code Code
+	// Detail is a sentence safe to show the caller.
+	Detail string
+	// RetryAfter is sent as Retry-After (whole seconds, at least 1) for the
+	// retryable codes; zero then means one second.
+	RetryAfter time.Duration
+	// Fields lists invalid parts of the request, if any.
+	Fields []FieldError
+}
+
+// Error implements error.
+func (e *Error) Error() string { return "frontdoor: " + string(e.Code) + ": " + e.Detail }
+
+// Is makes errors.Is match any *Error with the same code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code
+}
+
+// Status is the HTTP status of the refusal.
+func (e *Error) Status() int { return Problems[e.Code].Status }
+
+// Errorf returns an *Error with a formatted detail.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Detail: fmt.Sprintf(format, args...)}
+}
+
+// Problem is the RFC 9457 body of a refusal.
+type Problem struct {
+	Type      string       `json:"type"`
+	Title     string       `json:"title"`
+	Status    int          `json:"status"`
+	Detail    string       `json:"detail"`
+	Code      Code         `json:"code"`
+	Retryable bool         `json:"retryable"`
+	Instance  string       `json:"instance"`
+	Errors    []FieldError `json:"errors,omitempty"`
+}
+
+// TypePrefix starts the type URI of every front-door problem.
+const TypePrefix = "urn:idem:problem:"
+
+// InstancePrefix starts the instance URI; the request id follows.
+const InstancePrefix = "urn:idem:request:"
+
+// NewProblem returns the problem body of e for the request with id.
+func NewProblem(e *Error, requestID string) Problem {
+	info := Problems[e.Code]
+	detail := e.Detail
+	if detail == "" {
+		detail = info.Title
+	}
+	return Problem{
+		Type: TypePrefix + string(e.Code), Title: info.Title, Status: info.Status,
+		Detail: detail, Code: e.Code, Retryable: info.Retryable,
+		Instance: InstancePrefix + requestID, Errors: e.Fields,
+	}
+}
+
+// RetryAfterSeconds rounds a wait up to whole seconds, at least 1.
+func RetryAfterSeconds(d time.Duration) int {
+	return max(int(math.Ceil(d.Seconds())), 1)
+}
+
+// WriteProblem answers e as application/problem+json, with Retry-After
+// for the retryable codes and the request id (RequestID) as instance and
+// X-Request-Id. Errors other than *Error are not expected here: callers map
+// them first (a store error is CodeStoreUnavailable).
+func WriteProblem(w http.ResponseWriter, r *http.Request, e *Error) {
+	id := RequestID(w, r)
+	p := NewProblem(e, id)
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	if p.Retryable {
+		h.Set("Retry-After", strconv.Itoa(RetryAfterSeconds(e.RetryAfter)))
+	}
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// RequestID returns the request id of r: the caller's X-Request-Id when it
+// is 1–128 characters of [A-Za-z0-9._-], else a new random one. It also
+// sets X-Request-Id on w when w has none yet, so the caller can quote it.
+func RequestID(w http.ResponseWriter, r *http.Request) string {
+	if id := w.Header().Get(HeaderRequestID); id != "" {
+		return id
+	}
+	id := r.Header.Get(HeaderRequestID)
+	if !ValidRequestID(id) {
+		id = NewRequestID()
+	}
+	w.Header().Set(HeaderRequestID, id)
+	return id
+}
+
+// ValidRequestID reports whether a caller's request id may be kept: 1–128
+// characters of [A-Za-z0-9._-], the same rule as the idem API.
+func ValidRequestID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// NewRequestID returns a random request id of 32 hex digits.
+func NewRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

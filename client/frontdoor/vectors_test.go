@@ -1,0 +1,212 @@
+package frontdoor_test
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem/client/frontdoor"
+)
+
+// vectorDir holds the vectors shared with the Python and Node middleware.
+var vectorDir = filepath.Join("..", "..", "testvectors", "frontdoor")
+
+func load(t *testing.T, name string, dst any) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(vectorDir, name))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, dst))
+}
+
+func codeOf(t *testing.T, err error) string {
+	t.Helper()
+	var e *frontdoor.Error
+	require.True(t, errors.As(err, &e), "error %v is not a *frontdoor.Error", err)
+	return string(e.Code)
+}
+
+type keyVector struct {
+	Name         string   `json:"name"`
+	HeaderValues []string `json:"header_values"`
+	Scope        *string  `json:"scope"`
+	Expect       struct {
+		Key   *string `json:"key"`
+		Error string  `json:"error"`
+	} `json:"expect"`
+}
+
+func TestKeyVectors(t *testing.T) {
+	var file struct {
+		Vectors []keyVector `json:"vectors"`
+	}
+	load(t, "keys.json", &file)
+	require.NotEmpty(t, file.Vectors)
+	for _, v := range file.Vectors {
+		t.Run(v.Name, func(t *testing.T) {
+			key, err := frontdoor.ParseKey(v.HeaderValues)
+			if err == nil && v.Scope != nil && key != "" {
+				key, err = frontdoor.ScopedKey(*v.Scope, key)
+			}
+			if v.Expect.Error != "" {
+				require.Error(t, err, "key %q", key)
+				assert.Equal(t, v.Expect.Error, codeOf(t, err))
+				return
+			}
+			require.NoError(t, err)
+			if v.Expect.Key == nil {
+				assert.Empty(t, key)
+			} else {
+				assert.Equal(t, *v.Expect.Key, key)
+			}
+		})
+	}
+}
+
+// FingerprintVector is one vector of fingerprint.json.
+type fingerprintVector struct {
+	Name        string              `json:"name"`
+	Method      string              `json:"method"`
+	Route       string              `json:"route"`
+	Query       string              `json:"query"`
+	ContentType *string             `json:"content_type"`
+	Body        *string             `json:"body"`
+	BodyBase64  *string             `json:"body_base64"`
+	Headers     map[string][]string `json:"headers"`
+	Rules       frontdoor.Rules     `json:"rules"`
+	Expect      struct {
+		Operation   string          `json:"operation"`
+		Document    json.RawMessage `json:"document"`
+		Fingerprint string          `json:"fingerprint"`
+		Error       string          `json:"error"`
+	} `json:"expect"`
+}
+
+func (v fingerprintVector) parts(t *testing.T) frontdoor.Parts {
+	p := frontdoor.Parts{Query: v.Query, Header: http.Header{}}
+	if v.ContentType != nil {
+		p.ContentType = *v.ContentType
+	}
+	switch {
+	case v.Body != nil:
+		p.Body = []byte(*v.Body)
+	case v.BodyBase64 != nil:
+		b, err := base64.StdEncoding.DecodeString(*v.BodyBase64)
+		require.NoError(t, err)
+		p.Body = b
+	}
+	for k, vs := range v.Headers {
+		for _, x := range vs {
+			p.Header.Add(k, x)
+		}
+	}
+	return p
+}
+
+func TestFingerprintVectors(t *testing.T) {
+	var file struct {
+		Vectors []fingerprintVector `json:"vectors"`
+	}
+	load(t, "fingerprint.json", &file)
+	require.NotEmpty(t, file.Vectors)
+	for _, v := range file.Vectors {
+		t.Run(v.Name, func(t *testing.T) {
+			require.NoError(t, v.Rules.Validate())
+			doc, err := frontdoor.Document(v.parts(t), v.Rules)
+			if v.Expect.Error != "" {
+				require.Error(t, err, "document %s", doc)
+				assert.Equal(t, v.Expect.Error, codeOf(t, err))
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, v.Expect.Operation, frontdoor.Operation(v.Method, v.Route))
+			var got, want any
+			require.NoError(t, json.Unmarshal(doc, &got))
+			require.NoError(t, json.Unmarshal(v.Expect.Document, &want))
+			assert.Equal(t, want, got)
+		})
+	}
+}
+
+func TestPolicyVectors(t *testing.T) {
+	var file struct {
+		DefaultStoredHeaders []string `json:"default_stored_headers"`
+		Requirements         []struct {
+			Method string `json:"method"`
+			Expect string `json:"expect"`
+		} `json:"requirements"`
+		Store []struct {
+			Status   int    `json:"status"`
+			Store5xx bool   `json:"store_5xx"`
+			Expect   string `json:"expect"`
+		} `json:"store"`
+		StoredHeaders []struct {
+			Name            string              `json:"name"`
+			ResponseHeaders map[string][]string `json:"response_headers"`
+			Allow           []string            `json:"allow"`
+			Expect          map[string]string   `json:"expect"`
+		} `json:"stored_headers"`
+		Problems []struct {
+			Code       string `json:"code"`
+			Status     int    `json:"status"`
+			Title      string `json:"title"`
+			Retryable  bool   `json:"retryable"`
+			Type       string `json:"type"`
+			RetryAfter bool   `json:"retry_after"`
+		} `json:"problems"`
+		RequestIDs []struct {
+			Header string `json:"header"`
+			Kept   bool   `json:"kept"`
+		} `json:"request_ids"`
+	}
+	load(t, "policy.json", &file)
+
+	assert.Equal(t, file.DefaultStoredHeaders, frontdoor.DefaultStoredHeaders)
+	require.NotEmpty(t, file.Requirements)
+	for _, v := range file.Requirements {
+		assert.Equal(t, v.Expect, frontdoor.Methods{}.For(v.Method).String(), v.Method)
+	}
+	require.NotEmpty(t, file.Store)
+	for _, v := range file.Store {
+		want := v.Expect == "store"
+		assert.Equal(t, want, frontdoor.StoreStatus(v.Status, v.Store5xx), "status %d store_5xx %v", v.Status, v.Store5xx)
+	}
+	require.NotEmpty(t, file.StoredHeaders)
+	for _, v := range file.StoredHeaders {
+		h := http.Header{}
+		for k, vs := range v.ResponseHeaders {
+			for _, x := range vs {
+				h.Add(k, x)
+			}
+		}
+		assert.Equal(t, v.Expect, frontdoor.StoredHeaders(h, v.Allow), v.Name)
+	}
+	require.Len(t, file.Problems, len(frontdoor.Problems))
+	for _, v := range file.Problems {
+		t.Run(v.Code, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, "/x", nil)
+			r.Header.Set(frontdoor.HeaderRequestID, "req-1")
+			w := httptest.NewRecorder()
+			frontdoor.WriteProblem(w, r, &frontdoor.Error{Code: frontdoor.Code(v.Code), Detail: "d"})
+			assert.Equal(t, v.Status, w.Code)
+			assert.Equal(t, "application/problem+json", w.Header().Get("Content-Type"))
+			assert.Equal(t, v.RetryAfter, w.Header().Get("Retry-After") == "1")
+			var p map[string]any
+			require.NoError(t, json.Unmarshal(w.Body.Bytes(), &p))
+			assert.Equal(t, map[string]any{
+				"type": v.Type, "title": v.Title, "status": float64(v.Status), "detail": "d",
+				"code": v.Code, "retryable": v.Retryable, "instance": "urn:idem:request:req-1",
+			}, p)
+		})
+	}
+	for _, v := range file.RequestIDs {
+		assert.Equal(t, v.Kept, frontdoor.ValidRequestID(v.Header), "%q", v.Header)
+	}
+}

@@ -1,0 +1,72 @@
+// Package testvectors_test checks the shared front-door vectors against the
+// server's fingerprint: the fingerprint each vector expects must be
+// idem.FingerprintJSON of the document client/frontdoor builds, the value
+// the idem server computes for a claim whose request is that document.
+package testvectors_test
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/client/frontdoor"
+)
+
+func TestFingerprintVectorsMatchTheServer(t *testing.T) {
+	b, err := os.ReadFile("frontdoor/fingerprint.json")
+	require.NoError(t, err)
+	var file struct {
+		Vectors []struct {
+			Name        string              `json:"name"`
+			Query       string              `json:"query"`
+			ContentType string              `json:"content_type"`
+			Body        *string             `json:"body"`
+			BodyBase64  string              `json:"body_base64"`
+			Headers     map[string][]string `json:"headers"`
+			Rules       frontdoor.Rules     `json:"rules"`
+			Expect      struct {
+				Document    json.RawMessage `json:"document"`
+				Fingerprint string          `json:"fingerprint"`
+				Error       string          `json:"error"`
+			} `json:"expect"`
+		} `json:"vectors"`
+	}
+	require.NoError(t, json.Unmarshal(b, &file))
+	require.NotEmpty(t, file.Vectors)
+	for _, v := range file.Vectors {
+		t.Run(v.Name, func(t *testing.T) {
+			p := frontdoor.Parts{Query: v.Query, ContentType: v.ContentType, Header: http.Header(v.Headers)}
+			if v.Body != nil {
+				p.Body = []byte(*v.Body)
+			} else {
+				p.Body, err = base64.StdEncoding.DecodeString(v.BodyBase64)
+				require.NoError(t, err)
+			}
+			if p.Header == nil {
+				p.Header = http.Header{}
+			}
+			for k, vs := range p.Header {
+				p.Header[http.CanonicalHeaderKey(k)] = vs
+			}
+			doc, err := frontdoor.Document(p, v.Rules)
+			if v.Expect.Error != "" {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			got, err := idem.FingerprintJSON(doc)
+			require.NoError(t, err)
+			assert.Equal(t, v.Expect.Fingerprint, got)
+			// The expected document itself has the same fingerprint.
+			want, err := idem.FingerprintJSON(v.Expect.Document)
+			require.NoError(t, err)
+			assert.Equal(t, v.Expect.Fingerprint, want)
+		})
+	}
+}
