@@ -141,17 +141,23 @@ func (p RetryPolicy) backoff(n int, prev time.Duration) time.Duration {
 		}
 		return p.BaseDelay + rand.N(hi-p.BaseDelay)
 	default:
-		ceiling := p.MaxDelay
-		if n < 62 {
-			if c := float64(p.BaseDelay) * math.Pow(2, float64(n)); c < float64(p.MaxDelay) {
-				ceiling = time.Duration(c)
-			}
-		}
+		ceiling := p.fullJitterCeiling(n)
 		if ceiling <= 0 {
 			return 0
 		}
 		return rand.N(ceiling)
 	}
+}
+
+// fullJitterCeiling returns min(MaxDelay, BaseDelay·2^n), the exclusive
+// upper bound of the full-jitter wait before retry n.
+func (p RetryPolicy) fullJitterCeiling(n int) time.Duration {
+	if n < 62 {
+		if c := float64(p.BaseDelay) * math.Pow(2, float64(n)); c < float64(p.MaxDelay) {
+			return time.Duration(c)
+		}
+	}
+	return p.MaxDelay
 }
 
 // retryAfterWait returns the wait for a Retry-After answer.
