@@ -20,6 +20,7 @@ const (
 	CodeKeyMissing            Code = "idempotency_key_missing"
 	CodeInvalidKey            Code = "invalid_key"
 	CodeInvalidRequest        Code = "invalid_request"
+	CodePayloadTooLarge       Code = "payload_too_large"
 	CodeRequestInFlight       Code = "request_in_flight"
 	CodeFingerprintMismatch   Code = "fingerprint_mismatch"
 	CodeStoreUnavailable      Code = "store_unavailable"
@@ -43,6 +44,7 @@ var Problems = map[Code]ProblemInfo{
 	CodeKeyMissing:            {http.StatusBadRequest, "Idempotency key missing", false},
 	CodeInvalidKey:            {http.StatusBadRequest, "Invalid idempotency key", false},
 	CodeInvalidRequest:        {http.StatusBadRequest, "Invalid request", false},
+	CodePayloadTooLarge:       {http.StatusRequestEntityTooLarge, "Payload too large", false},
 	CodeRequestInFlight:       {http.StatusConflict, "Request in flight", true},
 	CodeFingerprintMismatch:   {http.StatusUnprocessableEntity, "Idempotency key reused with another request", false},
 	CodeStoreUnavailable:      {http.StatusServiceUnavailable, "Idempotency store unavailable", true},

@@ -7,14 +7,12 @@ import (
 	"net/http/httptest"
 	"strings"
 
-	"github.com/go-chi/chi/v5"
-
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/client/idemhttp"
 	"github.com/idem-dev/idem/client/internal/examplesrv"
 )
 
-// Wrap a chi route so that a retried POST with the same Idempotency-Key
+// Wrap a route of net/http's ServeMux so that a retried POST with the same Idempotency-Key
 // gets the stored answer instead of creating a second order.
 func ExampleMiddleware() {
 	idemURL, token, stop := startIdem()
@@ -25,13 +23,16 @@ func ExampleMiddleware() {
 	}
 
 	orders := 0
-	r := chi.NewRouter()
-	r.With(idemhttp.Middleware(c, idemhttp.Options{})).Post("/orders", func(w http.ResponseWriter, r *http.Request) {
+	// A chi router would pass its pattern: Options{Route: func(r *http.Request) string {
+	// return chi.RouteContext(r.Context()).RoutePattern() }}.
+	protect := idemhttp.Middleware(c, idemhttp.Options{})
+	r := http.NewServeMux()
+	r.Handle("POST /orders", protect(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		orders++
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":%d}`, orders)
-	})
+	})))
 	app := httptest.NewServer(r)
 	defer app.Close()
 

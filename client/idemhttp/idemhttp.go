@@ -1,143 +1,139 @@
-// Package idemhttp is net/http middleware (chi-compatible) that gives an
-// existing Go HTTP API Stripe-style Idempotency-Key semantics by calling the
-// idem service through a *client.Client.
+// Package idemhttp is net/http middleware that gives an existing Go HTTP
+// API Stripe-style Idempotency-Key semantics
+// (draft-ietf-httpapi-idempotency-key-header) by calling the idem service
+// through a *client.Client. It follows the front-door rules of package
+// client/frontdoor, the same package the idem gateway uses, so the two
+// cannot drift:
 //
-// For a request of an unsafe method (POST, PUT, PATCH, DELETE) that carries
-// an Idempotency-Key header the middleware:
+//   - The key is the Idempotency-Key header, as an RFC 8941 sf-string
+//     ("k") or bare (k); both are the same key. Two fields, an empty value,
+//     a list or a key that is not 1–255 printable ASCII bytes get 400
+//     problem+json (invalid_key). POST and PATCH require a key (400
+//     idempotency_key_missing without one), PUT and DELETE are protected
+//     when they carry one, safe methods are never claimed
+//     (Options.Methods changes this). Options.Scope keeps the keys of
+//     different callers apart (scope + ":" + key).
+//   - The claim's operation is the method plus the route: the net/http
+//     ServeMux pattern (r.Pattern) when there is one, the path otherwise;
+//     Options.Route supplies the pattern of another router (chi:
+//     chi.RouteContext(r.Context()).RoutePattern()). The request sent with
+//     the claim is the fingerprint document {"query", "body"} (a JSON body
+//     as JSON, so key order and white space do not matter) or {"query",
+//     "body_sha256"}; the server fingerprints it. A JSON body that is not
+//     I-JSON gets 400 invalid_request.
+//   - A fresh claim or a takeover runs the handler once, buffering its
+//     whole response, completes the key with the status, the allowlisted
+//     headers (Options.Headers, default frontdoor.DefaultStoredHeaders;
+//     never Set-Cookie) and the body, and only then sends the response. The
+//     lease is renewed while a slow handler runs. Every status is stored,
+//     5xx included (Stripe's behaviour, and what the idem contract says);
+//     Options.ReleaseServerErrors releases the key on 5xx instead. A
+//     response over Options.MaxStoredBytes is sent but stored without its
+//     body: a replay then answers 409 response_not_replayable instead of
+//     running the handler again.
+//   - A completed key replays the stored response verbatim with
+//     Idempotent-Replayed: true, without running the handler. Another
+//     request in flight with the key: 409 request_in_flight with
+//     Retry-After. The key used with another request: 422
+//     fingerprint_mismatch.
+//   - A handler that panics stores nothing: the claim is left to become an
+//     orphan (a retry after the lease takes it over) and the panic
+//     propagates.
+//   - The idem service unreachable or failing: 503 store_unavailable with
+//     Retry-After, and the handler does not run (fail closed). If
+//     completing fails after the handler ran, the handler's response is
+//     still sent and the error logged.
 //
-//   - claims the key (prefixed by Options.Scope, if set) with an operation
-//     label of method plus route (the chi route pattern or the ServeMux
-//     pattern when known, the path otherwise) and a fingerprint
-//     "sha256:<hex>" over the method, the path with its query and the
-//     SHA-256 of the body;
-//   - on a fresh claim or takeover runs the handler, buffering its whole
-//     response, completes the key with the status, the allowlisted headers
-//     (Options.Headers, default DefaultHeaders: Content-Type, Content-Language,
-//     Content-Disposition, Content-Encoding, Location, ETag, Last-Modified,
-//     Cache-Control) and the body, and only then sends the response — so a
-//     client never sees an answer the service has not stored. The lease is
-//     renewed while a slow handler runs (client.Do's lease keeper);
-//   - on a completed key replays the stored response verbatim with
-//     Idempotent-Replayed: true, without running the handler;
-//   - answers 409 problem+json with Retry-After while another request with
-//     the key is in flight, and 422 problem+json when the key was used with
-//     another request (fingerprint or operation);
-//   - answers 400 problem+json for a malformed key.
-//
-// Choices (documented defaults, each an option):
-//
-//   - A request of a method in Options.Methods (default POST and PATCH)
-//     without the header gets 400 problem+json (code
-//     idempotency_key_missing): an unsafe request that cannot be retried
-//     safely is refused rather than run unprotected. Options.AllowMissingKey
-//     passes such requests to the handler instead. Unsafe methods outside
-//     Options.Methods (PUT, DELETE by default) are protected when they carry
-//     the header and passed through when they do not. Safe methods (GET,
-//     HEAD, OPTIONS, TRACE) are never claimed.
-//   - A handler answer of 5xx is not stored: the key is released so that the
-//     client's retry runs the handler again (a 5xx says the handler failed,
-//     we assume before its side effect). A handler that can fail after a
-//     side effect should answer 2xx/4xx, or set Options.StoreServerErrors to
-//     store 5xx answers and replay them (Stripe's behaviour).
-//   - A handler that panics leaves the claim to expire into an orphan that
-//     operators can see; the panic propagates.
-//   - When the idem service cannot be reached or refuses the middleware's
-//     own credentials, the middleware fails closed: 503 problem+json with
-//     Retry-After (Options.UnavailableRetryAfter, default 2 s) and the
-//     handler does not run.
-//   - If completing fails after the handler ran (the lease was lost, the
-//     response is over the tenant's max_response_bytes, the service went
-//     away), the handler's response is still sent — the work is done and
-//     the caller should know — and the error is logged.
-//
-// Streaming handlers (http.Flusher, hijacking) are not supported: the
-// response is buffered whole.
+// Every refusal is an RFC 9457 problem (frontdoor.WriteProblem). Streaming
+// handlers (http.Flusher, hijacking) are not supported: the response is
+// buffered whole.
 package idemhttp
 
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/go-chi/chi/v5"
-
 	"github.com/idem-dev/idem/client"
+	"github.com/idem-dev/idem/client/frontdoor"
 )
 
 // HeaderKey is the request header that carries the idempotency key, and
 // HeaderReplayed the response header set on replays.
 const (
-	HeaderKey      = "Idempotency-Key"
-	HeaderReplayed = "Idempotent-Replayed"
+	HeaderKey      = frontdoor.HeaderKey
+	HeaderReplayed = frontdoor.HeaderReplayed
 )
 
 // Options configure Middleware. Zero values take the documented defaults.
 type Options struct {
-	// Methods are the methods that require a key (default POST, PATCH).
-	Methods []string
-	// AllowMissingKey passes a request of a required method that has no key
-	// to the handler instead of answering 400.
-	AllowMissingKey bool
-	// Headers are the response headers stored and replayed (canonical
-	// names); nil takes DefaultHeaders.
+	// Methods says which methods require a key and which are protected
+	// when they carry one; the zero value is the default (POST and PATCH
+	// required, other unsafe methods optional). Methods{Required:
+	// []string{}} protects only requests that carry a key.
+	Methods frontdoor.Methods
+	// Headers are the response headers stored and replayed; nil takes
+	// frontdoor.DefaultStoredHeaders. Set-Cookie is never stored.
 	Headers []string
-	// StoreServerErrors stores and replays 5xx answers instead of releasing
-	// the key.
-	StoreServerErrors bool
-	// Scope returns a prefix that keeps the keys of different callers of
-	// your API apart (e.g. the authenticated account id): keys are claimed
-	// as client.Key(scope, key). Without it every caller shares one key
-	// space in the idem tenant. An error answers 400.
+	// ReleaseServerErrors releases the key on a 5xx answer, so that the
+	// retry runs the handler again, instead of storing and replaying it.
+	// Only for handlers whose 5xx is known to come before any side effect.
+	ReleaseServerErrors bool
+	// Scope returns the caller's scope (e.g. the authenticated account id):
+	// keys are claimed as scope + ":" + key. Without it every caller shares
+	// one key space in the idem tenant. An error answers 400 invalid_key.
 	Scope func(r *http.Request) (string, error)
-	// Operation returns the operation label; default method + " " + route.
-	Operation func(r *http.Request) string
+	// Route returns the route pattern of the request for the operation
+	// label; nil uses r.Pattern of net/http's ServeMux, or the path.
+	Route func(r *http.Request) string
+	// Fingerprint are the fingerprint rules (JSON pointers to leave out,
+	// headers to include).
+	Fingerprint frontdoor.Rules
 	// Lease is the lease asked for; zero takes the tenant's default.
 	Lease time.Duration
 	// MaxBodyBytes bounds the request body read for the fingerprint
-	// (default 10 MiB); a larger body gets 413.
+	// (default 8 MiB, under the idem server's default request limit); a
+	// larger body gets 413 payload_too_large.
 	MaxBodyBytes int64
+	// MaxStoredBytes is the largest response (body plus stored headers)
+	// stored for replay (default 1 MiB, the tenant's default
+	// max_response_bytes); a larger one is sent but stored without its
+	// body.
+	MaxStoredBytes int
 	// UnavailableRetryAfter is the Retry-After of the 503 sent when the idem
-	// service cannot be reached (default 2 s).
+	// service cannot be reached (default 1 s).
 	UnavailableRetryAfter time.Duration
 	// Logger receives errors of the service; nil discards them.
 	Logger *slog.Logger
 }
 
-// DefaultHeaders returns the response headers stored and replayed by
-// default. Set-Cookie and other per-caller headers are left out on purpose.
-func DefaultHeaders() []string {
-	return []string{"Content-Type", "Content-Language", "Content-Disposition", "Content-Encoding", "Location", "Etag", "Last-Modified", "Cache-Control"}
-}
-
 // Middleware returns middleware that protects handlers with the idem
 // service reached through c. See the package doc for the behaviour.
 func Middleware(c *client.Client, opts Options) func(http.Handler) http.Handler {
-	if len(opts.Methods) == 0 {
-		opts.Methods = []string{http.MethodPost, http.MethodPatch}
-	}
-	if opts.Headers == nil {
-		opts.Headers = DefaultHeaders()
+	if err := opts.Fingerprint.Validate(); err != nil {
+		panic("idemhttp: " + err.Error())
 	}
 	if opts.MaxBodyBytes <= 0 {
-		opts.MaxBodyBytes = 10 << 20
+		opts.MaxBodyBytes = 8 << 20
+	}
+	if opts.MaxStoredBytes <= 0 {
+		opts.MaxStoredBytes = 1 << 20
 	}
 	if opts.UnavailableRetryAfter <= 0 {
-		opts.UnavailableRetryAfter = 2 * time.Second
+		opts.UnavailableRetryAfter = time.Second
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Route == nil {
+		opts.Route = frontdoor.Route
 	}
 	m := &middleware{c: c, opts: opts}
 	return func(next http.Handler) http.Handler {
@@ -150,191 +146,133 @@ type middleware struct {
 	opts Options
 }
 
-func safeMethod(m string) bool {
-	switch m {
-	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
-		return true
-	}
-	return false
-}
+// errReleased marks a 5xx answer released under ReleaseServerErrors.
+var errReleased = errors.New("handler answered 5xx; key released")
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	if safeMethod(r.Method) {
+	key, protected, err := m.opts.Methods.KeyFor(r)
+	if err != nil {
+		writeErr(w, r, err)
+		return
+	}
+	if !protected {
 		next.ServeHTTP(w, r)
 		return
 	}
-	raw := r.Header.Get(HeaderKey)
-	if raw == "" {
-		if m.opts.AllowMissingKey || !slices.Contains(m.opts.Methods, r.Method) {
-			next.ServeHTTP(w, r)
-			return
-		}
-		writeProblem(w, http.StatusBadRequest, "idempotency_key_missing", "Idempotency key missing",
-			fmt.Sprintf("%s %s requires an %s header", r.Method, r.URL.Path, HeaderKey), false, 0)
-		return
-	}
-	if err := client.ValidateKey(raw); err != nil {
-		writeProblem(w, http.StatusBadRequest, string(client.CodeInvalidKey), "Invalid idempotency key", keyDetail(err), false, 0)
-		return
-	}
-	key := raw
 	if m.opts.Scope != nil {
 		scope, err := m.opts.Scope(r)
-		if err == nil {
-			key, err = client.Key(scope, raw)
-		}
 		if err != nil {
-			writeProblem(w, http.StatusBadRequest, string(client.CodeInvalidKey), "Invalid idempotency key", "the key cannot be scoped to the caller", false, 0)
+			frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeInvalidKey, "the key cannot be scoped to the caller"))
+			return
+		}
+		if key, err = frontdoor.ScopedKey(scope, key); err != nil {
+			writeErr(w, r, err)
 			return
 		}
 	}
-
-	body, err := io.ReadAll(io.LimitReader(r.Body, m.opts.MaxBodyBytes+1))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.opts.MaxBodyBytes))
 	if err != nil {
-		writeProblem(w, http.StatusBadRequest, "invalid_request", "Unreadable body", "the request body could not be read", false, 0)
-		return
-	}
-	if int64(len(body)) > m.opts.MaxBodyBytes {
-		writeProblem(w, http.StatusRequestEntityTooLarge, string(client.CodePayloadTooLarge), "Payload too large", "the request body is too large", false, 0)
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodePayloadTooLarge, "the request body is larger than %d bytes", mbe.Limit))
+			return
+		}
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeInvalidRequest, "the request body could not be read"))
 		return
 	}
 	_ = r.Body.Close()
+	doc, err := frontdoor.Document(frontdoor.Parts{
+		Query: r.URL.RawQuery, ContentType: r.Header.Get("Content-Type"), Body: body, Header: r.Header,
+	}, m.opts.Fingerprint)
+	if err != nil {
+		writeErr(w, r, err)
+		return
+	}
 
 	req := client.Request{
-		Operation:   m.operation(r),
-		Fingerprint: fingerprint(r, body),
-		Lease:       m.opts.Lease,
-		NoWait:      true,
+		Operation: frontdoor.Operation(r.Method, m.opts.Route(r)),
+		Payload:   json.RawMessage(doc),
+		Lease:     m.opts.Lease,
+		NoWait:    true,
 	}
-	var (
-		rec     *recorder
-		ran     bool
-		errNoSE = errors.New("handler answered 5xx")
-	)
-	res, err := m.c.Do(r.Context(), key, req, func(ctx context.Context, claim *client.Claim) (client.Response, error) {
-		ran = true
+	var rec *recorder
+	res, err := m.c.Do(r.Context(), key, req, func(ctx context.Context, _ *client.Claim) (client.Response, error) {
 		rec = newRecorder()
 		r2 := r.WithContext(ctx)
 		r2.Body = io.NopCloser(bytes.NewReader(body))
 		r2.ContentLength = int64(len(body))
 		next.ServeHTTP(rec, r2)
-		if rec.status >= 500 && !m.opts.StoreServerErrors {
-			return client.Response{}, fmt.Errorf("%w: %w", client.ErrNoSideEffect, errNoSE)
+		if !frontdoor.StoreStatus(rec.status, !m.opts.ReleaseServerErrors) {
+			return client.Response{}, fmt.Errorf("%w: %w", client.ErrNoSideEffect, errReleased)
 		}
-		return client.Response{Status: rec.status, Headers: m.selectHeaders(rec.header), Body: rec.body.Bytes()}, nil
+		return m.stored(rec), nil
 	})
 	switch {
-	case err == nil && res.Replayed:
-		writeStored(w, res.Response)
-	case ran:
-		if err != nil && !errors.Is(err, errNoSE) {
+	case rec != nil:
+		if err != nil && !errors.Is(err, errReleased) {
 			m.opts.Logger.ErrorContext(r.Context(), "idem: the handler ran but its response was not stored", "error", err)
 		}
 		rec.flushTo(w)
+	case err == nil:
+		frontdoor.WriteReplay(w, r, res.Response.Status, res.Response.Headers, res.Response.Body)
 	default:
 		m.writeClaimError(w, r, err)
 	}
 }
 
+// stored is the response to store for rec: the whole of it, or without its
+// body (marked frontdoor.HeaderNotReplayable) when it is over the limit.
+func (m *middleware) stored(rec *recorder) client.Response {
+	headers := frontdoor.StoredHeaders(rec.header, m.opts.Headers)
+	size := rec.body.Len()
+	for k, v := range headers {
+		size += len(k) + len(v)
+	}
+	if size <= m.opts.MaxStoredBytes {
+		return client.Response{Status: rec.status, Headers: headers, Body: rec.body.Bytes()}
+	}
+	return client.Response{Status: rec.status, Headers: map[string]string{
+		frontdoor.HeaderNotReplayable: "response of " + strconv.Itoa(size) + " bytes not stored",
+	}}
+}
+
+func writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	var e *frontdoor.Error
+	if !errors.As(err, &e) {
+		e = frontdoor.Errorf(frontdoor.CodeInvalidRequest, "%v", err)
+	}
+	frontdoor.WriteProblem(w, r, e)
+}
+
+// writeClaimError answers a claim that did not let the handler run.
 func (m *middleware) writeClaimError(w http.ResponseWriter, r *http.Request, err error) {
-	var e *client.Error
+	var ce *client.Error
+	errors.As(err, &ce)
 	switch {
 	case errors.Is(err, client.ErrRequestInFlight):
-		ra := time.Second
-		if errors.As(err, &e) && e.RetryAfter > 0 {
-			ra = e.RetryAfter
+		e := frontdoor.Errorf(frontdoor.CodeRequestInFlight, "a request with this idempotency key is being processed; retry later")
+		if ce != nil {
+			e.RetryAfter = ce.RetryAfter
 		}
-		writeProblem(w, http.StatusConflict, string(client.CodeRequestInFlight), "Request in flight",
-			"a request with this idempotency key is being processed; retry later", true, ra)
+		frontdoor.WriteProblem(w, r, e)
 	case errors.Is(err, client.ErrFingerprintMismatch):
-		writeProblem(w, http.StatusUnprocessableEntity, string(client.CodeFingerprintMismatch), "Idempotency key reused",
-			"this idempotency key was used with a different request", false, 0)
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeFingerprintMismatch,
+			"this idempotency key was used with a different request"))
 	case errors.Is(err, client.ErrInvalidKey):
-		writeProblem(w, http.StatusBadRequest, string(client.CodeInvalidKey), "Invalid idempotency key", keyDetail(err), false, 0)
-	case r.Context().Err() != nil:
-		// The caller went away; nobody reads this answer.
-		writeProblem(w, http.StatusServiceUnavailable, "request_cancelled", "Request cancelled", "the request was cancelled", true, m.opts.UnavailableRetryAfter)
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeInvalidKey, "%s", ce.Detail))
+	case ce != nil && ce.Code == client.CodeInvalidRequest && len(ce.Fields) > 0 && ce.Fields[0].Field == "request":
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeInvalidRequest, "the request body cannot be fingerprinted: %s", ce.Fields[0].Message))
 	default:
-		m.opts.Logger.ErrorContext(r.Context(), "idem: the idempotency service is unavailable; failing closed", "error", err)
-		ra := m.opts.UnavailableRetryAfter
-		if errors.As(err, &e) && e.RetryAfter > ra {
-			ra = e.RetryAfter
+		if r.Context().Err() == nil {
+			m.opts.Logger.ErrorContext(r.Context(), "idem: the idempotency service is unavailable; failing closed", "error", err)
 		}
-		writeProblem(w, http.StatusServiceUnavailable, "idempotency_unavailable", "Idempotency service unavailable",
-			"the request was not processed; retry later with the same idempotency key", true, ra)
-	}
-}
-
-func keyDetail(err error) string {
-	var e *client.Error
-	if errors.As(err, &e) && e.Detail != "" {
-		return "Idempotency-Key: " + e.Detail
-	}
-	return "Idempotency-Key must be 1-255 printable ASCII characters"
-}
-
-// operation returns method + route, at most 128 bytes.
-func (m *middleware) operation(r *http.Request) string {
-	var op string
-	if m.opts.Operation != nil {
-		op = m.opts.Operation(r)
-	} else {
-		route := r.URL.Path
-		if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
-			route = rc.RoutePattern()
-		} else if r.Pattern != "" {
-			route = r.Pattern
+		e := frontdoor.Errorf(frontdoor.CodeStoreUnavailable, "the request was not processed; retry later with the same idempotency key")
+		e.RetryAfter = m.opts.UnavailableRetryAfter
+		if ce != nil && ce.RetryAfter > e.RetryAfter {
+			e.RetryAfter = ce.RetryAfter
 		}
-		op = r.Method + " " + route
+		frontdoor.WriteProblem(w, r, e)
 	}
-	if len(op) > 128 {
-		op = op[:128]
-	}
-	return op
-}
-
-// fingerprint is sha256 over method, path with query, and the body digest.
-func fingerprint(r *http.Request, body []byte) string {
-	bd := sha256.Sum256(body)
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%s\n%s", r.Method, r.URL.RequestURI(), hex.EncodeToString(bd[:]))
-	return "sha256:" + hex.EncodeToString(h.Sum(nil))
-}
-
-func (m *middleware) selectHeaders(h http.Header) map[string]string {
-	out := map[string]string{}
-	for _, name := range m.opts.Headers {
-		if v := h.Values(name); len(v) > 0 {
-			out[http.CanonicalHeaderKey(name)] = strings.Join(v, ", ")
-		}
-	}
-	return out
-}
-
-// writeStored replays a stored response, marked with HeaderReplayed.
-func writeStored(w http.ResponseWriter, resp client.Response) {
-	for k, v := range resp.Headers {
-		w.Header().Set(k, v)
-	}
-	w.Header().Set(HeaderReplayed, "true")
-	w.Header().Set("Content-Length", strconv.Itoa(len(resp.Body)))
-	status := resp.Status
-	if status == 0 {
-		status = http.StatusOK
-	}
-	w.WriteHeader(status)
-	_, _ = w.Write(resp.Body)
-}
-
-func writeProblem(w http.ResponseWriter, status int, code, title, detail string, retryable bool, retryAfter time.Duration) {
-	if retryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retryAfter.Seconds()))))
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{
-		"type": "urn:idem:idemhttp:" + code, "title": title, "status": status, "detail": detail, "code": code, "retryable": retryable,
-	})
 }
 
 // recorder buffers a handler's whole response.

@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem/client"
+	"github.com/idem-dev/idem/client/frontdoor"
 	"github.com/idem-dev/idem/client/idemhttp"
 	"github.com/idem-dev/idem/client/internal/faultproxy"
 	"github.com/idem-dev/idem/server/servertest"
@@ -28,6 +28,7 @@ type app struct {
 	orders  atomic.Int64
 	fail    atomic.Int64 // answer 500 this many times first
 	delay   time.Duration
+	big     int // answer a body of this many bytes instead
 	entered atomic.Int64 // handler runs that got past the failure injection
 	srv     *httptest.Server
 }
@@ -35,8 +36,9 @@ type app struct {
 func newApp(t *testing.T, c *client.Client, opts idemhttp.Options) *app {
 	t.Helper()
 	a := &app{}
-	r := chi.NewRouter()
-	r.With(idemhttp.Middleware(c, opts)).Post("/orders/{customer}", func(w http.ResponseWriter, r *http.Request) {
+	mw := idemhttp.Middleware(c, opts)
+	r := http.NewServeMux()
+	r.Handle("POST /orders/{customer}", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if a.fail.Add(-1) >= 0 {
 			http.Error(w, "boom", http.StatusInternalServerError)
 			return
@@ -49,11 +51,15 @@ func newApp(t *testing.T, c *client.Client, opts idemhttp.Options) *app {
 		w.Header().Set("Location", fmt.Sprintf("/orders/%d", n))
 		w.Header().Set("Set-Cookie", "session=secret")
 		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"order":%d,"customer":%q,"echo":%s}`, n, chi.URLParam(r, "customer"), body)
-	})
-	r.With(idemhttp.Middleware(c, opts)).Get("/orders", func(w http.ResponseWriter, r *http.Request) {
+		if a.big > 0 {
+			fmt.Fprint(w, strings.Repeat("x", a.big))
+			return
+		}
+		fmt.Fprintf(w, `{"order":%d,"customer":%q,"echo":%s}`, n, r.PathValue("customer"), body)
+	})))
+	r.Handle("GET /orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, "[]")
-	})
+	})))
 	a.srv = httptest.NewServer(r)
 	t.Cleanup(a.srv.Close)
 	return a
@@ -134,8 +140,10 @@ func TestMiddlewareReplayAndErrors(t *testing.T) {
 		mismatch := post(t, url, "k-1", `{"sku":"B"}`)
 		require.Equal(t, http.StatusUnprocessableEntity, mismatch.status)
 		require.Equal(t, "fingerprint_mismatch", problemCode(t, mismatch))
-		// Same key, another path: 422 too.
-		require.Equal(t, http.StatusUnprocessableEntity, post(t, a.srv.URL+"/orders/cus_2", "k-1", `{"sku":"A"}`).status)
+		// Same key, another path of the same route pattern: the operation
+		// is the pattern and the path is not fingerprinted (front-door rule
+		// 4), so this is the same request and is replayed.
+		require.Equal(t, "true", post(t, a.srv.URL+"/orders/cus_2", "k-1", `{"sku":"A"}`).header.Get(idemhttp.HeaderReplayed))
 
 		// Missing key on POST: 400; malformed key: 400.
 		missing := post(t, url, "", `{}`)
@@ -152,16 +160,30 @@ func TestMiddlewareReplayAndErrors(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 		require.Equal(t, int64(1), a.orders.Load())
 
-		// AllowMissingKey passes through.
-		b := newApp(t, c, idemhttp.Options{AllowMissingKey: true})
+		// No method required: a request without a key passes through.
+		b := newApp(t, c, idemhttp.Options{Methods: frontdoor.Methods{Required: []string{}}})
 		require.Equal(t, http.StatusCreated, post(t, b.srv.URL+"/orders/x", "", `{}`).status)
 	})
 }
 
-func TestMiddlewareServerErrorReleases(t *testing.T) {
+func TestMiddlewareStoresServerErrors(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
 		a := newApp(t, c, idemhttp.Options{})
+		a.fail.Store(1)
+		url := a.srv.URL + "/orders/cus_1"
+		require.Equal(t, http.StatusInternalServerError, post(t, url, "k-5xx", `{}`).status)
+		again := post(t, url, "k-5xx", `{}`)
+		require.Equal(t, http.StatusInternalServerError, again.status, "a 5xx is stored and replayed (Stripe, openapi.yaml)")
+		require.Equal(t, "true", again.header.Get(idemhttp.HeaderReplayed))
+		require.Zero(t, a.entered.Load(), "the handler did not run again")
+	})
+}
+
+func TestMiddlewareReleaseServerErrors(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
+		a := newApp(t, c, idemhttp.Options{ReleaseServerErrors: true})
 		a.fail.Store(1)
 		url := a.srv.URL + "/orders/cus_1"
 		require.Equal(t, http.StatusInternalServerError, post(t, url, "k-5xx", `{}`).status)
@@ -170,6 +192,40 @@ func TestMiddlewareServerErrorReleases(t *testing.T) {
 		require.Empty(t, ok.header.Get(idemhttp.HeaderReplayed))
 		require.Equal(t, "true", post(t, url, "k-5xx", `{}`).header.Get(idemhttp.HeaderReplayed))
 		require.Equal(t, int64(1), a.orders.Load())
+	})
+}
+
+// TestMiddlewareFrontDoorRules checks the rules shared with the gateway
+// that idemhttp used to break: a quoted and a bare key are one key, a JSON
+// body is fingerprinted as JSON, an over-large response is stored without
+// its body and never run again.
+func TestMiddlewareFrontDoorRules(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
+		a := newApp(t, c, idemhttp.Options{MaxStoredBytes: 1000})
+		url := a.srv.URL + "/orders/cus_1"
+		first := post(t, url, `"k-q"`, `{"sku":"A","qty":1}`)
+		require.Equal(t, http.StatusCreated, first.status)
+		again := post(t, url, `k-q`, "{ \"qty\": 1.0,\n \"sku\": \"A\" }")
+		require.Equal(t, "true", again.header.Get(idemhttp.HeaderReplayed), "bare k-q is the key \"k-q\"; key order, white space and 1.0 do not matter")
+		require.Equal(t, first.body, again.body)
+		require.Equal(t, int64(1), a.orders.Load())
+
+		dup := post(t, url, `{"sku":"A","sku":"B"}`, `{}`)
+		require.Equal(t, http.StatusBadRequest, dup.status, "a quote inside a bare key")
+		require.Equal(t, "invalid_key", problemCode(t, dup))
+		bad := post(t, url, "k-dup", `{"sku":"A","sku":"B"}`)
+		require.Equal(t, http.StatusBadRequest, bad.status)
+		require.Equal(t, "invalid_request", problemCode(t, bad))
+
+		a.big = 5000
+		big := post(t, url, "k-big", `{}`)
+		require.Equal(t, http.StatusCreated, big.status)
+		require.Len(t, big.body, 5000, "the first caller gets the whole response")
+		replay := post(t, url, "k-big", `{}`)
+		require.Equal(t, http.StatusConflict, replay.status)
+		require.Equal(t, "response_not_replayable", problemCode(t, replay))
+		require.Equal(t, int64(2), a.orders.Load(), "not run again")
 	})
 }
 
@@ -263,7 +319,7 @@ func TestMiddlewareFailsClosed(t *testing.T) {
 	a := newApp(t, c, idemhttp.Options{UnavailableRetryAfter: 3 * time.Second})
 	r := post(t, a.srv.URL+"/orders/cus_1", "k-down", `{}`)
 	require.Equal(t, http.StatusServiceUnavailable, r.status)
-	require.Equal(t, "idempotency_unavailable", problemCode(t, r))
+	require.Equal(t, "store_unavailable", problemCode(t, r))
 	require.Equal(t, "3", r.header.Get("Retry-After"))
 	require.Zero(t, a.orders.Load(), "the handler does not run unprotected")
 }
