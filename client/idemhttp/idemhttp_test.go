@@ -28,7 +28,7 @@ type app struct {
 	orders  atomic.Int64
 	fail    atomic.Int64 // answer 500 this many times first
 	delay   time.Duration
-	big     int // answer a body of this many bytes instead
+	big     int          // answer a body of this many bytes instead
 	entered atomic.Int64 // handler runs that got past the failure injection
 	srv     *httptest.Server
 }
