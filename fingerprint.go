@@ -33,7 +33,9 @@ func FingerprintJSON(request json.RawMessage) (string, error) {
 // CanonicalJSON returns the RFC 8785 JSON Canonicalization Scheme form of a
 // JSON document: object members sorted by their UTF-16 code units, no
 // insignificant white space, numbers in ECMAScript shortest form, strings
-// with minimal escaping.
+// with minimal escaping. The document must be I-JSON (see CheckIJSON):
+// duplicate member names, invalid UTF-8 and lone surrogates are refused
+// rather than normalised, so two different documents never share a form.
 func CanonicalJSON(doc []byte) ([]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(doc))
 	dec.UseNumber()
@@ -43,6 +45,9 @@ func CanonicalJSON(doc []byte) ([]byte, error) {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("canonical json: trailing data after the value")
+	}
+	if err := CheckIJSON(doc); err != nil {
+		return nil, fmt.Errorf("canonical json: %w", err)
 	}
 	var buf bytes.Buffer
 	if err := writeCanonical(&buf, v); err != nil {

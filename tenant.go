@@ -171,16 +171,3 @@ func ValidateTenantID(id string) error {
 	}
 	return nil
 }
-
-// ValidateOperation checks an operation label: at most 128 bytes. It returns
-// an invalid_request *Error or nil.
-func ValidateOperation(op string) error {
-	if len(op) > MaxOperationBytes {
-		return &Error{
-			Code:   CodeInvalidRequest,
-			Detail: "operation is too long",
-			Fields: []FieldError{{Field: "operation", Message: fmt.Sprintf("must be at most %d bytes", MaxOperationBytes)}},
-		}
-	}
-	return nil
-}

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"net/http"
-	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -180,10 +178,8 @@ func (in *responseInput) decode() (idem.Response, error) {
 	if *in.Status < 100 || *in.Status > 599 {
 		return idem.Response{}, fieldError("response.status", "must be between 100 and 599", nil)
 	}
-	for name := range in.Headers {
-		if !validHeaderName(name) {
-			return idem.Response{}, fieldError("response.headers", fmt.Sprintf("%q is not a valid header name", name), nil)
-		}
+	if err := idem.ValidateResponseHeaders(in.Headers); err != nil {
+		return idem.Response{}, err
 	}
 	out := idem.Response{Status: *in.Status, Headers: in.Headers, BodyEncoding: in.BodyEncoding}
 	if out.Headers == nil {
@@ -200,9 +196,8 @@ func (in *responseInput) decode() (idem.Response, error) {
 	}
 	switch out.BodyEncoding {
 	case idem.BodyEncodingUTF8:
-		if !validUTF8JSONString(in.Body, text) {
-			return idem.Response{}, fieldError("response.body", "is not valid UTF-8; send it with body_encoding base64", nil)
-		}
+		// decodeBody refused invalid UTF-8 and lone surrogates (I-JSON), so
+		// text is the body as sent.
 		out.Body = []byte(text)
 	case idem.BodyEncodingBase64:
 		b, err := base64.StdEncoding.DecodeString(text)
@@ -214,36 +209,6 @@ func (in *responseInput) decode() (idem.Response, error) {
 		return idem.Response{}, fieldError("response.body_encoding", `must be "utf8" or "base64"`, nil)
 	}
 	return out, nil
-}
-
-// validUTF8JSONString reports whether the raw JSON string decoded to text was
-// valid UTF-8: encoding/json replaces invalid bytes and lone surrogate
-// escapes with U+FFFD silently, so every U+FFFD in text must have been
-// written as such in raw.
-func validUTF8JSONString(raw json.RawMessage, text string) bool {
-	if !utf8.Valid(raw) {
-		return false
-	}
-	got := strings.Count(text, "\uFFFD")
-	if got == 0 {
-		return true
-	}
-	lower := strings.ToLower(string(raw))
-	written := strings.Count(string(raw), "\uFFFD") + strings.Count(lower, `\ufffd`)
-	return got <= written
-}
-
-func validHeaderName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if c <= ' ' || c >= 0x7F || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // claimReply is a claim's response: 201 with claimJSON, or 200 with the

@@ -147,7 +147,27 @@ func (s *server) decodeBody(w http.ResponseWriter, r *http.Request, dst any) err
 	if _, err := dec.Token(); err != io.EOF {
 		return idem.Errorf(idem.CodeInvalidRequest, "the request body holds data after the JSON value")
 	}
+	// encoding/json keeps the last of duplicate member names and replaces
+	// invalid UTF-8 and lone surrogates silently; refuse them instead, so
+	// what is fingerprinted and stored is what the caller sent.
+	if err := idem.CheckIJSON(body); err != nil {
+		return ijsonError(err)
+	}
 	return nil
+}
+
+// ijsonError turns a CheckIJSON error into an invalid_request naming the
+// field it found.
+func ijsonError(err error) error {
+	var ie *idem.IJSONError
+	if !errors.As(err, &ie) || ie.Path == "" {
+		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "the request body is not I-JSON (RFC 7493): " + err.Error(), Err: err}
+	}
+	msg := ie.Reason
+	if ie.Path == "response.body" {
+		msg += "; send binary bodies with body_encoding base64"
+	}
+	return fieldError(ie.Path, msg, err)
 }
 
 func checkJSONContentType(ct string) error {

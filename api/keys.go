@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 
@@ -74,8 +73,8 @@ func (c *claimRequest) validate() error {
 		}
 	}
 	if c.Fingerprint != nil {
-		if n := utf8.RuneCountInString(*c.Fingerprint); n < 1 || n > idem.MaxFingerprintChars {
-			return fieldError("fingerprint", fmt.Sprintf("must be 1-%d characters", idem.MaxFingerprintChars), nil)
+		if err := idem.ValidateFingerprint(*c.Fingerprint); err != nil {
+			return err
 		}
 	}
 	if c.LeaseSeconds < 0 {
@@ -164,11 +163,8 @@ func (c *checkpointRequest) validate() error {
 	if err := requireToken(c.FencingToken); err != nil {
 		return err
 	}
-	if c.RecoveryPoint == "" {
-		return fieldError("recovery_point", "is required", nil)
-	}
-	if len(c.RecoveryPoint) > idem.MaxRecoveryPointBytes {
-		return fieldError("recovery_point", fmt.Sprintf("must be at most %d bytes", idem.MaxRecoveryPointBytes), nil)
+	if err := idem.ValidateRecoveryPoint(c.RecoveryPoint); err != nil {
+		return err
 	}
 	if c.LeaseSeconds < 0 {
 		return fieldError("lease_seconds", "must be positive", nil)
@@ -304,8 +300,16 @@ func (p *pageParams) bind(r *http.Request) error {
 		if err == nil {
 			err = json.Unmarshal(b, &c)
 		}
-		if err == nil && (c.Time.IsZero() || c.Key == "") {
+		if err == nil && c.Time.IsZero() {
 			err = fmt.Errorf("incomplete cursor")
+		}
+		if err == nil {
+			// The cursor's text goes to the store as a query parameter:
+			// hold it to the rules of what it names.
+			err = idem.ValidateKey(c.Key)
+		}
+		if err == nil && c.Tenant != "" {
+			err = idem.ValidateTenantID(c.Tenant)
 		}
 		if err != nil {
 			return fieldError("cursor", "is not a cursor returned by this endpoint", err)

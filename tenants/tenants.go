@@ -120,7 +120,7 @@ func (s *Service) Create(ctx context.Context, id, name string, patch idem.Settin
 	if name == "" {
 		name = id
 	}
-	if err := validateName(name); err != nil {
+	if err := idem.ValidateTenantName(name); err != nil {
 		return idem.Tenant{}, err
 	}
 	settings := idem.DefaultSettings().Apply(patch)
@@ -133,17 +133,6 @@ func (s *Service) Create(ctx context.Context, id, name string, patch idem.Settin
 	}
 	s.Invalidate(id)
 	return t, nil
-}
-
-func validateName(name string) error {
-	if len(name) > idem.MaxTenantNameBytes {
-		return &idem.Error{
-			Code:   idem.CodeInvalidRequest,
-			Detail: "tenant name is too long",
-			Fields: []idem.FieldError{{Field: "name", Message: fmt.Sprintf("must be at most %d bytes", idem.MaxTenantNameBytes)}},
-		}
-	}
-	return nil
 }
 
 // Get returns a tenant, disabled or not, straight from the store. It returns
@@ -183,7 +172,7 @@ func (s *Service) Update(ctx context.Context, id string, p Patch) (idem.Tenant, 
 		if name == "" {
 			name = id
 		}
-		if err := validateName(name); err != nil {
+		if err := idem.ValidateTenantName(name); err != nil {
 			return idem.Tenant{}, err
 		}
 	}

@@ -1,0 +1,158 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/server/servertest"
+)
+
+// requireInvalidField asserts a 400 invalid_request problem whose errors[]
+// names field.
+func requireInvalidField(t *testing.T, resp *http.Response, body []byte, field string) {
+	t.Helper()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, string(body))
+	require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
+	var p struct {
+		Code   string `json:"code"`
+		Errors []struct {
+			Field string `json:"field"`
+		} `json:"errors"`
+	}
+	require.NoError(t, json.Unmarshal(body, &p), string(body))
+	require.Equal(t, "invalid_request", p.Code, string(body))
+	require.NotEmpty(t, p.Errors, string(body))
+	require.Equal(t, field, p.Errors[0].Field, string(body))
+}
+
+// TestNonIJSONIsRefused is issue 9 item 10 through real HTTP on both stores:
+// duplicate member names, invalid UTF-8 and lone surrogates in the claim's
+// request, a checkpoint's data, a response body or anywhere in a request
+// body are refused with 400 naming the field, and nothing is stored.
+// Before, encoding/json kept the last duplicate and replaced bad text with
+// U+FFFD, so {"amount":1000,"amount":1} was claimed as {"amount":1}.
+func TestNonIJSONIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ts := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"acme"}})
+			tok := ts.Token(t, "acme", "keys:write")
+			ctx := context.Background()
+			url := ts.URL() + "/v1/keys/"
+
+			for _, tc := range []struct{ name, body, field string }{
+				{"duplicate in request", `{"request":{"amount":1000,"amount":1}}`, "request.amount"},
+				{"invalid utf-8 in request", "{\"request\":{\"name\":\"\xff\"}}", "request.name"},
+				{"lone surrogate in request", `{"request":{"name":"\ud800"}}`, "request.name"},
+				{"lone surrogate request", `{"request":"\udc00"}`, "request"},
+				{"duplicate body member", `{"operation":"a","operation":"b"}`, "operation"},
+				{"invalid utf-8 operation", "{\"operation\":\"\xfe\"}", "operation"},
+			} {
+				resp, body := do(t, http.MethodPost, url+"claim-refused/claim", tok, tc.body)
+				requireInvalidField(t, resp, body, tc.field)
+			}
+			_, err := ts.Store().GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: "claim-refused"})
+			require.ErrorIs(t, err, idem.ErrKeyNotFound, "a refused claim must store nothing")
+
+			// A claimed key: checkpoint data and the response are refused
+			// and the record is left as it was.
+			resp, body := do(t, http.MethodPost, url+"k/claim", tok, `{"request":{"amount":1000}}`)
+			require.Equal(t, http.StatusCreated, resp.StatusCode, string(body))
+			resp, body = do(t, http.MethodPost, url+"k/checkpoint", tok, `{"fencing_token":1,"recovery_point":"p1","data":{"v":1}}`)
+			require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+			before, err := ts.Store().GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: "k"})
+			require.NoError(t, err)
+
+			for _, tc := range []struct{ path, body, field string }{
+				{"checkpoint", `{"fencing_token":1,"recovery_point":"p2","data":{"v":1,"v":2}}`, "data.v"},
+				{"checkpoint", "{\"fencing_token\":1,\"recovery_point\":\"p2\",\"data\":[\"\xc0\xaf\"]}", "data[0]"},
+				{"checkpoint", `{"fencing_token":1,"recovery_point":"p2","data":"\ud83d"}`, "data"},
+				{"checkpoint", `{"fencing_token":1,"fencing_token":1,"recovery_point":"p2"}`, "fencing_token"},
+				{"complete", `{"fencing_token":1,"response":{"status":200,"body":"\ud800"}}`, "response.body"},
+				{"complete", "{\"fencing_token\":1,\"response\":{\"status\":200,\"body\":\"\xff\"}}", "response.body"},
+				{"complete", `{"fencing_token":1,"response":{"status":200,"status":500}}`, "response.status"},
+				{"complete", `{"fencing_token":1,"response":{"status":200,"headers":{"X-A":"1","X-A":"2"}}}`, "response.headers.X-A"},
+			} {
+				resp, body := do(t, http.MethodPost, url+"k/"+tc.path, tok, tc.body)
+				requireInvalidField(t, resp, body, tc.field)
+			}
+			after, err := ts.Store().GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: "k"})
+			require.NoError(t, err)
+			require.Equal(t, idem.StateInFlight, after.State, "a refused complete must store nothing")
+			require.Equal(t, "p1", after.RecoveryPoint)
+			require.JSONEq(t, `{"v":1}`, string(after.RecoveryData))
+			require.Equal(t, before.FencingToken, after.FencingToken)
+		})
+	}
+}
+
+// TestControlCharactersAreRefused is issue 9 item 11 through real HTTP on
+// both stores: NUL and other control characters in stored text fields are a
+// 400 naming the field, and nothing is stored. Before, PostgreSQL answered
+// 500 (it refuses NUL in text and jsonb) and SQLite stored them.
+func TestControlCharactersAreRefused(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ts := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"acme"}})
+			tok := ts.Token(t, "acme", "keys:write")
+			admin := ts.Token(t, "", "admin")
+			ctx := context.Background()
+			url := ts.URL() + "/v1/keys/"
+
+			for _, tc := range []struct{ body, field string }{
+				{`{"operation":"charge\u0000"}`, "operation"},
+				{`{"operation":"charge\nx"}`, "operation"},
+				{`{"fingerprint":"\u0000"}`, "fingerprint"},
+				{`{"fingerprint":"fp\u001b[31m"}`, "fingerprint"},
+			} {
+				resp, body := do(t, http.MethodPost, url+"refused/claim", tok, tc.body)
+				requireInvalidField(t, resp, body, tc.field)
+			}
+			_, err := ts.Store().GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: "refused"})
+			require.ErrorIs(t, err, idem.ErrKeyNotFound, "a refused claim must store nothing")
+
+			resp, body := do(t, http.MethodPost, url+"k/claim", tok, `{"operation":"op"}`)
+			require.Equal(t, http.StatusCreated, resp.StatusCode, string(body))
+			for _, tc := range []struct{ path, body, field string }{
+				{"checkpoint", `{"fencing_token":1,"recovery_point":"p\u0000"}`, "recovery_point"},
+				{"checkpoint", `{"fencing_token":1,"recovery_point":"p\u007f"}`, "recovery_point"},
+				{"complete", `{"fencing_token":1,"response":{"status":200,"headers":{"X-A":"a\u0000b"}}}`, "response.headers"},
+				{"complete", `{"fencing_token":1,"response":{"status":200,"headers":{"X-A":"a\r\nSet-Cookie: s=1"}}}`, "response.headers"},
+				{"complete", `{"fencing_token":1,"response":{"status":200,"headers":{"X-\u0000":"v"}}}`, "response.headers"},
+			} {
+				resp, body := do(t, http.MethodPost, url+"k/"+tc.path, tok, tc.body)
+				requireInvalidField(t, resp, body, tc.field)
+			}
+			rec, err := ts.Store().GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: "k"})
+			require.NoError(t, err)
+			require.Equal(t, idem.StateInFlight, rec.State)
+			require.Empty(t, rec.RecoveryPoint)
+
+			// Tenant names: create, operator patch and own patch.
+			resp, body = do(t, http.MethodPost, ts.URL()+"/v1/admin/tenants", admin, `{"id":"nul","name":"N\u0000L"}`)
+			requireInvalidField(t, resp, body, "name")
+			_, err = ts.Store().GetTenant(ctx, "nul")
+			require.ErrorIs(t, err, idem.ErrTenantNotFound)
+			resp, body = do(t, http.MethodPatch, ts.URL()+"/v1/admin/tenants/acme", admin, `{"name":"a\u0000"}`)
+			requireInvalidField(t, resp, body, "name")
+			resp, body = do(t, http.MethodPatch, ts.URL()+"/v1/tenant", ts.Token(t, "acme", "tenant:admin"), `{"name":"a\u0007"}`)
+			requireInvalidField(t, resp, body, "name")
+			tn, err := ts.Store().GetTenant(ctx, "acme")
+			require.NoError(t, err)
+			require.Equal(t, "acme", tn.Name)
+
+			// A cursor carrying text a store cannot hold is a 400, not a 500.
+			cursor := "eyJ0IjoiMjAyNi0wMS0wMVQwMDowMDowMFoiLCJrIjoiYVx1MDAwMGIifQ" // {"t":"2026-01-01T00:00:00Z","k":"a\u0000b"}
+			resp, body = do(t, http.MethodGet, ts.URL()+"/v1/keys?cursor="+cursor, ts.Token(t, "acme", "keys:read"), "")
+			requireInvalidField(t, resp, body, "cursor")
+		})
+	}
+}
