@@ -1,0 +1,114 @@
+/**
+ * The stable, machine-readable error codes of the idem HTTP contract (the
+ * `code` member of a problem+json body), plus the SDK's own `unknown` (an
+ * answer without a code, e.g. a proxy's 502 page) and `network` (no answer
+ * at all: connection refused or reset, timeout).
+ */
+export declare const Codes: {
+    readonly invalidRequest: "invalid_request";
+    readonly invalidKey: "invalid_key";
+    readonly unauthenticated: "unauthenticated";
+    readonly forbidden: "forbidden";
+    readonly tenantUnknown: "tenant_unknown";
+    readonly keyNotFound: "key_not_found";
+    readonly tenantNotFound: "tenant_not_found";
+    readonly requestInFlight: "request_in_flight";
+    readonly leaseLost: "lease_lost";
+    readonly alreadyCompleted: "already_completed";
+    readonly tenantExists: "tenant_exists";
+    readonly payloadTooLarge: "payload_too_large";
+    readonly unsupportedMediaType: "unsupported_media_type";
+    readonly fingerprintMismatch: "fingerprint_mismatch";
+    readonly rateLimited: "rate_limited";
+    readonly storeUnavailable: "store_unavailable";
+    readonly internal: "internal";
+    readonly unknown: "unknown";
+    readonly network: "network";
+};
+/** One of {@link Codes}, or a code a newer server sends. */
+export type Code = (typeof Codes)[keyof typeof Codes] | (string & {});
+/** Names one invalid field of an `invalid_request` problem. */
+export interface FieldError {
+    field: string;
+    message: string;
+}
+/**
+ * Why a call stopped retrying a failure that was itself retryable:
+ * `attempts` (the attempt cap), `budget` (the client's retry budget is
+ * empty), `deadline` (the time left cannot fit the wait plus an attempt),
+ * `aborted` (the caller's signal fired), `in_flight_wait` (the wait for
+ * another holder of the key ran out).
+ */
+export type GiveUpReason = "attempts" | "budget" | "deadline" | "aborted" | "in_flight_wait";
+/** The fields an {@link IdemError} is built from. */
+export interface IdemErrorInit {
+    status?: number;
+    code: Code;
+    type?: string;
+    title?: string;
+    detail?: string;
+    retryable?: boolean;
+    retryAfterMs?: number;
+    requestId?: string;
+    fields?: FieldError[];
+    call?: string;
+    cause?: unknown;
+}
+/**
+ * An error of the idem service or of the way to it: the RFC 9457 problem
+ * details of an HTTP error answer plus the status, `Retry-After` and request
+ * id; or, with `status` 0 and code `network`, a failure that got no answer
+ * (the transport error is the `cause`). Match it by `code`.
+ */
+export declare class IdemError extends Error {
+    /** The HTTP status, 0 when no answer arrived. */
+    readonly status: number;
+    /** The contract's code (`unknown` when the answer carried none). */
+    readonly code: Code;
+    readonly type: string;
+    readonly title: string;
+    readonly detail: string;
+    /** Whether the same request may be sent again unchanged. */
+    readonly retryable: boolean;
+    /** The answer's `Retry-After` in milliseconds, 0 when absent. */
+    readonly retryAfterMs: number;
+    /** The `X-Request-Id` of the answer; quote it when reporting a problem. */
+    readonly requestId: string;
+    /** The invalid fields of an `invalid_request`. */
+    readonly fields: FieldError[];
+    /** The call that failed, e.g. `claim`. */
+    call: string;
+    /** How many attempts the call made (set by the retry loop). */
+    attempts: number;
+    /** Why retrying stopped, when the failure was retryable. */
+    giveUp: GiveUpReason | undefined;
+    constructor(init: IdemErrorInit);
+    /** Records how the retry loop ended and updates the message. @internal */
+    finish(attempts: number, giveUp: GiveUpReason | undefined): this;
+    /** A one-line description: call, status, code, detail, request id, why retrying stopped. */
+    describe(): string;
+}
+/** Reports whether err is an {@link IdemError} of one of codes. */
+export declare function isIdemError(err: unknown, ...codes: Code[]): err is IdemError;
+declare const noSideEffectMark: unique symbol;
+/**
+ * The error a function run by {@link Client.run} throws to declare that it
+ * failed before touching anything external. `run` then releases the key,
+ * so that the next attempt with the same key starts afresh, and rethrows
+ * it. Wrap the real error as the cause: `throw new NoSideEffect("card
+ * declined", { cause: err })`. Any other error leaves the claim to expire
+ * into an orphan, because the function may have done part of its work.
+ */
+export declare class NoSideEffect extends Error {
+    readonly [noSideEffectMark] = true;
+    constructor(message?: string, options?: {
+        cause?: unknown;
+    });
+}
+/**
+ * Reports whether err declares that it left no side effect: a
+ * {@link NoSideEffect} (from any copy of this package) anywhere in its
+ * cause chain.
+ */
+export declare function isNoSideEffect(err: unknown): boolean;
+export {};

@@ -1,0 +1,7 @@
+// The idem SDK for Node.js 20+: see README.md.
+export { Client } from "./client.js";
+export { Codes, IdemError, NoSideEffect, isIdemError, isNoSideEffect } from "./errors.js";
+export { key, maxKeyBytes, validateKey } from "./keys.js";
+export { StoredResponse } from "./response.js";
+export { RetryBudget, backoffCeilingMs, backoffMs, defaultRetryPolicy, parseHttpDate, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, shouldRetry, } from "./retry.js";
+export { Claim, renewalPoint, run } from "./run.js";

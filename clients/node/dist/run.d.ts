@@ -1,0 +1,104 @@
+import type { Bounds, CallOptions, Client } from "./client.js";
+import { StoredResponse, type ResponseInit } from "./response.js";
+import type { ClaimRequest } from "./types.js";
+/**
+ * The recovery point the lease keeper saves when it renews a lease before
+ * the function's first checkpoint. {@link Claim.recoveryPoint} hides it: a
+ * takeover of such a claim sees no recovery point.
+ */
+export declare const renewalPoint = "idem:lease-renewal";
+/** Options of {@link run}. */
+export interface RunOptions extends CallOptions {
+    /** Throw `request_in_flight` at once instead of waiting for another holder of the key. */
+    noWait?: boolean;
+    /** The attempt id of this logical call (default: a random one when the client sends attempt ids). */
+    attemptId?: string;
+}
+/** The outcome of {@link run}. */
+export interface RunResult {
+    /** The function's response, or the stored one on a replay. */
+    response: StoredResponse;
+    /** The key was already completed; the function did not run. */
+    replayed: boolean;
+    /** This run took over an orphaned claim. */
+    resumed: boolean;
+    /** The attempt and fencing token of the claim the function ran under (of the stored record on a replay). */
+    attempt: number;
+    fencingToken: number;
+}
+/**
+ * The handle the function run by {@link run} receives: the claim's
+ * identity, the recovery point an earlier attempt left, checkpoint, and a
+ * signal that aborts when the lease is lost.
+ */
+export declare class Claim {
+    private readonly client;
+    readonly key: string;
+    /** The claim's fencing token, which every write on the key carries. */
+    readonly fencingToken: number;
+    /** 1 for a fresh claim, more after takeovers. */
+    readonly attempt: number;
+    /** This claim took over an orphaned one: an earlier attempt may have done part of the work, see recoveryPoint. */
+    readonly resumed: boolean;
+    private readonly leaseSeconds;
+    /** Aborts with a `lease_lost` IdemError when the lease is lost, or with the caller's reason. */
+    readonly signal: AbortSignal;
+    private readonly startPoint;
+    private readonly startData;
+    private point;
+    private data;
+    private chain;
+    /** When the lease was last known renewed (clock ms). @internal */
+    renewedAt: number;
+    /** @internal */
+    constructor(client: Client, key: string, 
+    /** The claim's fencing token, which every write on the key carries. */
+    fencingToken: number, 
+    /** 1 for a fresh claim, more after takeovers. */
+    attempt: number, 
+    /** This claim took over an orphaned one: an earlier attempt may have done part of the work, see recoveryPoint. */
+    resumed: boolean, leaseSeconds: number | undefined, recoveryPoint: string, recoveryData: unknown, signal: AbortSignal);
+    /** The last recovery point the earlier attempt saved before this claim began ("" when none). */
+    get recoveryPoint(): string;
+    /** The JSON saved with recoveryPoint (undefined when none). */
+    get recoveryData(): unknown;
+    /**
+     * Saves a recovery point — a phase name and optional JSON data — under
+     * the claim's fencing token, and renews the lease. Call it right after
+     * each external step, so that a takeover resumes after the step instead
+     * of repeating it. A stale token throws `lease_lost`.
+     */
+    checkpoint(name: string, data?: unknown, opts?: CallOptions): Promise<void>;
+    /** Re-saves the last recovery point to extend the lease. @internal */
+    renew(b: Bounds): Promise<void>;
+    /** Runs checkpoints one at a time, so that a renewal never sends an older point after a newer one. */
+    private serial;
+    private save;
+}
+/**
+ * Runs fn under the idempotency protocol for key:
+ *
+ * 1. It claims the key. A completed key is a replay: the stored response
+ *    comes back with `replayed` true and fn does not run.
+ * 2. While another caller holds the key (409 request_in_flight) it waits
+ *    the Retry-After the service sent (plus the policy's spread) and claims
+ *    again, for at most `inFlightWaitMs` and never past the deadline; then
+ *    it throws `request_in_flight`. `noWait` skips the waiting.
+ * 3. It runs fn with a {@link Claim}. After a takeover of a crashed
+ *    attempt, `claim.resumed` is true and `claim.recoveryPoint` /
+ *    `recoveryData` tell where that attempt got to.
+ * 4. While fn runs, a lease keeper renews the lease every third of it. If
+ *    the service says the lease is lost, or no renewal succeeded for a whole
+ *    lease, `claim.signal` aborts with a `lease_lost` error.
+ * 5. If fn returns a response, run completes the key with it and returns
+ *    it. If fn throws a {@link NoSideEffect} (anywhere in the cause chain),
+ *    run releases the key and rethrows. Any other error leaves the claim
+ *    as it is — fn may have had a side effect — to expire into an orphan
+ *    that the next run takes over (resuming from the last checkpoint) and
+ *    operators can see; the error is rethrown.
+ *
+ * Complete and release still run when the caller's signal fired by the
+ * time fn returns, bounded by the attempt timeout: the outcome of work
+ * already done is worth recording.
+ */
+export declare function run(client: Client, key: string, req: ClaimRequest, fn: (claim: Claim) => Promise<ResponseInit | StoredResponse> | ResponseInit | StoredResponse, opts?: RunOptions): Promise<RunResult>;

@@ -1,0 +1,162 @@
+/**
+ * The stable, machine-readable error codes of the idem HTTP contract (the
+ * `code` member of a problem+json body), plus the SDK's own `unknown` (an
+ * answer without a code, e.g. a proxy's 502 page) and `network` (no answer
+ * at all: connection refused or reset, timeout).
+ */
+export const Codes = {
+  invalidRequest: "invalid_request",
+  invalidKey: "invalid_key",
+  unauthenticated: "unauthenticated",
+  forbidden: "forbidden",
+  tenantUnknown: "tenant_unknown",
+  keyNotFound: "key_not_found",
+  tenantNotFound: "tenant_not_found",
+  requestInFlight: "request_in_flight",
+  leaseLost: "lease_lost",
+  alreadyCompleted: "already_completed",
+  tenantExists: "tenant_exists",
+  payloadTooLarge: "payload_too_large",
+  unsupportedMediaType: "unsupported_media_type",
+  fingerprintMismatch: "fingerprint_mismatch",
+  rateLimited: "rate_limited",
+  storeUnavailable: "store_unavailable",
+  internal: "internal",
+  unknown: "unknown",
+  network: "network",
+} as const;
+
+/** One of {@link Codes}, or a code a newer server sends. */
+export type Code = (typeof Codes)[keyof typeof Codes] | (string & {});
+
+/** Names one invalid field of an `invalid_request` problem. */
+export interface FieldError {
+  field: string;
+  message: string;
+}
+
+/**
+ * Why a call stopped retrying a failure that was itself retryable:
+ * `attempts` (the attempt cap), `budget` (the client's retry budget is
+ * empty), `deadline` (the time left cannot fit the wait plus an attempt),
+ * `aborted` (the caller's signal fired), `in_flight_wait` (the wait for
+ * another holder of the key ran out).
+ */
+export type GiveUpReason = "attempts" | "budget" | "deadline" | "aborted" | "in_flight_wait";
+
+/** The fields an {@link IdemError} is built from. */
+export interface IdemErrorInit {
+  status?: number;
+  code: Code;
+  type?: string;
+  title?: string;
+  detail?: string;
+  retryable?: boolean;
+  retryAfterMs?: number;
+  requestId?: string;
+  fields?: FieldError[];
+  call?: string;
+  cause?: unknown;
+}
+
+/**
+ * An error of the idem service or of the way to it: the RFC 9457 problem
+ * details of an HTTP error answer plus the status, `Retry-After` and request
+ * id; or, with `status` 0 and code `network`, a failure that got no answer
+ * (the transport error is the `cause`). Match it by `code`.
+ */
+export class IdemError extends Error {
+  /** The HTTP status, 0 when no answer arrived. */
+  readonly status: number;
+  /** The contract's code (`unknown` when the answer carried none). */
+  readonly code: Code;
+  readonly type: string;
+  readonly title: string;
+  readonly detail: string;
+  /** Whether the same request may be sent again unchanged. */
+  readonly retryable: boolean;
+  /** The answer's `Retry-After` in milliseconds, 0 when absent. */
+  readonly retryAfterMs: number;
+  /** The `X-Request-Id` of the answer; quote it when reporting a problem. */
+  readonly requestId: string;
+  /** The invalid fields of an `invalid_request`. */
+  readonly fields: FieldError[];
+  /** The call that failed, e.g. `claim`. */
+  call: string;
+  /** How many attempts the call made (set by the retry loop). */
+  attempts = 0;
+  /** Why retrying stopped, when the failure was retryable. */
+  giveUp: GiveUpReason | undefined;
+
+  constructor(init: IdemErrorInit) {
+    super("", init.cause === undefined ? undefined : { cause: init.cause });
+    this.name = "IdemError";
+    this.status = init.status ?? 0;
+    this.code = init.code;
+    this.type = init.type ?? "";
+    this.title = init.title ?? "";
+    this.detail = init.detail ?? "";
+    this.retryable = init.retryable ?? false;
+    this.retryAfterMs = init.retryAfterMs ?? 0;
+    this.requestId = init.requestId ?? "";
+    this.fields = init.fields ?? [];
+    this.call = init.call ?? "";
+    this.message = this.describe();
+  }
+
+  /** Records how the retry loop ended and updates the message. @internal */
+  finish(attempts: number, giveUp: GiveUpReason | undefined): this {
+    this.attempts = attempts;
+    this.giveUp = giveUp;
+    this.message = this.describe();
+    return this;
+  }
+
+  /** A one-line description: call, status, code, detail, request id, why retrying stopped. */
+  describe(): string {
+    let s = "idem: ";
+    if (this.call) s += `${this.call}: `;
+    if (this.status) s += `${this.status} `;
+    s += this.code;
+    const text = this.detail || this.title || (this.cause instanceof Error ? this.cause.message : "");
+    if (text) s += `: ${text}`;
+    if (this.requestId) s += ` (request id ${this.requestId})`;
+    if (this.giveUp) s += ` [gave up after ${this.attempts} attempt(s): ${this.giveUp}]`;
+    return s;
+  }
+}
+
+/** Reports whether err is an {@link IdemError} of one of codes. */
+export function isIdemError(err: unknown, ...codes: Code[]): err is IdemError {
+  return err instanceof IdemError && (codes.length === 0 || codes.includes(err.code));
+}
+
+const noSideEffectMark = Symbol.for("idem.noSideEffect");
+
+/**
+ * The error a function run by {@link Client.run} throws to declare that it
+ * failed before touching anything external. `run` then releases the key,
+ * so that the next attempt with the same key starts afresh, and rethrows
+ * it. Wrap the real error as the cause: `throw new NoSideEffect("card
+ * declined", { cause: err })`. Any other error leaves the claim to expire
+ * into an orphan, because the function may have done part of its work.
+ */
+export class NoSideEffect extends Error {
+  readonly [noSideEffectMark] = true;
+  constructor(message = "the attempt left no side effect", options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "NoSideEffect";
+  }
+}
+
+/**
+ * Reports whether err declares that it left no side effect: a
+ * {@link NoSideEffect} (from any copy of this package) anywhere in its
+ * cause chain.
+ */
+export function isNoSideEffect(err: unknown): boolean {
+  for (let e = err, depth = 0; e && typeof e === "object" && depth < 16; e = (e as { cause?: unknown }).cause, depth++) {
+    if ((e as Record<symbol, unknown>)[noSideEffectMark] === true) return true;
+  }
+  return false;
+}

@@ -1,0 +1,235 @@
+/**
+ * The retry policy of every call a {@link Client} makes. A field left out
+ * takes its default, the same as the Go SDK's and the docs' retry contract.
+ */
+export interface RetryPolicy {
+  /** Attempts of one call, the first included. Default 3; 1 disables retries. */
+  maxAttempts?: number;
+  /** Full-jitter backoff: the wait before retry n (n = 0, 1, …) is uniform in [0, min(maxDelayMs, baseDelayMs·2^n)). Default 1000. */
+  baseDelayMs?: number;
+  /** Cap of the backoff. Default 30000. */
+  maxDelayMs?: number;
+  /** Bound of one attempt (connect, send, read the whole answer), never past the call's deadline. Default 10000; 0 for none. */
+  attemptTimeoutMs?: number;
+  /** The least time an attempt is worth: no retry when the time left cannot fit the wait plus this. Default 100. */
+  minAttemptTimeMs?: number;
+  /** Spread added to a Retry-After wait, uniform in [0, this), so that a crowd told "1 second" does not return at once. Default 1000; 0 for none. */
+  retryAfterJitterMs?: number;
+  /** Retry HTTP 500 too. Off by default: a 500 says the server failed unexpectedly; repeating rarely helps. */
+  retry500?: boolean;
+  /** Longest total wait of `run` for another holder of the key (409 request_in_flight), never past the deadline. Default 60000; 0 for no waiting. */
+  inFlightWaitMs?: number;
+  /** Client-wide retry budget: a token bucket, full at start. Default 10; 0 switches the budget off. */
+  budgetCapacity?: number;
+  /** Tokens one retry costs. Default 1. */
+  budgetRetryCost?: number;
+  /** Tokens a sane answer (2xx, or a non-retryable 4xx) puts back, up to the capacity. Default 0.1. */
+  budgetSuccessRefund?: number;
+}
+
+/** A {@link RetryPolicy} with every field filled in. */
+export type EffectivePolicy = Required<RetryPolicy>;
+
+/** The defaults of {@link RetryPolicy}. */
+export const defaultRetryPolicy: Readonly<EffectivePolicy> = Object.freeze({
+  maxAttempts: 3,
+  baseDelayMs: 1000,
+  maxDelayMs: 30_000,
+  attemptTimeoutMs: 10_000,
+  minAttemptTimeMs: 100,
+  retryAfterJitterMs: 1000,
+  retry500: false,
+  inFlightWaitMs: 60_000,
+  budgetCapacity: 10,
+  budgetRetryCost: 1,
+  budgetSuccessRefund: 0.1,
+});
+
+/** Fills the missing fields of p with the defaults. */
+export function withDefaults(p: RetryPolicy = {}): EffectivePolicy {
+  const out: EffectivePolicy = { ...defaultRetryPolicy };
+  for (const [k, v] of Object.entries(p) as [keyof RetryPolicy, unknown][]) {
+    if (v !== undefined) (out as Record<string, unknown>)[k] = v;
+  }
+  if (!(out.maxAttempts >= 1)) out.maxAttempts = 1;
+  if (!(out.baseDelayMs > 0)) out.baseDelayMs = defaultRetryPolicy.baseDelayMs;
+  out.maxDelayMs = Math.max(out.maxDelayMs, out.baseDelayMs);
+  return out;
+}
+
+/**
+ * The ceiling of the full-jitter wait before retry n (0 for the first
+ * retry): min(maxDelayMs, baseDelayMs·2^n). The wait itself is uniform in
+ * [0, ceiling).
+ */
+export function backoffCeilingMs(p: Pick<EffectivePolicy, "baseDelayMs" | "maxDelayMs">, n: number): number {
+  return Math.min(p.maxDelayMs, p.baseDelayMs * 2 ** Math.max(0, n));
+}
+
+/** The full-jitter wait before retry n, drawn with random (default Math.random). */
+export function backoffMs(p: Pick<EffectivePolicy, "baseDelayMs" | "maxDelayMs">, n: number, random: () => number = Math.random): number {
+  return random() * backoffCeilingMs(p, n);
+}
+
+/** The wait for an answer that carried Retry-After: the server's delay plus the policy's spread. */
+export function retryAfterWaitMs(p: Pick<EffectivePolicy, "retryAfterJitterMs">, retryAfterMs: number, random: () => number = Math.random): number {
+  return retryAfterMs + (p.retryAfterJitterMs > 0 ? random() * p.retryAfterJitterMs : 0);
+}
+
+const retryStatuses = new Set([408, 429, 502, 503, 504]);
+
+/** Reports whether an HTTP status is on the retry allowlist: 408, 429, 502, 503, 504 (and 500 with retry500). */
+export function retryableStatus(status: number, retry500 = false): boolean {
+  return retryStatuses.has(status) || (retry500 && status === 500);
+}
+
+/**
+ * Reports whether a call that failed with status and code may be sent again
+ * after a wait: the allowlisted statuses, and `409 request_in_flight` (the
+ * key's holder may finish or its lease run out; every other 409 is final).
+ * The plain calls retry only the allowlist; `run` waits out
+ * request_in_flight within its deadline.
+ */
+export function shouldRetry(status: number, code: string, retry500 = false): boolean {
+  if (status === 409) return code === "request_in_flight";
+  return retryableStatus(status, retry500);
+}
+
+const months = "(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)";
+// The three HTTP-date forms of RFC 9110 §5.6.7: IMF-fixdate, the obsolete
+// RFC 850 form and asctime (which has no zone: it is GMT).
+const imfFixdate = new RegExp(`^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), \\d{2} ${months} \\d{4} \\d{2}:\\d{2}:\\d{2} GMT$`);
+const rfc850Date = new RegExp(`^(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), \\d{2}-${months}-\\d{2} \\d{2}:\\d{2}:\\d{2} GMT$`);
+const asctimeDate = new RegExp(`^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ${months} [ \\d]\\d \\d{2}:\\d{2}:\\d{2} \\d{4}$`);
+
+/** Parses an HTTP-date to epoch milliseconds; NaN when it is none. */
+export function parseHttpDate(v: string): number {
+  if (imfFixdate.test(v)) return Date.parse(v);
+  if (rfc850Date.test(v)) {
+    // Two-digit years: RFC 9110 says a year more than 50 years ahead is in the past.
+    const m = /-(\d{2}) /.exec(v)!;
+    const yy = Number(m[1]);
+    const nowYear = new Date().getUTCFullYear();
+    let year = Math.floor(nowYear / 100) * 100 + yy;
+    if (year > nowYear + 50) year -= 100;
+    return Date.parse(v.replace(/^\w+, (\d{2})-(\w{3})-\d{2} /, `$1 $2 ${year} `));
+  }
+  if (asctimeDate.test(v)) {
+    const [, mon, day, time, year] = /^\w{3} (\w{3}) +(\d+) (\S+) (\d{4})$/.exec(v)!;
+    return Date.parse(`${day} ${mon} ${year} ${time} GMT`);
+  }
+  return NaN;
+}
+
+/**
+ * Reads a Retry-After header: delay-seconds or an HTTP-date (relative to
+ * nowMs). Returns the delay in milliseconds, 0 for a date in the past or a
+ * zero delay, and null when absent or unreadable.
+ */
+export function parseRetryAfter(value: string | null | undefined, nowMs: number = Date.now()): number | null {
+  if (value === null || value === undefined) return null;
+  const v = value.trim();
+  if (v === "") return null;
+  if (/^\d+$/.test(v)) return Math.min(Number(v), 2 ** 31) * 1000;
+  const when = parseHttpDate(v);
+  if (Number.isNaN(when)) return null;
+  return Math.max(0, when - nowMs);
+}
+
+/** The client-wide token bucket of retries. */
+export class RetryBudget {
+  private tokens: number;
+  private readonly off: boolean;
+
+  constructor(
+    private readonly capacity: number,
+    private readonly cost: number,
+    private readonly refund: number,
+  ) {
+    this.off = !(capacity > 0);
+    this.tokens = this.off ? Infinity : capacity;
+  }
+
+  /** Spends the cost of one retry; false when the bucket cannot pay it. */
+  take(): boolean {
+    if (this.off) return true;
+    if (this.tokens + 1e-9 < this.cost) return false; // tolerate float sums like 10 × 0.1
+    this.tokens = Math.max(this.tokens - this.cost, 0);
+    return true;
+  }
+
+  /** Puts back the refund of a sane answer, up to the capacity. */
+  success(): void {
+    if (!this.off) this.tokens = Math.min(this.capacity, this.tokens + this.refund);
+  }
+
+  /** The tokens left (Infinity when the budget is off). */
+  left(): number {
+    return this.tokens;
+  }
+}
+
+/**
+ * The time source of a client: `now` for deadlines, `sleep` for the waits
+ * between attempts. Tests inject a fake one to run the retry loop without
+ * real sleeps.
+ */
+export interface Clock {
+  now(): number;
+  /** Waits ms or until signal aborts; rejects with the signal's reason then. */
+  sleep(ms: number, signal?: AbortSignal): Promise<void>;
+}
+
+/** The real clock. */
+export const realClock: Clock = {
+  now: () => Date.now(),
+  sleep(ms: number, signal?: AbortSignal): Promise<void> {
+    return new Promise((resolve, reject) => {
+      if (signal?.aborted) {
+        reject(signal.reason);
+        return;
+      }
+      const onAbort = () => {
+        clearTimeout(timer);
+        reject(signal?.reason);
+      };
+      const timer = setTimeout(() => {
+        signal?.removeEventListener("abort", onAbort);
+        resolve();
+      }, Math.max(0, ms));
+      signal?.addEventListener("abort", onAbort, { once: true });
+    });
+  },
+};
+
+const retryableCodes = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "EPIPE",
+  "ETIMEDOUT",
+  "ECONNABORTED",
+  "UND_ERR_SOCKET",
+  "UND_ERR_CONNECT_TIMEOUT",
+  "UND_ERR_HEADERS_TIMEOUT",
+  "UND_ERR_BODY_TIMEOUT",
+  "UND_ERR_CLOSED",
+]);
+
+/**
+ * Reports whether an error of fetch (no HTTP answer, or an answer cut
+ * short) is on the allowlist: connection refused, connection reset or
+ * closed before the answer, and timeouts.
+ */
+export function retryableTransportError(err: unknown): boolean {
+  for (let e = err, depth = 0; e && typeof e === "object" && depth < 8; e = (e as { cause?: unknown }).cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && retryableCodes.has(code)) return true;
+    const name = (e as { name?: unknown }).name;
+    if (name === "TimeoutError") return true;
+    if (Array.isArray((e as { errors?: unknown }).errors)) {
+      // AggregateError of happy-eyeballs connects.
+      if (((e as { errors: unknown[] }).errors).some((x) => retryableTransportError(x))) return true;
+    }
+  }
+  return false;
+}

@@ -1,0 +1,76 @@
+import type { StoredResponse, WireResponse } from "./response.js";
+
+/** The state of a record as the service shows it. */
+export type State = "in_flight" | "completed" | "orphaned" | "expired";
+
+/** What the service stores for one key (GET /v1/keys/{key}). */
+export interface KeyRecord {
+  /** Set by the operator's orphan list only. */
+  tenant?: string;
+  key: string;
+  state: State;
+  operation?: string;
+  fingerprint?: string;
+  fencing_token: number;
+  attempt: number;
+  lease_expires_at?: string | null;
+  recovery_point?: string | null;
+  recovery_data?: unknown;
+  created_at?: string;
+  completed_at?: string | null;
+  replay_until?: string | null;
+  purge_after?: string | null;
+  response?: WireResponse | null;
+}
+
+/** The answer of a claim, with the stored response decoded. */
+export interface ClaimResult {
+  record: KeyRecord;
+  /** The key was already completed: `response` holds the stored response. */
+  replayed: boolean;
+  /** This claim took over an orphaned one; `record.recovery_point`/`recovery_data` hold its last checkpoint. */
+  resumed: boolean;
+  fencingToken: number;
+  attempt: number;
+  /** The stored response of a replay. */
+  response: StoredResponse | undefined;
+}
+
+/** The intent a key stands for, sent with every claim. */
+export interface ClaimRequest {
+  /** A label of at most 128 bytes, e.g. `POST /v1/payments`; it takes part in the mismatch check. */
+  operation?: string;
+  /** An opaque digest of the request (1–256 characters). Leave it out and set `request` to let the server compute one. */
+  fingerprint?: string;
+  /** The request itself, any JSON value; the server fingerprints its canonical (JCS) form. */
+  request?: unknown;
+  /** The lease asked for, in seconds; default the tenant's. */
+  leaseSeconds?: number;
+}
+
+/** One page of records, newest first. */
+export interface KeyPage {
+  items: KeyRecord[];
+  /** Absent on the last page. */
+  next_cursor?: string;
+}
+
+/** A tenant's settings. */
+export interface Settings {
+  replay_window_seconds: number;
+  reaper_threshold_seconds: number;
+  lease_seconds_default: number;
+  lease_seconds_max: number;
+  max_response_bytes: number;
+  rate_limit_per_second: number;
+}
+
+/** An account of the service. */
+export interface Tenant {
+  id: string;
+  name: string;
+  settings: Settings;
+  disabled?: boolean;
+  created_at?: string;
+  updated_at?: string;
+}

@@ -1,0 +1,172 @@
+// The lifecycle helper against the real server binary, on both stores.
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import { after, before, describe, test } from "node:test";
+import { Client, IdemError, NoSideEffect, StoredResponse, type AttemptInfo } from "../src/index.js";
+import { startServer, stores, type Server } from "./server.js";
+
+const newKey = (name: string) => `${name}-${randomUUID()}`;
+
+for (const store of stores()) {
+  describe(`run on ${store}`, () => {
+    let srv: Server;
+    let slowLease: string; // a token of a tenant whose lease is 1 s
+    before(async () => {
+      srv = await startServer(store);
+      srv.createTenant("lease1", { "lease-seconds-default": 1 });
+      slowLease = srv.mint("lease1", "keys:write keys:read");
+    });
+    after(() => srv.stop());
+
+    const client = (token = srv.token, onAttempt?: (a: AttemptInfo) => void) =>
+      new Client({ baseUrl: srv.url, token, ...(onAttempt ? { onAttempt } : {}) });
+
+    test("claims, runs, completes; the next run replays the typed response without running", async () => {
+      const c = client();
+      const k = newKey("order");
+      let runs = 0;
+      const req = { operation: "POST /orders", request: { amount: 1000, currency: "usd" } };
+      const first = await c.run(k, req, async (claim) => {
+        runs++;
+        assert.equal(claim.attempt, 1);
+        assert.equal(claim.resumed, false);
+        assert.equal(claim.recoveryPoint, "");
+        await claim.checkpoint("charged", { charge: "ch_1" });
+        return { status: 201, headers: { "Content-Type": "application/json" }, body: '{"id":"ord_1"}' };
+      });
+      assert.equal(first.replayed, false);
+      assert.equal(first.response.status, 201);
+      // Same request, other key order: the server's JCS fingerprint matches.
+      const again = await c.run(k, { operation: "POST /orders", request: { currency: "usd", amount: 1000 } }, () => {
+        runs++;
+        return { status: 500 };
+      });
+      assert.equal(runs, 1);
+      assert.equal(again.replayed, true);
+      assert.ok(again.response instanceof StoredResponse);
+      assert.equal(again.response.status, 201);
+      assert.equal(again.response.headers["Content-Type"], "application/json");
+      assert.deepEqual(again.response.json(), { id: "ord_1" });
+      assert.equal(again.fencingToken, first.fencingToken);
+      const rec = await c.get(k);
+      assert.equal(rec.state, "completed");
+    });
+
+    test("a binary body is stored as base64 and replayed byte for byte", async () => {
+      const c = client();
+      const k = newKey("bin");
+      const body = new Uint8Array([0, 0xff, 0xfe, 0x80, 0x41, 0xc3]);
+      await c.run(k, { operation: "POST /files" }, () => ({ status: 200, headers: { "Content-Type": "application/octet-stream" }, body }));
+      const rec = await c.get(k);
+      assert.equal(rec.response?.body_encoding, "base64");
+      const replay = await c.run(k, { operation: "POST /files" }, () => assert.fail("must not run"));
+      assert.deepEqual(replay.response.body, body);
+    });
+
+    test("another request under the same key is fingerprint_mismatch", async () => {
+      const c = client();
+      const k = newKey("fp");
+      await c.run(k, { operation: "POST /orders", request: { amount: 1 } }, () => ({ status: 201 }));
+      await assert.rejects(c.run(k, { operation: "POST /orders", request: { amount: 2 } }, () => assert.fail("must not run")),
+        (err: unknown) => err instanceof IdemError && err.status === 422 && err.code === "fingerprint_mismatch");
+    });
+
+    test("a declared NoSideEffect releases the key; the next run starts afresh", async () => {
+      const c = client();
+      const k = newKey("decline");
+      const declined = new NoSideEffect("card declined", { cause: new Error("402 from the PSP") });
+      await assert.rejects(c.run(k, { operation: "POST /pay" }, () => { throw declined; }), (err) => err === declined);
+      await assert.rejects(c.get(k), (err: unknown) => err instanceof IdemError && err.code === "key_not_found");
+      const second = await c.run(k, { operation: "POST /pay" }, (claim) => {
+        assert.equal(claim.attempt, 1);
+        return { status: 201, body: "ok" };
+      });
+      assert.equal(second.replayed, false);
+    });
+
+    test("any other error leaves the claim; a run without waiting gets request_in_flight", async () => {
+      const c = client();
+      const k = newKey("crash");
+      const boom = new Error("PSP timeout after the charge");
+      await assert.rejects(c.run(k, { operation: "POST /pay" }, () => { throw boom; }), (err) => err === boom);
+      assert.equal((await c.get(k)).state, "in_flight");
+      await assert.rejects(c.run(k, { operation: "POST /pay" }, () => assert.fail("must not run"), { noWait: true }),
+        (err: unknown) => err instanceof IdemError && err.status === 409 && err.code === "request_in_flight" && err.retryAfterMs >= 1000);
+    });
+
+    test("request_in_flight is waited out within the deadline: the takeover resumes from the checkpoint", async () => {
+      const c = client(slowLease);
+      const k = newKey("takeover");
+      await assert.rejects(c.run(k, { operation: "POST /pay" }, async (claim) => {
+        await claim.checkpoint("charged", { charge: "ch_9" });
+        throw new Error("crashed after the charge");
+      }));
+      const res = await c.run(k, { operation: "POST /pay" }, (claim) => {
+        assert.equal(claim.resumed, true);
+        assert.equal(claim.attempt, 2);
+        assert.equal(claim.recoveryPoint, "charged");
+        assert.deepEqual(claim.recoveryData, { charge: "ch_9" });
+        return { status: 201, body: "resumed" };
+      }, { timeoutMs: 10_000 });
+      assert.equal(res.resumed, true);
+      assert.equal(res.response.text(), "resumed");
+    });
+
+    test("the wait for another holder stops at the deadline", async () => {
+      const c = client();
+      const k = newKey("deadline");
+      await assert.rejects(c.run(k, { operation: "POST /pay" }, () => { throw new Error("crash"); }));
+      const start = Date.now();
+      await assert.rejects(c.run(k, { operation: "POST /pay" }, () => assert.fail("must not run"), { timeoutMs: 1500 }),
+        (err: unknown) => err instanceof IdemError && err.code === "request_in_flight" && err.giveUp === "deadline");
+      assert.ok(Date.now() - start < 1500, "gave up without sleeping past the deadline");
+    });
+
+    test("the lease keeper renews a slow function's lease; nobody takes it over", async () => {
+      const c = client(slowLease);
+      const other = client(slowLease);
+      const k = newKey("slow");
+      const res = await c.run(k, { operation: "POST /slow" }, async () => {
+        // Three leases long; the keeper renews every third of a lease.
+        for (let i = 0; i < 6; i++) {
+          await new Promise((r) => setTimeout(r, 500));
+          await assert.rejects(other.claim(k, { operation: "POST /slow" }),
+            (err: unknown) => err instanceof IdemError && err.code === "request_in_flight");
+        }
+        return { status: 200, body: "slow" };
+      });
+      assert.equal(res.attempt, 1);
+      assert.equal((await c.get(k)).state, "completed");
+    });
+
+    test("50 concurrent runs of one key run the function once; all get its response", async () => {
+      // The 409s carry Retry-After = the lease left: a 1 s lease keeps the wait short.
+      const c = client(slowLease);
+      const k = newKey("crowd");
+      let runs = 0;
+      const results = await Promise.all(Array.from({ length: 50 }, () =>
+        c.run(k, { operation: "POST /crowd", request: { n: 1 } }, async () => {
+          runs++;
+          await new Promise((r) => setTimeout(r, 200));
+          return { status: 201, body: "once" };
+        }, { timeoutMs: 30_000 })));
+      assert.equal(runs, 1);
+      assert.equal(results.filter((r) => !r.replayed).length, 1);
+      for (const r of results) assert.equal(r.response.text(), "once");
+    });
+
+    test("every 409 other than request_in_flight is final: already_completed, a stale token", async () => {
+      const attempts: AttemptInfo[] = [];
+      const c = client(srv.token, (a) => attempts.push(a));
+      const k = newKey("stale");
+      const claim = await c.claim(k, { operation: "POST /x" });
+      await c.complete(k, claim.fencingToken, { status: 200, body: "a" });
+      attempts.length = 0;
+      await assert.rejects(c.complete(k, claim.fencingToken, { status: 200, body: "b" }),
+        (err: unknown) => err instanceof IdemError && err.status === 409 && err.code === "already_completed" && err.attempts === 1);
+      assert.equal(attempts.length, 1);
+      await assert.rejects(c.checkpoint(k, claim.fencingToken + 1, "p"),
+        (err: unknown) => err instanceof IdemError && err.status === 409);
+    });
+  });
+}
