@@ -44,6 +44,12 @@ type Config struct {
 	DBMaxConns int
 	// DBConnectTimeout bounds connecting to the database at start.
 	DBConnectTimeout time.Duration
+	// StoreTimeout bounds every store call (IDEM_STORE_TIMEOUT), waiting
+	// for a pooled connection included: past it the caller gets 503
+	// store_unavailable with Retry-After instead of hanging with the
+	// database. It must be shorter than WriteTimeout, so the answer is
+	// written before the server gives up on the connection.
+	StoreTimeout time.Duration
 	// ReapInterval, ReapBatchSize and OrphanWatchInterval tune the
 	// background jobs.
 	ReapInterval        time.Duration
@@ -76,6 +82,7 @@ func DefaultConfig() Config {
 		ShutdownGrace:       20 * time.Second,
 		DBMaxConns:          10,
 		DBConnectTimeout:    10 * time.Second,
+		StoreTimeout:        5 * time.Second,
 		ReapInterval:        30 * time.Second,
 		ReapBatchSize:       500,
 		OrphanWatchInterval: 15 * time.Second,
@@ -122,6 +129,8 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*intValue)(&c.DBMaxConns) }},
 		{"db-connect-timeout", "IDEM_DB_CONNECT_TIMEOUT", "time allowed to connect to the database at start", false,
 			func(c *Config) flag.Value { return (*durationValue)(&c.DBConnectTimeout) }},
+		{"store-timeout", "IDEM_STORE_TIMEOUT", "longest a store call (database query, connection wait included) may take; past it the request gets 503 store_unavailable", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.StoreTimeout) }},
 		{"reap-interval", "IDEM_REAP_INTERVAL", "how often the reaper deletes records past their purge time", false,
 			func(c *Config) flag.Value { return (*durationValue)(&c.ReapInterval) }},
 		{"reap-batch-size", "IDEM_REAP_BATCH_SIZE", "most records the reaper deletes per batch", false,
@@ -302,6 +311,7 @@ func (c Config) Validate() error {
 	}{
 		{"IDEM_SHUTDOWN_GRACE", c.ShutdownGrace},
 		{"IDEM_DB_CONNECT_TIMEOUT", c.DBConnectTimeout},
+		{"IDEM_STORE_TIMEOUT", c.StoreTimeout},
 		{"IDEM_REAP_INTERVAL", c.ReapInterval},
 		{"IDEM_ORPHAN_WATCH_INTERVAL", c.OrphanWatchInterval},
 		{"IDEM_READ_HEADER_TIMEOUT", c.ReadHeaderTimeout},
@@ -313,6 +323,9 @@ func (c Config) Validate() error {
 		if p.d <= 0 {
 			bad("%s must be a positive duration such as 30s (got %s)", p.env, p.d)
 		}
+	}
+	if c.StoreTimeout > 0 && c.WriteTimeout > 0 && c.StoreTimeout >= c.WriteTimeout {
+		bad("IDEM_STORE_TIMEOUT (%s) must be shorter than IDEM_WRITE_TIMEOUT (%s): a request that waits for the store must still get its 503 before the server closes the connection", c.StoreTimeout, c.WriteTimeout)
 	}
 	if c.TenantCacheTTL < 0 {
 		bad("IDEM_TENANT_CACHE_TTL must not be negative (got %s)", c.TenantCacheTTL)

@@ -97,6 +97,8 @@ func TestValidateMessages(t *testing.T) {
 		{"read header", func(c *Config) { c.ReadHeaderTimeout = 0 }, "IDEM_READ_HEADER_TIMEOUT must be a positive duration"},
 		{"write timeout", func(c *Config) { c.WriteTimeout = 0 }, "IDEM_WRITE_TIMEOUT must be a positive duration"},
 		{"connect timeout", func(c *Config) { c.DBConnectTimeout = 0 }, "IDEM_DB_CONNECT_TIMEOUT must be a positive duration"},
+		{"store timeout", func(c *Config) { c.StoreTimeout = 0 }, "IDEM_STORE_TIMEOUT must be a positive duration"},
+		{"store timeout past write timeout", func(c *Config) { c.StoreTimeout = 30 * time.Second }, "IDEM_STORE_TIMEOUT (30s) must be shorter than IDEM_WRITE_TIMEOUT (30s)"},
 		{"max conns", func(c *Config) { c.DBMaxConns = 0 }, "IDEM_DB_MAX_CONNS must be between 1 and 1000 (got 0)"},
 		{"batch", func(c *Config) { c.ReapBatchSize = 0 }, "IDEM_REAP_BATCH_SIZE must be between 1 and 100000 (got 0)"},
 		{"header bytes", func(c *Config) { c.MaxHeaderBytes = 10 }, "IDEM_MAX_HEADER_BYTES must be at least 4096 (got 10)"},

@@ -107,7 +107,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	case *sqlite.Store:
 		s.metrics.RegisterDBStats(s.registry, st.DB().Stats)
 	}
-	s.store = metrics.InstrumentStore(raw, s.metrics)
+	// The deadline sits inside the instrumentation, so a call that ran out
+	// of time is counted as unavailable; every user of s.store — the API,
+	// the tenant service, the background jobs — gets it.
+	s.store = metrics.InstrumentStore(idem.WithDeadline(raw, cfg.StoreTimeout), s.metrics)
 	s.tenants = tenants.NewService(s.store, cfg.TenantCacheTTL)
 
 	if devSecret != nil {

@@ -1,0 +1,113 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// WithDeadline returns a Store that gives every call of s at most d: the
+// call's context gets a deadline d from now (or keeps an earlier one), so
+// a database that stops answering — frozen, behind a network black hole, a
+// lock held elsewhere, a pool whose connections all hang — can no longer
+// hold a request or a background job for the length of the outage. A call
+// that ran out of time returns store_unavailable (retryable, Retry-After),
+// whatever error the driver gave; a call whose own caller gave up (the
+// context was canceled) returns that error unchanged, so the caller can
+// tell "the client went away" from "the store failed". d <= 0 returns s.
+//
+// The bound holds as far as the backend honours its context, which both
+// stores do: pgx sets a deadline on the connection and bounds pool
+// acquisition, database/sql bounds its pool, and the SQLite driver
+// interrupts a statement or a busy wait.
+func WithDeadline(s Store, d time.Duration) Store {
+	if d <= 0 {
+		return s
+	}
+	return &deadlineStore{s: s, d: d}
+}
+
+type deadlineStore struct {
+	s Store
+	d time.Duration
+}
+
+var _ Store = (*deadlineStore)(nil)
+
+// bounded runs f with the store deadline and classifies its error.
+func bounded[T any](ds *deadlineStore, ctx context.Context, f func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, ds.d)
+	defer cancel()
+	v, err := f(ctx)
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if ErrorCode(err) == CodeInternal {
+			err = StoreUnavailable("the database did not answer in time", err)
+		}
+	}
+	return v, err
+}
+
+// boundedErr is bounded for calls that return only an error.
+func boundedErr(ds *deadlineStore, ctx context.Context, f func(context.Context) error) error {
+	_, err := bounded(ds, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, f(ctx) })
+	return err
+}
+
+func (ds *deadlineStore) Claim(ctx context.Context, p ClaimParams) (ClaimResult, error) {
+	return bounded(ds, ctx, func(ctx context.Context) (ClaimResult, error) { return ds.s.Claim(ctx, p) })
+}
+
+func (ds *deadlineStore) Checkpoint(ctx context.Context, p CheckpointParams) (Record, error) {
+	return bounded(ds, ctx, func(ctx context.Context) (Record, error) { return ds.s.Checkpoint(ctx, p) })
+}
+
+func (ds *deadlineStore) Complete(ctx context.Context, p CompleteParams) (Record, error) {
+	return bounded(ds, ctx, func(ctx context.Context) (Record, error) { return ds.s.Complete(ctx, p) })
+}
+
+func (ds *deadlineStore) Release(ctx context.Context, p ReleaseParams) error {
+	return boundedErr(ds, ctx, func(ctx context.Context) error { return ds.s.Release(ctx, p) })
+}
+
+func (ds *deadlineStore) GetRecord(ctx context.Context, p GetRecordParams) (Record, error) {
+	return bounded(ds, ctx, func(ctx context.Context) (Record, error) { return ds.s.GetRecord(ctx, p) })
+}
+
+func (ds *deadlineStore) ListRecords(ctx context.Context, p ListRecordsParams) ([]Record, error) {
+	return bounded(ds, ctx, func(ctx context.Context) ([]Record, error) { return ds.s.ListRecords(ctx, p) })
+}
+
+func (ds *deadlineStore) ListOrphans(ctx context.Context, p ListOrphansParams) ([]Record, error) {
+	return bounded(ds, ctx, func(ctx context.Context) ([]Record, error) { return ds.s.ListOrphans(ctx, p) })
+}
+
+func (ds *deadlineStore) OrphanStats(ctx context.Context) ([]OrphanStat, error) {
+	return bounded(ds, ctx, ds.s.OrphanStats)
+}
+
+func (ds *deadlineStore) Reap(ctx context.Context, p ReapParams) ([]Record, error) {
+	return bounded(ds, ctx, func(ctx context.Context) ([]Record, error) { return ds.s.Reap(ctx, p) })
+}
+
+func (ds *deadlineStore) CreateTenant(ctx context.Context, p CreateTenantParams) (Tenant, error) {
+	return bounded(ds, ctx, func(ctx context.Context) (Tenant, error) { return ds.s.CreateTenant(ctx, p) })
+}
+
+func (ds *deadlineStore) GetTenant(ctx context.Context, id string) (Tenant, error) {
+	return bounded(ds, ctx, func(ctx context.Context) (Tenant, error) { return ds.s.GetTenant(ctx, id) })
+}
+
+func (ds *deadlineStore) ListTenants(ctx context.Context) ([]Tenant, error) {
+	return bounded(ds, ctx, ds.s.ListTenants)
+}
+
+func (ds *deadlineStore) UpdateTenant(ctx context.Context, p UpdateTenantParams) (Tenant, error) {
+	return bounded(ds, ctx, func(ctx context.Context) (Tenant, error) { return ds.s.UpdateTenant(ctx, p) })
+}
+
+func (ds *deadlineStore) Ping(ctx context.Context) error {
+	return boundedErr(ds, ctx, ds.s.Ping)
+}
+
+// Close closes the wrapped store; it is not bounded.
+func (ds *deadlineStore) Close() error { return ds.s.Close() }
