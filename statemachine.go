@@ -1,6 +1,24 @@
 package idem
 
-import "time"
+import (
+	"errors"
+	"time"
+)
+
+// The claim state machine is written once, here, in Go. The SQLite store runs
+// it as is inside one BEGIN IMMEDIATE transaction. The PostgreSQL store runs
+// the same table in SQL on purpose, as one atomic upsert (ClaimKey in
+// db/queries/postgres/keys.sql: create, takeover and "expired counts as
+// absent" in its ON CONFLICT ... WHERE), and calls DecideClaim only to
+// explain a refusal (replay, in flight, mismatch) from the row it then reads.
+// The storetest conformance suite keeps the SQL in step with DecideClaim:
+// the Claim group (AbsentCreates, InFlightRejected,
+// InFlightMismatchCheckedFirst, OrphanTakeover, OrphanBoundary,
+// OrphanMismatch, CompletedReplay, CompletedMismatch, ExpiredCreatesAfresh,
+// ExpiredBoundary, DatabaseClockLeaseExpiry) covers every row of the table
+// and its boundaries, and the Concurrency group (ClaimRace, TakeoverRace)
+// the atomicity; statemachine_test.go tests DecideClaim itself. A change to
+// the table changes DecideClaim, ClaimKey and a storetest case together.
 
 // ClaimAction is what the state machine decides for an incoming claim.
 type ClaimAction int
@@ -87,6 +105,11 @@ func ClaimError(action ClaimAction, stored *Record, now time.Time) error {
 	return nil
 }
 
+// KeyNotFound returns the key_not_found error for a read of key.
+func KeyNotFound(key string) *Error {
+	return Errorf(CodeKeyNotFound, "no record for key '%s'", key)
+}
+
 // CheckToken returns the error for a write (checkpoint, complete, release)
 // that presents token on the stored record (nil when absent): ErrKeyNotFound,
 // ErrLeaseLost, or nil when the token is the current one. What a current
@@ -102,4 +125,31 @@ func CheckToken(stored *Record, token int64) error {
 		}
 	}
 	return nil
+}
+
+// CheckWrite returns the error for a checkpoint or release that presents
+// token on the stored record (nil when absent): CheckToken's errors, or
+// ErrAlreadyCompleted when the token is current but the record is
+// completed, since a stored response is never changed or thrown away. Nil
+// means the write may apply.
+func CheckWrite(stored *Record, token int64) error {
+	if err := CheckToken(stored, token); err != nil {
+		return err
+	}
+	if stored.State == StateCompleted {
+		return &Error{Code: CodeAlreadyCompleted, Detail: "key '" + stored.Key + "' is already completed"}
+	}
+	return nil
+}
+
+// CheckComplete is CheckWrite for a complete that stores resp. Completing
+// again with the current token and an equal response is a no-op: it
+// returns repeat true and no error, and the caller answers with the stored
+// record. A different response on a completed record is ErrAlreadyCompleted.
+func CheckComplete(stored *Record, token int64, resp Response) (repeat bool, err error) {
+	err = CheckWrite(stored, token)
+	if errors.Is(err, ErrAlreadyCompleted) && stored.Response != nil && stored.Response.Equal(resp) {
+		return true, nil
+	}
+	return false, err
 }

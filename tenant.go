@@ -18,6 +18,24 @@ type Tenant struct {
 	UpdatedAt time.Time
 }
 
+// TenantUnknown returns the tenant_unknown error for a claim in tenant id
+// that does not exist; cause is the store's constraint error, for logs.
+func TenantUnknown(id string, cause error) *Error {
+	return &Error{Code: CodeTenantUnknown, Detail: "tenant '" + id + "' does not exist", Err: cause}
+}
+
+// TenantExists returns the tenant_exists error for creating tenant id
+// again; cause is the store's constraint error, for logs.
+func TenantExists(id string, cause error) *Error {
+	return &Error{Code: CodeTenantExists, Detail: "tenant '" + id + "' already exists", Err: cause}
+}
+
+// TenantNotFound returns the tenant_not_found error for an operator action
+// on tenant id that does not exist.
+func TenantNotFound(id string) *Error {
+	return Errorf(CodeTenantNotFound, "tenant '%s' does not exist", id)
+}
+
 // Settings are a tenant's own knobs. A change applies to claims made after
 // it; records keep the windows they were created with.
 type Settings struct {

@@ -45,7 +45,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			}
 			return idem.ClaimResult{Action: action, Record: rec}, nil
 		case pgErrorCode(err) == pgForeignKeyViolation:
-			return idem.ClaimResult{}, &idem.Error{Code: idem.CodeTenantUnknown, Detail: "tenant '" + p.TenantID + "' does not exist", Err: err}
+			return idem.ClaimResult{}, idem.TenantUnknown(p.TenantID, err)
 		case !errors.Is(err, pgx.ErrNoRows):
 			return idem.ClaimResult{}, s.interpretError(err, "claim key")
 		}
@@ -82,8 +82,11 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 		Now:           s.clock(),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		_, err = s.writeRefused(ctx, p.TenantID, p.Key, p.FencingToken, "checkpoint")
-		return idem.Record{}, err
+		stored, err := s.getKey(ctx, p.TenantID, p.Key)
+		if err != nil {
+			return idem.Record{}, err
+		}
+		return idem.Record{}, refused(idem.CheckWrite(stored, p.FencingToken), "checkpoint")
 	}
 	if err != nil {
 		return idem.Record{}, s.interpretError(err, "checkpoint key")
@@ -110,11 +113,15 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 		Now:                  s.clock(),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		stored, err := s.writeRefused(ctx, p.TenantID, p.Key, p.FencingToken, "complete")
-		if errors.Is(err, idem.ErrAlreadyCompleted) && stored.Response != nil && stored.Response.Equal(p.Response) {
+		stored, err := s.getKey(ctx, p.TenantID, p.Key)
+		if err != nil {
+			return idem.Record{}, err
+		}
+		repeat, err := idem.CheckComplete(stored, p.FencingToken, p.Response)
+		if repeat {
 			return *stored, nil
 		}
-		return idem.Record{}, err
+		return idem.Record{}, refused(err, "complete")
 	}
 	if err != nil {
 		return idem.Record{}, s.interpretError(err, "complete key")
@@ -129,31 +136,26 @@ func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 		return s.interpretError(err, "release key")
 	}
 	if n == 0 {
-		_, err = s.writeRefused(ctx, p.TenantID, p.Key, p.FencingToken, "release")
-		return err
+		stored, err := s.getKey(ctx, p.TenantID, p.Key)
+		if err != nil {
+			return err
+		}
+		return refused(idem.CheckWrite(stored, p.FencingToken), "release")
 	}
 	return nil
 }
 
-// writeRefused explains why a token-guarded write did not apply: it reads
-// the row and returns it with key_not_found, lease_lost, or
-// already_completed when the token is current but the record completed.
-func (s *Store) writeRefused(ctx context.Context, tenantID, key string, token int64, op string) (*idem.Record, error) {
-	stored, err := s.getKey(ctx, tenantID, key)
-	if err != nil {
-		return nil, err
+// refused returns why a token-guarded write (op) did not apply, given the
+// verdict of the domain rule on the row read after it: that verdict, or,
+// when the rule would have let the write apply, a contention error. The row
+// then changed between the two statements; tokens are never reused, so this
+// only happens if the record was deleted and recreated, which hands out a
+// new token. Report it rather than guess.
+func refused(verdict error, op string) error {
+	if verdict != nil {
+		return verdict
 	}
-	if err := idem.CheckToken(stored, token); err != nil {
-		return stored, err
-	}
-	if stored.State == idem.StateCompleted {
-		return stored, &idem.Error{Code: idem.CodeAlreadyCompleted, Detail: "key '" + key + "' is already completed"}
-	}
-	// In flight with the current token, yet the guarded statement did not
-	// apply: the row changed between the two statements. Tokens are never
-	// reused, so this only happens if the record was deleted and recreated,
-	// which hands out a new token; report it rather than guess.
-	return stored, fmt.Errorf("%s key: %w", op, errContention)
+	return fmt.Errorf("%s key: %w", op, errContention)
 }
 
 // GetRecord returns the record with its response.
@@ -163,7 +165,7 @@ func (s *Store) GetRecord(ctx context.Context, p idem.GetRecordParams) (idem.Rec
 		return idem.Record{}, err
 	}
 	if stored == nil {
-		return idem.Record{}, idem.Errorf(idem.CodeKeyNotFound, "no record for key '%s'", p.Key)
+		return idem.Record{}, idem.KeyNotFound(p.Key)
 	}
 	return *stored, nil
 }

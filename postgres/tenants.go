@@ -24,7 +24,7 @@ func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (id
 		Now:                    s.clock(),
 	})
 	if pgErrorCode(err) == pgUniqueViolation {
-		return idem.Tenant{}, &idem.Error{Code: idem.CodeTenantExists, Detail: "tenant '" + p.ID + "' already exists", Err: err}
+		return idem.Tenant{}, idem.TenantExists(p.ID, err)
 	}
 	if err != nil {
 		return idem.Tenant{}, s.interpretError(err, "create tenant")
@@ -36,7 +36,7 @@ func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (id
 func (s *Store) GetTenant(ctx context.Context, id string) (idem.Tenant, error) {
 	t, err := s.q.GetTenant(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return idem.Tenant{}, tenantNotFound(id)
+		return idem.Tenant{}, idem.TenantNotFound(id)
 	}
 	if err != nil {
 		return idem.Tenant{}, s.interpretError(err, "get tenant")
@@ -72,14 +72,10 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 		Now:                    s.clock(),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return idem.Tenant{}, tenantNotFound(p.ID)
+		return idem.Tenant{}, idem.TenantNotFound(p.ID)
 	}
 	if err != nil {
 		return idem.Tenant{}, s.interpretError(err, "update tenant")
 	}
 	return tenantFromRow(t), nil
-}
-
-func tenantNotFound(id string) error {
-	return idem.Errorf(idem.CodeTenantNotFound, "tenant '%s' does not exist", id)
 }

@@ -61,7 +61,7 @@ func create(ctx context.Context, q *dbsqlc.Queries, p idem.ClaimParams, now time
 		PurgeAfter:             micros(now.Add(p.ReaperThreshold)),
 	})
 	if sqliteCode(err) == sqlitelib.SQLITE_CONSTRAINT_FOREIGNKEY {
-		return idem.Record{}, &idem.Error{Code: idem.CodeTenantUnknown, Detail: "tenant '" + p.TenantID + "' does not exist", Err: err}
+		return idem.Record{}, idem.TenantUnknown(p.TenantID, err)
 	}
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("insert record: %w", err)
@@ -97,8 +97,11 @@ func takeover(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, p ide
 func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.Record, error) {
 	var rec idem.Record
 	err := s.inTx(ctx, "checkpoint key", func(q *dbsqlc.Queries, now time.Time) error {
-		stored, err := currentInFlight(ctx, q, p.TenantID, p.Key, p.FencingToken, now)
+		stored, err := getKey(ctx, q, p.TenantID, p.Key, now)
 		if err != nil {
+			return err
+		}
+		if err := idem.CheckWrite(stored, p.FencingToken); err != nil {
 			return err
 		}
 		row, err := q.CheckpointKey(ctx, dbsqlc.CheckpointKeyParams{
@@ -133,15 +136,13 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 		if err != nil {
 			return err
 		}
-		if err := idem.CheckToken(stored, p.FencingToken); err != nil {
+		repeat, err := idem.CheckComplete(stored, p.FencingToken, p.Response)
+		if err != nil {
 			return err
 		}
-		if stored.State == idem.StateCompleted {
-			if stored.Response != nil && stored.Response.Equal(p.Response) {
-				rec = *stored
-				return nil
-			}
-			return alreadyCompleted(p.Key)
+		if repeat {
+			rec = *stored
+			return nil
 		}
 		status := int64(p.Response.Status)
 		headersText := string(headers)
@@ -177,7 +178,11 @@ func keepEmptyBody(rec *idem.Record, hasBody bool) {
 // Release deletes the in-flight record while the token is current.
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 	return s.inTx(ctx, "release key", func(q *dbsqlc.Queries, now time.Time) error {
-		if _, err := currentInFlight(ctx, q, p.TenantID, p.Key, p.FencingToken, now); err != nil {
+		stored, err := getKey(ctx, q, p.TenantID, p.Key, now)
+		if err != nil {
+			return err
+		}
+		if err := idem.CheckWrite(stored, p.FencingToken); err != nil {
 			return err
 		}
 		if _, err := q.DeleteKey(ctx, dbsqlc.DeleteKeyParams{TenantID: p.TenantID, Key: p.Key, FencingToken: p.FencingToken}); err != nil {
@@ -185,27 +190,6 @@ func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 		}
 		return nil
 	})
-}
-
-// currentInFlight reads the record inside a write transaction and checks
-// that token is its current one and that it is still in flight: it returns
-// key_not_found, lease_lost or already_completed otherwise.
-func currentInFlight(ctx context.Context, q *dbsqlc.Queries, tenantID, key string, token int64, now time.Time) (*idem.Record, error) {
-	stored, err := getKey(ctx, q, tenantID, key, now)
-	if err != nil {
-		return nil, err
-	}
-	if err := idem.CheckToken(stored, token); err != nil {
-		return nil, err
-	}
-	if stored.State == idem.StateCompleted {
-		return nil, alreadyCompleted(key)
-	}
-	return stored, nil
-}
-
-func alreadyCompleted(key string) error {
-	return &idem.Error{Code: idem.CodeAlreadyCompleted, Detail: "key '" + key + "' is already completed"}
 }
 
 // getKey reads a record observed at now; nil when absent.
@@ -232,7 +216,7 @@ func (s *Store) GetRecord(ctx context.Context, p idem.GetRecordParams) (idem.Rec
 		return idem.Record{}, interpretError(err, "get key")
 	}
 	if stored == nil {
-		return idem.Record{}, idem.Errorf(idem.CodeKeyNotFound, "no record for key '%s'", p.Key)
+		return idem.Record{}, idem.KeyNotFound(p.Key)
 	}
 	return *stored, nil
 }

@@ -29,7 +29,7 @@ func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (id
 		Now:                    micros(s.clock()),
 	})
 	if code := sqliteCode(err); code == sqlitelib.SQLITE_CONSTRAINT_PRIMARYKEY || code == sqlitelib.SQLITE_CONSTRAINT_UNIQUE {
-		return idem.Tenant{}, &idem.Error{Code: idem.CodeTenantExists, Detail: "tenant '" + p.ID + "' already exists", Err: err}
+		return idem.Tenant{}, idem.TenantExists(p.ID, err)
 	}
 	if err != nil {
 		return idem.Tenant{}, interpretError(err, "create tenant")
@@ -41,7 +41,7 @@ func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (id
 func (s *Store) GetTenant(ctx context.Context, id string) (idem.Tenant, error) {
 	row, err := s.q.GetTenant(ctx, id)
 	if errors.Is(err, sql.ErrNoRows) {
-		return idem.Tenant{}, tenantNotFound(id)
+		return idem.Tenant{}, idem.TenantNotFound(id)
 	}
 	if err != nil {
 		return idem.Tenant{}, interpretError(err, "get tenant")
@@ -85,14 +85,10 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 		Now:                    micros(s.clock()),
 	})
 	if errors.Is(err, sql.ErrNoRows) {
-		return idem.Tenant{}, tenantNotFound(p.ID)
+		return idem.Tenant{}, idem.TenantNotFound(p.ID)
 	}
 	if err != nil {
 		return idem.Tenant{}, interpretError(err, "update tenant")
 	}
 	return tenantFromRow(row), nil
-}
-
-func tenantNotFound(id string) error {
-	return idem.Errorf(idem.CodeTenantNotFound, "tenant '%s' does not exist", id)
 }
