@@ -1,0 +1,296 @@
+package gateway
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/idem-dev/idem/client/frontdoor"
+)
+
+// File is the gateway's YAML configuration file. Every field is optional:
+// an empty file (or none) proxies everything to the default upstream with
+// the default policy.
+//
+//	upstreams:              # named upstreams; "default" is the --upstream flag unless set here
+//	  billing: http://127.0.0.1:9000
+//	defaults:               # policy of every route, and of paths no route matches
+//	  lease: 30s
+//	routes:
+//	  - path: /v1/payments/{id}/refunds   # net/http ServeMux path pattern
+//	    upstream: billing
+//	    required_methods: [POST]
+//	    optional_methods: [PUT, DELETE]
+//	    scope_header: X-Account-Id
+//	    lease: 2m
+//	    timeout: 90s
+//	    store_5xx: true
+//	    stored_headers: [Content-Type, Location]
+//	    max_stored_bytes: 1048576
+//	    max_body_bytes: 8388608
+//	    fail_open: false
+//	    fingerprint:
+//	      exclude: [/client_timestamp]
+//	      headers: [X-Api-Version]
+type File struct {
+	Upstreams map[string]string `yaml:"upstreams"`
+	Defaults  Policy            `yaml:"defaults"`
+	Routes    []RouteConfig     `yaml:"routes"`
+}
+
+// RouteConfig is one route of the file: a path pattern, its upstream and
+// the policy fields that differ from the defaults.
+type RouteConfig struct {
+	// Path is a net/http ServeMux path pattern ("/v1/orders/{id}",
+	// "/v1/files/" for a prefix); it is the route in the operation label.
+	Path string `yaml:"path"`
+	// Upstream names an entry of upstreams; "" is "default".
+	Upstream string `yaml:"upstream"`
+	Policy   `yaml:",inline"`
+}
+
+// Policy is the per-route behaviour. Pointer and nil fields inherit from
+// the defaults, then from the built-in defaults.
+type Policy struct {
+	// RequiredMethods must carry a key (built-in: POST, PATCH).
+	RequiredMethods []string `yaml:"required_methods"`
+	// OptionalMethods are protected when they carry a key (built-in: every
+	// other unsafe method).
+	OptionalMethods []string `yaml:"optional_methods"`
+	// ScopeHeader names a request header whose value scopes the key
+	// (value + ":" + key); a protected request without it gets 400.
+	ScopeHeader string `yaml:"scope_header"`
+	// Lease is the claim's lease; 0 takes the tenant's default. It is
+	// renewed every third of it while the upstream call runs.
+	Lease Duration `yaml:"lease"`
+	// Timeout bounds the upstream call (built-in 30s); past it the key is
+	// released and the caller gets 504.
+	Timeout Duration `yaml:"timeout"`
+	// Store5xx stores and replays 5xx answers (built-in true); false
+	// releases the key on 5xx.
+	Store5xx *bool `yaml:"store_5xx"`
+	// StoredHeaders are the response headers stored with the response
+	// (built-in: frontdoor.DefaultStoredHeaders). Set-Cookie never is.
+	StoredHeaders []string `yaml:"stored_headers"`
+	// MaxStoredBytes is the largest response stored for replay (built-in
+	// and cap: the tenant's max_response_bytes). A larger one is passed
+	// through and recorded as completed without its body.
+	MaxStoredBytes int `yaml:"max_stored_bytes"`
+	// MaxBodyBytes bounds the request body the gateway reads to
+	// fingerprint it (built-in 8 MiB); a larger one gets 413.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// FailOpen passes protected requests to the upstream unprotected when
+	// the store fails, instead of answering 503. Off by default: a retry of
+	// an unprotected request may run twice.
+	FailOpen *bool `yaml:"fail_open"`
+	// Fingerprint are the fingerprint rules: JSON pointers to leave out of
+	// a JSON body, request headers to include.
+	Fingerprint frontdoor.Rules `yaml:"fingerprint"`
+}
+
+// Duration is a time.Duration written as "30s" in YAML.
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration such as 30s", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Built-in defaults of a route.
+const (
+	DefaultTimeout      = 30 * time.Second
+	DefaultMaxBodyBytes = 8 << 20
+)
+
+// route is one compiled route.
+type route struct {
+	pattern       string // "" for paths no route matches
+	upstream      *url.URL
+	upstreamName  string
+	methods       frontdoor.Methods
+	scopeHeader   string
+	lease         time.Duration
+	timeout       time.Duration
+	store5xx      bool
+	storedHeaders []string
+	maxStored     int
+	maxBody       int64
+	failOpen      bool
+	rules         frontdoor.Rules
+}
+
+// routing is one immutable snapshot of the configuration; a reload swaps
+// the whole snapshot, so a request sees one configuration from start to
+// end.
+type routing struct {
+	mux      *http.ServeMux
+	routes   map[string]*route // by pattern
+	fallback *route
+}
+
+// LoadFile reads and parses a configuration file; "" gives an empty one.
+func LoadFile(path string) (File, error) {
+	var f File
+	if path == "" {
+		return f, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return f, fmt.Errorf("gateway config: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return f, fmt.Errorf("gateway config %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// compile checks the file and builds a routing snapshot. defaultUpstream is
+// the --upstream flag, used when the file names no "default" upstream.
+func compile(f File, defaultUpstream string) (*routing, error) {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	ups := map[string]*url.URL{}
+	raw := map[string]string{"default": defaultUpstream}
+	for name, u := range f.Upstreams {
+		raw[name] = u
+	}
+	for name, u := range raw {
+		if u == "" {
+			continue
+		}
+		parsed, err := url.Parse(u)
+		if err != nil || (parsed.Scheme != "http" && parsed.Scheme != "https") || parsed.Host == "" {
+			bad("upstream %q: %q is not an http:// or https:// URL", name, u)
+			continue
+		}
+		ups[name] = parsed
+	}
+	build := func(where, pattern, upstream string, p Policy) *route {
+		d := f.Defaults
+		r := &route{pattern: pattern, upstreamName: upstream}
+		if upstream == "" {
+			r.upstreamName = "default"
+		}
+		r.upstream = ups[r.upstreamName]
+		if r.upstream == nil {
+			bad("%s: upstream %q is not configured (set --upstream or upstreams.%s)", where, r.upstreamName, r.upstreamName)
+		}
+		r.methods = frontdoor.Methods{Required: firstList(p.RequiredMethods, d.RequiredMethods), Optional: firstList(p.OptionalMethods, d.OptionalMethods)}
+		for _, m := range append(append([]string{}, r.methods.Required...), r.methods.Optional...) {
+			if m != strings.ToUpper(m) || m == "" || strings.ContainsAny(m, " \t") {
+				bad("%s: method %q must be an upper-case HTTP method", where, m)
+			}
+		}
+		r.scopeHeader = first(p.ScopeHeader, d.ScopeHeader)
+		r.lease = time.Duration(first(p.Lease, d.Lease))
+		r.timeout = time.Duration(first(p.Timeout, d.Timeout, Duration(DefaultTimeout)))
+		r.store5xx = firstBool(p.Store5xx, d.Store5xx, true)
+		r.failOpen = firstBool(p.FailOpen, d.FailOpen, false)
+		r.storedHeaders = firstList(p.StoredHeaders, d.StoredHeaders)
+		r.maxStored = first(p.MaxStoredBytes, d.MaxStoredBytes)
+		r.maxBody = first(p.MaxBodyBytes, d.MaxBodyBytes, DefaultMaxBodyBytes)
+		r.rules = p.Fingerprint
+		if len(r.rules.Exclude) == 0 {
+			r.rules.Exclude = d.Fingerprint.Exclude
+		}
+		if len(r.rules.Headers) == 0 {
+			r.rules.Headers = d.Fingerprint.Headers
+		}
+		if err := r.rules.Validate(); err != nil {
+			bad("%s: fingerprint: %v", where, err)
+		}
+		if r.lease < 0 || r.lease%time.Second != 0 {
+			bad("%s: lease must be a whole number of seconds", where)
+		}
+		if r.timeout <= 0 || r.maxStored < 0 || r.maxBody <= 0 {
+			bad("%s: timeout, max_stored_bytes and max_body_bytes must be positive", where)
+		}
+		return r
+	}
+	rt := &routing{mux: http.NewServeMux(), routes: map[string]*route{}}
+	rt.fallback = build("defaults", "", "", Policy{})
+	for i, rc := range f.Routes {
+		where := fmt.Sprintf("routes[%d] (%s)", i, rc.Path)
+		if !strings.HasPrefix(rc.Path, "/") {
+			bad("%s: path must be a ServeMux path pattern starting with '/'", where)
+			continue
+		}
+		if _, dup := rt.routes[rc.Path]; dup {
+			bad("%s: path is listed twice", where)
+			continue
+		}
+		r := build(where, rc.Path, rc.Upstream, rc.Policy)
+		if err := register(rt.mux, rc.Path); err != nil {
+			bad("%s: %v", where, err)
+			continue
+		}
+		rt.routes[rc.Path] = r
+	}
+	return rt, errors.Join(errs...)
+}
+
+// register adds a pattern to mux; ServeMux panics on a bad or conflicting
+// pattern, which a configuration reload must survive.
+func register(mux *http.ServeMux, pattern string) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%v", p)
+		}
+	}()
+	mux.HandleFunc(pattern, func(http.ResponseWriter, *http.Request) {})
+	return nil
+}
+
+// match returns the route of r and the route string of its operation: the
+// matched pattern, or the path when no route matches.
+func (rt *routing) match(r *http.Request) (*route, string) {
+	_, pattern := rt.mux.Handler(r)
+	if rr, ok := rt.routes[pattern]; ok {
+		return rr, pattern
+	}
+	return rt.fallback, r.URL.Path
+}
+
+func first[T comparable](vs ...T) T {
+	var zero T
+	for _, v := range vs {
+		if v != zero {
+			return v
+		}
+	}
+	return zero
+}
+
+func firstList(vs ...[]string) []string {
+	for _, v := range vs {
+		if v != nil {
+			return v
+		}
+	}
+	return nil
+}
+
+func firstBool(a, b *bool, def bool) bool {
+	switch {
+	case a != nil:
+		return *a
+	case b != nil:
+		return *b
+	}
+	return def
+}

@@ -1,0 +1,513 @@
+// Package gateway is idem's front door for any HTTP API: a reverse proxy
+// that gives the routes of its upstreams Stripe-style Idempotency-Key
+// semantics (draft-ietf-httpapi-idempotency-key-header) by configuration
+// alone. It follows the front-door rules of client/frontdoor, the package
+// client/idemhttp uses too, and talks to the idem.Store directly: the
+// records it writes are ordinary records of one tenant, so the API
+// (GET /v1/keys/{key}), the dashboard, the metrics and the reaper see them.
+//
+// A protected request (POST and PATCH by default; PUT and DELETE when they
+// carry a key) is claimed under its key with operation METHOD + route
+// pattern and the fingerprint of its document (frontdoor.Document). A new
+// claim or a takeover calls the upstream once, keeping the lease alive
+// while the call runs, stores the whole response and only then sends it. A
+// retry gets the stored response with Idempotent-Replayed: true; the key in
+// flight 409 with Retry-After; the key used with another request 422. A
+// store that fails gives 503 with Retry-After and the upstream is not
+// called (fail closed); an upstream that cannot be reached or does not
+// answer in time releases the key and gives 502 or 504. A response over
+// the route's max_stored_bytes is passed through and recorded as completed
+// without its body; a replay then answers 409 response_not_replayable.
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/client/frontdoor"
+	"github.com/idem-dev/idem/tenants"
+)
+
+// Options configure a Gateway.
+type Options struct {
+	// Store is the idem store, shared with `server serve`.
+	Store idem.Store
+	// Tenant is the tenant whose records the gateway writes.
+	Tenant string
+	// Upstream is the default upstream URL (the "default" upstream).
+	Upstream string
+	// ConfigFile is the YAML route configuration; "" means none.
+	ConfigFile string
+	// StoreTimeout bounds each store call on the request path (default
+	// 5s): a store slower than that is treated as failing (503).
+	StoreTimeout time.Duration
+	// TenantCacheTTL is how long the tenant's settings are cached.
+	TenantCacheTTL time.Duration
+	// Registerer receives the gateway's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Logger receives the access log and errors; nil discards them.
+	Logger *slog.Logger
+	// Transport reaches the upstreams; nil uses a clone of
+	// http.DefaultTransport.
+	Transport http.RoundTripper
+}
+
+// Gateway is the front door's http.Handler.
+type Gateway struct {
+	opts      Options
+	store     idem.Store
+	tenants   *tenants.Service
+	routing   atomic.Pointer[routing]
+	transport http.RoundTripper
+	logger    *slog.Logger
+	metrics   *gatewayMetrics
+}
+
+// New loads the configuration and returns a Gateway. The tenant must
+// exist; it is checked at the first request (the store may be down at
+// start, and the gateway must then fail closed, not refuse to start).
+func New(opts Options) (*Gateway, error) {
+	if opts.Store == nil {
+		return nil, errors.New("gateway: no store")
+	}
+	if err := idem.ValidateTenantID(opts.Tenant); err != nil {
+		return nil, fmt.Errorf("gateway tenant %q: %w", opts.Tenant, err)
+	}
+	if opts.StoreTimeout <= 0 {
+		opts.StoreTimeout = 5 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	g := &Gateway{
+		opts: opts, store: opts.Store, tenants: tenants.NewService(opts.Store, opts.TenantCacheTTL),
+		transport: opts.Transport, logger: opts.Logger, metrics: newMetrics(opts.Registerer),
+	}
+	if g.transport == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = 256
+		g.transport = t
+	}
+	if err := g.Reload(); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// Reload reads the configuration file again and swaps it in atomically:
+// requests already running finish with the configuration they started
+// with, none is dropped. An invalid file leaves the running configuration
+// in place and returns the error.
+func (g *Gateway) Reload() error {
+	f, err := LoadFile(g.opts.ConfigFile)
+	if err != nil {
+		return err
+	}
+	rt, err := compile(f, g.opts.Upstream)
+	if err != nil {
+		return fmt.Errorf("gateway config: %w", err)
+	}
+	g.routing.Store(rt)
+	return nil
+}
+
+// exchange is one request through the gateway, for the access log and the
+// metrics.
+type exchange struct {
+	start    time.Time
+	route    string
+	outcome  string
+	status   int
+	attempt  int
+	upstream time.Duration
+}
+
+// Outcomes of a request, the "outcome" label of the metrics and the access
+// log.
+const (
+	outcomePassthrough         = "passthrough"
+	outcomeExecuted            = "executed"
+	outcomeTakeover            = "takeover"
+	outcomeReplayed            = "replayed"
+	outcomeNotReplayable       = "not_replayable"
+	outcomeInFlight            = "in_flight"
+	outcomeMismatch            = "mismatch"
+	outcomeRefused             = "refused"
+	outcomeStoreUnavailable    = "store_unavailable"
+	outcomeFailOpen            = "fail_open"
+	outcomeUpstreamUnavailable = "upstream_unavailable"
+	outcomeUpstreamTimeout     = "upstream_timeout"
+)
+
+// ServeHTTP implements http.Handler.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	x := &exchange{start: time.Now()}
+	rid := frontdoor.RequestID(w, r)
+	sw := &statusWriter{ResponseWriter: w}
+	g.serve(sw, r, x)
+	x.status = sw.status
+	g.metrics.observe(x)
+	g.logger.LogAttrs(r.Context(), slog.LevelInfo, "gateway request",
+		slog.String("request_id", rid),
+		slog.String("method", r.Method),
+		slog.String("route", x.route),
+		slog.Int("status", x.status),
+		slog.String("outcome", x.outcome),
+		slog.Int("attempt", x.attempt),
+		slog.Float64("upstream_ms", float64(x.upstream.Microseconds())/1000),
+		slog.Float64("duration_ms", float64(time.Since(x.start).Microseconds())/1000),
+		slog.String("tenant", g.opts.Tenant))
+}
+
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
+	rt := g.routing.Load()
+	rr, routeName := rt.match(r)
+	x.route = rr.pattern
+	if x.route == "" {
+		x.route = "(unmatched)"
+	}
+	key, protected, err := rr.methods.KeyFor(r)
+	if err != nil {
+		g.refuse(w, r, x, err)
+		return
+	}
+	if !protected {
+		x.outcome = outcomePassthrough
+		g.passThrough(w, r, rr, x, r.Body)
+		return
+	}
+	if rr.scopeHeader != "" {
+		scope := r.Header.Get(rr.scopeHeader)
+		if scope == "" {
+			g.refuse(w, r, x, frontdoor.Errorf(frontdoor.CodeInvalidKey, "the %s header that scopes the key is missing", rr.scopeHeader))
+			return
+		}
+		if key, err = frontdoor.ScopedKey(scope, key); err != nil {
+			g.refuse(w, r, x, err)
+			return
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, rr.maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			g.refuse(w, r, x, frontdoor.Errorf(frontdoor.CodePayloadTooLarge, "the request body is larger than %d bytes", mbe.Limit))
+		} else {
+			g.refuse(w, r, x, frontdoor.Errorf(frontdoor.CodeInvalidRequest, "the request body could not be read"))
+		}
+		return
+	}
+	doc, err := frontdoor.Document(frontdoor.Parts{
+		Query: r.URL.RawQuery, ContentType: r.Header.Get("Content-Type"), Body: body, Header: r.Header,
+	}, rr.rules)
+	if err != nil {
+		g.refuse(w, r, x, err)
+		return
+	}
+	fp, err := idem.FingerprintJSON(doc)
+	if err != nil {
+		g.refuse(w, r, x, &frontdoor.Error{Code: frontdoor.CodeInvalidRequest, Detail: "the request body cannot be fingerprinted: " + err.Error(),
+			Fields: []frontdoor.FieldError{{Field: "body", Message: err.Error()}}})
+		return
+	}
+	op := frontdoor.Operation(r.Method, routeName)
+
+	sctx, cancel := context.WithTimeout(r.Context(), g.opts.StoreTimeout)
+	t, err := g.tenants.Active(sctx, g.opts.Tenant)
+	var res idem.ClaimResult
+	if err == nil {
+		var lease time.Duration
+		lease, err = t.Settings.LeaseFor(int(rr.lease / time.Second))
+		if err == nil {
+			res, err = g.store.Claim(sctx, idem.ClaimParams{
+				TenantID: t.ID, Key: key, Operation: op, Fingerprint: fp, Lease: lease,
+				ReplayWindow: t.Settings.ReplayWindow(), ReaperThreshold: t.Settings.ReaperThreshold(),
+			})
+		}
+	}
+	cancel()
+	switch {
+	case errors.Is(err, idem.ErrRequestInFlight):
+		g.inFlight(w, r, x, err)
+		return
+	case errors.Is(err, idem.ErrFingerprintMismatch):
+		x.outcome = outcomeMismatch
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeFingerprintMismatch,
+			"the idempotency key was first used with a different request (method, route, query or body)"))
+		return
+	case err != nil:
+		g.logger.ErrorContext(r.Context(), "gateway: the store failed; failing closed unless the route fails open",
+			"request_id", frontdoor.RequestID(w, r), "error", err.Error())
+		if rr.failOpen {
+			x.outcome = outcomeFailOpen
+			g.passThrough(w, r, rr, x, io.NopCloser(bytes.NewReader(body)))
+			return
+		}
+		x.outcome = outcomeStoreUnavailable
+		e := frontdoor.Errorf(frontdoor.CodeStoreUnavailable, "the idempotency store is unavailable; the request was not processed, retry later with the same key")
+		var ie *idem.Error
+		if errors.As(err, &ie) {
+			e.RetryAfter = ie.RetryAfter
+		}
+		frontdoor.WriteProblem(w, r, e)
+		return
+	}
+	rec := res.Record
+	x.attempt = rec.Attempt
+	if res.Action == idem.ActionReplay {
+		x.outcome = outcomeReplayed
+		resp := rec.Response
+		if resp == nil {
+			resp = &idem.Response{Status: http.StatusOK}
+		}
+		if _, ok := resp.Headers[frontdoor.HeaderNotReplayable]; ok {
+			x.outcome = outcomeNotReplayable
+		}
+		frontdoor.WriteReplay(w, r, resp.Status, resp.Headers, resp.Body)
+		return
+	}
+	x.outcome = outcomeExecuted
+	if res.Action == idem.ActionTakeover {
+		x.outcome = outcomeTakeover
+	}
+	g.execute(w, r, rr, x, claim{tenant: t, key: key, token: rec.FencingToken, lease: rec.LeaseExpiresAt.Sub(rec.ObservedAt)}, body)
+}
+
+// inFlight answers a claim refused because another request holds the key.
+//
+// Prefer: wait=N (hold the request until the first one completes) needs a
+// store-side wait for completion that does not exist yet; until it does,
+// the gateway answers 409 at once whatever the client prefers. This is the
+// seam where that wait goes.
+func (g *Gateway) inFlight(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
+	x.outcome = outcomeInFlight
+	e := frontdoor.Errorf(frontdoor.CodeRequestInFlight, "a request with this idempotency key is being processed; retry after Retry-After seconds")
+	var ie *idem.Error
+	if errors.As(err, &ie) {
+		e.RetryAfter = ie.RetryAfter
+	}
+	frontdoor.WriteProblem(w, r, e)
+}
+
+func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
+	x.outcome = outcomeRefused
+	var e *frontdoor.Error
+	if !errors.As(err, &e) {
+		e = frontdoor.Errorf(frontdoor.CodeInvalidRequest, "%v", err)
+	}
+	frontdoor.WriteProblem(w, r, e)
+}
+
+// claim is what the gateway holds while it runs a request.
+type claim struct {
+	tenant idem.Tenant
+	key    string
+	token  int64
+	lease  time.Duration
+}
+
+// execute calls the upstream under a claim, stores the response and sends
+// it.
+func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *exchange, c claim, body []byte) {
+	// The upstream call does not end when the caller goes away: the work
+	// may already be under way, and its answer is what the caller's retry
+	// will be replayed.
+	ctx := context.WithoutCancel(r.Context())
+	stopKeeper := g.keepLease(ctx, c, r)
+	uctx, cancel := context.WithTimeout(ctx, rr.timeout)
+	defer cancel()
+	began := time.Now()
+	resp, err := g.roundTrip(uctx, r, rr, io.NopCloser(bytes.NewReader(body)), int64(len(body)))
+	x.upstream = time.Since(began)
+	if err != nil {
+		stopKeeper()
+		g.release(ctx, c, r)
+		if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+			x.outcome = outcomeUpstreamTimeout
+			frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamTimeout,
+				"the upstream did not answer within %s; the key was released, retry with the same key", rr.timeout))
+			return
+		}
+		x.outcome = outcomeUpstreamUnavailable
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
+			"the upstream could not be reached; the key was released, retry with the same key"))
+		return
+	}
+	defer resp.Body.Close()
+
+	maxStored := c.tenant.Settings.MaxResponseBytes
+	if rr.maxStored > 0 && rr.maxStored < maxStored {
+		maxStored = rr.maxStored
+	}
+	stored := frontdoor.StoredHeaders(resp.Header, rr.storedHeaders)
+	headerBytes := 0
+	for k, v := range stored {
+		headerBytes += len(k) + len(v)
+	}
+	limit := int64(maxStored - headerBytes)
+	var buf bytes.Buffer
+	n, err := io.Copy(&buf, io.LimitReader(resp.Body, max(limit, 0)+1))
+	x.upstream = time.Since(began)
+	if err != nil && n <= limit {
+		// The upstream broke off its answer: nothing usable to store or
+		// send. Whether its side effect happened is unknown, so the claim
+		// is left to become an orphan that a retry takes over.
+		stopKeeper()
+		x.outcome = outcomeUpstreamUnavailable
+		g.logger.ErrorContext(r.Context(), "gateway: the upstream response broke off; claim left to expire", "error", err.Error())
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable, "the upstream response broke off"))
+		return
+	}
+	if n > limit {
+		// Too large to store: record the completion without the body,
+		// then stream the response through.
+		stopKeeper()
+		g.complete(ctx, c, r, idem.Response{Status: resp.StatusCode, Headers: map[string]string{
+			frontdoor.HeaderNotReplayable: "response larger than " + strconv.Itoa(maxStored) + " bytes not stored",
+		}})
+		copyHeader(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		_, _ = w.Write(buf.Bytes())
+		_, _ = io.Copy(w, resp.Body)
+		return
+	}
+	stopKeeper()
+	if frontdoor.StoreStatus(resp.StatusCode, rr.store5xx) {
+		g.complete(ctx, c, r, idem.Response{Status: resp.StatusCode, Headers: stored, Body: buf.Bytes(), BodyEncoding: bodyEncoding(buf.Bytes())})
+	} else {
+		g.release(ctx, c, r)
+	}
+	copyHeader(w.Header(), resp.Header)
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// bodyEncoding is how a stored body travels in JSON: as text when it is
+// valid UTF-8.
+func bodyEncoding(b []byte) string {
+	if utf8.Valid(b) {
+		return idem.BodyEncodingUTF8
+	}
+	return idem.BodyEncodingBase64
+}
+
+// complete stores the response. A failure is logged: the upstream has run,
+// so its response is still sent.
+func (g *Gateway) complete(ctx context.Context, c claim, r *http.Request, resp idem.Response) {
+	sctx, cancel := context.WithTimeout(ctx, g.opts.StoreTimeout)
+	defer cancel()
+	if _, err := g.store.Complete(sctx, idem.CompleteParams{TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token, Response: resp}); err != nil {
+		g.metrics.storeFailures.WithLabelValues("complete").Inc()
+		g.logger.ErrorContext(r.Context(), "gateway: the upstream answered but its response was not stored",
+			"request_id", r.Header.Get(frontdoor.HeaderRequestID), "error", err.Error())
+	}
+}
+
+func (g *Gateway) release(ctx context.Context, c claim, r *http.Request) {
+	sctx, cancel := context.WithTimeout(ctx, g.opts.StoreTimeout)
+	defer cancel()
+	if err := g.store.Release(sctx, idem.ReleaseParams{TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token}); err != nil {
+		g.metrics.storeFailures.WithLabelValues("release").Inc()
+		g.logger.ErrorContext(r.Context(), "gateway: releasing the key failed; it becomes an orphan", "error", err.Error())
+	}
+}
+
+// keepLease renews the claim's lease every third of it while the upstream
+// call runs, so a long call is not taken over by a retry. It returns the
+// function that stops it.
+func (g *Gateway) keepLease(ctx context.Context, c claim, r *http.Request) func() {
+	every := c.lease / 3
+	if every <= 0 {
+		every = time.Second
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			sctx, cancel := context.WithTimeout(ctx, g.opts.StoreTimeout)
+			_, err := g.store.Checkpoint(sctx, idem.CheckpointParams{
+				TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token, RecoveryPoint: "upstream", Lease: c.lease,
+			})
+			cancel()
+			if err != nil {
+				g.metrics.storeFailures.WithLabelValues("renew").Inc()
+				g.logger.WarnContext(r.Context(), "gateway: renewing the lease failed", "error", err.Error())
+				if errors.Is(err, idem.ErrLeaseLost) || errors.Is(err, idem.ErrKeyNotFound) || errors.Is(err, idem.ErrAlreadyCompleted) {
+					return
+				}
+			}
+		}
+	}()
+	var stopped atomic.Bool
+	return func() {
+		if stopped.CompareAndSwap(false, true) {
+			close(stop)
+			<-done
+		}
+	}
+}
+
+// passThrough proxies a request that is not protected, streaming both ways.
+func (g *Gateway) passThrough(w http.ResponseWriter, r *http.Request, rr *route, x *exchange, body io.ReadCloser) {
+	ctx, cancel := context.WithTimeout(r.Context(), rr.timeout)
+	defer cancel()
+	began := time.Now()
+	resp, err := g.roundTrip(ctx, r, rr, body, r.ContentLength)
+	x.upstream = time.Since(began)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+			frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamTimeout, "the upstream did not answer within %s", rr.timeout))
+			return
+		}
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable, "the upstream could not be reached"))
+		return
+	}
+	defer resp.Body.Close()
+	copyHeader(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+}
+
+// statusWriter remembers the status sent.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }

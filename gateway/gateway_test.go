@@ -1,0 +1,396 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/client/frontdoor"
+	"github.com/idem-dev/idem/conformance"
+	"github.com/idem-dev/idem/gateway"
+	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/server/servertest"
+)
+
+const tenant = "gw"
+
+// rig is a gateway in front of a conformance.Upstream, on a real idem
+// server's store (the API shows the gateway's records).
+type rig struct {
+	idem     *servertest.Server
+	upstream *conformance.Upstream
+	upURL    string
+	gw       *gateway.Gateway
+	url      string
+	reg      *prometheus.Registry
+	config   string
+}
+
+func newRig(t *testing.T, backend, config string, mutate ...func(*gateway.Options)) *rig {
+	t.Helper()
+	r := &rig{idem: servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{tenant}})}
+	r.upstream = conformance.NewUpstream()
+	up := httptest.NewServer(r.upstream)
+	t.Cleanup(up.Close)
+	r.upURL = up.URL
+	r.config = filepath.Join(t.TempDir(), "gateway.yaml")
+	require.NoError(t, os.WriteFile(r.config, []byte(config), 0o600))
+	r.reg = prometheus.NewRegistry()
+	opts := gateway.Options{Store: r.idem.Store(), Tenant: tenant, Upstream: up.URL, ConfigFile: r.config, Registerer: r.reg, StoreTimeout: 2 * time.Second}
+	for _, m := range mutate {
+		m(&opts)
+	}
+	g, err := gateway.New(opts)
+	require.NoError(t, err)
+	r.gw = g
+	srv := httptest.NewServer(g)
+	t.Cleanup(srv.Close)
+	r.url = srv.URL
+	return r
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (r reply) code(t *testing.T) string {
+	t.Helper()
+	require.Equal(t, "application/problem+json", r.header.Get("Content-Type"), "body %s", r.body)
+	var p struct {
+		Code string `json:"code"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.body), &p))
+	return p.Code
+}
+
+func send(t *testing.T, method, url, key, body string, header ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set(frontdoor.HeaderKey, key)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return reply{resp.StatusCode, resp.Header, string(b)}
+}
+
+func forEachBackend(t *testing.T, test func(t *testing.T, backend string)) {
+	for _, b := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(b, func(t *testing.T) {
+			t.Parallel()
+			test(t, b)
+		})
+	}
+}
+
+func TestReplayMismatchAndOrdinaryRecords(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		r := newRig(t, backend, "routes:\n  - path: /orders/{id}\n")
+		first := send(t, http.MethodPost, r.url+"/orders/7?x=1", `"order-1"`, `{"sku":"A","qty":1}`)
+		require.Equal(t, http.StatusCreated, first.status, first.body)
+		require.Empty(t, first.header.Get(frontdoor.HeaderReplayed))
+		require.Equal(t, "session=order-1", first.header.Get("Set-Cookie"), "the first answer is the upstream's own")
+
+		again := send(t, http.MethodPost, r.url+"/orders/7?x=1", `order-1`, `{ "qty": 1.0, "sku": "A" }`)
+		require.Equal(t, http.StatusCreated, again.status)
+		require.Equal(t, "true", again.header.Get(frontdoor.HeaderReplayed), "bare and quoted key are one key; JSON compared canonically")
+		require.Equal(t, first.body, again.body)
+		require.Equal(t, "/orders/1", again.header.Get("Location"))
+		require.Equal(t, `"order-1"`, again.header.Get("ETag"))
+		require.Empty(t, again.header.Get("Set-Cookie"), "Set-Cookie is never stored")
+		require.Equal(t, int64(1), r.upstream.Count())
+
+		mismatch := send(t, http.MethodPost, r.url+"/orders/7?x=2", "order-1", `{"sku":"A","qty":1}`)
+		require.Equal(t, http.StatusUnprocessableEntity, mismatch.status)
+		require.Equal(t, "fingerprint_mismatch", mismatch.code(t))
+		require.Equal(t, "urn:idem:problem:fingerprint_mismatch", decode(t, mismatch.body)["type"])
+
+		missing := send(t, http.MethodPost, r.url+"/orders/7", "", `{}`)
+		require.Equal(t, http.StatusBadRequest, missing.status)
+		require.Equal(t, "idempotency_key_missing", missing.code(t))
+		list := send(t, http.MethodPost, r.url+"/orders/7", "a, b", `{}`)
+		require.Equal(t, "invalid_key", list.code(t))
+		bad := send(t, http.MethodPost, r.url+"/orders/7", "k-dup", `{"a":1,"a":2}`)
+		require.Equal(t, "invalid_request", bad.code(t))
+		require.Equal(t, int64(1), r.upstream.Count(), "refusals never reach the upstream")
+
+		get := send(t, http.MethodGet, r.url+"/count", "", "")
+		require.Equal(t, http.StatusOK, get.status)
+		require.JSONEq(t, `{"count":1}`, get.body, "safe methods pass through")
+		put := send(t, http.MethodPut, r.url+"/orders/9", "", `{}`)
+		require.Equal(t, http.StatusCreated, put.status, "PUT without a key passes through")
+		require.Equal(t, int64(2), r.upstream.Count())
+
+		// The record is an ordinary record of the tenant: the API shows it
+		// under the header's key, with operation METHOD + route pattern.
+		rec := r.apiRecord(t, "order-1")
+		require.Equal(t, "completed", rec["state"])
+		require.Equal(t, "POST /orders/{id}", rec["operation"])
+		resp := rec["response"].(map[string]any)
+		require.Equal(t, float64(201), resp["status"])
+		require.Equal(t, first.body, resp["body"])
+
+		require.Equal(t, 1.0, testutil.ToFloat64(metric(t, r, "/orders/{id}", "replayed", "2xx")))
+		require.Equal(t, 1.0, testutil.ToFloat64(metric(t, r, "/orders/{id}", "executed", "2xx")))
+	})
+}
+
+func metric(t *testing.T, r *rig, route, outcome, status string) prometheus.Collector {
+	t.Helper()
+	mfs, err := r.reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "idem_gateway_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["route"] == route && labels["outcome"] == outcome && labels["status"] == status {
+				return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "x", Help: "x"}, func() float64 { return m.GetCounter().GetValue() })
+			}
+		}
+	}
+	t.Fatalf("no idem_gateway_requests_total{route=%q,outcome=%q,status=%q}", route, outcome, status)
+	return nil
+}
+
+func decode(t *testing.T, s string) map[string]any {
+	t.Helper()
+	var m map[string]any
+	require.NoError(t, json.Unmarshal([]byte(s), &m))
+	return m
+}
+
+func (r *rig) apiRecord(t *testing.T, key string) map[string]any {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, r.idem.URL()+"/v1/keys/"+key, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+r.idem.Token(t, tenant, "keys:read"))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+	return decode(t, string(b))
+}
+
+// TestConcurrentDuplicates sends one request many times at once while the
+// upstream holds the first: exactly one upstream call, and every caller
+// (retrying on 409 as told) gets the same stored response.
+func TestConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		r := newRig(t, backend, "")
+		release := r.upstream.Hold()
+		const callers = 10
+		bodies := make([]string, callers)
+		conflicts := make(chan struct{}, 1000)
+		var wg sync.WaitGroup
+		for i := range callers {
+			wg.Go(func() {
+				for range 200 {
+					rep := send(t, http.MethodPost, r.url+"/orders", "dup-1", `{"sku":"Z"}`)
+					if rep.status == http.StatusConflict {
+						assert.Equal(t, "request_in_flight", rep.code(t))
+						assert.NotEmpty(t, rep.header.Get("Retry-After"))
+						conflicts <- struct{}{}
+						time.Sleep(10 * time.Millisecond)
+						continue
+					}
+					assert.Equal(t, http.StatusCreated, rep.status)
+					bodies[i] = rep.body
+					return
+				}
+			})
+		}
+		require.Eventually(t, func() bool { return r.upstream.Entered() == 1 && len(conflicts) >= callers-1 }, 10*time.Second, 5*time.Millisecond)
+		release()
+		wg.Wait()
+		require.Equal(t, int64(1), r.upstream.Count(), "one upstream call")
+		for i := range callers {
+			require.Equal(t, bodies[0], bodies[i], "caller %d", i)
+		}
+		require.Contains(t, bodies[0], `"order":1`)
+	})
+}
+
+// TestStoreDownFailsClosed: the gateway's store is closed (as if the
+// database went away); a protected request gets 503 store_unavailable with
+// Retry-After and the upstream is not called. A route with fail_open passes
+// it through unprotected.
+func TestStoreDownFailsClosed(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		idemSrv := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{tenant}})
+		cfg := idemSrv.Config()
+		store, err := server.OpenStore(context.Background(), cfg)
+		require.NoError(t, err)
+		up := conformance.NewUpstream()
+		upSrv := httptest.NewServer(up)
+		t.Cleanup(upSrv.Close)
+		file := filepath.Join(t.TempDir(), "gw.yaml")
+		require.NoError(t, os.WriteFile(file, []byte("routes:\n  - path: /orders/open\n    fail_open: true\n"), 0o600))
+		g, err := gateway.New(gateway.Options{Store: store, Tenant: tenant, Upstream: upSrv.URL, ConfigFile: file, StoreTimeout: time.Second})
+		require.NoError(t, err)
+		gw := httptest.NewServer(g)
+		t.Cleanup(gw.Close)
+		require.Equal(t, http.StatusCreated, send(t, http.MethodPost, gw.URL+"/orders", "up-1", `{}`).status)
+		require.NoError(t, store.Close())
+
+		down := send(t, http.MethodPost, gw.URL+"/orders", "down-1", `{}`)
+		require.Equal(t, http.StatusServiceUnavailable, down.status, down.body)
+		require.Equal(t, "store_unavailable", down.code(t))
+		require.Equal(t, true, decode(t, down.body)["retryable"])
+		require.NotEmpty(t, down.header.Get("Retry-After"))
+		require.Equal(t, int64(1), up.Count(), "the upstream was not called")
+
+		open := send(t, http.MethodPost, gw.URL+"/orders/open", "down-2", `{}`)
+		require.Equal(t, http.StatusCreated, open.status, "fail_open passes the request through")
+		require.Equal(t, int64(2), up.Count())
+	})
+}
+
+// TestUpstreamFailuresReleaseTheKey: an unreachable upstream gives 502, a
+// slow one 504; both release the key, so the retry runs.
+func TestUpstreamFailuresReleaseTheKey(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		dead := "http://" + ln.Addr().String()
+		require.NoError(t, ln.Close())
+		r := newRig(t, backend, fmt.Sprintf("upstreams:\n  dead: %s\nroutes:\n  - path: /dead/\n    upstream: dead\n  - path: /orders/slow\n    timeout: 300ms\n", dead))
+
+		unreachable := send(t, http.MethodPost, r.url+"/dead/x", "u-1", `{}`)
+		require.Equal(t, http.StatusBadGateway, unreachable.status)
+		require.Equal(t, "upstream_unavailable", unreachable.code(t))
+		require.Equal(t, idem.ErrKeyNotFound.Code, r.getRecordErr(t, "u-1"), "the key was released")
+
+		release := r.upstream.Hold()
+		slow := send(t, http.MethodPost, r.url+"/orders/slow", "s-1", `{}`)
+		require.Equal(t, http.StatusGatewayTimeout, slow.status)
+		require.Equal(t, "upstream_timeout", slow.code(t))
+		release()
+		require.Equal(t, idem.ErrKeyNotFound.Code, r.getRecordErr(t, "s-1"))
+		require.Eventually(t, func() bool { return r.upstream.Count() == 1 }, 5*time.Second, 5*time.Millisecond)
+		retry := send(t, http.MethodPost, r.url+"/orders/slow", "s-1", `{}`)
+		require.Equal(t, http.StatusCreated, retry.status, "the retry runs")
+	})
+}
+
+func (r *rig) getRecordErr(t *testing.T, key string) idem.Code {
+	t.Helper()
+	_, err := r.idem.Store().GetRecord(context.Background(), idem.GetRecordParams{TenantID: tenant, Key: key})
+	return idem.ErrorCode(err)
+}
+
+// TestLargeResponsesAndServerErrors: a response over max_stored_bytes is
+// passed through and recorded without its body (a replay answers
+// response_not_replayable, the upstream is not called again); a 5xx is
+// stored and replayed by default and releases the key with store_5xx false.
+func TestLargeResponsesAndServerErrors(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		r := newRig(t, backend, "defaults:\n  max_stored_bytes: 4096\nroutes:\n  - path: /orders/release\n    store_5xx: false\n")
+		big := send(t, http.MethodPost, r.url+"/orders?size=200000", "big-1", "")
+		require.Equal(t, http.StatusOK, big.status)
+		require.Len(t, big.body, 200000)
+		replay := send(t, http.MethodPost, r.url+"/orders?size=200000", "big-1", "")
+		require.Equal(t, http.StatusConflict, replay.status)
+		require.Equal(t, "response_not_replayable", replay.code(t))
+		require.Equal(t, "completed", r.apiRecord(t, "big-1")["state"])
+		require.Equal(t, int64(1), r.upstream.Count())
+
+		five := send(t, http.MethodPost, r.url+"/orders?status=503", "5xx-1", `{}`)
+		require.Equal(t, http.StatusServiceUnavailable, five.status)
+		again := send(t, http.MethodPost, r.url+"/orders?status=503", "5xx-1", `{}`)
+		require.Equal(t, "true", again.header.Get(frontdoor.HeaderReplayed), "5xx stored and replayed by default")
+		require.Equal(t, five.body, again.body)
+		require.Equal(t, int64(2), r.upstream.Count())
+
+		require.Equal(t, http.StatusInternalServerError, send(t, http.MethodPost, r.url+"/orders/release?status=500", "5xx-2", `{}`).status)
+		require.Equal(t, idem.ErrKeyNotFound.Code, r.getRecordErr(t, "5xx-2"), "store_5xx false released the key")
+		require.Equal(t, int64(3), r.upstream.Count())
+	})
+}
+
+// TestLeaseKeptAliveDuringLongUpstreamCalls: with a one-second lease, an
+// upstream call of two seconds is not taken over by a retry.
+func TestLeaseKeptAliveDuringLongUpstreamCalls(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		r := newRig(t, backend, "defaults:\n  lease: 1s\n")
+		release := r.upstream.Hold()
+		done := make(chan reply, 1)
+		go func() { done <- send(t, http.MethodPost, r.url+"/orders", "long-1", `{}`) }()
+		require.Eventually(t, func() bool { return r.upstream.Entered() == 1 }, 5*time.Second, 5*time.Millisecond)
+		time.Sleep(2 * time.Second) // two leases
+		retry := send(t, http.MethodPost, r.url+"/orders", "long-1", `{}`)
+		require.Equal(t, http.StatusConflict, retry.status, "still in flight, not taken over")
+		release()
+		require.Equal(t, http.StatusCreated, (<-done).status)
+		require.Equal(t, int64(1), r.upstream.Count())
+		require.EqualValues(t, 1, r.apiRecord(t, "long-1")["attempt"])
+	})
+}
+
+// TestScopeAndReload: a scope header prefixes the record key; a reload
+// swaps the configuration while a request is in flight, and that request
+// finishes with the configuration it started with.
+func TestScopeAndReload(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, servertest.BackendSQLite, "defaults:\n  scope_header: X-Account-Id\n")
+	a := send(t, http.MethodPost, r.url+"/orders", "k1", `{}`, "X-Account-Id", "acct_a")
+	b := send(t, http.MethodPost, r.url+"/orders", "k1", `{}`, "X-Account-Id", "acct_b")
+	require.Equal(t, http.StatusCreated, a.status)
+	require.Equal(t, http.StatusCreated, b.status)
+	require.Empty(t, b.header.Get(frontdoor.HeaderReplayed), "another account, another key")
+	require.Equal(t, "completed", r.apiRecord(t, "acct_a:k1")["state"])
+	noScope := send(t, http.MethodPost, r.url+"/orders", "k1", `{}`)
+	require.Equal(t, "invalid_key", noScope.code(t))
+
+	release := r.upstream.Hold()
+	done := make(chan reply, 1)
+	go func() { done <- send(t, http.MethodPost, r.url+"/orders", "k2", `{}`, "X-Account-Id", "acct_a") }()
+	require.Eventually(t, func() bool { return r.upstream.Entered() == 3 }, 5*time.Second, 5*time.Millisecond)
+	require.NoError(t, os.WriteFile(r.config, []byte("defaults:\n  required_methods: []\n"), 0o600))
+	require.NoError(t, r.gw.Reload())
+	release()
+	require.Equal(t, http.StatusCreated, (<-done).status, "the in-flight request was not dropped")
+	require.Equal(t, "completed", r.apiRecord(t, "acct_a:k2")["state"], "and finished under the old configuration")
+	require.Equal(t, http.StatusCreated, send(t, http.MethodPost, r.url+"/orders", "", `{}`).status, "the new configuration requires no key")
+
+	require.NoError(t, os.WriteFile(r.config, []byte("routes:\n  - path: orders\n"), 0o600))
+	require.Error(t, r.gw.Reload(), "an invalid file is refused")
+	require.Equal(t, http.StatusCreated, send(t, http.MethodPost, r.url+"/orders", "", `{}`).status, "and the running configuration stays")
+}

@@ -1,0 +1,65 @@
+package gateway
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// gatewayMetrics are the per-route metrics of the gateway, all prefixed
+// idem_gateway_.
+type gatewayMetrics struct {
+	requests      *prometheus.CounterVec
+	upstream      *prometheus.HistogramVec
+	added         *prometheus.HistogramVec
+	storeFailures *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *gatewayMetrics {
+	buckets := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+	m := &gatewayMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "idem", Subsystem: "gateway", Name: "requests_total",
+			Help: "Requests through the gateway by route pattern, outcome (passthrough, executed, takeover, replayed, not_replayable, in_flight, mismatch, refused, store_unavailable, fail_open, upstream_unavailable, upstream_timeout) and status class.",
+		}, []string{"route", "outcome", "status"}),
+		upstream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "idem", Subsystem: "gateway", Name: "upstream_seconds",
+			Help: "Time the upstream took to answer (headers and the buffered body), by route.", Buckets: buckets,
+		}, []string{"route"}),
+		added: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "idem", Subsystem: "gateway", Name: "added_seconds",
+			Help: "Time the gateway added to a request (total minus upstream time), by route and outcome.", Buckets: buckets,
+		}, []string{"route", "outcome"}),
+		storeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "idem", Subsystem: "gateway", Name: "store_failures_total",
+			Help: "Store writes that failed after the upstream was called (complete, release, renew); complete failures mean a response was sent but not stored.",
+		}, []string{"op"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.upstream, m.added, m.storeFailures)
+	}
+	return m
+}
+
+func (m *gatewayMetrics) observe(x *exchange) {
+	m.requests.WithLabelValues(x.route, x.outcome, statusClass(x.status)).Inc()
+	if x.upstream > 0 {
+		m.upstream.WithLabelValues(x.route).Observe(x.upstream.Seconds())
+	}
+	total := time.Since(x.start)
+	m.added.WithLabelValues(x.route, x.outcome).Observe(max(total-x.upstream, 0).Seconds())
+}
+
+func statusClass(s int) string {
+	switch {
+	case s >= 500:
+		return "5xx"
+	case s >= 400:
+		return "4xx"
+	case s >= 300:
+		return "3xx"
+	case s >= 200:
+		return "2xx"
+	}
+	return "1xx"
+}
