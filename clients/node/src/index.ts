@@ -14,9 +14,39 @@ export {
   retryAfterWaitMs,
   retryableStatus,
   shouldRetry,
+  withDefaults,
   type Clock,
   type EffectivePolicy,
   type RetryPolicy,
 } from "./retry.js";
 export { Claim, renewalPoint, run, type RunOptions, type RunResult } from "./run.js";
 export type { ClaimRequest, ClaimResult, KeyPage, KeyRecord, Settings, State, Tenant } from "./types.js";
+export {
+  FrontDoor,
+  FrontDoorError,
+  checkIJSON,
+  defaultStoredHeaders,
+  fingerprintDocument,
+  isJSON,
+  operation,
+  parseKey,
+  problemResponse,
+  problems,
+  requirement,
+  scopedKey,
+  storeStatus,
+  storedHeaders,
+  validRequestId,
+  type Answer,
+  type FingerprintRules,
+  type FrontDoorCode,
+  type FrontDoorOptions,
+  type FrontRequest,
+  type HandlerAnswer,
+  type MethodRules,
+  type Outcome,
+  type RequestParts,
+  type Requirement,
+} from "./frontdoor.js";
+export { expressErrorHandler, expressMiddleware, type ExpressOptions, type ExpressRequest } from "./express.js";
+export { withIdempotency, type FetchOptions } from "./fetch.js";

@@ -1,0 +1,43 @@
+import type { IncomingMessage, ServerResponse } from "node:http";
+import { type FrontDoorOptions } from "./frontdoor.js";
+/** The parts of an Express request the middleware reads (structural, so that no Express types are needed). */
+export interface ExpressRequest extends IncomingMessage {
+    body?: unknown;
+    rawBody?: Buffer;
+    route?: {
+        path?: unknown;
+    };
+    baseUrl?: string;
+    path?: string;
+    originalUrl?: string;
+}
+/** Options of {@link expressMiddleware}. */
+export interface ExpressOptions extends FrontDoorOptions {
+    /** The caller's key scope (e.g. the authenticated account id); keys become scope + ":" + key. */
+    scope?: (req: ExpressRequest) => string | undefined;
+    /** The route label of a request (default: the route pattern when Express matched one — the middleware used on a route — else the path). */
+    route?: (req: ExpressRequest) => string;
+}
+type Next = (err?: unknown) => void;
+/**
+ * Error-handling middleware that tells the idempotency middleware a handler
+ * threw, so that nothing is stored (the claim expires into an orphan) and
+ * the error goes on to your error handlers. Register it after your routes
+ * and before your own error handlers.
+ */
+export declare function expressErrorHandler(): (err: unknown, req: IncomingMessage, res: ServerResponse, next: Next) => void;
+/**
+ * Express middleware with Stripe-style Idempotency-Key semantics
+ * (FRONTDOOR.md): POST and PATCH need a key, PUT and DELETE are protected
+ * when they carry one; the handler runs once per key; its answer is stored
+ * before it is sent and replayed verbatim with `Idempotent-Replayed: true`;
+ * 409 request_in_flight, 422 fingerprint_mismatch, 400 for a bad key; 503
+ * store_unavailable when idem cannot be reached (the handler does not run).
+ *
+ * It reads the raw body itself (keep it before body parsers, or have them
+ * save `req.rawBody`), keeps it as `req.rawBody`, and sets `req.body` to the
+ * parsed value of a JSON body. A handler exception stores nothing; see
+ * {@link expressErrorHandler}.
+ */
+export declare function expressMiddleware(opts: ExpressOptions): (req: IncomingMessage, res: ServerResponse, next: Next) => void;
+export {};

@@ -1,0 +1,222 @@
+// Express middleware: the front-door rules around Express route handlers.
+import { tracingChannel } from "node:diagnostics_channel";
+import { FrontDoor, FrontDoorError, isJSON } from "./frontdoor.js";
+const failed = Symbol("idem.handlerFailed");
+let traced = false;
+/**
+ * Subscribes once to Express's router tracing channel, so that an exception
+ * of a handler after the middleware is seen even when no error middleware
+ * is registered (router 2.3+); {@link expressErrorHandler} covers older
+ * routers.
+ */
+function traceErrors() {
+    if (traced)
+        return;
+    traced = true;
+    try {
+        tracingChannel("express.router.request").subscribe({
+            start() { },
+            end() { },
+            asyncStart() { },
+            asyncEnd() { },
+            error(ctx) {
+                const c = ctx;
+                c.res?.[failed]?.(c.error);
+            },
+        });
+    }
+    catch {
+        // no tracing channels: rely on expressErrorHandler
+    }
+}
+/**
+ * Error-handling middleware that tells the idempotency middleware a handler
+ * threw, so that nothing is stored (the claim expires into an orphan) and
+ * the error goes on to your error handlers. Register it after your routes
+ * and before your own error handlers.
+ */
+export function expressErrorHandler() {
+    return (err, _req, res, next) => {
+        res[failed]?.(err);
+        next(err);
+    };
+}
+function headerValues(req, name) {
+    const lower = name.toLowerCase();
+    const out = [];
+    const raw = req.rawHeaders;
+    for (let i = 0; i + 1 < raw.length; i += 2)
+        if (raw[i].toLowerCase() === lower)
+            out.push(raw[i + 1]);
+    return out;
+}
+async function readBody(req, limit) {
+    if (Buffer.isBuffer(req.rawBody))
+        return req.rawBody;
+    if (req.readableEnded) {
+        // A body parser ran first without keeping the raw bytes: its result is all there is.
+        if (req.body === undefined)
+            return Buffer.alloc(0);
+        return Buffer.isBuffer(req.body) ? req.body : Buffer.from(typeof req.body === "string" ? req.body : JSON.stringify(req.body));
+    }
+    const chunks = [];
+    let size = 0;
+    for await (const chunk of req) {
+        const b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk);
+        size += b.length;
+        if (size > limit)
+            throw new FrontDoorError("payload_too_large", `the request body is larger than ${limit} bytes`);
+        chunks.push(b);
+    }
+    return Buffer.concat(chunks);
+}
+/**
+ * Express middleware with Stripe-style Idempotency-Key semantics
+ * (FRONTDOOR.md): POST and PATCH need a key, PUT and DELETE are protected
+ * when they carry one; the handler runs once per key; its answer is stored
+ * before it is sent and replayed verbatim with `Idempotent-Replayed: true`;
+ * 409 request_in_flight, 422 fingerprint_mismatch, 400 for a bad key; 503
+ * store_unavailable when idem cannot be reached (the handler does not run).
+ *
+ * It reads the raw body itself (keep it before body parsers, or have them
+ * save `req.rawBody`), keeps it as `req.rawBody`, and sets `req.body` to the
+ * parsed value of a JSON body. A handler exception stores nothing; see
+ * {@link expressErrorHandler}.
+ */
+export function expressMiddleware(opts) {
+    const fd = new FrontDoor(opts);
+    traceErrors();
+    return (rq, res, next) => {
+        const req = rq;
+        const url = new URL(req.originalUrl ?? req.url ?? "/", "http://localhost");
+        const route = opts.route ? opts.route(req)
+            : typeof req.route?.path === "string" ? (req.baseUrl ?? "") + req.route.path
+                : url.pathname;
+        fd.serve({
+            method: req.method ?? "GET",
+            route,
+            query: url.search.slice(1),
+            header: (name) => headerValues(req, name),
+            body: async (limit) => {
+                const b = await readBody(req, limit);
+                req.rawBody = b;
+                if (b.length > 0 && isJSON(req.headers["content-type"]))
+                    req.body = JSON.parse(b.toString("utf8"));
+                return b;
+            },
+            scope: opts.scope?.(req),
+        }, () => capture(res, next)).then((outcome) => {
+            if (outcome.kind === "pass") {
+                next();
+            }
+            else if (outcome.kind === "answer") {
+                const a = outcome.answer;
+                res.statusCode = a.status;
+                for (const [k, v] of a.headers)
+                    res.setHeader(k, v);
+                res.end(a.body);
+            }
+            else {
+                release(res);
+            }
+        }, (err) => {
+            if (handlerFailed.has(res))
+                return; // the handler's exception went its own way through Express
+            next(err);
+        });
+    };
+}
+const captured = new WeakMap();
+const handlerFailed = new WeakSet();
+function toBuffer(chunk, encoding) {
+    if (chunk === undefined || chunk === null || typeof chunk === "function")
+        return undefined;
+    if (Buffer.isBuffer(chunk))
+        return chunk;
+    if (chunk instanceof Uint8Array)
+        return Buffer.from(chunk);
+    return Buffer.from(String(chunk), typeof encoding === "string" ? encoding : "utf8");
+}
+/**
+ * Runs the rest of the Express chain with res buffered: writeHead, write
+ * and end are held back until the answer is stored. Resolves with the
+ * buffered answer when the handler ends it; rejects when a handler throws.
+ */
+function capture(res, next) {
+    return new Promise((resolve, reject) => {
+        const orig = { writeHead: res.writeHead, write: res.write, end: res.end, chunks: [] };
+        captured.set(res, orig);
+        res[failed] = (err) => {
+            res[failed] = undefined;
+            handlerFailed.add(res);
+            restore(res); // the error handlers answer as usual
+            reject(err);
+        };
+        res.writeHead = function (status, ...rest) {
+            res.statusCode = status;
+            const hs = rest.find((x) => x && typeof x === "object");
+            if (typeof rest[0] === "string")
+                res.statusMessage = rest[0];
+            if (Array.isArray(hs)) {
+                for (let i = 0; i + 1 < hs.length; i += 2)
+                    res.setHeader(hs[i], hs[i + 1]);
+            }
+            else if (hs) {
+                for (const [k, v] of Object.entries(hs))
+                    res.setHeader(k, v);
+            }
+            return res;
+        };
+        res.write = function (chunk, encoding, cb) {
+            const b = toBuffer(chunk, encoding);
+            if (b)
+                orig.chunks.push(b);
+            const done = typeof encoding === "function" ? encoding : cb;
+            if (typeof done === "function")
+                queueMicrotask(() => done());
+            return true;
+        };
+        res.end = function (chunk, encoding, cb) {
+            const b = toBuffer(chunk, encoding);
+            if (b)
+                orig.chunks.push(b);
+            const done = [chunk, encoding, cb].find((x) => typeof x === "function");
+            if (typeof done === "function")
+                res.once("finish", done);
+            res[failed] = undefined;
+            const body = Buffer.concat(orig.chunks);
+            resolve({
+                status: res.statusCode,
+                header: (name) => {
+                    const v = res.getHeader(name);
+                    return v === undefined ? [] : Array.isArray(v) ? v.map(String) : [String(v)];
+                },
+                body,
+            });
+            return res;
+        };
+        next();
+    });
+}
+/** Puts back the real writeHead, write and end of res; returns what the handler wrote. */
+function restore(res) {
+    const orig = captured.get(res);
+    if (!orig)
+        return undefined;
+    captured.delete(res);
+    res.writeHead = orig.writeHead;
+    res.write = orig.write;
+    res.end = orig.end;
+    return orig;
+}
+/** Restores res and sends what the handler wrote. */
+function release(res) {
+    const orig = restore(res);
+    if (!orig || res.writableEnded)
+        return;
+    const body = Buffer.concat(orig.chunks);
+    orig.chunks = [];
+    if (!res.headersSent)
+        res.setHeader("Content-Length", body.length);
+    res.end(body);
+}

@@ -1,0 +1,19 @@
+import { type FrontDoorOptions } from "./frontdoor.js";
+/** Options of {@link withIdempotency}; `route` and `scope` see the handler's extra arguments (a Hono context, say). */
+export interface FetchOptions<A extends unknown[]> extends FrontDoorOptions {
+    /** The route label (default the URL's path). With Hono: `(req, c) => c.req.routePath`. */
+    route?: (req: Request, ...rest: A) => string;
+    /** The caller's key scope (e.g. the authenticated account id); keys become scope + ":" + key. */
+    scope?: (req: Request, ...rest: A) => string | undefined;
+}
+/**
+ * Wraps a fetch-style handler with Stripe-style Idempotency-Key semantics
+ * (FRONTDOOR.md): the handler runs once per key, its answer is stored
+ * before it is returned and replayed verbatim with `Idempotent-Replayed:
+ * true`; 409 request_in_flight, 422 fingerprint_mismatch, 400 for a bad
+ * key, 503 store_unavailable when idem cannot be reached (the handler does
+ * not run). A handler exception stores nothing and propagates.
+ *
+ *     export const POST = withIdempotency(async (req) => Response.json(await pay(await req.json()), { status: 201 }), { client });
+ */
+export declare function withIdempotency<A extends unknown[]>(handler: (req: Request, ...rest: A) => Response | Promise<Response>, opts: FetchOptions<A>): (req: Request, ...rest: A) => Promise<Response>;

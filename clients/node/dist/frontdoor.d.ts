@@ -1,0 +1,178 @@
+import type { Client } from "./client.js";
+/** The request header of the key, the replay marker and the request id. */
+export declare const headerKey = "Idempotency-Key";
+export declare const headerReplayed = "Idempotent-Replayed";
+export declare const headerRequestId = "X-Request-Id";
+/** The longest operation label idem accepts; longer labels are cut at a character boundary. */
+export declare const maxOperationBytes = 128;
+/** The codes a front door answers with. */
+export type FrontDoorCode = "idempotency_key_missing" | "invalid_key" | "invalid_request" | "payload_too_large" | "request_in_flight" | "fingerprint_mismatch" | "store_unavailable";
+/** Status, title and retryability of every front-door problem. */
+export declare const problems: Readonly<Record<FrontDoorCode, {
+    status: number;
+    title: string;
+    retryable: boolean;
+}>>;
+/** A refusal of the front door; {@link problemResponse} turns it into an RFC 9457 answer. */
+export declare class FrontDoorError extends Error {
+    readonly code: FrontDoorCode;
+    readonly detail: string;
+    /** Retry-After in milliseconds for the retryable codes (0 → 1 s). */
+    readonly retryAfterMs: number;
+    readonly fields: {
+        field: string;
+        message: string;
+    }[];
+    constructor(code: FrontDoorCode, detail: string, 
+    /** Retry-After in milliseconds for the retryable codes (0 → 1 s). */
+    retryAfterMs?: number, fields?: {
+        field: string;
+        message: string;
+    }[]);
+}
+/**
+ * Parses the Idempotency-Key field values of a request (one entry per
+ * field line) into the key: null when there is no field; a
+ * FrontDoorError(invalid_key) for two fields, an empty value, a malformed
+ * RFC 8941 sf-string, a list, or a key that is not 1–255 bytes of 0x21–0x7E.
+ * `"k"` and `k` are the same key.
+ */
+export declare function parseKey(values: readonly string[]): string | null;
+/** The record key of key within scope: key itself when scope is empty, else scope + ":" + key (still a valid key). */
+export declare function scopedKey(scope: string | undefined, key: string): string;
+/** What a front door does with a request of a method. */
+export type Requirement = "required" | "optional" | "pass";
+/** Which methods need a key: by default POST and PATCH required, every other unsafe method optional. */
+export interface MethodRules {
+    required?: string[];
+    optional?: string[];
+}
+/** The requirement of method. Safe methods always pass. */
+export declare function requirement(method: string, rules?: MethodRules): Requirement;
+/** The operation label: METHOD + " " + route (the route pattern when known, else the path), cut at 128 bytes on a character boundary. */
+export declare function operation(method: string, route: string): string;
+/** Reports whether a Content-Type names a JSON body: application/json or any * /*+json, parameters ignored, a malformed media type not. */
+export declare function isJSON(contentType: string | undefined | null): boolean;
+/** Per-route fingerprint options: JSON pointers removed from a JSON body, request headers that take part. */
+export interface FingerprintRules {
+    exclude?: string[];
+    headers?: string[];
+}
+/** The parts of a request the fingerprint document is built from. */
+export interface RequestParts {
+    /** The raw query string without "?", "" when none. */
+    query: string;
+    contentType?: string | undefined;
+    body: Uint8Array;
+    /** The values of a request header (one per field line), for rules.headers. */
+    header?: (name: string) => string[];
+}
+/**
+ * Checks that text is one I-JSON value (RFC 7493): well-formed, no lone
+ * surrogate escapes, no duplicate member names, every number inside the
+ * double range. JSON.parse accepts the last three silently, and two
+ * parsers that repair differently would fingerprint one body two ways.
+ */
+export declare function checkIJSON(text: string): void;
+/**
+ * The fingerprint document of a request: {"query", "body": <JSON value>}
+ * for a non-empty JSON body, else {"query", "body_sha256": <hex>}, with the
+ * rules applied. Sent as the claim's `request`, the server fingerprints its
+ * JCS form. A JSON body that is not I-JSON throws FrontDoorError(invalid_request).
+ */
+export declare function fingerprintDocument(p: RequestParts, rules?: FingerprintRules): Record<string, unknown>;
+/** Whether an answer of status is stored (and replayed) or the key released: all are stored unless store5xx is false. */
+export declare function storeStatus(status: number, store5xx?: boolean): boolean;
+/** The response headers stored and replayed by default; Set-Cookie and other per-caller headers never. */
+export declare const defaultStoredHeaders: readonly string[];
+/**
+ * The headers to store: those named in allow (default
+ * {@link defaultStoredHeaders}), looked up case-insensitively and kept
+ * under the name as allow spells it, several values joined with ", ".
+ */
+export declare function storedHeaders(get: (name: string) => string[], allow?: readonly string[]): Record<string, string>;
+/** Reports whether a caller's X-Request-Id may be kept: 1–128 characters of [A-Za-z0-9._-]. */
+export declare function validRequestId(id: string | null | undefined): boolean;
+/** An answer the front door sends: status, header list, body. */
+export interface Answer {
+    status: number;
+    headers: [string, string][];
+    body: Uint8Array;
+}
+/** The RFC 9457 answer of a refusal, with Retry-After for the retryable codes and the request id as instance. */
+export declare function problemResponse(e: FrontDoorError, requestId: string): Answer;
+/** Configures a front door (the Express middleware and the fetch wrapper). */
+export interface FrontDoorOptions {
+    /** The idem client the claims go through. */
+    client: Client;
+    /** Which methods need a key (default POST and PATCH required, other unsafe methods optional). */
+    methods?: MethodRules;
+    /** Store 5xx answers (default true, Stripe's behaviour); false releases the key on a 5xx so that the retry runs the handler again. */
+    storeServerErrors?: boolean;
+    /** The response headers stored and replayed (default {@link defaultStoredHeaders}). */
+    headers?: readonly string[];
+    /** Fingerprint rules: JSON pointers to leave out, request headers that take part. */
+    fingerprint?: FingerprintRules;
+    /** The lease asked for, in seconds (default the tenant's). */
+    leaseSeconds?: number;
+    /** The largest request body read (default 10 MiB); larger gets 413 payload_too_large. */
+    maxBodyBytes?: number;
+    /** Retry-After of the 503 sent when idem cannot be reached, in seconds (default 1). */
+    unavailableRetryAfterSeconds?: number;
+    /** Receives what goes wrong with idem (never a token or a body); default console.error. */
+    log?: (message: string, err: unknown) => void;
+}
+/** What a front door needs of one request, whatever the framework. */
+export interface FrontRequest {
+    method: string;
+    /** The route pattern when the framework knows it, else the path. */
+    route: string;
+    query: string;
+    /** The values of a request header, one per field line. */
+    header(name: string): string[];
+    /** Reads the whole body; rejects with FrontDoorError(payload_too_large) over the limit. */
+    body(limit: number): Promise<Uint8Array>;
+    /** The caller's key scope (e.g. the account id), if configured. */
+    scope?: string | undefined;
+}
+/** A handler's buffered answer. */
+export interface HandlerAnswer {
+    status: number;
+    /** The header values by name (as the framework spells them). */
+    header(name: string): string[];
+    body: Uint8Array;
+}
+/** The outcome of {@link FrontDoor.serve}. */
+export type Outcome = 
+/** Not protected: run the handler as usual. */
+{
+    kind: "pass";
+}
+/** Send this answer (a replay or a refusal); the handler did not run. */
+ | {
+    kind: "answer";
+    answer: Answer;
+}
+/** The handler ran; send its answer (it was stored unless logged otherwise). */
+ | {
+    kind: "ran";
+};
+/**
+ * The framework-independent front door: parses the key, builds the
+ * fingerprint document, claims through {@link Client.run} without waiting,
+ * runs the handler once on a new claim or takeover, stores its answer and
+ * only then lets it be sent, replays completed keys, and maps every refusal
+ * to its problem. A handler exception stores nothing (the claim expires
+ * into an orphan) and propagates.
+ */
+export declare class FrontDoor {
+    private readonly o;
+    constructor(opts: FrontDoorOptions);
+    /**
+     * Serves one request. runHandler runs the handler once with the request
+     * body and resolves to its buffered answer (or rejects with its exception).
+     */
+    serve(req: FrontRequest, runHandler: (body: Uint8Array) => Promise<HandlerAnswer>): Promise<Outcome>;
+    /** Maps a claim that did not let the handler run to its refusal. */
+    private claimRefusal;
+}

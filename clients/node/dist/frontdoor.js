@@ -1,0 +1,589 @@
+// The front-door rules (FRONTDOOR.md, testvectors/frontdoor/) for the Node
+// middleware: Idempotency-Key parsing, method requirements, key scope,
+// operation and fingerprint document, store policy, stored headers and
+// problem bodies, and the framework-independent protocol around a handler.
+import { createHash, randomBytes } from "node:crypto";
+import { Codes, IdemError, NoSideEffect } from "./errors.js";
+import { StoredResponse } from "./response.js";
+/** The request header of the key, the replay marker and the request id. */
+export const headerKey = "Idempotency-Key";
+export const headerReplayed = "Idempotent-Replayed";
+export const headerRequestId = "X-Request-Id";
+/** The longest operation label idem accepts; longer labels are cut at a character boundary. */
+export const maxOperationBytes = 128;
+/** Status, title and retryability of every front-door problem. */
+export const problems = {
+    idempotency_key_missing: { status: 400, title: "Idempotency key missing", retryable: false },
+    invalid_key: { status: 400, title: "Invalid idempotency key", retryable: false },
+    invalid_request: { status: 400, title: "Invalid request", retryable: false },
+    payload_too_large: { status: 413, title: "Payload too large", retryable: false },
+    request_in_flight: { status: 409, title: "Request in flight", retryable: true },
+    fingerprint_mismatch: { status: 422, title: "Idempotency key reused with another request", retryable: false },
+    store_unavailable: { status: 503, title: "Idempotency store unavailable", retryable: true },
+};
+/** A refusal of the front door; {@link problemResponse} turns it into an RFC 9457 answer. */
+export class FrontDoorError extends Error {
+    code;
+    detail;
+    retryAfterMs;
+    fields;
+    constructor(code, detail, 
+    /** Retry-After in milliseconds for the retryable codes (0 → 1 s). */
+    retryAfterMs = 0, fields = []) {
+        super(`frontdoor: ${code}: ${detail}`);
+        this.code = code;
+        this.detail = detail;
+        this.retryAfterMs = retryAfterMs;
+        this.fields = fields;
+        this.name = "FrontDoorError";
+    }
+}
+const keyMax = 255;
+function invalidKey(detail) {
+    return new FrontDoorError("invalid_key", detail);
+}
+function checkRecordKey(key) {
+    if (key === "")
+        return "the key is empty";
+    if (key.length > keyMax)
+        return `the key is ${key.length} bytes long; at most ${keyMax} are allowed`;
+    for (let i = 0; i < key.length; i++) {
+        const c = key.charCodeAt(i);
+        if (c < 0x21 || c > 0x7e)
+            return `byte ${i} of the key is outside printable ASCII 0x21-0x7E`;
+    }
+    return null;
+}
+/**
+ * Parses the Idempotency-Key field values of a request (one entry per
+ * field line) into the key: null when there is no field; a
+ * FrontDoorError(invalid_key) for two fields, an empty value, a malformed
+ * RFC 8941 sf-string, a list, or a key that is not 1–255 bytes of 0x21–0x7E.
+ * `"k"` and `k` are the same key.
+ */
+export function parseKey(values) {
+    if (values.length === 0)
+        return null;
+    if (values.length > 1)
+        throw invalidKey(`the request carries ${values.length} ${headerKey} fields; send exactly one`);
+    const v = values[0].replace(/^[ \t]+|[ \t]+$/g, "");
+    if (v === "")
+        throw invalidKey(`the ${headerKey} field is empty`);
+    let key = "";
+    if (v[0] === '"') {
+        let closed = false;
+        for (let i = 1; i < v.length; i++) {
+            const c = v.charCodeAt(i);
+            if (c === 0x5c) {
+                i++;
+                if (i === v.length || (v[i] !== '"' && v[i] !== "\\"))
+                    throw invalidKey(`the quoted ${headerKey} has a backslash that escapes neither '"' nor '\\'`);
+                key += v[i];
+            }
+            else if (c === 0x22) {
+                if (i !== v.length - 1)
+                    throw invalidKey(`the quoted ${headerKey} has characters after its closing quote`);
+                closed = true;
+            }
+            else if (c < 0x20 || c > 0x7e) {
+                throw invalidKey(`byte ${i} of the quoted ${headerKey} is outside 0x20-0x7E`);
+            }
+            else {
+                key += v[i];
+            }
+        }
+        if (!closed)
+            throw invalidKey(`the quoted ${headerKey} has no closing quote`);
+    }
+    else {
+        for (let i = 0; i < v.length; i++) {
+            const c = v.charCodeAt(i);
+            if (c === 0x2c)
+                throw invalidKey(`the ${headerKey} field holds a list (a comma); send one key`);
+            if (c === 0x22)
+                throw invalidKey(`byte ${i} of the ${headerKey} field is a stray quote; quote the whole key or none of it`);
+            if (c < 0x21 || c > 0x7e)
+                throw invalidKey(`byte ${i} of the ${headerKey} field is outside printable ASCII 0x21-0x7E`);
+        }
+        key = v;
+    }
+    const bad = checkRecordKey(key);
+    if (bad)
+        throw invalidKey(bad);
+    return key;
+}
+/** The record key of key within scope: key itself when scope is empty, else scope + ":" + key (still a valid key). */
+export function scopedKey(scope, key) {
+    if (!scope)
+        return key;
+    const k = scope + ":" + key;
+    const bad = checkRecordKey(k);
+    if (bad)
+        throw invalidKey(`the key scoped to the caller is invalid: ${bad}`);
+    return k;
+}
+const safeMethods = new Set(["GET", "HEAD", "OPTIONS", "TRACE"]);
+/** The requirement of method. Safe methods always pass. */
+export function requirement(method, rules = {}) {
+    const m = method.toUpperCase();
+    if (safeMethods.has(m))
+        return "pass";
+    const req = rules.required ?? ["POST", "PATCH"];
+    if (req.includes(m))
+        return "required";
+    if (rules.optional === undefined || rules.optional.includes(m))
+        return "optional";
+    return "pass";
+}
+/** The operation label: METHOD + " " + route (the route pattern when known, else the path), cut at 128 bytes on a character boundary. */
+export function operation(method, route) {
+    const op = method.toUpperCase() + " " + route;
+    const bytes = Buffer.from(op, "utf8");
+    if (bytes.length <= maxOperationBytes)
+        return op;
+    let cut = maxOperationBytes;
+    while (cut > 0 && (bytes[cut] & 0xc0) === 0x80)
+        cut--;
+    return bytes.subarray(0, cut).toString("utf8");
+}
+const tokenRe = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+/** Reports whether a Content-Type names a JSON body: application/json or any * /*+json, parameters ignored, a malformed media type not. */
+export function isJSON(contentType) {
+    if (!contentType)
+        return false;
+    const semi = contentType.indexOf(";");
+    const mt = (semi < 0 ? contentType : contentType.slice(0, semi)).trim().toLowerCase();
+    const slash = mt.indexOf("/");
+    if (slash <= 0 || !tokenRe.test(mt.slice(0, slash)) || !tokenRe.test(mt.slice(slash + 1)))
+        return false;
+    // Parameters: ; name=value (token or quoted-string); trailing ';' allowed.
+    let rest = semi < 0 ? "" : contentType.slice(semi);
+    const param = /^\s*;\s*([!#$%&'*+.^_`|~0-9A-Za-z-]+)\s*=\s*(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+|"(?:[^"\\]|\\.)*")/;
+    const seen = new Set();
+    while (rest.trim() !== "") {
+        if (rest.trim() === ";")
+            break;
+        const m = param.exec(rest);
+        if (!m)
+            return false;
+        const name = m[1].toLowerCase();
+        if (seen.has(name))
+            return false;
+        seen.add(name);
+        rest = rest.slice(m[0].length);
+    }
+    const sub = mt.slice(slash + 1);
+    return mt === "application/json" || sub.endsWith("+json");
+}
+function invalidRequest(what, at) {
+    return new FrontDoorError("invalid_request", `the JSON body is not I-JSON: ${what} at byte ${at}`, 0, [{ field: "body", message: what }]);
+}
+/**
+ * Checks that text is one I-JSON value (RFC 7493): well-formed, no lone
+ * surrogate escapes, no duplicate member names, every number inside the
+ * double range. JSON.parse accepts the last three silently, and two
+ * parsers that repair differently would fingerprint one body two ways.
+ */
+export function checkIJSON(text) {
+    let i = 0;
+    const n = text.length;
+    const ws = () => {
+        while (i < n) {
+            const c = text[i];
+            if (c === " " || c === "\t" || c === "\n" || c === "\r")
+                i++;
+            else
+                break;
+        }
+    };
+    const hex4 = () => {
+        const h = text.slice(i, i + 4);
+        if (!/^[0-9A-Fa-f]{4}$/.test(h))
+            throw invalidRequest("bad \\u escape", i);
+        i += 4;
+        return parseInt(h, 16);
+    };
+    const str = () => {
+        i++;
+        let out = "";
+        while (i < n) {
+            const c = text.charCodeAt(i);
+            if (c === 0x22) {
+                i++;
+                return out;
+            }
+            if (c < 0x20)
+                throw invalidRequest("control character in a string", i);
+            if (c === 0x5c) {
+                const e = text[i + 1];
+                i += 2;
+                switch (e) {
+                    case '"':
+                    case "\\":
+                    case "/":
+                        out += e;
+                        break;
+                    case "b":
+                        out += "\b";
+                        break;
+                    case "f":
+                        out += "\f";
+                        break;
+                    case "n":
+                        out += "\n";
+                        break;
+                    case "r":
+                        out += "\r";
+                        break;
+                    case "t":
+                        out += "\t";
+                        break;
+                    case "u": {
+                        const r = hex4();
+                        if (r >= 0xd800 && r <= 0xdbff) {
+                            if (text[i] !== "\\" || text[i + 1] !== "u")
+                                throw invalidRequest("lone surrogate", i);
+                            i += 2;
+                            const lo = hex4();
+                            if (lo < 0xdc00 || lo > 0xdfff)
+                                throw invalidRequest("lone surrogate", i);
+                            out += String.fromCharCode(r, lo);
+                        }
+                        else if (r >= 0xdc00 && r <= 0xdfff) {
+                            throw invalidRequest("lone surrogate", i);
+                        }
+                        else {
+                            out += String.fromCharCode(r);
+                        }
+                        break;
+                    }
+                    default:
+                        throw invalidRequest(e === undefined ? "unexpected end" : "bad escape", i);
+                }
+                continue;
+            }
+            out += text[i];
+            i++;
+        }
+        throw invalidRequest("unterminated string", i);
+    };
+    const num = () => {
+        const m = /^-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?/.exec(text.slice(i, i + 1100));
+        if (!m)
+            throw invalidRequest("malformed number", i);
+        const after = text[i + m[0].length];
+        if (after !== undefined && /[0-9.eE+-]/.test(after))
+            throw invalidRequest("malformed number", i);
+        if (!Number.isFinite(Number(m[0])))
+            throw invalidRequest("number outside the IEEE 754 double range", i);
+        i += m[0].length;
+    };
+    const value = (depth) => {
+        if (depth > 1000)
+            throw invalidRequest("nesting too deep", i);
+        if (i >= n)
+            throw invalidRequest("unexpected end", i);
+        const c = text[i];
+        if (c === "{") {
+            i++;
+            const seen = new Set();
+            ws();
+            if (text[i] === "}") {
+                i++;
+                return;
+            }
+            for (;;) {
+                ws();
+                if (text[i] !== '"')
+                    throw invalidRequest("expected a member name", i);
+                const name = str();
+                if (seen.has(name))
+                    throw invalidRequest(`duplicate member name ${JSON.stringify(name)}`, i);
+                seen.add(name);
+                ws();
+                if (text[i] !== ":")
+                    throw invalidRequest("expected ':'", i);
+                i++;
+                ws();
+                value(depth + 1);
+                ws();
+                if (text[i] === ",") {
+                    i++;
+                    continue;
+                }
+                if (text[i] === "}") {
+                    i++;
+                    return;
+                }
+                throw invalidRequest("expected ',' or '}'", i);
+            }
+        }
+        if (c === "[") {
+            i++;
+            ws();
+            if (text[i] === "]") {
+                i++;
+                return;
+            }
+            for (;;) {
+                ws();
+                value(depth + 1);
+                ws();
+                if (text[i] === ",") {
+                    i++;
+                    continue;
+                }
+                if (text[i] === "]") {
+                    i++;
+                    return;
+                }
+                throw invalidRequest("expected ',' or ']'", i);
+            }
+        }
+        if (c === '"') {
+            str();
+            return;
+        }
+        if (c === "-" || (c >= "0" && c <= "9")) {
+            num();
+            return;
+        }
+        for (const lit of ["true", "false", "null"]) {
+            if (text.startsWith(lit, i)) {
+                i += lit.length;
+                return;
+            }
+        }
+        throw invalidRequest("unexpected character", i);
+    };
+    ws();
+    value(0);
+    ws();
+    if (i !== n)
+        throw invalidRequest("data after the JSON value", i);
+}
+const strictUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+function parsePointer(p) {
+    if (p === "" || p[0] !== "/")
+        throw new TypeError(`JSON pointer ${JSON.stringify(p)} must start with '/'`);
+    return p.slice(1).split("/").map((t) => {
+        if (/~(?![01])/.test(t))
+            throw new TypeError(`JSON pointer ${JSON.stringify(p)} has a '~' not followed by 0 or 1`);
+        return t.replaceAll("~1", "/").replaceAll("~0", "~");
+    });
+}
+function removePointer(v, toks) {
+    if (toks.length === 0)
+        return v;
+    const [head, ...rest] = toks;
+    if (Array.isArray(v)) {
+        if (!/^(?:0|[1-9]\d*)$/.test(head))
+            return v;
+        const idx = Number(head);
+        if (idx >= v.length)
+            return v;
+        if (rest.length === 0)
+            v.splice(idx, 1);
+        else
+            v[idx] = removePointer(v[idx], rest);
+    }
+    else if (v && typeof v === "object") {
+        const o = v;
+        if (!Object.hasOwn(o, head))
+            return v;
+        if (rest.length === 0)
+            delete o[head];
+        else
+            o[head] = removePointer(o[head], rest);
+    }
+    return v;
+}
+/**
+ * The fingerprint document of a request: {"query", "body": <JSON value>}
+ * for a non-empty JSON body, else {"query", "body_sha256": <hex>}, with the
+ * rules applied. Sent as the claim's `request`, the server fingerprints its
+ * JCS form. A JSON body that is not I-JSON throws FrontDoorError(invalid_request).
+ */
+export function fingerprintDocument(p, rules = {}) {
+    const doc = { query: p.query };
+    if (p.body.length > 0 && isJSON(p.contentType)) {
+        let text;
+        try {
+            text = strictUtf8.decode(p.body);
+        }
+        catch {
+            throw new FrontDoorError("invalid_request", "the JSON body is not valid UTF-8", 0, [{ field: "body", message: "not valid UTF-8" }]);
+        }
+        checkIJSON(text);
+        let v = JSON.parse(text, (_k, x) => (Object.is(x, -0) ? 0 : x)); // JCS writes -0 as 0
+        for (const ptr of rules.exclude ?? [])
+            v = removePointer(v, parsePointer(ptr));
+        doc.body = v;
+    }
+    else {
+        doc.body_sha256 = createHash("sha256").update(p.body).digest("hex");
+    }
+    if (rules.headers && rules.headers.length > 0) {
+        const hs = {};
+        for (const name of rules.headers) {
+            const vals = p.header?.(name) ?? [];
+            if (vals.length > 0)
+                hs[name.toLowerCase()] = vals.join(", ");
+        }
+        doc.headers = hs;
+    }
+    return doc;
+}
+/** Whether an answer of status is stored (and replayed) or the key released: all are stored unless store5xx is false. */
+export function storeStatus(status, store5xx = true) {
+    return status < 500 || store5xx;
+}
+/** The response headers stored and replayed by default; Set-Cookie and other per-caller headers never. */
+export const defaultStoredHeaders = Object.freeze([
+    "Content-Type", "Content-Language", "Content-Disposition", "Content-Encoding",
+    "Location", "ETag", "Last-Modified", "Cache-Control",
+]);
+/**
+ * The headers to store: those named in allow (default
+ * {@link defaultStoredHeaders}), looked up case-insensitively and kept
+ * under the name as allow spells it, several values joined with ", ".
+ */
+export function storedHeaders(get, allow = defaultStoredHeaders) {
+    const out = {};
+    for (const name of allow) {
+        if (name.toLowerCase() === "set-cookie")
+            continue;
+        const v = get(name);
+        if (v.length > 0)
+            out[name] = v.join(", ");
+    }
+    return out;
+}
+/** Reports whether a caller's X-Request-Id may be kept: 1–128 characters of [A-Za-z0-9._-]. */
+export function validRequestId(id) {
+    return !!id && id.length <= 128 && /^[A-Za-z0-9._-]+$/.test(id);
+}
+/** The RFC 9457 answer of a refusal, with Retry-After for the retryable codes and the request id as instance. */
+export function problemResponse(e, requestId) {
+    const info = problems[e.code];
+    const body = {
+        type: "urn:idem:problem:" + e.code,
+        title: info.title,
+        status: info.status,
+        detail: e.detail || info.title,
+        code: e.code,
+        retryable: info.retryable,
+        instance: "urn:idem:request:" + requestId,
+    };
+    if (e.fields.length > 0)
+        body.errors = e.fields;
+    const headers = [
+        ["Content-Type", "application/problem+json"],
+        ["Cache-Control", "no-store"],
+        [headerRequestId, requestId],
+    ];
+    if (info.retryable)
+        headers.push(["Retry-After", String(Math.max(1, Math.ceil(e.retryAfterMs / 1000)))]);
+    return { status: info.status, headers, body: new TextEncoder().encode(JSON.stringify(body)) };
+}
+/** A 5xx answer released under storeServerErrors: false. */
+class Released extends NoSideEffect {
+}
+/**
+ * The framework-independent front door: parses the key, builds the
+ * fingerprint document, claims through {@link Client.run} without waiting,
+ * runs the handler once on a new claim or takeover, stores its answer and
+ * only then lets it be sent, replays completed keys, and maps every refusal
+ * to its problem. A handler exception stores nothing (the claim expires
+ * into an orphan) and propagates.
+ */
+export class FrontDoor {
+    o;
+    constructor(opts) {
+        this.o = {
+            storeServerErrors: true,
+            headers: defaultStoredHeaders,
+            maxBodyBytes: 10 << 20,
+            unavailableRetryAfterSeconds: 1,
+            log: (message, err) => console.error(`idem: ${message}:`, err instanceof Error ? err.message : err),
+            ...opts,
+        };
+        for (const p of opts.fingerprint?.exclude ?? [])
+            parsePointer(p);
+    }
+    /**
+     * Serves one request. runHandler runs the handler once with the request
+     * body and resolves to its buffered answer (or rejects with its exception).
+     */
+    async serve(req, runHandler) {
+        const rid = req.header(headerRequestId)[0];
+        const requestId = validRequestId(rid) ? rid : randomBytes(16).toString("hex");
+        const refuse = (e) => ({ kind: "answer", answer: problemResponse(e, requestId) });
+        const need = requirement(req.method, this.o.methods);
+        if (need === "pass")
+            return { kind: "pass" };
+        let k;
+        let body;
+        let doc;
+        try {
+            k = parseKey(req.header(headerKey));
+            if (k === null) {
+                if (need === "required")
+                    throw new FrontDoorError("idempotency_key_missing", `${req.method.toUpperCase()} requires an ${headerKey} header`);
+                return { kind: "pass" };
+            }
+            k = scopedKey(req.scope, k);
+            body = await req.body(this.o.maxBodyBytes);
+            doc = fingerprintDocument({ query: req.query, contentType: req.header("Content-Type")[0], body, header: req.header }, this.o.fingerprint);
+        }
+        catch (err) {
+            if (err instanceof FrontDoorError)
+                return refuse(err);
+            throw err;
+        }
+        let ran = false;
+        let result;
+        try {
+            result = await this.o.client.run(k, { operation: operation(req.method, req.route), request: doc, ...(this.o.leaseSeconds ? { leaseSeconds: this.o.leaseSeconds } : {}) }, async () => {
+                ran = true;
+                const a = await runHandler(body);
+                if (!storeStatus(a.status, this.o.storeServerErrors))
+                    throw new Released("handler answered 5xx; key released");
+                return new StoredResponse(a.status, storedHeaders(a.header, this.o.headers), a.body);
+            }, { noWait: true });
+        }
+        catch (err) {
+            if (ran) {
+                if (err instanceof Released)
+                    return { kind: "ran" };
+                if (err instanceof IdemError) {
+                    this.o.log("the handler ran but its response was not stored", err);
+                    return { kind: "ran" };
+                }
+                throw err; // the handler's exception: the claim is left to expire
+            }
+            return refuse(this.claimRefusal(err));
+        }
+        const r = result.response;
+        const headers = Object.entries(r.headers);
+        headers.push([headerReplayed, "true"], ["Content-Length", String(r.body.length)]);
+        return { kind: "answer", answer: { status: r.status || 200, headers, body: r.body } };
+    }
+    /** Maps a claim that did not let the handler run to its refusal. */
+    claimRefusal(err) {
+        if (err instanceof IdemError) {
+            if (err.code === Codes.requestInFlight)
+                return new FrontDoorError("request_in_flight", "a request with this idempotency key is being processed; retry later", err.retryAfterMs);
+            if (err.code === Codes.fingerprintMismatch)
+                return new FrontDoorError("fingerprint_mismatch", "this idempotency key was used with a different request");
+            if (err.code === Codes.invalidKey)
+                return new FrontDoorError("invalid_key", err.detail);
+            if (err.code === Codes.invalidRequest && err.fields[0]?.field === "request") {
+                return new FrontDoorError("invalid_request", `the request body cannot be fingerprinted: ${err.fields[0].message}`);
+            }
+        }
+        this.o.log("the idempotency service is unavailable; failing closed", err);
+        const ra = Math.max(this.o.unavailableRetryAfterSeconds * 1000, err instanceof IdemError ? err.retryAfterMs : 0);
+        return new FrontDoorError("store_unavailable", "the request was not processed; retry later with the same idempotency key", ra);
+    }
+}

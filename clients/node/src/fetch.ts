@@ -1,0 +1,94 @@
+// A wrapper for fetch-style handlers (Request → Response): Hono, Next.js
+// route handlers, Bun/Deno-style servers.
+import { FrontDoor, FrontDoorError, type Answer, type FrontDoorOptions } from "./frontdoor.js";
+
+/** Options of {@link withIdempotency}; `route` and `scope` see the handler's extra arguments (a Hono context, say). */
+export interface FetchOptions<A extends unknown[]> extends FrontDoorOptions {
+  /** The route label (default the URL's path). With Hono: `(req, c) => c.req.routePath`. */
+  route?: (req: Request, ...rest: A) => string;
+  /** The caller's key scope (e.g. the authenticated account id); keys become scope + ":" + key. */
+  scope?: (req: Request, ...rest: A) => string | undefined;
+}
+
+const nullBodyStatus = new Set([101, 204, 205, 304]);
+
+function toResponse(status: number, headers: Headers | [string, string][], body: Uint8Array): Response {
+  return new Response(nullBodyStatus.has(status) || body.length === 0 ? null : body, { status, headers });
+}
+
+function answer(a: Answer): Response {
+  return toResponse(a.status, a.headers, a.body);
+}
+
+async function readLimited(req: Request, limit: number): Promise<Uint8Array> {
+  const declared = Number(req.headers.get("Content-Length") ?? "0");
+  if (declared > limit) throw new FrontDoorError("payload_too_large", `the request body is larger than ${limit} bytes`);
+  if (!req.body) return new Uint8Array();
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  const reader = req.body.getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    size += value.length;
+    if (size > limit) {
+      await reader.cancel();
+      throw new FrontDoorError("payload_too_large", `the request body is larger than ${limit} bytes`);
+    }
+    chunks.push(value);
+  }
+  return Buffer.concat(chunks);
+}
+
+/**
+ * Wraps a fetch-style handler with Stripe-style Idempotency-Key semantics
+ * (FRONTDOOR.md): the handler runs once per key, its answer is stored
+ * before it is returned and replayed verbatim with `Idempotent-Replayed:
+ * true`; 409 request_in_flight, 422 fingerprint_mismatch, 400 for a bad
+ * key, 503 store_unavailable when idem cannot be reached (the handler does
+ * not run). A handler exception stores nothing and propagates.
+ *
+ *     export const POST = withIdempotency(async (req) => Response.json(await pay(await req.json()), { status: 201 }), { client });
+ */
+export function withIdempotency<A extends unknown[]>(
+  handler: (req: Request, ...rest: A) => Response | Promise<Response>,
+  opts: FetchOptions<A>,
+): (req: Request, ...rest: A) => Promise<Response> {
+  const fd = new FrontDoor(opts);
+  return async (req, ...rest) => {
+    const url = new URL(req.url);
+    let ran: Response | undefined;
+    let ranBody: Uint8Array = new Uint8Array();
+    const outcome = await fd.serve({
+      method: req.method,
+      route: opts.route ? opts.route(req, ...rest) : url.pathname,
+      query: url.search.slice(1),
+      header: (name) => {
+        const v = req.headers.get(name);
+        return v === null ? [] : [v];
+      },
+      body: (limit) => readLimited(req, limit),
+      scope: opts.scope?.(req, ...rest),
+    }, async (body) => {
+      const init: RequestInit & { duplex?: string } = { method: req.method, headers: req.headers, signal: req.signal };
+      if (body.length > 0) init.body = body;
+      const res = await handler(new Request(req.url, init), ...rest);
+      ran = res;
+      ranBody = new Uint8Array(await res.arrayBuffer());
+      return {
+        status: res.status,
+        header: (name) => {
+          if (name.toLowerCase() === "set-cookie") return res.headers.getSetCookie();
+          const v = res.headers.get(name);
+          return v === null ? [] : [v];
+        },
+        body: ranBody,
+      };
+    });
+    if (outcome.kind === "pass") return handler(req, ...rest);
+    if (outcome.kind === "answer") return answer(outcome.answer);
+    const r = ran as Response | undefined;
+    if (!r) throw new Error("idem: the handler's answer is missing");
+    return toResponse(r.status, new Headers(r.headers), ranBody);
+  };
+}

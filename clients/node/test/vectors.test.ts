@@ -1,0 +1,197 @@
+// The shared vectors of testvectors/sdk and testvectors/frontdoor.
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+import {
+  FrontDoorError, RetryBudget, StoredResponse, backoffCeilingMs, backoffMs, checkIJSON, defaultStoredHeaders, fingerprintDocument,
+  key, operation, parseKey, parseRetryAfter, problems, requirement, retryAfterWaitMs, scopedKey, shouldRetry, storeStatus, storedHeaders,
+  validRequestId, validateKey, withDefaults,
+} from "../src/index.js";
+import { retryableTransportError } from "../src/retry.js";
+import { repoRoot } from "./server.js";
+
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type Any = any;
+const load = (p: string): Any => JSON.parse(readFileSync(join(repoRoot, "testvectors", p), "utf8"));
+const close = (a: number, b: number, what: string) => assert.ok(Math.abs(a - b) < 1e-6, `${what}: ${a} != ${b}`);
+
+describe("testvectors/sdk", () => {
+  const keys = load("sdk/keys.json");
+  for (const v of keys.validate) {
+    test(`keys.validate: ${v.name}`, () => {
+      const err = validateKey(v.key);
+      if (v.valid) assert.equal(err, null);
+      else assert.equal(err?.code, v.error);
+    });
+  }
+  for (const v of keys.derive) {
+    test(`keys.derive: ${v.name}`, () => {
+      if (v.error) assert.throws(() => key(...v.parts), (e: Any) => e.code === v.error);
+      else assert.equal(key(...v.parts), v.key);
+    });
+  }
+
+  const ra = load("sdk/retry_after.json");
+  const now = Date.parse(ra.now);
+  for (const c of ra.cases) {
+    test(`retry_after: ${c.name}`, () => assert.equal((parseRetryAfter(c.header, now) ?? 0) / 1000, c.seconds));
+  }
+
+  const cls = load("sdk/classification.json");
+  const transportErrors: Record<string, unknown> = {
+    connection_refused: Object.assign(new TypeError("fetch failed"), { cause: Object.assign(new Error("connect ECONNREFUSED"), { code: "ECONNREFUSED" }) }),
+    connection_reset: Object.assign(new TypeError("fetch failed"), { cause: Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" }) }),
+    eof: Object.assign(new TypeError("fetch failed"), { cause: Object.assign(new Error("other side closed"), { code: "UND_ERR_SOCKET" }) }),
+    timeout: new DOMException("The operation was aborted due to timeout", "TimeoutError"),
+  };
+  for (const c of cls.cases) {
+    test(`classification: ${c.name}`, () => {
+      if (c.transport === "token_error") {
+        // The token source's failure never reaches the transport check: the loop ends the call (client.ts).
+        assert.equal(c.retry, false);
+        return;
+      }
+      if (c.transport) {
+        assert.equal(retryableTransportError(transportErrors[c.transport]), c.retry);
+        return;
+      }
+      const got = shouldRetry(c.status, c.code, c.policy?.retry_500 === true);
+      assert.equal(got, c.retry);
+      if (c.retry) assert.equal(c.status === 409 ? "in_flight" : "backoff", c.how);
+    });
+  }
+
+  const bo = load("sdk/backoff.json");
+  const p = withDefaults();
+  test("backoff: the policy's defaults", () => {
+    assert.equal(p.baseDelayMs, bo.base_seconds * 1000);
+    assert.equal(p.maxDelayMs, bo.cap_seconds * 1000);
+    assert.equal(p.maxAttempts, bo.max_attempts);
+    assert.equal(p.retryAfterJitterMs, bo.retry_after_spread_seconds * 1000);
+    assert.equal(p.minAttemptTimeMs, bo.min_attempt_seconds * 1000);
+  });
+  for (const v of bo.full_jitter) {
+    test(`backoff.full_jitter: retry ${v.retry} random ${v.random}`, () => {
+      close(backoffCeilingMs(p, v.retry) / 1000, v.ceiling_seconds, "ceiling");
+      close(backoffMs(p, v.retry, () => v.random) / 1000, v.wait_seconds, "wait");
+    });
+  }
+  for (const v of bo.retry_after) {
+    test(`backoff.retry_after: ${v.retry_after_seconds} s random ${v.random}`, () => {
+      close(retryAfterWaitMs(p, v.retry_after_seconds * 1000, () => v.random) / 1000, v.wait_seconds, "wait");
+    });
+  }
+  for (const v of bo.fits) {
+    test(`backoff.fits: ${v.name}`, async () => {
+      const { Client } = await import("../src/index.js");
+      const c = new Client({ baseUrl: "http://127.0.0.1:1", clock: { now: () => 0, sleep: async () => {} } });
+      assert.equal(c.fits({ signal: undefined, deadline: v.left_ms === null ? Infinity : v.left_ms }, v.wait_ms), v.fits);
+    });
+  }
+
+  const bu = load("sdk/budget.json");
+  test("budget: the steps in order", () => {
+    const b = new RetryBudget(bu.capacity, bu.retry_cost, bu.success_refund);
+    bu.steps.forEach((s: Any, i: number) => {
+      if (s.op === "take") assert.equal(b.take(), s.ok, `step ${i}`);
+      else for (let j = 0; j < (s.repeat ?? 1); j++) b.success();
+      assert.ok(Math.abs(b.left() - s.left) < 1e-9, `step ${i}: left ${b.left()} != ${s.left}`);
+    });
+  });
+
+  const rp = load("sdk/replay.json");
+  for (const v of rp.decode) {
+    test(`replay.decode: ${v.name}`, () => {
+      if (v.error) {
+        assert.throws(() => StoredResponse.fromWire(v.response));
+        return;
+      }
+      const r = StoredResponse.fromWire(v.response);
+      assert.equal(r.status, v.status);
+      assert.deepEqual({ ...r.headers }, v.headers);
+      assert.equal(Buffer.from(r.body).toString("hex"), v.body_hex);
+    });
+  }
+  for (const v of rp.encode) {
+    test(`replay.encode: ${v.name}`, () => {
+      const w = new StoredResponse(200, {}, new Uint8Array(Buffer.from(v.body_hex, "hex"))).toWire();
+      assert.equal(w.body, v.body);
+      assert.equal(w.body_encoding, v.body_encoding);
+    });
+  }
+  for (const v of rp.claim_answers) {
+    test(`replay.claim_answers: ${v.name}`, () => {
+      // client.ts: replayed = status 200 or Idempotent-Replayed: true.
+      const replayed = v.status === 200 || new Headers(v.headers).get("Idempotent-Replayed") === "true";
+      assert.equal(replayed, v.replayed);
+    });
+  }
+});
+
+describe("testvectors/frontdoor", () => {
+  for (const v of load("frontdoor/keys.json").vectors) {
+    test(`keys: ${v.name}`, () => {
+      let got: Any;
+      try {
+        const k = parseKey(v.header_values);
+        got = { key: k === null ? null : scopedKey(v.scope, k) };
+      } catch (err) {
+        assert.ok(err instanceof FrontDoorError, String(err));
+        got = { error: err.code };
+      }
+      assert.deepEqual(got, v.expect);
+    });
+  }
+
+  for (const v of load("frontdoor/fingerprint.json").vectors) {
+    test(`fingerprint: ${v.name}`, () => {
+      const body = v.body_base64 !== undefined ? Buffer.from(v.body_base64, "base64") : Buffer.from(v.body ?? "", "utf8");
+      const hs = new Map<string, string[]>(Object.entries(v.headers ?? {}).map(([k, vals]) => [k.toLowerCase(), vals as string[]]));
+      let got: Any;
+      try {
+        const doc = fingerprintDocument({ query: v.query ?? "", contentType: v.content_type, body, header: (n) => hs.get(n.toLowerCase()) ?? [] }, v.rules ?? {});
+        got = { operation: operation(v.method, v.route), document: doc };
+      } catch (err) {
+        assert.ok(err instanceof FrontDoorError, String(err));
+        got = { error: err.code };
+      }
+      const want = { ...v.expect };
+      delete want.fingerprint;
+      assert.deepEqual(got, want);
+    });
+  }
+
+  const pol = load("frontdoor/policy.json");
+  test("policy: default stored headers", () => assert.deepEqual([...defaultStoredHeaders], pol.default_stored_headers));
+  for (const v of pol.requirements) test(`policy.requirements: ${v.method}`, () => assert.equal(requirement(v.method), v.expect));
+  for (const v of pol.store) {
+    test(`policy.store: ${v.status} store_5xx=${v.store_5xx}`, () => assert.equal(storeStatus(v.status, v.store_5xx) ? "store" : "release", v.expect));
+  }
+  for (const v of pol.stored_headers) {
+    test(`policy.stored_headers: ${v.name}`, () => {
+      const h = new Map<string, string[]>(Object.entries(v.response_headers).map(([k, vals]) => [k.toLowerCase(), vals as string[]]));
+      assert.deepEqual(storedHeaders((n) => h.get(n.toLowerCase()) ?? [], v.allow ?? undefined), v.expect);
+    });
+  }
+  for (const v of pol.problems) {
+    const known = (problems as Record<string, { status: number; title: string; retryable: boolean }>)[v.code];
+    if (!known) continue; // gateway-only codes (upstream_*, response_not_replayable)
+    test(`policy.problems: ${v.code}`, async () => {
+      const { problemResponse } = await import("../src/index.js");
+      const a = problemResponse(new FrontDoorError(v.code, ""), "rid");
+      const body = JSON.parse(Buffer.from(a.body).toString());
+      assert.equal(a.status, v.status);
+      assert.equal(body.title, v.title);
+      assert.equal(body.retryable, v.retryable);
+      assert.equal(body.type, v.type);
+      assert.equal(body.instance, "urn:idem:request:rid");
+      assert.equal(a.headers.some(([k]) => k === "Retry-After"), v.retry_after);
+    });
+  }
+  for (const v of pol.request_ids) test(`policy.request_ids: ${JSON.stringify(v.header).slice(0, 30)}`, () => assert.equal(validRequestId(v.header), v.kept));
+  test("I-JSON check accepts what JSON.parse accepts minus the I-JSON violations", () => {
+    checkIJSON('{"a":[1,2.5e3,-0,"\\ud83d\\ude00"]}');
+    assert.throws(() => checkIJSON('{"a":1,"a":2}'));
+  });
+});
