@@ -11,34 +11,42 @@ import (
 	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
 )
 
-// keyRow is the shape of every query that returns a whole record: all
-// columns of idempotency_keys plus the clock instant. sqlc generates one
-// identical struct per query; they convert to this one.
-type keyRow = dbsqlc.GetKeyRow
-
 // listRow is the shape of every query that returns records without their
-// responses.
+// responses: the listing, orphan and reap queries select the same columns.
 type listRow = dbsqlc.ListKeysRow
 
-// recordFromRow converts a whole record, response included.
-func recordFromRow(r keyRow) (idem.Record, error) {
+// recordFromRow converts a whole record, response included, observed at
+// observedAt.
+func recordFromRow(k dbsqlc.IdempotencyKey, observedAt pgtype.Timestamptz) (idem.Record, error) {
 	rec := recordFromListRow(listRow{
-		TenantID: r.TenantID, Key: r.Key, State: r.State, Operation: r.Operation,
-		Fingerprint: r.Fingerprint, FencingToken: r.FencingToken, Attempt: r.Attempt,
-		LeaseExpiresAt: r.LeaseExpiresAt, RecoveryPoint: r.RecoveryPoint, RecoveryData: r.RecoveryData,
-		ReplayWindowSeconds: r.ReplayWindowSeconds, ReaperThresholdSeconds: r.ReaperThresholdSeconds,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
-		ReplayUntil: r.ReplayUntil, PurgeAfter: r.PurgeAfter, ObservedAt: r.ObservedAt,
+		TenantID:               k.TenantID,
+		Key:                    k.Key,
+		State:                  k.State,
+		Operation:              k.Operation,
+		Fingerprint:            k.Fingerprint,
+		FencingToken:           k.FencingToken,
+		Attempt:                k.Attempt,
+		LeaseExpiresAt:         k.LeaseExpiresAt,
+		RecoveryPoint:          k.RecoveryPoint,
+		RecoveryData:           k.RecoveryData,
+		ReplayWindowSeconds:    k.ReplayWindowSeconds,
+		ReaperThresholdSeconds: k.ReaperThresholdSeconds,
+		CreatedAt:              k.CreatedAt,
+		UpdatedAt:              k.UpdatedAt,
+		CompletedAt:            k.CompletedAt,
+		ReplayUntil:            k.ReplayUntil,
+		PurgeAfter:             k.PurgeAfter,
+		ObservedAt:             observedAt,
 	})
-	if r.ResponseStatus == nil {
+	if k.ResponseStatus == nil {
 		return rec, nil
 	}
-	resp := &idem.Response{Status: int(*r.ResponseStatus), Body: r.ResponseBody}
-	if r.ResponseBodyEncoding != nil {
-		resp.BodyEncoding = *r.ResponseBodyEncoding
+	resp := &idem.Response{Status: int(*k.ResponseStatus), Body: k.ResponseBody}
+	if k.ResponseBodyEncoding != nil {
+		resp.BodyEncoding = *k.ResponseBodyEncoding
 	}
-	if err := json.Unmarshal(r.ResponseHeaders, &resp.Headers); err != nil {
-		return idem.Record{}, fmt.Errorf("decode stored response headers of key %q: %w", r.Key, err)
+	if err := json.Unmarshal(k.ResponseHeaders, &resp.Headers); err != nil {
+		return idem.Record{}, fmt.Errorf("decode stored response headers of key '%s': %w", k.Key, err)
 	}
 	rec.Response = resp
 	return rec, nil
@@ -101,7 +109,7 @@ func listRecords[R ~struct {
 	return out
 }
 
-// tenantFromRow converts a tenant.
+// tenantFromRow converts a tenants row.
 func tenantFromRow(t dbsqlc.Tenant) idem.Tenant {
 	return idem.Tenant{
 		ID:   t.ID,

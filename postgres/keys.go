@@ -35,7 +35,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		})
 		switch {
 		case err == nil:
-			rec, err := recordFromRow(keyRow(row))
+			rec, err := recordFromRow(row.IdempotencyKey, row.ObservedAt)
 			if err != nil {
 				return idem.ClaimResult{}, err
 			}
@@ -91,7 +91,7 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 	if err != nil {
 		return idem.Record{}, s.interpretError(err, "checkpoint key")
 	}
-	return recordFromRow(keyRow(row))
+	return recordFromRow(row.IdempotencyKey, row.ObservedAt)
 }
 
 // Complete stores the response while the token is current and the record
@@ -126,7 +126,7 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 	if err != nil {
 		return idem.Record{}, s.interpretError(err, "complete key")
 	}
-	return recordFromRow(keyRow(row))
+	return recordFromRow(row.IdempotencyKey, row.ObservedAt)
 }
 
 // Release deletes the in-flight record while the token is current.
@@ -179,7 +179,7 @@ func (s *Store) getKey(ctx context.Context, tenantID, key string) (*idem.Record,
 	if err != nil {
 		return nil, s.interpretError(err, "read key")
 	}
-	rec, err := recordFromRow(row)
+	rec, err := recordFromRow(row.IdempotencyKey, row.ObservedAt)
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +188,7 @@ func (s *Store) getKey(ctx context.Context, tenantID, key string) (*idem.Record,
 
 // ListRecords lists a tenant's records without responses, newest first.
 func (s *Store) ListRecords(ctx context.Context, p idem.ListRecordsParams) ([]idem.Record, error) {
-	arg := dbsqlc.ListKeysParams{TenantID: p.TenantID, ApiState: string(p.State), MaxRows: int32(p.Limit), Now: s.clock()}
+	arg := dbsqlc.ListKeysParams{TenantID: p.TenantID, StateFilter: string(p.State), RowLimit: int32(p.Limit), Now: s.clock()}
 	if p.After != nil {
 		arg.AfterTime = pgtype.Timestamptz{Time: p.After.Time, Valid: true}
 		arg.AfterKey = p.After.Key
@@ -202,7 +202,7 @@ func (s *Store) ListRecords(ctx context.Context, p idem.ListRecordsParams) ([]id
 
 // ListOrphans lists orphaned records, oldest lease expiry first.
 func (s *Store) ListOrphans(ctx context.Context, p idem.ListOrphansParams) ([]idem.Record, error) {
-	arg := dbsqlc.ListOrphanKeysParams{TenantID: p.TenantID, MaxRows: int32(p.Limit), Now: s.clock()}
+	arg := dbsqlc.ListOrphanKeysParams{TenantFilter: p.TenantID, RowLimit: int32(p.Limit), Now: s.clock()}
 	if p.After != nil {
 		arg.AfterTime = pgtype.Timestamptz{Time: p.After.Time, Valid: true}
 		arg.AfterTenantID = p.After.TenantID
@@ -235,7 +235,7 @@ func (s *Store) OrphanStats(ctx context.Context) ([]idem.OrphanStat, error) {
 
 // Reap deletes one batch of records past purge_after or of disabled tenants.
 func (s *Store) Reap(ctx context.Context, p idem.ReapParams) ([]idem.Record, error) {
-	rows, err := s.q.ReapKeys(ctx, dbsqlc.ReapKeysParams{MaxRows: int32(p.Limit), Now: s.clock()})
+	rows, err := s.q.ReapKeys(ctx, dbsqlc.ReapKeysParams{Now: s.clock(), RowLimit: int32(p.Limit)})
 	if err != nil {
 		return nil, s.interpretError(err, "reap keys")
 	}

@@ -10,6 +10,123 @@ import (
 	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
 )
 
+// listRow is the shape of every query that returns records without their
+// responses: the listing, orphan and reap queries select the same columns.
+type listRow = dbsqlc.ListKeysRow
+
+// recordFromRow converts a whole record, response included, observed at now.
+func recordFromRow(k dbsqlc.IdempotencyKey, now time.Time) (idem.Record, error) {
+	rec := recordFromListRow(listRow{
+		TenantID:               k.TenantID,
+		Key:                    k.Key,
+		State:                  k.State,
+		Operation:              k.Operation,
+		Fingerprint:            k.Fingerprint,
+		FencingToken:           k.FencingToken,
+		Attempt:                k.Attempt,
+		LeaseExpiresAt:         k.LeaseExpiresAt,
+		RecoveryPoint:          k.RecoveryPoint,
+		RecoveryData:           k.RecoveryData,
+		ReplayWindowSeconds:    k.ReplayWindowSeconds,
+		ReaperThresholdSeconds: k.ReaperThresholdSeconds,
+		CreatedAt:              k.CreatedAt,
+		UpdatedAt:              k.UpdatedAt,
+		CompletedAt:            k.CompletedAt,
+		ReplayUntil:            k.ReplayUntil,
+		PurgeAfter:             k.PurgeAfter,
+	}, now)
+	if k.ResponseStatus == nil {
+		return rec, nil
+	}
+	resp := &idem.Response{Status: int(*k.ResponseStatus), Body: k.ResponseBody}
+	if k.ResponseBodyEncoding != nil {
+		resp.BodyEncoding = *k.ResponseBodyEncoding
+	}
+	if k.ResponseHeaders != nil {
+		if err := json.Unmarshal([]byte(*k.ResponseHeaders), &resp.Headers); err != nil {
+			return idem.Record{}, fmt.Errorf("decode stored response headers of key '%s': %w", k.Key, err)
+		}
+	}
+	rec.Response = resp
+	return rec, nil
+}
+
+// recordFromListRow converts a record without its response, observed at
+// now.
+func recordFromListRow(r listRow, now time.Time) idem.Record {
+	rec := idem.Record{
+		TenantID:        r.TenantID,
+		Key:             r.Key,
+		State:           idem.State(r.State),
+		Operation:       r.Operation,
+		Fingerprint:     r.Fingerprint,
+		FencingToken:    r.FencingToken,
+		Attempt:         int(r.Attempt),
+		LeaseExpiresAt:  timeOrZero(r.LeaseExpiresAt),
+		ReplayWindow:    time.Duration(r.ReplayWindowSeconds) * time.Second,
+		ReaperThreshold: time.Duration(r.ReaperThresholdSeconds) * time.Second,
+		CreatedAt:       timeOf(r.CreatedAt),
+		UpdatedAt:       timeOf(r.UpdatedAt),
+		CompletedAt:     timeOrZero(r.CompletedAt),
+		ReplayUntil:     timeOrZero(r.ReplayUntil),
+		PurgeAfter:      timeOf(r.PurgeAfter),
+		ObservedAt:      now,
+	}
+	if r.RecoveryPoint != nil {
+		rec.RecoveryPoint = *r.RecoveryPoint
+	}
+	if r.RecoveryData != nil {
+		rec.RecoveryData = json.RawMessage(r.RecoveryData)
+	}
+	return rec
+}
+
+// listRecords converts rows of any list-shaped query, observed at now.
+func listRecords[R ~struct {
+	TenantID               string
+	Key                    string
+	State                  string
+	Operation              string
+	Fingerprint            string
+	FencingToken           int64
+	Attempt                int64
+	LeaseExpiresAt         *int64
+	RecoveryPoint          *string
+	RecoveryData           []byte
+	ReplayWindowSeconds    int64
+	ReaperThresholdSeconds int64
+	CreatedAt              int64
+	UpdatedAt              int64
+	CompletedAt            *int64
+	ReplayUntil            *int64
+	PurgeAfter             int64
+}](rows []R, now time.Time) []idem.Record {
+	out := make([]idem.Record, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, recordFromListRow(listRow(r), now))
+	}
+	return out
+}
+
+// tenantFromRow converts a tenants row.
+func tenantFromRow(t dbsqlc.Tenant) idem.Tenant {
+	return idem.Tenant{
+		ID:   t.ID,
+		Name: t.Name,
+		Settings: idem.Settings{
+			ReplayWindowSeconds:    int(t.ReplayWindowSeconds),
+			ReaperThresholdSeconds: int(t.ReaperThresholdSeconds),
+			LeaseSecondsDefault:    int(t.LeaseSecondsDefault),
+			LeaseSecondsMax:        int(t.LeaseSecondsMax),
+			MaxResponseBytes:       int(t.MaxResponseBytes),
+			RateLimitPerSecond:     int(t.RateLimitPerSecond),
+		},
+		Disabled:  t.DisabledAt != nil,
+		CreatedAt: timeOf(t.CreatedAt),
+		UpdatedAt: timeOf(t.UpdatedAt),
+	}
+}
+
 // micros returns t as unix microseconds, the database's representation of
 // an instant.
 func micros(t time.Time) int64 { return t.UnixMicro() }
@@ -48,119 +165,3 @@ const (
 	cursorNewest = math.MaxInt64
 	cursorOldest = math.MinInt64
 )
-
-// summaryRecord converts a row without response into a Record observed at
-// now. The listing, orphan and reap queries select the same columns, so
-// their row types convert to dbsqlc.ListKeysRow.
-func summaryRecord(r dbsqlc.ListKeysRow, now time.Time) idem.Record {
-	rec := idem.Record{
-		TenantID:        r.TenantID,
-		Key:             r.Key,
-		State:           idem.State(r.State),
-		Operation:       r.Operation,
-		Fingerprint:     r.Fingerprint,
-		FencingToken:    r.FencingToken,
-		Attempt:         int(r.Attempt),
-		LeaseExpiresAt:  timeOrZero(r.LeaseExpiresAt),
-		ReplayWindow:    time.Duration(r.ReplayWindowSeconds) * time.Second,
-		ReaperThreshold: time.Duration(r.ReaperThresholdSeconds) * time.Second,
-		CreatedAt:       timeOf(r.CreatedAt),
-		UpdatedAt:       timeOf(r.UpdatedAt),
-		CompletedAt:     timeOrZero(r.CompletedAt),
-		ReplayUntil:     timeOrZero(r.ReplayUntil),
-		PurgeAfter:      timeOf(r.PurgeAfter),
-		ObservedAt:      now,
-	}
-	if r.RecoveryPoint != nil {
-		rec.RecoveryPoint = *r.RecoveryPoint
-	}
-	if r.RecoveryData != nil {
-		rec.RecoveryData = json.RawMessage(r.RecoveryData)
-	}
-	return rec
-}
-
-// summaryRecords converts rows without response into Records observed at
-// now.
-func summaryRecords[R ~struct {
-	TenantID               string
-	Key                    string
-	State                  string
-	Operation              string
-	Fingerprint            string
-	FencingToken           int64
-	Attempt                int64
-	LeaseExpiresAt         *int64
-	RecoveryPoint          *string
-	RecoveryData           []byte
-	ReplayWindowSeconds    int64
-	ReaperThresholdSeconds int64
-	CreatedAt              int64
-	UpdatedAt              int64
-	CompletedAt            *int64
-	ReplayUntil            *int64
-	PurgeAfter             int64
-}](rows []R, now time.Time) []idem.Record {
-	out := make([]idem.Record, 0, len(rows))
-	for _, r := range rows {
-		out = append(out, summaryRecord(dbsqlc.ListKeysRow(r), now))
-	}
-	return out
-}
-
-// fullRecord converts a whole row, response included, into a Record
-// observed at now.
-func fullRecord(k dbsqlc.IdempotencyKey, now time.Time) (idem.Record, error) {
-	rec := summaryRecord(dbsqlc.ListKeysRow{
-		TenantID:               k.TenantID,
-		Key:                    k.Key,
-		State:                  k.State,
-		Operation:              k.Operation,
-		Fingerprint:            k.Fingerprint,
-		FencingToken:           k.FencingToken,
-		Attempt:                k.Attempt,
-		LeaseExpiresAt:         k.LeaseExpiresAt,
-		RecoveryPoint:          k.RecoveryPoint,
-		RecoveryData:           k.RecoveryData,
-		ReplayWindowSeconds:    k.ReplayWindowSeconds,
-		ReaperThresholdSeconds: k.ReaperThresholdSeconds,
-		CreatedAt:              k.CreatedAt,
-		UpdatedAt:              k.UpdatedAt,
-		CompletedAt:            k.CompletedAt,
-		ReplayUntil:            k.ReplayUntil,
-		PurgeAfter:             k.PurgeAfter,
-	}, now)
-	if k.ResponseStatus == nil {
-		return rec, nil
-	}
-	resp := &idem.Response{Status: int(*k.ResponseStatus), Body: k.ResponseBody}
-	if k.ResponseBodyEncoding != nil {
-		resp.BodyEncoding = *k.ResponseBodyEncoding
-	}
-	if k.ResponseHeaders != nil {
-		if err := json.Unmarshal([]byte(*k.ResponseHeaders), &resp.Headers); err != nil {
-			return idem.Record{}, fmt.Errorf("decode stored response headers of key '%s': %w", k.Key, err)
-		}
-	}
-	rec.Response = resp
-	return rec, nil
-}
-
-// tenantFromRow converts a tenants row.
-func tenantFromRow(t dbsqlc.Tenant) idem.Tenant {
-	return idem.Tenant{
-		ID:   t.ID,
-		Name: t.Name,
-		Settings: idem.Settings{
-			ReplayWindowSeconds:    int(t.ReplayWindowSeconds),
-			ReaperThresholdSeconds: int(t.ReaperThresholdSeconds),
-			LeaseSecondsDefault:    int(t.LeaseSecondsDefault),
-			LeaseSecondsMax:        int(t.LeaseSecondsMax),
-			MaxResponseBytes:       int(t.MaxResponseBytes),
-			RateLimitPerSecond:     int(t.RateLimitPerSecond),
-		},
-		Disabled:  t.DisabledAt != nil,
-		CreatedAt: timeOf(t.CreatedAt),
-		UpdatedAt: timeOf(t.UpdatedAt),
-	}
-}

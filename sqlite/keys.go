@@ -66,7 +66,7 @@ func create(ctx context.Context, q *dbsqlc.Queries, p idem.ClaimParams, now time
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("insert record: %w", err)
 	}
-	return fullRecord(row, now)
+	return recordFromRow(row, now)
 }
 
 // takeover hands an orphaned record to the claim: attempt+1, a new token, a
@@ -87,7 +87,7 @@ func takeover(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, p ide
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("take over record: %w", err)
 	}
-	return fullRecord(row, now)
+	return recordFromRow(row, now)
 }
 
 // Checkpoint saves a recovery point and renews the lease while the token is
@@ -116,7 +116,7 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 		if err != nil {
 			return fmt.Errorf("update record: %w", err)
 		}
-		rec, err = fullRecord(row, now)
+		rec, err = recordFromRow(row, now)
 		return err
 	})
 	return rec, err
@@ -160,7 +160,7 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 		if err != nil {
 			return fmt.Errorf("update record: %w", err)
 		}
-		rec, err = fullRecord(row, now)
+		rec, err = recordFromRow(row, now)
 		keepEmptyBody(&rec, p.Response.Body != nil)
 		return err
 	})
@@ -185,7 +185,7 @@ func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 		if err := idem.CheckWrite(stored, p.FencingToken); err != nil {
 			return err
 		}
-		if _, err := q.DeleteKey(ctx, dbsqlc.DeleteKeyParams{TenantID: p.TenantID, Key: p.Key, FencingToken: p.FencingToken}); err != nil {
+		if _, err := q.ReleaseKey(ctx, dbsqlc.ReleaseKeyParams{TenantID: p.TenantID, Key: p.Key, FencingToken: p.FencingToken}); err != nil {
 			return fmt.Errorf("delete record: %w", err)
 		}
 		return nil
@@ -201,7 +201,7 @@ func getKey(ctx context.Context, q *dbsqlc.Queries, tenantID, key string, now ti
 	if err != nil {
 		return nil, fmt.Errorf("read record: %w", err)
 	}
-	rec, err := fullRecord(row.IdempotencyKey, now)
+	rec, err := recordFromRow(row.IdempotencyKey, now)
 	if err != nil {
 		return nil, err
 	}
@@ -225,39 +225,39 @@ func (s *Store) GetRecord(ctx context.Context, p idem.GetRecordParams) (idem.Rec
 func (s *Store) ListRecords(ctx context.Context, p idem.ListRecordsParams) ([]idem.Record, error) {
 	now := s.clock()
 	arg := dbsqlc.ListKeysParams{
-		TenantID:       p.TenantID,
-		AfterCreatedAt: cursorNewest,
-		StateFilter:    string(p.State),
-		Now:            micros(now),
-		RowLimit:       int64(p.Limit),
+		TenantID:    p.TenantID,
+		AfterTime:   cursorNewest,
+		StateFilter: string(p.State),
+		Now:         micros(now),
+		RowLimit:    int64(p.Limit),
 	}
 	if p.After != nil {
-		arg.AfterCreatedAt, arg.AfterKey = micros(p.After.Time), p.After.Key
+		arg.AfterTime, arg.AfterKey = micros(p.After.Time), p.After.Key
 	}
 	rows, err := s.q.ListKeys(ctx, arg)
 	if err != nil {
 		return nil, interpretError(err, "list keys")
 	}
-	return summaryRecords(rows, now), nil
+	return listRecords(rows, now), nil
 }
 
 // ListOrphans lists orphaned records, oldest lease expiry first.
 func (s *Store) ListOrphans(ctx context.Context, p idem.ListOrphansParams) ([]idem.Record, error) {
 	now := s.clock()
-	arg := dbsqlc.ListOrphansParams{
-		Now:                 micros(now),
-		TenantFilter:        p.TenantID,
-		AfterLeaseExpiresAt: cursorOldest,
-		RowLimit:            int64(p.Limit),
+	arg := dbsqlc.ListOrphanKeysParams{
+		Now:          micros(now),
+		TenantFilter: p.TenantID,
+		AfterTime:    cursorOldest,
+		RowLimit:     int64(p.Limit),
 	}
 	if p.After != nil {
-		arg.AfterLeaseExpiresAt, arg.AfterTenantID, arg.AfterKey = micros(p.After.Time), p.After.TenantID, p.After.Key
+		arg.AfterTime, arg.AfterTenantID, arg.AfterKey = micros(p.After.Time), p.After.TenantID, p.After.Key
 	}
-	rows, err := s.q.ListOrphans(ctx, arg)
+	rows, err := s.q.ListOrphanKeys(ctx, arg)
 	if err != nil {
 		return nil, interpretError(err, "list orphans")
 	}
-	return summaryRecords(rows, now), nil
+	return listRecords(rows, now), nil
 }
 
 // OrphanStats returns the orphan count and oldest lease expiry per tenant,
@@ -273,7 +273,7 @@ func (s *Store) OrphanStats(ctx context.Context) ([]idem.OrphanStat, error) {
 		out = append(out, idem.OrphanStat{
 			TenantID:          r.TenantID,
 			Count:             r.Orphans,
-			OldestLeaseExpiry: timeOf(r.OldestLeaseExpiresAt),
+			OldestLeaseExpiry: timeOf(r.OldestLeaseExpiry),
 			ObservedAt:        now,
 		})
 	}
@@ -294,5 +294,5 @@ func (s *Store) Reap(ctx context.Context, p idem.ReapParams) ([]idem.Record, err
 	if err != nil {
 		return nil, interpretError(err, "reap keys")
 	}
-	return summaryRecords(rows, now), nil
+	return listRecords(rows, now), nil
 }

@@ -54,13 +54,13 @@ WHERE
         AND k.operation = excluded.operation AND k.fingerprint = excluded.fingerprint)
     -- a completed record past its replay window counts as absent
     OR (k.state = 'completed' AND k.replay_until <= excluded.created_at)
-RETURNING k.*, k.updated_at AS observed_at;
+RETURNING sqlc.embed(k), k.updated_at AS observed_at;
 
 -- name: GetKey :one
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 )
-SELECT k.*, clock.now AS observed_at
+SELECT sqlc.embed(k), clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key');
 
@@ -79,7 +79,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
     AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
-RETURNING k.*, clock.now AS observed_at;
+RETURNING sqlc.embed(k), clock.now AS observed_at;
 
 -- name: CompleteKey :one
 -- CompleteKey stores the response and starts the replay window, only while
@@ -101,7 +101,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
     AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
-RETURNING k.*, clock.now AS observed_at;
+RETURNING sqlc.embed(k), clock.now AS observed_at;
 
 -- name: ReleaseKey :execrows
 -- ReleaseKey deletes an in-flight record whose token is current.
@@ -124,7 +124,7 @@ SELECT
     clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = sqlc.arg('tenant_id')
-    AND CASE sqlc.arg('api_state')::text
+    AND CASE sqlc.arg('state_filter')::text
         WHEN '' THEN true
         WHEN 'in_flight' THEN k.state = 'in_flight' AND k.lease_expires_at > clock.now
         WHEN 'orphaned' THEN k.state = 'in_flight' AND k.lease_expires_at <= clock.now
@@ -135,7 +135,7 @@ WHERE k.tenant_id = sqlc.arg('tenant_id')
     AND (sqlc.narg('after_time')::timestamptz IS NULL
         OR (k.created_at, k.key) < (sqlc.narg('after_time')::timestamptz, sqlc.arg('after_key')::text))
 ORDER BY k.created_at DESC, k.key DESC
-LIMIT sqlc.arg('max_rows')::integer;
+LIMIT sqlc.arg('row_limit')::integer;
 
 -- name: ListOrphanKeys :many
 -- ListOrphanKeys lists orphaned records, oldest lease expiry first, for one
@@ -152,12 +152,12 @@ SELECT
     clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.state = 'in_flight' AND k.lease_expires_at <= clock.now
-    AND (sqlc.arg('tenant_id')::text = '' OR k.tenant_id = sqlc.arg('tenant_id')::text)
+    AND (sqlc.arg('tenant_filter')::text = '' OR k.tenant_id = sqlc.arg('tenant_filter')::text)
     AND (sqlc.narg('after_time')::timestamptz IS NULL
         OR (k.lease_expires_at, k.tenant_id, k.key)
             > (sqlc.narg('after_time')::timestamptz, sqlc.arg('after_tenant_id')::text, sqlc.arg('after_key')::text))
 ORDER BY k.lease_expires_at, k.tenant_id, k.key
-LIMIT sqlc.arg('max_rows')::integer;
+LIMIT sqlc.arg('row_limit')::integer;
 
 -- name: OrphanStats :many
 -- OrphanStats counts orphans per tenant from the partial orphan index only.
@@ -188,19 +188,19 @@ WITH clock AS (
     FROM idempotency_keys e
     WHERE e.purge_after <= (SELECT clock.now FROM clock)
     ORDER BY e.purge_after
-    LIMIT sqlc.arg('max_rows')::integer
+    LIMIT sqlc.arg('row_limit')::integer
     FOR UPDATE OF e SKIP LOCKED
 ), disabled AS (
     SELECT d.tenant_id, d.key
     FROM idempotency_keys d
     WHERE d.tenant_id IN (SELECT t.id FROM tenants t WHERE t.disabled_at IS NOT NULL)
-    LIMIT sqlc.arg('max_rows')::integer
+    LIMIT sqlc.arg('row_limit')::integer
     FOR UPDATE OF d SKIP LOCKED
 ), victims AS (
     SELECT expired.tenant_id, expired.key FROM expired
     UNION
     SELECT disabled.tenant_id, disabled.key FROM disabled
-    LIMIT sqlc.arg('max_rows')::integer
+    LIMIT sqlc.arg('row_limit')::integer
 )
 DELETE FROM idempotency_keys k
 USING victims

@@ -91,7 +91,9 @@ UPDATE idempotency_keys SET
 WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
 RETURNING *;
 
--- name: DeleteKey :execrows
+-- name: ReleaseKey :execrows
+-- ReleaseKey deletes the record; the caller checked inside the same
+-- transaction that the token is current and the record in flight.
 DELETE FROM idempotency_keys
 WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key) AND fencing_token = sqlc.arg(fencing_token);
 
@@ -106,7 +108,7 @@ SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
        created_at, updated_at, completed_at, replay_until, purge_after
 FROM idempotency_keys
 WHERE tenant_id = sqlc.arg(tenant_id)
-  AND (created_at, key) < (CAST(sqlc.arg(after_created_at) AS INTEGER), CAST(sqlc.arg(after_key) AS TEXT))
+  AND (created_at, key) < (CAST(sqlc.arg(after_time) AS INTEGER), CAST(sqlc.arg(after_key) AS TEXT))
   AND (CAST(sqlc.arg(state_filter) AS TEXT) = ''
        OR CAST(sqlc.arg(state_filter) AS TEXT) = CASE
             WHEN state = 'in_flight' AND lease_expires_at > CAST(sqlc.arg(now) AS INTEGER) THEN 'in_flight'
@@ -117,8 +119,8 @@ WHERE tenant_id = sqlc.arg(tenant_id)
 ORDER BY created_at DESC, key DESC
 LIMIT sqlc.arg(row_limit);
 
--- name: ListOrphans :many
--- ListOrphans lists orphaned records, oldest lease first, from the partial
+-- name: ListOrphanKeys :many
+-- ListOrphanKeys lists orphaned records, oldest lease first, from the partial
 -- index of in-flight leases; tenant '' lists every tenant.
 SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
        lease_expires_at, recovery_point, recovery_data,
@@ -129,14 +131,14 @@ WHERE state = 'in_flight'
   AND lease_expires_at <= CAST(sqlc.arg(now) AS INTEGER)
   AND (CAST(sqlc.arg(tenant_filter) AS TEXT) = '' OR tenant_id = sqlc.arg(tenant_filter))
   AND (lease_expires_at, tenant_id, key)
-      > (CAST(sqlc.arg(after_lease_expires_at) AS INTEGER), CAST(sqlc.arg(after_tenant_id) AS TEXT), CAST(sqlc.arg(after_key) AS TEXT))
+      > (CAST(sqlc.arg(after_time) AS INTEGER), CAST(sqlc.arg(after_tenant_id) AS TEXT), CAST(sqlc.arg(after_key) AS TEXT))
 ORDER BY lease_expires_at, tenant_id, key
 LIMIT sqlc.arg(row_limit);
 
 -- name: OrphanStats :many
 SELECT tenant_id,
        COUNT(*) AS orphans,
-       CAST(MIN(lease_expires_at) AS INTEGER) AS oldest_lease_expires_at
+       CAST(MIN(lease_expires_at) AS INTEGER) AS oldest_lease_expiry
 FROM idempotency_keys
 WHERE state = 'in_flight' AND lease_expires_at <= CAST(sqlc.arg(now) AS INTEGER)
 GROUP BY tenant_id

@@ -38,28 +38,8 @@ type CheckpointKeyParams struct {
 }
 
 type CheckpointKeyRow struct {
-	TenantID               string
-	Key                    string
-	State                  string
-	Operation              string
-	Fingerprint            string
-	FencingToken           int64
-	Attempt                int32
-	LeaseExpiresAt         pgtype.Timestamptz
-	RecoveryPoint          *string
-	RecoveryData           []byte
-	ResponseStatus         *int32
-	ResponseHeaders        []byte
-	ResponseBody           []byte
-	ResponseBodyEncoding   *string
-	ReplayWindowSeconds    int32
-	ReaperThresholdSeconds int32
-	CreatedAt              pgtype.Timestamptz
-	UpdatedAt              pgtype.Timestamptz
-	CompletedAt            pgtype.Timestamptz
-	ReplayUntil            pgtype.Timestamptz
-	PurgeAfter             pgtype.Timestamptz
-	ObservedAt             pgtype.Timestamptz
+	IdempotencyKey IdempotencyKey
+	ObservedAt     pgtype.Timestamptz
 }
 
 // CheckpointKey saves the recovery point, renews the lease and postpones the
@@ -76,27 +56,27 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (C
 	)
 	var i CheckpointKeyRow
 	err := row.Scan(
-		&i.TenantID,
-		&i.Key,
-		&i.State,
-		&i.Operation,
-		&i.Fingerprint,
-		&i.FencingToken,
-		&i.Attempt,
-		&i.LeaseExpiresAt,
-		&i.RecoveryPoint,
-		&i.RecoveryData,
-		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
-		&i.ResponseBodyEncoding,
-		&i.ReplayWindowSeconds,
-		&i.ReaperThresholdSeconds,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.CompletedAt,
-		&i.ReplayUntil,
-		&i.PurgeAfter,
+		&i.IdempotencyKey.TenantID,
+		&i.IdempotencyKey.Key,
+		&i.IdempotencyKey.State,
+		&i.IdempotencyKey.Operation,
+		&i.IdempotencyKey.Fingerprint,
+		&i.IdempotencyKey.FencingToken,
+		&i.IdempotencyKey.Attempt,
+		&i.IdempotencyKey.LeaseExpiresAt,
+		&i.IdempotencyKey.RecoveryPoint,
+		&i.IdempotencyKey.RecoveryData,
+		&i.IdempotencyKey.ResponseStatus,
+		&i.IdempotencyKey.ResponseHeaders,
+		&i.IdempotencyKey.ResponseBody,
+		&i.IdempotencyKey.ResponseBodyEncoding,
+		&i.IdempotencyKey.ReplayWindowSeconds,
+		&i.IdempotencyKey.ReaperThresholdSeconds,
+		&i.IdempotencyKey.CreatedAt,
+		&i.IdempotencyKey.UpdatedAt,
+		&i.IdempotencyKey.CompletedAt,
+		&i.IdempotencyKey.ReplayUntil,
+		&i.IdempotencyKey.PurgeAfter,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -164,28 +144,8 @@ type ClaimKeyParams struct {
 }
 
 type ClaimKeyRow struct {
-	TenantID               string
-	Key                    string
-	State                  string
-	Operation              string
-	Fingerprint            string
-	FencingToken           int64
-	Attempt                int32
-	LeaseExpiresAt         pgtype.Timestamptz
-	RecoveryPoint          *string
-	RecoveryData           []byte
-	ResponseStatus         *int32
-	ResponseHeaders        []byte
-	ResponseBody           []byte
-	ResponseBodyEncoding   *string
-	ReplayWindowSeconds    int32
-	ReaperThresholdSeconds int32
-	CreatedAt              pgtype.Timestamptz
-	UpdatedAt              pgtype.Timestamptz
-	CompletedAt            pgtype.Timestamptz
-	ReplayUntil            pgtype.Timestamptz
-	PurgeAfter             pgtype.Timestamptz
-	ObservedAt             pgtype.Timestamptz
+	IdempotencyKey IdempotencyKey
+	ObservedAt     pgtype.Timestamptz
 }
 
 // Every query takes the clock as the nullable parameter "now": NULL means the
@@ -210,27 +170,27 @@ func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow
 	)
 	var i ClaimKeyRow
 	err := row.Scan(
-		&i.TenantID,
-		&i.Key,
-		&i.State,
-		&i.Operation,
-		&i.Fingerprint,
-		&i.FencingToken,
-		&i.Attempt,
-		&i.LeaseExpiresAt,
-		&i.RecoveryPoint,
-		&i.RecoveryData,
-		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
-		&i.ResponseBodyEncoding,
-		&i.ReplayWindowSeconds,
-		&i.ReaperThresholdSeconds,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.CompletedAt,
-		&i.ReplayUntil,
-		&i.PurgeAfter,
+		&i.IdempotencyKey.TenantID,
+		&i.IdempotencyKey.Key,
+		&i.IdempotencyKey.State,
+		&i.IdempotencyKey.Operation,
+		&i.IdempotencyKey.Fingerprint,
+		&i.IdempotencyKey.FencingToken,
+		&i.IdempotencyKey.Attempt,
+		&i.IdempotencyKey.LeaseExpiresAt,
+		&i.IdempotencyKey.RecoveryPoint,
+		&i.IdempotencyKey.RecoveryData,
+		&i.IdempotencyKey.ResponseStatus,
+		&i.IdempotencyKey.ResponseHeaders,
+		&i.IdempotencyKey.ResponseBody,
+		&i.IdempotencyKey.ResponseBodyEncoding,
+		&i.IdempotencyKey.ReplayWindowSeconds,
+		&i.IdempotencyKey.ReaperThresholdSeconds,
+		&i.IdempotencyKey.CreatedAt,
+		&i.IdempotencyKey.UpdatedAt,
+		&i.IdempotencyKey.CompletedAt,
+		&i.IdempotencyKey.ReplayUntil,
+		&i.IdempotencyKey.PurgeAfter,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -269,28 +229,8 @@ type CompleteKeyParams struct {
 }
 
 type CompleteKeyRow struct {
-	TenantID               string
-	Key                    string
-	State                  string
-	Operation              string
-	Fingerprint            string
-	FencingToken           int64
-	Attempt                int32
-	LeaseExpiresAt         pgtype.Timestamptz
-	RecoveryPoint          *string
-	RecoveryData           []byte
-	ResponseStatus         *int32
-	ResponseHeaders        []byte
-	ResponseBody           []byte
-	ResponseBodyEncoding   *string
-	ReplayWindowSeconds    int32
-	ReaperThresholdSeconds int32
-	CreatedAt              pgtype.Timestamptz
-	UpdatedAt              pgtype.Timestamptz
-	CompletedAt            pgtype.Timestamptz
-	ReplayUntil            pgtype.Timestamptz
-	PurgeAfter             pgtype.Timestamptz
-	ObservedAt             pgtype.Timestamptz
+	IdempotencyKey IdempotencyKey
+	ObservedAt     pgtype.Timestamptz
 }
 
 // CompleteKey stores the response and starts the replay window, only while
@@ -308,27 +248,27 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Compl
 	)
 	var i CompleteKeyRow
 	err := row.Scan(
-		&i.TenantID,
-		&i.Key,
-		&i.State,
-		&i.Operation,
-		&i.Fingerprint,
-		&i.FencingToken,
-		&i.Attempt,
-		&i.LeaseExpiresAt,
-		&i.RecoveryPoint,
-		&i.RecoveryData,
-		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
-		&i.ResponseBodyEncoding,
-		&i.ReplayWindowSeconds,
-		&i.ReaperThresholdSeconds,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.CompletedAt,
-		&i.ReplayUntil,
-		&i.PurgeAfter,
+		&i.IdempotencyKey.TenantID,
+		&i.IdempotencyKey.Key,
+		&i.IdempotencyKey.State,
+		&i.IdempotencyKey.Operation,
+		&i.IdempotencyKey.Fingerprint,
+		&i.IdempotencyKey.FencingToken,
+		&i.IdempotencyKey.Attempt,
+		&i.IdempotencyKey.LeaseExpiresAt,
+		&i.IdempotencyKey.RecoveryPoint,
+		&i.IdempotencyKey.RecoveryData,
+		&i.IdempotencyKey.ResponseStatus,
+		&i.IdempotencyKey.ResponseHeaders,
+		&i.IdempotencyKey.ResponseBody,
+		&i.IdempotencyKey.ResponseBodyEncoding,
+		&i.IdempotencyKey.ReplayWindowSeconds,
+		&i.IdempotencyKey.ReaperThresholdSeconds,
+		&i.IdempotencyKey.CreatedAt,
+		&i.IdempotencyKey.UpdatedAt,
+		&i.IdempotencyKey.CompletedAt,
+		&i.IdempotencyKey.ReplayUntil,
+		&i.IdempotencyKey.PurgeAfter,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -350,55 +290,35 @@ type GetKeyParams struct {
 }
 
 type GetKeyRow struct {
-	TenantID               string
-	Key                    string
-	State                  string
-	Operation              string
-	Fingerprint            string
-	FencingToken           int64
-	Attempt                int32
-	LeaseExpiresAt         pgtype.Timestamptz
-	RecoveryPoint          *string
-	RecoveryData           []byte
-	ResponseStatus         *int32
-	ResponseHeaders        []byte
-	ResponseBody           []byte
-	ResponseBodyEncoding   *string
-	ReplayWindowSeconds    int32
-	ReaperThresholdSeconds int32
-	CreatedAt              pgtype.Timestamptz
-	UpdatedAt              pgtype.Timestamptz
-	CompletedAt            pgtype.Timestamptz
-	ReplayUntil            pgtype.Timestamptz
-	PurgeAfter             pgtype.Timestamptz
-	ObservedAt             pgtype.Timestamptz
+	IdempotencyKey IdempotencyKey
+	ObservedAt     pgtype.Timestamptz
 }
 
 func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, error) {
 	row := q.db.QueryRow(ctx, getKey, arg.TenantID, arg.Key, arg.Now)
 	var i GetKeyRow
 	err := row.Scan(
-		&i.TenantID,
-		&i.Key,
-		&i.State,
-		&i.Operation,
-		&i.Fingerprint,
-		&i.FencingToken,
-		&i.Attempt,
-		&i.LeaseExpiresAt,
-		&i.RecoveryPoint,
-		&i.RecoveryData,
-		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
-		&i.ResponseBodyEncoding,
-		&i.ReplayWindowSeconds,
-		&i.ReaperThresholdSeconds,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.CompletedAt,
-		&i.ReplayUntil,
-		&i.PurgeAfter,
+		&i.IdempotencyKey.TenantID,
+		&i.IdempotencyKey.Key,
+		&i.IdempotencyKey.State,
+		&i.IdempotencyKey.Operation,
+		&i.IdempotencyKey.Fingerprint,
+		&i.IdempotencyKey.FencingToken,
+		&i.IdempotencyKey.Attempt,
+		&i.IdempotencyKey.LeaseExpiresAt,
+		&i.IdempotencyKey.RecoveryPoint,
+		&i.IdempotencyKey.RecoveryData,
+		&i.IdempotencyKey.ResponseStatus,
+		&i.IdempotencyKey.ResponseHeaders,
+		&i.IdempotencyKey.ResponseBody,
+		&i.IdempotencyKey.ResponseBodyEncoding,
+		&i.IdempotencyKey.ReplayWindowSeconds,
+		&i.IdempotencyKey.ReaperThresholdSeconds,
+		&i.IdempotencyKey.CreatedAt,
+		&i.IdempotencyKey.UpdatedAt,
+		&i.IdempotencyKey.CompletedAt,
+		&i.IdempotencyKey.ReplayUntil,
+		&i.IdempotencyKey.PurgeAfter,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -431,12 +351,12 @@ LIMIT $5::integer
 `
 
 type ListKeysParams struct {
-	TenantID  string
-	ApiState  string
-	AfterTime pgtype.Timestamptz
-	AfterKey  string
-	MaxRows   int32
-	Now       pgtype.Timestamptz
+	TenantID    string
+	StateFilter string
+	AfterTime   pgtype.Timestamptz
+	AfterKey    string
+	RowLimit    int32
+	Now         pgtype.Timestamptz
 }
 
 type ListKeysRow struct {
@@ -466,10 +386,10 @@ type ListKeysRow struct {
 func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysRow, error) {
 	rows, err := q.db.Query(ctx, listKeys,
 		arg.TenantID,
-		arg.ApiState,
+		arg.StateFilter,
 		arg.AfterTime,
 		arg.AfterKey,
-		arg.MaxRows,
+		arg.RowLimit,
 		arg.Now,
 	)
 	if err != nil {
@@ -530,11 +450,11 @@ LIMIT $5::integer
 `
 
 type ListOrphanKeysParams struct {
-	TenantID      string
+	TenantFilter  string
 	AfterTime     pgtype.Timestamptz
 	AfterTenantID string
 	AfterKey      string
-	MaxRows       int32
+	RowLimit      int32
 	Now           pgtype.Timestamptz
 }
 
@@ -564,11 +484,11 @@ type ListOrphanKeysRow struct {
 // (lease_expires_at, tenant_id, key). It reads the partial orphan index.
 func (q *Queries) ListOrphanKeys(ctx context.Context, arg ListOrphanKeysParams) ([]ListOrphanKeysRow, error) {
 	rows, err := q.db.Query(ctx, listOrphanKeys,
-		arg.TenantID,
+		arg.TenantFilter,
 		arg.AfterTime,
 		arg.AfterTenantID,
 		arg.AfterKey,
-		arg.MaxRows,
+		arg.RowLimit,
 		arg.Now,
 	)
 	if err != nil {
@@ -690,8 +610,8 @@ RETURNING
 `
 
 type ReapKeysParams struct {
-	Now     pgtype.Timestamptz
-	MaxRows int32
+	Now      pgtype.Timestamptz
+	RowLimit int32
 }
 
 type ReapKeysRow struct {
@@ -722,7 +642,7 @@ type ReapKeysRow struct {
 // one of them only. Rows locked by a branch but cut by the final LIMIT are
 // released when the statement ends.
 func (q *Queries) ReapKeys(ctx context.Context, arg ReapKeysParams) ([]ReapKeysRow, error) {
-	rows, err := q.db.Query(ctx, reapKeys, arg.Now, arg.MaxRows)
+	rows, err := q.db.Query(ctx, reapKeys, arg.Now, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}

@@ -227,25 +227,6 @@ func (q *Queries) CreateKey(ctx context.Context, arg CreateKeyParams) (Idempoten
 	return i, err
 }
 
-const deleteKey = `-- name: DeleteKey :execrows
-DELETE FROM idempotency_keys
-WHERE tenant_id = ?1 AND key = ?2 AND fencing_token = ?3
-`
-
-type DeleteKeyParams struct {
-	TenantID     string
-	Key          string
-	FencingToken int64
-}
-
-func (q *Queries) DeleteKey(ctx context.Context, arg DeleteKeyParams) (int64, error) {
-	result, err := q.db.ExecContext(ctx, deleteKey, arg.TenantID, arg.Key, arg.FencingToken)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected()
-}
-
 const getKey = `-- name: GetKey :one
 SELECT idempotency_keys.tenant_id, idempotency_keys."key", idempotency_keys.state, idempotency_keys.operation, idempotency_keys.fingerprint, idempotency_keys.fencing_token, idempotency_keys.attempt, idempotency_keys.lease_expires_at, idempotency_keys.recovery_point, idempotency_keys.recovery_data, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.response_body_encoding, idempotency_keys.replay_window_seconds, idempotency_keys.reaper_threshold_seconds, idempotency_keys.created_at, idempotency_keys.updated_at, idempotency_keys.completed_at, idempotency_keys.replay_until, idempotency_keys.purge_after,
        CAST(response_body IS NOT NULL AS INTEGER) AS has_response_body
@@ -315,12 +296,12 @@ LIMIT ?6
 `
 
 type ListKeysParams struct {
-	TenantID       string
-	AfterCreatedAt int64
-	AfterKey       string
-	StateFilter    string
-	Now            int64
-	RowLimit       int64
+	TenantID    string
+	AfterTime   int64
+	AfterKey    string
+	StateFilter string
+	Now         int64
+	RowLimit    int64
 }
 
 type ListKeysRow struct {
@@ -350,7 +331,7 @@ type ListKeysRow struct {
 func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysRow, error) {
 	rows, err := q.db.QueryContext(ctx, listKeys,
 		arg.TenantID,
-		arg.AfterCreatedAt,
+		arg.AfterTime,
 		arg.AfterKey,
 		arg.StateFilter,
 		arg.Now,
@@ -395,7 +376,7 @@ func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysR
 	return items, nil
 }
 
-const listOrphans = `-- name: ListOrphans :many
+const listOrphanKeys = `-- name: ListOrphanKeys :many
 SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
        lease_expires_at, recovery_point, recovery_data,
        replay_window_seconds, reaper_threshold_seconds,
@@ -410,16 +391,16 @@ ORDER BY lease_expires_at, tenant_id, key
 LIMIT ?6
 `
 
-type ListOrphansParams struct {
-	Now                 int64
-	TenantFilter        string
-	AfterLeaseExpiresAt int64
-	AfterTenantID       string
-	AfterKey            string
-	RowLimit            int64
+type ListOrphanKeysParams struct {
+	Now           int64
+	TenantFilter  string
+	AfterTime     int64
+	AfterTenantID string
+	AfterKey      string
+	RowLimit      int64
 }
 
-type ListOrphansRow struct {
+type ListOrphanKeysRow struct {
 	TenantID               string
 	Key                    string
 	State                  string
@@ -439,13 +420,13 @@ type ListOrphansRow struct {
 	PurgeAfter             int64
 }
 
-// ListOrphans lists orphaned records, oldest lease first, from the partial
+// ListOrphanKeys lists orphaned records, oldest lease first, from the partial
 // index of in-flight leases; tenant ” lists every tenant.
-func (q *Queries) ListOrphans(ctx context.Context, arg ListOrphansParams) ([]ListOrphansRow, error) {
-	rows, err := q.db.QueryContext(ctx, listOrphans,
+func (q *Queries) ListOrphanKeys(ctx context.Context, arg ListOrphanKeysParams) ([]ListOrphanKeysRow, error) {
+	rows, err := q.db.QueryContext(ctx, listOrphanKeys,
 		arg.Now,
 		arg.TenantFilter,
-		arg.AfterLeaseExpiresAt,
+		arg.AfterTime,
 		arg.AfterTenantID,
 		arg.AfterKey,
 		arg.RowLimit,
@@ -454,9 +435,9 @@ func (q *Queries) ListOrphans(ctx context.Context, arg ListOrphansParams) ([]Lis
 		return nil, err
 	}
 	defer rows.Close()
-	var items []ListOrphansRow
+	var items []ListOrphanKeysRow
 	for rows.Next() {
-		var i ListOrphansRow
+		var i ListOrphanKeysRow
 		if err := rows.Scan(
 			&i.TenantID,
 			&i.Key,
@@ -509,7 +490,7 @@ func (q *Queries) NextFencingToken(ctx context.Context) (int64, error) {
 const orphanStats = `-- name: OrphanStats :many
 SELECT tenant_id,
        COUNT(*) AS orphans,
-       CAST(MIN(lease_expires_at) AS INTEGER) AS oldest_lease_expires_at
+       CAST(MIN(lease_expires_at) AS INTEGER) AS oldest_lease_expiry
 FROM idempotency_keys
 WHERE state = 'in_flight' AND lease_expires_at <= CAST(?1 AS INTEGER)
 GROUP BY tenant_id
@@ -517,9 +498,9 @@ ORDER BY tenant_id
 `
 
 type OrphanStatsRow struct {
-	TenantID             string
-	Orphans              int64
-	OldestLeaseExpiresAt int64
+	TenantID          string
+	Orphans           int64
+	OldestLeaseExpiry int64
 }
 
 func (q *Queries) OrphanStats(ctx context.Context, now int64) ([]OrphanStatsRow, error) {
@@ -531,7 +512,7 @@ func (q *Queries) OrphanStats(ctx context.Context, now int64) ([]OrphanStatsRow,
 	var items []OrphanStatsRow
 	for rows.Next() {
 		var i OrphanStatsRow
-		if err := rows.Scan(&i.TenantID, &i.Orphans, &i.OldestLeaseExpiresAt); err != nil {
+		if err := rows.Scan(&i.TenantID, &i.Orphans, &i.OldestLeaseExpiry); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -625,6 +606,27 @@ func (q *Queries) ReapKeys(ctx context.Context, arg ReapKeysParams) ([]ReapKeysR
 		return nil, err
 	}
 	return items, nil
+}
+
+const releaseKey = `-- name: ReleaseKey :execrows
+DELETE FROM idempotency_keys
+WHERE tenant_id = ?1 AND key = ?2 AND fencing_token = ?3
+`
+
+type ReleaseKeyParams struct {
+	TenantID     string
+	Key          string
+	FencingToken int64
+}
+
+// ReleaseKey deletes the record; the caller checked inside the same
+// transaction that the token is current and the record in flight.
+func (q *Queries) ReleaseKey(ctx context.Context, arg ReleaseKeyParams) (int64, error) {
+	result, err := q.db.ExecContext(ctx, releaseKey, arg.TenantID, arg.Key, arg.FencingToken)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected()
 }
 
 const takeoverKey = `-- name: TakeoverKey :one
