@@ -1,0 +1,213 @@
+"""The sync client and run() against the real server, on both stores."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+import idem
+from conftest import Server, new_key
+from faultproxy import FaultProxy
+from idem import Claim, Client, NoSideEffect, ProblemError, Response
+
+
+@pytest.fixture
+def client(server: Server) -> Any:
+    with Client(server.url, token=server.token) as c:
+        yield c
+
+
+def test_claim_complete_replay(client: Client) -> None:
+    key = new_key()
+    cr = client.claim(key, operation="POST /v1/payments", request={"amount": 1000, "currency": "usd"})
+    assert not cr.replayed and cr.record.state == "in_flight" and cr.record.fencing_token > 0
+    binary = bytes([0xFF, 0x00, 0x01])
+    rec = client.complete(key, cr.record.fencing_token, Response(201, {"Content-Type": "application/octet-stream"}, binary))
+    assert rec.state == "completed"
+    again = client.claim(key, operation="POST /v1/payments", request={"currency": "usd", "amount": 1000})
+    assert again.replayed
+    assert again.record.response == Response(201, {"Content-Type": "application/octet-stream"}, binary)
+    got = client.get(key)
+    assert got.state == "completed" and got.response is not None and got.response.body == binary
+
+
+def test_mismatch_and_in_flight(client: Client) -> None:
+    key = new_key()
+    client.claim(key, operation="op", request={"a": 1}, lease=5)
+    with pytest.raises(ProblemError) as ei:
+        client.claim(key, operation="op", request={"a": 2})
+    assert ei.value.status == 422 and ei.value.code == "fingerprint_mismatch" and ei.value.give_up is None
+    with pytest.raises(ProblemError) as ei:
+        client.claim(key, operation="op", request={"a": 1})
+    assert ei.value.status == 409 and ei.value.code == "request_in_flight"
+    assert 1 <= ei.value.retry_after <= 5 and ei.value.retryable
+
+
+def test_invalid_key_is_local(client: Client) -> None:
+    with pytest.raises(idem.InvalidKeyError):
+        client.claim("a b", operation="op")
+
+
+def test_run_once_then_replay(client: Client) -> None:
+    key = new_key()
+    calls = []
+
+    def work(claim: Claim) -> Response:
+        calls.append(claim.fencing_token)
+        claim.checkpoint("charged", {"charge": "ch_1"})
+        return Response(201, {"Content-Type": "application/json"}, b'{"id":"ord_1"}')
+
+    first = client.run(key, work, operation="POST /orders", request={"order": 1})
+    assert not first.replayed and first.response.status == 201
+    second = client.run(key, work, operation="POST /orders", request={"order": 1})
+    assert second.replayed and second.response == first.response
+    assert len(calls) == 1
+
+
+def test_run_releases_on_no_side_effect(client: Client) -> None:
+    key = new_key()
+    calls = 0
+
+    class Invalid(ValueError):
+        pass
+
+    def bad(claim: Claim) -> Response:
+        nonlocal calls
+        calls += 1
+        raise Invalid("amount must be positive")
+
+    with pytest.raises(Invalid):
+        client.run(key, bad, operation="op", no_side_effect=(Invalid,))
+    with pytest.raises(ProblemError) as ei:
+        client.get(key)
+    assert ei.value.code == "key_not_found"
+
+    def refuse(claim: Claim) -> Response:
+        raise NoSideEffect("declined before charging")
+
+    with pytest.raises(NoSideEffect):
+        client.run(key, refuse, operation="op")
+    done = client.run(key, lambda c: Response(200, body=b"ok"), operation="op")
+    assert not done.replayed and calls == 1
+
+
+def test_run_takes_over_an_orphan_and_resumes(client: Client) -> None:
+    key = new_key()
+    crashed = client.claim(key, operation="op", lease=1)
+    client.checkpoint(key, crashed.record.fencing_token, "charged", {"charge": "ch_9"}, lease=1)
+    seen: dict[str, Any] = {}
+
+    def resume(claim: Claim) -> Response:
+        seen.update(resumed=claim.resumed, point=claim.recovery_point, data=claim.recovery_data, attempt=claim.attempt)
+        return Response(201, body=b"done")
+
+    start = time.monotonic()
+    res = client.run(key, resume, operation="op", timeout=15)
+    assert seen == {"resumed": True, "point": "charged", "data": {"charge": "ch_9"}, "attempt": 2}
+    assert res.resumed and res.fencing_token > crashed.record.fencing_token
+    assert time.monotonic() - start < 10
+
+
+def test_lease_keeper_holds_the_key(client: Client) -> None:
+    key = new_key()
+    seen: list[str] = []
+
+    def slow(claim: Claim) -> Response:
+        time.sleep(2.2)  # longer than the 1 s lease: only the keeper keeps it
+        try:
+            client.claim(key, operation="op")
+        except ProblemError as e:
+            seen.append(e.code)
+        return Response(200, body=b"slow")
+
+    res = client.run(key, slow, operation="op", lease=1)
+    assert seen == ["request_in_flight"]
+    assert not res.replayed and res.attempt == 1
+
+
+def test_fifty_concurrent_runs_one_execution(client: Client) -> None:
+    key = new_key()
+    lock = threading.Lock()
+    effects = 0
+
+    def work(claim: Claim) -> Response:
+        nonlocal effects
+        with lock:
+            effects += 1
+        time.sleep(0.2)
+        return Response(201, body=b"charged once")
+
+    def one(_: int) -> idem.RunResult:
+        return client.run(key, work, operation="POST /charge", request={"amount": 5}, lease=2, timeout=30)
+
+    with ThreadPoolExecutor(50) as pool:
+        results = list(pool.map(one, range(50)))
+    assert effects == 1
+    assert sum(not r.replayed for r in results) == 1
+    assert all(r.response.body == b"charged once" for r in results)
+
+
+def test_retry_after_a_dropped_complete_answer(server: Server) -> None:
+    drops = {"complete": 1}
+
+    def drop(head: bytes) -> bool:
+        if b"/complete " in head.split(b"\r\n", 1)[0] and drops["complete"] > 0:
+            drops["complete"] -= 1
+            return True
+        return False
+
+    proxy = FaultProxy(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), drop)
+    waits: list[float] = []
+    try:
+        with Client(proxy.url, token=server.token, sleep=waits.append) as c:
+            key = new_key()
+            res = c.run(key, lambda claim: Response(201, body=b"x"), operation="op")
+            assert not res.replayed
+            assert proxy.dropped == 1 and len(waits) == 1  # one retry after the lost answer
+            assert c.get(key).state == "completed"
+    finally:
+        proxy.close()
+
+
+def test_retry_after_a_dropped_claim_answer(server: Server) -> None:
+    """The claim's answer is lost: the retry finds the key held by the lost
+    claim and run() waits it out (lease 1 s), then takes over; the function
+    runs once."""
+    dropped = {"claim": 1}
+
+    def drop(head: bytes) -> bool:
+        if b"/claim " in head.split(b"\r\n", 1)[0] and dropped["claim"] > 0:
+            dropped["claim"] -= 1
+            return True
+        return False
+
+    proxy = FaultProxy(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), drop)
+    effects = 0
+
+    def work(claim: Claim) -> Response:
+        nonlocal effects
+        effects += 1
+        return Response(201, body=b"y")
+
+    try:
+        with Client(proxy.url, token=server.token) as c:
+            key = new_key()
+            res = c.run(key, work, operation="op", lease=1, timeout=20)
+            assert effects == 1 and proxy.dropped == 1 and not res.replayed
+            assert c.run(key, work, operation="op").replayed and effects == 1
+    finally:
+        proxy.close()
+
+
+def test_budget_stops_retries_against_a_dead_server() -> None:
+    waits: list[float] = []
+    with Client("http://127.0.0.1:1", token="t", sleep=waits.append) as c:
+        for _ in range(6):
+            with pytest.raises(idem.TransportError):
+                c.get("k")
+        assert len(waits) == 10  # 6 calls x 2 retries wanted, the budget paid for 10
+        assert c.retry_budget_left < 1
