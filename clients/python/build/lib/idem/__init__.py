@@ -1,0 +1,39 @@
+"""idem: the Python SDK of the idem idempotency service.
+
+    from idem import Client, Response, derive_key
+
+    with Client("https://idem.example.com", token=token) as idem:
+        key = derive_key("order-confirm", order_id)   # event-derived, never random per attempt
+        result = idem.run(key, confirm, operation="POST /orders/confirm", request=order)
+
+``Client`` and ``AsyncClient`` wrap every call of the HTTP contract in the
+retry contract of the docs; ``run`` does claim -> your function ->
+checkpoint -> complete; ``idem.asgi`` and ``idem.wsgi`` give a web app
+Stripe-style Idempotency-Key semantics. idem makes retries safe within one
+tenant's key scope and replay window; it does not promise exactly-once
+execution on its own.
+"""
+
+from ._async import AsyncClaim, AsyncClient
+from ._client import Claim, Client, LeaseLost
+from ._core import RENEWAL_POINT, AttemptInfo
+from ._errors import (
+    FieldError,
+    IdemError,
+    InvalidKeyError,
+    NoSideEffect,
+    ProblemError,
+    TokenError,
+    TransportError,
+    error_code,
+)
+from ._keys import MAX_KEY_BYTES, derive_key, validate_key
+from ._retry import RetryBudget, RetryPolicy, parse_retry_after
+from ._types import ClaimResult, KeyPage, Record, Response, RunResult
+
+__all__ = [
+    "AsyncClaim", "AsyncClient", "AttemptInfo", "Claim", "ClaimResult", "Client", "FieldError", "IdemError",
+    "InvalidKeyError", "KeyPage", "LeaseLost", "MAX_KEY_BYTES", "NoSideEffect", "ProblemError", "RENEWAL_POINT",
+    "Record", "Response", "RetryBudget", "RetryPolicy", "RunResult", "TokenError", "TransportError", "derive_key",
+    "error_code", "parse_retry_after", "validate_key",
+]

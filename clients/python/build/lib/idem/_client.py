@@ -1,0 +1,253 @@
+"""The synchronous client."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime
+from typing import Any, Callable
+
+import httpx
+
+from ._core import RENEWAL_POINT, AttemptInfo, Call, Core, TokenSource, is_lease_lost, lease_length, wall_now
+from ._errors import KEY_NOT_FOUND, IdemError, NoSideEffect, ProblemError
+from ._keys import validate_key
+from ._retry import RetryPolicy
+from ._types import ClaimResult, KeyPage, Record, Response, RunResult
+
+_USER_AGENT = "idem-python-client/0.1"
+
+
+class LeaseLost(IdemError):
+    """The claim's lease was lost while the function ran: someone took the
+    key over (stale fencing token) or no renewal succeeded for a whole
+    lease. ``__cause__`` holds the reason."""
+
+    @property
+    def code(self) -> str:
+        return "lease_lost"
+
+
+class Claim:
+    """The handle the function run by ``Client.run`` receives: the claim's
+    identity, the recovery point an earlier attempt left, and checkpoint()."""
+
+    def __init__(self, client: Client, key: str, cr: ClaimResult, lease: float | None) -> None:
+        self._client = client
+        self.key = key
+        self.fencing_token = cr.record.fencing_token
+        #: 1 for a fresh claim, more after takeovers.
+        self.attempt = cr.record.attempt
+        #: True when this claim took over an orphaned one: see recovery_point.
+        self.resumed = cr.resumed
+        start = cr.record.recovery_point
+        #: The last recovery point the earlier attempt saved ("" when none).
+        self.recovery_point = "" if start == RENEWAL_POINT else start
+        #: The JSON saved with recovery_point (None when none).
+        self.recovery_data: Any = None if start == RENEWAL_POINT else cr.record.recovery_data
+        self._lease = lease
+        self._lock = threading.Lock()
+        self._point, self._data = start, cr.record.recovery_data
+        self._renewed = client._core.monotonic()
+        #: Set when the lease is lost; a long function should check it between steps.
+        self.lease_lost = threading.Event()
+
+    def checkpoint(self, name: str, data: Any = None) -> None:
+        """Save a recovery point (a phase name and optional JSON data) under
+        the claim's fencing token, and renew the lease. Call it right after
+        each external step, so that a takeover resumes after the step
+        instead of repeating it. A stale token raises ProblemError lease_lost."""
+        with self._lock:
+            self._save(name, data, None)
+
+    def _renew(self, deadline: float) -> None:
+        with self._lock:
+            self._save(self._point or RENEWAL_POINT, self._data, deadline)
+
+    def _save(self, point: str, data: Any, deadline: float | None) -> None:
+        c = self._client
+        c._call(c._core.checkpoint_call(self.key, self.fencing_token, point, data, self._lease), deadline)
+        self._point, self._data = point, data
+        self._renewed = c._core.monotonic()
+
+    def _since_renewed(self) -> float:
+        with self._lock:
+            return self._client._core.monotonic() - self._renewed
+
+
+class Client:
+    """A client of one idem service, safe for use from many threads; all
+    its calls share one retry budget.
+
+    Every call runs the retry contract of the docs: only the allowlist is
+    retried (transport failures, 408, 429, 502, 503, 504; 500 with
+    ``RetryPolicy.retry_500``), full jitter with base 1 s and cap 30 s,
+    Retry-After honoured, at most 3 attempts, one overall deadline
+    (``timeout``, seconds, never reset per attempt) and a per-client retry
+    budget of 10 tokens."""
+
+    def __init__(self, base_url: str, *, token: TokenSource = None, policy: RetryPolicy | None = None,
+                 http: httpx.Client | None = None, user_agent: str = _USER_AGENT,
+                 on_attempt: Callable[[AttemptInfo], None] | None = None,
+                 sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
+                 now: Callable[[], datetime] = wall_now, attempt_ids: bool = False) -> None:
+        self._core = Core(base_url, token, policy or RetryPolicy(), user_agent, on_attempt, monotonic, now, attempt_ids)
+        self._own_http = http is None
+        self._http = http or httpx.Client()
+        self._sleep = sleep
+
+    @property
+    def policy(self) -> RetryPolicy:
+        """The client's retry policy."""
+        return self._core.policy
+
+    @property
+    def retry_budget_left(self) -> float:
+        """Tokens left in the client-wide retry budget (inf when off)."""
+        return self._core.budget.left
+
+    def close(self) -> None:
+        """Close the HTTP connections (only those of a client made here)."""
+        if self._own_http:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, call: Call, deadline: float | None) -> tuple[int, httpx.Headers, Any]:
+        core = self._core
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                headers = core.headers(call)
+                try:
+                    resp = self._http.request(call.method, core.url(call), content=call.body, headers=headers,
+                                              timeout=core.attempt_timeout(deadline))
+                except httpx.HTTPError as e:
+                    raise core.transport(call, e) from e
+                data = core.answer(call, resp)
+            except IdemError as err:
+                wait = core.next_wait(call, attempt, err, deadline)
+                self._sleep(wait)
+                continue
+            core.succeeded(call, attempt, resp.status_code)
+            return resp.status_code, resp.headers, data
+
+    # -- the calls of the contract ---------------------------------------------
+
+    def claim(self, key: str, *, operation: str = "", request: Any = None, fingerprint: str | None = None,
+              lease: float | None = None, attempt_id: str | None = None, timeout: float | None = None) -> ClaimResult:
+        """Claim key for a request (POST /v1/keys/{key}/claim): a fresh claim
+        or takeover, or a replay of a completed request (replayed True). A
+        held key raises ProblemError request_in_flight (retry_after = the
+        lease left); another request under the key fingerprint_mismatch.
+        ``request`` is any JSON value the server fingerprints; most callers
+        want run() instead."""
+        call = self._core.claim_call(key, operation, request, fingerprint, lease, attempt_id or self._core.new_attempt_id())
+        status, headers, data = self._call(call, self._core.deadline(timeout))
+        return self._core.claim_result(status, headers, data)
+
+    def checkpoint(self, key: str, fencing_token: int, recovery_point: str, data: Any = None, *,
+                   lease: float | None = None, timeout: float | None = None) -> Record:
+        """Save a recovery point on a claimed key and renew its lease."""
+        _, _, out = self._call(self._core.checkpoint_call(key, fencing_token, recovery_point, data, lease), self._core.deadline(timeout))
+        return Record.from_json(out)
+
+    def complete(self, key: str, fencing_token: int, response: Response, *, timeout: float | None = None) -> Record:
+        """Store the response of a claimed key and end the claim; repeating
+        it with the same token and response is a no-op."""
+        _, _, out = self._call(self._core.complete_call(key, fencing_token, response), self._core.deadline(timeout))
+        return Record.from_json(out)
+
+    def release(self, key: str, fencing_token: int, *, timeout: float | None = None) -> None:
+        """Remove a claimed key whose attempt left no side effect."""
+        self._call(self._core.release_call(key, fencing_token), self._core.deadline(timeout))
+
+    def get(self, key: str, *, timeout: float | None = None) -> Record:
+        """The full record of key; an absent key raises key_not_found."""
+        _, _, out = self._call(self._core.get_call(key), self._core.deadline(timeout))
+        return Record.from_json(out)
+
+    def list_keys(self, *, state: str | None = None, limit: int | None = None, cursor: str | None = None,
+                  timeout: float | None = None) -> KeyPage:
+        """One page of the tenant's records, newest first."""
+        _, _, out = self._call(self._core.list_call(state, limit, cursor), self._core.deadline(timeout))
+        return self._core.key_page(out)
+
+    # -- the lifecycle helper ----------------------------------------------------
+
+    def run(self, key: str, fn: Callable[[Claim], Response], *, operation: str = "", request: Any = None,
+            fingerprint: str | None = None, lease: float | None = None, no_wait: bool = False,
+            no_side_effect: tuple[type[BaseException], ...] = (), timeout: float | None = None) -> RunResult:
+        """Run fn under the idempotency protocol for key:
+
+        1. Claim the key. Completed already: return the stored response
+           (replayed True); fn does not run.
+        2. Another caller holds it (409 request_in_flight): wait its
+           Retry-After and claim again, within ``policy.in_flight_wait`` and
+           the deadline; ``no_wait`` raises at once.
+        3. Run fn(claim). After a takeover claim.resumed is True and
+           claim.recovery_point tells where the earlier attempt got to.
+        4. Meanwhile a lease keeper renews the lease every third of it; when
+           the lease is lost, claim.lease_lost is set.
+        5. fn returns a Response: complete the key with it and return it. fn
+           raises NoSideEffect (or a type in no_side_effect): release the
+           key and re-raise. Any other exception leaves the claim to expire
+           into an orphan (fn may have had a side effect) and propagates.
+        """
+        core = self._core
+        validate_key(key)
+        deadline = core.deadline(timeout)
+        attempt_id = core.new_attempt_id()
+        waited = 0.0
+        while True:
+            try:
+                cr = self._call(core.claim_call(key, operation, request, fingerprint, lease, attempt_id), deadline)
+                break
+            except IdemError as err:
+                wait = core.in_flight_wait(err, waited, deadline, no_wait)
+                self._sleep(wait)
+                waited += wait
+        res = core.claim_result(*cr)
+        rec = res.record
+        if res.replayed:
+            return RunResult(rec.response or Response(status=0), True, res.resumed, rec.attempt, rec.fencing_token)
+
+        claim = Claim(self, key, res, lease)
+        length = lease_length(lease, rec, core.now())
+        stop = threading.Event()
+        keeper = threading.Thread(target=self._keep_lease, args=(claim, length, stop), name="idem-lease-keeper", daemon=True)
+        keeper.start()
+        try:
+            resp = fn(claim)
+        except BaseException as err:
+            stop.set()
+            keeper.join()
+            if isinstance(err, NoSideEffect) or (no_side_effect and isinstance(err, no_side_effect)):
+                try:
+                    self.release(key, claim.fencing_token, timeout=core.left(core.finish_deadline(deadline)))
+                except ProblemError as rerr:
+                    if rerr.code != KEY_NOT_FOUND:
+                        raise rerr from err
+                raise
+            if claim.lease_lost.is_set():
+                raise LeaseLost(f"idem: run {key!r}: lease lost while the function ran") from err
+            raise
+        stop.set()
+        keeper.join()
+        self.complete(key, claim.fencing_token, resp, timeout=core.left(core.finish_deadline(deadline)))
+        return RunResult(resp, False, res.resumed, claim.attempt, claim.fencing_token)
+
+    def _keep_lease(self, claim: Claim, lease: float, stop: threading.Event) -> None:
+        interval = max(lease / 3, 0.1)
+        while not stop.wait(interval):
+            try:
+                claim._renew(self._core.monotonic() + interval)
+            except IdemError as err:
+                if is_lease_lost(err) or claim._since_renewed() >= lease:
+                    claim.lease_lost.set()
+                    return

@@ -1,0 +1,317 @@
+"""What the sync and asyncio clients share: request building, answer
+decoding, and the decisions of the retry loop and the in-flight wait. The
+clients only do the I/O and the sleeping."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+from urllib.parse import quote, urlencode
+
+import httpx
+
+from ._errors import (
+    REQUEST_IN_FLIGHT,
+    IdemError,
+    ProblemError,
+    TokenError,
+    TransportError,
+)
+from ._keys import validate_key
+from ._retry import RetryBudget, RetryPolicy, problem_from, transport_error
+from ._types import ClaimResult, KeyPage, Record, Response
+
+log = logging.getLogger("idem")
+
+#: The recovery point the lease keeper saves when it renews a lease before
+#: the function's first checkpoint; a takeover of such a claim sees none.
+RENEWAL_POINT = "idem:lease-renewal"
+
+#: A bearer token, or a function returning the token of the next attempt.
+TokenSource = str | Callable[[], str] | None
+
+
+@dataclass(frozen=True)
+class AttemptInfo:
+    """One attempt of a call, as given to the on_attempt hook and logged."""
+
+    call: str
+    method: str
+    path: str
+    #: Counts from 1.
+    attempt: int
+    #: HTTP status, 0 when no answer arrived.
+    status: int
+    error: BaseException | None
+    #: Whether another attempt follows, and the wait chosen before it.
+    retry: bool
+    wait: float
+    #: Why no retry follows a retryable failure: "attempts", "budget", "deadline"; None otherwise.
+    give_up: str | None
+    budget_left: float
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP call of the contract."""
+
+    name: str
+    method: str
+    path: str  # already escaped
+    body: bytes | None = None
+    query: str = ""
+
+
+def key_path(key: str, suffix: str = "") -> str:
+    return "/v1/keys/" + quote(key, safe="") + suffix
+
+
+def dumps(v: Any) -> bytes:
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def lease_seconds(lease: float | None) -> int:
+    if lease is None or lease <= 0:
+        return 0
+    return int(-(-lease // 1))
+
+
+class Core:
+    """The state of one client: base URL, token, policy, the retry budget,
+    clocks and the hook."""
+
+    def __init__(self, base_url: str, token: TokenSource, policy: RetryPolicy, user_agent: str,
+                 on_attempt: Callable[[AttemptInfo], None] | None, monotonic: Callable[[], float],
+                 now: Callable[[], datetime], attempt_ids: bool) -> None:
+        u = httpx.URL(base_url.rstrip("/"))
+        if u.scheme not in ("http", "https"):
+            raise ValueError(f"idem base URL {base_url!r}: scheme must be http or https")
+        self.base = str(u).rstrip("/")
+        self.token = token
+        self.policy = policy
+        self.budget = RetryBudget(policy)
+        self.user_agent = user_agent
+        self.on_attempt = on_attempt
+        self.monotonic = monotonic
+        self.now = now
+        self.attempt_ids = attempt_ids
+
+    # -- requests -------------------------------------------------------
+
+    def deadline(self, timeout: float | None) -> float | None:
+        """The monotonic deadline of a call with an overall timeout."""
+        return None if timeout is None else self.monotonic() + timeout
+
+    def left(self, deadline: float | None) -> float | None:
+        return None if deadline is None else deadline - self.monotonic()
+
+    def attempt_timeout(self, deadline: float | None) -> float | None:
+        """The policy's per-attempt timeout, cut to the time left."""
+        d = self.policy.attempt_timeout
+        left = self.left(deadline)
+        if left is not None and (d is None or left < d):
+            d = max(left, 0.001)
+        return d
+
+    def headers(self, call: Call) -> dict[str, str]:
+        h = {"Accept": "application/json, application/problem+json", "User-Agent": self.user_agent}
+        if call.body is not None:
+            h["Content-Type"] = "application/json"
+        tok = self.token
+        if callable(tok):
+            try:
+                tok = tok()
+            except Exception as e:  # the token source failed: never retried
+                raise TokenError(f"idem: {call.name}: get token: {e}") from e
+        if tok:
+            h["Authorization"] = "Bearer " + tok
+        return h
+
+    def url(self, call: Call) -> str:
+        return self.base + call.path + ("?" + call.query if call.query else "")
+
+    def answer(self, call: Call, resp: httpx.Response) -> Any:
+        """Decode a 2xx answer, or raise ProblemError."""
+        if 200 <= resp.status_code < 300:
+            if not resp.content:
+                return None
+            try:
+                return json.loads(resp.content)
+            except ValueError as e:
+                raise IdemError(f"idem: {call.name}: decode answer: {e}") from e
+        raise problem_from(resp.status_code, resp.headers, resp.content, self.now(), self.policy, call.name)
+
+    def transport(self, call: Call, exc: httpx.HTTPError) -> TransportError:
+        return transport_error(exc, call.name)
+
+    # -- the retry loop -------------------------------------------------
+
+    def succeeded(self, call: Call, attempt: int, status: int) -> None:
+        self.budget.success()
+        self.report(AttemptInfo(call.name, call.method, call.path, attempt, status, None, False, 0.0, None, self.budget.left))
+
+    def next_wait(self, call: Call, attempt: int, err: IdemError, deadline: float | None) -> float:
+        """Decide about a failed attempt: return the wait before the next
+        one, or raise err (with give_up set when it was retryable)."""
+        status = err.status if isinstance(err, ProblemError) else 0
+        p = self.policy
+        if not p.retryable(err):
+            if 0 < status < 500:
+                self.budget.success()  # the service answered sensibly: it is healthy
+            self.report(AttemptInfo(call.name, call.method, call.path, attempt, status, err, False, 0.0, None, self.budget.left))
+            raise err
+        ra = err.retry_after if isinstance(err, ProblemError) else 0.0
+        wait = p.retry_after_wait(ra) if ra > 0 else p.backoff(attempt - 1)
+        give_up = None
+        if attempt >= p.max_attempts:
+            give_up = "attempts"
+        elif not p.fits(self.left(deadline), wait):
+            give_up = "deadline"
+        elif not self.budget.take():
+            give_up = "budget"
+        self.report(AttemptInfo(call.name, call.method, call.path, attempt, status, err, give_up is None,
+                                wait if give_up is None else 0.0, give_up, self.budget.left))
+        if give_up is not None:
+            err.give_up = give_up
+            raise err
+        return wait
+
+    def report(self, info: AttemptInfo) -> None:
+        if self.on_attempt is not None:
+            self.on_attempt(info)
+        if info.error is None:
+            log.debug("idem call succeeded call=%s method=%s path=%s attempt=%d status=%d budget_left=%.2f",
+                      info.call, info.method, info.path, info.attempt, info.status, info.budget_left)
+        else:
+            log.warning("idem call attempt failed call=%s method=%s path=%s attempt=%d status=%d error=%s retry=%s wait=%.2fs give_up=%s budget_left=%.2f",
+                        info.call, info.method, info.path, info.attempt, info.status, info.error, info.retry,
+                        info.wait, info.give_up or "", info.budget_left)
+
+    # -- the calls --------------------------------------------------------
+
+    def claim_call(self, key: str, operation: str, request: Any, fingerprint: str | None, lease: float | None,
+                   attempt_id: str | None) -> Call:
+        validate_key(key)
+        if request is not None and fingerprint is not None:
+            raise ValueError("claim: request and fingerprint are mutually exclusive")
+        body: dict[str, Any] = {}
+        if operation:
+            body["operation"] = operation
+        if fingerprint is not None:
+            body["fingerprint"] = fingerprint
+        if request is not None:
+            body["request"] = request
+        if lease_seconds(lease):
+            body["lease_seconds"] = lease_seconds(lease)
+        if attempt_id is not None:
+            body["attempt_id"] = attempt_id
+        return Call("claim", "POST", key_path(key, "/claim"), dumps(body))
+
+    def new_attempt_id(self) -> str | None:
+        """A random attempt id for one logical claim, when the client sends them."""
+        return uuid.uuid4().hex if self.attempt_ids else None
+
+    @staticmethod
+    def claim_result(status: int, headers: httpx.Headers, data: Any) -> ClaimResult:
+        d: Mapping[str, Any] = data if isinstance(data, dict) else {}
+        replayed = status == 200 or headers.get("Idempotent-Replayed") == "true"
+        return ClaimResult(record=Record.from_json(d), resumed=bool(d.get("resumed")), replayed=replayed)
+
+    @staticmethod
+    def checkpoint_call(key: str, fencing_token: int, recovery_point: str, data: Any, lease: float | None) -> Call:
+        validate_key(key)
+        body: dict[str, Any] = {"fencing_token": fencing_token, "recovery_point": recovery_point}
+        if data is not None:
+            body["data"] = data
+        if lease_seconds(lease):
+            body["lease_seconds"] = lease_seconds(lease)
+        return Call("checkpoint", "POST", key_path(key, "/checkpoint"), dumps(body))
+
+    @staticmethod
+    def complete_call(key: str, fencing_token: int, response: Response) -> Call:
+        validate_key(key)
+        return Call("complete", "POST", key_path(key, "/complete"),
+                    dumps({"fencing_token": fencing_token, "response": response.to_wire()}))
+
+    @staticmethod
+    def release_call(key: str, fencing_token: int) -> Call:
+        validate_key(key)
+        return Call("release", "POST", key_path(key, "/release"), dumps({"fencing_token": fencing_token}))
+
+    @staticmethod
+    def get_call(key: str) -> Call:
+        validate_key(key)
+        return Call("get key", "GET", key_path(key))
+
+    @staticmethod
+    def list_call(state: str | None, limit: int | None, cursor: str | None) -> Call:
+        q: dict[str, str] = {}
+        if state:
+            q["state"] = state
+        if limit:
+            q["limit"] = str(limit)
+        if cursor:
+            q["cursor"] = cursor
+        return Call("list keys", "GET", "/v1/keys", query=urlencode(q))
+
+    @staticmethod
+    def key_page(data: Any) -> KeyPage:
+        d = data if isinstance(data, dict) else {}
+        return KeyPage(items=[Record.from_json(r) for r in d.get("items") or []], next_cursor=str(d.get("next_cursor") or ""))
+
+    # -- the in-flight wait of run() -----------------------------------------
+
+    def in_flight_wait(self, err: IdemError, waited: float, deadline: float | None, no_wait: bool) -> float:
+        """Decide about a failed claim of run(): return the wait before
+        claiming again when another holder has the key (409
+        request_in_flight) and the wait fits the in-flight limit and the
+        deadline; else raise err."""
+        p = self.policy
+        if not isinstance(err, ProblemError) or err.code != REQUEST_IN_FLIGHT or no_wait or p.in_flight_wait is None:
+            raise err
+        ra = err.retry_after if err.retry_after > 0 else p.base_delay
+        wait = p.retry_after_wait(ra)
+        if waited + wait > p.in_flight_wait:
+            err.give_up = "in_flight_wait"
+            raise err
+        if not p.fits(self.left(deadline), wait):
+            err.give_up = "deadline"
+            raise err
+        log.debug("idem key in flight elsewhere; waiting %.2fs", wait)
+        return wait
+
+    def finish_deadline(self, deadline: float | None) -> float | None:
+        """The deadline of complete/release after the function ran: the
+        call's while time is left, else a fresh attempt timeout - the outcome
+        of work already done is worth recording."""
+        left = self.left(deadline)
+        if left is not None and left <= self.policy.min_attempt_time:
+            return self.monotonic() + (self.policy.attempt_timeout or 10.0)
+        return deadline
+
+
+def lease_length(requested: float | None, record: Record, now: datetime) -> float:
+    """The lease the keeper maintains: the one asked for, else what the
+    claim's answer says is left, else 30 s."""
+    if requested is not None and requested > 0:
+        return requested
+    if record.lease_expires_at is not None:
+        left = (record.lease_expires_at - now).total_seconds()
+        if left > 0:
+            return left
+    return 30.0
+
+
+def wall_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def is_lease_lost(err: BaseException) -> bool:
+    from ._errors import KEY_NOT_FOUND, LEASE_LOST
+
+    return isinstance(err, ProblemError) and err.code in (LEASE_LOST, KEY_NOT_FOUND)
+

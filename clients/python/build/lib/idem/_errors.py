@@ -1,0 +1,129 @@
+"""Errors of the idem SDK."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# The error codes of the idem HTTP contract, version 1.
+INVALID_REQUEST = "invalid_request"
+INVALID_KEY = "invalid_key"
+UNAUTHENTICATED = "unauthenticated"
+FORBIDDEN = "forbidden"
+TENANT_UNKNOWN = "tenant_unknown"
+KEY_NOT_FOUND = "key_not_found"
+TENANT_NOT_FOUND = "tenant_not_found"
+REQUEST_IN_FLIGHT = "request_in_flight"
+LEASE_LOST = "lease_lost"
+ALREADY_COMPLETED = "already_completed"
+TENANT_EXISTS = "tenant_exists"
+PAYLOAD_TOO_LARGE = "payload_too_large"
+UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+FINGERPRINT_MISMATCH = "fingerprint_mismatch"
+RATE_LIMITED = "rate_limited"
+STORE_UNAVAILABLE = "store_unavailable"
+INTERNAL = "internal"
+#: Given to an HTTP error whose body is not a problem document with a code.
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One invalid field of an invalid_request problem."""
+
+    field: str
+    message: str
+
+
+class IdemError(Exception):
+    """Base of every error the SDK raises.
+
+    ``give_up`` says why a retryable failure was not retried again:
+    "attempts", "budget", "deadline" or "in_flight_wait"; None when the
+    failure was final or the caller's own.
+    """
+
+    give_up: str | None = None
+
+    @property
+    def code(self) -> str:
+        """The contract's error code; "unknown" for errors without one."""
+        return UNKNOWN
+
+
+@dataclass(eq=False)
+class ProblemError(IdemError):
+    """An error answer of the idem service: RFC 9457 problem details plus
+    the HTTP status, Retry-After (seconds, 0 when absent) and request id."""
+
+    status: int
+    problem_code: str = UNKNOWN
+    title: str = ""
+    detail: str = ""
+    type: str = ""
+    retryable: bool = False
+    retry_after: float = 0.0
+    request_id: str = ""
+    fields: list[FieldError] = field(default_factory=list)
+    call: str = ""
+
+    def __post_init__(self) -> None:
+        super().__init__(str(self))
+
+    @property
+    def code(self) -> str:
+        return self.problem_code
+
+    def __str__(self) -> str:
+        s = f"idem: {self.call + ': ' if self.call else ''}{self.status} {self.problem_code}"
+        if self.detail or self.title:
+            s += ": " + (self.detail or self.title)
+        if self.request_id:
+            s += f" (request id {self.request_id})"
+        return s
+
+
+class TransportError(IdemError):
+    """No answer arrived: connection refused or reset, closed before the
+    answer, or a timeout. ``__cause__`` holds the httpx exception."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class TokenError(IdemError):
+    """The token source failed; never retried."""
+
+
+class InvalidKeyError(IdemError, ValueError):
+    """A key the service would refuse, caught before any request."""
+
+    @property
+    def code(self) -> str:
+        return INVALID_KEY
+
+
+class NoSideEffect(Exception):
+    """Raise it (or a subclass) from a function run by ``run`` to declare
+    that the attempt left no side effect: the key is released, so the next
+    attempt with the key starts afresh, and the exception propagates."""
+
+
+def error_code(err: BaseException | None) -> str:
+    """The contract's code of err: "" for None, "unknown" for an error
+    without one (a network error, say)."""
+    if err is None:
+        return ""
+    if isinstance(err, IdemError):
+        return err.code
+    return UNKNOWN
+
+
+def _field_errors(raw: Any) -> list[FieldError]:
+    out: list[FieldError] = []
+    if isinstance(raw, list):
+        for item in raw:
+            if isinstance(item, dict):
+                out.append(FieldError(str(item.get("field", "")), str(item.get("message", ""))))
+    return out
