@@ -118,11 +118,19 @@ type proc struct {
 // it is still running.
 func startServer(t *testing.T, env map[string]string, args ...string) *proc {
 	t.Helper()
+	return startCommand(t, env, "serve", args...)
+}
+
+// startCommand starts a long-running subcommand (serve, gateway) with env
+// and waits until its JSON log says where it listens ("listening" with an
+// addr).
+func startCommand(t *testing.T, env map[string]string, command string, args ...string) *proc {
+	t.Helper()
 	full := map[string]string{"IDEM_ADDR": "127.0.0.1:0", "IDEM_LOG_FORMAT": "json", "IDEM_LOG_LEVEL": "info"}
 	for k, v := range env {
 		full[k] = v
 	}
-	cmd := exec.Command(binary, append([]string{"serve"}, args...)...)
+	cmd := exec.Command(binary, append([]string{command}, args...)...)
 	cmd.Env = baseEnv(full)
 	p := &proc{cmd: cmd, stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout = p.stdout

@@ -50,8 +50,8 @@ type Options struct {
 	Upstream string
 	// ConfigFile is the YAML route configuration; "" means none.
 	ConfigFile string
-	// StoreTimeout bounds each store call on the request path (default
-	// 5s): a store slower than that is treated as failing (503).
+	// StoreTimeout bounds every store call (idem.WithDeadline; default
+	// 5s, IDEM_STORE_TIMEOUT): a store slower than that is failing (503).
 	StoreTimeout time.Duration
 	// TenantCacheTTL is how long the tenant's settings are cached.
 	TenantCacheTTL time.Duration
@@ -91,8 +91,9 @@ func New(opts Options) (*Gateway, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	store := idem.WithDeadline(opts.Store, opts.StoreTimeout)
 	g := &Gateway{
-		opts: opts, store: opts.Store, tenants: tenants.NewService(opts.Store, opts.TenantCacheTTL),
+		opts: opts, store: store, tenants: tenants.NewService(store, opts.TenantCacheTTL),
 		transport: opts.Transport, logger: opts.Logger, metrics: newMetrics(opts.Registerer),
 	}
 	if g.transport == nil {
@@ -224,7 +225,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 	}
 	op := frontdoor.Operation(r.Method, routeName)
 
-	sctx, cancel := context.WithTimeout(r.Context(), g.opts.StoreTimeout)
+	sctx := r.Context()
 	t, err := g.tenants.Active(sctx, g.opts.Tenant)
 	var res idem.ClaimResult
 	if err == nil {
@@ -237,7 +238,6 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 			})
 		}
 	}
-	cancel()
 	switch {
 	case errors.Is(err, idem.ErrRequestInFlight):
 		g.inFlight(w, r, x, err)
@@ -407,9 +407,7 @@ func bodyEncoding(b []byte) string {
 // complete stores the response. A failure is logged: the upstream has run,
 // so its response is still sent.
 func (g *Gateway) complete(ctx context.Context, c claim, r *http.Request, resp idem.Response) {
-	sctx, cancel := context.WithTimeout(ctx, g.opts.StoreTimeout)
-	defer cancel()
-	if _, err := g.store.Complete(sctx, idem.CompleteParams{TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token, Response: resp}); err != nil {
+	if _, err := g.store.Complete(ctx, idem.CompleteParams{TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token, Response: resp}); err != nil {
 		g.metrics.storeFailures.WithLabelValues("complete").Inc()
 		g.logger.ErrorContext(r.Context(), "gateway: the upstream answered but its response was not stored",
 			"request_id", r.Header.Get(frontdoor.HeaderRequestID), "error", err.Error())
@@ -417,9 +415,7 @@ func (g *Gateway) complete(ctx context.Context, c claim, r *http.Request, resp i
 }
 
 func (g *Gateway) release(ctx context.Context, c claim, r *http.Request) {
-	sctx, cancel := context.WithTimeout(ctx, g.opts.StoreTimeout)
-	defer cancel()
-	if err := g.store.Release(sctx, idem.ReleaseParams{TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token}); err != nil {
+	if err := g.store.Release(ctx, idem.ReleaseParams{TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token}); err != nil {
 		g.metrics.storeFailures.WithLabelValues("release").Inc()
 		g.logger.ErrorContext(r.Context(), "gateway: releasing the key failed; it becomes an orphan", "error", err.Error())
 	}
@@ -445,11 +441,9 @@ func (g *Gateway) keepLease(ctx context.Context, c claim, r *http.Request) func(
 				return
 			case <-tick.C:
 			}
-			sctx, cancel := context.WithTimeout(ctx, g.opts.StoreTimeout)
-			_, err := g.store.Checkpoint(sctx, idem.CheckpointParams{
+			_, err := g.store.Checkpoint(ctx, idem.CheckpointParams{
 				TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token, RecoveryPoint: "upstream", Lease: c.lease,
 			})
-			cancel()
 			if err != nil {
 				g.metrics.storeFailures.WithLabelValues("renew").Inc()
 				g.logger.WarnContext(r.Context(), "gateway: renewing the lease failed", "error", err.Error())

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -38,7 +37,6 @@ func runGateway(ctx context.Context, e env, args []string) int {
 		{flag: "upstream", env: "IDEM_GATEWAY_UPSTREAM", usage: "default upstream URL, e.g. http://localhost:3000 (the \"default\" upstream of the config file)"},
 		{flag: "tenant", env: "IDEM_GATEWAY_TENANT", usage: "tenant whose records the gateway writes (create it first: PROG tenant create ID)"},
 		{flag: "config", env: "IDEM_GATEWAY_CONFIG", usage: "YAML route configuration file; SIGHUP reloads it"},
-		{flag: "store-timeout", env: "IDEM_GATEWAY_STORE_TIMEOUT", def: "5s", usage: "bound of each store call; a slower store counts as failing (503)"},
 		{flag: "metrics-listen", env: "IDEM_GATEWAY_METRICS_LISTEN", usage: "address serving /metrics and /healthz of the gateway (empty: off); the gateway's own port proxies every path"},
 	}
 	for _, s := range gs {
@@ -54,7 +52,8 @@ records of the tenant, visible in the API, the dashboard and the metrics
 (run 'PROG serve' on the same store for the reaper and the dashboard).
 SIGHUP reloads the config file without dropping requests; SIGTERM or SIGINT
 stop it gracefully within --shutdown-grace. Of the server settings below
-the gateway uses the store, log, shutdown, header and idle settings.`)
+the gateway uses the store (IDEM_DATABASE_URL, IDEM_STORE_TIMEOUT, pool),
+log, shutdown, header and idle settings.`)
 	cfg, done, code := loadConfigNoArgs(e, fs, usage, args)
 	if done {
 		return code
@@ -66,11 +65,10 @@ the gateway uses the store, log, shutdown, header and idle settings.`)
 			*s.value = v
 		}
 	}
-	listen, upstream, tenant, file, storeTimeoutText, metricsListen := *gs[0].value, *gs[1].value, *gs[2].value, *gs[3].value, *gs[4].value, *gs[5].value
+	listen, upstream, tenant, file, metricsListen := *gs[0].value, *gs[1].value, *gs[2].value, *gs[3].value, *gs[4].value
 	var errs []error
-	storeTimeout, err := time.ParseDuration(storeTimeoutText)
-	if err != nil || storeTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("IDEM_GATEWAY_STORE_TIMEOUT must be a positive duration such as 5s (got %q)", storeTimeoutText))
+	if cfg.StoreTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("IDEM_STORE_TIMEOUT must be a positive duration such as 5s (got %s)", cfg.StoreTimeout))
 	}
 	if listen == "" {
 		errs = append(errs, errors.New("IDEM_GATEWAY_LISTEN must not be empty (e.g. :8081)"))
@@ -96,13 +94,13 @@ the gateway uses the store, log, shutdown, header and idle settings.`)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	g, err := gateway.New(gateway.Options{
 		Store: metrics.InstrumentStore(store, metrics.New(reg)), Tenant: tenant, Upstream: upstream, ConfigFile: file,
-		StoreTimeout: storeTimeout, TenantCacheTTL: cfg.TenantCacheTTL, Registerer: reg, Logger: logger,
+		StoreTimeout: cfg.StoreTimeout, TenantCacheTTL: cfg.TenantCacheTTL, Registerer: reg, Logger: logger,
 	})
 	if err != nil {
 		logger.Error("start failed", "err", err)
 		return 1
 	}
-	checkCtx, cancel := context.WithTimeout(ctx, storeTimeout)
+	checkCtx, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
 	if t, err := store.GetTenant(checkCtx, tenant); err != nil {
 		logger.Warn("the gateway's tenant cannot be read now; protected requests fail closed until it can", "tenant", tenant, "err", err)
 	} else if t.Disabled {
@@ -140,7 +138,7 @@ the gateway uses the store, log, shutdown, header and idle settings.`)
 		go func() { serveErr <- msrv.Serve(mln) }()
 		logger.Info("gateway metrics listening", "addr", mln.Addr().String())
 	}
-	logger.Info("gateway listening", "addr", ln.Addr().String(), "upstream", upstream, "tenant", tenant, "config", file)
+	logger.Info("listening", "component", "gateway", "addr", ln.Addr().String(), "upstream", upstream, "tenant", tenant, "config", file)
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

@@ -1,0 +1,273 @@
+package e2e
+
+import (
+	"context"
+	"database/sql"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, to hold a write lock
+
+	"github.com/idem-dev/idem/conformance"
+	"github.com/idem-dev/idem/postgres/pgtest"
+)
+
+// gatewayRig is `serve` and `gateway` processes of the real binary on one
+// store (for SQLite: one file shared by the two processes), the gateway in
+// front of a conformance.Upstream running in the test.
+type gatewayRig struct {
+	env      map[string]string
+	serve    *proc
+	upstream *conformance.Upstream
+	upURL    string
+	config   string
+	token    string
+}
+
+func newGatewayRig(t *testing.T, backend, config string, extra map[string]string) *gatewayRig {
+	t.Helper()
+	r := &gatewayRig{env: backendEnv(t, backend, nil)}
+	maps.Copy(r.env, extra)
+	mustCLI(t, r.env, "tenant", "create", "gw")
+	r.serve = startServer(t, r.env)
+	r.token = mintToken(t, r.env, "gw", "keys:read")
+	r.upstream = conformance.NewUpstream()
+	up := httptest.NewServer(r.upstream)
+	t.Cleanup(up.Close)
+	r.upURL = up.URL
+	r.config = filepath.Join(t.TempDir(), "gateway.yaml")
+	require.NoError(t, os.WriteFile(r.config, []byte(config), 0o600))
+	return r
+}
+
+func (r *gatewayRig) startGateway(t *testing.T) *proc {
+	t.Helper()
+	return startCommand(t, r.env, "gateway", "--listen", "127.0.0.1:0", "--upstream", r.upURL, "--tenant", "gw", "--config", r.config)
+}
+
+func (r *gatewayRig) record(t *testing.T, key string) record {
+	t.Helper()
+	res := mustCall(t, newClient(false), http.MethodGet, r.serve.url+"/v1/keys/"+key, r.token, nil)
+	require.Equal(t, http.StatusOK, res.status, string(res.body))
+	return decodeRecord(t, res.body)
+}
+
+func gatewayPost(c *http.Client, url, key, body string) (result, error) {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return result{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := c.Do(req)
+	if err != nil {
+		return result{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return result{status: resp.StatusCode, header: resp.Header, body: b}, err
+}
+
+// TestGatewayKill9MidRequest: the gateway process is killed (kill -9) while
+// the upstream handles a request. The claim is left in flight, becomes an
+// orphan when its lease runs out (the serve process sees it), and the
+// client's retry through a new gateway process takes it over and completes
+// it; the retry before the lease ran out was refused with 409.
+func TestGatewayKill9MidRequest(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"sqlite", "postgres"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			r := newGatewayRig(t, backend, "defaults:\n  lease: 2s\n", nil)
+			gw := r.startGateway(t)
+			release := r.upstream.Hold()
+			errc := make(chan error, 1)
+			go func() {
+				_, err := gatewayPost(newClient(false), gw.url+"/orders", "crash-1", `{"sku":"A"}`)
+				errc <- err
+			}()
+			require.Eventually(t, func() bool { return r.upstream.Entered() == 1 }, 20*time.Second, 5*time.Millisecond)
+			require.NoError(t, gw.cmd.Process.Signal(syscall.SIGKILL))
+			gw.wait(t, 10*time.Second)
+			require.Error(t, <-errc, "the client lost its answer")
+			release()
+			require.Eventually(t, func() bool { return r.upstream.Count() == 1 }, 10*time.Second, 5*time.Millisecond)
+
+			gw2 := r.startGateway(t)
+			rec := r.record(t, "crash-1")
+			require.Contains(t, []string{"in_flight", "orphaned"}, rec.State)
+			if rec.State == "in_flight" {
+				early, err := gatewayPost(newClient(false), gw2.url+"/orders", "crash-1", `{"sku":"A"}`)
+				require.NoError(t, err)
+				require.Equal(t, http.StatusConflict, early.status, "no takeover before the lease runs out")
+			}
+			require.Eventually(t, func() bool { return r.record(t, "crash-1").State == "orphaned" }, 10*time.Second, 50*time.Millisecond)
+
+			retry, err := gatewayPost(newClient(false), gw2.url+"/orders", "crash-1", `{"sku":"A"}`)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusCreated, retry.status, string(retry.body))
+			rec = r.record(t, "crash-1")
+			require.Equal(t, "completed", rec.State)
+			require.Equal(t, 2, rec.Attempt, "taken over")
+			require.Equal(t, string(retry.body), rec.Response.Body)
+			require.Equal(t, int64(2), r.upstream.Count(), "the takeover called the upstream again: the gateway cannot know the first call's outcome")
+			again, err := gatewayPost(newClient(false), gw2.url+"/orders", "crash-1", `{"sku":"A"}`)
+			require.NoError(t, err)
+			require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+			require.Equal(t, int64(2), r.upstream.Count())
+		})
+	}
+}
+
+// TestGatewayConcurrentDuplicatesReplicas: concurrent duplicates sent to
+// two gateway processes on one store give one upstream call, and every
+// client gets the same stored response.
+func TestGatewayConcurrentDuplicatesReplicas(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"sqlite", "postgres"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			r := newGatewayRig(t, backend, "", nil)
+			gws := []*proc{r.startGateway(t), r.startGateway(t)}
+			release := r.upstream.Hold()
+			const callers = 12
+			bodies := make([]string, callers)
+			var wg sync.WaitGroup
+			c := newClient(true)
+			for i := range callers {
+				wg.Go(func() {
+					for range 400 {
+						res, err := gatewayPost(c, gws[i%2].url+"/orders", "dup-1", `{"sku":"Z"}`)
+						if err != nil || res.status == http.StatusConflict {
+							time.Sleep(10 * time.Millisecond)
+							continue
+						}
+						if res.status == http.StatusCreated {
+							bodies[i] = string(res.body)
+						}
+						return
+					}
+				})
+			}
+			require.Eventually(t, func() bool { return r.upstream.Entered() == 1 }, 20*time.Second, 5*time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // let the duplicates pile up on the claimed key
+			release()
+			wg.Wait()
+			require.Equal(t, int64(1), r.upstream.Count(), "one upstream call")
+			require.Contains(t, bodies[0], `"order":1`)
+			for i := range callers {
+				require.Equal(t, bodies[0], bodies[i], "caller %d", i)
+			}
+		})
+	}
+}
+
+// TestGatewayStoreDown: the store stops answering (SQLite: another process
+// holds the write lock; PostgreSQL: the network path to it is cut). A
+// protected request gets 503 store_unavailable with Retry-After within
+// IDEM_STORE_TIMEOUT, and the upstream is not called.
+func TestGatewayStoreDown(t *testing.T) {
+	t.Parallel()
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		r := newGatewayRig(t, "sqlite", "", map[string]string{"IDEM_STORE_TIMEOUT": "700ms"})
+		gw := r.startGateway(t)
+		ok, err := gatewayPost(newClient(false), gw.url+"/orders", "before", `{}`)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, ok.status)
+
+		db, err := sql.Open("sqlite", strings.TrimPrefix(r.env["IDEM_DATABASE_URL"], "sqlite:"))
+		require.NoError(t, err)
+		defer db.Close()
+		conn, err := db.Conn(context.Background())
+		require.NoError(t, err)
+		defer conn.Close()
+		_, err = conn.ExecContext(context.Background(), "BEGIN IMMEDIATE")
+		require.NoError(t, err)
+		requireStoreDown(t, gw.url, r.upstream, 1)
+		_, err = conn.ExecContext(context.Background(), "ROLLBACK")
+		require.NoError(t, err)
+		after, err := gatewayPost(newClient(false), gw.url+"/orders", "down-1", `{}`)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, after.status, "the same key works once the store is back")
+	})
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		dbURL, cut := cuttablePostgres(t)
+		r := newGatewayRig(t, "postgres", "", map[string]string{"IDEM_STORE_TIMEOUT": "700ms", "IDEM_DATABASE_URL": dbURL})
+		gw := r.startGateway(t)
+		ok, err := gatewayPost(newClient(false), gw.url+"/orders", "before", `{}`)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, ok.status)
+		cut()
+		requireStoreDown(t, gw.url, r.upstream, 1)
+	})
+}
+
+func requireStoreDown(t *testing.T, url string, up *conformance.Upstream, count int64) {
+	t.Helper()
+	start := time.Now()
+	down, err := gatewayPost(newClient(false), url+"/orders", "down-1", `{}`)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, down.status, string(down.body))
+	require.Equal(t, "store_unavailable", problemCode(down.body))
+	require.NotEmpty(t, down.header.Get("Retry-After"))
+	require.Less(t, time.Since(start), 10*time.Second)
+	require.Equal(t, count, up.Count(), "the upstream was not called")
+}
+
+// cuttablePostgres returns a URL of an isolated schema reached through a
+// loopback TCP proxy, and a function that cuts the path: it closes the
+// listener and every proxied connection.
+func cuttablePostgres(t *testing.T) (string, func()) {
+	t.Helper()
+	raw := pgtest.URL(t)
+	u, err := url.Parse(raw)
+	require.NoError(t, err)
+	target := u.Host
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			d, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, d)
+			mu.Unlock()
+			go func() { _, _ = io.Copy(d, c); _ = d.Close() }()
+			go func() { _, _ = io.Copy(c, d); _ = c.Close() }()
+		}
+	}()
+	cut := func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	t.Cleanup(cut)
+	u.Host = ln.Addr().String()
+	return u.String(), cut
+}
