@@ -1,0 +1,145 @@
+"""The asyncio client and its run() against the real server, on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from conftest import Server, new_key
+from faultproxy import FaultProxy
+from idem import AsyncClaim, AsyncClient, LeaseLost, NoSideEffect, ProblemError, Response
+
+
+def test_async_calls_and_replay(server: Server) -> None:
+    async def main() -> None:
+        async with AsyncClient(server.url, token=server.token) as c:
+            key = new_key()
+            cr = await c.claim(key, operation="op", request={"a": 1})
+            assert not cr.replayed
+            await c.checkpoint(key, cr.record.fencing_token, "step-1", {"n": 1})
+            await c.complete(key, cr.record.fencing_token, Response(200, {"Content-Type": "text/plain"}, "héllo".encode()))
+            again = await c.claim(key, operation="op", request={"a": 1})
+            assert again.replayed and again.record.response == Response(200, {"Content-Type": "text/plain"}, "héllo".encode())
+            with pytest.raises(ProblemError) as ei:
+                await c.claim(key, operation="op", request={"a": 2})
+            assert ei.value.code == "fingerprint_mismatch"
+            page = await c.list_keys(limit=5)
+            assert any(r.key == key for r in page.items)
+
+    asyncio.run(main())
+
+
+def test_async_fifty_concurrent_runs_one_execution(server: Server) -> None:
+    effects = 0
+
+    async def work(claim: AsyncClaim) -> Response:
+        nonlocal effects
+        effects += 1
+        await asyncio.sleep(0.2)
+        return Response(201, body=b"once")
+
+    async def main() -> None:
+        async with AsyncClient(server.url, token=server.token) as c:
+            key = new_key()
+            results = await asyncio.gather(*(c.run(key, work, operation="op", request={"x": 1}, lease=2, timeout=30) for _ in range(50)))
+            assert sum(not r.replayed for r in results) == 1
+            assert all(r.response.body == b"once" for r in results)
+
+    asyncio.run(main())
+    assert effects == 1
+
+
+def test_async_run_release_and_takeover(server: Server) -> None:
+    async def main() -> None:
+        async with AsyncClient(server.url, token=server.token) as c:
+            key = new_key()
+
+            async def refuse(claim: AsyncClaim) -> Response:
+                raise NoSideEffect("nothing done")
+
+            with pytest.raises(NoSideEffect):
+                await c.run(key, refuse, operation="op")
+            crashed = await c.claim(key, operation="op", lease=1)
+            await c.checkpoint(key, crashed.record.fencing_token, "charged", lease=1)
+
+            async def resume(claim: AsyncClaim) -> Response:
+                assert claim.resumed and claim.recovery_point == "charged" and claim.attempt == 2
+                return Response(201)
+
+            res = await c.run(key, resume, operation="op", timeout=15)
+            assert res.resumed and not res.replayed
+
+    asyncio.run(main())
+
+
+def test_async_lease_keeper_and_lease_lost(server: Server) -> None:
+    """The keeper keeps a 1 s lease over a 2.2 s function; when someone
+    takes the key over meanwhile, the function is cancelled with LeaseLost."""
+
+    async def main() -> None:
+        async with AsyncClient(server.url, token=server.token) as c:
+            key = new_key()
+
+            async def slow(claim: AsyncClaim) -> Response:
+                await asyncio.sleep(2.2)
+                with pytest.raises(ProblemError) as ei:
+                    await c.claim(key, operation="op")
+                assert ei.value.code == "request_in_flight"
+                return Response(200)
+
+            res = await c.run(key, slow, operation="op", lease=1)
+            assert not res.replayed
+
+            # A keeper that cannot renew (its checkpoints are dropped) loses the key.
+            key2 = new_key()
+            port = int(server.url.rsplit(":", 1)[1])
+            proxy = FaultProxy(("127.0.0.1", port), lambda head: b"/checkpoint " in head.split(b"\r\n", 1)[0])
+            try:
+                async with AsyncClient(proxy.url, token=server.token) as lossy:
+                    started = time.monotonic()
+
+                    async def forever(claim: AsyncClaim) -> Response:
+                        await asyncio.sleep(30)
+                        return Response(200)
+
+                    with pytest.raises(LeaseLost):
+                        await lossy.run(key2, forever, operation="op", lease=1, timeout=60)
+                    assert time.monotonic() - started < 10
+            finally:
+                proxy.close()
+
+    asyncio.run(main())
+
+
+def test_async_retry_after_a_dropped_answer(server: Server) -> None:
+    left = {"complete": 1}
+
+    def drop(head: bytes) -> bool:
+        if b"/complete " in head.split(b"\r\n", 1)[0] and left["complete"]:
+            left["complete"] -= 1
+            return True
+        return False
+
+    proxy = FaultProxy(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), drop)
+    waits: list[float] = []
+
+    async def no_sleep(d: float) -> None:
+        waits.append(d)
+
+    async def main() -> None:
+        async with AsyncClient(proxy.url, token=server.token, sleep=no_sleep) as c:
+            key = new_key()
+
+            async def work(claim: AsyncClaim) -> Response:
+                return Response(201, body=b"z")
+
+            await c.run(key, work, operation="op")
+            assert (await c.get(key)).state == "completed"
+
+    try:
+        asyncio.run(main())
+        assert proxy.dropped == 1 and len(waits) == 1
+    finally:
+        proxy.close()
