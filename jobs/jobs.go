@@ -1,7 +1,8 @@
 // Package jobs runs the service's background work: the reaper, which
 // deletes records past their purge time in bounded batches and logs every
 // orphan it deletes, and the orphan watch, which keeps the per-tenant orphan
-// count and oldest-orphan age current for metrics and the dashboard.
+// count and oldest-orphan age gauges of package metrics current. (The
+// dashboard reads orphans from the API, not from here.)
 //
 // Both are safe with several replicas running at once: the store guarantees
 // that concurrent Reap calls never delete the same record twice, and the
@@ -12,7 +13,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -22,7 +22,7 @@ import (
 
 // Defaults used for zero Config fields.
 const (
-	DefaultReapInterval        = time.Minute
+	DefaultReapInterval        = 30 * time.Second
 	DefaultReapBatchSize       = 500
 	DefaultOrphanWatchInterval = 15 * time.Second
 )
@@ -58,9 +58,6 @@ type Runner struct {
 	cfg    Config
 	logger *slog.Logger
 	m      *metrics.Metrics
-
-	mu       sync.Mutex
-	snapshot OrphanSnapshot
 }
 
 // New returns a Runner over store. logger nil discards logs; m nil records
@@ -95,7 +92,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	})
 	wg.Go(func() {
 		loop(ctx, r.cfg.OrphanWatchInterval, func() {
-			if _, err := r.WatchOnce(ctx); err != nil && ctx.Err() == nil {
+			if err := r.WatchOnce(ctx); err != nil && ctx.Err() == nil {
 				r.logger.Error("orphan watch failed", "err", err)
 			}
 		})
@@ -186,84 +183,12 @@ func (r *Runner) logOrphan(ctx context.Context, rec idem.Record) {
 	)
 }
 
-// OrphanSnapshot is the result of the last successful orphan watch.
-type OrphanSnapshot struct {
-	// Tenants holds one entry per tenant with orphans, oldest orphan first.
-	Tenants []TenantOrphans
-	// TakenAt is the database clock when the stats were read (this host's
-	// clock when no tenant has orphans); zero before the first successful
-	// watch.
-	TakenAt time.Time
-}
-
-// TenantOrphans is one tenant's orphan summary.
-type TenantOrphans struct {
-	Tenant string
-	Count  int64
-	// OldestLeaseExpiry is when the lease of the tenant's oldest orphan
-	// expired.
-	OldestLeaseExpiry time.Time
-	// OldestAge is TakenAt minus OldestLeaseExpiry.
-	OldestAge time.Duration
-}
-
-// Total returns the number of orphans across tenants.
-func (s OrphanSnapshot) Total() int64 {
-	var n int64
-	for _, t := range s.Tenants {
-		n += t.Count
-	}
-	return n
-}
-
-// WatchOnce reads Store.OrphanStats, sets the orphan gauges and stores the
-// snapshot that Orphans returns.
-func (r *Runner) WatchOnce(ctx context.Context) (OrphanSnapshot, error) {
+// WatchOnce reads Store.OrphanStats and sets the orphan gauges from it.
+func (r *Runner) WatchOnce(ctx context.Context) error {
 	stats, err := r.store.OrphanStats(ctx)
 	if err != nil {
-		return OrphanSnapshot{}, fmt.Errorf("orphan stats: %w", err)
+		return fmt.Errorf("orphan stats: %w", err)
 	}
-	snap := OrphanSnapshot{Tenants: make([]TenantOrphans, 0, len(stats))}
-	for _, s := range stats {
-		if s.Count <= 0 {
-			continue
-		}
-		if s.ObservedAt.After(snap.TakenAt) {
-			snap.TakenAt = s.ObservedAt
-		}
-		snap.Tenants = append(snap.Tenants, TenantOrphans{
-			Tenant:            s.TenantID,
-			Count:             s.Count,
-			OldestLeaseExpiry: s.OldestLeaseExpiry,
-			OldestAge:         max(s.ObservedAt.Sub(s.OldestLeaseExpiry), 0),
-		})
-	}
-	if snap.TakenAt.IsZero() {
-		snap.TakenAt = time.Now()
-	}
-	slices.SortFunc(snap.Tenants, func(a, b TenantOrphans) int {
-		if c := a.OldestLeaseExpiry.Compare(b.OldestLeaseExpiry); c != 0 {
-			return c
-		}
-		if a.Tenant < b.Tenant {
-			return -1
-		}
-		if a.Tenant > b.Tenant {
-			return 1
-		}
-		return 0
-	})
 	r.m.SetOrphans(stats)
-	r.mu.Lock()
-	r.snapshot = snap
-	r.mu.Unlock()
-	return snap, nil
-}
-
-// Orphans returns the snapshot of the last successful orphan watch (zero
-// before the first one).
-func (r *Runner) Orphans() OrphanSnapshot {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.snapshot
+	return nil
 }

@@ -293,8 +293,8 @@ func TestReaperSafeWithReplicas(t *testing.T) {
 	})
 }
 
-// TestOrphanWatchReportsCountAndOldestAge checks the snapshot and the
-// gauges, and that a tenant whose orphans are gone disappears from both.
+// TestOrphanWatchReportsCountAndOldestAge checks the gauges, and that a
+// tenant whose orphans are gone disappears from them.
 func TestOrphanWatchReportsCountAndOldestAge(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b *bundle) {
@@ -306,9 +306,8 @@ func TestOrphanWatchReportsCountAndOldestAge(t *testing.T) {
 		m := metrics.New(reg)
 		r := jobs.New(s, jobs.Config{}, nil, m)
 
-		snap, err := r.WatchOnce(ctx)
-		require.NoError(t, err)
-		require.Empty(t, snap.Tenants)
+		require.NoError(t, r.WatchOnce(ctx))
+		require.Equal(t, 0, testutil.CollectAndCount(reg, "idem_orphans"))
 
 		// acme: two orphans whose leases expire at t0+1s; beta: one at t0+31s.
 		t0 := b.clock.Now()
@@ -320,46 +319,39 @@ func TestOrphanWatchReportsCountAndOldestAge(t *testing.T) {
 		b.clock.Advance(5 * time.Second) // now = t0+35s
 		mustClaim(t, s, "acme", "live")
 
-		snap, err = r.WatchOnce(ctx)
-		require.NoError(t, err)
-		require.Equal(t, b.clock.Now(), snap.TakenAt.UTC())
-		require.Equal(t, []jobs.TenantOrphans{
-			{Tenant: "acme", Count: 2, OldestLeaseExpiry: t0.Add(time.Second), OldestAge: 34 * time.Second},
-			{Tenant: "beta", Count: 1, OldestLeaseExpiry: t0.Add(31 * time.Second), OldestAge: 4 * time.Second},
-		}, normalize(snap.Tenants))
-		require.EqualValues(t, 3, snap.Total())
-		require.Equal(t, snap, r.Orphans())
-
+		require.NoError(t, r.WatchOnce(ctx))
+		require.Equal(t, 2, testutil.CollectAndCount(reg, "idem_orphans"))
 		require.Equal(t, 2.0, testutil.ToFloat64(gVec(t, reg, "idem_orphans", "acme")))
 		require.Equal(t, 34.0, testutil.ToFloat64(gVec(t, reg, "idem_oldest_orphan_age_seconds", "acme")))
 		require.Equal(t, 1.0, testutil.ToFloat64(gVec(t, reg, "idem_orphans", "beta")))
+		require.Equal(t, 4.0, testutil.ToFloat64(gVec(t, reg, "idem_oldest_orphan_age_seconds", "beta")))
+		require.Equal(t, t0.Add(35*time.Second), b.clock.Now(), "ages are counted at the store clock")
 
 		// beta's orphan is taken over: beta has none left.
 		res := mustClaim(t, s, "beta", "b1")
 		require.Equal(t, idem.ActionTakeover, res.Action)
 		require.Greater(t, res.Record.FencingToken, beta.Record.FencingToken)
-		snap, err = r.WatchOnce(ctx)
-		require.NoError(t, err)
-		require.Len(t, snap.Tenants, 1)
-		require.Equal(t, "acme", snap.Tenants[0].Tenant)
+		require.NoError(t, r.WatchOnce(ctx))
 		require.Equal(t, 1, testutil.CollectAndCount(reg, "idem_orphans"))
+		require.Equal(t, 2.0, testutil.ToFloat64(gVec(t, reg, "idem_orphans", "acme")))
 		require.NotContains(t, m.OrphanTenants(), "beta")
 	})
 }
 
 // TestRunStopsWithContext runs the loops for real and checks that they
-// fill the snapshot and return once the context ends.
+// set the orphan gauges and return once the context ends.
 func TestRunStopsWithContext(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b *bundle) {
 		createTenant(t, b.store, "acme")
 		mustClaim(t, b.store, "acme", "k")
 		b.clock.Advance(2 * time.Second)
-		r := jobs.New(b.store, jobs.Config{ReapInterval: 10 * time.Millisecond, OrphanWatchInterval: 10 * time.Millisecond}, nil, nil)
+		reg := prometheus.NewRegistry()
+		r := jobs.New(b.store, jobs.Config{ReapInterval: 10 * time.Millisecond, OrphanWatchInterval: 10 * time.Millisecond}, nil, metrics.New(reg))
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- r.Run(ctx) }()
-		require.Eventually(t, func() bool { return r.Orphans().Total() == 1 }, 5*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return testutil.CollectAndCount(reg, "idem_orphans") == 1 }, 5*time.Second, 10*time.Millisecond)
 		cancel()
 		select {
 		case err := <-done:
@@ -368,15 +360,6 @@ func TestRunStopsWithContext(t *testing.T) {
 			t.Fatal("Run did not return after cancel")
 		}
 	})
-}
-
-func normalize(ts []jobs.TenantOrphans) []jobs.TenantOrphans {
-	out := make([]jobs.TenantOrphans, len(ts))
-	for i, t := range ts {
-		t.OldestLeaseExpiry = t.OldestLeaseExpiry.UTC()
-		out[i] = t
-	}
-	return out
 }
 
 // gVec / mVec return a collector holding only the series of one tenant, for

@@ -13,7 +13,7 @@ import (
 
 // Config is the whole configuration of the server. Every field is both an
 // environment variable (IDEM_…) and a flag of cmd/server; a flag overrides
-// the environment. Load fills it, Validate checks it.
+// the environment. Flags fills it, Validate checks it.
 type Config struct {
 	// Addr is the listen address (IDEM_ADDR); "127.0.0.1:0" picks a free
 	// port, see Server.Addr.
@@ -183,21 +183,6 @@ func Flags(fs *flag.FlagSet, getenv func(string) string) func() (Config, error) 
 		}
 		return cfg, errors.Join(errs...)
 	}
-}
-
-// Load parses args (flags, without the program name) over the environment
-// read through getenv, over the defaults.
-func Load(args []string, getenv func(string) string) (Config, error) {
-	fs := flag.NewFlagSet("idem", flag.ContinueOnError)
-	fs.SetOutput(discard{})
-	done := Flags(fs, getenv)
-	if err := fs.Parse(args); err != nil {
-		return Config{}, fmt.Errorf("parse flags: %w", err)
-	}
-	if fs.NArg() > 0 {
-		return Config{}, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
-	}
-	return done()
 }
 
 // Store schemes.
@@ -385,10 +370,6 @@ func redactURL(raw string) string {
 	}
 	return u.Redacted()
 }
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // Flag values that print their current value and parse with clear errors.
 

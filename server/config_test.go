@@ -1,6 +1,9 @@
 package server
 
 import (
+	"flag"
+	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -8,13 +11,28 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// load parses args (flags, without the program name) over the environment
+// read through getenv, over the defaults, as cmd/server does.
+func load(args []string, getenv func(string) string) (Config, error) {
+	fs := flag.NewFlagSet("idem", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	done := Flags(fs, getenv)
+	if err := fs.Parse(args); err != nil {
+		return Config{}, fmt.Errorf("parse flags: %w", err)
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	return done()
+}
+
 func envOf(m map[string]string) func(string) string {
 	return func(k string) string { return m[k] }
 }
 
 func TestLoadDefaults(t *testing.T) {
 	t.Parallel()
-	cfg, err := Load(nil, envOf(nil))
+	cfg, err := load(nil, envOf(nil))
 	require.NoError(t, err)
 	require.Equal(t, DefaultConfig(), cfg)
 	require.Equal(t, ":8080", cfg.Addr)
@@ -43,7 +61,7 @@ func TestLoadFlagOverridesEnv(t *testing.T) {
 		"IDEM_DATABASE_URL":     "postgres://u:p@db/idem",
 		"IDEM_JWT_HS256_SECRET": strings.Repeat("s", 32),
 	})
-	cfg, err := Load([]string{"--addr", "127.0.0.1:0", "--reap-interval=2s", "-db-max-conns", "3", "--log-format", "json"}, env)
+	cfg, err := load([]string{"--addr", "127.0.0.1:0", "--reap-interval=2s", "-db-max-conns", "3", "--log-format", "json"}, env)
 	require.NoError(t, err)
 	// Flags win over the environment.
 	require.Equal(t, "127.0.0.1:0", cfg.Addr)
@@ -61,15 +79,15 @@ func TestLoadFlagOverridesEnv(t *testing.T) {
 
 func TestLoadParseErrorsNameTheVariable(t *testing.T) {
 	t.Parallel()
-	_, err := Load(nil, envOf(map[string]string{"IDEM_REAP_INTERVAL": "soon", "IDEM_DB_MAX_CONNS": "many"}))
+	_, err := load(nil, envOf(map[string]string{"IDEM_REAP_INTERVAL": "soon", "IDEM_DB_MAX_CONNS": "many"}))
 	require.Error(t, err)
 	require.Contains(t, err.Error(), `IDEM_REAP_INTERVAL: "soon" is not a duration`)
 	require.Contains(t, err.Error(), `IDEM_DB_MAX_CONNS: "many" is not a whole number`)
 
-	_, err = Load([]string{"--reap-interval", "soon"}, envOf(nil))
+	_, err = load([]string{"--reap-interval", "soon"}, envOf(nil))
 	require.ErrorContains(t, err, "reap-interval")
 
-	_, err = Load([]string{"stray"}, envOf(nil))
+	_, err = load([]string{"stray"}, envOf(nil))
 	require.ErrorContains(t, err, "unexpected arguments: stray")
 }
 
