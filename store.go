@@ -44,18 +44,19 @@ type Store interface {
 	// never thrown away by a release).
 	Release(ctx context.Context, p ReleaseParams) error
 
-	// GetRecord returns the record with its response. It returns
-	// ErrKeyNotFound.
+	// GetRecord returns the record with its response and recovery data. It
+	// returns ErrKeyNotFound.
 	GetRecord(ctx context.Context, p GetRecordParams) (Record, error)
 
-	// ListRecords returns a tenant's records without response bodies (the
-	// Response field is nil), newest first by (CreatedAt, Key), filtered by
+	// ListRecords returns a tenant's records without responses and recovery
+	// data (Response and RecoveryData are nil: a page stays small whatever
+	// the records hold; GetRecord has them), newest first by (CreatedAt, Key), filtered by
 	// API state and paginated by keyset.
 	ListRecords(ctx context.Context, p ListRecordsParams) ([]Record, error)
 
 	// ListOrphans returns orphaned records, oldest lease expiry first by
 	// (LeaseExpiresAt, TenantID, Key), across all tenants or for one tenant,
-	// without response bodies.
+	// without responses and recovery data.
 	ListOrphans(ctx context.Context, p ListOrphansParams) ([]Record, error)
 
 	// OrphanStats returns, per tenant that has orphans, their number and the
@@ -64,8 +65,8 @@ type Store interface {
 	OrphanStats(ctx context.Context) ([]OrphanStat, error)
 
 	// Reap deletes at most p.Limit records that are past PurgeAfter or belong
-	// to a disabled tenant, and returns what it deleted (without response
-	// bodies). Concurrent callers on several replicas never delete the same
+	// to a disabled tenant, and returns what it deleted (without responses
+	// and recovery data). Concurrent callers on several replicas never delete the same
 	// record twice and never block each other for long.
 	Reap(ctx context.Context, p ReapParams) ([]Record, error)
 

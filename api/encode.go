@@ -59,41 +59,62 @@ func encodeResponse(r *idem.Response) *responseJSON {
 	return out
 }
 
-// recordJSON is the full record of GET /v1/keys/{key}.
+// recoveryJSON is the recovery_data of a record: the JSON saved with the
+// last checkpoint, or null when there is none. Listings leave the member out
+// (omitted, with omitzero) so a page stays small whatever the records hold:
+// checkpoint data may be as large as the tenant's max_response_bytes, and
+// GET /v1/keys/{key} returns it whole.
+type recoveryJSON struct {
+	raw     json.RawMessage
+	omitted bool
+}
+
+// IsZero reports whether the member is left out (encoding/json omitzero).
+func (r recoveryJSON) IsZero() bool { return r.omitted }
+
+// MarshalJSON writes the saved JSON, or null.
+func (r recoveryJSON) MarshalJSON() ([]byte, error) {
+	if len(r.raw) == 0 {
+		return []byte("null"), nil
+	}
+	return r.raw, nil
+}
+
+// recordJSON is the full record of GET /v1/keys/{key}; listings leave out
+// recovery_data (see recoveryJSON).
 type recordJSON struct {
-	Key            string          `json:"key"`
-	State          idem.State      `json:"state"`
-	Operation      string          `json:"operation"`
-	Fingerprint    string          `json:"fingerprint"`
-	FencingToken   int64           `json:"fencing_token"`
-	Attempt        int             `json:"attempt"`
-	LeaseExpiresAt *string         `json:"lease_expires_at"`
-	RecoveryPoint  *string         `json:"recovery_point"`
-	RecoveryData   json.RawMessage `json:"recovery_data"`
-	CreatedAt      *string         `json:"created_at"`
-	CompletedAt    *string         `json:"completed_at"`
-	ReplayUntil    *string         `json:"replay_until"`
-	PurgeAfter     *string         `json:"purge_after"`
-	Response       *responseJSON   `json:"response"`
+	Key            string        `json:"key"`
+	State          idem.State    `json:"state"`
+	Operation      string        `json:"operation"`
+	Fingerprint    string        `json:"fingerprint"`
+	FencingToken   int64         `json:"fencing_token"`
+	Attempt        int           `json:"attempt"`
+	LeaseExpiresAt *string       `json:"lease_expires_at"`
+	RecoveryPoint  *string       `json:"recovery_point"`
+	RecoveryData   recoveryJSON  `json:"recovery_data,omitzero"`
+	CreatedAt      *string       `json:"created_at"`
+	CompletedAt    *string       `json:"completed_at"`
+	ReplayUntil    *string       `json:"replay_until"`
+	PurgeAfter     *string       `json:"purge_after"`
+	Response       *responseJSON `json:"response"`
 }
 
 // orphanJSON is one item of GET /v1/admin/orphans: a record without its
-// response, with its tenant.
+// response and recovery data, with its tenant.
 type orphanJSON struct {
-	Tenant         string          `json:"tenant"`
-	Key            string          `json:"key"`
-	State          idem.State      `json:"state"`
-	Operation      string          `json:"operation"`
-	Fingerprint    string          `json:"fingerprint"`
-	FencingToken   int64           `json:"fencing_token"`
-	Attempt        int             `json:"attempt"`
-	LeaseExpiresAt *string         `json:"lease_expires_at"`
-	RecoveryPoint  *string         `json:"recovery_point"`
-	RecoveryData   json.RawMessage `json:"recovery_data"`
-	CreatedAt      *string         `json:"created_at"`
-	CompletedAt    *string         `json:"completed_at"`
-	ReplayUntil    *string         `json:"replay_until"`
-	PurgeAfter     *string         `json:"purge_after"`
+	Tenant         string     `json:"tenant"`
+	Key            string     `json:"key"`
+	State          idem.State `json:"state"`
+	Operation      string     `json:"operation"`
+	Fingerprint    string     `json:"fingerprint"`
+	FencingToken   int64      `json:"fencing_token"`
+	Attempt        int        `json:"attempt"`
+	LeaseExpiresAt *string    `json:"lease_expires_at"`
+	RecoveryPoint  *string    `json:"recovery_point"`
+	CreatedAt      *string    `json:"created_at"`
+	CompletedAt    *string    `json:"completed_at"`
+	ReplayUntil    *string    `json:"replay_until"`
+	PurgeAfter     *string    `json:"purge_after"`
 }
 
 func encodeOrphan(r idem.Record) orphanJSON {
@@ -102,9 +123,17 @@ func encodeOrphan(r idem.Record) orphanJSON {
 		Tenant: r.TenantID, Key: j.Key, State: j.State, Operation: j.Operation,
 		Fingerprint: j.Fingerprint, FencingToken: j.FencingToken, Attempt: j.Attempt,
 		LeaseExpiresAt: timeJSON(r.LeaseExpiresAt), RecoveryPoint: j.RecoveryPoint,
-		RecoveryData: j.RecoveryData, CreatedAt: j.CreatedAt, CompletedAt: j.CompletedAt,
+		CreatedAt: j.CreatedAt, CompletedAt: j.CompletedAt,
 		ReplayUntil: j.ReplayUntil, PurgeAfter: j.PurgeAfter,
 	}
+}
+
+// encodeListed encodes a record of a listing: without recovery_data (the
+// store does not read it for listings).
+func encodeListed(r idem.Record) recordJSON {
+	out := encodeRecord(r)
+	out.RecoveryData.omitted = true
+	return out
 }
 
 func encodeRecord(r idem.Record) recordJSON {
@@ -116,7 +145,7 @@ func encodeRecord(r idem.Record) recordJSON {
 		FencingToken:  r.FencingToken,
 		Attempt:       r.Attempt,
 		RecoveryPoint: stringOrNull(r.RecoveryPoint),
-		RecoveryData:  rawOrNull(r.RecoveryData),
+		RecoveryData:  recoveryJSON{raw: r.RecoveryData},
 		CreatedAt:     timeJSON(r.CreatedAt),
 		CompletedAt:   timeJSON(r.CompletedAt),
 		ReplayUntil:   timeJSON(r.ReplayUntil),

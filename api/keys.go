@@ -182,6 +182,18 @@ func (s *server) checkpoint(ctx context.Context, req *checkpointRequest) (record
 	if !isNull(req.Data) {
 		data = req.Data
 	}
+	// Recovery data is returned by every takeover claim and record read:
+	// it is bounded like a stored response.
+	if len(data) > t.Settings.MaxResponseBytes {
+		msg := fmt.Sprintf("must be at most max_response_bytes (%d bytes) of JSON; got %d", t.Settings.MaxResponseBytes, len(data))
+		err := &idem.Error{
+			Code:   idem.CodePayloadTooLarge,
+			Detail: "data " + msg,
+			Fields: []idem.FieldError{{Field: "data", Message: msg}},
+		}
+		s.observeWrite(t.ID, "checkpoint", err)
+		return recordJSON{}, err
+	}
 	rec, err := s.store.Checkpoint(ctx, idem.CheckpointParams{
 		TenantID: t.ID, Key: req.key, FencingToken: *req.FencingToken,
 		RecoveryPoint: req.RecoveryPoint, Data: data, Lease: lease,
@@ -355,7 +367,7 @@ func (s *server) listKeys(ctx context.Context, req *listKeysRequest) (listJSON[r
 		out.NextCursor = encodeCursor(idem.Cursor{Time: last.CreatedAt, Key: last.Key})
 	}
 	for _, r := range recs {
-		out.Items = append(out.Items, encodeRecord(r))
+		out.Items = append(out.Items, encodeListed(r))
 	}
 	return out, nil
 }

@@ -12,7 +12,8 @@ import (
 )
 
 // listRow is the shape of every query that returns records without their
-// responses: the listing, orphan and reap queries select the same columns.
+// responses and recovery data: the listing, orphan and reap queries select
+// the same columns, so a listing stays small whatever the records hold.
 type listRow = dbsqlc.ListKeysRow
 
 // recordFromRow converts a whole record, response included, observed at
@@ -28,7 +29,6 @@ func recordFromRow(k dbsqlc.IdempotencyKey, observedAt pgtype.Timestamptz) (idem
 		Attempt:                k.Attempt,
 		LeaseExpiresAt:         k.LeaseExpiresAt,
 		RecoveryPoint:          k.RecoveryPoint,
-		RecoveryData:           k.RecoveryData,
 		ReplayWindowSeconds:    k.ReplayWindowSeconds,
 		ReaperThresholdSeconds: k.ReaperThresholdSeconds,
 		CreatedAt:              k.CreatedAt,
@@ -38,6 +38,9 @@ func recordFromRow(k dbsqlc.IdempotencyKey, observedAt pgtype.Timestamptz) (idem
 		PurgeAfter:             k.PurgeAfter,
 		ObservedAt:             observedAt,
 	})
+	if k.RecoveryData != nil {
+		rec.RecoveryData = json.RawMessage(k.RecoveryData)
+	}
 	if k.ResponseStatus == nil {
 		return rec, nil
 	}
@@ -52,7 +55,8 @@ func recordFromRow(k dbsqlc.IdempotencyKey, observedAt pgtype.Timestamptz) (idem
 	return rec, nil
 }
 
-// recordFromListRow converts a record without its response.
+// recordFromListRow converts a record without its response and recovery
+// data.
 func recordFromListRow(r listRow) idem.Record {
 	rec := idem.Record{
 		TenantID:        r.TenantID,
@@ -75,9 +79,6 @@ func recordFromListRow(r listRow) idem.Record {
 	if r.RecoveryPoint != nil {
 		rec.RecoveryPoint = *r.RecoveryPoint
 	}
-	if r.RecoveryData != nil {
-		rec.RecoveryData = json.RawMessage(r.RecoveryData)
-	}
 	return rec
 }
 
@@ -92,7 +93,6 @@ func listRecords[R ~struct {
 	Attempt                int32
 	LeaseExpiresAt         pgtype.Timestamptz
 	RecoveryPoint          *string
-	RecoveryData           []byte
 	ReplayWindowSeconds    int32
 	ReaperThresholdSeconds int32
 	CreatedAt              pgtype.Timestamptz

@@ -11,7 +11,8 @@ import (
 )
 
 // listRow is the shape of every query that returns records without their
-// responses: the listing, orphan and reap queries select the same columns.
+// responses and recovery data: the listing, orphan and reap queries select
+// the same columns, so a listing stays small whatever the records hold.
 type listRow = dbsqlc.ListKeysRow
 
 // recordFromRow converts a whole record, response included, observed at now.
@@ -26,7 +27,6 @@ func recordFromRow(k dbsqlc.IdempotencyKey, now time.Time) (idem.Record, error) 
 		Attempt:                k.Attempt,
 		LeaseExpiresAt:         k.LeaseExpiresAt,
 		RecoveryPoint:          k.RecoveryPoint,
-		RecoveryData:           k.RecoveryData,
 		ReplayWindowSeconds:    k.ReplayWindowSeconds,
 		ReaperThresholdSeconds: k.ReaperThresholdSeconds,
 		CreatedAt:              k.CreatedAt,
@@ -35,6 +35,9 @@ func recordFromRow(k dbsqlc.IdempotencyKey, now time.Time) (idem.Record, error) 
 		ReplayUntil:            k.ReplayUntil,
 		PurgeAfter:             k.PurgeAfter,
 	}, now)
+	if k.RecoveryData != nil {
+		rec.RecoveryData = json.RawMessage(k.RecoveryData)
+	}
 	if k.ResponseStatus == nil {
 		return rec, nil
 	}
@@ -51,8 +54,8 @@ func recordFromRow(k dbsqlc.IdempotencyKey, now time.Time) (idem.Record, error) 
 	return rec, nil
 }
 
-// recordFromListRow converts a record without its response, observed at
-// now.
+// recordFromListRow converts a record without its response and recovery
+// data, observed at now.
 func recordFromListRow(r listRow, now time.Time) idem.Record {
 	rec := idem.Record{
 		TenantID:        r.TenantID,
@@ -75,9 +78,6 @@ func recordFromListRow(r listRow, now time.Time) idem.Record {
 	if r.RecoveryPoint != nil {
 		rec.RecoveryPoint = *r.RecoveryPoint
 	}
-	if r.RecoveryData != nil {
-		rec.RecoveryData = json.RawMessage(r.RecoveryData)
-	}
 	return rec
 }
 
@@ -92,7 +92,6 @@ func listRecords[R ~struct {
 	Attempt                int64
 	LeaseExpiresAt         *int64
 	RecoveryPoint          *string
-	RecoveryData           []byte
 	ReplayWindowSeconds    int64
 	ReaperThresholdSeconds int64
 	CreatedAt              int64

@@ -487,3 +487,40 @@ func testReapDisabledTenant(t *testing.T, s *suite) {
 	b.requireAbsent(t, "gone", "done")
 	b.get(t, "kept", "inflight")
 }
+
+// testListsOmitRecoveryData: listings, orphan lists and reaped records carry
+// neither responses nor recovery data, so a page stays small whatever the
+// records hold; GetRecord still returns the recovery data whole.
+func testListsOmitRecoveryData(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	data := []byte(`{"charge":"` + strings.Repeat("x", 4096) + `"}`)
+	p := claimParams("acme", "big")
+	p.Lease = 10 * time.Second
+	p.ReaperThreshold = time.Hour
+	rec := b.claim(t, p).Record
+	b.checkpoint(t, idem.CheckpointParams{
+		TenantID: "acme", Key: "big", FencingToken: rec.FencingToken,
+		RecoveryPoint: "charged", Data: data, Lease: p.Lease,
+	})
+	requireBytes(t, data, b.get(t, "acme", "big").RecoveryData, "GetRecord RecoveryData")
+
+	listed, err := b.store.ListRecords(b.ctx, idem.ListRecordsParams{TenantID: "acme", Limit: 10})
+	require.NoError(t, err)
+	require.Equal(t, []string{"big"}, keysOf(listed))
+	require.Equal(t, "charged", listed[0].RecoveryPoint)
+	require.Zero(t, len(listed[0].RecoveryData), "ListRecords must not return recovery data")
+
+	b.advance(time.Minute) // the lease runs out: the record is an orphan
+	orphans, err := b.store.ListOrphans(b.ctx, idem.ListOrphansParams{TenantID: "acme", Limit: 10})
+	require.NoError(t, err)
+	require.Equal(t, []string{"acme/big"}, tenantKeys(orphans))
+	require.Equal(t, "charged", orphans[0].RecoveryPoint)
+	require.Zero(t, len(orphans[0].RecoveryData), "ListOrphans must not return recovery data")
+
+	b.advance(2 * time.Hour) // past purge_after
+	reaped, err := b.store.Reap(b.ctx, idem.ReapParams{Limit: 10})
+	require.NoError(t, err)
+	require.Equal(t, []string{"acme/big"}, tenantKeys(reaped))
+	require.Zero(t, len(reaped[0].RecoveryData), "Reap must not return recovery data")
+}

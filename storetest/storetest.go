@@ -121,6 +121,7 @@ func groups() []group {
 			{"NewestFirst", testListRecordsNewestFirst},
 			{"StateFilter", testListRecordsStateFilter},
 			{"Pagination", testListRecordsPagination},
+			{"OmitRecoveryData", testListsOmitRecoveryData},
 		}},
 		{"Orphans", []testCase{
 			{"ListAcrossTenants", testListOrphans},

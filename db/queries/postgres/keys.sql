@@ -110,7 +110,8 @@ WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
     AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight';
 
 -- name: ListKeys :many
--- ListKeys lists a tenant's records without responses, newest first, with an
+-- ListKeys lists a tenant's records without responses or recovery data (a
+-- listing stays small whatever the records hold), newest first, with an
 -- optional API-state filter computed at the clock instant and a keyset cursor
 -- on (created_at, key).
 WITH clock AS (
@@ -118,7 +119,7 @@ WITH clock AS (
 )
 SELECT
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
-    k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data,
+    k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     clock.now AS observed_at
@@ -138,15 +139,15 @@ ORDER BY k.created_at DESC, k.key DESC
 LIMIT sqlc.arg('row_limit')::integer;
 
 -- name: ListOrphanKeys :many
--- ListOrphanKeys lists orphaned records, oldest lease expiry first, for one
--- tenant or ('' ) every tenant, with a keyset cursor on
+-- ListOrphanKeys lists orphaned records without recovery data, oldest lease
+-- expiry first, for one tenant or ('') every tenant, with a keyset cursor on
 -- (lease_expires_at, tenant_id, key). It reads the partial orphan index.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 )
 SELECT
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
-    k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data,
+    k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     clock.now AS observed_at
@@ -180,7 +181,8 @@ ORDER BY k.tenant_id;
 -- FOR UPDATE SKIP LOCKED lets concurrent reapers on several replicas each
 -- take different rows without waiting on one another; a row is deleted by
 -- one of them only. Rows locked by a branch but cut by the final LIMIT are
--- released when the statement ends.
+-- released when the statement ends. It returns the records without responses
+-- or recovery data.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 ), expired AS (
@@ -207,7 +209,7 @@ USING victims
 WHERE k.tenant_id = victims.tenant_id AND k.key = victims.key
 RETURNING
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
-    k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data,
+    k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     (SELECT clock.now FROM clock)::timestamptz AS observed_at;

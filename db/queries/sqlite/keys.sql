@@ -98,12 +98,13 @@ DELETE FROM idempotency_keys
 WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key) AND fencing_token = sqlc.arg(fencing_token);
 
 -- name: ListKeys :many
--- ListKeys lists a tenant's records newest first, without responses. The
+-- ListKeys lists a tenant's records newest first, without responses or
+-- recovery data (a listing stays small whatever the records hold). The
 -- state filter is the API state at now ('' for all). The keyset cursor is
 -- always present (the first page passes the largest possible position) so
 -- the listing index serves it as a range.
 SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
-       lease_expires_at, recovery_point, recovery_data,
+       lease_expires_at, recovery_point,
        replay_window_seconds, reaper_threshold_seconds,
        created_at, updated_at, completed_at, replay_until, purge_after
 FROM idempotency_keys
@@ -120,10 +121,11 @@ ORDER BY created_at DESC, key DESC
 LIMIT sqlc.arg(row_limit);
 
 -- name: ListOrphanKeys :many
--- ListOrphanKeys lists orphaned records, oldest lease first, from the partial
--- index of in-flight leases; tenant '' lists every tenant.
+-- ListOrphanKeys lists orphaned records without recovery data, oldest lease
+-- first, from the partial index of in-flight leases; tenant '' lists every
+-- tenant.
 SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
-       lease_expires_at, recovery_point, recovery_data,
+       lease_expires_at, recovery_point,
        replay_window_seconds, reaper_threshold_seconds,
        created_at, updated_at, completed_at, replay_until, purge_after
 FROM idempotency_keys
@@ -146,7 +148,7 @@ ORDER BY tenant_id;
 
 -- name: ReapKeys :many
 -- ReapKeys deletes one bounded batch of records past purge_after or of
--- disabled tenants and returns them without responses.
+-- disabled tenants and returns them without responses or recovery data.
 DELETE FROM idempotency_keys
 WHERE rowid IN (
     SELECT k.rowid FROM idempotency_keys AS k
@@ -155,6 +157,6 @@ WHERE rowid IN (
     LIMIT sqlc.arg(row_limit)
 )
 RETURNING tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
-          lease_expires_at, recovery_point, recovery_data,
+          lease_expires_at, recovery_point,
           replay_window_seconds, reaper_threshold_seconds,
           created_at, updated_at, completed_at, replay_until, purge_after;

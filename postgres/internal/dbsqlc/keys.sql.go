@@ -330,7 +330,7 @@ WITH clock AS (
 )
 SELECT
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
-    k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data,
+    k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     clock.now AS observed_at
@@ -369,7 +369,6 @@ type ListKeysRow struct {
 	Attempt                int32
 	LeaseExpiresAt         pgtype.Timestamptz
 	RecoveryPoint          *string
-	RecoveryData           []byte
 	ReplayWindowSeconds    int32
 	ReaperThresholdSeconds int32
 	CreatedAt              pgtype.Timestamptz
@@ -380,7 +379,8 @@ type ListKeysRow struct {
 	ObservedAt             pgtype.Timestamptz
 }
 
-// ListKeys lists a tenant's records without responses, newest first, with an
+// ListKeys lists a tenant's records without responses or recovery data (a
+// listing stays small whatever the records hold), newest first, with an
 // optional API-state filter computed at the clock instant and a keyset cursor
 // on (created_at, key).
 func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysRow, error) {
@@ -409,7 +409,6 @@ func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysR
 			&i.Attempt,
 			&i.LeaseExpiresAt,
 			&i.RecoveryPoint,
-			&i.RecoveryData,
 			&i.ReplayWindowSeconds,
 			&i.ReaperThresholdSeconds,
 			&i.CreatedAt,
@@ -435,7 +434,7 @@ WITH clock AS (
 )
 SELECT
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
-    k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data,
+    k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     clock.now AS observed_at
@@ -468,7 +467,6 @@ type ListOrphanKeysRow struct {
 	Attempt                int32
 	LeaseExpiresAt         pgtype.Timestamptz
 	RecoveryPoint          *string
-	RecoveryData           []byte
 	ReplayWindowSeconds    int32
 	ReaperThresholdSeconds int32
 	CreatedAt              pgtype.Timestamptz
@@ -479,8 +477,8 @@ type ListOrphanKeysRow struct {
 	ObservedAt             pgtype.Timestamptz
 }
 
-// ListOrphanKeys lists orphaned records, oldest lease expiry first, for one
-// tenant or (” ) every tenant, with a keyset cursor on
+// ListOrphanKeys lists orphaned records without recovery data, oldest lease
+// expiry first, for one tenant or (”) every tenant, with a keyset cursor on
 // (lease_expires_at, tenant_id, key). It reads the partial orphan index.
 func (q *Queries) ListOrphanKeys(ctx context.Context, arg ListOrphanKeysParams) ([]ListOrphanKeysRow, error) {
 	rows, err := q.db.Query(ctx, listOrphanKeys,
@@ -508,7 +506,6 @@ func (q *Queries) ListOrphanKeys(ctx context.Context, arg ListOrphanKeysParams) 
 			&i.Attempt,
 			&i.LeaseExpiresAt,
 			&i.RecoveryPoint,
-			&i.RecoveryData,
 			&i.ReplayWindowSeconds,
 			&i.ReaperThresholdSeconds,
 			&i.CreatedAt,
@@ -603,7 +600,7 @@ USING victims
 WHERE k.tenant_id = victims.tenant_id AND k.key = victims.key
 RETURNING
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
-    k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data,
+    k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     (SELECT clock.now FROM clock)::timestamptz AS observed_at
@@ -624,7 +621,6 @@ type ReapKeysRow struct {
 	Attempt                int32
 	LeaseExpiresAt         pgtype.Timestamptz
 	RecoveryPoint          *string
-	RecoveryData           []byte
 	ReplayWindowSeconds    int32
 	ReaperThresholdSeconds int32
 	CreatedAt              pgtype.Timestamptz
@@ -640,7 +636,8 @@ type ReapKeysRow struct {
 // FOR UPDATE SKIP LOCKED lets concurrent reapers on several replicas each
 // take different rows without waiting on one another; a row is deleted by
 // one of them only. Rows locked by a branch but cut by the final LIMIT are
-// released when the statement ends.
+// released when the statement ends. It returns the records without responses
+// or recovery data.
 func (q *Queries) ReapKeys(ctx context.Context, arg ReapKeysParams) ([]ReapKeysRow, error) {
 	rows, err := q.db.Query(ctx, reapKeys, arg.Now, arg.RowLimit)
 	if err != nil {
@@ -660,7 +657,6 @@ func (q *Queries) ReapKeys(ctx context.Context, arg ReapKeysParams) ([]ReapKeysR
 			&i.Attempt,
 			&i.LeaseExpiresAt,
 			&i.RecoveryPoint,
-			&i.RecoveryData,
 			&i.ReplayWindowSeconds,
 			&i.ReaperThresholdSeconds,
 			&i.CreatedAt,

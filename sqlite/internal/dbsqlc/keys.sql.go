@@ -278,7 +278,7 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 
 const listKeys = `-- name: ListKeys :many
 SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
-       lease_expires_at, recovery_point, recovery_data,
+       lease_expires_at, recovery_point,
        replay_window_seconds, reaper_threshold_seconds,
        created_at, updated_at, completed_at, replay_until, purge_after
 FROM idempotency_keys
@@ -314,7 +314,6 @@ type ListKeysRow struct {
 	Attempt                int64
 	LeaseExpiresAt         *int64
 	RecoveryPoint          *string
-	RecoveryData           []byte
 	ReplayWindowSeconds    int64
 	ReaperThresholdSeconds int64
 	CreatedAt              int64
@@ -324,7 +323,8 @@ type ListKeysRow struct {
 	PurgeAfter             int64
 }
 
-// ListKeys lists a tenant's records newest first, without responses. The
+// ListKeys lists a tenant's records newest first, without responses or
+// recovery data (a listing stays small whatever the records hold). The
 // state filter is the API state at now (” for all). The keyset cursor is
 // always present (the first page passes the largest possible position) so
 // the listing index serves it as a range.
@@ -354,7 +354,6 @@ func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysR
 			&i.Attempt,
 			&i.LeaseExpiresAt,
 			&i.RecoveryPoint,
-			&i.RecoveryData,
 			&i.ReplayWindowSeconds,
 			&i.ReaperThresholdSeconds,
 			&i.CreatedAt,
@@ -378,7 +377,7 @@ func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysR
 
 const listOrphanKeys = `-- name: ListOrphanKeys :many
 SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
-       lease_expires_at, recovery_point, recovery_data,
+       lease_expires_at, recovery_point,
        replay_window_seconds, reaper_threshold_seconds,
        created_at, updated_at, completed_at, replay_until, purge_after
 FROM idempotency_keys
@@ -410,7 +409,6 @@ type ListOrphanKeysRow struct {
 	Attempt                int64
 	LeaseExpiresAt         *int64
 	RecoveryPoint          *string
-	RecoveryData           []byte
 	ReplayWindowSeconds    int64
 	ReaperThresholdSeconds int64
 	CreatedAt              int64
@@ -420,8 +418,9 @@ type ListOrphanKeysRow struct {
 	PurgeAfter             int64
 }
 
-// ListOrphanKeys lists orphaned records, oldest lease first, from the partial
-// index of in-flight leases; tenant ” lists every tenant.
+// ListOrphanKeys lists orphaned records without recovery data, oldest lease
+// first, from the partial index of in-flight leases; tenant ” lists every
+// tenant.
 func (q *Queries) ListOrphanKeys(ctx context.Context, arg ListOrphanKeysParams) ([]ListOrphanKeysRow, error) {
 	rows, err := q.db.QueryContext(ctx, listOrphanKeys,
 		arg.Now,
@@ -448,7 +447,6 @@ func (q *Queries) ListOrphanKeys(ctx context.Context, arg ListOrphanKeysParams) 
 			&i.Attempt,
 			&i.LeaseExpiresAt,
 			&i.RecoveryPoint,
-			&i.RecoveryData,
 			&i.ReplayWindowSeconds,
 			&i.ReaperThresholdSeconds,
 			&i.CreatedAt,
@@ -535,7 +533,7 @@ WHERE rowid IN (
     LIMIT ?2
 )
 RETURNING tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
-          lease_expires_at, recovery_point, recovery_data,
+          lease_expires_at, recovery_point,
           replay_window_seconds, reaper_threshold_seconds,
           created_at, updated_at, completed_at, replay_until, purge_after
 `
@@ -555,7 +553,6 @@ type ReapKeysRow struct {
 	Attempt                int64
 	LeaseExpiresAt         *int64
 	RecoveryPoint          *string
-	RecoveryData           []byte
 	ReplayWindowSeconds    int64
 	ReaperThresholdSeconds int64
 	CreatedAt              int64
@@ -566,7 +563,7 @@ type ReapKeysRow struct {
 }
 
 // ReapKeys deletes one bounded batch of records past purge_after or of
-// disabled tenants and returns them without responses.
+// disabled tenants and returns them without responses or recovery data.
 func (q *Queries) ReapKeys(ctx context.Context, arg ReapKeysParams) ([]ReapKeysRow, error) {
 	rows, err := q.db.QueryContext(ctx, reapKeys, arg.Now, arg.RowLimit)
 	if err != nil {
@@ -586,7 +583,6 @@ func (q *Queries) ReapKeys(ctx context.Context, arg ReapKeysParams) ([]ReapKeysR
 			&i.Attempt,
 			&i.LeaseExpiresAt,
 			&i.RecoveryPoint,
-			&i.RecoveryData,
 			&i.ReplayWindowSeconds,
 			&i.ReaperThresholdSeconds,
 			&i.CreatedAt,
