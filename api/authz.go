@@ -59,6 +59,12 @@ func (s *server) requireScope(scopes ...string) func(http.Handler) http.Handler 
 // resolveTenant loads the token's tenant (403 tenant_unknown when it is
 // missing or disabled), applies the tenant's rate limit (429) and puts the
 // tenant in the request's state. The tenant comes only from the token.
+//
+// A tenant over its limit is refused first, from the limiter alone: no
+// tenant lookup (which may reach the store), no body read, so a flood of
+// refused requests costs its neighbours as little as possible. The limiter
+// uses the rate of the tenant's last admitted request, which is at most as
+// old as the tenant cache's entry.
 func (s *server) resolveTenant(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := principalFrom(r.Context())
@@ -66,24 +72,34 @@ func (s *server) resolveTenant(next http.Handler) http.Handler {
 			s.writeProblem(w, r, idem.Errorf(idem.CodeTenantUnknown, "the token names no tenant"))
 			return
 		}
+		st, r := withState(r)
+		if wait, limited := s.limiter.limited(p.Tenant); limited {
+			id := p.Tenant
+			st.logTenant.Store(&id)
+			s.rateLimited(w, r, wait)
+			return
+		}
 		t, err := s.tenants.Active(r.Context(), p.Tenant)
 		if err != nil {
 			s.writeProblem(w, r, err)
 			return
 		}
-		st, r := withState(r)
 		id := t.ID
 		st.logTenant.Store(&id)
 		if ok, wait := s.limiter.allow(t.ID, t.Settings.RateLimitPerSecond); !ok {
-			s.writeProblem(w, r, &idem.Error{
-				Code:       idem.CodeRateLimited,
-				Detail:     "the tenant is over its request rate limit",
-				RetryAfter: wait,
-			})
+			s.rateLimited(w, r, wait)
 			return
 		}
 		st.tenant = t
 		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *server) rateLimited(w http.ResponseWriter, r *http.Request, wait time.Duration) {
+	s.writeProblem(w, r, &idem.Error{
+		Code:       idem.CodeRateLimited,
+		Detail:     "the tenant is over its request rate limit",
+		RetryAfter: wait,
 	})
 }
 
@@ -105,6 +121,7 @@ type limiter struct {
 }
 
 type bucket struct {
+	rate   int // of the last allow call
 	tokens float64
 	last   time.Time
 }
@@ -113,8 +130,43 @@ func newLimiter(now func() time.Time) *limiter {
 	return &limiter{now: now, buckets: map[string]*bucket{}}
 }
 
-// allow takes one token from the tenant's bucket. A rate of 0 or less is
-// off. When the bucket is empty it returns the wait until the next token.
+// refill adds the tokens earned since b.last at b.rate, up to the burst.
+func (b *bucket) refill(now time.Time) {
+	burst := float64(b.rate)
+	if elapsed := now.Sub(b.last).Seconds(); elapsed > 0 {
+		b.tokens = min(burst, b.tokens+elapsed*float64(b.rate))
+	}
+	b.last = now
+	// A lowered rate caps the bucket at once.
+	b.tokens = min(b.tokens, burst)
+}
+
+// wait is the time until the bucket holds one token.
+func (b *bucket) wait() time.Duration {
+	return time.Duration((1 - b.tokens) / float64(b.rate) * float64(time.Second))
+}
+
+// limited reports whether the tenant's bucket is empty at the rate of its
+// last allow call, and the wait until the next token. It takes no token: a
+// request it lets through still goes through allow with the current rate.
+// A tenant without a bucket (never seen, or rate limit off) is not limited.
+func (l *limiter) limited(tenant string) (time.Duration, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, ok := l.buckets[tenant]
+	if !ok {
+		return 0, false
+	}
+	b.refill(l.now())
+	if b.tokens >= 1 {
+		return 0, false
+	}
+	return b.wait(), true
+}
+
+// allow takes one token from the tenant's bucket at rate. A rate of 0 or
+// less is off. When the bucket is empty it returns the wait until the next
+// token.
 func (l *limiter) allow(tenant string, rate int) (bool, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -123,22 +175,16 @@ func (l *limiter) allow(tenant string, rate int) (bool, time.Duration) {
 		return true, 0
 	}
 	now := l.now()
-	burst := float64(rate)
 	b, ok := l.buckets[tenant]
 	if !ok {
-		b = &bucket{tokens: burst, last: now}
+		b = &bucket{tokens: float64(rate), last: now}
 		l.buckets[tenant] = b
 	}
-	if elapsed := now.Sub(b.last).Seconds(); elapsed > 0 {
-		b.tokens = min(burst, b.tokens+elapsed*float64(rate))
-	}
-	b.last = now
-	// A lowered rate caps the bucket at once.
-	b.tokens = min(b.tokens, burst)
+	b.rate = rate
+	b.refill(now)
 	if b.tokens >= 1 {
 		b.tokens--
 		return true, 0
 	}
-	wait := time.Duration((1 - b.tokens) / float64(rate) * float64(time.Second))
-	return false, wait
+	return false, b.wait()
 }

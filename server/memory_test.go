@@ -1,9 +1,11 @@
 package server_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/server/servertest"
 )
 
@@ -138,4 +141,75 @@ func requireListedWithoutData(t *testing.T, body []byte, n int) {
 	}
 	require.NotContains(t, string(body), "mmmm")
 	require.Less(t, len(body), n*1024, "a listing must stay small")
+}
+
+// storeOps returns how many store operations op the server has run, from
+// its /metrics (every result summed).
+func storeOps(t *testing.T, ts *servertest.Server, op string) int {
+	t.Helper()
+	resp, body := do(t, http.MethodGet, ts.URL()+"/metrics", "", "")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	prefix := `idem_store_operation_duration_seconds_count{op="` + op + `"`
+	n := 0
+	for line := range strings.Lines(string(body)) {
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		var v int
+		_, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+		require.NoError(t, err, line)
+		n += v
+	}
+	return n
+}
+
+// TestRateLimitRefusesBeforeStoreAndBody: a request over the tenant's rate
+// limit is refused right after authentication, with no tenant lookup (here
+// the tenant cache is off, so every lookup would reach the store) and
+// without reading the body (issue 9, item 9).
+func TestRateLimitRefusesBeforeStoreAndBody(t *testing.T) {
+	t.Parallel()
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ts := servertest.Start(t, servertest.Options{
+				Backend:   backend,
+				Configure: func(c *server.Config) { c.TenantCacheTTL = 0 },
+			})
+			rate := 1
+			ts.CreateTenant(t, "flood", idem.SettingsPatch{RateLimitPerSecond: &rate})
+			tok := ts.Token(t, "flood", "keys:write")
+			claim := `{"operation":"op","fingerprint":"fp"}`
+
+			resp, body := do(t, http.MethodPost, ts.URL()+"/v1/keys/first/claim", tok, claim)
+			require.Equal(t, http.StatusCreated, resp.StatusCode, string(body))
+			lookups, claims := storeOps(t, ts, "get_tenant"), storeOps(t, ts, "claim")
+			require.Positive(t, lookups)
+
+			const refused = 20
+			for i := range refused {
+				resp, body := do(t, http.MethodPost, fmt.Sprintf("%s/v1/keys/k-%d/claim", ts.URL(), i), tok, claim)
+				require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, string(body))
+				require.Equal(t, "rate_limited", decodeProblem(t, resp, body).Code)
+				require.NotEmpty(t, resp.Header.Get("Retry-After"))
+			}
+			require.Equal(t, lookups, storeOps(t, ts, "get_tenant"), "a refused request must not look the tenant up in the store")
+			require.Equal(t, claims, storeOps(t, ts, "claim"))
+
+			// A refused request with a 1 GiB body that is never sent: the
+			// 429 comes back without the server waiting for the body.
+			conn, err := net.DialTimeout("tcp", ts.Addr(), 5*time.Second)
+			require.NoError(t, err)
+			defer conn.Close()
+			require.NoError(t, conn.SetDeadline(time.Now().Add(10*time.Second)))
+			_, err = fmt.Fprintf(conn, "POST /v1/keys/huge/claim HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer %s\r\n"+
+				"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"operation\":\"op\",", tok, 1<<30)
+			require.NoError(t, err)
+			hr, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			require.NoError(t, err, "the 429 must come before the body is sent")
+			defer hr.Body.Close()
+			require.Equal(t, http.StatusTooManyRequests, hr.StatusCode)
+			require.Equal(t, lookups, storeOps(t, ts, "get_tenant"))
+		})
+	}
 }
