@@ -200,7 +200,7 @@ func TestCLIConfigRedacts(t *testing.T) {
 func TestCLIHelp(t *testing.T) {
 	t.Parallel()
 	out := mustCLI(t, nil, "--help")
-	for _, c := range []string{"serve", "gateway", "migrate", "token", "tenant", "config", "healthcheck"} {
+	for _, c := range []string{"serve", "gateway", "conformance", "migrate", "token", "tenant", "config", "healthcheck"} {
 		require.Contains(t, out, "\n  "+c)
 	}
 	out = mustCLI(t, nil, "serve", "--help")

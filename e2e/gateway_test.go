@@ -3,9 +3,9 @@ package e2e
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -21,6 +21,7 @@ import (
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, to hold a write lock
 
 	"github.com/idem-dev/idem/conformance"
+	"github.com/idem-dev/idem/internal/cutproxy"
 	"github.com/idem-dev/idem/postgres/pgtest"
 )
 
@@ -229,45 +230,28 @@ func requireStoreDown(t *testing.T, url string, up *conformance.Upstream, count 
 }
 
 // cuttablePostgres returns a URL of an isolated schema reached through a
-// loopback TCP proxy, and a function that cuts the path: it closes the
-// listener and every proxied connection.
+// loopback proxy, and the function that cuts the path to it.
 func cuttablePostgres(t *testing.T) (string, func()) {
 	t.Helper()
-	raw := pgtest.URL(t)
-	u, err := url.Parse(raw)
+	u, err := url.Parse(pgtest.URL(t))
 	require.NoError(t, err)
-	target := u.Host
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := cutproxy.New(u.Host)
 	require.NoError(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			d, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, d)
-			mu.Unlock()
-			go func() { _, _ = io.Copy(d, c); _ = d.Close() }()
-			go func() { _, _ = io.Copy(c, d); _ = c.Close() }()
-		}
-	}()
-	cut := func() {
-		_ = ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	}
-	t.Cleanup(cut)
-	u.Host = ln.Addr().String()
-	return u.String(), cut
+	t.Cleanup(p.Close)
+	u.Host = p.Addr()
+	return u.String(), p.Cut
+}
+
+// TestConformanceCLIAgainstTheGateway runs `server conformance` against a
+// gateway process: every scenario passes but store_unavailable, which the
+// command line cannot provoke and skips.
+func TestConformanceCLIAgainstTheGateway(t *testing.T) {
+	t.Parallel()
+	r := newGatewayRig(t, "sqlite", "", nil)
+	gw := r.startGateway(t)
+	out := mustCLI(t, nil, "conformance", "--target", gw.url)
+	require.Contains(t, out, "SKIP  store_unavailable")
+	require.True(t, strings.HasSuffix(out, fmt.Sprintf("\n%d passed, 0 failed\n", len(conformance.Scenarios())-1)), out)
+	_, errOut, code := runCLI(t, nil, "conformance", "--target", r.upURL)
+	require.Equal(t, 1, code, "the bare upstream has no Idempotency-Key support: %s", errOut)
 }

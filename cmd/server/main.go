@@ -3,6 +3,7 @@
 //
 //	server [serve] [flags]     run the HTTP service (the default)
 //	server gateway             run the Idempotency-Key gateway in front of an HTTP API
+//	server conformance         check any API's Idempotency-Key behaviour over HTTP
 //	server migrate             run the database migrations and exit
 //	server token               mint an HS256 token
 //	server tenant create|list|set
@@ -57,6 +58,7 @@ func commands() []command {
 	return []command{
 		{"serve", "run the HTTP service (the default command)", runServe},
 		{"gateway", "run the Idempotency-Key gateway in front of an HTTP API: gateway --upstream URL --tenant ID", runGateway},
+		{"conformance", "check any API's Idempotency-Key behaviour over HTTP: conformance --target URL", runConformance},
 		{"migrate", "run the database migrations and exit", runMigrate},
 		{"token", "mint an HS256 token: token --tenant ID --scope \"keys:write\" --ttl 24h", runToken},
 		{"tenant", "manage tenants in the store: tenant create|list|set", runTenant},

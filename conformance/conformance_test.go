@@ -1,0 +1,131 @@
+package conformance_test
+
+import (
+	"context"
+	"database/sql"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, to hold a write lock
+
+	"github.com/idem-dev/idem/client"
+	"github.com/idem-dev/idem/client/idemhttp"
+	"github.com/idem-dev/idem/conformance"
+	"github.com/idem-dev/idem/gateway"
+	"github.com/idem-dev/idem/internal/cutproxy"
+	"github.com/idem-dev/idem/postgres/pgtest"
+	"github.com/idem-dev/idem/server/servertest"
+)
+
+// run runs the whole kit against target and requires every scenario to
+// pass, none skipped.
+func run(t *testing.T, target string, storeDown func(context.Context) (func(), error)) {
+	t.Helper()
+	rep := conformance.Run(context.Background(), conformance.Options{Target: target, StoreDown: storeDown})
+	var out strings.Builder
+	rep.Write(&out)
+	t.Log("\n" + out.String())
+	require.Zero(t, rep.Failed(), out.String())
+	require.Zero(t, rep.Skipped(), out.String())
+	require.Equal(t, len(conformance.Scenarios()), rep.Passed())
+}
+
+// idemServer starts an idem server on backend whose store (SQLite: a write
+// lock held by another connection; PostgreSQL: the path to it) can be made
+// to fail; it returns the server and the StoreDown hook.
+func idemServer(t *testing.T, backend string) (*servertest.Server, func(context.Context) (func(), error)) {
+	t.Helper()
+	if backend == servertest.BackendPostgres {
+		u, err := url.Parse(pgtest.URL(t))
+		require.NoError(t, err)
+		p, err := cutproxy.New(u.Host)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		u.Host = p.Addr()
+		srv := servertest.Start(t, servertest.Options{DatabaseURL: u.String(), Tenants: []string{"conf"}})
+		return srv, func(context.Context) (func(), error) { p.Cut(); return p.Restore, nil }
+	}
+	srv := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"conf"}})
+	return srv, func(ctx context.Context) (func(), error) {
+		db, err := sql.Open("sqlite", srv.Config().SQLitePath())
+		if err != nil {
+			return nil, err
+		}
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+		if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+			_ = conn.Close()
+			_ = db.Close()
+			return nil, err
+		}
+		return func() {
+			_, _ = conn.ExecContext(context.Background(), "ROLLBACK")
+			_ = conn.Close()
+			_ = db.Close()
+		}, nil
+	}
+}
+
+// TestGatewayConformance runs the kit against the gateway in front of the
+// reference upstream, on both stores.
+func TestGatewayConformance(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			srv, storeDown := idemServer(t, backend)
+			up := httptest.NewServer(conformance.NewUpstream())
+			t.Cleanup(up.Close)
+			g, err := gateway.New(gateway.Options{Store: srv.Store(), Tenant: "conf", Upstream: up.URL, StoreTimeout: 500 * time.Millisecond})
+			require.NoError(t, err)
+			gw := httptest.NewServer(g)
+			t.Cleanup(gw.Close)
+			run(t, gw.URL, storeDown)
+		})
+	}
+}
+
+// TestIdemhttpConformance runs the kit against the reference upstream
+// wrapped by client/idemhttp, whose idem service is reached through a
+// proxy the store_unavailable scenario cuts.
+func TestIdemhttpConformance(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			srv := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"conf"}})
+			p, err := cutproxy.New(srv.Addr())
+			require.NoError(t, err)
+			t.Cleanup(p.Close)
+			c, err := client.New("http://"+p.Addr(), client.WithToken(srv.Token(t, "conf", "keys:write")),
+				client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 2, BaseDelay: 20 * time.Millisecond, AttemptTimeout: 5 * time.Second}))
+			require.NoError(t, err)
+			upstream := conformance.NewUpstream()
+			mux := http.NewServeMux()
+			mux.Handle("/orders", idemhttp.Middleware(c, idemhttp.Options{})(upstream))
+			mux.Handle("GET /count", upstream)
+			app := httptest.NewServer(mux)
+			t.Cleanup(app.Close)
+			run(t, app.URL, func(context.Context) (func(), error) { p.Cut(); return p.Restore, nil })
+		})
+	}
+}
+
+func TestReportEndsWithTheCounts(t *testing.T) {
+	rep := conformance.Report{Target: "http://x", Results: []conformance.Result{
+		{Name: "a", Passed: true}, {Name: "b", Detail: "broken"}, {Name: "c", Skipped: true, Detail: "no hook"},
+	}}
+	var out strings.Builder
+	rep.Write(&out)
+	require.True(t, strings.HasSuffix(out.String(), "\n1 passed, 1 failed\n"), out.String())
+	require.Contains(t, out.String(), "FAIL  b")
+	require.Contains(t, out.String(), "1 skipped")
+}
