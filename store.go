@@ -87,6 +87,29 @@ type Store interface {
 	Close() error
 }
 
+// PoolStats is a snapshot of a store's connection pool. Both backends
+// report the same fields, so the idem_db_pool_* metrics and the dashboards
+// built on them need not care which store runs.
+type PoolStats struct {
+	// MaxConns is the most connections the pool may open (0 = unlimited).
+	MaxConns int64
+	// OpenConns counts the connections open, in use or idle.
+	OpenConns int64
+	// InUseConns and IdleConns split OpenConns.
+	InUseConns int64
+	IdleConns  int64
+	// Waits counts the acquisitions that had to wait for a connection, and
+	// WaitTime is how long they waited in total.
+	Waits    int64
+	WaitTime time.Duration
+}
+
+// PoolReporter is implemented by a Store that has a connection pool (both
+// backends do); the metrics read it without knowing the driver.
+type PoolReporter interface {
+	PoolStats() PoolStats
+}
+
 // ClaimParams are the inputs of Store.Claim. The durations come from the
 // tenant's settings at the time of the claim.
 type ClaimParams struct {

@@ -40,7 +40,7 @@ func exportedNames(t *testing.T) map[string]bool {
 	raw, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "idem.db"), sqlite.Options{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = raw.Close() })
-	m.RegisterDBStats(reg, raw.DB().Stats)
+	m.RegisterPool(reg, raw.PoolStats)
 	store := metrics.InstrumentStore(raw, m)
 	_, err = store.CreateTenant(ctx, idem.CreateTenantParams{ID: "acme", Name: "acme", Settings: idem.DefaultSettings()})
 	require.NoError(t, err)

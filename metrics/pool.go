@@ -1,10 +1,9 @@
 package metrics
 
 import (
-	"database/sql"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idem-dev/idem"
 )
 
 // Database pool metrics, shared by both backends so dashboards need not
@@ -59,41 +58,22 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.waitSec, prometheus.CounterValue, s.waitSeconds)
 }
 
-// RegisterPool registers the idem_db_pool_* metrics of a pgx pool on reg;
-// stat is usually (*pgxpool.Pool).Stat. A nil m or stat registers nothing.
-func (m *Metrics) RegisterPool(reg prometheus.Registerer, stat func() *pgxpool.Stat) {
-	if m == nil || stat == nil {
-		return
-	}
-	reg.MustRegister(newPoolCollector(func() poolSnapshot {
-		s := stat()
-		return poolSnapshot{
-			max:         float64(s.MaxConns()),
-			open:        float64(s.TotalConns()),
-			inUse:       float64(s.AcquiredConns()),
-			idle:        float64(s.IdleConns()),
-			waits:       float64(s.EmptyAcquireCount()),
-			waitSeconds: s.EmptyAcquireWaitTime().Seconds(),
-		}
-	}))
-}
-
-// RegisterDBStats registers the same idem_db_pool_* metrics for a
-// database/sql pool (the SQLite backend); stats is usually
-// (*sql.DB).Stats. A nil m or stats registers nothing.
-func (m *Metrics) RegisterDBStats(reg prometheus.Registerer, stats func() sql.DBStats) {
+// RegisterPool registers the idem_db_pool_* metrics of a store's pool on
+// reg; stats is usually the PoolStats method of an idem.PoolReporter. A nil
+// m or stats registers nothing.
+func (m *Metrics) RegisterPool(reg prometheus.Registerer, stats func() idem.PoolStats) {
 	if m == nil || stats == nil {
 		return
 	}
 	reg.MustRegister(newPoolCollector(func() poolSnapshot {
 		s := stats()
 		return poolSnapshot{
-			max:         float64(s.MaxOpenConnections),
-			open:        float64(s.OpenConnections),
-			inUse:       float64(s.InUse),
-			idle:        float64(s.Idle),
-			waits:       float64(s.WaitCount),
-			waitSeconds: s.WaitDuration.Seconds(),
+			max:         float64(s.MaxConns),
+			open:        float64(s.OpenConns),
+			inUse:       float64(s.InUseConns),
+			idle:        float64(s.IdleConns),
+			waits:       float64(s.Waits),
+			waitSeconds: s.WaitTime.Seconds(),
 		}
 	}))
 }

@@ -31,7 +31,10 @@ import (
 	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
 )
 
-var _ idem.Store = (*Store)(nil)
+var (
+	_ idem.Store        = (*Store)(nil)
+	_ idem.PoolReporter = (*Store)(nil)
+)
 
 // Options tune a Store.
 type Options struct {
@@ -132,8 +135,18 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// Pool returns the connection pool, for pool metrics.
-func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+// PoolStats implements idem.PoolReporter for the pool metrics.
+func (s *Store) PoolStats() idem.PoolStats {
+	st := s.pool.Stat()
+	return idem.PoolStats{
+		MaxConns:   int64(st.MaxConns()),
+		OpenConns:  int64(st.TotalConns()),
+		InUseConns: int64(st.AcquiredConns()),
+		IdleConns:  int64(st.IdleConns()),
+		Waits:      st.EmptyAcquireCount(),
+		WaitTime:   st.EmptyAcquireWaitTime(),
+	}
+}
 
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error {

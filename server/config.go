@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idem-dev/idem/auth"
 )
 
 // Config is the whole configuration of the server. Every field is both an
@@ -185,47 +187,16 @@ func Flags(fs *flag.FlagSet, getenv func(string) string) func() (Config, error) 
 	}
 }
 
-// Store schemes.
-const (
-	schemePostgres = "postgres"
-	schemeSQLite   = "sqlite"
-)
-
-// storeKind returns the store named by the database URL and, for SQLite,
-// the file path.
-func storeKind(dbURL string) (kind, path string, err error) {
-	switch {
-	case strings.HasPrefix(dbURL, "postgres://"), strings.HasPrefix(dbURL, "postgresql://"):
-		return schemePostgres, "", nil
-	case strings.HasPrefix(dbURL, "sqlite:"):
-		p := strings.TrimPrefix(dbURL, "sqlite:")
-		p = strings.TrimPrefix(p, "//")
-		if p == "" {
-			return "", "", errors.New("IDEM_DATABASE_URL: sqlite: needs a file path, e.g. sqlite:./data/idem.db")
-		}
-		if p == ":memory:" || strings.HasPrefix(p, "file::memory:") {
-			return "", "", errors.New("IDEM_DATABASE_URL: an in-memory SQLite database is not supported; name a file, e.g. sqlite:./data/idem.db")
-		}
-		return schemeSQLite, p, nil
-	}
-	return "", "", fmt.Errorf("IDEM_DATABASE_URL must start with postgres://, postgresql:// or sqlite: (got %q)", redactURL(dbURL))
-}
-
 // DevMode reports whether the server runs in development mode: no signing
 // key is configured and the store is the embedded SQLite.
 func (c Config) DevMode() bool {
-	kind, _, err := storeKind(c.DatabaseURL)
-	return err == nil && kind == schemeSQLite && c.JWTHS256Secret == "" && c.JWTJWKSFile == ""
+	db, err := parseDatabase(c.DatabaseURL)
+	return err == nil && devMode(c, db)
 }
 
-// SQLitePath returns the file path of a sqlite: database URL, or "" for
-// another store.
-func (c Config) SQLitePath() string {
-	kind, p, err := storeKind(c.DatabaseURL)
-	if err != nil || kind != schemeSQLite {
-		return ""
-	}
-	return p
+// devMode is DevMode for an already parsed database URL.
+func devMode(c Config, db database) bool {
+	return db.is("sqlite") && c.JWTHS256Secret == "" && c.JWTJWKSFile == ""
 }
 
 // DataFolder returns the folder of the development-mode secret: DataDir, or
@@ -234,8 +205,8 @@ func (c Config) DataFolder() string {
 	if c.DataDir != "" {
 		return c.DataDir
 	}
-	if p := c.SQLitePath(); p != "" {
-		return filepath.Dir(p)
+	if db, err := parseDatabase(c.DatabaseURL); err == nil && db.is("sqlite") {
+		return filepath.Dir(db.target)
 	}
 	return "data"
 }
@@ -261,15 +232,15 @@ func (c Config) Validate() error {
 	if c.Addr == "" {
 		bad("IDEM_ADDR must not be empty (e.g. :8080)")
 	}
-	kind, _, err := storeKind(c.DatabaseURL)
+	db, err := parseDatabase(c.DatabaseURL)
 	if err != nil {
 		errs = append(errs, err)
 	}
-	if c.JWTHS256Secret != "" && len(c.JWTHS256Secret) < 32 {
-		bad("IDEM_JWT_HS256_SECRET must be at least 32 bytes (got %d)", len(c.JWTHS256Secret))
+	if c.JWTHS256Secret != "" && len(c.JWTHS256Secret) < auth.MinSecretBytes {
+		bad("IDEM_JWT_HS256_SECRET must be at least %d bytes (got %d)", auth.MinSecretBytes, len(c.JWTHS256Secret))
 	}
-	if kind == schemePostgres && c.JWTHS256Secret == "" && c.JWTJWKSFile == "" {
-		bad("IDEM_DATABASE_URL is PostgreSQL but no signing key is configured: set IDEM_JWT_HS256_SECRET (at least 32 bytes) or IDEM_JWT_JWKS_FILE; development mode with a generated secret is only available with the embedded sqlite: store")
+	if db.is("postgres") && c.JWTHS256Secret == "" && c.JWTJWKSFile == "" {
+		bad("IDEM_DATABASE_URL is PostgreSQL but no signing key is configured: set IDEM_JWT_HS256_SECRET (at least %d bytes) or IDEM_JWT_JWKS_FILE; development mode with a generated secret is only available with the embedded sqlite: store", auth.MinSecretBytes)
 	}
 	if c.JWTIssuer == "" {
 		bad("IDEM_JWT_ISSUER must not be empty")

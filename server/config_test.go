@@ -189,9 +189,17 @@ func TestDataFolder(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.DatabaseURL = "sqlite:/var/lib/idem/idem.db"
 	require.Equal(t, "/var/lib/idem", cfg.DataFolder())
-	require.Equal(t, "/var/lib/idem/idem.db", cfg.SQLitePath())
+	require.Equal(t, "/var/lib/idem/idem.db", sqlitePath(t, cfg))
 	cfg.DatabaseURL = "sqlite:///var/lib/idem/other.db"
-	require.Equal(t, "/var/lib/idem/other.db", cfg.SQLitePath())
+	require.Equal(t, "/var/lib/idem/other.db", sqlitePath(t, cfg))
 	cfg.DataDir = "/srv/idem"
 	require.Equal(t, "/srv/idem", cfg.DataFolder())
+}
+
+func sqlitePath(t *testing.T, cfg Config) string {
+	t.Helper()
+	db, err := parseDatabase(cfg.DatabaseURL)
+	require.NoError(t, err)
+	require.True(t, db.is("sqlite"))
+	return db.target
 }

@@ -18,7 +18,6 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idem-dev/idem"
@@ -26,16 +25,25 @@ import (
 	"github.com/idem-dev/idem/auth"
 	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/metrics"
-	"github.com/idem-dev/idem/postgres"
-	"github.com/idem-dev/idem/sqlite"
 	"github.com/idem-dev/idem/tenants"
 	"github.com/idem-dev/idem/web"
 )
+
+// ConfigError is New's error for a configuration that Validate refuses;
+// cmd/server reports it as a usage error.
+type ConfigError struct{ Err error }
+
+// Error implements error.
+func (e *ConfigError) Error() string { return "invalid configuration:\n" + e.Err.Error() }
+
+// Unwrap returns Validate's error.
+func (e *ConfigError) Unwrap() error { return e.Err }
 
 // Server is one running idem service: store, HTTP handler and background
 // jobs. Create it with New, then Run it; Run closes it.
 type Server struct {
 	cfg      Config
+	db       database
 	logger   *slog.Logger
 	rawStore idem.Store
 	store    idem.Store
@@ -57,12 +65,16 @@ type Server struct {
 // builds the HTTP handler. It does not listen yet; see Listen and Run.
 func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+		return nil, &ConfigError{Err: err}
+	}
+	db, err := parseDatabase(cfg.DatabaseURL) // valid: Validate parsed it
+	if err != nil {
+		return nil, &ConfigError{Err: err}
 	}
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{cfg: cfg, logger: logger}
+	s := &Server{cfg: cfg, db: db, logger: logger}
 
 	authCfg := auth.Config{Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience}
 	if cfg.JWTHS256Secret != "" {
@@ -76,7 +88,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 		authCfg.JWKS = b
 	}
 	var devSecret []byte
-	if cfg.DevMode() {
+	if devMode(cfg, db) {
 		secret, err := s.bootstrapDev()
 		if err != nil {
 			return nil, fmt.Errorf("development mode: %w", err)
@@ -89,23 +101,16 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 		return nil, fmt.Errorf("configure token verification: %w", err)
 	}
 
-	raw, err := OpenStore(ctx, cfg)
+	raw, err := db.open(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
 	s.rawStore = raw
 
 	s.registry = prometheus.NewRegistry()
-	s.registry.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-	)
 	s.metrics = metrics.New(s.registry)
-	switch st := raw.(type) {
-	case *postgres.Store:
-		s.metrics.RegisterPool(s.registry, st.Pool().Stat)
-	case *sqlite.Store:
-		s.metrics.RegisterDBStats(s.registry, st.DB().Stats)
+	if p, ok := raw.(idem.PoolReporter); ok {
+		s.metrics.RegisterPool(s.registry, p.PoolStats)
 	}
 	// The deadline sits inside the instrumentation, so a call that ran out
 	// of time is counted as unavailable; every user of s.store — the API,
@@ -238,7 +243,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	s.logger.Info("listening", "addr", ln.Addr().String(), "store", storeName(s.cfg), "dev_mode", s.cfg.DevMode())
+	s.logger.Info("listening", "addr", ln.Addr().String(), "store", s.db.String(), "dev_mode", s.dev != nil)
 
 	var errs []error
 	select {
@@ -286,18 +291,6 @@ func (s *Server) Close() error {
 		}
 	})
 	return s.closeErr
-}
-
-// storeName names the store for logs, without credentials.
-func storeName(cfg Config) string {
-	kind, path, err := storeKind(cfg.DatabaseURL)
-	if err != nil {
-		return "unknown"
-	}
-	if kind == schemeSQLite {
-		return "sqlite:" + path
-	}
-	return redactURL(cfg.DatabaseURL)
 }
 
 // NewLogger returns the slog logger cfg asks for, writing to w: JSON or

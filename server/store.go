@@ -2,26 +2,38 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/postgres"
 	"github.com/idem-dev/idem/sqlite"
 )
 
-// backend opens and migrates one kind of store. target is the URL for
-// PostgreSQL and the file path for SQLite.
+// backend is one kind of store: the IDEM_DATABASE_URL prefixes that name
+// it, how such a URL becomes what it opens, how to open it and how to
+// migrate it. backends is the one table of them; the rest of the server
+// sees only idem.Store (and idem.PoolReporter for the pool metrics).
 type backend struct {
+	name     string
+	prefixes []string
+	// target returns what open and migrate take for url: the URL itself for
+	// PostgreSQL, the file path for SQLite.
+	target  func(url string) (string, error)
 	open    func(ctx context.Context, cfg Config, target string) (idem.Store, error)
 	migrate func(ctx context.Context, target string) error
 }
 
-// backends maps a database URL scheme to its store.
-func backends() map[string]backend {
-	return map[string]backend{
-		schemePostgres: {
+// backends lists the stores the binary can run on.
+func backends() []backend {
+	return []backend{
+		{
+			name:     "postgres",
+			prefixes: []string{"postgres://", "postgresql://"},
+			target:   func(url string) (string, error) { return url, nil },
 			open: func(ctx context.Context, cfg Config, url string) (idem.Store, error) {
 				return postgres.Open(ctx, url, postgres.Options{
 					MaxConns:       int32(cfg.DBMaxConns),
@@ -30,70 +42,121 @@ func backends() map[string]backend {
 			},
 			migrate: postgres.Migrate,
 		},
-		schemeSQLite: {
+		{
+			name:     "sqlite",
+			prefixes: []string{"sqlite:"},
+			target:   sqliteTarget,
 			open: func(ctx context.Context, _ Config, path string) (idem.Store, error) {
-				if err := ensureDir(filepath.Dir(path)); err != nil {
-					return nil, err
-				}
 				return sqlite.Open(ctx, path, sqlite.Options{})
 			},
-			migrate: func(ctx context.Context, path string) error {
-				if err := ensureDir(filepath.Dir(path)); err != nil {
-					return err
-				}
-				return sqlite.Migrate(ctx, path)
-			},
+			migrate: sqlite.Migrate,
 		},
 	}
 }
 
-func ensureDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create data folder %s: %w", dir, err)
+// sqliteTarget returns the file path of a sqlite: URL.
+func sqliteTarget(url string) (string, error) {
+	p := strings.TrimPrefix(strings.TrimPrefix(url, "sqlite:"), "//")
+	if p == "" {
+		return "", errors.New("IDEM_DATABASE_URL: sqlite: needs a file path, e.g. sqlite:./data/idem.db")
 	}
-	return nil
+	if p == ":memory:" || strings.HasPrefix(p, "file::memory:") {
+		return "", errors.New("IDEM_DATABASE_URL: an in-memory SQLite database is not supported; name a file, e.g. sqlite:./data/idem.db")
+	}
+	return p, nil
 }
 
-func resolveBackend(cfg Config) (backend, string, error) {
-	kind, path, err := storeKind(cfg.DatabaseURL)
+// database is IDEM_DATABASE_URL parsed: its backend and what that opens.
+type database struct {
+	backend backend
+	target  string
+	// url is the URL as configured, for redacted messages.
+	url string
+}
+
+// parseDatabase finds the backend of a database URL.
+func parseDatabase(url string) (database, error) {
+	var prefixes []string
+	for _, b := range backends() {
+		for _, p := range b.prefixes {
+			if strings.HasPrefix(url, p) {
+				target, err := b.target(url)
+				if err != nil {
+					return database{}, err
+				}
+				return database{backend: b, target: target, url: url}, nil
+			}
+			prefixes = append(prefixes, p)
+		}
+	}
+	return database{}, fmt.Errorf("IDEM_DATABASE_URL must start with %s (got %q)", orList(prefixes), redactURL(url))
+}
+
+// orList joins items as "a, b or c".
+func orList(items []string) string {
+	if len(items) < 2 {
+		return strings.Join(items, "")
+	}
+	return strings.Join(items[:len(items)-1], ", ") + " or " + items[len(items)-1]
+}
+
+// is reports whether the database runs on the named backend.
+func (d database) is(name string) bool { return d.backend.name == name }
+
+// String names the database for logs and messages, without credentials.
+func (d database) String() string {
+	if d.is("sqlite") {
+		return "sqlite:" + d.target
+	}
+	return redactURL(d.url)
+}
+
+// migrationsTimeout bounds applying the migrations when a store opens, on
+// top of IDEM_DB_CONNECT_TIMEOUT for connecting. It covers waiting for
+// another replica that is applying them at the same moment.
+const migrationsTimeout = 30 * time.Second
+
+// open opens the store and runs its migrations. The caller closes it.
+func (d database) open(ctx context.Context, cfg Config) (idem.Store, error) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.DBConnectTimeout+migrationsTimeout)
+	defer cancel()
+	s, err := d.backend.open(ctx, cfg, d.target)
 	if err != nil {
-		return backend{}, "", err
+		return nil, fmt.Errorf("open store %s: %w", redactURL(d.url), err)
 	}
-	b, ok := backends()[kind]
-	if !ok {
-		return backend{}, "", fmt.Errorf("IDEM_DATABASE_URL: no store for scheme %q", kind)
-	}
-	target := cfg.DatabaseURL
-	if kind == schemeSQLite {
-		target = path
-	}
-	return b, target, nil
+	return s, nil
 }
 
 // OpenStore opens the store named by cfg.DatabaseURL and runs its
 // migrations. The caller closes it.
 func OpenStore(ctx context.Context, cfg Config) (idem.Store, error) {
-	b, target, err := resolveBackend(cfg)
+	db, err := parseDatabase(cfg.DatabaseURL)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, cfg.DBConnectTimeout+cfg.DBConnectTimeout)
-	defer cancel()
-	s, err := b.open(ctx, cfg, target)
-	if err != nil {
-		return nil, fmt.Errorf("open store %s: %w", redactURL(cfg.DatabaseURL), err)
-	}
-	return s, nil
+	return db.open(ctx, cfg)
 }
 
 // Migrate runs the migrations of the store named by cfg.DatabaseURL.
 func Migrate(ctx context.Context, cfg Config) error {
-	b, target, err := resolveBackend(cfg)
+	db, err := parseDatabase(cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	if err := b.migrate(ctx, target); err != nil {
+	if err := db.backend.migrate(ctx, db.target); err != nil {
 		return fmt.Errorf("migrate %s: %w", redactURL(cfg.DatabaseURL), err)
+	}
+	return nil
+}
+
+// dataDirMode is the mode of the folders the server creates for its data
+// (the SQLite file, the development-mode secret): they hold secrets and
+// stored responses, so only the service's user may read them.
+const dataDirMode = 0o700
+
+func ensureDir(dir string) error {
+	if err := os.MkdirAll(dir, dataDirMode); err != nil {
+		return fmt.Errorf("create data folder %s: %w", dir, err)
 	}
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 
 	sqlite3 "modernc.org/sqlite"
 	sqlitelib "modernc.org/sqlite/lib"
@@ -15,8 +14,9 @@ import (
 
 // interpretError translates a database error into the domain's errors:
 // *idem.Error values pass through; a lock wait that ran out (SQLITE_BUSY,
-// SQLITE_LOCKED), a closed database, or a deadline that ran out become
-// store_unavailable; anything else is wrapped with what was being done.
+// SQLITE_LOCKED), a connection gone, or a deadline that ran out become
+// store_unavailable (a closed Store is Store.interpretError's case);
+// anything else is wrapped with what was being done.
 // Callers handle sql.ErrNoRows and the constraint violations that mean
 // something for their operation (see sqliteCode) before calling it.
 func interpretError(err error, doing string) error {
@@ -31,8 +31,7 @@ func interpretError(err error, doing string) error {
 	if code := sqliteCode(err); code == sqlitelib.SQLITE_BUSY || code == sqlitelib.SQLITE_LOCKED {
 		return unavailable(wrapped)
 	}
-	if errors.Is(err, sql.ErrConnDone) || errors.Is(err, context.DeadlineExceeded) ||
-		strings.Contains(err.Error(), "sql: database is closed") {
+	if errors.Is(err, sql.ErrConnDone) || errors.Is(err, context.DeadlineExceeded) {
 		return unavailable(wrapped)
 	}
 	return wrapped

@@ -213,7 +213,7 @@ func getKey(ctx context.Context, q *dbsqlc.Queries, tenantID, key string, now ti
 func (s *Store) GetRecord(ctx context.Context, p idem.GetRecordParams) (idem.Record, error) {
 	stored, err := getKey(ctx, s.q, p.TenantID, p.Key, s.clock())
 	if err != nil {
-		return idem.Record{}, interpretError(err, "get key")
+		return idem.Record{}, s.interpretError(err, "get key")
 	}
 	if stored == nil {
 		return idem.Record{}, idem.KeyNotFound(p.Key)
@@ -236,7 +236,7 @@ func (s *Store) ListRecords(ctx context.Context, p idem.ListRecordsParams) ([]id
 	}
 	rows, err := s.q.ListKeys(ctx, arg)
 	if err != nil {
-		return nil, interpretError(err, "list keys")
+		return nil, s.interpretError(err, "list keys")
 	}
 	return listRecords(rows, now), nil
 }
@@ -255,7 +255,7 @@ func (s *Store) ListOrphans(ctx context.Context, p idem.ListOrphansParams) ([]id
 	}
 	rows, err := s.q.ListOrphanKeys(ctx, arg)
 	if err != nil {
-		return nil, interpretError(err, "list orphans")
+		return nil, s.interpretError(err, "list orphans")
 	}
 	return listRecords(rows, now), nil
 }
@@ -266,7 +266,7 @@ func (s *Store) OrphanStats(ctx context.Context) ([]idem.OrphanStat, error) {
 	now := s.clock()
 	rows, err := s.q.OrphanStats(ctx, micros(now))
 	if err != nil {
-		return nil, interpretError(err, "orphan stats")
+		return nil, s.interpretError(err, "orphan stats")
 	}
 	out := make([]idem.OrphanStat, 0, len(rows))
 	for _, r := range rows {
@@ -286,13 +286,13 @@ func (s *Store) OrphanStats(ctx context.Context) ([]idem.OrphanStat, error) {
 // record twice.
 func (s *Store) Reap(ctx context.Context, p idem.ReapParams) ([]idem.Record, error) {
 	if err := s.lockWriter(ctx); err != nil {
-		return nil, interpretError(err, "reap keys")
+		return nil, s.interpretError(err, "reap keys")
 	}
 	defer s.unlockWriter()
 	now := s.clock()
 	rows, err := s.q.ReapKeys(ctx, dbsqlc.ReapKeysParams{Now: micros(now), RowLimit: int64(p.Limit)})
 	if err != nil {
-		return nil, interpretError(err, "reap keys")
+		return nil, s.interpretError(err, "reap keys")
 	}
 	return listRecords(rows, now), nil
 }

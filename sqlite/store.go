@@ -34,6 +34,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/pressly/goose/v3"
@@ -73,9 +74,10 @@ type Options struct {
 
 // Store is an idem.Store backed by one SQLite file.
 type Store struct {
-	db  *sql.DB
-	q   *dbsqlc.Queries
-	now func() time.Time
+	db     *sql.DB
+	q      *dbsqlc.Queries
+	now    func() time.Time
+	closed atomic.Bool
 	// writer is the writer slot, a semaphore of one: a send takes it, a
 	// receive gives it back. Goroutines blocked sending on a channel are
 	// woken first in, first out, which makes the queue fair.
@@ -113,20 +115,34 @@ func Migrate(ctx context.Context, path string) error {
 	return migrate(ctx, db)
 }
 
-// DB returns the store's connection pool, for pool metrics and tests.
+// DB returns the store's connection pool, for tests.
 func (s *Store) DB() *sql.DB { return s.db }
+
+// PoolStats implements idem.PoolReporter for the pool metrics.
+func (s *Store) PoolStats() idem.PoolStats {
+	st := s.db.Stats()
+	return idem.PoolStats{
+		MaxConns:   int64(st.MaxOpenConnections),
+		OpenConns:  int64(st.OpenConnections),
+		InUseConns: int64(st.InUse),
+		IdleConns:  int64(st.Idle),
+		Waits:      st.WaitCount,
+		WaitTime:   st.WaitDuration,
+	}
+}
 
 // Ping checks that the database answers a query.
 func (s *Store) Ping(ctx context.Context) error {
 	var one int
 	if err := s.db.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
-		return interpretError(err, "ping database")
+		return s.interpretError(err, "ping database")
 	}
 	return nil
 }
 
 // Close closes the store's connections. Later calls return store_unavailable.
 func (s *Store) Close() error {
+	s.closed.Store(true)
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("close database: %w", err)
 	}
@@ -149,7 +165,7 @@ func openDB(ctx context.Context, path string) (*sql.DB, error) {
 	if path == "" || path == ":memory:" || len(path) >= 5 && path[:5] == "file:" {
 		return nil, fmt.Errorf("open sqlite database: %q is not a file path", path)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil { // only the service reads stored responses
 		return nil, fmt.Errorf("open sqlite database: create folder: %w", err)
 	}
 	db, err := sql.Open("sqlite", dsn(path))
@@ -212,24 +228,32 @@ func (s *Store) lockWriter(ctx context.Context) error {
 // unlockWriter gives the writer slot to the next writer in line.
 func (s *Store) unlockWriter() { <-s.writer }
 
+// interpretError is interpretError plus the closed-store case.
+func (s *Store) interpretError(err error, doing string) error {
+	if err != nil && s.closed.Load() {
+		return unavailable(fmt.Errorf("%s: store is closed: %w", doing, err))
+	}
+	return interpretError(err, doing)
+}
+
 // inTx runs fn inside one BEGIN IMMEDIATE transaction (the DSN's _txlock),
 // holding the writer slot, with the instant of the decision, taken once the
 // write lock is held. fn's error rolls the transaction back.
 func (s *Store) inTx(ctx context.Context, doing string, fn func(q *dbsqlc.Queries, now time.Time) error) error {
 	if err := s.lockWriter(ctx); err != nil {
-		return interpretError(err, doing)
+		return s.interpretError(err, doing)
 	}
 	defer s.unlockWriter()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return interpretError(err, doing)
+		return s.interpretError(err, doing)
 	}
 	defer func() { _ = tx.Rollback() }()
 	if err := fn(s.q.WithTx(tx), s.clock()); err != nil {
-		return interpretError(err, doing)
+		return s.interpretError(err, doing)
 	}
 	if err := tx.Commit(); err != nil {
-		return interpretError(err, doing)
+		return s.interpretError(err, doing)
 	}
 	return nil
 }

@@ -14,7 +14,7 @@ import (
 // CreateTenant creates a tenant; an existing id is tenant_exists.
 func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (idem.Tenant, error) {
 	if err := s.lockWriter(ctx); err != nil {
-		return idem.Tenant{}, interpretError(err, "create tenant")
+		return idem.Tenant{}, s.interpretError(err, "create tenant")
 	}
 	defer s.unlockWriter()
 	row, err := s.q.CreateTenant(ctx, dbsqlc.CreateTenantParams{
@@ -32,7 +32,7 @@ func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (id
 		return idem.Tenant{}, idem.TenantExists(p.ID, err)
 	}
 	if err != nil {
-		return idem.Tenant{}, interpretError(err, "create tenant")
+		return idem.Tenant{}, s.interpretError(err, "create tenant")
 	}
 	return tenantFromRow(row), nil
 }
@@ -44,7 +44,7 @@ func (s *Store) GetTenant(ctx context.Context, id string) (idem.Tenant, error) {
 		return idem.Tenant{}, idem.TenantNotFound(id)
 	}
 	if err != nil {
-		return idem.Tenant{}, interpretError(err, "get tenant")
+		return idem.Tenant{}, s.interpretError(err, "get tenant")
 	}
 	return tenantFromRow(row), nil
 }
@@ -53,7 +53,7 @@ func (s *Store) GetTenant(ctx context.Context, id string) (idem.Tenant, error) {
 func (s *Store) ListTenants(ctx context.Context) ([]idem.Tenant, error) {
 	rows, err := s.q.ListTenants(ctx)
 	if err != nil {
-		return nil, interpretError(err, "list tenants")
+		return nil, s.interpretError(err, "list tenants")
 	}
 	out := make([]idem.Tenant, 0, len(rows))
 	for _, r := range rows {
@@ -69,7 +69,7 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 		disabled = 1
 	}
 	if err := s.lockWriter(ctx); err != nil {
-		return idem.Tenant{}, interpretError(err, "update tenant")
+		return idem.Tenant{}, s.interpretError(err, "update tenant")
 	}
 	defer s.unlockWriter()
 	row, err := s.q.UpdateTenant(ctx, dbsqlc.UpdateTenantParams{
@@ -88,7 +88,7 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 		return idem.Tenant{}, idem.TenantNotFound(p.ID)
 	}
 	if err != nil {
-		return idem.Tenant{}, interpretError(err, "update tenant")
+		return idem.Tenant{}, s.interpretError(err, "update tenant")
 	}
 	return tenantFromRow(row), nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -75,11 +76,11 @@ the "demo" tenant and a curl line to try. With PostgreSQL a key is required.`)
 	if done {
 		return code
 	}
-	if err := cfg.Validate(); err != nil {
-		return invalidConfig(e, err, 2)
-	}
 	logger := server.NewLogger(cfg, e.stderr)
 	srv, err := server.New(ctx, cfg, logger)
+	if cfgErr := (*server.ConfigError)(nil); errors.As(err, &cfgErr) {
+		return invalidConfig(e, cfgErr.Err, 2)
+	}
 	if err != nil {
 		logger.Error("start failed", "err", err)
 		return 1
