@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -12,9 +13,10 @@ import (
 // lock held elsewhere, a pool whose connections all hang — can no longer
 // hold a request or a background job for the length of the outage. A call
 // that ran out of time returns store_unavailable (retryable, Retry-After),
-// whatever error the driver gave; a call whose own caller gave up (the
-// context was canceled) returns that error unchanged, so the caller can
-// tell "the client went away" from "the store failed". d <= 0 returns s.
+// whatever error the driver gave; the error of a call whose own caller
+// gave up (its context was canceled) matches context.Canceled, so metrics
+// and the HTTP layer can tell "the client went away" from "the store
+// failed". d <= 0 returns s.
 //
 // The bound holds as far as the backend honours its context, which both
 // stores do: pgx sets a deadline on the connection and bounds pool
@@ -39,10 +41,19 @@ func bounded[T any](ds *deadlineStore, ctx context.Context, f func(context.Conte
 	ctx, cancel := context.WithTimeout(ctx, ds.d)
 	defer cancel()
 	v, err := f(ctx)
-	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		if ErrorCode(err) == CodeInternal {
-			err = StoreUnavailable("the database did not answer in time", err)
+	if err == nil || ctx.Err() == nil {
+		return v, err
+	}
+	switch code := ErrorCode(err); {
+	case errors.Is(ctx.Err(), context.Canceled):
+		// The caller gave up. Drivers say so in their own words (SQLite:
+		// "interrupted"); make errors.Is(err, context.Canceled) hold so
+		// metrics and the HTTP layer count it as the caller's doing.
+		if (code == CodeInternal || code == CodeStoreUnavailable) && !errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("%w (%w)", err, context.Canceled)
 		}
+	case code == CodeInternal:
+		err = StoreUnavailable("the database did not answer in time", err)
 	}
 	return v, err
 }

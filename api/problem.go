@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/metrics"
 )
 
 // problemInfo is one row of the contract's error table.
@@ -70,7 +71,22 @@ func retryAfterSeconds(d time.Duration) int {
 
 // writeProblem answers err as application/problem+json. An error without a
 // known code is a 500 "internal" whose cause is logged and never shown.
+//
+// When the client went away before its answer (the request's context was
+// canceled: the connection closed or the stream was reset), whatever err
+// says came from that — a store call interrupted, a lock wait given up —
+// and nobody reads the answer: it is logged at debug level and recorded as
+// status 499 (metrics.StatusClientClosedRequest), never as an internal
+// error.
 func (s *server) writeProblem(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		s.logger.DebugContext(r.Context(), "request canceled by the client",
+			slog.String("request_id", requestIDFrom(r.Context())),
+			slog.String("method", r.Method),
+			slog.String("error", err.Error()))
+		w.WriteHeader(metrics.StatusClientClosedRequest)
+		return
+	}
 	var e *idem.Error
 	if !errors.As(err, &e) {
 		e = &idem.Error{Code: idem.CodeInternal, Err: err}

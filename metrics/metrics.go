@@ -3,8 +3,8 @@
 //
 // # Metrics
 //
-//	idem_claims_total{tenant,outcome}                      counter   claim outcomes: created|replayed|in_flight|mismatch|takeover|error
-//	idem_key_writes_total{tenant,op,result}                counter   op checkpoint|complete|release; result ok|lease_lost|already_completed|not_found|error
+//	idem_claims_total{tenant,outcome}                      counter   claim outcomes: created|replayed|in_flight|mismatch|takeover|error|canceled
+//	idem_key_writes_total{tenant,op,result}                counter   op checkpoint|complete|release; result ok|lease_lost|already_completed|not_found|error|canceled
 //	idem_orphans{tenant}                                   gauge     orphaned keys (in_flight, lease expired), from the orphan watch
 //	idem_oldest_orphan_age_seconds{tenant}                 gauge     seconds since the oldest orphan's lease expired
 //	idem_orphan_watch_last_success_timestamp_seconds       gauge     unix time of the last successful orphan watch
@@ -12,8 +12,8 @@
 //	idem_reaper_orphans_deleted_total{tenant}              counter   orphans deleted by the reaper (each is also logged)
 //	idem_reaper_runs_total{result}                         counter   reaper passes: ok|error
 //	idem_reaper_last_success_timestamp_seconds             gauge     unix time of the last successful reaper pass
-//	idem_http_request_duration_seconds{route,method,status_class}  histogram
-//	idem_store_operation_duration_seconds{op,result}       histogram result ok|rejected|unavailable|error
+//	idem_http_request_duration_seconds{route,method,status_class}  histogram status_class 1xx…5xx, or 499 when the client went away
+//	idem_store_operation_duration_seconds{op,result}       histogram result ok|rejected|unavailable|canceled|error
 //	idem_db_pool_*                                         gauges/counters of the database connection pool
 //
 // plus the standard go_* and process_* collectors.
@@ -23,9 +23,9 @@
 // Tenant labels are deliberate: a tenant is an account created by the
 // operator, not a value a caller can mint, so the number of tenants T is
 // bounded by the operator. The tenant-labelled series are at most
-// 6·T (claims) + 15·T (key writes) + 2·T (orphan gauges) + T (reaped
-// orphans), about 24 series per tenant; a thousand tenants make roughly
-// 24,000 series. Keys, fingerprints and raw paths never become labels: the
+// 7·T (claims) + 18·T (key writes) + 2·T (orphan gauges) + T (reaped
+// orphans), about 28 series per tenant; a thousand tenants make roughly
+// 28,000 series. Keys, fingerprints and raw paths never become labels: the
 // HTTP histogram uses the chi route pattern ("/v1/keys/{key}/claim"), and a
 // request that matched no route is labelled "other".
 //
@@ -39,6 +39,7 @@
 package metrics
 
 import (
+	"context"
 	"errors"
 	"maps"
 	"net/http"
@@ -68,6 +69,9 @@ const (
 	OutcomeMismatch = "mismatch"
 	OutcomeTakeover = "takeover"
 	OutcomeError    = "error"
+	// OutcomeCanceled counts claims whose caller went away before the
+	// answer; they are not errors of the service.
+	OutcomeCanceled = "canceled"
 )
 
 // Write results, the values of the result label of idem_key_writes_total.
@@ -77,6 +81,7 @@ const (
 	WriteAlreadyCompleted = "already_completed"
 	WriteNotFound         = "not_found"
 	WriteError            = "error"
+	WriteCanceled         = "canceled" // the caller went away before the answer
 )
 
 // Store operation results, the values of the result label of
@@ -85,8 +90,15 @@ const (
 	StoreOK          = "ok"
 	StoreRejected    = "rejected"    // a domain answer such as key_not_found or lease_lost
 	StoreUnavailable = "unavailable" // store_unavailable: the database cannot be reached
+	StoreCanceled    = "canceled"    // the caller went away (its context was canceled)
 	StoreError       = "error"       // anything else
 )
+
+// StatusClientClosedRequest is the status the HTTP layer records (nginx's
+// 499) when the client went away before its answer: no answer reached
+// anyone, and it is neither a client error nor a server error, so
+// idem_http_request_duration_seconds counts it as status_class="499".
+const StatusClientClosedRequest = 499
 
 // Metrics holds the service's collectors. Its ObserveClaim and ObserveWrite
 // methods satisfy api.Observer. A nil *Metrics is valid and records nothing.
@@ -115,11 +127,11 @@ func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "claims_total",
-			Help: "Claims by tenant and outcome (created, replayed, in_flight, mismatch, takeover, error).",
+			Help: "Claims by tenant and outcome (created, replayed, in_flight, mismatch, takeover, error, canceled).",
 		}, []string{"tenant", "outcome"}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "key_writes_total",
-			Help: "Checkpoints, completes and releases by tenant, operation and result; result lease_lost counts stale fencing tokens refused.",
+			Help: "Checkpoints, completes and releases by tenant, operation and result; result lease_lost counts stale fencing tokens refused, canceled the callers that went away.",
 		}, []string{"tenant", "op", "result"}),
 		orphans: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "orphans",
@@ -151,12 +163,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		httpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "http_request_duration_seconds",
-			Help:    "HTTP request duration by chi route pattern, method and status class; unmatched routes are \"other\".",
+			Help:    "HTTP request duration by chi route pattern, method and status class (2xx … 5xx, or 499 when the client went away); unmatched routes are \"other\".",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"route", "method", "status_class"}),
 		storeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "store_operation_duration_seconds",
-			Help:    "Store operation duration by operation and result (ok, rejected, unavailable, error).",
+			Help:    "Store operation duration by operation and result (ok, rejected, unavailable, canceled, error).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"op", "result"}),
 		orphanTenants: map[string]struct{}{},
@@ -186,6 +198,9 @@ func registerOnce(reg prometheus.Registerer, c prometheus.Collector) {
 // when err is nil, otherwise in_flight, mismatch or error by error code.
 func ClaimOutcome(action idem.ClaimAction, err error) string {
 	if err != nil {
+		if errors.Is(err, context.Canceled) {
+			return OutcomeCanceled
+		}
 		switch idem.ErrorCode(err) {
 		case idem.CodeRequestInFlight:
 			return OutcomeInFlight
@@ -212,6 +227,9 @@ func ClaimOutcome(action idem.ClaimAction, err error) string {
 // WriteResult maps the error of a checkpoint, complete or release to its
 // result label.
 func WriteResult(err error) string {
+	if errors.Is(err, context.Canceled) {
+		return WriteCanceled
+	}
 	switch idem.ErrorCode(err) {
 	case "":
 		return WriteOK
@@ -369,6 +387,9 @@ func methodLabel(m string) string {
 }
 
 func statusClass(status int) string {
+	if status == StatusClientClosedRequest {
+		return "499"
+	}
 	if status < 100 || status > 599 {
 		return "other"
 	}

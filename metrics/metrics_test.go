@@ -1,7 +1,9 @@
 package metrics_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -31,29 +33,33 @@ func TestObserverCountsOutcomes(t *testing.T) {
 	m.ObserveClaim("acme", 0, idem.Errorf(idem.CodeRequestInFlight, "busy"))
 	m.ObserveClaim("beta", 0, idem.Errorf(idem.CodeFingerprintMismatch, "other"))
 	m.ObserveClaim("beta", 0, errors.New("boom"))
+	m.ObserveClaim("beta", 0, fmt.Errorf("claim key: %w", context.Canceled))
 
 	m.ObserveWrite("acme", "complete", nil)
 	m.ObserveWrite("acme", "complete", idem.Errorf(idem.CodeLeaseLost, "stale"))
 	m.ObserveWrite("acme", "checkpoint", idem.Errorf(idem.CodeKeyNotFound, "gone"))
 	m.ObserveWrite("acme", "release", idem.Errorf(idem.CodeAlreadyCompleted, "done"))
 	m.ObserveWrite("acme", "bogus", nil)
+	m.ObserveWrite("acme", "complete", fmt.Errorf("complete key: %w", context.Canceled))
 
 	problems, err := testutil.GatherAndLint(reg)
 	require.NoError(t, err)
 	require.Empty(t, problems)
 
 	expected := `
-# HELP idem_claims_total Claims by tenant and outcome (created, replayed, in_flight, mismatch, takeover, error).
+# HELP idem_claims_total Claims by tenant and outcome (created, replayed, in_flight, mismatch, takeover, error, canceled).
 # TYPE idem_claims_total counter
 idem_claims_total{outcome="created",tenant="acme"} 2
 idem_claims_total{outcome="in_flight",tenant="acme"} 1
 idem_claims_total{outcome="replayed",tenant="acme"} 1
 idem_claims_total{outcome="takeover",tenant="acme"} 1
+idem_claims_total{outcome="canceled",tenant="beta"} 1
 idem_claims_total{outcome="error",tenant="beta"} 1
 idem_claims_total{outcome="mismatch",tenant="beta"} 1
-# HELP idem_key_writes_total Checkpoints, completes and releases by tenant, operation and result; result lease_lost counts stale fencing tokens refused.
+# HELP idem_key_writes_total Checkpoints, completes and releases by tenant, operation and result; result lease_lost counts stale fencing tokens refused, canceled the callers that went away.
 # TYPE idem_key_writes_total counter
 idem_key_writes_total{op="checkpoint",result="not_found",tenant="acme"} 1
+idem_key_writes_total{op="complete",result="canceled",tenant="acme"} 1
 idem_key_writes_total{op="complete",result="lease_lost",tenant="acme"} 1
 idem_key_writes_total{op="complete",result="ok",tenant="acme"} 1
 idem_key_writes_total{op="other",result="ok",tenant="acme"} 1
@@ -139,6 +145,9 @@ func TestMiddlewareLabelsByRoutePattern(t *testing.T) {
 		http.Error(w, "nope", http.StatusNotFound)
 	})
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	r.Post("/v1/keys/{key}/complete", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(metrics.StatusClientClosedRequest)
+	})
 	srv := httptest.NewServer(r)
 	t.Cleanup(srv.Close)
 
@@ -155,13 +164,15 @@ func TestMiddlewareLabelsByRoutePattern(t *testing.T) {
 	require.Equal(t, 404, do("GET", "/v1/keys/order-3"))
 	require.Equal(t, 200, do("GET", "/healthz"))
 	require.Equal(t, 404, do("GET", "/no/such/path/123"))
+	require.Equal(t, 499, do("POST", "/v1/keys/order-4/complete"))
 
 	counts := histogramCounts(t, reg, "idem_http_request_duration_seconds")
 	require.Equal(t, map[string]uint64{
-		"/v1/keys/{key}/claim POST 2xx": 2,
-		"/v1/keys/{key} GET 4xx":        1,
-		"/healthz GET 2xx":              1,
-		"other GET 4xx":                 1,
+		"/v1/keys/{key}/claim POST 2xx":    2,
+		"/v1/keys/{key} GET 4xx":           1,
+		"/healthz GET 2xx":                 1,
+		"other GET 4xx":                    1,
+		"/v1/keys/{key}/complete POST 499": 1,
 	}, counts)
 
 	problems, err := testutil.GatherAndLint(reg)
@@ -190,6 +201,10 @@ func TestOutcomeMapping(t *testing.T) {
 	require.Equal(t, "rejected", metrics.StoreResult(idem.ErrKeyNotFound))
 	require.Equal(t, "unavailable", metrics.StoreResult(idem.ErrStoreUnavailable))
 	require.Equal(t, "error", metrics.StoreResult(errors.New("x")))
+	canceled := fmt.Errorf("%w (%w)", &idem.Error{Code: idem.CodeInternal}, context.Canceled)
+	require.Equal(t, "canceled", metrics.StoreResult(canceled))
+	require.Equal(t, "canceled", metrics.ClaimOutcome(0, canceled))
+	require.Equal(t, "canceled", metrics.WriteResult(canceled))
 }
 
 // gaugeValue returns the value of the series of name with tenant=tenant.

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -30,6 +31,9 @@ var _ idem.Store = (*instrumentedStore)(nil)
 // StoreResult maps a store error to the result label of
 // idem_store_operation_duration_seconds.
 func StoreResult(err error) string {
+	if errors.Is(err, context.Canceled) {
+		return StoreCanceled
+	}
 	switch code := idem.ErrorCode(err); code {
 	case "":
 		return StoreOK

@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"path/filepath"
 	"regexp"
@@ -528,6 +530,112 @@ func TestStoreDeadline(t *testing.T) {
 			t.Logf("%s: %d requests during the freeze, %d answered 503 store_unavailable (slowest answer %s, "+
 				"store timeout %s), %d stored responses replayed after it, 0 lost", backend, len(replies),
 				unavailable, slowest.Round(time.Millisecond), faultStoreTimeout, replayed)
+		})
+	}
+}
+
+// TestClientDisconnect sends claims to a server whose store is frozen and
+// cancels them once they are on the wire, as a client that timed out or
+// went away would. Each is recorded as status 499 (a claim outcome and a
+// store result "canceled"), logged at debug level, and never as a 500 or an
+// ERROR line; after the thaw every key has one winner at most.
+func TestClientDisconnect(t *testing.T) {
+	t.Parallel()
+	const n = 6
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			var (
+				freeze, thaw func()
+				dbURL        string
+			)
+			if backend == servertest.BackendPostgres {
+				u, p := proxiedPostgres(t)
+				dbURL = u
+				freeze, thaw = p.pause, p.resume
+			} else {
+				path := filepath.Join(t.TempDir(), "idem.db")
+				dbURL = "sqlite:" + path
+				var h *sqliteLockHolder
+				freeze = func() { h = holdSQLiteWriteLock(t, path) }
+				thaw = func() { h.release() }
+			}
+			logs := &syncBuffer{}
+			srv := servertest.Start(t, servertest.Options{
+				DatabaseURL: dbURL,
+				Tenants:     []string{"acme"},
+				Logger:      slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+				// The client's cancel comes long before the store deadline;
+				// were a cancel missed, the deadline still ends the call
+				// within the wait below.
+				Configure: func(c *server.Config) { c.StoreTimeout = 8 * time.Second },
+			})
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Log("server log:\n" + logs.String())
+				}
+			})
+			tok := srv.Token(t, "acme", "keys:write")
+			// The tenant lookup is cached before the freeze, so the claims
+			// wait in the store call itself.
+			r := call(context.Background(), faultClient, http.MethodPost, srv.URL()+"/v1/keys/warm/claim", tok, claimBody("warm"))
+			require.Equal(t, http.StatusCreated, r.status, r.String())
+
+			freeze()
+			t.Cleanup(thaw)
+			ctx, cancel := context.WithCancel(context.Background())
+			wrote := make(chan struct{}, n)
+			errs := make(chan error, n)
+			for i := range n {
+				go func() {
+					trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { wrote <- struct{}{} }}
+					key := fmt.Sprintf("gone-%d", i)
+					r := call(httptrace.WithClientTrace(ctx, trace), faultClient, http.MethodPost,
+						srv.URL()+"/v1/keys/"+key+"/claim", tok, claimBody(key))
+					errs <- r.err
+				}()
+			}
+			timeout := time.After(10 * time.Second)
+			for range n {
+				select {
+				case <-wrote:
+				case <-timeout:
+					t.Fatal("the claims were not sent within 10 s")
+				}
+			}
+			cancel() // the clients go away mid-request
+			for range n {
+				require.ErrorIs(t, <-errs, context.Canceled)
+			}
+
+			route := `idem_http_request_duration_seconds_count{method="POST",route="/v1/keys/{key}/claim",status_class=`
+			waitMetric(t, srv.URL(), route+`"499"}`, func(v float64) bool { return v == n })
+			thaw()
+			waitReady(t, srv.URL())
+
+			require.Zero(t, metric(t, srv.URL(), route+`"5xx"}`), "a canceled request counted as a server error")
+			require.EqualValues(t, n, metric(t, srv.URL(), `idem_claims_total{outcome="canceled",tenant="acme"}`))
+			require.Zero(t, metric(t, srv.URL(), `idem_claims_total{outcome="error",tenant="acme"}`))
+			require.Zero(t, metric(t, srv.URL(), `idem_store_operation_duration_seconds_count{op="claim",result="error"}`))
+			out := logs.String()
+			require.NotContains(t, out, `"level":"ERROR"`, "a canceled request logged as an error")
+			require.Equal(t, n, strings.Count(out, `"msg":"request canceled by the client"`), out)
+			require.Equal(t, n, strings.Count(out, `"status":499`), out)
+
+			// The claims may or may not have reached the store before the
+			// cancel; either way each key has one winner at most.
+			winners := 0
+			for i := range n {
+				key := fmt.Sprintf("gone-%d", i)
+				r := call(context.Background(), faultClient, http.MethodPost, srv.URL()+"/v1/keys/"+key+"/claim", tok, claimBody(key))
+				if r.status == http.StatusCreated {
+					winners++
+					r = call(context.Background(), faultClient, http.MethodPost, srv.URL()+"/v1/keys/"+key+"/claim", tok, claimBody(key))
+				}
+				require.Equal(t, http.StatusConflict, r.status, "claim %s: %s", key, r)
+			}
+			t.Logf("%s: %d claims canceled mid-request: %d counted as 499, 0 as 5xx, 0 ERROR log lines; "+
+				"after the thaw %d keys won by the retry, %d kept by the canceled claim", backend, n, n, winners, n-winners)
 		})
 	}
 }
