@@ -116,6 +116,10 @@ func (ds *deadlineStore) UpdateTenant(ctx context.Context, p UpdateTenantParams)
 	return bounded(ds, ctx, func(ctx context.Context) (Tenant, error) { return ds.s.UpdateTenant(ctx, p) })
 }
 
+func (ds *deadlineStore) DeleteTenant(ctx context.Context, id string) error {
+	return boundedErr(ds, ctx, func(ctx context.Context) error { return ds.s.DeleteTenant(ctx, id) })
+}
+
 func (ds *deadlineStore) Ping(ctx context.Context) error {
 	return boundedErr(ds, ctx, ds.s.Ping)
 }

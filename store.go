@@ -64,10 +64,12 @@ type Store interface {
 	// never scans completed records.
 	OrphanStats(ctx context.Context) ([]OrphanStat, error)
 
-	// Reap deletes at most p.Limit records that are past PurgeAfter or belong
-	// to a disabled tenant, and returns what it deleted (without responses
-	// and recovery data). Concurrent callers on several replicas never delete the same
-	// record twice and never block each other for long.
+	// Reap deletes at most p.Limit records that are past PurgeAfter, and
+	// returns what it deleted (without responses and recovery data). It never deletes an
+	// in-flight record whose lease still runs, whatever its PurgeAfter, and
+	// it keeps the records of disabled tenants like any others. Concurrent
+	// callers on several replicas never delete the same record twice and
+	// never block each other for long.
 	Reap(ctx context.Context, p ReapParams) ([]Record, error)
 
 	// CreateTenant creates a tenant. It returns ErrTenantExists.
@@ -78,8 +80,12 @@ type Store interface {
 	// ListTenants returns every tenant ordered by id.
 	ListTenants(ctx context.Context) ([]Tenant, error)
 	// UpdateTenant replaces a tenant's name, settings and disabled flag. It
-	// returns ErrTenantNotFound.
+	// returns ErrTenantNotFound. Disabling keeps every record.
 	UpdateTenant(ctx context.Context, p UpdateTenantParams) (Tenant, error)
+	// DeleteTenant deletes a tenant and all of its records at once; it is
+	// the only way a tenant's records go before their purge time. It returns
+	// ErrTenantNotFound.
+	DeleteTenant(ctx context.Context, id string) error
 
 	// Ping checks that the database answers.
 	Ping(ctx context.Context) error

@@ -11,8 +11,8 @@ type Tenant struct {
 	ID       string
 	Name     string
 	Settings Settings
-	// Disabled tenants are refused (tenant_unknown) and their keys are purged
-	// by the reaper.
+	// Disabled tenants are refused (403 tenant_unknown) until re-enabled;
+	// their records stay as they are (only deleting a tenant removes them).
 	Disabled  bool
 	CreatedAt time.Time
 	UpdatedAt time.Time
@@ -85,8 +85,12 @@ func (s Settings) Validate() error {
 	}
 	check(s.ReplayWindowSeconds >= 1 && s.ReplayWindowSeconds <= MaxWindowSeconds,
 		"replay_window_seconds", "must be between 1 and %d", MaxWindowSeconds)
-	check(s.ReaperThresholdSeconds >= s.ReplayWindowSeconds && s.ReaperThresholdSeconds <= MaxWindowSeconds,
-		"reaper_threshold_seconds", "must be at least replay_window_seconds (%d) and at most %d", s.ReplayWindowSeconds, MaxWindowSeconds)
+	// A record lives at least as long as its lease could run: the reaper
+	// must never delete a key whose claimant may still be working on it.
+	check(s.ReaperThresholdSeconds >= s.ReplayWindowSeconds && s.ReaperThresholdSeconds >= s.LeaseSecondsMax &&
+		s.ReaperThresholdSeconds <= MaxWindowSeconds,
+		"reaper_threshold_seconds", "must be at least replay_window_seconds (%d) and lease_seconds_max (%d), and at most %d",
+		s.ReplayWindowSeconds, s.LeaseSecondsMax, MaxWindowSeconds)
 	check(s.LeaseSecondsMax >= 1 && s.LeaseSecondsMax <= MaxLeaseSeconds,
 		"lease_seconds_max", "must be between 1 and %d", MaxLeaseSeconds)
 	check(s.LeaseSecondsDefault >= 1 && s.LeaseSecondsDefault <= s.LeaseSecondsMax,

@@ -250,11 +250,11 @@ func TestAdminTenants(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
 	require.Equal(t, "Initech Corp", r.json(t)["name"])
 
-	// The tenant works, then DELETE disables it: its tokens are refused.
+	// The tenant works, then disabling it refuses its tokens.
 	user := b.token(t, "initech", auth.ScopeKeysWrite)
 	b.claim(t, user, "k", nil)
-	r = b.req(t, http.MethodDelete, "/v1/admin/tenants/initech", admin, nil)
-	require.Equal(t, http.StatusNoContent, r.status, "body: %s", r.body)
+	r = b.req(t, http.MethodPatch, "/v1/admin/tenants/initech", admin, map[string]any{"disabled": true})
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
 	r = b.req(t, http.MethodPost, "/v1/keys/k2/claim", user, nil)
 	requireProblem(t, r, http.StatusForbidden, idem.CodeTenantUnknown, false)
 	r = b.req(t, http.MethodGet, "/v1/admin/tenants/initech", admin, nil)
@@ -264,6 +264,14 @@ func TestAdminTenants(t *testing.T) {
 	r = b.req(t, http.MethodPatch, "/v1/admin/tenants/initech", admin, map[string]any{"disabled": false})
 	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
 	b.claim(t, user, "k3", nil)
+
+	// DELETE removes the tenant: its tokens are refused and the id is unknown.
+	r = b.req(t, http.MethodDelete, "/v1/admin/tenants/initech", admin, nil)
+	require.Equal(t, http.StatusNoContent, r.status, "body: %s", r.body)
+	r = b.req(t, http.MethodPost, "/v1/keys/k4/claim", user, nil)
+	requireProblem(t, r, http.StatusForbidden, idem.CodeTenantUnknown, false)
+	r = b.req(t, http.MethodGet, "/v1/admin/tenants/initech", admin, nil)
+	requireProblem(t, r, http.StatusNotFound, idem.CodeTenantNotFound, false)
 
 	r = b.req(t, http.MethodDelete, "/v1/admin/tenants/nobody", admin, nil)
 	requireProblem(t, r, http.StatusNotFound, idem.CodeTenantNotFound, false)

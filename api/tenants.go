@@ -112,10 +112,10 @@ type deleteTenantRequest struct {
 	tenantParam
 }
 
-// deleteTenant disables the tenant; the reaper purges its keys.
+// deleteTenant deletes the tenant and all of its records (disabling, by
+// PATCH, is the reversible way to suspend one).
 func (s *server) deleteTenant(ctx context.Context, req *deleteTenantRequest) (noContent, error) {
-	disabled := true
-	if _, err := s.tenants.Update(ctx, req.id, tenants.Patch{Disabled: &disabled}); err != nil {
+	if err := s.tenants.Delete(ctx, req.id); err != nil {
 		return noContent{}, fmt.Errorf("delete tenant: %w", err)
 	}
 	return noContent{}, nil

@@ -164,10 +164,19 @@ func (c *Client) AdminUpdateTenant(ctx context.Context, id string, p TenantPatch
 	return out, err
 }
 
-// DisableTenant disables a tenant (DELETE /v1/admin/tenants/{id}, scope
-// admin); the reaper purges its keys.
+// DisableTenant suspends a tenant (PATCH /v1/admin/tenants/{id} with
+// disabled true, scope admin): its tokens get tenant_unknown until it is
+// re-enabled (AdminUpdateTenant with Disabled false); every record is kept.
 func (c *Client) DisableTenant(ctx context.Context, id string) error {
-	_, err := c.do(ctx, apiCall{name: "disable tenant", method: http.MethodDelete, path: adminTenantPath(id)})
+	_, err := c.AdminUpdateTenant(ctx, id, TenantPatch{Disabled: Ptr(true)})
+	return err
+}
+
+// DeleteTenant deletes a tenant and all of its records for good (DELETE
+// /v1/admin/tenants/{id}, scope admin); retries of its keys would run again.
+// An unknown id matches ErrTenantNotFound.
+func (c *Client) DeleteTenant(ctx context.Context, id string) error {
+	_, err := c.do(ctx, apiCall{name: "delete tenant", method: http.MethodDelete, path: adminTenantPath(id)})
 	return err
 }
 

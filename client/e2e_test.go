@@ -327,6 +327,10 @@ func TestE2ETypedCalls(t *testing.T) {
 		require.True(t, got2.Disabled)
 		_, err = admin.AdminGetTenant(ctx, "nope")
 		require.ErrorIs(t, err, client.ErrTenantNotFound)
+		require.NoError(t, admin.DeleteTenant(ctx, "globex"))
+		_, err = admin.AdminGetTenant(ctx, "globex")
+		require.ErrorIs(t, err, client.ErrTenantNotFound)
+		require.ErrorIs(t, admin.DeleteTenant(ctx, "globex"), client.ErrTenantNotFound)
 
 		_, err = c.Claim(ctx, "orphan-1", client.Request{Lease: time.Second})
 		require.NoError(t, err)

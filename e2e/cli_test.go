@@ -23,7 +23,7 @@ func TestCLITenantAndToken(t *testing.T) {
 	mustCLI(t, env, "migrate")
 
 	// tenant create prints the tenant with its settings.
-	out := mustCLI(t, env, "tenant", "create", "acme", "--name", "Acme Inc", "--replay-window-seconds", "600", "--reaper-threshold-seconds", "1200")
+	out := mustCLI(t, env, "tenant", "create", "acme", "--name", "Acme Inc", "--replay-window-seconds", "600", "--reaper-threshold-seconds", "3600")
 	var created struct {
 		ID       string         `json:"id"`
 		Name     string         `json:"name"`
@@ -95,6 +95,19 @@ func TestCLITenantAndToken(t *testing.T) {
 	res = mustCall(t, c, http.MethodPost, srv.url+"/v1/keys/k1/claim", betaTok, map[string]any{"fingerprint": "fp"})
 	require.Equal(t, http.StatusForbidden, res.status, string(res.body))
 	require.Equal(t, "tenant_unknown", problemCode(res.body))
+
+	// tenant delete asks for --yes, then removes the tenant for good.
+	_, errOut, code = runCLI(t, env, "tenant", "delete", "beta")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--yes")
+	res = mustCall(t, c, http.MethodGet, srv.url+"/v1/admin/tenants/beta", admin, nil)
+	require.Equal(t, http.StatusOK, res.status, "nothing was deleted without --yes: %s", res.body)
+	require.Equal(t, "deleted tenant beta and all of its records\n", mustCLI(t, env, "tenant", "delete", "beta", "--yes"))
+	res = mustCall(t, c, http.MethodGet, srv.url+"/v1/admin/tenants/beta", admin, nil)
+	require.Equal(t, http.StatusNotFound, res.status, string(res.body))
+	_, errOut, code = runCLI(t, env, "tenant", "delete", "beta", "--yes")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "tenant_not_found")
 
 	// healthcheck asks the running service.
 	hcEnv := map[string]string{"IDEM_ADDR": strings.TrimPrefix(srv.url, "http://")}

@@ -68,7 +68,7 @@ var testSettings = idem.Settings{
 	ReplayWindowSeconds:    5,
 	ReaperThresholdSeconds: 10,
 	LeaseSecondsDefault:    1,
-	LeaseSecondsMax:        60,
+	LeaseSecondsMax:        10,
 	MaxResponseBytes:       1 << 16,
 }
 

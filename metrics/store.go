@@ -12,7 +12,8 @@ import (
 // idem_store_operation_duration_seconds{op,result} on m. The op label is the
 // method name in snake case (claim, checkpoint, complete, release,
 // get_record, list_records, list_orphans, orphan_stats, reap,
-// create_tenant, get_tenant, list_tenants, update_tenant, ping). A nil m
+// create_tenant, get_tenant, list_tenants, update_tenant, delete_tenant,
+// ping). A nil m
 // returns s unchanged.
 func InstrumentStore(s idem.Store, m *Metrics) idem.Store {
 	if m == nil {
@@ -113,6 +114,11 @@ func (i *instrumentedStore) ListTenants(ctx context.Context) (_ []idem.Tenant, e
 func (i *instrumentedStore) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (_ idem.Tenant, err error) {
 	defer func(start time.Time) { i.observe("update_tenant", start, err) }(time.Now())
 	return i.s.UpdateTenant(ctx, p)
+}
+
+func (i *instrumentedStore) DeleteTenant(ctx context.Context, id string) (err error) {
+	defer func(start time.Time) { i.observe("delete_tenant", start, err) }(time.Now())
+	return i.s.DeleteTenant(ctx, id)
 }
 
 func (i *instrumentedStore) Ping(ctx context.Context) (err error) {

@@ -293,24 +293,6 @@ func TestConcurrentReap(t *testing.T) {
 	}
 }
 
-func TestReapDisabledTenant(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := setup(t)
-	_, err := b.store.Claim(ctx, claimParams("k"))
-	require.NoError(t, err)
-	recs, err := b.store.Reap(ctx, idem.ReapParams{Limit: 10})
-	require.NoError(t, err)
-	require.Empty(t, recs)
-	_, err = b.store.UpdateTenant(ctx, idem.UpdateTenantParams{ID: "acme", Name: "Acme", Settings: idem.DefaultSettings(), Disabled: true})
-	require.NoError(t, err)
-	recs, err = b.store.Reap(ctx, idem.ReapParams{Limit: 10})
-	require.NoError(t, err)
-	require.Len(t, recs, 1)
-	require.Equal(t, "k", recs[0].Key)
-	require.Nil(t, recs[0].Response)
-}
-
 func TestListingsAndOrphans(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -79,3 +79,16 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 	}
 	return tenantFromRow(t), nil
 }
+
+// DeleteTenant deletes a tenant; its records go with it (ON DELETE
+// CASCADE) in the same statement.
+func (s *Store) DeleteTenant(ctx context.Context, id string) error {
+	n, err := s.q.DeleteTenant(ctx, id)
+	if err != nil {
+		return s.interpretError(err, "delete tenant")
+	}
+	if n == 0 {
+		return idem.TenantNotFound(id)
+	}
+	return nil
+}

@@ -150,14 +150,6 @@ func timeOrZero(us *int64) time.Time {
 // seconds returns d in whole seconds.
 func seconds(d time.Duration) int64 { return int64(d / time.Second) }
 
-// latest returns the later of two instants.
-func latest(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
-
 // First-page keyset positions: every row sorts after (before, for the
 // newest-first listing) these.
 const (

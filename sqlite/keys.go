@@ -58,7 +58,7 @@ func create(ctx context.Context, q *dbsqlc.Queries, p idem.ClaimParams, now time
 		ReplayWindowSeconds:    seconds(p.ReplayWindow),
 		ReaperThresholdSeconds: seconds(p.ReaperThreshold),
 		Now:                    micros(now),
-		PurgeAfter:             micros(now.Add(p.ReaperThreshold)),
+		PurgeAfter:             micros(idem.InFlightPurgeAfter(time.Time{}, now, p.Lease, p.ReaperThreshold)),
 	})
 	if sqliteCode(err) == sqlitelib.SQLITE_CONSTRAINT_FOREIGNKEY {
 		return idem.Record{}, idem.TenantUnknown(p.TenantID, err)
@@ -82,7 +82,7 @@ func takeover(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, p ide
 		FencingToken:   token,
 		LeaseExpiresAt: microsPtr(now.Add(p.Lease)),
 		Now:            micros(now),
-		PurgeAfter:     micros(now.Add(stored.ReaperThreshold)),
+		PurgeAfter:     micros(idem.InFlightPurgeAfter(time.Time{}, now, p.Lease, stored.ReaperThreshold)),
 	})
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("take over record: %w", err)
@@ -91,9 +91,9 @@ func takeover(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, p ide
 }
 
 // Checkpoint saves a recovery point and renews the lease while the token is
-// current and the record in flight. It also postpones the purge to at least
-// now + the record's reaper threshold, so the reaper never deletes a record
-// that is still being worked on.
+// current and the record in flight. It also postpones the purge
+// (idem.InFlightPurgeAfter), so the reaper never deletes a record that is
+// still being worked on.
 func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.Record, error) {
 	var rec idem.Record
 	err := s.inTx(ctx, "checkpoint key", func(q *dbsqlc.Queries, now time.Time) error {
@@ -111,7 +111,7 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 			RecoveryData:   p.Data,
 			LeaseExpiresAt: microsPtr(now.Add(p.Lease)),
 			Now:            micros(now),
-			PurgeAfter:     micros(latest(stored.PurgeAfter, now.Add(stored.ReaperThreshold))),
+			PurgeAfter:     micros(idem.InFlightPurgeAfter(stored.PurgeAfter, now, p.Lease, stored.ReaperThreshold)),
 		})
 		if err != nil {
 			return fmt.Errorf("update record: %w", err)

@@ -92,3 +92,20 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 	}
 	return tenantFromRow(row), nil
 }
+
+// DeleteTenant deletes a tenant; its records go with it (ON DELETE
+// CASCADE) in the same statement.
+func (s *Store) DeleteTenant(ctx context.Context, id string) error {
+	if err := s.lockWriter(ctx); err != nil {
+		return interpretError(err, "delete tenant")
+	}
+	defer s.unlockWriter()
+	n, err := s.q.DeleteTenant(ctx, id)
+	if err != nil {
+		return interpretError(err, "delete tenant")
+	}
+	if n == 0 {
+		return idem.TenantNotFound(id)
+	}
+	return nil
+}

@@ -390,6 +390,8 @@ func testReapPastPurgeAfter(t *testing.T, s *suite) {
 	st := idem.DefaultSettings()
 	st.ReplayWindowSeconds = 60
 	st.ReaperThresholdSeconds = 120
+	st.LeaseSecondsDefault = 10
+	st.LeaseSecondsMax = 60
 	b.tenantWith(t, "acme", st)
 	short := func(key string) idem.ClaimParams {
 		p := claimParams("acme", key)
@@ -469,23 +471,87 @@ func testReapBatches(t *testing.T, s *suite) {
 	require.Equal(t, want, got, "each record deleted once")
 }
 
-func testReapDisabledTenant(t *testing.T, s *suite) {
+// testReapNeverDeletesRunningLease: whatever the reaper threshold says, an
+// in-flight record is not reaped while its lease runs, including a lease a
+// checkpoint renewed or a takeover granted; once the lease has run out it is
+// reaped as an orphan.
+func testReapNeverDeletesRunningLease(t *testing.T, s *suite) {
 	b := s.setup(t)
-	gone := b.tenant(t, "gone")
-	b.tenant(t, "kept")
-	b.create(t, "gone", "inflight")
-	done := b.create(t, "gone", "done")
-	b.complete(t, "gone", "done", done.FencingToken, response(1))
-	b.create(t, "kept", "inflight")
+	b.tenant(t, "acme")
+	p := claimParams("acme", "long")
+	p.Lease = 60 * time.Second
+	p.ReplayWindow = 2 * time.Second
+	p.ReaperThreshold = 3 * time.Second
+	rec := b.claim(t, p).Record
+	require.False(t, rec.PurgeAfter.Before(rec.LeaseExpiresAt), "purge_after %s is before the lease ends %s", rec.PurgeAfter, rec.LeaseExpiresAt)
+	reapNone := func(when string) {
+		t.Helper()
+		recs, err := b.store.Reap(b.ctx, idem.ReapParams{Limit: 100})
+		require.NoError(t, err)
+		require.Empty(t, keysOf(recs), "reaped a running lease %s", when)
+	}
 
-	_, err := b.store.UpdateTenant(b.ctx, idem.UpdateTenantParams{ID: "gone", Name: gone.Name, Settings: gone.Settings, Disabled: true})
+	b.advance(10 * time.Second) // past the threshold, inside the lease
+	reapNone("10 s into a 60 s lease")
+
+	// A checkpoint at 50 s renews the lease to 110 s.
+	b.advance(40 * time.Second)
+	rec = b.checkpoint(t, idem.CheckpointParams{TenantID: "acme", Key: "long", FencingToken: rec.FencingToken, RecoveryPoint: "charged", Lease: 60 * time.Second})
+	require.False(t, rec.PurgeAfter.Before(rec.LeaseExpiresAt), "checkpoint: purge_after %s is before the lease ends %s", rec.PurgeAfter, rec.LeaseExpiresAt)
+	b.advance(59 * time.Second)
+	reapNone("inside a lease renewed by a checkpoint")
+	got := b.get(t, "acme", "long")
+	require.Equal(t, rec.FencingToken, got.FencingToken)
+	require.Equal(t, "charged", got.RecoveryPoint)
+
+	// The lease runs out; a takeover grants a new 60 s lease.
+	b.advance(2 * time.Second)
+	res := b.claim(t, p)
+	require.Equal(t, idem.ActionTakeover, res.Action)
+	require.False(t, res.Record.PurgeAfter.Before(res.Record.LeaseExpiresAt), "takeover: purge_after %s is before the lease ends %s", res.Record.PurgeAfter, res.Record.LeaseExpiresAt)
+	b.advance(59 * time.Second)
+	reapNone("inside a lease granted by a takeover")
+
+	// Past the lease, the record is an orphan and may go.
+	b.clock.Set(res.Record.LeaseExpiresAt)
+	recs, err := b.store.Reap(b.ctx, idem.ReapParams{Limit: 100})
 	require.NoError(t, err)
-	b.advance(time.Second)
+	require.Equal(t, []string{"long"}, keysOf(recs))
+	require.Equal(t, idem.StateOrphaned, recs[0].APIState(), "an in-flight record the reaper deletes is an orphan")
+	require.Equal(t, "charged", recs[0].RecoveryPoint)
+}
 
-	require.Equal(t, []string{"gone/done", "gone/inflight"}, reapAll(t, b, 1))
-	b.requireAbsent(t, "gone", "inflight")
-	b.requireAbsent(t, "gone", "done")
-	b.get(t, "kept", "inflight")
+// testReapDisabledTenantKeepsRecords: disabling a tenant is reversible; the
+// reaper treats its records like any others (deleted only past their purge
+// time), so re-enabling finds every record as it was.
+func testReapDisabledTenantKeepsRecords(t *testing.T, s *suite) {
+	b := s.setup(t)
+	off := b.tenant(t, "off")
+	b.tenant(t, "on")
+	inflight := b.create(t, "off", "inflight")
+	done := b.create(t, "off", "done")
+	done = b.complete(t, "off", "done", done.FencingToken, response(1))
+	b.create(t, "on", "inflight")
+
+	_, err := b.store.UpdateTenant(b.ctx, idem.UpdateTenantParams{ID: "off", Name: off.Name, Settings: off.Settings, Disabled: true})
+	require.NoError(t, err)
+	b.advance(time.Hour)
+	require.Empty(t, reapAll(t, b, 1), "the reaper deleted records of a disabled tenant before their purge time")
+
+	_, err = b.store.UpdateTenant(b.ctx, idem.UpdateTenantParams{ID: "off", Name: off.Name, Settings: off.Settings, Disabled: false})
+	require.NoError(t, err)
+	requireSameRecord(t, done, b.get(t, "off", "done"))
+	got := b.get(t, "off", "inflight")
+	require.Equal(t, inflight.FencingToken, got.FencingToken)
+	res := b.claim(t, claimParams("off", "done"))
+	require.Equal(t, idem.ActionReplay, res.Action, "a completed key of a re-enabled tenant is replayed")
+	requireResponse(t, response(1), res.Record.Response)
+
+	// Past their purge time, a disabled tenant's records go like any others.
+	_, err = b.store.UpdateTenant(b.ctx, idem.UpdateTenantParams{ID: "off", Name: off.Name, Settings: off.Settings, Disabled: true})
+	require.NoError(t, err)
+	b.advance(defaultReaperThreshold)
+	require.Equal(t, []string{"off/done", "off/inflight", "on/inflight"}, reapAll(t, b, 10))
 }
 
 // testListsOmitRecoveryData: listings, orphan lists and reaped records carry

@@ -131,7 +131,8 @@ func groups() []group {
 		{"Reap", []testCase{
 			{"PastPurgeAfter", testReapPastPurgeAfter},
 			{"Batches", testReapBatches},
-			{"DisabledTenant", testReapDisabledTenant},
+			{"NeverDeletesRunningLease", testReapNeverDeletesRunningLease},
+			{"DisabledTenantKeepsRecords", testReapDisabledTenantKeepsRecords},
 		}},
 		{"Tenants", []testCase{
 			{"CreateAndGet", testTenantCreateGet},
@@ -139,6 +140,7 @@ func groups() []group {
 			{"NotFound", testTenantNotFound},
 			{"ListOrderedByID", testTenantList},
 			{"Update", testTenantUpdate},
+			{"Delete", testTenantDelete},
 			{"Ping", testPing},
 		}},
 		{"Isolation", []testCase{

@@ -86,6 +86,8 @@ func testTenantUpdate(t *testing.T, s *suite) {
 	st := created.Settings
 	st.ReplayWindowSeconds = 60
 	st.ReaperThresholdSeconds = 60
+	st.LeaseSecondsDefault = 10
+	st.LeaseSecondsMax = 60
 	st.RateLimitPerSecond = 7
 	upd, err := b.store.UpdateTenant(b.ctx, idem.UpdateTenantParams{ID: "acme", Name: "Renamed", Settings: st, Disabled: true})
 	require.NoError(t, err)
@@ -109,6 +111,39 @@ func testTenantUpdate(t *testing.T, s *suite) {
 	got, err = b.store.GetTenant(b.ctx, "acme")
 	require.NoError(t, err)
 	requireSameTenant(t, upd2, got)
+}
+
+// testTenantDelete: deleting a tenant deletes it and every record of it,
+// and nothing of another tenant; the id may then be created afresh, and its
+// keys start anew with fencing tokens above every earlier one.
+func testTenantDelete(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "gone")
+	b.tenant(t, "kept")
+	b.create(t, "gone", "inflight")
+	done := b.create(t, "gone", "done")
+	done = b.complete(t, "gone", "done", done.FencingToken, response(1))
+	kept := b.create(t, "kept", "done")
+	kept = b.complete(t, "kept", "done", kept.FencingToken, response(2))
+
+	require.NoError(t, b.store.DeleteTenant(b.ctx, "gone"))
+	_, err := b.store.GetTenant(b.ctx, "gone")
+	requireCode(t, err, idem.ErrTenantNotFound)
+	b.requireAbsent(t, "gone", "inflight")
+	b.requireAbsent(t, "gone", "done")
+	requireSameRecord(t, kept, b.get(t, "kept", "done"))
+	tenants, err := b.store.ListTenants(b.ctx)
+	require.NoError(t, err)
+	require.Len(t, tenants, 1)
+	require.Equal(t, "kept", tenants[0].ID)
+
+	requireCode(t, b.store.DeleteTenant(b.ctx, "gone"), idem.ErrTenantNotFound)
+	requireCode(t, b.store.DeleteTenant(b.ctx, "never"), idem.ErrTenantNotFound)
+
+	b.tenant(t, "gone")
+	again := b.create(t, "gone", "done")
+	require.Equal(t, 1, again.Attempt)
+	require.Greater(t, again.FencingToken, kept.FencingToken)
 }
 
 func testPing(t *testing.T, s *suite) {

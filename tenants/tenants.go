@@ -192,6 +192,19 @@ func (s *Service) Update(ctx context.Context, id string, p Patch) (idem.Tenant, 
 	return t, nil
 }
 
+// Delete deletes tenant id and all of its records, and drops this replica's
+// cache entry (other replicas refuse the tenant's tokens once their entry's
+// TTL has run out). It returns ErrTenantNotFound. To suspend a tenant
+// without losing anything, disable it instead.
+func (s *Service) Delete(ctx context.Context, id string) error {
+	err := s.store.DeleteTenant(ctx, id)
+	s.Invalidate(id)
+	if err != nil {
+		return fmt.Errorf("delete tenant: %w", err)
+	}
+	return nil
+}
+
 // Ensure returns tenant id, creating it with default settings when it does
 // not exist (development mode). A disabled tenant is returned as is.
 func (s *Service) Ensure(ctx context.Context, id, name string) (idem.Tenant, error) {

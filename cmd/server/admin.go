@@ -133,9 +133,12 @@ const tenantUsage = `Usage:
   PROG tenant create ID [--name NAME] [setting flags]
   PROG tenant list [--json]
   PROG tenant set ID [--name NAME] [--disabled=true|false] [setting flags]
+  PROG tenant delete ID --yes
 
 Operates on the store named by IDEM_DATABASE_URL directly (migrations run
-first). create and set print the tenant as JSON.`
+first). create and set print the tenant as JSON. Disabling is reversible and
+keeps every record; delete removes the tenant and all of its records for
+good, so it asks for --yes.`
 
 func runTenant(ctx context.Context, e env, args []string) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
@@ -154,6 +157,7 @@ func runTenant(ctx context.Context, e env, args []string) int {
 		name     *string
 		disabled *bool
 		asJSON   *bool
+		yes      *bool
 		patch    func() idem.SettingsPatch
 	)
 	switch sub {
@@ -165,8 +169,10 @@ func runTenant(ctx context.Context, e env, args []string) int {
 		}
 	case "list":
 		asJSON = fs.Bool("json", false, "print JSON instead of a table")
+	case "delete":
+		yes = fs.Bool("yes", false, "confirm that the tenant and all of its records are to be deleted")
 	default:
-		fmt.Fprintf(e.stderr, "%s: unknown tenant command %q (want create, list or set)\n", e.prog, sub)
+		fmt.Fprintf(e.stderr, "%s: unknown tenant command %q (want create, list, set or delete)\n", e.prog, sub)
 		return 2
 	}
 	cfg, pos, done, code := loadConfig(e, fs, settingsUsage(e, fs, tenantUsage), args)
@@ -183,6 +189,10 @@ func runTenant(ctx context.Context, e env, args []string) int {
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if sub == "delete" && !*yes {
+		fmt.Fprintf(e.stderr, "%s: tenant delete removes tenant %s and all of its records for good; add --yes to confirm (to suspend it instead: tenant set %s --disabled=true)\n", e.prog, pos[0], pos[0])
+		return 2
+	}
 
 	ctx, cancel := context.WithTimeout(ctx, cfg.DBConnectTimeout+30*time.Second)
 	defer cancel()
@@ -210,6 +220,12 @@ func runTenant(ctx context.Context, e env, args []string) int {
 			return fail(e, "create tenant %s: %s", pos[0], describe(err))
 		}
 		return printJSON(e, toJSON(t))
+	case "delete":
+		if err := svc.Delete(ctx, pos[0]); err != nil {
+			return fail(e, "delete tenant %s: %s", pos[0], describe(err))
+		}
+		fmt.Fprintf(e.stdout, "deleted tenant %s and all of its records\n", pos[0])
+		return 0
 	default: // set
 		p := tenants.Patch{Settings: patch()}
 		if given["name"] {

@@ -6,7 +6,7 @@
 //	server conformance         check any API's Idempotency-Key behaviour over HTTP
 //	server migrate             run the database migrations and exit
 //	server token               mint an HS256 token
-//	server tenant create|list|set
+//	server tenant create|list|set|delete
 //	server config              print the effective configuration, secrets redacted
 //	server healthcheck         exit 0 when the local service answers /healthz
 //
@@ -61,7 +61,7 @@ func commands() []command {
 		{"conformance", "check any API's Idempotency-Key behaviour over HTTP: conformance --target URL", runConformance},
 		{"migrate", "run the database migrations and exit", runMigrate},
 		{"token", "mint an HS256 token: token --tenant ID --scope \"keys:write\" --ttl 24h", runToken},
-		{"tenant", "manage tenants in the store: tenant create|list|set", runTenant},
+		{"tenant", "manage tenants in the store: tenant create|list|set|delete", runTenant},
 		{"config", "print the effective configuration with secrets redacted", runConfig},
 		{"healthcheck", "exit 0 when the local service answers GET /healthz (for container HEALTHCHECKs)", runHealthcheck},
 	}

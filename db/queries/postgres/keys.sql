@@ -25,7 +25,9 @@ SELECT
     sqlc.arg('replay_window_seconds')::integer,
     sqlc.arg('reaper_threshold_seconds')::integer,
     clock.now, clock.now,
-    clock.now + sqlc.arg('reaper_threshold_seconds')::integer * interval '1 second'
+    -- kept for the reaper threshold, and never less than the lease
+    greatest(clock.now + sqlc.arg('reaper_threshold_seconds')::integer * interval '1 second',
+        clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond')
 FROM clock
 ON CONFLICT (tenant_id, key) DO UPDATE SET
     state = 'in_flight',
@@ -47,7 +49,8 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     completed_at = NULL,
     replay_until = NULL,
     purge_after = CASE WHEN k.state = 'completed' THEN excluded.purge_after
-        ELSE excluded.created_at + k.reaper_threshold_seconds * interval '1 second' END
+        ELSE greatest(excluded.created_at + k.reaper_threshold_seconds * interval '1 second',
+            excluded.lease_expires_at) END
 WHERE
     -- takeover of an orphan by the same request
     (k.state = 'in_flight' AND k.lease_expires_at <= excluded.created_at
@@ -66,7 +69,8 @@ WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key');
 
 -- name: CheckpointKey :one
 -- CheckpointKey saves the recovery point, renews the lease and postpones the
--- purge, only while the token is current and the record in flight.
+-- purge (to at least the reaper threshold from now and never before the new
+-- lease ends), only while the token is current and the record in flight.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 )
@@ -75,7 +79,8 @@ UPDATE idempotency_keys k SET
     recovery_data = sqlc.narg('recovery_data')::bytea,
     lease_expires_at = clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond',
     updated_at = clock.now,
-    purge_after = greatest(k.purge_after, clock.now + k.reaper_threshold_seconds * interval '1 second')
+    purge_after = greatest(k.purge_after, clock.now + k.reaper_threshold_seconds * interval '1 second',
+        clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond')
 FROM clock
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
     AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
@@ -176,33 +181,23 @@ GROUP BY k.tenant_id
 ORDER BY k.tenant_id;
 
 -- name: ReapKeys :many
--- ReapKeys deletes a batch of records past purge_after (oldest first, from
--- the purge_after index) or of a disabled tenant (from the primary key).
+-- ReapKeys deletes a batch of records past purge_after, oldest first, from
+-- the purge_after index. An in-flight record whose lease still runs is never
+-- deleted, whatever its purge_after says: its claimant may still be working.
 -- FOR UPDATE SKIP LOCKED lets concurrent reapers on several replicas each
 -- take different rows without waiting on one another; a row is deleted by
--- one of them only. Rows locked by a branch but cut by the final LIMIT are
--- released when the statement ends. It returns the records without responses
--- or recovery data.
+-- one of them only. It returns the records without responses or recovery
+-- data.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
-), expired AS (
+), victims AS (
     SELECT e.tenant_id, e.key
     FROM idempotency_keys e
     WHERE e.purge_after <= (SELECT clock.now FROM clock)
+        AND (e.state <> 'in_flight' OR e.lease_expires_at <= (SELECT clock.now FROM clock))
     ORDER BY e.purge_after
     LIMIT sqlc.arg('row_limit')::integer
     FOR UPDATE OF e SKIP LOCKED
-), disabled AS (
-    SELECT d.tenant_id, d.key
-    FROM idempotency_keys d
-    WHERE d.tenant_id IN (SELECT t.id FROM tenants t WHERE t.disabled_at IS NOT NULL)
-    LIMIT sqlc.arg('row_limit')::integer
-    FOR UPDATE OF d SKIP LOCKED
-), victims AS (
-    SELECT expired.tenant_id, expired.key FROM expired
-    UNION
-    SELECT disabled.tenant_id, disabled.key FROM disabled
-    LIMIT sqlc.arg('row_limit')::integer
 )
 DELETE FROM idempotency_keys k
 USING victims

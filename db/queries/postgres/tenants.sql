@@ -42,3 +42,8 @@ UPDATE tenants t SET
 FROM clock
 WHERE t.id = sqlc.arg('id')
 RETURNING t.*;
+
+-- name: DeleteTenant :execrows
+-- DeleteTenant deletes a tenant; ON DELETE CASCADE deletes its records in
+-- the same statement.
+DELETE FROM tenants WHERE id = sqlc.arg('id');

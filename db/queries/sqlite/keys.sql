@@ -147,13 +147,15 @@ GROUP BY tenant_id
 ORDER BY tenant_id;
 
 -- name: ReapKeys :many
--- ReapKeys deletes one bounded batch of records past purge_after or of
--- disabled tenants and returns them without responses or recovery data.
+-- ReapKeys deletes one bounded batch of records past purge_after and returns
+-- them without responses or recovery data. An in-flight record whose lease
+-- still runs is never deleted, whatever its purge_after says: its claimant
+-- may still be working.
 DELETE FROM idempotency_keys
 WHERE rowid IN (
     SELECT k.rowid FROM idempotency_keys AS k
     WHERE k.purge_after <= sqlc.arg(now)
-       OR k.tenant_id IN (SELECT t.id FROM tenants AS t WHERE t.disabled_at IS NOT NULL)
+      AND (k.state <> 'in_flight' OR k.lease_expires_at <= sqlc.arg(now))
     LIMIT sqlc.arg(row_limit)
 )
 RETURNING tenant_id, key, state, operation, fingerprint, fencing_token, attempt,

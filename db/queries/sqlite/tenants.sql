@@ -30,3 +30,8 @@ UPDATE tenants SET
     updated_at = sqlc.arg(now)
 WHERE id = sqlc.arg(id)
 RETURNING *;
+
+-- name: DeleteTenant :execrows
+-- DeleteTenant deletes a tenant; ON DELETE CASCADE deletes its records in
+-- the same statement.
+DELETE FROM tenants WHERE id = sqlc.arg(id);

@@ -71,6 +71,20 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 	return i, err
 }
 
+const deleteTenant = `-- name: DeleteTenant :execrows
+DELETE FROM tenants WHERE id = $1
+`
+
+// DeleteTenant deletes a tenant; ON DELETE CASCADE deletes its records in
+// the same statement.
+func (q *Queries) DeleteTenant(ctx context.Context, id string) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteTenant, id)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const getTenant = `-- name: GetTenant :one
 SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at FROM tenants WHERE id = $1
 `

@@ -529,7 +529,7 @@ DELETE FROM idempotency_keys
 WHERE rowid IN (
     SELECT k.rowid FROM idempotency_keys AS k
     WHERE k.purge_after <= ?1
-       OR k.tenant_id IN (SELECT t.id FROM tenants AS t WHERE t.disabled_at IS NOT NULL)
+      AND (k.state <> 'in_flight' OR k.lease_expires_at <= ?1)
     LIMIT ?2
 )
 RETURNING tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
@@ -562,8 +562,10 @@ type ReapKeysRow struct {
 	PurgeAfter             int64
 }
 
-// ReapKeys deletes one bounded batch of records past purge_after or of
-// disabled tenants and returns them without responses or recovery data.
+// ReapKeys deletes one bounded batch of records past purge_after and returns
+// them without responses or recovery data. An in-flight record whose lease
+// still runs is never deleted, whatever its purge_after says: its claimant
+// may still be working.
 func (q *Queries) ReapKeys(ctx context.Context, arg ReapKeysParams) ([]ReapKeysRow, error) {
 	rows, err := q.db.QueryContext(ctx, reapKeys, arg.Now, arg.RowLimit)
 	if err != nil {

@@ -1,0 +1,45 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	"github.com/pressly/goose/v3"
+	"github.com/stretchr/testify/require"
+
+	pgschema "github.com/idem-dev/idem/db/schema/postgres"
+	"github.com/idem-dev/idem/postgres/pgtest"
+)
+
+// TestMigrationRaisesReaperThreshold: a tenant stored before the rule
+// reaper_threshold_seconds >= lease_seconds_max gets its threshold raised to
+// its lease_seconds_max when the store opens; valid tenants are untouched.
+func TestMigrationRaisesReaperThreshold(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.URL(t)
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, pgschema.Migrations(), goose.WithDisableGlobalRegistry(true))
+	require.NoError(t, err)
+	_, err = provider.UpTo(ctx, 1)
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, `INSERT INTO tenants (id, name, replay_window_seconds, reaper_threshold_seconds,
+		lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, created_at, updated_at)
+		VALUES ('short', 'short', 2, 3, 30, 60, 1024, 0, now(), now()), ('fine', 'fine', 2, 600, 30, 60, 1024, 0, now(), now())`)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+
+	s, err := Open(ctx, dsn, Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	short, err := s.GetTenant(ctx, "short")
+	require.NoError(t, err)
+	require.Equal(t, 60, short.Settings.ReaperThresholdSeconds)
+	require.NoError(t, short.Settings.Validate())
+	fine, err := s.GetTenant(ctx, "fine")
+	require.NoError(t, err)
+	require.Equal(t, 600, fine.Settings.ReaperThresholdSeconds)
+}
