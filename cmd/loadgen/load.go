@@ -25,7 +25,19 @@ const (
 	modeLifecycle  = "lifecycle"
 	modeReplay     = "replay"
 	modeContention = "contention"
+	// modeFrontdoor and modeFrontdoorReplay load any HTTP API through its
+	// front door (Idempotency-Key), e.g. the gateway or its upstream.
+	modeFrontdoor       = "frontdoor"
+	modeFrontdoorReplay = "frontdoor-replay"
 )
+
+func frontdoorMode(m string) bool { return m == modeFrontdoor || m == modeFrontdoorReplay }
+
+// kindPost is the request kind of the frontdoor modes.
+const kindPost = "post"
+
+// frontdoorBody is the JSON body the frontdoor modes send.
+var frontdoorBody = []byte(`{"amount":1000,"currency":"usd"}`)
 
 // The request kinds latencies are kept for.
 const (
@@ -182,6 +194,46 @@ func (l *loader) post(ctx context.Context, key, op string, body []byte) result {
 	return r
 }
 
+// postFrontdoor sends one POST to the configured path with key as
+// Idempotency-Key and reads the whole answer.
+func (l *loader) postFrontdoor(ctx context.Context, key string) result {
+	u := *l.cfg.baseURL
+	u.Path += l.cfg.path
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(frontdoorBody))
+	if err != nil {
+		return result{err: fmt.Errorf("new request: %w", err)}
+	}
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := l.client.Do(req)
+	if err != nil {
+		return result{err: err}
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
+	if err != nil {
+		return result{status: resp.StatusCode, err: fmt.Errorf("read body: %w", err)}
+	}
+	r := result{status: resp.StatusCode}
+	if resp.StatusCode >= 400 {
+		var v struct {
+			Code string `json:"code"`
+		}
+		if json.Unmarshal(data, &v) == nil {
+			r.code = v.Code
+		}
+	}
+	return r
+}
+
+func success(r result) bool { return r.err == nil && r.status >= 200 && r.status < 300 }
+
+func (l *loader) timedFrontdoor(ctx context.Context, t *tally, key string) {
+	start := time.Now()
+	r := l.postFrontdoor(ctx, key)
+	t.record(kindPost, time.Since(start), r, success(r))
+}
+
 func completeBody(token int64) []byte {
 	return fmt.Appendf(nil, `{"fencing_token":%d,"response":{"status":201,"headers":{"Content-Type":"application/json"},"body":"{\"id\":\"ord_1\"}"}}`, token)
 }
@@ -226,6 +278,10 @@ func (l *loader) iterate(ctx context.Context, t *tally, w int, n int64) {
 	case modeReplay:
 		key := fmt.Sprintf("%s-r%d", l.prefix, mrand.IntN(l.cfg.keys))
 		l.timed(ctx, t, kindClaim, key, claimBody, is(200))
+	case modeFrontdoor:
+		l.timedFrontdoor(ctx, t, fmt.Sprintf("%s-w%d-%d", l.prefix, w, n))
+	case modeFrontdoorReplay:
+		l.timedFrontdoor(ctx, t, fmt.Sprintf("%s-r%d", l.prefix, mrand.IntN(l.cfg.keys)))
 	case modeContention:
 		key := fmt.Sprintf("%s-c%d", l.prefix, mrand.IntN(l.cfg.keys))
 		r := l.timed(ctx, t, kindClaim, key, claimBody, contentionOK)
@@ -255,6 +311,15 @@ func (l *loader) prepareReplay(ctx context.Context) error {
 					return
 				}
 				key := fmt.Sprintf("%s-r%d", l.prefix, i)
+				if l.cfg.mode == modeFrontdoorReplay {
+					if r := l.postFrontdoor(ctx, key); !success(r) {
+						mu.Lock()
+						errs = append(errs, fmt.Errorf("prepare replay key %s: %s: %v", key, r.label(), r.err))
+						mu.Unlock()
+						return
+					}
+					continue
+				}
 				r := l.post(ctx, key, kindClaim, claimBody)
 				if r.err == nil && r.status == http.StatusCreated {
 					r = l.post(ctx, key, kindComplete, completeBody(r.token))
@@ -280,7 +345,7 @@ func runLoad(ctx context.Context, cfg config) (*report, error) {
 		return nil, err
 	}
 	defer l.client.CloseIdleConnections()
-	if cfg.mode == modeReplay {
+	if cfg.mode == modeReplay || cfg.mode == modeFrontdoorReplay {
 		if err := l.prepareReplay(ctx); err != nil {
 			return nil, err
 		}

@@ -8,6 +8,8 @@
 //	loadgen -url http://127.0.0.1:8080 -token "$IDEM_TOKEN" \
 //	    [-mode claim|lifecycle|replay|contention] [-duration 10s] \
 //	    [-concurrency 16] [-requests N] [-keys N]
+//	loadgen -url http://127.0.0.1:8081 -mode frontdoor|frontdoor-replay [-path /orders]
+//	loadgen -serve-upstream 127.0.0.1:0
 //
 // Modes:
 //
@@ -19,6 +21,17 @@
 //     one that gets 201 completes the key, the others get 409
 //     request_in_flight or a 200 replay. Each key must see exactly one 201:
 //     if not, loadgen prints an INVARIANT VIOLATION line and exits 1.
+//   - frontdoor: POST -path of any HTTP API with a fresh Idempotency-Key and
+//     a JSON body (2xx expected): the idem gateway, or the upstream behind
+//     it for the baseline of the same run. No token needed.
+//   - frontdoor-replay: first sends -keys keys once (not measured), then
+//     sends them again and again (2xx replays expected through a gateway).
+//
+// With -serve-upstream ADDR (loopback only) loadgen does not generate load:
+// it serves the conformance kit's reference upstream (POST /orders with a
+// side-effect counter, GET /count) until SIGINT/SIGTERM, so the gateway
+// benchmark has an upstream in its own process. It prints "upstream
+// listening on ADDR".
 //
 // The token needs the keys:write scope for a tenant whose rate limit is off.
 // Keys carry a per-run prefix, so runs never see each other's keys.
@@ -41,12 +54,15 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/idem-dev/idem/conformance"
 )
 
 // Bounds of the flags.
@@ -66,6 +82,7 @@ type config struct {
 	requests    int64
 	keys        int
 	timeout     time.Duration
+	path        string // frontdoor modes: the endpoint
 }
 
 func main() {
@@ -75,6 +92,9 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 2 && (args[0] == "-serve-upstream" || args[0] == "--serve-upstream") {
+		return serveUpstream(ctx, args[1], stdout, stderr)
+	}
 	cfg, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -98,7 +118,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	token := fs.String("token", "", "bearer token with keys:write (default: $IDEM_TOKEN)")
 	duration := fs.Duration("duration", 10*time.Second, "how long to run (at most 120s)")
 	concurrency := fs.Int("concurrency", 16, "number of concurrent workers (connections)")
-	mode := fs.String("mode", "claim", "claim | lifecycle | replay | contention")
+	mode := fs.String("mode", "claim", "claim | lifecycle | replay | contention | frontdoor | frontdoor-replay")
+	path := fs.String("path", "/orders", "frontdoor modes: the endpoint POSTed to")
 	requests := fs.Int64("requests", 0, "stop after this many iterations (0 = only -duration bounds the run)")
 	keys := fs.Int("keys", 0, "size of the key set for replay (default 256) and contention (default 8)")
 	timeout := fs.Duration("timeout", 10*time.Second, "timeout of one HTTP request")
@@ -110,12 +131,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	cfg := config{
 		token: *token, duration: *duration, concurrency: *concurrency,
-		mode: *mode, requests: *requests, keys: *keys, timeout: *timeout,
+		mode: *mode, requests: *requests, keys: *keys, timeout: *timeout, path: *path,
 	}
 	if cfg.token == "" {
 		cfg.token = os.Getenv("IDEM_TOKEN")
 	}
-	if cfg.token == "" {
+	if cfg.token == "" && !frontdoorMode(cfg.mode) {
 		return config{}, errors.New("-token (or IDEM_TOKEN) is required")
 	}
 	u, err := checkLoopbackURL(*rawURL)
@@ -137,7 +158,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	switch cfg.mode {
 	case modeClaim, modeLifecycle:
-	case modeReplay, modeContention:
+	case modeFrontdoor:
+	case modeReplay, modeContention, modeFrontdoorReplay:
 		if cfg.keys == 0 {
 			cfg.keys = 256
 			if cfg.mode == modeContention {
@@ -148,9 +170,35 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			return config{}, fmt.Errorf("-keys must be 1..%d, got %d", maxKeys, cfg.keys)
 		}
 	default:
-		return config{}, fmt.Errorf("-mode must be claim, lifecycle, replay or contention, got %q", cfg.mode)
+		return config{}, fmt.Errorf("-mode must be claim, lifecycle, replay, contention, frontdoor or frontdoor-replay, got %q", cfg.mode)
 	}
 	return cfg, nil
+}
+
+// serveUpstream serves conformance.Upstream on a loopback addr until ctx
+// is done.
+func serveUpstream(ctx context.Context, addr string, stdout, stderr io.Writer) int {
+	host, _, err := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+		fmt.Fprintf(stderr, "loadgen: -serve-upstream %q: must be a loopback host:port\n", addr)
+		return 2
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Fprintf(stderr, "loadgen: %v\n", err)
+		return 1
+	}
+	srv := &http.Server{Handler: conformance.NewUpstream(), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	fmt.Fprintf(stdout, "upstream listening on %s\n", ln.Addr())
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		fmt.Fprintf(stderr, "loadgen: %v\n", err)
+		return 1
+	}
+	return 0
 }
 
 // checkLoopbackURL parses raw and accepts it only when it is an http(s) URL

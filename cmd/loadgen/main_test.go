@@ -2,12 +2,17 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"io"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem/conformance"
 )
 
 func TestPercentileNearestRank(t *testing.T) {
@@ -124,4 +129,25 @@ func TestReportPrintsViolationAndFails(t *testing.T) {
 	require.Equal(t, 0, rep.print(&out))
 	require.NotContains(t, out.String(), "INVARIANT VIOLATION")
 	require.Contains(t, out.String(), "requests     2")
+}
+
+func TestFrontdoorModeLoadsAnyAPI(t *testing.T) {
+	t.Parallel()
+	up := conformance.NewUpstream()
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+	cfg, err := parseFlags([]string{"-url", srv.URL, "-mode", "frontdoor", "-requests", "40", "-concurrency", "4", "-duration", "20s"}, io.Discard)
+	require.NoError(t, err, "no token needed")
+	rep, err := runLoad(context.Background(), cfg)
+	require.NoError(t, err)
+	var out bytes.Buffer
+	require.Equal(t, 0, rep.print(&out), out.String())
+	require.Contains(t, out.String(), "post 201")
+	require.Equal(t, int64(40), up.Count())
+
+	cfg.mode, cfg.keys = "frontdoor-replay", 5
+	rep, err = runLoad(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Equal(t, 0, rep.print(&out))
+	require.Equal(t, int64(85), up.Count(), "5 prepared keys, then 40 posts: the bare upstream does not replay")
 }
