@@ -61,8 +61,9 @@ type Observer interface {
 	ObserveWrite(tenant, op string, err error)
 }
 
-// server holds the dependencies of the handlers.
-type server struct {
+// service is the HTTP API: the dependencies its handlers share. (Package
+// server wires it into the binary; cmd/server is that binary.)
+type service struct {
 	store    idem.Store
 	tenants  *tenants.Service
 	verifier *auth.Verifier
@@ -76,7 +77,7 @@ type server struct {
 // New returns the router serving /v1/..., /healthz and /readyz. The caller
 // may mount more routes on it afterwards.
 func New(opts Options) *chi.Mux {
-	s := &server{
+	s := &service{
 		store:    opts.Store,
 		tenants:  opts.Tenants,
 		verifier: opts.Verifier,
@@ -143,11 +144,11 @@ func New(opts Options) *chi.Mux {
 	return r
 }
 
-func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
+func (s *service) healthz(w http.ResponseWriter, r *http.Request) {
 	s.writeJSON(w, r, map[string]string{"status": "ok"})
 }
 
-func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
+func (s *service) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)
 	defer cancel()
 	if err := s.store.Ping(ctx); err != nil {

@@ -13,7 +13,7 @@ import (
 
 // authenticate verifies the bearer token and puts its principal in the
 // request's state; anything else is 401 unauthenticated.
-func (s *server) authenticate(next http.Handler) http.Handler {
+func (s *service) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := r.Header.Get("Authorization")
 		scheme, token, ok := strings.Cut(h, " ")
@@ -41,7 +41,7 @@ func principalFrom(ctx context.Context) auth.Principal {
 
 // requireScope answers 403 forbidden unless the principal holds one of
 // scopes.
-func (s *server) requireScope(scopes ...string) func(http.Handler) http.Handler {
+func (s *service) requireScope(scopes ...string) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			p := principalFrom(r.Context())
@@ -65,7 +65,7 @@ func (s *server) requireScope(scopes ...string) func(http.Handler) http.Handler 
 // refused requests costs its neighbours as little as possible. The limiter
 // uses the rate of the tenant's last admitted request, which is at most as
 // old as the tenant cache's entry.
-func (s *server) resolveTenant(next http.Handler) http.Handler {
+func (s *service) resolveTenant(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := principalFrom(r.Context())
 		if p.Tenant == "" {
@@ -95,7 +95,7 @@ func (s *server) resolveTenant(next http.Handler) http.Handler {
 	})
 }
 
-func (s *server) rateLimited(w http.ResponseWriter, r *http.Request, wait time.Duration) {
+func (s *service) rateLimited(w http.ResponseWriter, r *http.Request, wait time.Duration) {
 	s.writeProblem(w, r, &idem.Error{
 		Code:       idem.CodeRateLimited,
 		Detail:     "the tenant is over its request rate limit",

@@ -49,7 +49,7 @@ func (noContent) statusCode() int { return http.StatusNoContent }
 // fields refused and no trailing data (400 naming the field when it can),
 // binds path and query parameters, validates, executes and encodes the
 // response.
-func handle[Req any, Resp any](s *server, exec func(ctx context.Context, req *Req) (Resp, error)) http.HandlerFunc {
+func handle[Req any, Resp any](s *service, exec func(ctx context.Context, req *Req) (Resp, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		req := new(Req)
 		if err := s.decodeBody(w, r, req); err != nil {
@@ -77,7 +77,7 @@ func handle[Req any, Resp any](s *server, exec func(ctx context.Context, req *Re
 	}
 }
 
-func (s *server) writeJSON(w http.ResponseWriter, r *http.Request, resp any) {
+func (s *service) writeJSON(w http.ResponseWriter, r *http.Request, resp any) {
 	status := http.StatusOK
 	if sc, ok := resp.(statusCoder); ok {
 		status = sc.statusCode()
@@ -125,7 +125,7 @@ type bodyWrapper interface {
 }
 
 // decodeBody reads at most MaxBodyBytes of the body and decodes it into dst.
-func (s *server) decodeBody(w http.ResponseWriter, r *http.Request, dst any) error {
+func (s *service) decodeBody(w http.ResponseWriter, r *http.Request, dst any) error {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
 	if err != nil {
 		var mbe *http.MaxBytesError

@@ -86,7 +86,7 @@ func (c *claimRequest) validate() error {
 // claim decides a claim. Without fingerprint and request the fingerprint is
 // empty: the key alone identifies the intent, and the operation is still
 // compared.
-func (s *server) claim(ctx context.Context, req *claimRequest) (claimReply, error) {
+func (s *service) claim(ctx context.Context, req *claimRequest) (claimReply, error) {
 	t := tenantFrom(ctx)
 	lease, err := t.Settings.LeaseFor(req.LeaseSeconds)
 	if err != nil {
@@ -137,7 +137,7 @@ func (s *server) claim(ctx context.Context, req *claimRequest) (claimReply, erro
 	}}, nil
 }
 
-func (s *server) observeWrite(tenant, op string, err error) {
+func (s *service) observeWrite(tenant, op string, err error) {
 	if s.observer != nil {
 		s.observer.ObserveWrite(tenant, op, err)
 	}
@@ -172,7 +172,7 @@ func (c *checkpointRequest) validate() error {
 	return nil
 }
 
-func (s *server) checkpoint(ctx context.Context, req *checkpointRequest) (recordJSON, error) {
+func (s *service) checkpoint(ctx context.Context, req *checkpointRequest) (recordJSON, error) {
 	t := tenantFrom(ctx)
 	lease, err := t.Settings.LeaseFor(req.LeaseSeconds)
 	if err != nil {
@@ -223,7 +223,7 @@ func (c *completeRequest) validate() error {
 	return err
 }
 
-func (s *server) complete(ctx context.Context, req *completeRequest) (recordJSON, error) {
+func (s *service) complete(ctx context.Context, req *completeRequest) (recordJSON, error) {
 	t := tenantFrom(ctx)
 	if size := req.decoded.Size(); size > t.Settings.MaxResponseBytes {
 		err := idem.Errorf(idem.CodePayloadTooLarge, "the response is %d bytes; the tenant's max_response_bytes is %d", size, t.Settings.MaxResponseBytes)
@@ -248,7 +248,7 @@ type releaseRequest struct {
 
 func (c *releaseRequest) validate() error { return requireToken(c.FencingToken) }
 
-func (s *server) release(ctx context.Context, req *releaseRequest) (noContent, error) {
+func (s *service) release(ctx context.Context, req *releaseRequest) (noContent, error) {
 	t := tenantFrom(ctx)
 	err := s.store.Release(ctx, idem.ReleaseParams{TenantID: t.ID, Key: req.key, FencingToken: *req.FencingToken})
 	s.observeWrite(t.ID, "release", err)
@@ -263,7 +263,7 @@ type getKeyRequest struct {
 	keyParam
 }
 
-func (s *server) getKey(ctx context.Context, req *getKeyRequest) (recordJSON, error) {
+func (s *service) getKey(ctx context.Context, req *getKeyRequest) (recordJSON, error) {
 	rec, err := s.store.GetRecord(ctx, idem.GetRecordParams{TenantID: tenantFrom(ctx).ID, Key: req.key})
 	if err != nil {
 		return recordJSON{}, fmt.Errorf("get key: %w", err)
@@ -353,7 +353,7 @@ func (l *listKeysRequest) bind(r *http.Request) error {
 	return l.pageParams.bind(r)
 }
 
-func (s *server) listKeys(ctx context.Context, req *listKeysRequest) (listJSON[recordJSON], error) {
+func (s *service) listKeys(ctx context.Context, req *listKeysRequest) (listJSON[recordJSON], error) {
 	recs, err := s.store.ListRecords(ctx, idem.ListRecordsParams{
 		TenantID: tenantFrom(ctx).ID, State: req.state, Limit: req.limit + 1, After: req.after,
 	})

@@ -100,7 +100,7 @@ func requestIDFrom(ctx context.Context) string {
 // accessLog writes one line per request: request id, method, route pattern,
 // status, duration and tenant when known. It never logs headers, tokens or
 // bodies.
-func (s *server) accessLog(next http.Handler) http.Handler {
+func (s *service) accessLog(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		st, r := withState(r)
@@ -134,7 +134,7 @@ func (s *server) accessLog(next http.Handler) http.Handler {
 }
 
 // recoverer turns a panic into a 500 problem and logs it with its stack.
-func (s *server) recoverer(next http.Handler) http.Handler {
+func (s *service) recoverer(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			v := recover()

@@ -78,7 +78,7 @@ func retryAfterSeconds(d time.Duration) int {
 // and nobody reads the answer: it is logged at debug level and recorded as
 // status 499 (metrics.StatusClientClosedRequest), never as an internal
 // error.
-func (s *server) writeProblem(w http.ResponseWriter, r *http.Request, err error) {
+func (s *service) writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
 		s.logger.DebugContext(r.Context(), "request canceled by the client",
 			slog.String("request_id", requestIDFrom(r.Context())),

@@ -16,7 +16,7 @@ type emptyRequest struct{}
 
 // getOwnTenant is GET /v1/tenant. It reads the store, not the cache, so a
 // PATCH is visible at once.
-func (s *server) getOwnTenant(ctx context.Context, _ *emptyRequest) (tenantJSON, error) {
+func (s *service) getOwnTenant(ctx context.Context, _ *emptyRequest) (tenantJSON, error) {
 	t, err := s.tenants.Get(ctx, tenantFrom(ctx).ID)
 	if err != nil {
 		return tenantJSON{}, fmt.Errorf("get own tenant: %w", err)
@@ -31,7 +31,7 @@ type patchOwnTenantRequest struct {
 	Settings idem.SettingsPatch `json:"settings"`
 }
 
-func (s *server) patchOwnTenant(ctx context.Context, req *patchOwnTenantRequest) (tenantJSON, error) {
+func (s *service) patchOwnTenant(ctx context.Context, req *patchOwnTenantRequest) (tenantJSON, error) {
 	t, err := s.tenants.Update(ctx, tenantFrom(ctx).ID, tenants.Patch{Name: req.Name, Settings: req.Settings})
 	if err != nil {
 		return tenantJSON{}, fmt.Errorf("patch own tenant: %w", err)
@@ -46,7 +46,7 @@ type createTenantRequest struct {
 	Settings idem.SettingsPatch `json:"settings"`
 }
 
-func (s *server) createTenant(ctx context.Context, req *createTenantRequest) (created, error) {
+func (s *service) createTenant(ctx context.Context, req *createTenantRequest) (created, error) {
 	t, err := s.tenants.Create(ctx, req.ID, req.Name, req.Settings)
 	if err != nil {
 		return created{}, fmt.Errorf("create tenant: %w", err)
@@ -54,7 +54,7 @@ func (s *server) createTenant(ctx context.Context, req *createTenantRequest) (cr
 	return created{body: encodeTenant(t)}, nil
 }
 
-func (s *server) listTenants(ctx context.Context, _ *emptyRequest) (listJSON[tenantJSON], error) {
+func (s *service) listTenants(ctx context.Context, _ *emptyRequest) (listJSON[tenantJSON], error) {
 	ts, err := s.tenants.List(ctx)
 	if err != nil {
 		return listJSON[tenantJSON]{}, fmt.Errorf("list tenants: %w", err)
@@ -84,7 +84,7 @@ type getTenantRequest struct {
 	tenantParam
 }
 
-func (s *server) getTenant(ctx context.Context, req *getTenantRequest) (tenantJSON, error) {
+func (s *service) getTenant(ctx context.Context, req *getTenantRequest) (tenantJSON, error) {
 	t, err := s.tenants.Get(ctx, req.id)
 	if err != nil {
 		return tenantJSON{}, fmt.Errorf("get tenant: %w", err)
@@ -100,7 +100,7 @@ type patchTenantRequest struct {
 	Disabled *bool              `json:"disabled"`
 }
 
-func (s *server) patchTenant(ctx context.Context, req *patchTenantRequest) (tenantJSON, error) {
+func (s *service) patchTenant(ctx context.Context, req *patchTenantRequest) (tenantJSON, error) {
 	t, err := s.tenants.Update(ctx, req.id, tenants.Patch{Name: req.Name, Settings: req.Settings, Disabled: req.Disabled})
 	if err != nil {
 		return tenantJSON{}, fmt.Errorf("patch tenant: %w", err)
@@ -114,7 +114,7 @@ type deleteTenantRequest struct {
 
 // deleteTenant deletes the tenant and all of its records (disabling, by
 // PATCH, is the reversible way to suspend one).
-func (s *server) deleteTenant(ctx context.Context, req *deleteTenantRequest) (noContent, error) {
+func (s *service) deleteTenant(ctx context.Context, req *deleteTenantRequest) (noContent, error) {
 	if err := s.tenants.Delete(ctx, req.id); err != nil {
 		return noContent{}, fmt.Errorf("delete tenant: %w", err)
 	}
@@ -137,7 +137,7 @@ func (l *listOrphansRequest) bind(r *http.Request) error {
 	return l.pageParams.bind(r)
 }
 
-func (s *server) listOrphans(ctx context.Context, req *listOrphansRequest) (listJSON[orphanJSON], error) {
+func (s *service) listOrphans(ctx context.Context, req *listOrphansRequest) (listJSON[orphanJSON], error) {
 	recs, err := s.store.ListOrphans(ctx, idem.ListOrphansParams{TenantID: req.tenant, Limit: req.limit + 1, After: req.after})
 	if err != nil {
 		return listJSON[orphanJSON]{}, fmt.Errorf("list orphans: %w", err)

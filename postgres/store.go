@@ -27,7 +27,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/idem-dev/idem"
-	pgschema "github.com/idem-dev/idem/db/schema/postgres"
+	"github.com/idem-dev/idem/db/schema"
 	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
 )
 
@@ -107,12 +107,12 @@ func newPool(ctx context.Context, url string, opts Options) (*pgxpool.Pool, erro
 // the current schema: stores in different schemas of one server (tests) do
 // not wait on each other.
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	var schema string
-	if err := pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+	var current string
+	if err := pool.QueryRow(ctx, "SELECT current_schema()").Scan(&current); err != nil {
 		return interpretError(err, "migrate: read current schema")
 	}
 	h := fnv.New64a()
-	_, _ = h.Write([]byte("idem-migrations:" + schema))
+	_, _ = h.Write([]byte("idem-migrations:" + current))
 	locker, err := lock.NewPostgresSessionLocker(
 		lock.WithLockID(int64(h.Sum64()>>1)),
 		lock.WithLockTimeout(1, 120),
@@ -122,7 +122,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, pgschema.Migrations(),
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, schema.Postgres(),
 		goose.WithSessionLocker(locker),
 		goose.WithDisableGlobalRegistry(true),
 	)

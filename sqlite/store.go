@@ -41,7 +41,7 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
 	"github.com/idem-dev/idem"
-	schema "github.com/idem-dev/idem/db/schema/sqlite"
+	"github.com/idem-dev/idem/db/schema"
 	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
 )
 
@@ -185,7 +185,7 @@ func openDB(ctx context.Context, path string) (*sql.DB, error) {
 // migrate applies the embedded goose migrations with a provider (no global
 // goose state).
 func migrate(ctx context.Context, db *sql.DB) error {
-	provider, err := goose.NewProvider(goose.DialectSQLite3, db, schema.Migrations())
+	provider, err := goose.NewProvider(goose.DialectSQLite3, db, schema.SQLite())
 	if err != nil {
 		return fmt.Errorf("migrate: create provider: %w", err)
 	}
