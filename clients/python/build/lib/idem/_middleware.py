@@ -1,0 +1,116 @@
+"""What the ASGI and WSGI middleware share: the request side of the front
+door (key, operation, document) and the mapping of idem's answers to the
+caller's."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from . import frontdoor
+from ._errors import IdemError, NoSideEffect, ProblemError
+from ._types import Response
+from .frontdoor import FrontDoorError
+
+log = logging.getLogger("idem.middleware")
+
+
+@dataclass(frozen=True)
+class Options:
+    """The configuration of a middleware (see idem.asgi / idem.wsgi)."""
+
+    #: Methods that require a key (default POST, PATCH) and that are protected when they carry one (None: every other unsafe method).
+    required_methods: Sequence[str] | None = None
+    optional_methods: Sequence[str] | None = None
+    #: A request header whose value scopes the key (scope + ":" + key), e.g. the caller's account.
+    scope_header: str | None = None
+    #: Store 5xx answers too (default, Stripe's behaviour); False releases the key instead.
+    store_5xx: bool = True
+    #: Response headers stored with a response (None: frontdoor.DEFAULT_STORED_HEADERS).
+    stored_headers: Sequence[str] | None = None
+    #: The lease asked for (None: the tenant's default); a keeper renews it while the handler runs.
+    lease: float | None = None
+    #: The overall deadline of the idem calls of one request, seconds.
+    timeout: float | None = 10.0
+
+
+@dataclass(frozen=True)
+class Protected:
+    """A request the middleware protects."""
+
+    key: str
+    operation: str
+    document: dict[str, Any]
+
+
+@dataclass
+class Answer:
+    """A complete HTTP answer."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+def prepare(opts: Options, method: str, route: str, query: str, headers: list[tuple[str, str]],
+            body: bytes) -> Protected | None:
+    """Decide about a request: None to pass it through, Protected to run it
+    under a claim; FrontDoorError for a refusal."""
+    need = frontdoor.requirement(method, opts.required_methods, opts.optional_methods)
+    if need == "pass":
+        return None
+    key = frontdoor.parse_key([v for k, v in headers if k.lower() == "idempotency-key"])
+    if key is None:
+        if need == "required":
+            raise FrontDoorError(frontdoor.KEY_MISSING, f"{method.upper()} requires an {frontdoor.HEADER_KEY} header")
+        return None
+    if opts.scope_header:
+        scope = ", ".join(v for k, v in headers if k.lower() == opts.scope_header.lower())
+        key = frontdoor.scoped_key(scope, key)
+    ctype = next((v for k, v in headers if k.lower() == "content-type"), None)
+    doc = frontdoor.document(query, ctype, body)
+    return Protected(key, frontdoor.operation(method, route), doc)
+
+
+def caller_request_id(headers: list[tuple[str, str]]) -> str:
+    return frontdoor.request_id(next((v for k, v in headers if k.lower() == "x-request-id"), None))
+
+
+def problem_answer(err: FrontDoorError, rid: str) -> Answer:
+    status, headers, body = frontdoor.problem(err, rid)
+    return Answer(status, headers, body)
+
+
+def claim_failed(err: IdemError) -> FrontDoorError:
+    """Map an error of the claim to the caller's problem: in flight 409,
+    mismatch 422, and everything else fails closed as 503."""
+    if isinstance(err, ProblemError):
+        if err.code == frontdoor.REQUEST_IN_FLIGHT:
+            return FrontDoorError(frontdoor.REQUEST_IN_FLIGHT, "another request with this idempotency key is in progress; retry after Retry-After",
+                                  retry_after=err.retry_after)
+        if err.code == frontdoor.FINGERPRINT_MISMATCH:
+            return FrontDoorError(frontdoor.FINGERPRINT_MISMATCH, "this idempotency key was used with another request")
+    log.warning("idem unavailable; request refused (fail closed): %s", err)
+    ra = err.retry_after if isinstance(err, ProblemError) else 0.0
+    return FrontDoorError(frontdoor.STORE_UNAVAILABLE, "the idempotency store cannot be reached; the request was not run",
+                          retry_after=ra)
+
+
+def replay_answer(resp: Response) -> Answer:
+    """The answer of a replay: the stored status, headers and body."""
+    headers = [(k, v) for k, v in resp.headers.items() if k.lower() != "content-length"]
+    headers += [(frontdoor.HEADER_REPLAYED, "true"), ("Content-Length", str(len(resp.body)))]
+    return Answer(resp.status or 200, headers, resp.body)
+
+
+class Release(NoSideEffect):
+    """Raised inside run() for an answer that is not stored: the key is released."""
+
+
+def to_store(opts: Options, ans: Answer) -> Response:
+    """The stored form of a handler's answer; raises Release when the
+    answer is not stored (a 5xx with store_5xx off)."""
+    if not frontdoor.store_status(ans.status, opts.store_5xx):
+        raise Release(f"status {ans.status} is not stored")
+    return Response(ans.status, frontdoor.stored_headers(ans.headers, opts.stored_headers), ans.body)

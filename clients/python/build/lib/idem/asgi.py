@@ -1,0 +1,158 @@
+"""Idempotency-Key middleware for ASGI apps (Starlette, FastAPI, any ASGI
+app), following the front-door rules (FRONTDOOR.md):
+
+    from idem import AsyncClient
+    from idem.asgi import IdempotencyMiddleware
+
+    app = FastAPI()
+    app.add_middleware(IdempotencyMiddleware, client=AsyncClient(IDEM_URL, token=IDEM_TOKEN))
+
+POST and PATCH need an Idempotency-Key; PUT and DELETE are protected when
+they carry one. The handler of a new key runs once, its answer is buffered,
+stored in idem and then sent; a retry gets the stored answer with
+Idempotent-Replayed: true; a retry while the first runs gets 409
+request_in_flight with Retry-After; the same key with another request 422
+fingerprint_mismatch; an unreachable idem 503 store_unavailable without
+running the handler. A handler exception stores nothing and propagates.
+The operation label uses the Starlette route pattern (e.g.
+"POST /orders/{order_id}") when the app is a Starlette app, else the path.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable, MutableMapping, Sequence
+
+from . import frontdoor
+from ._async import AsyncClaim, AsyncClient
+from ._errors import IdemError
+from ._middleware import Answer, Options, Protected, Release, caller_request_id, claim_failed, prepare, problem_answer, replay_answer, to_store
+from ._types import Response
+from .frontdoor import FrontDoorError
+
+log = logging.getLogger("idem.middleware")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def starlette_route(scope: Scope) -> str | None:
+    """The path pattern of the Starlette/FastAPI route that matches the
+    request, when the scope's app is one; None otherwise."""
+    router = getattr(scope.get("app"), "router", None)
+    routes = getattr(router, "routes", None)
+    if not routes:
+        return None
+    try:
+        from starlette.routing import Match
+    except ImportError:
+        return None
+    for r in routes:
+        try:
+            match, _ = r.matches(scope)
+        except Exception:
+            continue
+        if match == Match.FULL:
+            path = getattr(r, "path", None)
+            return str(path) if path else None
+    return None
+
+
+class IdempotencyMiddleware:
+    """ASGI middleware that gives app Stripe-style Idempotency-Key
+    semantics on top of an idem AsyncClient. ``route(scope)`` names the
+    route pattern for the operation label (default: the Starlette route,
+    else the path)."""
+
+    def __init__(self, app: ASGIApp, client: AsyncClient, *, route: Callable[[Scope], str | None] | None = None,
+                 required_methods: Sequence[str] | None = None, optional_methods: Sequence[str] | None = None,
+                 scope_header: str | None = None, store_5xx: bool = True, stored_headers: Sequence[str] | None = None,
+                 lease: float | None = None, timeout: float | None = 10.0) -> None:
+        self.app = app
+        self.client = client
+        self.route = route or starlette_route
+        self.opts = Options(required_methods, optional_methods, scope_header, store_5xx, stored_headers, lease, timeout)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or frontdoor.requirement(scope["method"], self.opts.required_methods,
+                                                            self.opts.optional_methods) == "pass":
+            await self.app(scope, receive, send)
+            return
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+        body = b""
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        replayed_body = False
+
+        async def replay_receive() -> Message:
+            nonlocal replayed_body
+            if not replayed_body:
+                replayed_body = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        rid = caller_request_id(headers)
+        try:
+            prot = prepare(self.opts, scope["method"], self.route(scope) or scope.get("root_path", "") + scope["path"],
+                           scope.get("query_string", b"").decode("latin-1"), headers, body)
+        except FrontDoorError as e:
+            await self._send(problem_answer(e, rid), send)
+            return
+        if prot is None:
+            await self.app(scope, replay_receive, send)
+            return
+        await self._send(await self._protected(prot, scope, replay_receive, rid), send)
+
+    async def _protected(self, prot: Protected, scope: Scope, receive: Receive, rid: str) -> Answer:
+        ran: list[Answer] = []
+
+        async def handler(claim: AsyncClaim) -> Response:
+            ans = await self._run_app(scope, receive)
+            ran.append(ans)
+            return to_store(self.opts, ans)
+
+        try:
+            res = await self.client.run(prot.key, handler, operation=prot.operation, request=prot.document,
+                                        lease=self.opts.lease, no_wait=True, timeout=self.opts.timeout)
+        except Release:
+            return ran[0]
+        except IdemError as err:
+            if ran:  # the handler ran: its answer is sent even though storing it failed
+                log.error("idem: storing the response failed; sending it unstored: %s", err)
+                return ran[0]
+            return problem_answer(claim_failed(err), rid)
+        if res.replayed:
+            return replay_answer(res.response)
+        return ran[0]
+
+    async def _run_app(self, scope: Scope, receive: Receive) -> Answer:
+        status = 500
+        headers: list[tuple[str, str]] = []
+        chunks: list[bytes] = []
+
+        async def capture(msg: Message) -> None:
+            nonlocal status, headers
+            if msg["type"] == "http.response.start":
+                status = int(msg["status"])
+                headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in msg.get("headers", [])
+                           if k.lower() != b"content-length"]
+            elif msg["type"] == "http.response.body":
+                chunks.append(bytes(msg.get("body", b"")))
+
+        await self.app(scope, receive, capture)
+        return Answer(status, headers, b"".join(chunks))
+
+    @staticmethod
+    async def _send(ans: Answer, send: Send) -> None:
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in ans.headers if k.lower() != "content-length"]
+        headers.append((b"content-length", str(len(ans.body)).encode()))
+        await send({"type": "http.response.start", "status": ans.status, "headers": headers})
+        await send({"type": "http.response.body", "body": ans.body, "more_body": False})

@@ -1,0 +1,368 @@
+"""The front-door rules the idem middleware follow (FRONTDOOR.md; the same
+rules as the Go package client/frontdoor, proven by the shared vectors in
+testvectors/frontdoor): Idempotency-Key parsing, which requests need a key,
+key scope, the operation label and fingerprint document, which answers are
+stored and with which headers, and the RFC 9457 problem bodies.
+
+The module decides, it does not store or do I/O; ``idem.asgi`` and
+``idem.wsgi`` build on it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from ._keys import MAX_KEY_BYTES
+
+HEADER_KEY = "Idempotency-Key"
+HEADER_REPLAYED = "Idempotent-Replayed"
+HEADER_REQUEST_ID = "X-Request-Id"
+MAX_OPERATION_BYTES = 128
+
+KEY_MISSING = "idempotency_key_missing"
+INVALID_KEY = "invalid_key"
+INVALID_REQUEST = "invalid_request"
+REQUEST_IN_FLIGHT = "request_in_flight"
+FINGERPRINT_MISMATCH = "fingerprint_mismatch"
+STORE_UNAVAILABLE = "store_unavailable"
+
+#: code -> (status, title, retryable)
+PROBLEMS: dict[str, tuple[int, str, bool]] = {
+    KEY_MISSING: (400, "Idempotency key missing", False),
+    INVALID_KEY: (400, "Invalid idempotency key", False),
+    INVALID_REQUEST: (400, "Invalid request", False),
+    "payload_too_large": (413, "Payload too large", False),
+    REQUEST_IN_FLIGHT: (409, "Request in flight", True),
+    FINGERPRINT_MISMATCH: (422, "Idempotency key reused with another request", False),
+    STORE_UNAVAILABLE: (503, "Idempotency store unavailable", True),
+}
+
+#: The response headers stored with a response unless configured otherwise; never Set-Cookie.
+DEFAULT_STORED_HEADERS = ("Content-Type", "Content-Language", "Content-Disposition", "Content-Encoding",
+                          "Location", "ETag", "Last-Modified", "Cache-Control")
+
+DEFAULT_REQUIRED = ("POST", "PATCH")
+_SAFE = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
+
+@dataclass
+class FrontDoorError(Exception):
+    """A refusal of the front door, answered as a problem."""
+
+    code: str
+    detail: str = ""
+    retry_after: float = 0.0
+    fields: list[dict[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__(f"frontdoor: {self.code}: {self.detail}")
+
+
+def _invalid_key(detail: str) -> FrontDoorError:
+    return FrontDoorError(INVALID_KEY, detail)
+
+
+# -- rule 1: the header ----------------------------------------------------
+
+def validate_record_key(key: str) -> None:
+    """Raise invalid_key unless key is 1-255 bytes of 0x21-0x7E."""
+    raw = key.encode("utf-8", "surrogatepass")
+    if not raw:
+        raise _invalid_key("the key is empty")
+    if len(raw) > MAX_KEY_BYTES:
+        raise _invalid_key(f"the key is {len(raw)} bytes long; at most {MAX_KEY_BYTES} are allowed")
+    for i, c in enumerate(raw):
+        if c < 0x21 or c > 0x7E:
+            raise _invalid_key(f"byte {i} of the key (0x{c:02X}) is outside printable ASCII 0x21-0x7E")
+
+
+def parse_key(values: Sequence[str]) -> str | None:
+    """Parse the values of every Idempotency-Key field of a request: None
+    when there is none; the key of the RFC 8941 sf-string or bare (Stripe)
+    form, which are the same key; FrontDoorError invalid_key otherwise."""
+    if not values:
+        return None
+    if len(values) > 1:
+        raise _invalid_key(f"the request carries {len(values)} {HEADER_KEY} fields; send exactly one")
+    v = values[0].strip(" \t")
+    if not v:
+        raise _invalid_key(f"the {HEADER_KEY} field is empty")
+    if v[0] == '"':
+        key = _sf_string(v)
+    else:
+        for i, ch in enumerate(v.encode("utf-8", "surrogatepass")):
+            if ch == 0x2C:
+                raise _invalid_key(f"the {HEADER_KEY} field holds a list (a comma); send one key")
+            if ch == 0x22:
+                raise _invalid_key(f"byte {i} of the {HEADER_KEY} field is a stray quote; quote the whole key or none of it")
+            if ch < 0x21 or ch > 0x7E:
+                raise _invalid_key(f"byte {i} of the {HEADER_KEY} field (0x{ch:02X}) is outside printable ASCII 0x21-0x7E")
+        key = v
+    validate_record_key(key)
+    return key
+
+
+def _sf_string(v: str) -> str:
+    out: list[str] = []
+    i = 1
+    while i < len(v):
+        c = v[i]
+        if c == "\\":
+            i += 1
+            if i == len(v) or v[i] not in '"\\':
+                raise _invalid_key(f"the quoted {HEADER_KEY} has a backslash that escapes neither '\"' nor '\\'")
+            out.append(v[i])
+        elif c == '"':
+            if i != len(v) - 1:
+                raise _invalid_key(f"the quoted {HEADER_KEY} has characters after its closing quote")
+            return "".join(out)
+        elif not 0x20 <= ord(c) <= 0x7E:
+            raise _invalid_key(f"byte {i} of the quoted {HEADER_KEY} is outside 0x20-0x7E")
+        else:
+            out.append(c)
+        i += 1
+    raise _invalid_key(f"the quoted {HEADER_KEY} has no closing quote")
+
+
+# -- rules 2 and 3: which requests, key scope --------------------------------
+
+def requirement(method: str, required: Sequence[str] | None = None, optional: Sequence[str] | None = None) -> str:
+    """"required", "optional" (protected when it carries a key) or "pass"
+    for a method. required defaults to POST and PATCH; optional None means
+    every other unsafe method."""
+    m = method.upper()
+    if m in _SAFE:
+        return "pass"
+    if m in (DEFAULT_REQUIRED if required is None else [r.upper() for r in required]):
+        return "required"
+    if optional is None or m in [o.upper() for o in optional]:
+        return "optional"
+    return "pass"
+
+
+def scoped_key(scope: str | None, key: str) -> str:
+    """The record key of key within scope: key itself without a scope,
+    else scope + ":" + key, which must still be a valid key."""
+    if not scope:
+        return key
+    k = scope + ":" + key
+    try:
+        validate_record_key(k)
+    except FrontDoorError as e:
+        raise _invalid_key(f"the key scoped to the caller is invalid: {e.detail}") from None
+    return k
+
+
+# -- rule 4: operation and fingerprint document --------------------------------
+
+def operation(method: str, route: str) -> str:
+    """METHOD + " " + route (the route pattern, else the path), cut to 128
+    bytes at a character boundary."""
+    op = method.upper() + " " + route
+    raw = op.encode("utf-8")
+    if len(raw) <= MAX_OPERATION_BYTES:
+        return op
+    return raw[:MAX_OPERATION_BYTES].decode("utf-8", "ignore")
+
+
+_TSPECIALS = set('()<>@,;:\\"/[]?=')
+
+
+def _token(s: str) -> bool:
+    return bool(s) and all(0x20 < ord(c) < 0x7F and c not in _TSPECIALS for c in s)
+
+
+def is_json(content_type: str | None) -> bool:
+    """Whether a Content-Type names a JSON body: application/json or any
+    */*+json, parameters ignored; a malformed media type is not JSON."""
+    if not content_type:
+        return False
+    parts = content_type.split(";")
+    mt = parts[0].strip().lower()
+    typ, slash, sub = mt.partition("/")
+    if not slash or not _token(typ) or not _token(sub):
+        return False
+    for i, p in enumerate(parts[1:], start=1):
+        p = p.strip()
+        if not p:
+            if i == len(parts) - 1:
+                continue
+            return False
+        name, eq, value = p.partition("=")
+        if not eq or not _token(name.strip()):
+            return False
+        value = value.strip()
+        if not (_token(value) or (len(value) >= 2 and value[0] == value[-1] == '"')):
+            return False
+    return mt == "application/json" or sub.endswith("+json")
+
+
+def parse_ijson(body: bytes) -> Any:
+    """Parse a JSON body that must be I-JSON (RFC 7493): valid UTF-8, one
+    value, no duplicate member names, no lone surrogates, numbers inside
+    the double range; FrontDoorError invalid_request otherwise."""
+    def fail(what: str) -> FrontDoorError:
+        return FrontDoorError(INVALID_REQUEST, f"the JSON body is not I-JSON: {what}", fields=[{"field": "body", "message": what}])
+
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FrontDoorError(INVALID_REQUEST, "the JSON body is not valid UTF-8") from None
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in items:
+            if k in out:
+                raise fail(f"duplicate member name {k!r}")
+            out[k] = v
+        return out
+
+    def num(s: str) -> float:
+        f = float(s)
+        if math.isinf(f):
+            raise fail("number outside the IEEE 754 double range")
+        return f
+
+    def integer(s: str) -> int:
+        if math.isinf(float(s)):
+            raise fail("number outside the IEEE 754 double range")
+        return int(s)
+
+    def const(s: str) -> Any:
+        raise fail(f"{s} is not JSON")
+
+    try:
+        value = json.loads(text, object_pairs_hook=pairs, parse_float=num, parse_int=integer, parse_constant=const)
+    except FrontDoorError:
+        raise
+    except (ValueError, RecursionError) as e:
+        raise fail(str(e).split(":")[0]) from None
+    _check_strings(value, fail)
+    return value
+
+
+def _check_strings(v: Any, fail: Any) -> None:
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            strs = [x]
+        elif isinstance(x, dict):
+            strs = list(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            strs = []
+            stack.extend(x)
+        else:
+            continue
+        for s in strs:
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError:
+                raise fail("lone surrogate") from None
+
+
+def _pointer(p: str) -> list[str]:
+    if not p or p[0] != "/":
+        raise ValueError(f"JSON pointer {p!r} must start with '/'")
+    return [t.replace("~1", "/").replace("~0", "~") for t in p[1:].split("/")]
+
+
+def _remove(v: Any, toks: list[str]) -> Any:
+    if not toks:
+        return v
+    t, last = toks[0], len(toks) == 1
+    if isinstance(v, dict):
+        if t in v:
+            if last:
+                del v[t]
+            else:
+                v[t] = _remove(v[t], toks[1:])
+    elif isinstance(v, list):
+        if t.isdigit() and not (len(t) > 1 and t[0] == "0") and int(t) < len(v):
+            if last:
+                del v[int(t)]
+            else:
+                v[int(t)] = _remove(v[int(t)], toks[1:])
+    return v
+
+
+def document(query: str, content_type: str | None, body: bytes, *, exclude: Sequence[str] = (),
+             header_names: Sequence[str] = (), headers: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
+    """The fingerprint document of a request: {"query", "body"} for a
+    non-empty JSON body, else {"query", "body_sha256"}; exclude removes JSON
+    pointers from the body, header_names adds "headers". The middleware send
+    it as the claim's request and the server fingerprints it (JCS +
+    SHA-256)."""
+    doc: dict[str, Any] = {"query": query}
+    if body and is_json(content_type):
+        value = parse_ijson(body)
+        for p in exclude:
+            value = _remove(value, _pointer(p))
+        doc["body"] = value
+    else:
+        doc["body_sha256"] = hashlib.sha256(body).hexdigest()
+    if header_names:
+        lower = {k.lower(): list(v) for k, v in (headers or {}).items()}
+        hs: dict[str, str] = {}
+        for name in header_names:
+            vals = lower.get(name.lower())
+            if vals:
+                hs[name.lower()] = ", ".join(vals)
+        doc["headers"] = hs
+    return doc
+
+
+# -- rules 5 and 6: what is stored ---------------------------------------------------
+
+def store_status(status: int, store_5xx: bool = True) -> bool:
+    """Whether a handler's answer is stored (else the key is released)."""
+    return status < 500 or store_5xx
+
+
+def stored_headers(headers: Iterable[tuple[str, str]], allow: Sequence[str] | None = None) -> dict[str, str]:
+    """The response headers stored with a response: the allowlist (default
+    DEFAULT_STORED_HEADERS) looked up case-insensitively and named as
+    configured, several values joined with ", "; never Set-Cookie."""
+    values: dict[str, list[str]] = {}
+    for k, v in headers:
+        values.setdefault(k.lower(), []).append(v)
+    out: dict[str, str] = {}
+    for name in DEFAULT_STORED_HEADERS if allow is None else allow:
+        if name.lower() == "set-cookie":
+            continue
+        if name.lower() in values:
+            out[name] = ", ".join(values[name.lower()])
+    return out
+
+
+# -- rule 7: problems -------------------------------------------------------------
+
+def valid_request_id(rid: str | None) -> bool:
+    """A caller's X-Request-Id is used when it is 1-128 of [A-Za-z0-9._-]."""
+    return bool(rid) and len(rid or "") <= 128 and all(c.isascii() and (c.isalnum() or c in "._-") for c in rid or "")
+
+
+def request_id(caller: str | None) -> str:
+    """The caller's request id when valid, else a new one."""
+    return caller if caller and valid_request_id(caller) else secrets.token_hex(16)
+
+
+def problem(err: FrontDoorError, rid: str) -> tuple[int, list[tuple[str, str]], bytes]:
+    """The answer of a refusal: status, headers and the problem+json body."""
+    status, title, retryable = PROBLEMS[err.code]
+    doc: dict[str, Any] = {"type": "urn:idem:problem:" + err.code, "title": title, "status": status,
+                           "detail": err.detail or title, "code": err.code, "retryable": retryable,
+                           "instance": "urn:idem:request:" + rid}
+    if err.fields:
+        doc["errors"] = err.fields
+    body = json.dumps(doc).encode("utf-8")
+    headers = [("Content-Type", "application/problem+json"), ("Cache-Control", "no-store"),
+               (HEADER_REQUEST_ID, rid), ("Content-Length", str(len(body)))]
+    if retryable:
+        headers.append(("Retry-After", str(max(math.ceil(err.retry_after), 1))))
+    return status, headers, body

@@ -1,0 +1,197 @@
+"""Idempotency-Key middleware for WSGI apps (Flask, Django, any WSGI app),
+following the front-door rules (FRONTDOOR.md):
+
+    from idem import Client
+    from idem.wsgi import IdempotencyMiddleware, flask_route
+
+    install_flask(app, Client(IDEM_URL, token=IDEM_TOKEN))
+    # any other WSGI app: app = IdempotencyMiddleware(app, client)
+
+POST and PATCH need an Idempotency-Key; PUT and DELETE are protected when
+they carry one. The handler of a new key runs once, its answer is stored in
+idem and then sent; a retry gets the stored answer with
+Idempotent-Replayed: true; a retry while the first runs gets 409
+request_in_flight with Retry-After; the same key with another request 422
+fingerprint_mismatch; an unreachable idem 503 store_unavailable without
+running the handler. A handler exception stores nothing and propagates.
+
+WSGI joins repeated header fields into one, so two Idempotency-Key fields
+arrive as a list and are refused like one.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from typing import Any, Callable, Iterable, Sequence
+
+from . import frontdoor
+from ._client import Claim, Client
+from ._errors import IdemError
+from ._middleware import Answer, Options, Protected, Release, caller_request_id, claim_failed, prepare, problem_answer, replay_answer, to_store
+from ._types import Response
+from .frontdoor import FrontDoorError
+
+log = logging.getLogger("idem.middleware")
+
+Environ = dict[str, Any]
+StartResponse = Callable[..., Any]
+WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+
+
+def flask_route(app: Any) -> Callable[[Environ], str | None]:
+    """The route of a request in a Flask (werkzeug) app: the URL rule that
+    matches, e.g. "/orders/<int:order_id>", for the operation label."""
+    def route(environ: Environ) -> str | None:
+        try:
+            rule, _ = app.url_map.bind_to_environ(environ).match(return_rule=True)
+            return str(rule.rule)
+        except Exception:
+            return None
+    return route
+
+
+#: The environ key under which a framework marks that the handler raised.
+HANDLER_EXCEPTION = "idem.handler_exception"
+
+
+def install_flask(app: Any, client: Client, **options: Any) -> IdempotencyMiddleware:
+    """Wrap a Flask app's wsgi_app in the middleware, with the Flask route
+    as the operation label. Flask turns a view's exception into a 500 page
+    before the middleware sees it; a got_request_exception receiver marks
+    the request, so that such a 500 is not stored and the claim is left to
+    expire like any handler exception (FRONTDOOR.md rule 5)."""
+    from flask import got_request_exception, request
+
+    def mark(sender: Any, exception: BaseException, **extra: Any) -> None:
+        request.environ[HANDLER_EXCEPTION] = exception
+
+    got_request_exception.connect(mark, app, weak=False)
+    mw = IdempotencyMiddleware(app.wsgi_app, client, route=flask_route(app), **options)
+    app.wsgi_app = mw
+    return mw
+
+
+class _HandlerFailed(Exception):
+    """The handler raised (and a framework answered for it): nothing is stored."""
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__("the handler raised")
+        self.answer = answer
+
+
+def _headers(environ: Environ) -> list[tuple[str, str]]:
+    out = []
+    for k, v in environ.items():
+        if k.startswith("HTTP_"):
+            out.append((k[5:].replace("_", "-").title(), str(v)))
+    if environ.get("CONTENT_TYPE"):
+        out.append(("Content-Type", environ["CONTENT_TYPE"]))
+    return out
+
+
+def _read_body(environ: Environ) -> bytes:
+    stream = environ.get("wsgi.input")
+    if stream is None:
+        return b""
+    length = environ.get("CONTENT_LENGTH") or ""
+    if length.strip().isdigit():
+        return bytes(stream.read(int(length)))
+    if environ.get("wsgi.input_terminated"):
+        return bytes(stream.read())
+    return b""
+
+
+class IdempotencyMiddleware:
+    """WSGI middleware that gives app Stripe-style Idempotency-Key
+    semantics on top of an idem Client. ``route(environ)`` names the route
+    pattern for the operation label (default: the path)."""
+
+    def __init__(self, app: WSGIApp, client: Client, *, route: Callable[[Environ], str | None] | None = None,
+                 required_methods: Sequence[str] | None = None, optional_methods: Sequence[str] | None = None,
+                 scope_header: str | None = None, store_5xx: bool = True, stored_headers: Sequence[str] | None = None,
+                 lease: float | None = None, timeout: float | None = 10.0) -> None:
+        self.app = app
+        self.client = client
+        self.route = route
+        self.opts = Options(required_methods, optional_methods, scope_header, store_5xx, stored_headers, lease, timeout)
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        method = str(environ.get("REQUEST_METHOD", "GET"))
+        if frontdoor.requirement(method, self.opts.required_methods, self.opts.optional_methods) == "pass":
+            return self.app(environ, start_response)
+        headers = _headers(environ)
+        body = _read_body(environ)
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        path = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
+        rid = caller_request_id(headers)
+        try:
+            prot = prepare(self.opts, method, (self.route(environ) if self.route else None) or path,
+                           str(environ.get("QUERY_STRING", "")), headers, body)
+        except FrontDoorError as e:
+            return self._send(problem_answer(e, rid), start_response)
+        if prot is None:
+            return self.app(environ, start_response)
+        return self._send(self._protected(prot, environ, rid), start_response)
+
+    def _protected(self, prot: Protected, environ: Environ, rid: str) -> Answer:
+        ran: list[Answer] = []
+
+        def handler(claim: Claim) -> Response:
+            ans = self._run_app(environ)
+            if environ.get(HANDLER_EXCEPTION) is not None:
+                raise _HandlerFailed(ans)
+            ran.append(ans)
+            return to_store(self.opts, ans)
+
+        try:
+            res = self.client.run(prot.key, handler, operation=prot.operation, request=prot.document,
+                                  lease=self.opts.lease, no_wait=True, timeout=self.opts.timeout)
+        except _HandlerFailed as failed:
+            log.warning("idem: the handler raised; nothing stored, the claim is left to expire")
+            return failed.answer
+        except Release:
+            return ran[0]
+        except IdemError as err:
+            if ran:  # the handler ran: its answer is sent even though storing it failed
+                log.error("idem: storing the response failed; sending it unstored: %s", err)
+                return ran[0]
+            return problem_answer(claim_failed(err), rid)
+        if res.replayed:
+            return replay_answer(res.response)
+        return ran[0]
+
+    def _run_app(self, environ: Environ) -> Answer:
+        state: dict[str, Any] = {}
+        chunks: list[bytes] = []
+
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
+            if exc_info is not None and state:
+                raise exc_info[1].with_traceback(exc_info[2])
+            state["status"], state["headers"] = status, list(headers)
+            return chunks.append
+
+        result = self.app(environ, start)
+        try:
+            for chunk in result:
+                chunks.append(chunk)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+        status = int(str(state.get("status", "500")).split(" ", 1)[0])
+        return Answer(status, [(k, v) for k, v in state.get("headers", []) if k.lower() != "content-length"], b"".join(chunks))
+
+    @staticmethod
+    def _send(ans: Answer, start_response: StartResponse) -> Iterable[bytes]:
+        from http import HTTPStatus
+
+        try:
+            reason = HTTPStatus(ans.status).phrase
+        except ValueError:
+            reason = "Unknown"
+        headers = [(k, v) for k, v in ans.headers if k.lower() != "content-length"]
+        headers.append(("Content-Length", str(len(ans.body))))
+        start_response(f"{ans.status} {reason}", headers)
+        return [ans.body]

@@ -1,0 +1,136 @@
+"""Real Flask and FastAPI apps with the idem middleware and a side-effect
+counter, served on loopback by real servers (werkzeug and uvicorn, each in
+a thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from flask import Flask, request
+from werkzeug.serving import make_server
+
+from idem import AsyncClient, Client
+from idem.asgi import IdempotencyMiddleware as ASGIMiddleware
+from idem.wsgi import install_flask
+
+
+@dataclass
+class Effects:
+    """The side effects an app performed: one per charge it made."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    charges: list[Any] = field(default_factory=list)
+
+    def charge(self, body: Any) -> int:
+        with self.lock:
+            self.charges.append(body)
+            return len(self.charges)
+
+
+@dataclass
+class App:
+    url: str
+    effects: Effects
+    operations: list[str]
+
+
+def flask_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
+    app = Flask("shop")
+
+    @app.post("/charges/<int:account>")
+    def charge(account: int) -> Any:
+        n = effects.charge(request.get_json())
+        time.sleep(0.05)  # widen the window for duplicates
+        resp = app.response_class(json.dumps({"charge": f"ch_{n}", "account": account}), status=201, mimetype="application/json")
+        resp.headers["Location"] = f"/charges/{n}"
+        resp.set_cookie("session", "secret")
+        return resp
+
+    @app.get("/charges/<int:account>")
+    def count(account: int) -> Any:
+        return {"count": len(effects.charges)}
+
+    @app.post("/boom")
+    def boom() -> Any:
+        effects.charge("boom")
+        raise RuntimeError("handler failed")
+
+    @app.post("/fail")
+    def fail() -> Any:
+        effects.charge("fail")
+        return {"error": "upstream down"}, 502
+
+    install_flask(app, Client(idem_url, token=token), **opts)
+    return app
+
+
+def fastapi_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
+    app = FastAPI()
+
+    @app.post("/charges/{account}")
+    async def charge(account: int, req: Request) -> Any:
+        n = effects.charge(await req.json())
+        await asyncio.sleep(0.05)
+        resp = JSONResponse({"charge": f"ch_{n}", "account": account}, status_code=201, headers={"Location": f"/charges/{n}"})
+        resp.set_cookie("session", "secret")
+        return resp
+
+    @app.get("/charges/{account}")
+    async def count(account: int) -> Any:
+        return {"count": len(effects.charges)}
+
+    @app.post("/boom")
+    async def boom() -> Any:
+        effects.charge("boom")
+        raise RuntimeError("handler failed")
+
+    @app.post("/fail")
+    async def fail() -> Any:
+        effects.charge("fail")
+        return JSONResponse({"error": "upstream down"}, status_code=502)
+
+    app.add_middleware(ASGIMiddleware, client=AsyncClient(idem_url, token=token), **opts)
+    return app
+
+
+def serve(kind: str, idem_url: str, token: str, **opts: Any) -> Iterator[App]:
+    """Serve a fresh app of kind ("flask" or "fastapi") on loopback."""
+    effects = Effects()
+    if kind == "flask":
+        srv = make_server("127.0.0.1", 0, flask_app(idem_url, token, effects, **opts), threaded=True)
+        t = threading.Thread(target=srv.serve_forever, daemon=True)
+        t.start()
+        try:
+            yield App(f"http://127.0.0.1:{srv.server_port}", effects, [])
+        finally:
+            srv.shutdown()
+        return
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(fastapi_app(idem_url, token, effects, **opts), log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not t.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield App(f"http://127.0.0.1:{sock.getsockname()[1]}", effects, [])
+    finally:
+        server.should_exit = True
+        t.join(10)
+        sock.close()
+
+
+_: Callable[..., Any] = serve

@@ -1,0 +1,102 @@
+"""The shared front-door vectors (testvectors/frontdoor), run against
+idem.frontdoor; the fingerprints are checked against the real server."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import Server, new_key
+from idem import Client, frontdoor
+from idem.frontdoor import FrontDoorError
+
+VECTORS = Path(__file__).resolve().parents[3] / "testvectors" / "frontdoor"
+
+
+def load(name: str) -> Any:
+    return json.loads((VECTORS / name).read_text())
+
+
+def test_keys() -> None:
+    v = load("keys.json")
+    assert v["vectors"]
+    for tc in v["vectors"]:
+        want = tc["expect"]
+        try:
+            key = frontdoor.parse_key(tc["header_values"])
+            if key is not None and "scope" in tc:
+                key = frontdoor.scoped_key(tc["scope"], key)
+        except FrontDoorError as e:
+            assert want.get("error") == e.code, tc["name"]
+            continue
+        assert "error" not in want, tc["name"]
+        assert key == want["key"], tc["name"]
+
+
+def _document(tc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    body = base64.b64decode(tc["body_base64"]) if "body_base64" in tc else tc.get("body", "").encode("utf-8")
+    rules = tc.get("rules", {})
+    doc = frontdoor.document(tc["query"], tc.get("content_type"), body, exclude=rules.get("exclude", ()),
+                             header_names=rules.get("headers", ()), headers=tc.get("headers"))
+    return frontdoor.operation(tc["method"], tc["route"]), doc
+
+
+def test_fingerprint_documents() -> None:
+    v = load("fingerprint.json")
+    assert v["vectors"]
+    for tc in v["vectors"]:
+        want = tc["expect"]
+        if "error" in want:
+            with pytest.raises(FrontDoorError) as ei:
+                _document(tc)
+            assert ei.value.code == want["error"], tc["name"]
+            continue
+        op, doc = _document(tc)
+        assert op == want["operation"], tc["name"]
+        assert doc == want["document"], tc["name"]
+
+
+def test_fingerprints_match_the_server(server: Server) -> None:
+    """The document the middleware sends as the claim's request gets the
+    fingerprint the Go front door computes locally."""
+    with Client(server.url, token=server.token) as c:
+        for tc in load("fingerprint.json")["vectors"]:
+            if "error" in tc["expect"]:
+                continue
+            op, doc = _document(tc)
+            key = new_key("fp")
+            c.claim(key, operation=op, request=doc, lease=1)
+            assert c.get(key).fingerprint == tc["expect"]["fingerprint"], tc["name"]
+
+
+def test_policy() -> None:
+    v = load("policy.json")
+    assert list(frontdoor.DEFAULT_STORED_HEADERS) == v["default_stored_headers"]
+    for tc in v["requirements"]:
+        assert frontdoor.requirement(tc["method"]) == tc["expect"], tc["method"]
+    for tc in v["store"]:
+        assert frontdoor.store_status(tc["status"], tc["store_5xx"]) == (tc["expect"] == "store"), tc
+    for tc in v["stored_headers"]:
+        items = [(k, x) for k, vals in tc["response_headers"].items() for x in vals]
+        assert frontdoor.stored_headers(items, tc["allow"]) == tc["expect"], tc["name"]
+    gateway_only = {"upstream_unavailable", "upstream_timeout", "response_not_replayable"}
+    for tc in v["problems"]:
+        if tc["code"] in gateway_only:
+            assert tc["code"] not in frontdoor.PROBLEMS
+            continue
+        err = FrontDoorError(tc["code"], "detail", retry_after=0.2)
+        status, headers, body = frontdoor.problem(err, "req-1")
+        doc = json.loads(body)
+        h = dict(headers)
+        assert (status, doc["status"], doc["title"], doc["retryable"], doc["type"], doc["code"]) == \
+            (tc["status"], tc["status"], tc["title"], tc["retryable"], tc["type"], tc["code"])
+        assert h["Content-Type"] == "application/problem+json" and doc["instance"] == "urn:idem:request:req-1"
+        assert ("Retry-After" in h) == tc["retry_after"]
+        if tc["retry_after"]:
+            assert int(h["Retry-After"]) >= 1
+    for tc in v["request_ids"]:
+        assert frontdoor.valid_request_id(tc["header"]) == tc["kept"], tc["header"]

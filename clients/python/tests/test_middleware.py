@@ -1,0 +1,150 @@
+"""The acceptance tests of the Python middleware: a real Flask app (WSGI)
+and a real FastAPI app (ASGI), each with a side-effect counter, behind the
+idem middleware talking to the real server, on both stores."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from apps import App, serve
+from conftest import Server, new_key
+from faultproxy import FaultProxy
+from idem import Client
+
+BODY = {"amount": 1000, "currency": "usd"}
+
+
+@pytest.fixture(params=["flask", "fastapi"])
+def app(request: pytest.FixtureRequest, server: Server) -> Iterator[App]:
+    yield from serve(request.param, server.url, server.token)
+
+
+HTTP = httpx.Client(timeout=30, limits=httpx.Limits(max_connections=100))
+
+
+def post(url: str, key: str | None, body: Any = BODY, headers: dict[str, str] | None = None) -> httpx.Response:
+    h = {"Idempotency-Key": key} if key is not None else {}
+    return HTTP.post(url, json=body, headers={**h, **(headers or {})})
+
+
+def test_fifty_concurrent_duplicates_one_side_effect(app: App) -> None:
+    key = new_key("dup")
+    barrier = threading.Barrier(50)
+
+    def one(_: int) -> httpx.Response:
+        barrier.wait()
+        return post(app.url + "/charges/7", key)
+
+    with ThreadPoolExecutor(50) as pool:
+        answers = list(pool.map(one, range(50)))
+    assert len(app.effects.charges) == 1, "exactly one side effect"
+    fresh = [a for a in answers if a.status_code == 201 and "Idempotent-Replayed" not in a.headers]
+    replays = [a for a in answers if a.status_code == 201 and a.headers.get("Idempotent-Replayed") == "true"]
+    in_flight = [a for a in answers if a.status_code == 409]
+    assert len(fresh) == 1 and len(fresh) + len(replays) + len(in_flight) == 50, [a.status_code for a in answers]
+    for a in in_flight:
+        p = a.json()
+        assert a.headers["Content-Type"] == "application/problem+json"
+        assert p["code"] == "request_in_flight" and p["retryable"] is True and int(a.headers["Retry-After"]) >= 1
+        assert p["instance"].startswith("urn:idem:request:")
+    want = fresh[0].json()
+    assert all(r.json() == want for r in replays)
+    # A retry once the first is done: the stored answer, verbatim, without the cookie.
+    again = post(app.url + "/charges/7", key)
+    assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json() == want and again.headers["Location"] == fresh[0].headers["Location"]
+    assert "set-cookie" not in again.headers and "set-cookie" in fresh[0].headers
+    assert len(app.effects.charges) == 1
+
+
+def test_retry_after_a_dropped_answer_one_side_effect(app: App) -> None:
+    port = int(app.url.rsplit(":", 1)[1])
+    left = {"n": 1}
+    lock = threading.Lock()
+
+    def drop(head: bytes) -> bool:
+        with lock:
+            if head.startswith(b"POST /charges/") and left["n"]:
+                left["n"] -= 1
+                return True
+        return False
+
+    proxy = FaultProxy(("127.0.0.1", port), drop)
+    try:
+        key = new_key("drop")
+        with pytest.raises(httpx.TransportError):
+            post(proxy.url + "/charges/9", key)  # the app charged, the answer was lost
+        assert proxy.dropped == 1 and len(app.effects.charges) == 1
+        retry = post(proxy.url + "/charges/9", key)
+        assert retry.status_code == 201 and retry.headers["Idempotent-Replayed"] == "true"
+        assert retry.json() == {"charge": "ch_1", "account": 9}
+        assert len(app.effects.charges) == 1, "the retry did not charge again"
+    finally:
+        proxy.close()
+
+
+def test_front_door_rules(app: App, server: Server) -> None:
+    url = app.url + "/charges/1"
+    r = post(url, None)
+    assert r.status_code == 400 and r.json()["code"] == "idempotency_key_missing"
+    r = httpx.post(url, json=BODY, headers=[("Idempotency-Key", "a"), ("Idempotency-Key", "b")])
+    assert r.status_code == 400 and r.json()["code"] == "invalid_key"
+    r = post(url, "a b", headers={"X-Request-Id": "req-42"})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_key" and r.json()["instance"] == "urn:idem:request:req-42"
+    r = httpx.post(url, content=b'{"a":1,"a":2}', headers={"Idempotency-Key": new_key(), "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_request"
+    assert httpx.get(url).json() == {"count": 0}, "GET passes through without a key"
+    assert len(app.effects.charges) == 0
+
+    key = new_key("rules")
+    assert post(url, key).status_code == 201
+    with Client(server.url, token=server.token) as idem:
+        rec = idem.get(key)  # the operation names the route pattern, never the path or query
+        assert rec.operation in ("POST /charges/<int:account>", "POST /charges/{account}"), rec.operation
+    # The sf-string form is the same key; another body is another request.
+    same = post(url, f'"{key}"', body={"currency": "usd", "amount": 1000.0})
+    assert same.status_code == 201 and same.headers["Idempotent-Replayed"] == "true"
+    other = post(url, key, body={"amount": 1, "currency": "usd"})
+    assert other.status_code == 422 and other.json()["code"] == "fingerprint_mismatch"
+    assert len(app.effects.charges) == 1
+
+    # A 5xx the handler answered is stored like any status.
+    k5 = new_key("fail")
+    first = post(app.url + "/fail", k5, body={})
+    assert first.status_code == 502
+    assert post(app.url + "/fail", k5, body={}).headers["Idempotent-Replayed"] == "true"
+    # A handler exception stores nothing: the claim stays until its lease ends.
+    kb = new_key("boom")
+    try:
+        r = post(app.url + "/boom", kb, body={})
+        assert r.status_code == 500
+    except httpx.TransportError:
+        pass  # a server may drop the connection of a failed handler
+    r = post(app.url + "/boom", kb, body={})
+    assert r.status_code == 409 and r.json()["code"] == "request_in_flight"
+    assert [c for c in app.effects.charges if c in ("fail", "boom")] == ["fail", "boom"]
+
+
+@pytest.mark.parametrize("kind", ["flask", "fastapi"])
+def test_fail_closed_when_idem_is_down(kind: str) -> None:
+    for a in serve(kind, "http://127.0.0.1:1", "t", timeout=2):
+        r = post(a.url + "/charges/1", new_key())
+        assert r.status_code == 503 and r.json()["code"] == "store_unavailable"
+        assert int(r.headers["Retry-After"]) >= 1
+        assert a.effects.charges == [], "the handler did not run"
+
+
+@pytest.mark.parametrize("kind", ["flask", "fastapi"])
+def test_release_5xx_when_not_stored(kind: str, server: Server) -> None:
+    for a in serve(kind, server.url, server.token, store_5xx=False):
+        key = new_key()
+        assert post(a.url + "/fail", key, body={}).status_code == 502
+        r = post(a.url + "/fail", key, body={})
+        assert r.status_code == 502 and "Idempotent-Replayed" not in r.headers
+        assert len(a.effects.charges) == 2
+
