@@ -9,7 +9,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
-	pgschema "github.com/idem-dev/idem/db/schema/postgres"
+	"github.com/idem-dev/idem/db/schema"
 	"github.com/idem-dev/idem/postgres/pgtest"
 )
 
@@ -22,7 +22,7 @@ func TestMigrationRaisesReaperThreshold(t *testing.T) {
 	dsn := pgtest.URL(t)
 	db, err := sql.Open("pgx", dsn)
 	require.NoError(t, err)
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, pgschema.Migrations(), goose.WithDisableGlobalRegistry(true))
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, schema.Postgres(), goose.WithDisableGlobalRegistry(true))
 	require.NoError(t, err)
 	_, err = provider.UpTo(ctx, 1)
 	require.NoError(t, err)

@@ -9,7 +9,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
-	schema "github.com/idem-dev/idem/db/schema/sqlite"
+	"github.com/idem-dev/idem/db/schema"
 )
 
 // TestMigrationRaisesReaperThreshold: a tenant stored before the rule
@@ -21,7 +21,7 @@ func TestMigrationRaisesReaperThreshold(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
 	db, err := sql.Open("sqlite", dsn(path))
 	require.NoError(t, err)
-	provider, err := goose.NewProvider(goose.DialectSQLite3, db, schema.Migrations())
+	provider, err := goose.NewProvider(goose.DialectSQLite3, db, schema.SQLite())
 	require.NoError(t, err)
 	_, err = provider.UpTo(ctx, 1)
 	require.NoError(t, err)
