@@ -149,6 +149,12 @@ func TestControlCharactersAreRefused(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, "acme", tn.Name)
 
+			// A token whose tenant claim no tenant id can have is an unknown
+			// tenant, not a store error.
+			resp, body = do(t, http.MethodGet, ts.URL()+"/v1/keys", ts.Token(t, "ac\x00me", "keys:read"), "")
+			require.Equal(t, http.StatusForbidden, resp.StatusCode, string(body))
+			require.Contains(t, string(body), `"tenant_unknown"`)
+
 			// A cursor carrying text a store cannot hold is a 400, not a 500.
 			cursor := "eyJ0IjoiMjAyNi0wMS0wMVQwMDowMDowMFoiLCJrIjoiYVx1MDAwMGIifQ" // {"t":"2026-01-01T00:00:00Z","k":"a\u0000b"}
 			resp, body = do(t, http.MethodGet, ts.URL()+"/v1/keys?cursor="+cursor, ts.Token(t, "acme", "keys:read"), "")

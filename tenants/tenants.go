@@ -55,6 +55,11 @@ func NewService(store idem.Store, cacheTTL time.Duration) *Service {
 // as they come. Only existing tenants are cached, so the cache holds at most
 // one entry per tenant.
 func (s *Service) Active(ctx context.Context, id string) (idem.Tenant, error) {
+	if err := idem.ValidateTenantID(id); err != nil {
+		// No tenant has such an id; do not hand it to the store (a NUL in
+		// it is an error on PostgreSQL, not an absent row).
+		return idem.Tenant{}, unknown(err)
+	}
 	t, ok := s.cached(id)
 	if !ok {
 		var err error
