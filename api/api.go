@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -100,8 +101,10 @@ func New(opts Options) *chi.Mux {
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		s.writeProblem(w, r, idem.Errorf(codeNotFound, "no such endpoint"))
 	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		s.writeProblem(w, r, idem.Errorf(codeMethodNotAllowed, "method %s is not allowed here", r.Method))
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		// RFC 9110 §15.5.6: a 405 lists the methods the resource has.
+		w.Header().Set("Allow", strings.Join(allowedMethods(r, req), ", "))
+		s.writeProblem(w, req, idem.Errorf(codeMethodNotAllowed, "method %s is not allowed here", req.Method))
 	})
 
 	r.Get("/healthz", s.healthz)
@@ -156,4 +159,19 @@ func (s *service) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.writeJSON(w, r, map[string]string{"status": "ready"})
+}
+
+// allowedMethods lists the methods routes answers for the request's path.
+func allowedMethods(routes chi.Routes, r *http.Request) []string {
+	path := r.URL.RawPath
+	if path == "" {
+		path = r.URL.Path
+	}
+	var allowed []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if routes.Match(chi.NewRouteContext(), m, path) {
+			allowed = append(allowed, m)
+		}
+	}
+	return allowed
 }

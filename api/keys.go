@@ -299,7 +299,8 @@ func encodeCursor(c idem.Cursor) *string {
 func (p *pageParams) bind(r *http.Request) error {
 	q := r.URL.Query()
 	p.limit = DefaultPageLimit
-	if v := q.Get("limit"); v != "" {
+	if q.Has("limit") {
+		v := q.Get("limit")
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > MaxPageLimit {
 			return fieldError("limit", fmt.Sprintf("must be an integer between 1 and %d", MaxPageLimit), err)
@@ -344,8 +345,8 @@ type listKeysRequest struct {
 }
 
 func (l *listKeysRequest) bind(r *http.Request) error {
-	if v := r.URL.Query().Get("state"); v != "" {
-		l.state = idem.State(v)
+	if q := r.URL.Query(); q.Has("state") {
+		l.state = idem.State(q.Get("state"))
 		if !l.state.Valid() {
 			return fieldError("state", "must be one of in_flight, completed, orphaned, expired", nil)
 		}

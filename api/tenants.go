@@ -128,7 +128,8 @@ type listOrphansRequest struct {
 }
 
 func (l *listOrphansRequest) bind(r *http.Request) error {
-	if v := r.URL.Query().Get("tenant"); v != "" {
+	if q := r.URL.Query(); q.Has("tenant") {
+		v := q.Get("tenant")
 		if err := idem.ValidateTenantID(v); err != nil {
 			return fieldError("tenant", "must be 1-64 characters of [a-z0-9_-]", err)
 		}

@@ -153,7 +153,7 @@ func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 		Observer:     s.metrics,
 		Middlewares:  []func(http.Handler) http.Handler{s.metrics.Middleware},
 	})
-	mux.Handle("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
+	mux.Get("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}).ServeHTTP)
 	mux.Get("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
 		_, _ = w.Write(idem.OpenAPISpec)
