@@ -194,6 +194,15 @@ func (c Config) DevMode() bool {
 	return err == nil && devMode(c, db)
 }
 
+// SQLitePath returns the file path of a sqlite: database URL, or "" for
+// another store.
+func (c Config) SQLitePath() string {
+	if db, err := parseDatabase(c.DatabaseURL); err == nil && db.is("sqlite") {
+		return db.target
+	}
+	return ""
+}
+
 // devMode is DevMode for an already parsed database URL.
 func devMode(c Config, db database) bool {
 	return db.is("sqlite") && c.JWTHS256Secret == "" && c.JWTJWKSFile == ""
@@ -205,8 +214,8 @@ func (c Config) DataFolder() string {
 	if c.DataDir != "" {
 		return c.DataDir
 	}
-	if db, err := parseDatabase(c.DatabaseURL); err == nil && db.is("sqlite") {
-		return filepath.Dir(db.target)
+	if p := c.SQLitePath(); p != "" {
+		return filepath.Dir(p)
 	}
 	return "data"
 }
