@@ -279,7 +279,7 @@ func TestDocsLinksResolve(t *testing.T) {
 	docs := web.Docs()
 	pages := loadPages(t, docs)
 	for _, want := range []string{"index.html", "quickstart/index.html", "keys/index.html", "retries/index.html",
-		"errors/index.html", "api/index.html", "operating/index.html"} {
+		"errors/index.html", "api/index.html", "operating/index.html", "gateway/index.html"} {
 		require.Contains(t, pages, want, "the docs must have this page")
 	}
 	checked := 0
@@ -370,6 +370,9 @@ func TestDocsInBrowser(t *testing.T) {
 
 	b.Do(chromedp.Navigate(base+"/docs/operating/"), chromedp.WaitVisible(chromedp.CSS(`#configuration`)))
 	b.Screenshot("operating")
+
+	b.Do(chromedp.Navigate(base+"/docs/gateway/"), chromedp.WaitVisible(chromedp.CSS(`#behaviour`)))
+	b.Screenshot("gateway")
 
 	// The API reference: wait until Redoc has rendered the operations.
 	b.Do(chromedp.Navigate(base+"/docs/api/"),
