@@ -140,6 +140,10 @@ func TestExamplesRunAgainstLiveServer(t *testing.T) {
 			return []string{filepath.Join(runtime.GOROOT(), "bin", "go"), "run", "./" + examplesDir + "/go/quickstart"}
 		}},
 	}
+	quickstarts = append(quickstarts, struct {
+		name string
+		argv func(t *testing.T) []string
+	}{"python-sdk", pythonSDK("quickstart_sdk.py")})
 	for _, tc := range quickstarts {
 		t.Run("quickstart-"+tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -180,9 +184,69 @@ func TestExamplesRunAgainstLiveServer(t *testing.T) {
 	}
 }
 
+// pythonSDK returns the command line of a docs example that uses the
+// Python SDK: the virtualenv scripts/install-test-deps makes (.venv at the
+// repository root, with httpx) and the SDK's source on PYTHONPATH.
+func pythonSDK(example string) func(t *testing.T) []string {
+	return func(t *testing.T) []string {
+		root, err := filepath.Abs("..")
+		require.NoError(t, err)
+		py := filepath.Join(root, ".venv", "bin", "python")
+		if _, err := os.Stat(py); err != nil {
+			if os.Getenv("IDEM_REQUIRE_EXAMPLES") == "1" {
+				t.Fatalf("%s not found but IDEM_REQUIRE_EXAMPLES=1: run scripts/install-test-deps", py)
+			}
+			t.Skipf("%s not found (run scripts/install-test-deps); skipping the Python SDK example", py)
+		}
+		return []string{interpreter(t, "env"), "PYTHONPATH=" + filepath.Join(root, "clients", "python", "src"), py,
+			filepath.Join(examplesDir, example)}
+	}
+}
+
+// TestRetryLoopsWaitOutInFlight runs the retry loops through a proxy that
+// answers the first claim with 409 request_in_flight and Retry-After: 1:
+// the loop must wait and claim again within its deadline instead of giving
+// up (every other 409 is final).
+func TestRetryLoopsWaitOutInFlight(t *testing.T) {
+	t.Parallel()
+	srv := servertest.Start(t, servertest.Options{Tenants: []string{"docs"}})
+	token := srv.Token(t, "docs", "keys:write")
+	c := apiClient(t)
+	loops := []struct {
+		name string
+		argv func(t *testing.T) []string
+	}{
+		{"python", func(t *testing.T) []string {
+			return []string{interpreter(t, "python3"), filepath.Join(examplesDir, "retry_loop.py")}
+		}},
+	}
+	for _, tc := range loops {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			key := "order-confirm-4711-in-flight-" + tc.name
+			proxy, claims := answeringProxy(t, srv.URL(), http.StatusConflict,
+				`{"type":"urn:idem:problem:request_in_flight","title":"Request in flight","status":409,"code":"request_in_flight","retryable":true}`)
+			out := runExample(t, proxy, token, key, tc.argv(t)...)
+			require.Contains(t, out, "completed "+key)
+			require.Contains(t, out, "outcome=wait_in_flight", "the loop must log the wait")
+			require.EqualValues(t, 2, claims.Load(), "one claim answered in flight, one after the wait")
+			requireCompleted(t, c, srv.URL(), token, key, map[string]any{"order_id": "4711", "amount": 1000})
+		})
+	}
+}
+
 // flakyProxy forwards to target but answers the first claim it sees with a
 // store_unavailable 503 carrying Retry-After: 1. It counts the claims.
 func flakyProxy(t *testing.T, target string) (string, *atomic.Int64) {
+	t.Helper()
+	return answeringProxy(t, target, http.StatusServiceUnavailable,
+		`{"type":"/docs/errors#store_unavailable","title":"Store unavailable","status":503,"code":"store_unavailable","retryable":true}`)
+}
+
+// answeringProxy forwards to target but answers the first claim it sees
+// with status, the problem document problem and Retry-After: 1. It counts
+// the claims.
+func answeringProxy(t *testing.T, target string, status int, problem string) (string, *atomic.Int64) {
 	t.Helper()
 	u, err := url.Parse(target)
 	require.NoError(t, err)
@@ -192,8 +256,8 @@ func flakyProxy(t *testing.T, target string) (string, *atomic.Int64) {
 		if strings.HasSuffix(r.URL.Path, "/claim") && claims.Add(1) == 1 {
 			w.Header().Set("Content-Type", "application/problem+json")
 			w.Header().Set("Retry-After", "1")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = io.WriteString(w, `{"type":"/docs/errors#store_unavailable","title":"Store unavailable","status":503,"code":"store_unavailable","retryable":true}`)
+			w.WriteHeader(status)
+			_, _ = io.WriteString(w, problem)
 			return
 		}
 		rp.ServeHTTP(w, r)

@@ -12,6 +12,10 @@ It follows the retry contract of the idem docs (/docs/retries/):
 * one overall deadline, a per-attempt timeout inside it, and no retry when
   the time left cannot fit the wait plus another attempt;
 * at most 3 attempts per call, the first included;
+* a claim answered 409 request_in_flight (another holder of the key - or
+  our own earlier claim whose answer was lost) is claimed again after
+  Retry-After (plus spread) for as long as the deadline allows; every other
+  409 is final;
 * a retry budget shared by every call of the process: a token bucket of 10,
   each retry costs 1, each good answer puts back 0.1;
 * every attempt is logged.
@@ -148,6 +152,24 @@ def call(method, url, token, body, deadline, budget):
     raise CallFailed("unreachable")
 
 
+def claim_waiting(url, token, body, deadline, budget):
+    """Claims the key, waiting out 409 request_in_flight: the key is held by
+    another attempt (or by our own earlier claim whose answer was lost), so
+    wait its Retry-After plus spread and claim again, while the deadline
+    allows. Every other answer - every other 409 included - is returned."""
+    while True:
+        status, headers, parsed = call("POST", url, token, body, deadline, budget)
+        if status != 409 or not isinstance(parsed, dict) or parsed.get("code") != "request_in_flight":
+            return status, headers, parsed
+        wait = (parse_retry_after(headers.get("Retry-After")) or BASE_DELAY) + random.uniform(0, 1)
+        path = urllib.parse.urlsplit(url).path
+        if deadline - time.monotonic() < wait + MIN_ATTEMPT_TIME:
+            log(call=f"POST {path}", status=status, outcome="give_up", reason="deadline_in_flight")
+            raise CallFailed("the key is still in flight and the deadline cannot fit another wait", status, parsed)
+        log(call=f"POST {path}", status=status, code="request_in_flight", outcome="wait_in_flight", wait=f"{wait:.2f}s")
+        time.sleep(wait)
+
+
 def main():
     base = os.environ.get("IDEM_URL", "http://127.0.0.1:8080").rstrip("/")
     token = os.environ.get("IDEM_TOKEN", "")
@@ -160,7 +182,7 @@ def main():
     deadline = time.monotonic() + 20.0  # one overall deadline for the whole request
 
     try:
-        status, _, claim = call("POST", path + "/claim", token, {
+        status, _, claim = claim_waiting(path + "/claim", token, {
             "operation": "POST /orders/4711/confirm",
             "request": {"order_id": "4711", "amount": 1000},
         }, deadline, budget)
