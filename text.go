@@ -124,3 +124,20 @@ func validHeaderName(name string) bool {
 	}
 	return true
 }
+
+// ValidateKey checks an idempotency key: 1–255 bytes, each in 0x21–0x7E. It
+// returns an invalid_key *Error or nil.
+func ValidateKey(key string) error {
+	if key == "" {
+		return Errorf(CodeInvalidKey, "the key is empty")
+	}
+	if len(key) > MaxKeyBytes {
+		return Errorf(CodeInvalidKey, "the key is %d bytes long; at most %d are allowed", len(key), MaxKeyBytes)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x21 || c > 0x7E {
+			return Errorf(CodeInvalidKey, "byte %d of the key (0x%02X) is outside printable ASCII 0x21-0x7E", i, c)
+		}
+	}
+	return nil
+}

@@ -99,33 +99,19 @@ type recordJSON struct {
 	Response       *responseJSON `json:"response"`
 }
 
-// orphanJSON is one item of GET /v1/admin/orphans: a record without its
-// response and recovery data, with its tenant.
+// orphanJSON is one item of GET /v1/admin/orphans: a listed record (no
+// recovery data) with its tenant and without a response member.
 type orphanJSON struct {
-	Tenant         string     `json:"tenant"`
-	Key            string     `json:"key"`
-	State          idem.State `json:"state"`
-	Operation      string     `json:"operation"`
-	Fingerprint    string     `json:"fingerprint"`
-	FencingToken   int64      `json:"fencing_token"`
-	Attempt        int        `json:"attempt"`
-	LeaseExpiresAt *string    `json:"lease_expires_at"`
-	RecoveryPoint  *string    `json:"recovery_point"`
-	CreatedAt      *string    `json:"created_at"`
-	CompletedAt    *string    `json:"completed_at"`
-	ReplayUntil    *string    `json:"replay_until"`
-	PurgeAfter     *string    `json:"purge_after"`
+	Tenant string `json:"tenant"`
+	recordJSON
+	// Response shadows recordJSON's member of the same name (a shallower
+	// field wins in encoding/json) and, always zero, is left out: an orphan
+	// has no response.
+	Response struct{} `json:"response,omitzero"`
 }
 
 func encodeOrphan(r idem.Record) orphanJSON {
-	j := encodeRecord(r)
-	return orphanJSON{
-		Tenant: r.TenantID, Key: j.Key, State: j.State, Operation: j.Operation,
-		Fingerprint: j.Fingerprint, FencingToken: j.FencingToken, Attempt: j.Attempt,
-		LeaseExpiresAt: timeJSON(r.LeaseExpiresAt), RecoveryPoint: j.RecoveryPoint,
-		CreatedAt: j.CreatedAt, CompletedAt: j.CompletedAt,
-		ReplayUntil: j.ReplayUntil, PurgeAfter: j.PurgeAfter,
-	}
+	return orphanJSON{Tenant: r.TenantID, recordJSON: encodeListed(r)}
 }
 
 // encodeListed encodes a record of a listing: without recovery_data (the
@@ -240,36 +226,21 @@ func (in *responseInput) decode() (idem.Response, error) {
 	return out, nil
 }
 
-// claimReply is a claim's response: 201 with claimJSON, or 200 with the
-// stored record and Idempotent-Replayed: true.
-type claimReply struct {
+// reply is a JSON body answered with another status than 200 (a created
+// claim or tenant) or, for a replayed claim, with Idempotent-Replayed:
+// true. writeJSON encodes the body itself: there is one encoding path.
+type reply struct {
+	status   int
 	replayed bool
 	body     any
 }
 
-func (c claimReply) statusCode() int {
-	if c.replayed {
-		return http.StatusOK
-	}
-	return http.StatusCreated
-}
+func (c reply) statusCode() int { return c.status }
 
-func (c claimReply) writeHeader(h http.Header) {
+func (c reply) writeHeader(h http.Header) {
 	if c.replayed {
 		h.Set("Idempotent-Replayed", "true")
 	}
 }
 
-func (c claimReply) jsonBody() any { return c.body }
-
-// MarshalJSON encodes the body.
-func (c claimReply) MarshalJSON() ([]byte, error) { return json.Marshal(c.body) }
-
-// created wraps a body answered with 201.
-type created struct{ body any }
-
-func (created) statusCode() int { return http.StatusCreated }
-func (c created) jsonBody() any { return c.body }
-
-// MarshalJSON encodes the body.
-func (c created) MarshalJSON() ([]byte, error) { return json.Marshal(c.body) }
+func (c reply) jsonBody() any { return c.body }

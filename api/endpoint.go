@@ -91,9 +91,6 @@ func (s *service) writeJSON(w http.ResponseWriter, r *http.Request, resp any) {
 		return
 	}
 	if bw, ok := resp.(bodyWrapper); ok {
-		// Encode the body itself rather than through the wrapper's
-		// MarshalJSON, which would encode it and then compact the result
-		// again; the bytes are the same.
 		resp = bw.jsonBody()
 	}
 	buf := s.buffers.Get().(*bytes.Buffer)

@@ -3,13 +3,10 @@ package api
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
-	"strconv"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -86,11 +83,11 @@ func (c *claimRequest) validate() error {
 // claim decides a claim. Without fingerprint and request the fingerprint is
 // empty: the key alone identifies the intent, and the operation is still
 // compared.
-func (s *service) claim(ctx context.Context, req *claimRequest) (claimReply, error) {
+func (s *service) claim(ctx context.Context, req *claimRequest) (reply, error) {
 	t := tenantFrom(ctx)
 	lease, err := t.Settings.LeaseFor(req.LeaseSeconds)
 	if err != nil {
-		return claimReply{}, err
+		return reply{}, err
 	}
 	fp := ""
 	switch {
@@ -99,7 +96,7 @@ func (s *service) claim(ctx context.Context, req *claimRequest) (claimReply, err
 	case !isNull(req.Request):
 		fp, err = idem.FingerprintJSON(req.Request)
 		if err != nil {
-			return claimReply{}, fieldError("request", "cannot be canonicalized: "+err.Error(), err)
+			return reply{}, fieldError("request", "cannot be canonicalized: "+err.Error(), err)
 		}
 	}
 	res, err := s.store.Claim(ctx, idem.ClaimParams{
@@ -119,13 +116,13 @@ func (s *service) claim(ctx context.Context, req *claimRequest) (claimReply, err
 		s.observer.ObserveClaim(t.ID, action, err)
 	}
 	if err != nil {
-		return claimReply{}, fmt.Errorf("claim key: %w", err)
+		return reply{}, fmt.Errorf("claim key: %w", err)
 	}
 	rec := res.Record
 	if res.Action == idem.ActionReplay {
-		return claimReply{replayed: true, body: encodeRecord(rec)}, nil
+		return reply{status: http.StatusOK, replayed: true, body: encodeRecord(rec)}, nil
 	}
-	return claimReply{body: claimJSON{
+	return reply{status: http.StatusCreated, body: claimJSON{
 		Key:            rec.Key,
 		State:          rec.APIState(),
 		FencingToken:   rec.FencingToken,
@@ -271,73 +268,6 @@ func (s *service) getKey(ctx context.Context, req *getKeyRequest) (recordJSON, e
 	return encodeRecord(rec), nil
 }
 
-// Page sizes of listings.
-const (
-	DefaultPageLimit = 50
-	MaxPageLimit     = 500
-)
-
-// pageParams are the limit and cursor query parameters of a listing.
-type pageParams struct {
-	limit int
-	after *idem.Cursor
-}
-
-// cursorJSON is the content of an opaque cursor (base64url of this JSON).
-type cursorJSON struct {
-	Time   time.Time `json:"t"`
-	Tenant string    `json:"n,omitempty"`
-	Key    string    `json:"k"`
-}
-
-func encodeCursor(c idem.Cursor) *string {
-	b, _ := json.Marshal(cursorJSON{Time: c.Time.UTC(), Tenant: c.TenantID, Key: c.Key})
-	s := base64.RawURLEncoding.EncodeToString(b)
-	return &s
-}
-
-func (p *pageParams) bind(r *http.Request) error {
-	q := r.URL.Query()
-	p.limit = DefaultPageLimit
-	if q.Has("limit") {
-		v := q.Get("limit")
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > MaxPageLimit {
-			return fieldError("limit", fmt.Sprintf("must be an integer between 1 and %d", MaxPageLimit), err)
-		}
-		p.limit = n
-	}
-	if v := q.Get("cursor"); v != "" {
-		b, err := base64.RawURLEncoding.DecodeString(v)
-		var c cursorJSON
-		if err == nil {
-			err = json.Unmarshal(b, &c)
-		}
-		if err == nil && c.Time.IsZero() {
-			err = fmt.Errorf("incomplete cursor")
-		}
-		if err == nil {
-			// The cursor's text goes to the store as a query parameter:
-			// hold it to the rules of what it names.
-			err = idem.ValidateKey(c.Key)
-		}
-		if err == nil && c.Tenant != "" {
-			err = idem.ValidateTenantID(c.Tenant)
-		}
-		if err != nil {
-			return fieldError("cursor", "is not a cursor returned by this endpoint", err)
-		}
-		p.after = &idem.Cursor{Time: c.Time, TenantID: c.Tenant, Key: c.Key}
-	}
-	return nil
-}
-
-// listJSON is a page of a listing.
-type listJSON[T any] struct {
-	Items      []T     `json:"items"`
-	NextCursor *string `json:"next_cursor"`
-}
-
 // listKeysRequest is GET /v1/keys?state=&limit=&cursor=.
 type listKeysRequest struct {
 	pageParams
@@ -361,14 +291,7 @@ func (s *service) listKeys(ctx context.Context, req *listKeysRequest) (listJSON[
 	if err != nil {
 		return listJSON[recordJSON]{}, fmt.Errorf("list keys: %w", err)
 	}
-	out := listJSON[recordJSON]{Items: make([]recordJSON, 0, min(len(recs), req.limit))}
-	if len(recs) > req.limit {
-		recs = recs[:req.limit]
-		last := recs[len(recs)-1]
-		out.NextCursor = encodeCursor(idem.Cursor{Time: last.CreatedAt, Key: last.Key})
-	}
-	for _, r := range recs {
-		out.Items = append(out.Items, encodeListed(r))
-	}
-	return out, nil
+	return pageOf(recs, req.limit, encodeListed, func(last idem.Record) idem.Cursor {
+		return idem.Cursor{Time: last.CreatedAt, Key: last.Key}
+	}), nil
 }

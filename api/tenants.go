@@ -46,12 +46,12 @@ type createTenantRequest struct {
 	Settings idem.SettingsPatch `json:"settings"`
 }
 
-func (s *service) createTenant(ctx context.Context, req *createTenantRequest) (created, error) {
+func (s *service) createTenant(ctx context.Context, req *createTenantRequest) (reply, error) {
 	t, err := s.tenants.Create(ctx, req.ID, req.Name, req.Settings)
 	if err != nil {
-		return created{}, fmt.Errorf("create tenant: %w", err)
+		return reply{}, fmt.Errorf("create tenant: %w", err)
 	}
-	return created{body: encodeTenant(t)}, nil
+	return reply{status: http.StatusCreated, body: encodeTenant(t)}, nil
 }
 
 func (s *service) listTenants(ctx context.Context, _ *emptyRequest) (listJSON[tenantJSON], error) {
@@ -143,14 +143,7 @@ func (s *service) listOrphans(ctx context.Context, req *listOrphansRequest) (lis
 	if err != nil {
 		return listJSON[orphanJSON]{}, fmt.Errorf("list orphans: %w", err)
 	}
-	out := listJSON[orphanJSON]{Items: make([]orphanJSON, 0, min(len(recs), req.limit))}
-	if len(recs) > req.limit {
-		recs = recs[:req.limit]
-		last := recs[len(recs)-1]
-		out.NextCursor = encodeCursor(idem.Cursor{Time: last.LeaseExpiresAt, TenantID: last.TenantID, Key: last.Key})
-	}
-	for _, r := range recs {
-		out.Items = append(out.Items, encodeOrphan(r))
-	}
-	return out, nil
+	return pageOf(recs, req.limit, encodeOrphan, func(last idem.Record) idem.Cursor {
+		return idem.Cursor{Time: last.LeaseExpiresAt, TenantID: last.TenantID, Key: last.Key}
+	}), nil
 }

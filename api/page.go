@@ -1,0 +1,99 @@
+package api
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/idem-dev/idem"
+)
+
+// Listings are paginated by keyset: the store is asked for one row more
+// than the page holds, and that extra row says whether an opaque cursor
+// (the position of the page's last row) is returned for the next page.
+
+// Page sizes of listings.
+const (
+	DefaultPageLimit = 50
+	MaxPageLimit     = 500
+)
+
+// pageParams are the limit and cursor query parameters of a listing.
+type pageParams struct {
+	limit int
+	after *idem.Cursor
+}
+
+// cursorJSON is the content of an opaque cursor (base64url of this JSON).
+type cursorJSON struct {
+	Time   time.Time `json:"t"`
+	Tenant string    `json:"n,omitempty"`
+	Key    string    `json:"k"`
+}
+
+func encodeCursor(c idem.Cursor) *string {
+	b, _ := json.Marshal(cursorJSON{Time: c.Time.UTC(), Tenant: c.TenantID, Key: c.Key})
+	s := base64.RawURLEncoding.EncodeToString(b)
+	return &s
+}
+
+func (p *pageParams) bind(r *http.Request) error {
+	q := r.URL.Query()
+	p.limit = DefaultPageLimit
+	if q.Has("limit") {
+		v := q.Get("limit")
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxPageLimit {
+			return fieldError("limit", fmt.Sprintf("must be an integer between 1 and %d", MaxPageLimit), err)
+		}
+		p.limit = n
+	}
+	if v := q.Get("cursor"); v != "" {
+		b, err := base64.RawURLEncoding.DecodeString(v)
+		var c cursorJSON
+		if err == nil {
+			err = json.Unmarshal(b, &c)
+		}
+		if err == nil && c.Time.IsZero() {
+			err = fmt.Errorf("incomplete cursor")
+		}
+		if err == nil {
+			// The cursor's text goes to the store as a query parameter:
+			// hold it to the rules of what it names.
+			err = idem.ValidateKey(c.Key)
+		}
+		if err == nil && c.Tenant != "" {
+			err = idem.ValidateTenantID(c.Tenant)
+		}
+		if err != nil {
+			return fieldError("cursor", "is not a cursor returned by this endpoint", err)
+		}
+		p.after = &idem.Cursor{Time: c.Time, TenantID: c.Tenant, Key: c.Key}
+	}
+	return nil
+}
+
+// pageOf returns the page of a listing from the rows the store returned for
+// a limit of limit+1: at most limit items, and a cursor after the last one
+// when the extra row shows that more follow.
+func pageOf[T any](recs []idem.Record, limit int, encode func(idem.Record) T, cursor func(last idem.Record) idem.Cursor) listJSON[T] {
+	out := listJSON[T]{Items: make([]T, 0, min(len(recs), limit))}
+	if len(recs) > limit {
+		recs = recs[:limit]
+		out.NextCursor = encodeCursor(cursor(recs[len(recs)-1]))
+	}
+	for _, r := range recs {
+		out.Items = append(out.Items, encode(r))
+	}
+	return out
+}
+
+// listJSON is a page of a listing.
+type listJSON[T any] struct {
+	Items      []T     `json:"items"`
+	NextCursor *string `json:"next_cursor"`
+}
+
