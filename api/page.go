@@ -96,4 +96,3 @@ type listJSON[T any] struct {
 	Items      []T     `json:"items"`
 	NextCursor *string `json:"next_cursor"`
 }
-
