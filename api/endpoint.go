@@ -9,6 +9,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"reflect"
 	"strings"
 
 	"github.com/idem-dev/idem"
@@ -149,6 +150,83 @@ func (s *service) decodeBody(w http.ResponseWriter, r *http.Request, dst any) er
 	// what is fingerprinted and stored is what the caller sent.
 	if err := idem.CheckIJSON(body); err != nil {
 		return ijsonError(err)
+	}
+	// encoding/json takes null for "absent" everywhere; the contract allows
+	// it only where a field says nullable (the JSON values request, data,
+	// response.body).
+	if bytes.Contains(body, []byte("null")) {
+		if field := nullField(body, reflect.TypeOf(dst), ""); field != "" {
+			return fieldError(field, "must not be null; leave it out instead", nil)
+		}
+	}
+	return nil
+}
+
+var rawMessageType = reflect.TypeFor[json.RawMessage]()
+
+// nullField returns the path of the first member of the JSON object doc
+// that is null where t's field is not a json.RawMessage, or "". It follows
+// nested objects into struct and map fields; doc has already decoded into
+// t, so anything it cannot read is left to that decoding.
+func nullField(doc []byte, t reflect.Type, path string) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var members map[string]json.RawMessage
+	if json.Unmarshal(doc, &members) != nil {
+		return ""
+	}
+	for name, raw := range members {
+		var ft reflect.Type
+		switch t.Kind() {
+		case reflect.Struct:
+			ft = jsonField(t, name)
+		case reflect.Map:
+			ft = t.Elem()
+		}
+		if ft == nil || ft == rawMessageType {
+			continue
+		}
+		p := name
+		if path != "" {
+			p = path + "." + name
+		}
+		if isNull(raw) {
+			return p
+		}
+		if v := bytes.TrimSpace(raw); len(v) > 0 && v[0] == '{' {
+			if f := nullField(v, ft, p); f != "" {
+				return f
+			}
+		}
+	}
+	return ""
+}
+
+// jsonField returns the type of t's field that decodes the member name (as
+// encoding/json matches it, embedded structs included), or nil.
+func jsonField(t reflect.Type, name string) reflect.Type {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			if ft := jsonField(f.Type, name); ft != nil {
+				return ft
+			}
+			continue
+		}
+		if !f.IsExported() {
+			continue
+		}
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if tag == "-" {
+			continue
+		}
+		if tag == "" {
+			tag = f.Name
+		}
+		if strings.EqualFold(tag, name) {
+			return f.Type
+		}
 	}
 	return nil
 }
