@@ -13,6 +13,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/idem-dev/idem/auth"
 	"github.com/idem-dev/idem/client/frontdoor"
 )
 
@@ -29,7 +30,7 @@ import (
 //	    upstream: billing
 //	    required_methods: [POST]
 //	    optional_methods: [PUT, DELETE]
-//	    scope_header: X-Account-Id
+//	    scope_header: X-Account-Id     # or scope_jwt: {jwks_file: …, issuer: …, audience: …}
 //	    lease: 2m
 //	    timeout: 90s
 //	    store_5xx: true
@@ -68,6 +69,10 @@ type Policy struct {
 	// ScopeHeader names a request header whose value scopes the key
 	// (value + ":" + key); a protected request without it gets 400.
 	ScopeHeader string `yaml:"scope_header"`
+	// ScopeJWT scopes the key by the sub claim of the caller's bearer
+	// token, verified against a JWKS; a protected request without a valid
+	// token gets 400. Exclusive with ScopeHeader.
+	ScopeJWT *JWTScope `yaml:"scope_jwt"`
 	// Lease is the claim's lease; 0 takes the tenant's default. It is
 	// renewed every third of it while the upstream call runs.
 	Lease Duration `yaml:"lease"`
@@ -96,6 +101,19 @@ type Policy struct {
 	Fingerprint frontdoor.Rules `yaml:"fingerprint"`
 }
 
+// JWTScope verifies the caller's bearer token (Authorization: Bearer …)
+// and takes its sub claim as the key scope. The gateway does not
+// authenticate callers (the upstream still does): it only needs a scope
+// the caller cannot choose freely.
+type JWTScope struct {
+	// JWKSFile holds the public keys (EdDSA, ES256, RS256) the tokens are
+	// signed with.
+	JWKSFile string `yaml:"jwks_file"`
+	// Issuer and Audience must match the token's iss and aud.
+	Issuer   string `yaml:"issuer"`
+	Audience string `yaml:"audience"`
+}
+
 // Duration is a time.Duration written as "30s" in YAML.
 type Duration time.Duration
 
@@ -122,6 +140,7 @@ type route struct {
 	upstreamName  string
 	methods       frontdoor.Methods
 	scopeHeader   string
+	scopeJWT      *auth.Verifier
 	lease         time.Duration
 	timeout       time.Duration
 	store5xx      bool
@@ -197,6 +216,16 @@ func compile(f File, defaultUpstream string) (*routing, error) {
 			}
 		}
 		r.scopeHeader = first(p.ScopeHeader, d.ScopeHeader)
+		if js := firstPtr(p.ScopeJWT, d.ScopeJWT); js != nil {
+			v, err := jwtVerifier(*js)
+			if err != nil {
+				bad("%s: scope_jwt: %v", where, err)
+			}
+			r.scopeJWT = v
+		}
+		if r.scopeHeader != "" && r.scopeJWT != nil {
+			bad("%s: scope_header and scope_jwt exclude each other", where)
+		}
 		r.lease = time.Duration(first(p.Lease, d.Lease))
 		r.timeout = time.Duration(first(p.Timeout, d.Timeout, Duration(DefaultTimeout)))
 		r.store5xx = firstBool(p.Store5xx, d.Store5xx, true)
@@ -274,6 +303,27 @@ func first[T comparable](vs ...T) T {
 		}
 	}
 	return zero
+}
+
+func firstPtr[T any](vs ...*T) *T {
+	for _, v := range vs {
+		if v != nil {
+			return v
+		}
+	}
+	return nil
+}
+
+// jwtVerifier builds the verifier of a scope_jwt: public keys only.
+func jwtVerifier(js JWTScope) (*auth.Verifier, error) {
+	if js.JWKSFile == "" || js.Issuer == "" || js.Audience == "" {
+		return nil, errors.New("jwks_file, issuer and audience are required")
+	}
+	b, err := os.ReadFile(js.JWKSFile)
+	if err != nil {
+		return nil, err
+	}
+	return auth.NewVerifier(auth.Config{JWKS: b, Issuer: js.Issuer, Audience: js.Audience})
 }
 
 func firstList(vs ...[]string) []string {

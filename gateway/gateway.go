@@ -29,6 +29,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -189,16 +190,12 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		g.passThrough(w, r, rr, x, r.Body)
 		return
 	}
-	if rr.scopeHeader != "" {
-		scope := r.Header.Get(rr.scopeHeader)
-		if scope == "" {
-			g.refuse(w, r, x, frontdoor.Errorf(frontdoor.CodeInvalidKey, "the %s header that scopes the key is missing", rr.scopeHeader))
-			return
-		}
-		if key, err = frontdoor.ScopedKey(scope, key); err != nil {
-			g.refuse(w, r, x, err)
-			return
-		}
+	if scope, err := rr.scope(r); err != nil {
+		g.refuse(w, r, x, err)
+		return
+	} else if key, err = frontdoor.ScopedKey(scope, key); err != nil {
+		g.refuse(w, r, x, err)
+		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, rr.maxBody))
 	if err != nil {
@@ -283,6 +280,31 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		x.outcome = outcomeTakeover
 	}
 	g.execute(w, r, rr, x, claim{tenant: t, key: key, token: rec.FencingToken, lease: rec.LeaseExpiresAt.Sub(rec.ObservedAt)}, body)
+}
+
+// scope returns the key scope of r under the route's policy: "" without
+// one, the scope header's value, or the sub claim of the caller's verified
+// bearer token.
+func (rr *route) scope(r *http.Request) (string, error) {
+	switch {
+	case rr.scopeHeader != "":
+		s := r.Header.Get(rr.scopeHeader)
+		if s == "" {
+			return "", frontdoor.Errorf(frontdoor.CodeInvalidKey, "the %s header that scopes the key is missing", rr.scopeHeader)
+		}
+		return s, nil
+	case rr.scopeJWT != nil:
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok {
+			return "", frontdoor.Errorf(frontdoor.CodeInvalidKey, "the key is scoped by the caller's bearer token, and the request has none")
+		}
+		p, err := rr.scopeJWT.Verify(strings.TrimSpace(tok))
+		if err != nil || p.Subject == "" {
+			return "", frontdoor.Errorf(frontdoor.CodeInvalidKey, "the key is scoped by the caller's bearer token, and it is invalid or has no sub claim")
+		}
+		return p.Subject, nil
+	}
+	return "", nil
 }
 
 // inFlight answers a claim refused because another request holds the key.

@@ -2,6 +2,9 @@ package gateway_test
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
@@ -393,4 +397,39 @@ func TestScopeAndReload(t *testing.T) {
 	require.NoError(t, os.WriteFile(r.config, []byte("routes:\n  - path: orders\n"), 0o600))
 	require.Error(t, r.gw.Reload(), "an invalid file is refused")
 	require.Equal(t, http.StatusCreated, send(t, http.MethodPost, r.url+"/orders", "", `{}`).status, "and the running configuration stays")
+}
+
+// TestScopeFromCallerJWT: with scope_jwt the record key is the sub claim of
+// the caller's verified bearer token + ":" + key; a forged or missing token
+// cannot pick someone else's scope.
+func TestScopeFromCallerJWT(t *testing.T) {
+	t.Parallel()
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	jwks := fmt.Sprintf(`{"keys":[{"kty":"OKP","crv":"Ed25519","kid":"k1","x":%q}]}`, base64.RawURLEncoding.EncodeToString(pub))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "jwks.json"), []byte(jwks), 0o600))
+	r := newRig(t, servertest.BackendSQLite, fmt.Sprintf("defaults:\n  scope_jwt:\n    jwks_file: %s\n    issuer: https://auth.example\n    audience: shop-api\n", filepath.Join(dir, "jwks.json")))
+	token := func(sub string, key ed25519.PrivateKey) string {
+		tok := jwt.NewWithClaims(jwt.SigningMethodEdDSA, jwt.RegisteredClaims{
+			Subject: sub, Issuer: "https://auth.example", Audience: jwt.ClaimStrings{"shop-api"},
+			ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour)), IssuedAt: jwt.NewNumericDate(time.Now()),
+		})
+		tok.Header["kid"] = "k1"
+		s, err := tok.SignedString(key)
+		require.NoError(t, err)
+		return s
+	}
+	a := send(t, http.MethodPost, r.url+"/orders", "k1", `{}`, "Authorization", "Bearer "+token("acct_a", priv))
+	require.Equal(t, http.StatusCreated, a.status, a.body)
+	require.Equal(t, "completed", r.apiRecord(t, "acct_a:k1")["state"])
+	b := send(t, http.MethodPost, r.url+"/orders", "k1", `{}`, "Authorization", "Bearer "+token("acct_b", priv))
+	require.Empty(t, b.header.Get(frontdoor.HeaderReplayed), "another subject, another key")
+
+	_, other, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	forged := send(t, http.MethodPost, r.url+"/orders", "k1", `{}`, "Authorization", "Bearer "+token("acct_a", other))
+	require.Equal(t, "invalid_key", forged.code(t))
+	require.Equal(t, "invalid_key", send(t, http.MethodPost, r.url+"/orders", "k1", `{}`).code(t))
+	require.Equal(t, int64(2), r.upstream.Count())
 }
