@@ -110,6 +110,7 @@ export function expressMiddleware(opts) {
                 next();
             }
             else if (outcome.kind === "answer") {
+                restore(res);
                 const a = outcome.answer;
                 res.statusCode = a.status;
                 for (const [k, v] of a.headers)

@@ -564,6 +564,8 @@ export class FrontDoor {
             }
             return refuse(this.claimRefusal(err));
         }
+        if (!result.replayed)
+            return { kind: "ran" };
         const r = result.response;
         const headers = Object.entries(r.headers);
         headers.push([headerReplayed, "true"], ["Content-Length", String(r.body.length)]);

@@ -133,6 +133,7 @@ export function expressMiddleware(opts: ExpressOptions): (req: IncomingMessage, 
       if (outcome.kind === "pass") {
         next();
       } else if (outcome.kind === "answer") {
+        restore(res as Tracked);
         const a = outcome.answer;
         res.statusCode = a.status;
         for (const [k, v] of a.headers) res.setHeader(k, v);

@@ -599,6 +599,7 @@ export class FrontDoor {
       }
       return refuse(this.claimRefusal(err));
     }
+    if (!result.replayed) return { kind: "ran" };
     const r = result.response;
     const headers: [string, string][] = Object.entries(r.headers);
     headers.push([headerReplayed, "true"], ["Content-Length", String(r.body.length)]);

@@ -1,0 +1,211 @@
+// Acceptance: a real Express app and a real Hono app (on @hono/node-server)
+// with a side-effect counter, in front of the real idem binary, on both
+// stores. 50 concurrent duplicates and a retry after a dropped answer give
+// exactly one side effect.
+import { serve } from "@hono/node-server";
+import express from "express";
+import { Hono } from "hono";
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import { createServer, request as httpRequest, type Server as HTTPServer } from "node:http";
+import type { AddressInfo } from "node:net";
+import { after, before, describe, test } from "node:test";
+import { Client, expressErrorHandler, expressMiddleware, withIdempotency } from "../src/index.js";
+import { startServer, stores, type Server } from "./server.js";
+
+interface App {
+  url: string;
+  /** Side effects per order id. */
+  effects: Map<string, number>;
+  close(): Promise<void>;
+}
+
+function listen(srv: HTTPServer): Promise<string> {
+  return new Promise((r) => srv.listen(0, "127.0.0.1", () => r(`http://127.0.0.1:${(srv.address() as AddressInfo).port}`)));
+}
+
+async function expressApp(client: Client): Promise<App> {
+  const effects = new Map<string, number>();
+  const app = express();
+  app.use(expressMiddleware({ client, log: () => {} }));
+  app.post("/orders/:id/pay", async (req, res) => {
+    const id = req.params.id;
+    effects.set(id, (effects.get(id) ?? 0) + 1); // the side effect
+    await new Promise((r) => setTimeout(r, 100));
+    res.status(201).set("Location", `/orders/${id}`).set("Set-Cookie", "s=1").json({ order: id, amount: (req.body as { amount: number }).amount });
+  });
+  app.post("/boom", () => {
+    throw new Error("handler failed after its side effect");
+  });
+  app.use(expressErrorHandler());
+  app.use((_err: unknown, _req: express.Request, res: express.Response, _next: express.NextFunction) => {
+    res.status(500).json({ error: "boom" });
+  });
+  const srv = createServer(app);
+  const url = await listen(srv);
+  return { url, effects, close: () => new Promise((r) => { srv.closeAllConnections(); srv.close(() => r()); }) };
+}
+
+async function honoApp(client: Client): Promise<App> {
+  const effects = new Map<string, number>();
+  const app = new Hono();
+  const pay = withIdempotency(async (req: Request, id: string) => {
+    const body = (await req.json()) as { amount: number };
+    effects.set(id, (effects.get(id) ?? 0) + 1); // the side effect
+    await new Promise((r) => setTimeout(r, 100));
+    return Response.json({ order: id, amount: body.amount }, { status: 201, headers: { Location: `/orders/${id}`, "Set-Cookie": "s=1" } });
+  }, { client, log: () => {}, route: () => "/orders/:id/pay" });
+  app.post("/orders/:id/pay", (c) => pay(c.req.raw, c.req.param("id")));
+  const boom = withIdempotency(async () => {
+    throw new Error("handler failed after its side effect");
+  }, { client, log: () => {} });
+  app.post("/boom", (c) => boom(c.req.raw));
+  app.onError((_err, c) => c.json({ error: "boom" }, 500));
+  let srv: HTTPServer | undefined;
+  const url = await new Promise<string>((r) => {
+    srv = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" }, (info) => r(`http://127.0.0.1:${info.port}`)) as HTTPServer;
+  });
+  return { url, effects, close: () => new Promise((r) => { srv!.closeAllConnections(); srv!.close(() => r()); }) };
+}
+
+/** A loopback proxy in front of target that drops (resets) the answer to the first request it forwards, after the app has answered. */
+async function droppingProxy(target: string): Promise<{ url: string; dropped: () => number; close(): Promise<void> }> {
+  const t = new URL(target);
+  let dropped = 0;
+  let first = true;
+  const srv = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      const drop = first;
+      first = false;
+      const up = httpRequest({ host: t.hostname, port: t.port, method: req.method, path: req.url, headers: req.headers }, (ur) => {
+        const body: Buffer[] = [];
+        ur.on("data", (c: Buffer) => body.push(c));
+        ur.on("end", () => {
+          if (drop) {
+            dropped++;
+            req.socket.destroy(); // the app answered; the caller never sees it
+            return;
+          }
+          res.writeHead(ur.statusCode ?? 502, ur.headers);
+          res.end(Buffer.concat(body));
+        });
+      });
+      up.end(Buffer.concat(chunks));
+    });
+  });
+  const url = await listen(srv);
+  return { url, dropped: () => dropped, close: () => new Promise((r) => { srv.closeAllConnections(); srv.close(() => r()); }) };
+}
+
+async function post(url: string, key: string | undefined, body: unknown) {
+  const headers: Record<string, string> = { "Content-Type": "application/json" };
+  if (key !== undefined) headers["Idempotency-Key"] = key;
+  const res = await fetch(url, { method: "POST", headers, body: JSON.stringify(body) });
+  return { status: res.status, headers: res.headers, text: await res.text() };
+}
+
+for (const store of stores()) {
+  for (const [name, make] of [["express", expressApp], ["hono", honoApp]] as const) {
+    describe(`${name} app on ${store}`, () => {
+      let srv: Server;
+      let app: App;
+      before(async () => {
+        // A 1 s lease keeps the orphan checks short.
+        srv = await startServer(store, { "lease-seconds-default": 1 });
+        app = await make(new Client({ baseUrl: srv.url, token: srv.token }));
+      });
+      after(async () => {
+        await app.close();
+        await srv.stop();
+      });
+
+      test("50 concurrent duplicates: one side effect, every success is the same answer", async () => {
+        const id = randomUUID();
+        const k = `pay-${id}`;
+        const answers = await Promise.all(Array.from({ length: 50 }, () => post(`${app.url}/orders/${id}/pay`, k, { amount: 1000 })));
+        assert.equal(app.effects.get(id), 1, "exactly one side effect");
+        const ok = answers.filter((a) => a.status === 201);
+        assert.ok(ok.length >= 1);
+        for (const a of ok) assert.deepEqual(JSON.parse(a.text), { order: id, amount: 1000 });
+        for (const a of answers.filter((a) => a.status !== 201)) {
+          assert.equal(a.status, 409, a.text);
+          assert.equal(JSON.parse(a.text).code, "request_in_flight");
+          assert.ok(Number(a.headers.get("Retry-After")) >= 1);
+        }
+        // Afterwards every duplicate is a replay of the stored answer, Set-Cookie not among it.
+        const replay = await post(`${app.url}/orders/${id}/pay`, `"${k}"`, { amount: 1000 });
+        assert.equal(replay.status, 201);
+        assert.equal(replay.headers.get("Idempotent-Replayed"), "true");
+        assert.equal(replay.headers.get("Location"), `/orders/${id}`);
+        assert.equal(replay.headers.get("Set-Cookie"), null);
+        assert.deepEqual(JSON.parse(replay.text), { order: id, amount: 1000 });
+        assert.equal(app.effects.get(id), 1);
+      });
+
+      test("a retry after a dropped answer is replayed: one side effect", async () => {
+        const proxy = await droppingProxy(app.url);
+        try {
+          const id = randomUUID();
+          const k = `pay-${id}`;
+          await assert.rejects(post(`${proxy.url}/orders/${id}/pay`, k, { amount: 7 }), "the first answer is dropped");
+          assert.equal(proxy.dropped(), 1);
+          const retry = await post(`${proxy.url}/orders/${id}/pay`, k, { amount: 7 });
+          assert.equal(retry.status, 201);
+          assert.equal(retry.headers.get("Idempotent-Replayed"), "true");
+          assert.deepEqual(JSON.parse(retry.text), { order: id, amount: 7 });
+          assert.equal(app.effects.get(id), 1, "exactly one side effect");
+        } finally {
+          await proxy.close();
+        }
+      });
+
+      test("another body under the key is 422; a bad or missing key is 400; nothing runs", async () => {
+        const id = randomUUID();
+        const k = `pay-${id}`;
+        assert.equal((await post(`${app.url}/orders/${id}/pay`, k, { amount: 1 })).status, 201);
+        const mismatch = await post(`${app.url}/orders/${id}/pay`, k, { amount: 2 });
+        assert.equal(mismatch.status, 422);
+        assert.equal(mismatch.headers.get("Content-Type"), "application/problem+json");
+        assert.equal(JSON.parse(mismatch.text).code, "fingerprint_mismatch");
+        const missing = await post(`${app.url}/orders/${id}/pay`, undefined, { amount: 1 });
+        assert.equal(missing.status, 400);
+        assert.equal(JSON.parse(missing.text).code, "idempotency_key_missing");
+        const bad = await post(`${app.url}/orders/${id}/pay`, "a b", { amount: 1 });
+        assert.equal(JSON.parse(bad.text).code, "invalid_key");
+        assert.equal(app.effects.get(id), 1);
+      });
+
+      test("a handler exception stores nothing: the claim is left in flight", async () => {
+        const k = `boom-${randomUUID()}`;
+        const first = await post(`${app.url}/boom`, k, {});
+        assert.equal(first.status, 500);
+        assert.equal(first.headers.get("Idempotent-Replayed"), null);
+        const c = new Client({ baseUrl: srv.url, token: srv.token });
+        assert.equal((await c.get(k)).state, "in_flight", "no response was stored");
+        const again = await post(`${app.url}/boom`, k, {});
+        assert.equal(again.status, 409);
+        assert.equal(JSON.parse(again.text).code, "request_in_flight");
+      });
+
+      test("idem unreachable: 503 store_unavailable, the handler does not run", async () => {
+        // A loopback port nothing listens on.
+        const probe = createServer();
+        const dead = await listen(probe);
+        await new Promise<void>((r) => probe.close(() => r()));
+        const down = await make(new Client({ baseUrl: dead, token: "t", retry: { maxAttempts: 1 } }));
+        try {
+          const id = randomUUID();
+          const res = await post(`${down.url}/orders/${id}/pay`, `pay-${id}`, { amount: 1 });
+          assert.equal(res.status, 503);
+          assert.equal(JSON.parse(res.text).code, "store_unavailable");
+          assert.ok(Number(res.headers.get("Retry-After")) >= 1);
+          assert.equal(down.effects.get(id), undefined);
+        } finally {
+          await down.close();
+        }
+      });
+    });
+  }
+}
