@@ -151,6 +151,7 @@ const (
 	outcomeFailOpen            = "fail_open"
 	outcomeUpstreamUnavailable = "upstream_unavailable"
 	outcomeUpstreamTimeout     = "upstream_timeout"
+	outcomeCanceled            = "canceled"
 )
 
 // ServeHTTP implements http.Handler.
@@ -243,6 +244,12 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		x.outcome = outcomeMismatch
 		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeFingerprintMismatch,
 			"the idempotency key was first used with a different request (method, route, query or body)"))
+		return
+	case err != nil && r.Context().Err() != nil:
+		// The caller went away during the claim; nobody reads this answer
+		// and the store is not to blame.
+		x.outcome = outcomeCanceled
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeStoreUnavailable, "the request was canceled before it was claimed"))
 		return
 	case err != nil:
 		g.logger.ErrorContext(r.Context(), "gateway: the store failed; failing closed unless the route fails open",

@@ -238,6 +238,10 @@ func TestConcurrentDuplicates(t *testing.T) {
 			})
 		}
 		require.Eventually(t, func() bool { return r.upstream.Entered() == 1 && len(conflicts) >= callers-1 }, 10*time.Second, 5*time.Millisecond)
+		// Prefer: wait=N is not supported yet: the answer is the same 409,
+		// at once.
+		wait := send(t, http.MethodPost, r.url+"/orders", "dup-1", `{"sku":"Z"}`, "Prefer", "wait=10")
+		require.Equal(t, http.StatusConflict, wait.status)
 		release()
 		wg.Wait()
 		require.Equal(t, int64(1), r.upstream.Count(), "one upstream call")

@@ -20,7 +20,7 @@ func newMetrics(reg prometheus.Registerer) *gatewayMetrics {
 	m := &gatewayMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "idem", Subsystem: "gateway", Name: "requests_total",
-			Help: "Requests through the gateway by route pattern, outcome (passthrough, executed, takeover, replayed, not_replayable, in_flight, mismatch, refused, store_unavailable, fail_open, upstream_unavailable, upstream_timeout) and status class.",
+			Help: "Requests through the gateway by route pattern, outcome (passthrough, executed, takeover, replayed, not_replayable, in_flight, mismatch, refused, store_unavailable, fail_open, upstream_unavailable, upstream_timeout, canceled) and status class.",
 		}, []string{"route", "outcome", "status"}),
 		upstream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "idem", Subsystem: "gateway", Name: "upstream_seconds",
