@@ -219,6 +219,9 @@ func TestRetryLoopsWaitOutInFlight(t *testing.T) {
 		{"python", func(t *testing.T) []string {
 			return []string{interpreter(t, "python3"), filepath.Join(examplesDir, "retry_loop.py")}
 		}},
+		{"node", func(t *testing.T) []string {
+			return []string{interpreter(t, "node"), filepath.Join(examplesDir, "retry_loop.mjs")}
+		}},
 	}
 	for _, tc := range loops {
 		t.Run(tc.name, func(t *testing.T) {

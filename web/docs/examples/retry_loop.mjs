@@ -11,6 +11,10 @@
 //   - one overall deadline, a per-attempt timeout inside it, and no retry
 //     when the time left cannot fit the wait plus another attempt;
 //   - at most 3 attempts per call, the first included;
+//   - a claim answered 409 request_in_flight (another holder of the key - or
+//     our own earlier claim whose answer was lost) is claimed again after
+//     Retry-After (plus spread) for as long as the deadline allows; every
+//     other 409 is final;
 //   - a retry budget shared by every call of the process: a token bucket of
 //     10, each retry costs 1, each good answer puts back 0.1;
 //   - every attempt is logged.
@@ -111,6 +115,27 @@ export async function call(method, url, token, body, deadline, budget) {
   throw new CallFailed("unreachable");
 }
 
+/**
+ * Claims the key, waiting out 409 request_in_flight: the key is held by
+ * another attempt (or by our own earlier claim whose answer was lost), so
+ * wait its Retry-After plus spread and claim again while the deadline
+ * allows. Every other answer - every other 409 included - is returned.
+ */
+export async function claimWaiting(url, token, body, deadline, budget) {
+  const name = `POST ${new URL(url).pathname}`;
+  for (;;) {
+    const res = await call("POST", url, token, body, deadline, budget);
+    if (res.status !== 409 || res.body?.code !== "request_in_flight") return res;
+    const wait = (parseRetryAfter(res.headers.get("Retry-After")) ?? BASE_DELAY) + Math.random() * 1000;
+    if (deadline - Date.now() < wait + MIN_ATTEMPT_TIME) {
+      log({ call: name, status: res.status, outcome: "give_up", reason: "deadline_in_flight" });
+      throw new CallFailed("the key is still in flight and the deadline cannot fit another wait", res.status, res.body);
+    }
+    log({ call: name, status: res.status, code: "request_in_flight", outcome: "wait_in_flight", wait: `${(wait / 1000).toFixed(2)}s` });
+    await new Promise((resolve) => setTimeout(resolve, wait));
+  }
+}
+
 async function main() {
   const base = (process.env.IDEM_URL ?? "http://127.0.0.1:8080").replace(/\/+$/, "");
   const token = process.env.IDEM_TOKEN ?? "";
@@ -121,7 +146,7 @@ async function main() {
   const budget = new RetryBudget();
   const deadline = Date.now() + 20_000; // one overall deadline for the whole request
 
-  const claim = await call("POST", `${path}/claim`, token, {
+  const claim = await claimWaiting(`${path}/claim`, token, {
     operation: "POST /orders/4711/confirm",
     request: { order_id: "4711", amount: 1000 },
   }, deadline, budget);
