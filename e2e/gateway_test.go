@@ -255,3 +255,49 @@ func TestConformanceCLIAgainstTheGateway(t *testing.T) {
 	_, errOut, code := runCLI(t, nil, "conformance", "--target", r.upURL)
 	require.Equal(t, 1, code, "the bare upstream has no Idempotency-Key support: %s", errOut)
 }
+
+// TestGatewaySIGHUPReload: SIGHUP reloads the route file while a request
+// is in flight; that request completes, and the next ones follow the new
+// file. An invalid file is refused and the running configuration stays.
+func TestGatewaySIGHUPReload(t *testing.T) {
+	t.Parallel()
+	r := newGatewayRig(t, "sqlite", "", nil)
+	gw := r.startGateway(t)
+	missing, err := gatewayPost(newClient(false), gw.url+"/orders", "", `{}`)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadRequest, missing.status, "POST requires a key by default")
+
+	release := r.upstream.Hold()
+	done := make(chan result, 1)
+	go func() {
+		res, _ := gatewayPost(newClient(false), gw.url+"/orders", "hup-1", `{}`)
+		done <- res
+	}()
+	require.Eventually(t, func() bool { return r.upstream.Entered() == 1 }, 20*time.Second, 5*time.Millisecond)
+	require.NoError(t, os.WriteFile(r.config, []byte("defaults:\n  required_methods: []\n"), 0o600))
+	require.NoError(t, gw.cmd.Process.Signal(syscall.SIGHUP))
+	require.Eventually(t, func() bool { return strings.Contains(gw.stderr.String(), "gateway config reloaded") }, 10*time.Second, 10*time.Millisecond)
+	release()
+	require.Equal(t, http.StatusCreated, (<-done).status, "the request in flight during the reload was not dropped")
+	require.Equal(t, "completed", r.record(t, "hup-1").State)
+
+	resp, err := newClient(false).Do(mustRequest(t, gw.url+"/orders"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "the new file requires no key")
+
+	require.NoError(t, os.WriteFile(r.config, []byte("routes: [{path: nope}]\n"), 0o600))
+	require.NoError(t, gw.cmd.Process.Signal(syscall.SIGHUP))
+	require.Eventually(t, func() bool { return strings.Contains(gw.stderr.String(), "reload failed") }, 10*time.Second, 10*time.Millisecond)
+	resp, err = newClient(false).Do(mustRequest(t, gw.url+"/orders"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "the previous configuration stays")
+}
+
+func mustRequest(t *testing.T, url string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(`{}`))
+	require.NoError(t, err)
+	return req
+}
