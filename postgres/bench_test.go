@@ -8,6 +8,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/postgres/pgtest"
+	"github.com/idem-dev/idem/storetest"
 )
 
 // BenchmarkClaim measures the claim hot path (a create: one upsert) on the
@@ -28,7 +29,7 @@ func BenchmarkClaim(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			p := claimParams(fmt.Sprintf("bench-%d", n.Add(1)))
+			p := storetest.ClaimParams("acme", fmt.Sprintf("bench-%d", n.Add(1)))
 			if _, err := store.Claim(ctx, p); err != nil {
 				b.Error(err)
 				return

@@ -40,25 +40,6 @@ func openStore(t *testing.T, path string, now func() time.Time) *Store {
 	return s
 }
 
-func createTenant(t *testing.T, s *Store, id string) idem.Tenant {
-	t.Helper()
-	tn, err := s.CreateTenant(context.Background(), idem.CreateTenantParams{ID: id, Name: id, Settings: idem.DefaultSettings()})
-	require.NoError(t, err)
-	return tn
-}
-
-func claimParams(tenant, key string) idem.ClaimParams {
-	return idem.ClaimParams{
-		TenantID:        tenant,
-		Key:             key,
-		Operation:       "POST /v1/payments",
-		Fingerprint:     "sha256:abc",
-		Lease:           30 * time.Second,
-		ReplayWindow:    time.Hour,
-		ReaperThreshold: 2 * time.Hour,
-	}
-}
-
 func TestPragmasOnEveryPooledConnection(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -114,7 +95,7 @@ func TestConcurrentOpenOfNewFile(t *testing.T) {
 		require.NoError(t, errs[i])
 		t.Cleanup(func() { _ = stores[i].Close() })
 	}
-	createTenant(t, stores[0], "acme")
+	storetest.CreateTenant(t, stores[0], "acme")
 	got, err := stores[openers-1].GetTenant(context.Background(), "acme")
 	require.NoError(t, err)
 	require.Equal(t, "acme", got.ID)
@@ -128,7 +109,7 @@ func TestTwoStoresOneFileOneWinner(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	other := openStore(t, b.path, b.clock.Now)
-	createTenant(t, b.store, "acme")
+	storetest.CreateTenant(t, b.store, "acme")
 	stores := []*Store{b.store, other}
 
 	const claimers = 64
@@ -139,7 +120,7 @@ func TestTwoStoresOneFileOneWinner(t *testing.T) {
 	for i := range claimers {
 		wg.Go(func() {
 			<-start
-			results[i], errs[i] = stores[i%2].Claim(context.Background(), claimParams("acme", "order-42"))
+			results[i], errs[i] = stores[i%2].Claim(context.Background(), storetest.ClaimParams("acme", "order-42"))
 		})
 	}
 	close(start)
@@ -172,9 +153,9 @@ func TestConcurrentCompletesOneResponse(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	other := openStore(t, b.path, b.clock.Now)
-	createTenant(t, b.store, "acme")
+	storetest.CreateTenant(t, b.store, "acme")
 	ctx := context.Background()
-	res, err := b.store.Claim(ctx, claimParams("acme", "k"))
+	res, err := b.store.Claim(ctx, storetest.ClaimParams("acme", "k"))
 	require.NoError(t, err)
 
 	const writers = 16
@@ -208,8 +189,8 @@ func TestDataSurvivesReopen(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	createTenant(t, b.store, "acme")
-	res, err := b.store.Claim(ctx, claimParams("acme", "k"))
+	storetest.CreateTenant(t, b.store, "acme")
+	res, err := b.store.Claim(ctx, storetest.ClaimParams("acme", "k"))
 	require.NoError(t, err)
 	_, err = b.store.Checkpoint(ctx, idem.CheckpointParams{
 		TenantID: "acme", Key: "k", FencingToken: res.Record.FencingToken,
@@ -233,7 +214,7 @@ func TestDataSurvivesReopen(t *testing.T) {
 	require.Equal(t, `{"b": 1,  "a":[2]}`, string(got.RecoveryData), "recovery data is kept verbatim")
 
 	// The fencing counter survives too: a new claim gets a larger token.
-	next, err := reopened.Claim(ctx, claimParams("acme", "k2"))
+	next, err := reopened.Claim(ctx, storetest.ClaimParams("acme", "k2"))
 	require.NoError(t, err)
 	require.Greater(t, next.Record.FencingToken, res.Record.FencingToken)
 }
@@ -242,14 +223,14 @@ func TestResponseBodyRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	createTenant(t, b.store, "acme")
+	storetest.CreateTenant(t, b.store, "acme")
 	for i, resp := range []idem.Response{
 		{Status: 204},
 		{Status: 200, Headers: map[string]string{}, Body: []byte{}, BodyEncoding: idem.BodyEncodingUTF8},
 		{Status: 500, Headers: map[string]string{"X-A": "1", "X-B": ""}, Body: []byte("oops"), BodyEncoding: idem.BodyEncodingUTF8},
 	} {
 		key := fmt.Sprintf("k%d", i)
-		res, err := b.store.Claim(ctx, claimParams("acme", key))
+		res, err := b.store.Claim(ctx, storetest.ClaimParams("acme", key))
 		require.NoError(t, err)
 		done, err := b.store.Complete(ctx, idem.CompleteParams{TenantID: "acme", Key: key, FencingToken: res.Record.FencingToken, Response: resp})
 		require.NoError(t, err)
@@ -260,149 +241,6 @@ func TestResponseBodyRoundTrip(t *testing.T) {
 	}
 }
 
-// TestClaimLifecycle walks one key through the claim table with the fake
-// clock: create, in flight, mismatch, takeover with the recovery point kept,
-// stale token, complete, replay, expiry and a fresh record.
-func TestClaimLifecycle(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	s := b.store
-	createTenant(t, s, "acme")
-	p := claimParams("acme", "k")
-
-	first, err := s.Claim(ctx, p)
-	require.NoError(t, err)
-	require.Equal(t, idem.ActionCreate, first.Action)
-	require.Equal(t, b.clock.Now(), first.Record.ObservedAt)
-	require.Equal(t, b.clock.Now().Add(p.ReaperThreshold), first.Record.PurgeAfter)
-	require.Equal(t, idem.StateInFlight, first.Record.APIState())
-
-	b.clock.Advance(10 * time.Second)
-	_, err = s.Claim(ctx, p)
-	var ie *idem.Error
-	require.ErrorAs(t, err, &ie)
-	require.Equal(t, idem.CodeRequestInFlight, ie.Code)
-	require.Equal(t, 20*time.Second, ie.RetryAfter)
-
-	other := p
-	other.Fingerprint = "sha256:other"
-	_, err = s.Claim(ctx, other)
-	require.ErrorIs(t, err, idem.ErrFingerprintMismatch)
-
-	_, err = s.Checkpoint(ctx, idem.CheckpointParams{TenantID: "acme", Key: "k", FencingToken: first.Record.FencingToken, RecoveryPoint: "charged", Data: json.RawMessage(`{"id":1}`), Lease: 5 * time.Second})
-	require.NoError(t, err)
-
-	b.clock.Advance(5 * time.Second) // lease ran out exactly now: orphaned
-	orphans, err := s.ListOrphans(ctx, idem.ListOrphansParams{Limit: 10})
-	require.NoError(t, err)
-	require.Len(t, orphans, 1)
-	stats, err := s.OrphanStats(ctx)
-	require.NoError(t, err)
-	require.Equal(t, []idem.OrphanStat{{TenantID: "acme", Count: 1, OldestLeaseExpiry: b.clock.Now(), ObservedAt: b.clock.Now()}}, stats)
-
-	second, err := s.Claim(ctx, p)
-	require.NoError(t, err)
-	require.Equal(t, idem.ActionTakeover, second.Action)
-	require.Equal(t, 2, second.Record.Attempt)
-	require.Greater(t, second.Record.FencingToken, first.Record.FencingToken)
-	require.Equal(t, "charged", second.Record.RecoveryPoint)
-	require.JSONEq(t, `{"id":1}`, string(second.Record.RecoveryData))
-	require.Equal(t, first.Record.CreatedAt, second.Record.CreatedAt)
-
-	resp := idem.Response{Status: 201, Body: []byte("ok"), BodyEncoding: idem.BodyEncodingUTF8}
-	_, err = s.Complete(ctx, idem.CompleteParams{TenantID: "acme", Key: "k", FencingToken: first.Record.FencingToken, Response: resp})
-	require.ErrorIs(t, err, idem.ErrLeaseLost)
-
-	b.clock.Advance(time.Minute) // past the lease: complete is still accepted
-	done, err := s.Complete(ctx, idem.CompleteParams{TenantID: "acme", Key: "k", FencingToken: second.Record.FencingToken, Response: resp})
-	require.NoError(t, err)
-	require.Equal(t, idem.StateCompleted, done.State)
-	require.Equal(t, b.clock.Now().Add(p.ReplayWindow), done.ReplayUntil)
-	require.True(t, done.LeaseExpiresAt.IsZero())
-
-	again, err := s.Complete(ctx, idem.CompleteParams{TenantID: "acme", Key: "k", FencingToken: second.Record.FencingToken, Response: resp})
-	require.NoError(t, err)
-	require.Equal(t, done.CompletedAt, again.CompletedAt)
-	_, err = s.Complete(ctx, idem.CompleteParams{TenantID: "acme", Key: "k", FencingToken: second.Record.FencingToken, Response: idem.Response{Status: 500}})
-	require.ErrorIs(t, err, idem.ErrAlreadyCompleted)
-	require.ErrorIs(t, s.Release(ctx, idem.ReleaseParams{TenantID: "acme", Key: "k", FencingToken: second.Record.FencingToken}), idem.ErrAlreadyCompleted)
-
-	replay, err := s.Claim(ctx, p)
-	require.NoError(t, err)
-	require.Equal(t, idem.ActionReplay, replay.Action)
-	require.Equal(t, resp, *replay.Record.Response)
-
-	b.clock.Advance(p.ReplayWindow)
-	expired, err := s.ListRecords(ctx, idem.ListRecordsParams{TenantID: "acme", State: idem.StateExpired, Limit: 10})
-	require.NoError(t, err)
-	require.Len(t, expired, 1)
-	fresh, err := s.Claim(ctx, other)
-	require.NoError(t, err)
-	require.Equal(t, idem.ActionCreate, fresh.Action)
-	require.Equal(t, 1, fresh.Record.Attempt)
-	require.Nil(t, fresh.Record.Response)
-	require.Empty(t, fresh.Record.RecoveryPoint)
-	require.Nil(t, fresh.Record.RecoveryData)
-
-	require.NoError(t, s.Release(ctx, idem.ReleaseParams{TenantID: "acme", Key: "k", FencingToken: fresh.Record.FencingToken}))
-	require.ErrorIs(t, s.Release(ctx, idem.ReleaseParams{TenantID: "acme", Key: "k", FencingToken: fresh.Record.FencingToken}), idem.ErrKeyNotFound)
-	afterRelease, err := s.Claim(ctx, p)
-	require.NoError(t, err)
-	require.Greater(t, afterRelease.Record.FencingToken, fresh.Record.FencingToken, "tokens keep increasing after a release")
-
-	_, err = s.Claim(ctx, claimParams("nobody", "k"))
-	require.ErrorIs(t, err, idem.ErrTenantUnknown)
-}
-
-func TestListRecordsKeyset(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	createTenant(t, b.store, "acme")
-	createTenant(t, b.store, "other")
-	var want []string
-	for i := range 7 {
-		key := fmt.Sprintf("k%d", i%3) + fmt.Sprint(i)
-		_, err := b.store.Claim(ctx, claimParams("acme", key))
-		require.NoError(t, err)
-		_, err = b.store.Claim(ctx, claimParams("other", key))
-		require.NoError(t, err)
-		want = append([]string{key}, want...)
-		if i%2 == 0 {
-			b.clock.Advance(time.Millisecond) // some records share created_at
-		}
-	}
-	var got []string
-	var after *idem.Cursor
-	for {
-		page, err := b.store.ListRecords(ctx, idem.ListRecordsParams{TenantID: "acme", Limit: 3, After: after})
-		require.NoError(t, err)
-		for _, r := range page {
-			require.Equal(t, "acme", r.TenantID)
-			require.Nil(t, r.Response)
-			got = append(got, r.Key)
-		}
-		if len(page) < 3 {
-			break
-		}
-		last := page[len(page)-1]
-		after = &idem.Cursor{Time: last.CreatedAt, Key: last.Key}
-	}
-	// Newest first by (created_at, key): within one instant, key descending.
-	require.Len(t, got, len(want))
-	require.ElementsMatch(t, want, got)
-	for i := 1; i < len(got); i++ {
-		require.NotEqual(t, got[i-1], got[i])
-	}
-	inFlight, err := b.store.ListRecords(ctx, idem.ListRecordsParams{TenantID: "acme", State: idem.StateInFlight, Limit: 100})
-	require.NoError(t, err)
-	require.Len(t, inFlight, 7)
-	completed, err := b.store.ListRecords(ctx, idem.ListRecordsParams{TenantID: "acme", State: idem.StateCompleted, Limit: 100})
-	require.NoError(t, err)
-	require.Empty(t, completed)
-}
-
 // TestConcurrentReapDeletesEachRecordOnce: reapers on two Store instances of
 // one file, racing in small batches, delete every purgeable record exactly
 // once and leave the live ones.
@@ -411,20 +249,20 @@ func TestConcurrentReapDeletesEachRecordOnce(t *testing.T) {
 	b := setup(t)
 	other := openStore(t, b.path, b.clock.Now)
 	ctx := context.Background()
-	createTenant(t, b.store, "acme")
-	gone := createTenant(t, b.store, "gone")
+	storetest.CreateTenant(t, b.store, "acme")
+	gone := storetest.CreateTenant(t, b.store, "gone")
 
 	const old = 40
 	for i := range old {
-		_, err := b.store.Claim(ctx, claimParams("acme", fmt.Sprintf("old-%d", i)))
+		_, err := b.store.Claim(ctx, storetest.ClaimParams("acme", fmt.Sprintf("old-%d", i)))
 		require.NoError(t, err)
 	}
 	for i := range 5 {
-		_, err := b.store.Claim(ctx, claimParams("gone", fmt.Sprintf("k-%d", i)))
+		_, err := b.store.Claim(ctx, storetest.ClaimParams("gone", fmt.Sprintf("k-%d", i)))
 		require.NoError(t, err)
 	}
-	b.clock.Advance(2 * time.Hour) // the reaper threshold of claimParams
-	live, err := b.store.Claim(ctx, claimParams("acme", "live"))
+	b.clock.Advance(storetest.ClaimParams("acme", "").ReaperThreshold) // past purge_after
+	live, err := b.store.Claim(ctx, storetest.ClaimParams("acme", "live"))
 	require.NoError(t, err)
 	_, err = b.store.UpdateTenant(ctx, idem.UpdateTenantParams{ID: gone.ID, Name: gone.Name, Settings: gone.Settings, Disabled: true})
 	require.NoError(t, err)
@@ -462,43 +300,11 @@ func TestConcurrentReapDeletesEachRecordOnce(t *testing.T) {
 	require.Equal(t, live.Record.FencingToken, got.FencingToken)
 }
 
-func TestTenants(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	created := createTenant(t, b.store, "acme")
-	require.Equal(t, idem.DefaultSettings(), created.Settings)
-	_, err := b.store.CreateTenant(ctx, idem.CreateTenantParams{ID: "acme", Name: "again", Settings: idem.DefaultSettings()})
-	require.ErrorIs(t, err, idem.ErrTenantExists)
-
-	_, err = b.store.GetTenant(ctx, "nobody")
-	require.ErrorIs(t, err, idem.ErrTenantNotFound)
-	_, err = b.store.UpdateTenant(ctx, idem.UpdateTenantParams{ID: "nobody", Name: "x", Settings: idem.DefaultSettings()})
-	require.ErrorIs(t, err, idem.ErrTenantNotFound)
-
-	settings := idem.DefaultSettings()
-	settings.RateLimitPerSecond = 7
-	b.clock.Advance(time.Second)
-	updated, err := b.store.UpdateTenant(ctx, idem.UpdateTenantParams{ID: "acme", Name: "Acme Inc", Settings: settings, Disabled: true})
-	require.NoError(t, err)
-	require.True(t, updated.Disabled)
-	require.Equal(t, settings, updated.Settings)
-	require.Equal(t, created.CreatedAt, updated.CreatedAt)
-	require.Equal(t, b.clock.Now(), updated.UpdatedAt)
-
-	createTenant(t, b.store, "beta")
-	list, err := b.store.ListTenants(ctx)
-	require.NoError(t, err)
-	require.Len(t, list, 2)
-	require.Equal(t, updated, list[0])
-	require.Equal(t, "beta", list[1].ID)
-}
-
 func TestClosedStoreIsUnavailable(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	require.NoError(t, b.store.Close())
-	_, err := b.store.Claim(context.Background(), claimParams("acme", "k"))
+	_, err := b.store.Claim(context.Background(), storetest.ClaimParams("acme", "k"))
 	var ie *idem.Error
 	require.True(t, errors.As(err, &ie), "got %v", err)
 	require.Equal(t, idem.CodeStoreUnavailable, ie.Code)
@@ -534,7 +340,7 @@ func BenchmarkClaimParallel(b *testing.B) {
 				mu.Unlock()
 				s := stores[g%2]
 				for i := 0; pb.Next(); i++ {
-					if _, err := s.Claim(ctx, claimParams("acme", fmt.Sprintf("g%d-%d", g, i))); err != nil {
+					if _, err := s.Claim(ctx, storetest.ClaimParams("acme", fmt.Sprintf("g%d-%d", g, i))); err != nil {
 						b.Error(err)
 						return
 					}

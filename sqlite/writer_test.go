@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/storetest"
 )
 
 // TestQueuedWriterHonoursContext holds the writer slot and checks that
@@ -19,12 +20,12 @@ import (
 func TestQueuedWriterHonoursContext(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	createTenant(t, b.store, "acme")
+	storetest.CreateTenant(t, b.store, "acme")
 	require.NoError(t, b.store.lockWriter(context.Background()))
 
 	deadline, cancelDeadline := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancelDeadline()
-	_, err := b.store.Claim(deadline, claimParams("acme", "k"))
+	_, err := b.store.Claim(deadline, storetest.ClaimParams("acme", "k"))
 	var ie *idem.Error
 	require.True(t, errors.As(err, &ie), "got %v", err)
 	require.Equal(t, idem.CodeStoreUnavailable, ie.Code)
@@ -45,7 +46,7 @@ func TestQueuedWriterHonoursContext(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 
 	b.store.unlockWriter()
-	res, err := b.store.Claim(context.Background(), claimParams("acme", "k"))
+	res, err := b.store.Claim(context.Background(), storetest.ClaimParams("acme", "k"))
 	require.NoError(t, err)
 	require.Equal(t, idem.ActionCreate, res.Action)
 }

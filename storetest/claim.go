@@ -12,7 +12,7 @@ import (
 func testClaimAbsentCreates(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
-	p := claimParams("acme", "order-42")
+	p := ClaimParams("acme", "order-42")
 	p.Lease = 45 * time.Second
 	p.ReplayWindow = 2 * time.Hour
 	p.ReaperThreshold = 5 * time.Hour
@@ -47,13 +47,23 @@ func testClaimAbsentCreates(t *testing.T, s *suite) {
 	requireSameRecord(t, r, b.get(t, "acme", "order-42"))
 }
 
+// testClaimUnknownTenant: a claim in a tenant that does not exist is
+// tenant_unknown and creates nothing.
+func testClaimUnknownTenant(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	_, err := b.store.Claim(b.ctx, ClaimParams("nobody", "k"))
+	requireCode(t, err, idem.ErrTenantUnknown)
+	b.requireAbsent(t, "nobody", "k")
+}
+
 func testClaimInFlightRejected(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
 	first := b.create(t, "acme", "k")
 
 	b.advance(10 * time.Second)
-	_, err := b.store.Claim(b.ctx, claimParams("acme", "k"))
+	_, err := b.store.Claim(b.ctx, ClaimParams("acme", "k"))
 	requireCode(t, err, idem.ErrRequestInFlight)
 	left := retryAfter(t, err)
 	require.GreaterOrEqual(t, left, 19*time.Second, "RetryAfter should be the lease left (20s)")
@@ -61,7 +71,7 @@ func testClaimInFlightRejected(t *testing.T, s *suite) {
 
 	// One millisecond before the lease runs out the key is still in flight.
 	b.advance(20*time.Second - time.Millisecond)
-	_, err = b.store.Claim(b.ctx, claimParams("acme", "k"))
+	_, err = b.store.Claim(b.ctx, ClaimParams("acme", "k"))
 	requireCode(t, err, idem.ErrRequestInFlight)
 	require.LessOrEqual(t, retryAfter(t, err), time.Second)
 
@@ -76,12 +86,12 @@ func testClaimInFlightMismatch(t *testing.T, s *suite) {
 	b.tenant(t, "acme")
 	first := b.create(t, "acme", "k")
 
-	p := claimParams("acme", "k")
+	p := ClaimParams("acme", "k")
 	p.Fingerprint = "sha256:bbbb"
 	_, err := b.store.Claim(b.ctx, p)
 	requireCode(t, err, idem.ErrFingerprintMismatch, "different fingerprint while in flight")
 
-	p = claimParams("acme", "k")
+	p = ClaimParams("acme", "k")
 	p.Operation = "POST /v1/refunds"
 	_, err = b.store.Claim(b.ctx, p)
 	requireCode(t, err, idem.ErrFingerprintMismatch, "different operation while in flight")
@@ -104,7 +114,7 @@ func testClaimOrphanTakeover(t *testing.T, s *suite) {
 	b.advance(10*time.Second + time.Millisecond)
 	require.Equal(t, idem.StateOrphaned, b.get(t, "acme", "k").APIState())
 
-	p := claimParams("acme", "k")
+	p := ClaimParams("acme", "k")
 	p.Lease = 60 * time.Second
 	// Windows given at takeover do not replace the ones the record was
 	// created with.
@@ -135,12 +145,12 @@ func testClaimOrphanTakeover(t *testing.T, s *suite) {
 	requireSameRecord(t, r, b.get(t, "acme", "k"))
 
 	// The new holder's lease runs: a further claim is in flight.
-	_, err := b.store.Claim(b.ctx, claimParams("acme", "k"))
+	_, err := b.store.Claim(b.ctx, ClaimParams("acme", "k"))
 	requireCode(t, err, idem.ErrRequestInFlight)
 
 	// A second orphaning leads to attempt 3, with a still higher token.
 	b.advance(60 * time.Second)
-	res3 := b.claim(t, claimParams("acme", "k"))
+	res3 := b.claim(t, ClaimParams("acme", "k"))
 	require.Equal(t, idem.ActionTakeover, res3.Action)
 	require.Equal(t, 3, res3.Record.Attempt)
 	require.Greater(t, res3.Record.FencingToken, r.FencingToken)
@@ -157,7 +167,7 @@ func testClaimOrphanBoundary(t *testing.T, s *suite) {
 	// the record is orphaned (idem.Record.StateAt).
 	b.advance(defaultLease)
 	require.Equal(t, idem.StateOrphaned, b.get(t, "acme", "k").APIState())
-	res := b.claim(t, claimParams("acme", "k"))
+	res := b.claim(t, ClaimParams("acme", "k"))
 	require.Equal(t, idem.ActionTakeover, res.Action)
 	require.Equal(t, 2, res.Record.Attempt)
 	require.Greater(t, res.Record.FencingToken, first.FencingToken)
@@ -169,12 +179,12 @@ func testClaimOrphanMismatch(t *testing.T, s *suite) {
 	first := b.create(t, "acme", "k")
 	b.advance(time.Hour)
 
-	p := claimParams("acme", "k")
+	p := ClaimParams("acme", "k")
 	p.Fingerprint = "sha256:bbbb"
 	_, err := b.store.Claim(b.ctx, p)
 	requireCode(t, err, idem.ErrFingerprintMismatch, "different fingerprint on an orphan")
 
-	p = claimParams("acme", "k")
+	p = ClaimParams("acme", "k")
 	p.Operation = "DELETE /v1/payments"
 	_, err = b.store.Claim(b.ctx, p)
 	requireCode(t, err, idem.ErrFingerprintMismatch, "different operation on an orphan")
@@ -200,7 +210,7 @@ func testClaimCompletedReplay(t *testing.T, s *suite) {
 		done := b.complete(t, "acme", tc.key, rec.FencingToken, tc.resp)
 
 		b.advance(time.Hour)
-		res := b.claim(t, claimParams("acme", tc.key))
+		res := b.claim(t, ClaimParams("acme", tc.key))
 		require.Equal(t, idem.ActionReplay, res.Action, tc.key)
 		r := res.Record
 		require.Equal(t, idem.StateCompleted, r.State, tc.key)
@@ -219,12 +229,12 @@ func testClaimCompletedMismatch(t *testing.T, s *suite) {
 	rec := b.create(t, "acme", "k")
 	done := b.complete(t, "acme", "k", rec.FencingToken, response(1))
 
-	p := claimParams("acme", "k")
+	p := ClaimParams("acme", "k")
 	p.Fingerprint = "sha256:bbbb"
 	_, err := b.store.Claim(b.ctx, p)
 	requireCode(t, err, idem.ErrFingerprintMismatch, "different fingerprint on a completed key")
 
-	p = claimParams("acme", "k")
+	p = ClaimParams("acme", "k")
 	p.Operation = "POST /v1/refunds"
 	_, err = b.store.Claim(b.ctx, p)
 	requireCode(t, err, idem.ErrFingerprintMismatch, "different operation on a completed key")
@@ -235,7 +245,7 @@ func testClaimCompletedMismatch(t *testing.T, s *suite) {
 func testClaimExpiredCreatesAfresh(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
-	p := claimParams("acme", "k")
+	p := ClaimParams("acme", "k")
 	p.ReplayWindow = time.Minute
 	p.ReaperThreshold = time.Hour
 	rec := b.claim(t, p).Record
@@ -248,7 +258,7 @@ func testClaimExpiredCreatesAfresh(t *testing.T, s *suite) {
 	require.Equal(t, idem.StateExpired, b.get(t, "acme", "k").APIState())
 
 	// Any fingerprint and operation start afresh on an expired key.
-	np := claimParams("acme", "k")
+	np := ClaimParams("acme", "k")
 	np.Fingerprint = "sha256:other"
 	np.Operation = "PUT /v1/orders"
 	np.Lease = 20 * time.Second
@@ -283,20 +293,20 @@ func testClaimExpiredCreatesAfresh(t *testing.T, s *suite) {
 func testClaimExpiredBoundary(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
-	p := claimParams("acme", "k")
+	p := ClaimParams("acme", "k")
 	p.ReplayWindow = time.Minute
 	rec := b.claim(t, p).Record
 	done := b.complete(t, "acme", "k", rec.FencingToken, response(1))
 
 	// Replayed up to one millisecond before ReplayUntil ...
 	b.clock.Set(done.ReplayUntil.Add(-time.Millisecond))
-	res := b.claim(t, claimParams("acme", "k"))
+	res := b.claim(t, ClaimParams("acme", "k"))
 	require.Equal(t, idem.ActionReplay, res.Action)
 
 	// ... and brand new from ReplayUntil on.
 	b.clock.Set(done.ReplayUntil)
 	require.Equal(t, idem.StateExpired, b.get(t, "acme", "k").APIState())
-	res = b.claim(t, claimParams("acme", "k"))
+	res = b.claim(t, ClaimParams("acme", "k"))
 	require.Equal(t, idem.ActionCreate, res.Action)
 	require.Equal(t, 1, res.Record.Attempt)
 	require.Greater(t, res.Record.FencingToken, rec.FencingToken)
@@ -307,7 +317,7 @@ func testClaimExpiredBoundary(t *testing.T, s *suite) {
 func testClaimDatabaseClock(t *testing.T, s *suite) {
 	b := s.setupDBClock(t)
 	b.tenant(t, "acme")
-	p := claimParams("acme", "k")
+	p := ClaimParams("acme", "k")
 	p.Lease = time.Second
 
 	start := time.Now()

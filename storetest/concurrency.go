@@ -21,7 +21,7 @@ func testRaceClaim(t *testing.T, s *suite) {
 	results := make([]idem.ClaimResult, racers)
 	errs := make([]error, racers)
 	race(racers, func(i int) {
-		results[i], errs[i] = b.store.Claim(b.ctx, claimParams("acme", "k"))
+		results[i], errs[i] = b.store.Claim(b.ctx, ClaimParams("acme", "k"))
 	})
 
 	winner := -1
@@ -55,7 +55,7 @@ func testRaceTakeover(t *testing.T, s *suite) {
 	results := make([]idem.ClaimResult, racers)
 	errs := make([]error, racers)
 	race(racers, func(i int) {
-		results[i], errs[i] = b.store.Claim(b.ctx, claimParams("acme", "k"))
+		results[i], errs[i] = b.store.Claim(b.ctx, ClaimParams("acme", "k"))
 	})
 
 	winner := -1
@@ -105,7 +105,7 @@ func testRaceComplete(t *testing.T, s *suite) {
 	require.Equal(t, idem.StateCompleted, got.State)
 	requireResponse(t, response(winner), got.Response)
 
-	res := b.claim(t, claimParams("acme", "k"))
+	res := b.claim(t, ClaimParams("acme", "k"))
 	require.Equal(t, idem.ActionReplay, res.Action)
 	requireResponse(t, response(winner), res.Record.Response)
 }
@@ -136,7 +136,7 @@ func testRaceCompleteVersusTakeover(t *testing.T, s *suite) {
 			})
 			return
 		}
-		claims[k], claimErrs[k] = b.store.Claim(b.ctx, claimParams("acme", key))
+		claims[k], claimErrs[k] = b.store.Claim(b.ctx, ClaimParams("acme", key))
 	})
 
 	for k := range keys {

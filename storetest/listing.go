@@ -15,7 +15,7 @@ import (
 func testGetRecordAllFields(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
-	p := claimParams("acme", "order-42")
+	p := ClaimParams("acme", "order-42")
 	p.Lease = 10 * time.Second
 	p.ReplayWindow = 30 * time.Minute
 	p.ReaperThreshold = 90 * time.Minute
@@ -61,7 +61,7 @@ func testGetRecordAllFields(t *testing.T, s *suite) {
 func testGetRecordAPIStates(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
-	p := claimParams("acme", "k")
+	p := ClaimParams("acme", "k")
 	p.ReplayWindow = time.Hour
 	rec := b.claim(t, p).Record
 	require.Equal(t, idem.StateInFlight, b.get(t, "acme", "k").APIState())
@@ -94,22 +94,22 @@ func fourStates(t *testing.T, b *bundle, tenant string) map[idem.State]string {
 		idem.StateCompleted: "k-completed",
 		idem.StateInFlight:  "k-inflight",
 	}
-	p := claimParams(tenant, keys[idem.StateExpired])
+	p := ClaimParams(tenant, keys[idem.StateExpired])
 	p.ReplayWindow = 100 * time.Second
 	rec := b.claim(t, p).Record
 	b.complete(t, tenant, rec.Key, rec.FencingToken, response(1))
 
 	b.advance(50 * time.Second)
-	p = claimParams(tenant, keys[idem.StateOrphaned])
+	p = ClaimParams(tenant, keys[idem.StateOrphaned])
 	p.Lease = 10 * time.Second
 	b.claim(t, p)
 
 	b.advance(60 * time.Second)
-	rec = b.claim(t, claimParams(tenant, keys[idem.StateCompleted])).Record
+	rec = b.claim(t, ClaimParams(tenant, keys[idem.StateCompleted])).Record
 	b.complete(t, tenant, rec.Key, rec.FencingToken, response(2))
 
 	b.advance(time.Second)
-	b.claim(t, claimParams(tenant, keys[idem.StateInFlight]))
+	b.claim(t, ClaimParams(tenant, keys[idem.StateInFlight]))
 	return keys
 }
 
@@ -308,9 +308,9 @@ func testOrphanStats(t *testing.T, s *suite) {
 	}
 
 	// Orphans taken over leave the stats.
-	b.claim(t, claimParams("beta", "b1"))
+	b.claim(t, ClaimParams("beta", "b1"))
 	for _, key := range []string{"g1", "g2"} {
-		b.claim(t, claimParams("gamma", key))
+		b.claim(t, ClaimParams("gamma", key))
 	}
 	stats, err = b.store.OrphanStats(b.ctx)
 	require.NoError(t, err)
@@ -331,7 +331,7 @@ func orphansFixture(t *testing.T, b *bundle) {
 		b.tenant(t, id)
 	}
 	leased := func(tenant, key string, lease time.Duration) idem.Record {
-		p := claimParams(tenant, key)
+		p := ClaimParams(tenant, key)
 		p.Lease = lease
 		return b.claim(t, p).Record
 	}
@@ -394,7 +394,7 @@ func testReapPastPurgeAfter(t *testing.T, s *suite) {
 	st.LeaseSecondsMax = 60
 	b.tenantWith(t, "acme", st)
 	short := func(key string) idem.ClaimParams {
-		p := claimParams("acme", key)
+		p := ClaimParams("acme", key)
 		p.Lease = 10 * time.Second
 		p.ReplayWindow = 60 * time.Second
 		p.ReaperThreshold = 120 * time.Second
@@ -478,7 +478,7 @@ func testReapBatches(t *testing.T, s *suite) {
 func testReapNeverDeletesRunningLease(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
-	p := claimParams("acme", "long")
+	p := ClaimParams("acme", "long")
 	p.Lease = 60 * time.Second
 	p.ReplayWindow = 2 * time.Second
 	p.ReaperThreshold = 3 * time.Second
@@ -543,7 +543,7 @@ func testReapDisabledTenantKeepsRecords(t *testing.T, s *suite) {
 	requireSameRecord(t, done, b.get(t, "off", "done"))
 	got := b.get(t, "off", "inflight")
 	require.Equal(t, inflight.FencingToken, got.FencingToken)
-	res := b.claim(t, claimParams("off", "done"))
+	res := b.claim(t, ClaimParams("off", "done"))
 	require.Equal(t, idem.ActionReplay, res.Action, "a completed key of a re-enabled tenant is replayed")
 	requireResponse(t, response(1), res.Record.Response)
 
@@ -561,7 +561,7 @@ func testListsOmitRecoveryData(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
 	data := []byte(`{"charge":"` + strings.Repeat("x", 4096) + `"}`)
-	p := claimParams("acme", "big")
+	p := ClaimParams("acme", "big")
 	p.Lease = 10 * time.Second
 	p.ReaperThreshold = time.Hour
 	rec := b.claim(t, p).Record

@@ -74,6 +74,7 @@ func groups() []group {
 	return []group{
 		{"Claim", []testCase{
 			{"AbsentCreates", testClaimAbsentCreates},
+			{"UnknownTenant", testClaimUnknownTenant},
 			{"InFlightRejected", testClaimInFlightRejected},
 			{"InFlightMismatchCheckedFirst", testClaimInFlightMismatch},
 			{"OrphanTakeover", testClaimOrphanTakeover},
@@ -195,8 +196,20 @@ func (b *bundle) tenant(t *testing.T, id string) idem.Tenant {
 // tenantWith creates a tenant with the given settings.
 func (b *bundle) tenantWith(t *testing.T, id string, st idem.Settings) idem.Tenant {
 	t.Helper()
+	return createTenant(t, b.store, id, st)
+}
+
+// CreateTenant creates tenant id with the default settings in store and
+// requires success: the suite's tenant fixture, for backend tests too.
+func CreateTenant(t *testing.T, store idem.Store, id string) idem.Tenant {
+	t.Helper()
+	return createTenant(t, store, id, idem.DefaultSettings())
+}
+
+func createTenant(t *testing.T, store idem.Store, id string, st idem.Settings) idem.Tenant {
+	t.Helper()
 	require.NoError(t, st.Validate())
-	ten, err := b.store.CreateTenant(b.ctx, idem.CreateTenantParams{ID: id, Name: "Tenant " + id, Settings: st})
+	ten, err := store.CreateTenant(t.Context(), idem.CreateTenantParams{ID: id, Name: "Tenant " + id, Settings: st})
 	require.NoError(t, err, "create tenant %s", id)
 	return ten
 }
@@ -210,8 +223,10 @@ const (
 	defaultReaperThreshold = 72 * time.Hour
 )
 
-// claimParams returns the suite's default claim of key in tenant.
-func claimParams(tenant, key string) idem.ClaimParams {
+// ClaimParams returns the suite's default claim of key in tenant. Backend
+// tests that need more than the suite (several pools, engine faults) claim
+// with it too.
+func ClaimParams(tenant, key string) idem.ClaimParams {
 	return idem.ClaimParams{
 		TenantID:        tenant,
 		Key:             key,
@@ -235,7 +250,7 @@ func (b *bundle) claim(t *testing.T, p idem.ClaimParams) idem.ClaimResult {
 // fresh creation.
 func (b *bundle) create(t *testing.T, tenant, key string) idem.Record {
 	t.Helper()
-	res := b.claim(t, claimParams(tenant, key))
+	res := b.claim(t, ClaimParams(tenant, key))
 	require.Equal(t, idem.ActionCreate, res.Action, "claim %s/%s", tenant, key)
 	return res.Record
 }

@@ -166,8 +166,8 @@ func testIsolationSameKey(t *testing.T, s *suite) {
 	b.tenant(t, "alpha")
 	b.tenant(t, "beta")
 
-	pa := claimParams("alpha", "order-42")
-	pb := claimParams("beta", "order-42")
+	pa := ClaimParams("alpha", "order-42")
+	pb := ClaimParams("beta", "order-42")
 	pb.Fingerprint = "sha256:beta"
 	pb.Operation = "POST /v1/other"
 	ra := b.claim(t, pa)

@@ -26,7 +26,7 @@ func testFencingTokensIncrease(t *testing.T, s *suite) {
 	next(rec)
 	// takeover
 	b.advance(time.Hour)
-	res := b.claim(t, claimParams("acme", "k"))
+	res := b.claim(t, ClaimParams("acme", "k"))
 	require.Equal(t, idem.ActionTakeover, res.Action)
 	next(res.Record)
 	// release + re-claim
@@ -34,7 +34,7 @@ func testFencingTokensIncrease(t *testing.T, s *suite) {
 	rec = b.create(t, "acme", "k")
 	next(rec)
 	// complete, expire + re-claim
-	p := claimParams("acme", "k")
+	p := ClaimParams("acme", "k")
 	b.complete(t, "acme", "k", rec.FencingToken, response(1))
 	b.advance(defaultReplayWindow)
 	res = b.claim(t, p)
@@ -53,7 +53,7 @@ func testFencingStaleToken(t *testing.T, s *suite) {
 	b.tenant(t, "acme")
 	old := b.create(t, "acme", "k")
 	b.advance(time.Hour)
-	cur := b.claim(t, claimParams("acme", "k")).Record
+	cur := b.claim(t, ClaimParams("acme", "k")).Record
 
 	for _, token := range []int64{old.FencingToken, cur.FencingToken + 1000, 0, -1} {
 		_, err := b.store.Checkpoint(b.ctx, idem.CheckpointParams{
@@ -102,7 +102,7 @@ func testFencingAbsentKey(t *testing.T, s *suite) {
 func testCompleteStoresResponse(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
-	p := claimParams("acme", "k")
+	p := ClaimParams("acme", "k")
 	p.ReplayWindow = 10 * time.Minute
 	p.ReaperThreshold = time.Hour
 	rec := b.claim(t, p).Record
@@ -148,7 +148,7 @@ func testCompleteAfterLeaseRanOut(t *testing.T, s *suite) {
 	requireTime(t, b.now(), done.CompletedAt, "CompletedAt")
 	requireTime(t, b.now().Add(defaultReplayWindow), done.ReplayUntil, "ReplayUntil")
 
-	res := b.claim(t, claimParams("acme", "k"))
+	res := b.claim(t, ClaimParams("acme", "k"))
 	require.Equal(t, idem.ActionReplay, res.Action)
 	requireResponse(t, response(1), res.Record.Response)
 }
@@ -207,11 +207,11 @@ func testCompleteKeepsWindows(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
 	// Two claims under different settings, as after a settings change.
-	p1 := claimParams("acme", "before")
+	p1 := ClaimParams("acme", "before")
 	p1.ReplayWindow = 10 * time.Minute
 	p1.ReaperThreshold = time.Hour
 	r1 := b.claim(t, p1).Record
-	p2 := claimParams("acme", "after")
+	p2 := ClaimParams("acme", "after")
 	p2.ReplayWindow = 2 * time.Hour
 	p2.ReaperThreshold = 3 * time.Hour
 	r2 := b.claim(t, p2).Record
@@ -235,9 +235,9 @@ func testCompleteKeepsWindows(t *testing.T, s *suite) {
 	b.advance(10 * time.Minute)
 	require.Equal(t, idem.StateExpired, b.get(t, "acme", "before").APIState())
 	require.Equal(t, idem.StateCompleted, b.get(t, "acme", "after").APIState())
-	res := b.claim(t, claimParams("acme", "after"))
+	res := b.claim(t, ClaimParams("acme", "after"))
 	require.Equal(t, idem.ActionReplay, res.Action)
-	res = b.claim(t, claimParams("acme", "before"))
+	res = b.claim(t, ClaimParams("acme", "before"))
 	require.Equal(t, idem.ActionCreate, res.Action)
 }
 
@@ -267,7 +267,7 @@ func testCheckpointRenews(t *testing.T, s *suite) {
 
 	// The renewed lease protects the key past the first lease.
 	b.advance(60 * time.Second)
-	_, err := b.store.Claim(b.ctx, claimParams("acme", "k"))
+	_, err := b.store.Claim(b.ctx, ClaimParams("acme", "k"))
 	requireCode(t, err, idem.ErrRequestInFlight)
 	require.Equal(t, 30*time.Second, retryAfter(t, err).Round(time.Second))
 
@@ -297,7 +297,7 @@ func testCheckpointAfterLeaseRanOut(t *testing.T, s *suite) {
 	require.Equal(t, 1, cp.Attempt)
 	requireTime(t, b.now().Add(defaultLease), cp.LeaseExpiresAt, "LeaseExpiresAt")
 
-	_, err := b.store.Claim(b.ctx, claimParams("acme", "k"))
+	_, err := b.store.Claim(b.ctx, ClaimParams("acme", "k"))
 	requireCode(t, err, idem.ErrRequestInFlight, "the renewed lease runs again")
 }
 
@@ -317,7 +317,7 @@ func testReleaseRemoves(t *testing.T, s *suite) {
 	requireCode(t, err, idem.ErrKeyNotFound)
 
 	// The next claim starts afresh, with any fingerprint.
-	p := claimParams("acme", "k")
+	p := ClaimParams("acme", "k")
 	p.Fingerprint = "sha256:different"
 	res := b.claim(t, p)
 	require.Equal(t, idem.ActionCreate, res.Action)
