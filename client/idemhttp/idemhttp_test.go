@@ -323,3 +323,30 @@ func TestMiddlewareFailsClosed(t *testing.T) {
 	require.Equal(t, "3", r.header.Get("Retry-After"))
 	require.Zero(t, a.orders.Load(), "the handler does not run unprotected")
 }
+
+// TestMiddlewarePanicLeavesTheClaim: a handler that panics stores nothing;
+// the panic propagates and the claim stays in flight, to become an orphan
+// that a retry after the lease takes over.
+func TestMiddlewarePanicLeavesTheClaim(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
+		var recovered atomic.Value
+		h := idemhttp.Middleware(c, idemhttp.Options{})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+			panic("handler bug")
+		}))
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			defer func() {
+				recovered.Store(recover())
+				http.Error(w, "panic", http.StatusInternalServerError)
+			}()
+			h.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		require.Equal(t, http.StatusInternalServerError, post(t, srv.URL+"/orders", "k-panic", `{}`).status)
+		require.Equal(t, "handler bug", recovered.Load(), "the panic propagated")
+		rec, err := c.Get(t.Context(), "k-panic")
+		require.NoError(t, err)
+		require.Equal(t, client.StateInFlight, rec.State, "nothing stored, nothing released")
+		require.Nil(t, rec.Response)
+	})
+}
