@@ -222,6 +222,9 @@ func TestRetryLoopsWaitOutInFlight(t *testing.T) {
 		{"node", func(t *testing.T) []string {
 			return []string{interpreter(t, "node"), filepath.Join(examplesDir, "retry_loop.mjs")}
 		}},
+		{"go", func(t *testing.T) []string {
+			return []string{filepath.Join(runtime.GOROOT(), "bin", "go"), "run", "./" + examplesDir + "/go/retryloop"}
+		}},
 	}
 	for _, tc := range loops {
 		t.Run(tc.name, func(t *testing.T) {

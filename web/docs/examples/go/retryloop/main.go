@@ -8,7 +8,10 @@
 // 408, 429, 502, 503 and 504; full jitter with base 1 s and cap 30 s;
 // Retry-After replaces the backoff; one overall deadline with per-attempt
 // timeouts; at most 3 attempts; a shared token-bucket retry budget; every
-// attempt logged.
+// attempt logged. A claim answered 409 request_in_flight (another holder of
+// the key, or our own earlier claim whose answer was lost) is claimed again
+// after Retry-After plus spread while the deadline allows; every other 409
+// is final.
 package main
 
 import (
@@ -148,6 +151,39 @@ func call(ctx context.Context, b *budget, method, u, token string, body any) (re
 	}
 }
 
+// claimWaiting claims the key, waiting out 409 request_in_flight: wait its
+// Retry-After plus spread and claim again while the deadline allows. Every
+// other answer, every other 409 included, is returned.
+func claimWaiting(ctx context.Context, b *budget, u, token string, body any) (result, error) {
+	for {
+		res, err := call(ctx, b, "POST", u, token, body)
+		if err != nil || res.status != http.StatusConflict {
+			return res, err
+		}
+		var p struct {
+			Code string `json:"code"`
+		}
+		if json.Unmarshal(res.body, &p) != nil || p.Code != "request_in_flight" {
+			return res, nil
+		}
+		ra, ok := retryAfter(res.header)
+		if !ok || ra <= 0 {
+			ra = baseDelay
+		}
+		wait := ra + time.Duration(rand.Int64N(int64(time.Second)))
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait+minAttemptTime {
+			slog.Warn("claim", "call", "POST "+u, "status", res.status, "outcome", "give_up", "reason", "deadline_in_flight")
+			return res, fmt.Errorf("claim: the key is still in flight and the deadline cannot fit another wait")
+		}
+		slog.Info("claim", "call", "POST "+u, "status", res.status, "code", p.Code, "outcome", "wait_in_flight", "wait", wait)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return result{}, fmt.Errorf("claim: %w", ctx.Err())
+		}
+	}
+}
+
 // once is one attempt with its own timeout, cut to the time left.
 func once(ctx context.Context, method, u, token string, payload []byte) (result, error) {
 	actx, cancel := context.WithTimeout(ctx, attemptTimeout)
@@ -195,7 +231,7 @@ func run() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // one overall deadline
 	defer cancel()
 
-	res, err := call(ctx, b, "POST", path+"/claim", token, map[string]any{
+	res, err := claimWaiting(ctx, b, path+"/claim", token, map[string]any{
 		"operation": "POST /orders/4711/confirm",
 		"request":   map[string]any{"order_id": "4711", "amount": 1000},
 	})
