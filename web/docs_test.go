@@ -143,7 +143,10 @@ func TestExamplesRunAgainstLiveServer(t *testing.T) {
 	quickstarts = append(quickstarts, struct {
 		name string
 		argv func(t *testing.T) []string
-	}{"python-sdk", pythonSDK("quickstart_sdk.py")})
+	}{"python-sdk", pythonSDK("quickstart_sdk.py")}, struct {
+		name string
+		argv func(t *testing.T) []string
+	}{"node-sdk", nodeSDK("quickstart_sdk.mjs")})
 	for _, tc := range quickstarts {
 		t.Run("quickstart-"+tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -200,6 +203,25 @@ func pythonSDK(example string) func(t *testing.T) []string {
 		}
 		return []string{interpreter(t, "env"), "PYTHONPATH=" + filepath.Join(root, "clients", "python", "src"), py,
 			filepath.Join(examplesDir, example)}
+	}
+}
+
+// nodeSDK returns the command line of a docs example that uses the Node
+// SDK, run as a user who did `npm install ./clients/node` would run it: the
+// example is copied into a project folder whose node_modules/@idem-dev/idem
+// links to clients/node (its committed dist/; it has no dependencies).
+func nodeSDK(example string) func(t *testing.T) []string {
+	return func(t *testing.T) []string {
+		node := interpreter(t, "node")
+		root, err := filepath.Abs("..")
+		require.NoError(t, err)
+		project := t.TempDir()
+		require.NoError(t, os.MkdirAll(filepath.Join(project, "node_modules", "@idem-dev"), 0o755))
+		require.NoError(t, os.Symlink(filepath.Join(root, "clients", "node"), filepath.Join(project, "node_modules", "@idem-dev", "idem")))
+		src, err := os.ReadFile(filepath.Join(examplesDir, example))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(project, example), src, 0o644))
+		return []string{node, filepath.Join(project, example)}
 	}
 }
 
