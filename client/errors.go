@@ -17,6 +17,8 @@ const (
 	CodeInvalidKey           Code = "invalid_key"
 	CodeUnauthenticated      Code = "unauthenticated"
 	CodeForbidden            Code = "forbidden"
+	CodeNotFound             Code = "not_found"
+	CodeMethodNotAllowed     Code = "method_not_allowed"
 	CodeTenantUnknown        Code = "tenant_unknown"
 	CodeKeyNotFound          Code = "key_not_found"
 	CodeTenantNotFound       Code = "tenant_not_found"
