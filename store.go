@@ -87,7 +87,10 @@ type Store interface {
 	// ErrTenantNotFound.
 	DeleteTenant(ctx context.Context, id string) error
 
-	// Ping checks that the database answers.
+	// Ping checks that the database can serve: that it answers, and where
+	// an engine can keep answering reads while refusing writes (SQLite on
+	// a full disk or a read-only file), that it takes a write. It returns
+	// ErrStoreUnavailable otherwise; GET /readyz reports it.
 	Ping(ctx context.Context) error
 	// Close releases the store's connections.
 	Close() error

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -45,20 +44,34 @@ func unavailable(cause error) error {
 	return idem.StoreUnavailable("the database cannot be reached", cause)
 }
 
-// isUnavailable reports whether err means the database cannot be reached or
-// did not answer in time, as opposed to refusing the statement.
+// unavailableStates is the one table of SQLSTATEs that mean the database
+// cannot serve right now, whatever the statement — a whole class by its two
+// characters, or one code: the caller gets 503 store_unavailable
+// (retryable) and /readyz fails while it lasts, instead of 500 internal.
+// Most arrive as FATAL when a new connection is made, so they show once the
+// pool has to reconnect.
+var unavailableStates = map[string]string{
+	"08":    "connection exception",
+	"28":    "invalid authorization: login refused (password changed, role without LOGIN)",
+	"3D":    "invalid catalog name: the database was dropped or renamed",
+	"53":    "insufficient resources: disk full, out of memory, too many connections",
+	"57":    "operator intervention: shutdown, crash, database dropped, statement canceled or timed out",
+	"58":    "system error: I/O error",
+	"25006": "read-only SQL transaction: a standby or a read-only database",
+}
+
+// isUnavailable reports whether err means the database cannot be reached,
+// cannot serve, or did not answer in time, as opposed to refusing the
+// statement.
 func isUnavailable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch {
-		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
-			pgErr.Code == "57P01", // admin_shutdown
-			pgErr.Code == "57P02", // crash_shutdown
-			pgErr.Code == "57P03", // cannot_connect_now
-			pgErr.Code == "53300": // too_many_connections
-			return true
+		code := pgErr.Code
+		_, ok := unavailableStates[code]
+		if !ok && len(code) == 5 {
+			_, ok = unavailableStates[code[:2]]
 		}
-		return false
+		return ok
 	}
 	var connectErr *pgconn.ConnectError
 	var netErr net.Error

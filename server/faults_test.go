@@ -3,7 +3,9 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,14 +14,18 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	_ "modernc.org/sqlite" // the driver of the lock holder
 
@@ -515,8 +521,9 @@ func TestStoreDeadline(t *testing.T) {
 				require.NoError(t, r.err, "%s: no reply: %s", name, r)
 				require.LessOrEqual(t, r.elapsed, faultStoreTimeout+answerSlack, "%s: answered too late: %s", name, r)
 				slowest = max(slowest, r.elapsed)
-				if backend == servertest.BackendSQLite && (strings.HasPrefix(name, "get ") || name == "readyz") {
-					// Reads do not need the write lock (WAL).
+				if backend == servertest.BackendSQLite && strings.HasPrefix(name, "get ") {
+					// Reads do not need the write lock (WAL); /readyz
+					// probes a write, so it fails with the writes.
 					require.Equal(t, http.StatusOK, r.status, "%s: %s", name, r)
 					continue
 				}
@@ -636,6 +643,173 @@ func TestClientDisconnect(t *testing.T) {
 			}
 			t.Logf("%s: %d claims canceled mid-request: %d counted as 499, 0 as 5xx, 0 ERROR log lines; "+
 				"after the thaw %d keys won by the retry, %d kept by the canceled claim", backend, n, n, winners, n-winners)
+		})
+	}
+}
+
+// requireUnavailableWhileFailing sends a claim of a new key, a replay and a
+// complete during a store failure and GET /readyz, and asserts each is a
+// 503 store_unavailable with Retry-After (never a 500, never retryable:
+// false); it returns how many requests it sent.
+func (f *ledgerFixture) requireUnavailableWhileFailing(t *testing.T, round int) int {
+	t.Helper()
+	ctx := context.Background()
+	sent := 0
+	for key, tok := range f.open {
+		r := call(ctx, faultClient, http.MethodPost, f.url+"/v1/keys/"+key+"/complete", f.token,
+			completeBody(tok, `{"id":"`+key+`"}`))
+		requireStoreUnavailable(t, "complete "+key, r)
+		sent++
+		break
+	}
+	newKey := fmt.Sprintf("fail-%d", round)
+	r := call(ctx, faultClient, http.MethodPost, f.url+"/v1/keys/"+newKey+"/claim", f.token, claimBody(newKey))
+	requireStoreUnavailable(t, "claim "+newKey, r)
+	r = call(ctx, faultClient, http.MethodGet, f.url+"/readyz", "", nil)
+	requireStoreUnavailable(t, "readyz", r)
+	return sent + 2
+}
+
+// mountTmpfs mounts a tmpfs of size bytes on a new folder and unmounts it
+// when the test ends. It needs root (CI and `make test` run as root); a
+// non-root run skips, a root run that cannot mount fails.
+func mountTmpfs(t *testing.T, size int) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs it can fill (make test and CI run as root)")
+	}
+	dir := filepath.Join(t.TempDir(), "mnt")
+	require.NoError(t, os.Mkdir(dir, 0o700))
+	out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d,mode=0700", size), "tmpfs", dir).CombinedOutput()
+	require.NoError(t, err, "mount a tmpfs (root is required to fill a disk safely): %s", out)
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", "-l", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", dir, err, out)
+		}
+	})
+	return dir
+}
+
+// fillDisk writes a file in dir until the filesystem is full and returns
+// its path.
+func fillDisk(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "filler")
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	defer f.Close()
+	chunk := make([]byte, 64<<10)
+	for {
+		n, err := f.Write(chunk)
+		if err != nil {
+			require.ErrorIs(t, err, syscall.ENOSPC)
+			if n == 0 {
+				// Fill the last partial block too.
+				for size := len(chunk) / 2; size > 0; size /= 2 {
+					for {
+						if _, err := f.Write(chunk[:size]); err != nil {
+							break
+						}
+					}
+				}
+				return path
+			}
+		}
+	}
+}
+
+// TestSQLiteDiskFull runs the server on a SQLite file in a small tmpfs, then
+// fills the filesystem. While it is full, writes and /readyz answer 503
+// store_unavailable (retryable), never 500; once space is freed, the server
+// is ready again and nothing stored is lost. (A read-only remount cannot be
+// made under a process holding the file open for writing; the read-only,
+// I/O and open errors are classified by the same table, see
+// sqlite.TestInterpretErrorUnavailable.)
+func TestSQLiteDiskFull(t *testing.T) {
+	t.Parallel()
+	dir := mountTmpfs(t, 4<<20)
+	srv := servertest.Start(t, servertest.Options{
+		DatabaseURL: "sqlite:" + filepath.Join(dir, "idem.db"),
+		Tenants:     []string{"acme"},
+		Configure:   func(c *server.Config) { c.StoreTimeout = 5 * time.Second },
+	})
+	f := newLedgerFixture(t, srv, 3)
+
+	filler := fillDisk(t, dir)
+	sent := 0
+	for round := range 3 {
+		sent += f.requireUnavailableWhileFailing(t, round)
+	}
+	require.NoError(t, os.Remove(filler))
+
+	waitReady(t, srv.URL())
+	replayed := f.requireIntact(t, 0)
+	t.Logf("sqlite disk full: %d requests while it lasted, all 503 store_unavailable, 0 500s; "+
+		"%d stored responses replayed after it, 0 lost", sent, replayed)
+}
+
+// TestPostgresLoginFailures runs the server as its own role on its own
+// database, then refuses it at login: the role loses LOGIN (as after a
+// password change, class 28) and, separately, the database is dropped
+// (3D000). Every request and /readyz answer 503 store_unavailable while it
+// lasts; once the role may log in again the server is ready and nothing
+// stored is lost.
+func TestPostgresLoginFailures(t *testing.T) {
+	t.Parallel()
+	base := pgtest.ServerURL(t)
+	admin := func(t *testing.T, sql string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, base)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	for _, fault := range []string{"login refused", "database dropped"} {
+		t.Run(fault, func(t *testing.T) {
+			t.Parallel()
+			var b [6]byte
+			_, _ = rand.Read(b[:])
+			name := "idem_fault_" + hex.EncodeToString(b[:])
+			admin(t, "CREATE ROLE "+name+" LOGIN PASSWORD '"+name+"'")
+			admin(t, "CREATE DATABASE "+name+" OWNER "+name)
+			t.Cleanup(func() {
+				admin(t, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+				admin(t, "DROP ROLE IF EXISTS "+name)
+			})
+			u, err := url.Parse(base)
+			require.NoError(t, err)
+			u.User = url.UserPassword(name, name)
+			u.Path = "/" + name
+			srv := servertest.Start(t, servertest.Options{
+				DatabaseURL: u.String(),
+				Tenants:     []string{"acme"},
+				Configure:   func(c *server.Config) { c.StoreTimeout = 5 * time.Second },
+			})
+			f := newLedgerFixture(t, srv, 3)
+
+			terminate := "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '" + name + "'"
+			if fault == "login refused" {
+				admin(t, "ALTER ROLE "+name+" NOLOGIN")
+				admin(t, terminate)
+			} else {
+				admin(t, "DROP DATABASE "+name+" WITH (FORCE)")
+			}
+			sent := 0
+			for round := range 3 {
+				sent += f.requireUnavailableWhileFailing(t, round)
+			}
+			if fault == "database dropped" {
+				t.Logf("postgres %s: %d requests while it lasted, all 503 store_unavailable, 0 500s", fault, sent)
+				return
+			}
+			admin(t, "ALTER ROLE "+name+" LOGIN")
+			waitReady(t, srv.URL())
+			replayed := f.requireIntact(t, 0)
+			t.Logf("postgres %s: %d requests while it lasted, all 503 store_unavailable, 0 500s; "+
+				"%d stored responses replayed after it, 0 lost", fault, sent, replayed)
 		})
 	}
 }

@@ -131,13 +131,30 @@ func (s *Store) PoolStats() idem.PoolStats {
 	}
 }
 
-// Ping checks that the database answers a query.
+// Ping checks that the database can take a write: it commits a write that
+// changes nothing, in the writer queue like every writer. A file that still
+// answers reads but refuses writes — a full disk, a read-only file or
+// folder, failing I/O, another process holding the lock — fails the ping
+// (store_unavailable), so /readyz says so while it lasts; a read would not
+// notice. The commit costs one WAL append and fsync per ping.
 func (s *Store) Ping(ctx context.Context) error {
-	var one int
-	if err := s.db.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
-		return s.interpretError(err, "ping database")
+	const doing = "ping database (write probe)"
+	if err := s.lockWriter(ctx); err != nil {
+		return s.interpretError(err, doing)
 	}
-	return nil
+	defer s.unlockWriter()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return s.interpretError(err, doing)
+	}
+	defer func() { _ = tx.Rollback() }()
+	// idem does not use user_version; setting it rewrites the header page
+	// even when the value does not change, where an UPDATE to the same value
+	// would write nothing.
+	if _, err := tx.ExecContext(ctx, "PRAGMA user_version = 0"); err != nil {
+		return s.interpretError(err, doing)
+	}
+	return s.interpretError(tx.Commit(), doing)
 }
 
 // Close closes the store's connections. Later calls return store_unavailable.
