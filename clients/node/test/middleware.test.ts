@@ -106,7 +106,65 @@ async function post(url: string, key: string | undefined, body: unknown) {
   return { status: res.status, headers: res.headers, text: await res.text() };
 }
 
+/** An Express app without expressErrorHandler, with express.json() before the middleware. */
+async function plainExpressApp(client: Client): Promise<App> {
+  const effects = new Map<string, number>();
+  const app = express();
+  app.set("env", "test"); // the final handler does not print the errors
+  app.use(express.json());
+  app.use(expressMiddleware({ client, log: () => {} }));
+  app.post("/orders/:id/pay", (req, res) => {
+    const id = req.params.id;
+    effects.set(id, (effects.get(id) ?? 0) + 1);
+    res.status(201).json({ order: id, amount: (req.body as { amount: number }).amount });
+  });
+  app.post("/boom", () => {
+    throw new Error("sync throw");
+  });
+  app.post("/reject", async () => {
+    await new Promise((r) => setTimeout(r, 10));
+    throw new Error("async rejection");
+  });
+  const srv = createServer(app);
+  const url = await listen(srv);
+  return { url, effects, close: () => new Promise((r) => { srv.closeAllConnections(); srv.close(() => r()); }) };
+}
+
 for (const store of stores()) {
+  describe(`plain express app on ${store}`, () => {
+    let srv: Server;
+    let app: App;
+    before(async () => {
+      srv = await startServer(store);
+      app = await plainExpressApp(new Client({ baseUrl: srv.url, token: srv.token }));
+    });
+    after(async () => {
+      await app.close();
+      await srv.stop();
+    });
+
+    test("without expressErrorHandler a thrown or rejected handler still stores nothing", async () => {
+      const c = new Client({ baseUrl: srv.url, token: srv.token });
+      for (const path of ["/boom", "/reject"]) {
+        const k = `ex-${randomUUID()}`;
+        const res = await post(`${app.url}${path}`, k, {});
+        assert.equal(res.status, 500, "Express's final handler answers");
+        assert.equal((await c.get(k)).state, "in_flight", `${path}: no response was stored`);
+      }
+    });
+
+    test("a body parser before the middleware: one side effect, replays", async () => {
+      const id = randomUUID();
+      const k = `pay-${id}`;
+      const answers = await Promise.all(Array.from({ length: 10 }, () => post(`${app.url}/orders/${id}/pay`, k, { amount: 3 })));
+      assert.equal(app.effects.get(id), 1);
+      assert.ok(answers.every((a) => a.status === 201 || a.status === 409));
+      const again = await post(`${app.url}/orders/${id}/pay`, k, { amount: 3 });
+      assert.equal(again.headers.get("Idempotent-Replayed"), "true");
+      assert.equal((await post(`${app.url}/orders/${id}/pay`, k, { amount: 4 })).status, 422);
+    });
+  });
+
   for (const [name, make] of [["express", expressApp], ["hono", honoApp]] as const) {
     describe(`${name} app on ${store}`, () => {
       let srv: Server;

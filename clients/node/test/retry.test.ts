@@ -194,7 +194,7 @@ describe("retry loop", () => {
     setTimeout(() => ac.abort(), 100);
     const err = await rejects(c.get("k", { signal: ac.signal }));
     assert.equal(err.giveUp, "aborted");
-    assert.equal(s.count(), 1);
+    assert.ok(s.count() <= 1, "no retry after the abort");
   });
 
   test("an invalid key fails before any request", async () => {

@@ -1,11 +1,37 @@
 // The lifecycle helper against the real server binary, on both stores.
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
+import { createServer, request as httpRequest } from "node:http";
+import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
 import { Client, IdemError, NoSideEffect, StoredResponse, type AttemptInfo } from "../src/index.js";
 import { startServer, stores, type Server } from "./server.js";
 
 const newKey = (name: string) => `${name}-${randomUUID()}`;
+
+/** A loopback proxy to target that answers checkpoints 503 while cut is set. */
+async function cuttingProxy(target: string): Promise<{ url: string; cut: (on: boolean) => void; close: () => void }> {
+  const t = new URL(target);
+  let cut = false;
+  const srv = createServer((req, res) => {
+    if (cut && req.url?.endsWith("/checkpoint")) {
+      req.resume();
+      res.writeHead(503, { "Content-Type": "application/problem+json" }).end('{"code":"store_unavailable","status":503}');
+      return;
+    }
+    const up = httpRequest({ host: t.hostname, port: t.port, method: req.method, path: req.url, headers: req.headers }, (ur) => {
+      res.writeHead(ur.statusCode ?? 502, ur.headers);
+      ur.pipe(res);
+    });
+    req.pipe(up);
+  });
+  await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
+  return {
+    url: `http://127.0.0.1:${(srv.address() as AddressInfo).port}`,
+    cut: (on) => { cut = on; },
+    close: () => { srv.closeAllConnections(); srv.close(); },
+  };
+}
 
 for (const store of stores()) {
   describe(`run on ${store}`, () => {
@@ -137,6 +163,28 @@ for (const store of stores()) {
       });
       assert.equal(res.attempt, 1);
       assert.equal((await c.get(k)).state, "completed");
+    });
+
+    test("a lease that cannot be renewed for a whole lease aborts claim.signal; the late complete is lease_lost", async () => {
+      const proxy = await cuttingProxy(srv.url);
+      try {
+        const c = new Client({ baseUrl: proxy.url, token: slowLease });
+        const other = client(slowLease);
+        const k = newKey("lost");
+        let reason: unknown;
+        await assert.rejects(c.run(k, { operation: "POST /lost" }, async (claim) => {
+          proxy.cut(true); // renewals fail from now on
+          await new Promise<void>((r) => claim.signal.addEventListener("abort", () => r(), { once: true }));
+          reason = claim.signal.reason;
+          // The lease ran out on the service too: another caller takes over.
+          const taken = await other.claim(k, { operation: "POST /lost" });
+          assert.equal(taken.resumed, true);
+          return { status: 200, body: "too late" };
+        }), (err: unknown) => err instanceof IdemError && err.code === "lease_lost");
+        assert.ok(reason instanceof IdemError && reason.code === "lease_lost", String(reason));
+      } finally {
+        proxy.close();
+      }
     });
 
     test("50 concurrent runs of one key run the function once; all get its response", async () => {
