@@ -4,7 +4,11 @@
 # are embedded in it) on a distroless base, running as a non-root user.
 #
 #   docker build -t idem .
+#   docker run --rm -e IDEM_DATABASE_URL=postgres://… idem migrate      # once: creates the ledger
 #   docker run -p 8080:8080 -e IDEM_DATABASE_URL=postgres://… -e IDEM_JWT_JWKS_FILE=/etc/idem/jwks.json idem
+#
+# serve never creates a ledger outside development mode (no key, sqlite:):
+# run `migrate` once, or set IDEM_CREATE_DB=1 for a throwaway container.
 #
 # CI has no Docker engine: it lints this file and runs the same `make build`
 # the build stage runs, so the recipe cannot rot.

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 )
 
@@ -118,6 +119,13 @@ type PoolStats struct {
 type PoolReporter interface {
 	PoolStats() PoolStats
 }
+
+// ErrNoLedger is what a store's Open returns, wrapped, when it was asked to
+// open an existing ledger and the database holds none: a missing SQLite file
+// (deleted, a volume not mounted) or a database without idem's tables. The
+// server then refuses to start rather than begin an empty ledger, where every
+// earlier key would run again and fencing tokens would restart at 1.
+var ErrNoLedger = errors.New("no idem ledger in this database")
 
 // ClaimParams are the inputs of Store.Claim. The durations come from the
 // tenant's settings at the time of the claim.

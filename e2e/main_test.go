@@ -58,10 +58,11 @@ const testSecret = "e2e-hs256-secret-0123456789abcdefghij"
 
 // backendEnv is the environment of a server process on backend: "postgres"
 // gets an isolated schema from pgtest.URL, anything else a SQLite file in a
-// temporary folder; the test secret is set, and extra is added.
+// temporary folder; the test secret is set, creating the ledger is allowed
+// (IDEM_CREATE_DB=1: the store is fresh), and extra is added.
 func backendEnv(t *testing.T, backend string, extra map[string]string) map[string]string {
 	t.Helper()
-	env := map[string]string{"IDEM_JWT_HS256_SECRET": testSecret}
+	env := map[string]string{"IDEM_JWT_HS256_SECRET": testSecret, "IDEM_CREATE_DB": "1"}
 	maps.Copy(env, extra)
 	if backend == "postgres" {
 		env["IDEM_DATABASE_URL"] = pgtest.URL(t)

@@ -48,6 +48,11 @@ type Options struct {
 	// ConnectTimeout bounds each connection attempt; 0 keeps the URL's
 	// connect_timeout or none.
 	ConnectTimeout time.Duration
+	// RequireLedger makes Open fail with idem.ErrNoLedger when the database
+	// (the schema search_path selects) holds no idem tables, instead of
+	// creating them: a database re-created empty, or the wrong one. The
+	// server sets it unless creating the ledger is explicit.
+	RequireLedger bool
 }
 
 // Store is an idem.Store backed by PostgreSQL through a pgx pool.
@@ -66,7 +71,13 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := migrate(ctx, pool); err != nil {
+	if opts.RequireLedger {
+		err = requireLedger(ctx, pool)
+	}
+	if err == nil {
+		err = migrate(ctx, pool)
+	}
+	if err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -100,6 +111,21 @@ func newPool(ctx context.Context, url string, opts Options) (*pgxpool.Pool, erro
 		return nil, interpretError(err, "create connection pool")
 	}
 	return pool, nil
+}
+
+// requireLedger returns idem.ErrNoLedger when the migrations never ran in
+// the current schema: goose's version table is missing.
+func requireLedger(ctx context.Context, pool *pgxpool.Pool) error {
+	var exists bool
+	var schema string
+	err := pool.QueryRow(ctx, "SELECT to_regclass('goose_db_version') IS NOT NULL, coalesce(current_schema(), '')").Scan(&exists, &schema)
+	if err != nil {
+		return interpretError(err, "check for the idem tables")
+	}
+	if !exists {
+		return fmt.Errorf("%w: schema %q has no idem tables", idem.ErrNoLedger, schema)
+	}
+	return nil
 }
 
 // migrate runs the goose migrations under a session advisory lock, so

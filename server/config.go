@@ -24,6 +24,13 @@ type Config struct {
 	// postgres:// or postgresql:// for PostgreSQL, sqlite:PATH for the
 	// embedded store.
 	DatabaseURL string
+	// CreateDB lets serve (and the tenant and gateway commands) create the
+	// ledger when the database holds none: a missing SQLite file, a
+	// PostgreSQL schema without idem's tables (IDEM_CREATE_DB). Without it
+	// they refuse to start, so a deleted file or an unmounted volume never
+	// silently becomes an empty ledger. Development mode and `migrate`
+	// create it anyway.
+	CreateDB bool
 	// JWTHS256Secret is the HS256 signing secret, at least 32 bytes
 	// (IDEM_JWT_HS256_SECRET).
 	JWTHS256Secret string
@@ -111,6 +118,8 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*stringValue)(&c.Addr) }},
 		{"database-url", "IDEM_DATABASE_URL", "store: postgres://… or postgresql://… for PostgreSQL, sqlite:PATH for the embedded store", true,
 			func(c *Config) flag.Value { return (*stringValue)(&c.DatabaseURL) }},
+		{"create-db", "IDEM_CREATE_DB", "create the ledger (SQLite file, PostgreSQL tables) when the database holds none; without it serve refuses to start on a missing ledger (development mode and migrate create it anyway)", false,
+			func(c *Config) flag.Value { return (*boolValue)(&c.CreateDB) }},
 		{"jwt-hs256-secret", "IDEM_JWT_HS256_SECRET", "HS256 signing secret, at least 32 bytes (prefer the environment variable over the flag)", true,
 			func(c *Config) flag.Value { return (*stringValue)(&c.JWTHS256Secret) }},
 		{"jwt-jwks-file", "IDEM_JWT_JWKS_FILE", "JWKS file of public keys (EdDSA, ES256, RS256) selected by kid", false,
@@ -201,6 +210,12 @@ func (c Config) SQLitePath() string {
 		return db.target
 	}
 	return ""
+}
+
+// createsLedger reports whether opening the store may create the ledger:
+// asked for (IDEM_CREATE_DB) or in development mode.
+func (c Config) createsLedger() bool {
+	return c.CreateDB || c.DevMode()
 }
 
 // devMode is DevMode for an already parsed database URL.
@@ -379,6 +394,19 @@ func (v *int64Value) Set(s string) error {
 		return fmt.Errorf("%q is not a whole number", s)
 	}
 	*v = int64Value(n)
+	return nil
+}
+
+type boolValue bool
+
+func (v *boolValue) String() string   { return strconv.FormatBool(bool(*v)) }
+func (v *boolValue) IsBoolFlag() bool { return true }
+func (v *boolValue) Set(s string) error {
+	b, err := strconv.ParseBool(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q is not true or false (1 or 0)", s)
+	}
+	*v = boolValue(b)
 	return nil
 }
 

@@ -151,6 +151,7 @@ func TestNoDevModeWithConfiguredSecret(t *testing.T) {
 	dir := t.TempDir()
 	cfg := devConfig(t, dir)
 	cfg.JWTHS256Secret = strings.Repeat("k", 32)
+	cfg.CreateDB = true
 	srv, err := server.New(context.Background(), cfg, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = srv.Close() })
@@ -180,6 +181,7 @@ func TestProductionLogsCarryNoSecrets(t *testing.T) {
 	secret := "production-secret-0123456789abcdefgh"
 	cfg := devConfig(t, t.TempDir())
 	cfg.JWTHS256Secret = secret
+	cfg.CreateDB = true
 	cfg.LogFormat = "json"
 	logger := server.NewLogger(cfg, &logs)
 	srv, err := server.New(context.Background(), cfg, logger)

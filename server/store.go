@@ -38,6 +38,7 @@ func backends() []backend {
 				return postgres.Open(ctx, url, postgres.Options{
 					MaxConns:       int32(cfg.DBMaxConns),
 					ConnectTimeout: cfg.DBConnectTimeout,
+					RequireLedger:  !cfg.createsLedger(),
 				})
 			},
 			migrate: postgres.Migrate,
@@ -46,8 +47,8 @@ func backends() []backend {
 			name:     "sqlite",
 			prefixes: []string{"sqlite:"},
 			target:   sqliteTarget,
-			open: func(ctx context.Context, _ Config, path string) (idem.Store, error) {
-				return sqlite.Open(ctx, path, sqlite.Options{})
+			open: func(ctx context.Context, cfg Config, path string) (idem.Store, error) {
+				return sqlite.Open(ctx, path, sqlite.Options{RequireLedger: !cfg.createsLedger()})
 			},
 			migrate: sqlite.Migrate,
 		},
@@ -121,6 +122,12 @@ func (d database) open(ctx context.Context, cfg Config) (idem.Store, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.DBConnectTimeout+migrationsTimeout)
 	defer cancel()
 	s, err := d.backend.open(ctx, cfg, d.target)
+	if errors.Is(err, idem.ErrNoLedger) {
+		return nil, fmt.Errorf("open store %s: %w\n"+
+			"Refusing to start an empty ledger: every key stored before would run again. If the database\n"+
+			"was deleted or is not mounted, put it back. To create a new ledger on purpose, run the migrate\n"+
+			"command once, or start with --create-db (IDEM_CREATE_DB=1).", d, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", redactURL(d.url), err)
 	}

@@ -280,19 +280,20 @@ func (s *Store) OrphanStats(ctx context.Context) ([]idem.OrphanStat, error) {
 	return out, nil
 }
 
-// Reap deletes one batch of at most p.Limit records past purge_after or of
-// disabled tenants in one short statement, and returns them without
-// responses. SQLite serializes writers, so concurrent reapers never delete a
-// record twice.
+// Reap deletes one batch of at most p.Limit records past purge_after (never
+// an in-flight one whose lease still runs) in one short statement, and
+// returns them without responses. SQLite serializes writers, so concurrent
+// reapers never delete a record twice.
 func (s *Store) Reap(ctx context.Context, p idem.ReapParams) ([]idem.Record, error) {
-	if err := s.lockWriter(ctx); err != nil {
-		return nil, s.interpretError(err, "reap keys")
-	}
-	defer s.unlockWriter()
-	now := s.clock()
-	rows, err := s.q.ReapKeys(ctx, dbsqlc.ReapKeysParams{Now: micros(now), RowLimit: int64(p.Limit)})
+	var out []idem.Record
+	err := s.write(ctx, "reap keys", func() error {
+		now := s.clock()
+		rows, err := s.q.ReapKeys(ctx, dbsqlc.ReapKeysParams{Now: micros(now), RowLimit: int64(p.Limit)})
+		out = listRecords(rows, now)
+		return err
+	})
 	if err != nil {
-		return nil, s.interpretError(err, "reap keys")
+		return nil, err
 	}
-	return listRecords(rows, now), nil
+	return out, nil
 }

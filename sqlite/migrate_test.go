@@ -3,13 +3,17 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/db/schema"
+	"github.com/idem-dev/idem/storetest"
 )
 
 // TestMigrationRaisesReaperThreshold: a tenant stored before the rule
@@ -19,6 +23,7 @@ func TestMigrationRaisesReaperThreshold(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "idem.db")
+	require.NoError(t, os.WriteFile(path, nil, 0o600)) // dsn never creates the file
 	db, err := sql.Open("sqlite", dsn(path))
 	require.NoError(t, err)
 	provider, err := goose.NewProvider(goose.DialectSQLite3, db, schema.SQLite())
@@ -39,4 +44,52 @@ func TestMigrationRaisesReaperThreshold(t *testing.T) {
 	fine, err := s.GetTenant(ctx, "fine")
 	require.NoError(t, err)
 	require.Equal(t, 600, fine.Settings.ReaperThresholdSeconds)
+}
+
+// TestRequireLedgerAndFileIdentity: with RequireLedger, Open refuses a
+// missing or empty file and creates nothing; once open, a deleted or
+// replaced file makes Ping and writes store_unavailable (reads of the opened
+// file still work), and the file put back heals the store.
+func TestRequireLedgerAndFileIdentity(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	_, err := Open(ctx, path, Options{RequireLedger: true})
+	require.ErrorIs(t, err, idem.ErrNoLedger)
+	_, statErr := os.Stat(path)
+	require.ErrorIs(t, statErr, fs.ErrNotExist, "Open created the file while refusing")
+	require.NoError(t, os.WriteFile(path, nil, 0o600))
+	_, err = Open(ctx, path, Options{RequireLedger: true})
+	require.ErrorIs(t, err, idem.ErrNoLedger, "an empty file holds no ledger")
+
+	require.NoError(t, Migrate(ctx, path))
+	s, err := Open(ctx, path, Options{RequireLedger: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	storetest.CreateTenant(t, s, "acme")
+	require.NoError(t, s.Ping(ctx))
+
+	keep := path + ".keep"
+	require.NoError(t, os.Link(path, keep))
+	require.NoError(t, os.Remove(path))
+	requireUnavailable := func(err error) {
+		t.Helper()
+		require.ErrorIs(t, err, idem.ErrStoreUnavailable)
+	}
+	requireUnavailable(s.Ping(ctx))
+	_, err = s.Claim(ctx, storetest.ClaimParams("acme", "k"))
+	requireUnavailable(err)
+	_, err = s.Reap(ctx, idem.ReapParams{Limit: 10})
+	requireUnavailable(err)
+	_, err = s.CreateTenant(ctx, idem.CreateTenantParams{ID: "beta", Name: "beta", Settings: idem.DefaultSettings()})
+	requireUnavailable(err)
+	_, err = s.GetTenant(ctx, "acme")
+	require.NoError(t, err, "reads of the opened file go on")
+	_, statErr = os.Stat(path)
+	require.ErrorIs(t, statErr, fs.ErrNotExist, "the pool re-created the deleted file")
+
+	require.NoError(t, os.Rename(keep, path))
+	require.NoError(t, s.Ping(ctx))
+	_, err = s.Claim(ctx, storetest.ClaimParams("acme", "k"))
+	require.NoError(t, err)
 }

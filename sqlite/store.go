@@ -30,7 +30,9 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -70,6 +72,10 @@ type Options struct {
 	// is the database's clock for an embedded database; tests pass a fake
 	// clock.
 	Now func() time.Time
+	// RequireLedger makes Open fail with idem.ErrNoLedger when the file does
+	// not exist or holds no idem ledger, instead of creating one. The server
+	// sets it unless creating the ledger is explicit.
+	RequireLedger bool
 }
 
 // Store is an idem.Store backed by one SQLite file.
@@ -78,22 +84,39 @@ type Store struct {
 	q      *dbsqlc.Queries
 	now    func() time.Time
 	closed atomic.Bool
+	// path and file are the file this Store opened and its identity
+	// (device and inode): every write and Ping checks that path still
+	// names that file (see checkFile).
+	path string
+	file os.FileInfo
 	// writer is the writer slot, a semaphore of one: a send takes it, a
 	// receive gives it back. Goroutines blocked sending on a channel are
 	// woken first in, first out, which makes the queue fair.
 	writer chan struct{}
 }
 
-// Open opens (creating it and its folder if missing) the SQLite database at
-// path, applies the embedded migrations and returns the store. path is a file
-// path; ":memory:" is not supported, since every pooled connection would see
-// its own empty database.
+// Open opens the SQLite database at path (creating it and its folder when
+// missing, unless opts.RequireLedger), applies the embedded migrations and
+// returns the store. path is a file path; ":memory:" is not supported, since
+// every pooled connection would see its own empty database.
+//
+// The store remembers which file it opened. If path is later deleted or
+// replaced by another file (a restore, a volume swapped under a running
+// server), Ping and every write answer store_unavailable instead of writing
+// into a file that is no longer the ledger; the pool never creates a file
+// again (mode=rw).
 func Open(ctx context.Context, path string, opts Options) (*Store, error) {
-	db, err := openDB(ctx, path)
+	db, file, err := openDB(ctx, path, !opts.RequireLedger)
 	if err != nil {
 		return nil, err
 	}
-	if err := migrate(ctx, db); err != nil {
+	if opts.RequireLedger {
+		err = requireLedger(ctx, db, path)
+	}
+	if err == nil {
+		err = migrate(ctx, db)
+	}
+	if err != nil {
 		_ = db.Close()
 		return nil, err
 	}
@@ -101,13 +124,19 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	if now == nil {
 		now = time.Now
 	}
-	return &Store{db: db, q: dbsqlc.New(db), now: now, writer: make(chan struct{}, 1)}, nil
+	s := &Store{db: db, q: dbsqlc.New(db), now: now, path: path, file: file, writer: make(chan struct{}, 1)}
+	if err := s.checkFile("open sqlite database"); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
-// Migrate applies the embedded migrations to the database at path and
-// returns. Open does the same; Migrate serves the `migrate` subcommand.
+// Migrate creates the database at path (and its folder) when missing,
+// applies the embedded migrations and returns. Open does the same; Migrate
+// serves the `migrate` subcommand, the explicit way to create a ledger.
 func Migrate(ctx context.Context, path string) error {
-	db, err := openDB(ctx, path)
+	db, _, err := openDB(ctx, path, true)
 	if err != nil {
 		return err
 	}
@@ -131,30 +160,29 @@ func (s *Store) PoolStats() idem.PoolStats {
 	}
 }
 
-// Ping checks that the database can take a write: it commits a write that
-// changes nothing, in the writer queue like every writer. A file that still
+// Ping checks that the path still names the file this Store opened and
+// that the database can take a write: it commits a write that changes
+// nothing, as a write like every other (see write). A file that still
 // answers reads but refuses writes — a full disk, a read-only file or
-// folder, failing I/O, another process holding the lock — fails the ping
-// (store_unavailable), so /readyz says so while it lasts; a read would not
-// notice. The commit costs one WAL append and fsync per ping.
+// folder, failing I/O, another process holding the lock — or that was
+// deleted or replaced fails the ping (store_unavailable), so /readyz says so
+// while it lasts; a read would not notice. The commit costs one WAL append
+// and fsync per ping.
 func (s *Store) Ping(ctx context.Context) error {
-	const doing = "ping database (write probe)"
-	if err := s.lockWriter(ctx); err != nil {
-		return s.interpretError(err, doing)
-	}
-	defer s.unlockWriter()
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return s.interpretError(err, doing)
-	}
-	defer func() { _ = tx.Rollback() }()
-	// idem does not use user_version; setting it rewrites the header page
-	// even when the value does not change, where an UPDATE to the same value
-	// would write nothing.
-	if _, err := tx.ExecContext(ctx, "PRAGMA user_version = 0"); err != nil {
-		return s.interpretError(err, doing)
-	}
-	return s.interpretError(tx.Commit(), doing)
+	return s.write(ctx, "ping database (write probe)", func() error {
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		// idem does not use user_version; setting it rewrites the header page
+		// even when the value does not change, where an UPDATE to the same
+		// value would write nothing.
+		if _, err := tx.ExecContext(ctx, "PRAGMA user_version = 0"); err != nil {
+			return err
+		}
+		return tx.Commit()
+	})
 }
 
 // Close closes the store's connections. Later calls return store_unavailable.
@@ -166,10 +194,13 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// dsn returns the driver DSN for path: the pragmas every pooled connection
-// runs when it opens, and BEGIN IMMEDIATE for every transaction.
+// dsn returns the driver DSN for path: open read-write but never create
+// (mode=rw; Open creates the file itself when it may), the pragmas every
+// pooled connection runs when it opens, and BEGIN IMMEDIATE for every
+// transaction.
 func dsn(path string) string {
 	q := url.Values{}
+	q.Set("mode", "rw")
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(FULL)")
@@ -178,25 +209,73 @@ func dsn(path string) string {
 	return "file:" + path + "?" + q.Encode()
 }
 
-func openDB(ctx context.Context, path string) (*sql.DB, error) {
+// openDB opens the pool on the file at path, creating an empty file (and
+// its folder) first when create is set, and returns the identity of the
+// file it opened. Without create, a missing file is idem.ErrNoLedger.
+func openDB(ctx context.Context, path string, create bool) (*sql.DB, os.FileInfo, error) {
 	if path == "" || path == ":memory:" || len(path) >= 5 && path[:5] == "file:" {
-		return nil, fmt.Errorf("open sqlite database: %q is not a file path", path)
+		return nil, nil, fmt.Errorf("open sqlite database: %q is not a file path", path)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil { // only the service reads stored responses
-		return nil, fmt.Errorf("open sqlite database: create folder: %w", err)
+	if create {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil { // only the service reads stored responses
+			return nil, nil, fmt.Errorf("open sqlite database: create folder: %w", err)
+		}
+		// An empty file is an empty SQLite database.
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, nil, fmt.Errorf("open sqlite database: create %s: %w", path, err)
+		}
+		_ = f.Close()
+	}
+	file, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, fmt.Errorf("open sqlite database: %w: %s does not exist", idem.ErrNoLedger, path)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("open sqlite database: %w", err)
 	}
 	db, err := sql.Open("sqlite", dsn(path))
 	if err != nil {
-		return nil, fmt.Errorf("open sqlite database: %w", err)
+		return nil, nil, fmt.Errorf("open sqlite database: %w", err)
 	}
 	db.SetMaxOpenConns(maxOpenConns)
 	db.SetMaxIdleConns(maxOpenConns)
 	db.SetConnMaxIdleTime(0)
 	if err := db.PingContext(ctx); err != nil {
 		_ = db.Close()
-		return nil, interpretError(err, "open sqlite database "+path)
+		return nil, nil, interpretError(err, "open sqlite database "+path)
 	}
-	return db, nil
+	return db, file, nil
+}
+
+// requireLedger returns idem.ErrNoLedger when the database has never been
+// migrated: an empty file, or a SQLite file of something else.
+func requireLedger(ctx context.Context, db *sql.DB, path string) error {
+	var n int
+	err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'goose_db_version'`).Scan(&n)
+	if err != nil {
+		return interpretError(err, "open sqlite database "+path)
+	}
+	if n == 0 {
+		return fmt.Errorf("open sqlite database: %w: %s holds no idem tables", idem.ErrNoLedger, path)
+	}
+	return nil
+}
+
+// checkFile returns store_unavailable when path no longer names the file
+// this Store opened: deleted, or replaced by another file. Writes into the
+// opened file would then vanish with it, so none is made; putting the file
+// back (the same inode) heals it, a restart picks up a replacement.
+func (s *Store) checkFile(doing string) error {
+	cur, err := os.Stat(s.path)
+	if err == nil && os.SameFile(cur, s.file) {
+		return nil
+	}
+	if err == nil {
+		err = errors.New("the path names another file than the one opened")
+	}
+	return idem.StoreUnavailable("the database file was deleted or replaced while the server ran",
+		fmt.Errorf("%s: database file %s: %w", doing, s.path, err))
 }
 
 // migrate applies the embedded goose migrations with a provider (no global
@@ -253,24 +332,37 @@ func (s *Store) interpretError(err error, doing string) error {
 	return interpretError(err, doing)
 }
 
-// inTx runs fn inside one BEGIN IMMEDIATE transaction (the DSN's _txlock),
-// holding the writer slot, with the instant of the decision, taken once the
-// write lock is held. fn's error rolls the transaction back.
-func (s *Store) inTx(ctx context.Context, doing string, fn func(q *dbsqlc.Queries, now time.Time) error) error {
+// write runs fn holding the writer slot, between two checks that the path
+// still names the opened file (checkFile): before, so nothing is written
+// into a deleted or replaced file; after, so a write that raced with the
+// deletion is not reported as stored. fn's error is interpreted once.
+func (s *Store) write(ctx context.Context, doing string, fn func() error) error {
 	if err := s.lockWriter(ctx); err != nil {
 		return s.interpretError(err, doing)
 	}
 	defer s.unlockWriter()
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
+	if err := s.checkFile(doing); err != nil {
+		return err
+	}
+	if err := fn(); err != nil {
 		return s.interpretError(err, doing)
 	}
-	defer func() { _ = tx.Rollback() }()
-	if err := fn(s.q.WithTx(tx), s.clock()); err != nil {
-		return s.interpretError(err, doing)
-	}
-	if err := tx.Commit(); err != nil {
-		return s.interpretError(err, doing)
-	}
-	return nil
+	return s.checkFile(doing)
+}
+
+// inTx runs fn inside one BEGIN IMMEDIATE transaction (the DSN's _txlock)
+// as a write, with the instant of the decision, taken once the write lock
+// is held. fn's error rolls the transaction back.
+func (s *Store) inTx(ctx context.Context, doing string, fn func(q *dbsqlc.Queries, now time.Time) error) error {
+	return s.write(ctx, doing, func() error {
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		if err := fn(s.q.WithTx(tx), s.clock()); err != nil {
+			return err
+		}
+		return tx.Commit()
+	})
 }

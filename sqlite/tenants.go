@@ -13,10 +13,18 @@ import (
 
 // CreateTenant creates a tenant; an existing id is tenant_exists.
 func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (idem.Tenant, error) {
-	if err := s.lockWriter(ctx); err != nil {
-		return idem.Tenant{}, s.interpretError(err, "create tenant")
+	var row dbsqlc.Tenant
+	err := s.write(ctx, "create tenant", func() (err error) {
+		row, err = s.createTenant(ctx, p)
+		return err
+	})
+	if err != nil {
+		return idem.Tenant{}, err
 	}
-	defer s.unlockWriter()
+	return tenantFromRow(row), nil
+}
+
+func (s *Store) createTenant(ctx context.Context, p idem.CreateTenantParams) (dbsqlc.Tenant, error) {
 	row, err := s.q.CreateTenant(ctx, dbsqlc.CreateTenantParams{
 		ID:                     p.ID,
 		Name:                   p.Name,
@@ -29,12 +37,9 @@ func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (id
 		Now:                    micros(s.clock()),
 	})
 	if code := sqliteCode(err); code == sqlitelib.SQLITE_CONSTRAINT_PRIMARYKEY || code == sqlitelib.SQLITE_CONSTRAINT_UNIQUE {
-		return idem.Tenant{}, idem.TenantExists(p.ID, err)
+		return row, idem.TenantExists(p.ID, err)
 	}
-	if err != nil {
-		return idem.Tenant{}, s.interpretError(err, "create tenant")
-	}
-	return tenantFromRow(row), nil
+	return row, err
 }
 
 // GetTenant returns a tenant, disabled or not.
@@ -68,27 +73,27 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 	if p.Disabled {
 		disabled = 1
 	}
-	if err := s.lockWriter(ctx); err != nil {
-		return idem.Tenant{}, s.interpretError(err, "update tenant")
-	}
-	defer s.unlockWriter()
-	row, err := s.q.UpdateTenant(ctx, dbsqlc.UpdateTenantParams{
-		ID:                     p.ID,
-		Name:                   p.Name,
-		ReplayWindowSeconds:    int64(p.Settings.ReplayWindowSeconds),
-		ReaperThresholdSeconds: int64(p.Settings.ReaperThresholdSeconds),
-		LeaseSecondsDefault:    int64(p.Settings.LeaseSecondsDefault),
-		LeaseSecondsMax:        int64(p.Settings.LeaseSecondsMax),
-		MaxResponseBytes:       int64(p.Settings.MaxResponseBytes),
-		RateLimitPerSecond:     int64(p.Settings.RateLimitPerSecond),
-		Disabled:               disabled,
-		Now:                    micros(s.clock()),
+	var row dbsqlc.Tenant
+	err := s.write(ctx, "update tenant", func() (err error) {
+		row, err = s.q.UpdateTenant(ctx, dbsqlc.UpdateTenantParams{
+			ID:                     p.ID,
+			Name:                   p.Name,
+			ReplayWindowSeconds:    int64(p.Settings.ReplayWindowSeconds),
+			ReaperThresholdSeconds: int64(p.Settings.ReaperThresholdSeconds),
+			LeaseSecondsDefault:    int64(p.Settings.LeaseSecondsDefault),
+			LeaseSecondsMax:        int64(p.Settings.LeaseSecondsMax),
+			MaxResponseBytes:       int64(p.Settings.MaxResponseBytes),
+			RateLimitPerSecond:     int64(p.Settings.RateLimitPerSecond),
+			Disabled:               disabled,
+			Now:                    micros(s.clock()),
+		})
+		if errors.Is(err, sql.ErrNoRows) {
+			return idem.TenantNotFound(p.ID)
+		}
+		return err
 	})
-	if errors.Is(err, sql.ErrNoRows) {
-		return idem.Tenant{}, idem.TenantNotFound(p.ID)
-	}
 	if err != nil {
-		return idem.Tenant{}, s.interpretError(err, "update tenant")
+		return idem.Tenant{}, err
 	}
 	return tenantFromRow(row), nil
 }
@@ -96,16 +101,11 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 // DeleteTenant deletes a tenant; its records go with it (ON DELETE
 // CASCADE) in the same statement.
 func (s *Store) DeleteTenant(ctx context.Context, id string) error {
-	if err := s.lockWriter(ctx); err != nil {
-		return interpretError(err, "delete tenant")
-	}
-	defer s.unlockWriter()
-	n, err := s.q.DeleteTenant(ctx, id)
-	if err != nil {
-		return interpretError(err, "delete tenant")
-	}
-	if n == 0 {
-		return idem.TenantNotFound(id)
-	}
-	return nil
+	return s.write(ctx, "delete tenant", func() error {
+		n, err := s.q.DeleteTenant(ctx, id)
+		if err == nil && n == 0 {
+			return idem.TenantNotFound(id)
+		}
+		return err
+	})
 }

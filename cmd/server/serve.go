@@ -71,7 +71,14 @@ the background jobs stop and the database pool closes.
 
 Without IDEM_JWT_HS256_SECRET and IDEM_JWT_JWKS_FILE and with the sqlite:
 store, it runs in development mode and prints an operator token, a token for
-the "demo" tenant and a curl line to try. With PostgreSQL a key is required.`)
+the "demo" tenant and a curl line to try. With PostgreSQL a key is required.
+
+It applies pending migrations at start but never creates a ledger outside
+development mode: on a missing SQLite file or a PostgreSQL schema without
+idem's tables it refuses to start (a lost file must not become an empty
+ledger where every key runs again). Create one with 'PROG migrate' or
+--create-db (IDEM_CREATE_DB=1). A running SQLite server whose file is deleted
+or replaced answers 503 on /readyz and on every write until the file is back.`)
 	cfg, done, code := loadConfigNoArgs(e, fs, usage, args)
 	if done {
 		return code
@@ -103,7 +110,10 @@ func runMigrate(ctx context.Context, e env, args []string) int {
 	usage := settingsUsage(e, fs, `Usage: PROG migrate [flags]
 
 Runs the embedded database migrations of the store named by
-IDEM_DATABASE_URL and exits. The service also runs them at start.`)
+IDEM_DATABASE_URL and exits, creating the ledger (the SQLite file, the
+PostgreSQL tables) when there is none: the explicit first step of a new
+installation. The service applies later migrations at start, but never
+creates a ledger unless development mode or IDEM_CREATE_DB=1.`)
 	cfg, done, code := loadConfigNoArgs(e, fs, usage, args)
 	if done {
 		return code

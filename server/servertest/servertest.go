@@ -66,6 +66,9 @@ func Start(t *testing.T, opts Options) *Server {
 	cfg := server.DefaultConfig()
 	cfg.Addr = "127.0.0.1:0"
 	cfg.JWTHS256Secret = Secret
+	// Each test starts from a fresh, empty store: creating the ledger is
+	// expected here (production refuses to without IDEM_CREATE_DB).
+	cfg.CreateDB = true
 	cfg.ShutdownGrace = 10 * time.Second
 	cfg.ReapInterval = orDefault(opts.ReapInterval, 200*time.Millisecond)
 	cfg.OrphanWatchInterval = orDefault(opts.OrphanWatchInterval, 200*time.Millisecond)

@@ -28,6 +28,7 @@ func Start(id, name, subject string) (url, token string, stop func()) {
 	cfg := server.DefaultConfig()
 	cfg.DatabaseURL = "sqlite:" + dir + "/idem.db"
 	cfg.JWTHS256Secret = secret
+	cfg.CreateDB = true // a fresh ledger in a temporary folder
 	ctx := context.Background()
 	srv, err := server.New(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {

@@ -93,6 +93,7 @@ export async function startServer(store: Store, tenantSettings: Record<string, n
   Object.assign(env, {
     IDEM_DATABASE_URL: dbURL,
     IDEM_JWT_HS256_SECRET: secret,
+    IDEM_CREATE_DB: "1", // a fresh store: creating the ledger is expected
     IDEM_ADDR: "127.0.0.1:0",
     IDEM_LOG_FORMAT: "json",
     IDEM_LOG_LEVEL: "warn",

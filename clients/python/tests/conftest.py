@@ -81,7 +81,8 @@ def start_server(binary: str, store: str, extra: dict[str, str] | None = None) -
             db, schema = _postgres_url()
         else:
             db = "sqlite:" + os.path.join(tmp, "idem.db")
-        env = {"IDEM_DATABASE_URL": db, "IDEM_JWT_HS256_SECRET": SECRET, **(extra or {})}
+        # A fresh store: creating the ledger is expected (IDEM_CREATE_DB).
+        env = {"IDEM_DATABASE_URL": db, "IDEM_JWT_HS256_SECRET": SECRET, "IDEM_CREATE_DB": "1", **(extra or {})}
         _cli(binary, env, "tenant", "create", "acme")
         token = _cli(binary, env, "token", "--tenant", "acme", "--scope", "keys:write", "--ttl", "2h")
         proc = subprocess.Popen([binary, "serve"], env=_env({**env, "IDEM_ADDR": "127.0.0.1:0", "IDEM_LOG_FORMAT": "json"}),
