@@ -28,6 +28,9 @@ const (
 	CodeFingerprintMismatch  Code = "fingerprint_mismatch"
 	CodeRateLimited          Code = "rate_limited"
 	CodeStoreUnavailable     Code = "store_unavailable"
+	// CodeServerBusy: the server holds as many request bodies as its
+	// in-flight budget allows; retry after Retry-After.
+	CodeServerBusy Code = "server_busy"
 	// CodeInternal is any error without a code of its own; its details are
 	// never shown to callers.
 	CodeInternal Code = "internal"

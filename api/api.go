@@ -42,6 +42,11 @@ type Options struct {
 	// MaxBodyBytes limits every request body; zero or less means
 	// DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// MaxInflightBytes is the server-wide budget of request body bytes in
+	// flight, each body charged BodyMemoryFactor times its size; past it a
+	// request is refused with 503 server_busy before its body is read. Zero
+	// or less means DefaultMaxInflightBytes.
+	MaxInflightBytes int64
 	// Observer receives metrics hooks; nil for none.
 	Observer Observer
 	// Middlewares are installed with r.Use inside the router after the
@@ -70,6 +75,7 @@ type service struct {
 	verifier *auth.Verifier
 	logger   *slog.Logger
 	maxBody  int64
+	inflight *inflight
 	observer Observer
 	limiter  *limiter
 	buffers  sync.Pool // of *bytes.Buffer, for encoding responses
@@ -93,6 +99,10 @@ func New(opts Options) *chi.Mux {
 	}
 	if s.maxBody <= 0 {
 		s.maxBody = DefaultMaxBodyBytes
+	}
+	s.inflight = &inflight{limit: opts.MaxInflightBytes}
+	if s.inflight.limit <= 0 {
+		s.inflight.limit = DefaultMaxInflightBytes
 	}
 
 	r := chi.NewRouter()

@@ -44,16 +44,19 @@ type noContent struct{}
 
 func (noContent) statusCode() int { return http.StatusNoContent }
 
-// handle returns the handler of one JSON endpoint: it limits the body to
-// MaxBodyBytes before reading it (413), requires application/json for a
-// non-empty body (415), treats an empty body as {}, decodes with unknown
+// handle returns the handler of one JSON endpoint: it refuses a body over
+// MaxBodyBytes (413) and reserves it against the server-wide in-flight
+// budget (503 server_busy) before reading it, requires application/json for
+// a non-empty body (415), treats an empty body as {}, decodes with unknown
 // fields refused and no trailing data (400 naming the field when it can),
 // binds path and query parameters, validates, executes and encodes the
-// response.
+// response. The body's budget is given back once the answer is written.
 func handle[Req any, Resp any](s *service, exec func(ctx context.Context, req *Req) (Resp, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		req := new(Req)
-		if err := s.decodeBody(w, r, req); err != nil {
+		held, err := s.decodeBody(w, r, req)
+		defer s.inflight.release(held)
+		if err != nil {
 			s.writeProblem(w, r, err)
 			return
 		}
@@ -123,43 +126,41 @@ type bodyWrapper interface {
 }
 
 // decodeBody reads at most MaxBodyBytes of the body and decodes it into dst.
-func (s *service) decodeBody(w http.ResponseWriter, r *http.Request, dst any) error {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
+// It returns the in-flight budget it holds for the body, to be released by
+// the caller once the request is answered (also on error).
+func (s *service) decodeBody(w http.ResponseWriter, r *http.Request, dst any) (held int64, err error) {
+	body, held, err := s.readBody(w, r)
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return idem.Errorf(idem.CodePayloadTooLarge, "the request body is larger than %d bytes", mbe.Limit)
-		}
-		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "the request body could not be read", Err: err}
+		return held, err
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("{}")
 	} else if err := checkJSONContentType(r.Header.Get("Content-Type")); err != nil {
-		return err
+		return held, err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
-		return decodeError(err)
+		return held, decodeError(err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return idem.Errorf(idem.CodeInvalidRequest, "the request body holds data after the JSON value")
+		return held, idem.Errorf(idem.CodeInvalidRequest, "the request body holds data after the JSON value")
 	}
 	// encoding/json keeps the last of duplicate member names and replaces
 	// invalid UTF-8 and lone surrogates silently; refuse them instead, so
 	// what is fingerprinted and stored is what the caller sent.
 	if err := idem.CheckIJSON(body); err != nil {
-		return ijsonError(err)
+		return held, ijsonError(err)
 	}
 	// encoding/json takes null for "absent" everywhere; the contract allows
 	// it only where a field says nullable (the JSON values request, data,
 	// response.body).
 	if bytes.Contains(body, []byte("null")) {
 		if field := nullField(body, reflect.TypeOf(dst), ""); field != "" {
-			return fieldError(field, "must not be null; leave it out instead", nil)
+			return held, fieldError(field, "must not be null; leave it out instead", nil)
 		}
 	}
-	return nil
+	return held, nil
 }
 
 var rawMessageType = reflect.TypeFor[json.RawMessage]()
@@ -243,6 +244,48 @@ func ijsonError(err error) error {
 		msg += "; send binary bodies with body_encoding base64"
 	}
 	return fieldError(ie.Path, msg, err)
+}
+
+// readBody reads the whole body within MaxBodyBytes and the in-flight
+// budget. A declared Content-Length is checked and reserved before a byte is
+// read and read into a buffer of exactly that size; a body of unknown length
+// is reserved chunk by chunk as it is read.
+func (s *service) readBody(w http.ResponseWriter, r *http.Request) (body []byte, held int64, err error) {
+	tooLarge := func(limit int64) error {
+		return idem.Errorf(idem.CodePayloadTooLarge, "the request body is larger than %d bytes", limit)
+	}
+	unreadable := func(err error) error {
+		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "the request body could not be read", Err: err}
+	}
+	switch n := r.ContentLength; {
+	case n == 0:
+		return nil, 0, nil
+	case n > s.maxBody:
+		return nil, 0, tooLarge(s.maxBody)
+	case n > 0:
+		held = n * BodyMemoryFactor
+		if !s.inflight.acquire(held) {
+			return nil, 0, busy()
+		}
+		body = make([]byte, n)
+		if _, err := io.ReadFull(r.Body, body); err != nil {
+			return nil, held, unreadable(err)
+		}
+		return body, held, nil
+	}
+	mb := &meteredBody{r: r.Body, budget: s.inflight, limit: s.maxBody}
+	body, err = io.ReadAll(http.MaxBytesReader(w, io.NopCloser(mb), s.maxBody))
+	held = mb.held
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.Is(err, errBusy):
+		return nil, held, busy()
+	case errors.As(err, &mbe):
+		return nil, held, tooLarge(mbe.Limit)
+	case err != nil:
+		return nil, held, unreadable(err)
+	}
+	return body, held, nil
 }
 
 func checkJSONContentType(ct string) error {

@@ -46,6 +46,7 @@ var problems = map[idem.Code]problemInfo{
 	idem.CodeFingerprintMismatch:  {http.StatusUnprocessableEntity, "Fingerprint mismatch", false},
 	idem.CodeRateLimited:          {http.StatusTooManyRequests, "Rate limited", true},
 	idem.CodeStoreUnavailable:     {http.StatusServiceUnavailable, "Store unavailable", true},
+	idem.CodeServerBusy:           {http.StatusServiceUnavailable, "Server busy", true},
 	idem.CodeInternal:             {http.StatusInternalServerError, "Internal error", false},
 	codeNotFound:                  {http.StatusNotFound, "Not found", false},
 	codeMethodNotAllowed:          {http.StatusMethodNotAllowed, "Method not allowed", false},

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/auth"
 )
 
@@ -41,6 +42,11 @@ type Config struct {
 	JWTAudience string
 	// MaxBodyBytes is the largest request body accepted.
 	MaxBodyBytes int64
+	// MaxInflightBytes is the server-wide budget of request body bytes in
+	// flight (each body counted api.BodyMemoryFactor times); past it a
+	// request is answered 503 server_busy before its body is read, so many
+	// large bodies at once cannot run the process out of memory.
+	MaxInflightBytes int64
 	// LogFormat is "json" or "text"; "" picks text in development mode and
 	// json otherwise.
 	LogFormat string
@@ -87,6 +93,7 @@ func DefaultConfig() Config {
 		JWTIssuer:           "idem",
 		JWTAudience:         "idem",
 		MaxBodyBytes:        10 << 20,
+		MaxInflightBytes:    64 << 20,
 		LogLevel:            "info",
 		ShutdownGrace:       20 * time.Second,
 		DBMaxConns:          10,
@@ -130,6 +137,8 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*stringValue)(&c.JWTAudience) }},
 		{"max-body-bytes", "IDEM_MAX_BODY_BYTES", "largest request body accepted, in bytes", false,
 			func(c *Config) flag.Value { return (*int64Value)(&c.MaxBodyBytes) }},
+		{"max-inflight-bytes", "IDEM_MAX_INFLIGHT_BYTES", "budget of request body bytes in flight across all requests, each body counted 4 times its size; past it 503 server_busy with Retry-After", false,
+			func(c *Config) flag.Value { return (*int64Value)(&c.MaxInflightBytes) }},
 		{"log-format", "IDEM_LOG_FORMAT", "log format: json or text (default: text in development mode, json otherwise)", false,
 			func(c *Config) flag.Value { return (*stringValue)(&c.LogFormat) }},
 		{"log-level", "IDEM_LOG_LEVEL", "log level: debug, info, warn or error", false,
@@ -195,6 +204,16 @@ func Flags(fs *flag.FlagSet, getenv func(string) string) func() (Config, error) 
 		return cfg, errors.Join(errs...)
 	}
 }
+
+// memoryBase is what the process needs beside the request bodies in
+// flight: the Go runtime, the binary, store caches and connections.
+const memoryBase = 64 << 20
+
+// MemoryLimit is the Go runtime's soft memory limit `serve` sets (unless
+// GOMEMLIMIT is set): the in-flight budget plus a fixed base. The budget
+// bounds what live requests hold; the limit makes the garbage collector
+// work harder instead of letting garbage double the heap.
+func (c Config) MemoryLimit() int64 { return c.MaxInflightBytes + memoryBase }
 
 // DevMode reports whether the server runs in development mode: no signing
 // key is configured and the store is the embedded SQLite.
@@ -274,6 +293,10 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBodyBytes < 1 {
 		bad("IDEM_MAX_BODY_BYTES must be at least 1 (got %d)", c.MaxBodyBytes)
+	}
+	if c.MaxBodyBytes >= 1 && c.MaxInflightBytes < c.MaxBodyBytes*api.BodyMemoryFactor {
+		bad("IDEM_MAX_INFLIGHT_BYTES must be at least %d × IDEM_MAX_BODY_BYTES (%d), or a body of the largest size could never be read (got %d)",
+			api.BodyMemoryFactor, c.MaxBodyBytes*api.BodyMemoryFactor, c.MaxInflightBytes)
 	}
 	switch c.LogFormat {
 	case "", "json", "text":

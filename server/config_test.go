@@ -107,6 +107,7 @@ func TestValidateMessages(t *testing.T) {
 		{"issuer", func(c *Config) { c.JWTIssuer = "" }, "IDEM_JWT_ISSUER must not be empty"},
 		{"audience", func(c *Config) { c.JWTAudience = "" }, "IDEM_JWT_AUDIENCE must not be empty"},
 		{"body", func(c *Config) { c.MaxBodyBytes = 0 }, "IDEM_MAX_BODY_BYTES must be at least 1"},
+		{"inflight", func(c *Config) { c.MaxInflightBytes = 4*c.MaxBodyBytes - 1 }, "IDEM_MAX_INFLIGHT_BYTES must be at least 4 × IDEM_MAX_BODY_BYTES"},
 		{"log format", func(c *Config) { c.LogFormat = "xml" }, `IDEM_LOG_FORMAT must be json or text (got "xml")`},
 		{"log level", func(c *Config) { c.LogLevel = "loud" }, `IDEM_LOG_LEVEL must be debug, info, warn or error (got "loud")`},
 		{"grace", func(c *Config) { c.ShutdownGrace = 0 }, "IDEM_SHUTDOWN_GRACE must be a positive duration"},

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/server/servertest"
 )
@@ -210,6 +212,117 @@ func TestRateLimitRefusesBeforeStoreAndBody(t *testing.T) {
 			defer hr.Body.Close()
 			require.Equal(t, http.StatusTooManyRequests, hr.StatusCode)
 			require.Equal(t, lookups, storeOps(t, ts, "get_tenant"))
+		})
+	}
+}
+
+// TestInflightBudgetRefusesBeforeReading: while one request holds the whole
+// in-flight budget, another body — announced by Content-Length or chunked —
+// is refused 503 server_busy with Retry-After before it is read; once the
+// first is answered the same request succeeds (issue 9, item 8; the memory
+// figures are in e2e TestInflightBudgetBoundsMemory).
+func TestInflightBudgetRefusesBeforeReading(t *testing.T) {
+	t.Parallel()
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			const maxBody = 64 << 10
+			ts := servertest.Start(t, servertest.Options{
+				Backend: backend, Tenants: []string{"acme"},
+				Configure: func(c *server.Config) {
+					c.MaxBodyBytes = maxBody
+					c.MaxInflightBytes = maxBody * api.BodyMemoryFactor
+				},
+			})
+			tok := ts.Token(t, "acme", "keys:write")
+			for _, k := range []string{"holder", "second", "chunked"} {
+				resp, body := do(t, http.MethodPost, ts.URL()+"/v1/keys/"+k+"/claim", tok, `{"operation":"op","fingerprint":"fp"}`)
+				require.Equal(t, http.StatusCreated, resp.StatusCode, string(body))
+			}
+			complete := func(token int64) string {
+				return fmt.Sprintf(`{"fencing_token":%d,"response":{"status":200,"body":"%s"}}`, token, strings.Repeat("x", maxBody-200))
+			}
+			rec := func(key string) idem.Record {
+				r, err := ts.Store().GetRecord(context.Background(), idem.GetRecordParams{TenantID: "acme", Key: key})
+				require.NoError(t, err)
+				return r
+			}
+
+			// The holder announces a body of the largest size and sends only
+			// its first bytes: the server holds the whole budget for it.
+			holderBody := complete(rec("holder").FencingToken)
+			conn, err := net.DialTimeout("tcp", ts.Addr(), 5*time.Second)
+			require.NoError(t, err)
+			defer conn.Close()
+			require.NoError(t, conn.SetDeadline(time.Now().Add(30*time.Second)))
+			_, err = fmt.Fprintf(conn, "POST /v1/keys/holder/complete HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer %s\r\n"+
+				"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", tok, len(holderBody), holderBody[:100])
+			require.NoError(t, err)
+
+			busy := func(req *http.Request) {
+				t.Helper()
+				req.Header.Set("Authorization", "Bearer "+tok)
+				req.Header.Set("Content-Type", "application/json")
+				var resp *http.Response
+				// Wait until the server has read the holder's headers.
+				require.Eventually(t, func() bool {
+					var err error
+					resp, err = http.DefaultClient.Do(req.Clone(context.Background()))
+					if err != nil {
+						return false
+					}
+					if resp.StatusCode != http.StatusServiceUnavailable {
+						_ = resp.Body.Close()
+						return false
+					}
+					return true
+				}, 10*time.Second, 20*time.Millisecond)
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				require.NoError(t, err)
+				p := decodeProblem(t, resp, b)
+				require.Equal(t, "server_busy", p.Code)
+				require.True(t, p.Retryable)
+				require.Equal(t, "1", resp.Header.Get("Retry-After"))
+			}
+			second := complete(rec("second").FencingToken)
+			req, err := http.NewRequest(http.MethodPost, ts.URL()+"/v1/keys/second/complete", strings.NewReader(second))
+			require.NoError(t, err)
+			busy(req)
+			// A chunked body (no Content-Length) is refused at its first chunk.
+			chunked := complete(rec("chunked").FencingToken)
+			req, err = http.NewRequest(http.MethodPost, ts.URL()+"/v1/keys/chunked/complete", io.MultiReader(strings.NewReader(chunked)))
+			require.NoError(t, err)
+			require.EqualValues(t, 0, req.ContentLength)
+			req.ContentLength = -1
+			busy(req)
+			require.Equal(t, idem.StateInFlight, rec("second").State, "a refused complete must not be stored")
+			require.Equal(t, idem.StateInFlight, rec("chunked").State, "a refused complete must not be stored")
+
+			// The holder sends the rest and is answered; the budget is free
+			// again and the refused requests go through unchanged.
+			_, err = io.WriteString(conn, holderBody[100:])
+			require.NoError(t, err)
+			hr, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			require.NoError(t, err)
+			_ = hr.Body.Close()
+			require.Equal(t, http.StatusOK, hr.StatusCode)
+			resp, body := do(t, http.MethodPost, ts.URL()+"/v1/keys/second/complete", tok, second)
+			require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+			req, err = http.NewRequest(http.MethodPost, ts.URL()+"/v1/keys/chunked/complete", io.MultiReader(strings.NewReader(chunked)))
+			require.NoError(t, err)
+			req.ContentLength = -1
+			req.Header.Set("Authorization", "Bearer "+tok)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err = http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			_ = resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			for _, k := range []string{"holder", "second", "chunked"} {
+				r := rec(k)
+				require.Equal(t, idem.StateCompleted, r.State, k)
+				require.Len(t, r.Response.Body, maxBody-200, k)
+			}
 		})
 	}
 }

@@ -145,13 +145,14 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 // static routes.
 func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 	mux := api.New(api.Options{
-		Store:        s.store,
-		Tenants:      s.tenants,
-		Verifier:     verifier,
-		Logger:       s.logger,
-		MaxBodyBytes: s.cfg.MaxBodyBytes,
-		Observer:     s.metrics,
-		Middlewares:  []func(http.Handler) http.Handler{s.metrics.Middleware},
+		Store:            s.store,
+		Tenants:          s.tenants,
+		Verifier:         verifier,
+		Logger:           s.logger,
+		MaxBodyBytes:     s.cfg.MaxBodyBytes,
+		MaxInflightBytes: s.cfg.MaxInflightBytes,
+		Observer:         s.metrics,
+		Middlewares:      []func(http.Handler) http.Handler{s.metrics.Middleware},
 	})
 	mux.Get("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}).ServeHTTP)
 	mux.Get("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {

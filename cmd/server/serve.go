@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -82,6 +83,12 @@ or replaced answers 503 on /readyz and on every write until the file is back.`)
 	cfg, done, code := loadConfigNoArgs(e, fs, usage, args)
 	if done {
 		return code
+	}
+	// The in-flight budget bounds the memory that live requests hold; the
+	// soft memory limit makes the garbage collector return their garbage
+	// before the heap grows past it, unless the operator set GOMEMLIMIT.
+	if e.getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(cfg.MemoryLimit())
 	}
 	logger := server.NewLogger(cfg, e.stderr)
 	srv, err := server.New(ctx, cfg, logger)
