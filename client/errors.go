@@ -31,6 +31,10 @@ const (
 	CodeFingerprintMismatch  Code = "fingerprint_mismatch"
 	CodeRateLimited          Code = "rate_limited"
 	CodeStoreUnavailable     Code = "store_unavailable"
+	// CodeServerBusy (503, retried like store_unavailable): the server
+	// held as many request bodies as its in-flight budget allows and did
+	// not read this one.
+	CodeServerBusy Code = "server_busy"
 	// CodeInternal is a server error without a code of its own.
 	CodeInternal Code = "internal"
 	// CodeUnknown is given to an HTTP error whose body is not a problem+json
@@ -120,6 +124,7 @@ var (
 	ErrFingerprintMismatch  = &Error{Code: CodeFingerprintMismatch}
 	ErrRateLimited          = &Error{Code: CodeRateLimited}
 	ErrStoreUnavailable     = &Error{Code: CodeStoreUnavailable}
+	ErrServerBusy           = &Error{Code: CodeServerBusy}
 	ErrInternal             = &Error{Code: CodeInternal}
 )
 
