@@ -3,7 +3,7 @@ export { Client } from "./client.js";
 export { Codes, IdemError, NoSideEffect, isIdemError, isNoSideEffect } from "./errors.js";
 export { key, maxKeyBytes, validateKey } from "./keys.js";
 export { StoredResponse } from "./response.js";
-export { RetryBudget, backoffCeilingMs, backoffMs, defaultRetryPolicy, parseHttpDate, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, shouldRetry, withDefaults, } from "./retry.js";
+export { RetryBudget, backoffCeilingMs, backoffMs, defaultRetryPolicy, parseHttpDate, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, withDefaults, } from "./retry.js";
 export { Claim, renewalPoint, run } from "./run.js";
 export { FrontDoor, FrontDoorError, checkIJSON, defaultStoredHeaders, fingerprintDocument, isJSON, operation, parseKey, problemResponse, problems, requirement, scopedKey, storeStatus, storedHeaders, validRequestId, } from "./frontdoor.js";
 export { expressErrorHandler, expressMiddleware } from "./express.js";

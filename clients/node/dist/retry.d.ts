@@ -44,14 +44,6 @@ export declare function backoffMs(p: Pick<EffectivePolicy, "baseDelayMs" | "maxD
 export declare function retryAfterWaitMs(p: Pick<EffectivePolicy, "retryAfterJitterMs">, retryAfterMs: number, random?: () => number): number;
 /** Reports whether an HTTP status is on the retry allowlist: 408, 429, 502, 503, 504 (and 500 with retry500). */
 export declare function retryableStatus(status: number, retry500?: boolean): boolean;
-/**
- * Reports whether a call that failed with status and code may be sent again
- * after a wait: the allowlisted statuses, and `409 request_in_flight` (the
- * key's holder may finish or its lease run out; every other 409 is final).
- * The plain calls retry only the allowlist; `run` waits out
- * request_in_flight within its deadline.
- */
-export declare function shouldRetry(status: number, code: string, retry500?: boolean): boolean;
 /** Parses an HTTP-date to epoch milliseconds; NaN when it is none. */
 export declare function parseHttpDate(v: string): number;
 /**

@@ -13,7 +13,6 @@ export {
   realClock,
   retryAfterWaitMs,
   retryableStatus,
-  shouldRetry,
   withDefaults,
   type Clock,
   type EffectivePolicy,

@@ -83,18 +83,6 @@ export function retryableStatus(status: number, retry500 = false): boolean {
   return retryStatuses.has(status) || (retry500 && status === 500);
 }
 
-/**
- * Reports whether a call that failed with status and code may be sent again
- * after a wait: the allowlisted statuses, and `409 request_in_flight` (the
- * key's holder may finish or its lease run out; every other 409 is final).
- * The plain calls retry only the allowlist; `run` waits out
- * request_in_flight within its deadline.
- */
-export function shouldRetry(status: number, code: string, retry500 = false): boolean {
-  if (status === 409) return code === "request_in_flight";
-  return retryableStatus(status, retry500);
-}
-
 const months = "(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)";
 // The three HTTP-date forms of RFC 9110 §5.6.7: IMF-fixdate, the obsolete
 // RFC 850 form and asctime (which has no zone: it is GMT).

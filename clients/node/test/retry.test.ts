@@ -3,8 +3,11 @@
 import assert from "node:assert/strict";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import { Client, IdemError, type AttemptInfo, type Clock, type RetryPolicy } from "../src/index.js";
+import { repoRoot } from "./server.js";
 
 type Step = (req: IncomingMessage, res: ServerResponse) => void;
 
@@ -205,3 +208,63 @@ describe("retry loop", () => {
     assert.equal(s.count(), 0);
   });
 });
+
+// testvectors/sdk/classification.json through the real retry loop: each
+// failure is answered once by a scripted loopback server (or made on the
+// transport), and the number of requests tells whether it was retried.
+describe("classification vectors through the retry loop", () => {
+  const created: Step = (_req, res) => {
+    res.writeHead(201, { "Content-Type": "application/json" });
+    res.end(JSON.stringify({ key: "k", state: "in_flight", fencing_token: 1, attempt: 1 }));
+  };
+  const cases = JSON.parse(readFileSync(join(repoRoot, "testvectors", "sdk", "classification.json"), "utf8")).cases as {
+    name: string; transport?: string; status?: number; code?: string; policy?: { retry_500?: boolean }; retry: boolean; how?: string;
+  }[];
+  for (const v of cases) {
+    test(v.name, async () => {
+      const retry: RetryPolicy = { attemptTimeoutMs: 300, retry500: v.policy?.retry_500 === true };
+      if (v.transport === "connection_refused") {
+        const probe = createServer();
+        await new Promise<void>((r) => probe.listen(0, "127.0.0.1", r));
+        const port = (probe.address() as AddressInfo).port;
+        await new Promise<void>((r) => probe.close(() => r()));
+        const { c, attempts } = client(`http://127.0.0.1:${port}`, retry);
+        await rejects(c.get("k"));
+        assert.equal(attempts.length > 1, v.retry);
+        return;
+      }
+      if (v.transport === "token_error") {
+        const s = await scripted([ok]);
+        const c = new Client({ baseUrl: s.url, token: () => { throw new Error("vault down"); }, clock: fakeClock(), retry });
+        await rejects(c.get("k"));
+        assert.equal(s.count(), 0);
+        assert.equal(v.retry, false);
+        return;
+      }
+      const first: Step = v.transport === "connection_reset" || v.transport === "eof" ? drop
+        : v.transport === "timeout" ? hang
+        : problem(v.status!, v.code!, { "Retry-After": "1" });
+      if (v.how === "in_flight") {
+        // run() claims again after Retry-After; the plain call does not.
+        const s = await scripted([first, created, ok]);
+        const { c } = client(s.url, retry);
+        const res = await c.run("k", { operation: "POST /x" }, () => ({ status: 200 }));
+        assert.equal(res.replayed, false);
+        assert.equal(s.count(), 3, "claim 409, claim again, complete");
+        const s2 = await scripted([first, ok]);
+        await rejects(client(s2.url, retry).c.get("k"));
+        assert.equal(s2.count(), 1);
+        return;
+      }
+      const s = await scripted([first, ok]);
+      const { c } = client(s.url, retry);
+      try {
+        await c.get("k");
+      } catch (err) {
+        assert.ok(err instanceof IdemError);
+      }
+      assert.equal(s.count() === 2, v.retry, `requests: ${s.count()}`);
+    });
+  }
+});
+

@@ -5,10 +5,9 @@ import { join } from "node:path";
 import { describe, test } from "node:test";
 import {
   FrontDoorError, RetryBudget, StoredResponse, backoffCeilingMs, backoffMs, checkIJSON, defaultStoredHeaders, fingerprintDocument,
-  key, operation, parseKey, parseRetryAfter, problems, requirement, retryAfterWaitMs, scopedKey, shouldRetry, storeStatus, storedHeaders,
+  key, operation, parseKey, parseRetryAfter, problems, requirement, retryAfterWaitMs, scopedKey, storeStatus, storedHeaders,
   validRequestId, validateKey, withDefaults,
 } from "../src/index.js";
-import { retryableTransportError } from "../src/retry.js";
 import { repoRoot } from "./server.js";
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -38,29 +37,7 @@ describe("testvectors/sdk", () => {
     test(`retry_after: ${c.name}`, () => assert.equal((parseRetryAfter(c.header, now) ?? 0) / 1000, c.seconds));
   }
 
-  const cls = load("sdk/classification.json");
-  const transportErrors: Record<string, unknown> = {
-    connection_refused: Object.assign(new TypeError("fetch failed"), { cause: Object.assign(new Error("connect ECONNREFUSED"), { code: "ECONNREFUSED" }) }),
-    connection_reset: Object.assign(new TypeError("fetch failed"), { cause: Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" }) }),
-    eof: Object.assign(new TypeError("fetch failed"), { cause: Object.assign(new Error("other side closed"), { code: "UND_ERR_SOCKET" }) }),
-    timeout: new DOMException("The operation was aborted due to timeout", "TimeoutError"),
-  };
-  for (const c of cls.cases) {
-    test(`classification: ${c.name}`, () => {
-      if (c.transport === "token_error") {
-        // The token source's failure never reaches the transport check: the loop ends the call (client.ts).
-        assert.equal(c.retry, false);
-        return;
-      }
-      if (c.transport) {
-        assert.equal(retryableTransportError(transportErrors[c.transport]), c.retry);
-        return;
-      }
-      const got = shouldRetry(c.status, c.code, c.policy?.retry_500 === true);
-      assert.equal(got, c.retry);
-      if (c.retry) assert.equal(c.status === 409 ? "in_flight" : "backoff", c.how);
-    });
-  }
+  // classification.json runs through the real retry loop in retry.test.ts.
 
   const bo = load("sdk/backoff.json");
   const p = withDefaults();
