@@ -20,7 +20,7 @@ from werkzeug.serving import make_server
 
 from idem import AsyncClient, Client
 from idem.asgi import IdempotencyMiddleware as ASGIMiddleware
-from idem.wsgi import install_flask
+from idem.wsgi import install_django, install_flask
 
 
 @dataclass
@@ -102,11 +102,36 @@ def fastapi_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any
     return app
 
 
+_django_lock = threading.Lock()
+
+
+def django_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
+    """A Django project (settings configured once per process) wrapped by
+    install_django; the views find this instance's counter in the environ."""
+    import django
+    from django.conf import settings
+    from django.core.wsgi import get_wsgi_application
+
+    with _django_lock:
+        if not settings.configured:
+            settings.configure(DEBUG=False, ALLOWED_HOSTS=["*"], ROOT_URLCONF="django_urls", SECRET_KEY="test-only",
+                               MIDDLEWARE=[], INSTALLED_APPS=[], DATABASES={}, USE_TZ=True,
+                               LOGGING_CONFIG=None)
+            django.setup()
+    inner = install_django(get_wsgi_application(), Client(idem_url, token=token), **opts)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        environ["idem_test.effects"] = effects
+        return inner(environ, start_response)
+    return app
+
+
 def serve(kind: str, idem_url: str, token: str, **opts: Any) -> Iterator[App]:
-    """Serve a fresh app of kind ("flask" or "fastapi") on loopback."""
+    """Serve a fresh app of kind ("flask", "django" or "fastapi") on loopback."""
     effects = Effects()
-    if kind == "flask":
-        srv = make_server("127.0.0.1", 0, flask_app(idem_url, token, effects, **opts), threaded=True)
+    if kind in ("flask", "django"):
+        make = flask_app if kind == "flask" else django_app
+        srv = make_server("127.0.0.1", 0, make(idem_url, token, effects, **opts), threaded=True)
         t = threading.Thread(target=srv.serve_forever, daemon=True)
         t.start()
         try:

@@ -1,5 +1,6 @@
-"""The acceptance tests of the Python middleware: a real Flask app (WSGI)
-and a real FastAPI app (ASGI), each with a side-effect counter, behind the
+"""The acceptance tests of the Python middleware: a real Flask app and a
+real Django project (WSGI) and a real FastAPI app (ASGI), each with a
+side-effect counter, behind the
 idem middleware talking to the real server, on both stores."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from idem import Client
 BODY = {"amount": 1000, "currency": "usd"}
 
 
-@pytest.fixture(params=["flask", "fastapi"])
+@pytest.fixture(params=["flask", "django", "fastapi"])
 def app(request: pytest.FixtureRequest, server: Server) -> Iterator[App]:
     yield from serve(request.param, server.url, server.token)
 
@@ -105,7 +106,7 @@ def test_front_door_rules(app: App, server: Server) -> None:
     assert post(url, key).status_code == 201
     with Client(server.url, token=server.token) as idem:
         rec = idem.get(key)  # the operation names the route pattern, never the path or query
-        assert rec.operation in ("POST /charges/<int:account>", "POST /charges/{account}"), rec.operation
+        assert rec.operation in ("POST /charges/<int:account>", "POST /charges/{account}"), rec.operation  # Flask and Django, FastAPI
     # The sf-string form is the same key; another body is another request.
     same = post(url, f'"{key}"', body={"currency": "usd", "amount": 1000.0})
     assert same.status_code == 201 and same.headers["Idempotent-Replayed"] == "true"
@@ -130,7 +131,7 @@ def test_front_door_rules(app: App, server: Server) -> None:
     assert [c for c in app.effects.charges if c in ("fail", "boom")] == ["fail", "boom"]
 
 
-@pytest.mark.parametrize("kind", ["flask", "fastapi"])
+@pytest.mark.parametrize("kind", ["flask", "django", "fastapi"])
 def test_fail_closed_when_idem_is_down(kind: str) -> None:
     for a in serve(kind, "http://127.0.0.1:1", "t", timeout=2):
         r = post(a.url + "/charges/1", new_key())
@@ -139,7 +140,7 @@ def test_fail_closed_when_idem_is_down(kind: str) -> None:
         assert a.effects.charges == [], "the handler did not run"
 
 
-@pytest.mark.parametrize("kind", ["flask", "fastapi"])
+@pytest.mark.parametrize("kind", ["flask", "django", "fastapi"])
 def test_release_5xx_when_not_stored(kind: str, server: Server) -> None:
     for a in serve(kind, server.url, server.token, store_5xx=False):
         key = new_key()

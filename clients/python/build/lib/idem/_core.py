@@ -183,13 +183,14 @@ class Core:
     def report(self, info: AttemptInfo) -> None:
         if self.on_attempt is not None:
             self.on_attempt(info)
-        if info.error is None:
-            log.debug("idem call succeeded call=%s method=%s path=%s attempt=%d status=%d budget_left=%.2f",
-                      info.call, info.method, info.path, info.attempt, info.status, info.budget_left)
-        else:
-            log.warning("idem call attempt failed call=%s method=%s path=%s attempt=%d status=%d error=%s retry=%s wait=%.2fs give_up=%s budget_left=%.2f",
-                        info.call, info.method, info.path, info.attempt, info.status, info.error, info.retry,
-                        info.wait, info.give_up or "", info.budget_left)
+        if info.error is None or (not info.retry and not info.give_up and 0 < info.status < 500):
+            # A success, or a final answer of a healthy service (409, 422, ...) that the caller handles.
+            log.debug("idem call answered call=%s method=%s path=%s attempt=%d status=%d error=%s budget_left=%.2f",
+                      info.call, info.method, info.path, info.attempt, info.status, info.error, info.budget_left)
+            return
+        log.warning("idem call attempt failed call=%s method=%s path=%s attempt=%d status=%d error=%s retry=%s wait=%.2fs give_up=%s budget_left=%.2f",
+                    info.call, info.method, info.path, info.attempt, info.status, info.error, info.retry,
+                    info.wait, info.give_up or "", info.budget_left)
 
     # -- the calls --------------------------------------------------------
 

@@ -14,7 +14,7 @@ import json
 import math
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ._keys import MAX_KEY_BYTES
 
@@ -245,7 +245,7 @@ def parse_ijson(body: bytes) -> Any:
     return value
 
 
-def _check_strings(v: Any, fail: Any) -> None:
+def _check_strings(v: Any, fail: Callable[[str], FrontDoorError]) -> None:
     stack = [v]
     while stack:
         x = stack.pop()

@@ -4,8 +4,9 @@ following the front-door rules (FRONTDOOR.md):
     from idem import Client
     from idem.wsgi import IdempotencyMiddleware, flask_route
 
-    install_flask(app, Client(IDEM_URL, token=IDEM_TOKEN))
-    # any other WSGI app: app = IdempotencyMiddleware(app, client)
+    install_flask(app, Client(IDEM_URL, token=IDEM_TOKEN))                        # Flask
+    application = install_django(get_wsgi_application(), Client(...))              # Django
+    app = IdempotencyMiddleware(app, Client(...))                                  # any WSGI app
 
 POST and PATCH need an Idempotency-Key; PUT and DELETE are protected when
 they carry one. The handler of a new key runs once, its answer is stored in
@@ -70,6 +71,37 @@ def install_flask(app: Any, client: Client, **options: Any) -> IdempotencyMiddle
     mw = IdempotencyMiddleware(app.wsgi_app, client, route=flask_route(app), **options)
     app.wsgi_app = mw
     return mw
+
+
+def django_route(environ: Environ) -> str | None:
+    """The route of a request in a Django project: the URL pattern that
+    matches, e.g. "/charges/<int:account>", for the operation label."""
+    from django.urls import Resolver404, resolve
+
+    try:
+        return "/" + str(resolve(str(environ.get("PATH_INFO", "/"))).route).lstrip("^")
+    except Resolver404:
+        return None
+
+
+def install_django(application: WSGIApp, client: Client, **options: Any) -> IdempotencyMiddleware:
+    """Wrap a Django WSGI application (get_wsgi_application()) in the
+    middleware, with the Django URL pattern as the operation label:
+
+        application = install_django(get_wsgi_application(), Client(IDEM_URL, token=IDEM_TOKEN))
+
+    Django turns a view's exception into a 500 page; a
+    got_request_exception receiver marks the request so that such a 500 is
+    not stored and the claim is left to expire (FRONTDOOR.md rule 5)."""
+    from django.core.signals import got_request_exception
+
+    def mark(sender: Any, request: Any = None, **extra: Any) -> None:
+        if request is not None:
+            request.META[HANDLER_EXCEPTION] = True
+
+    got_request_exception.connect(mark, weak=False, dispatch_uid="idem.wsgi.install_django")
+    options.setdefault("route", django_route)
+    return IdempotencyMiddleware(application, client, **options)
 
 
 class _HandlerFailed(Exception):
