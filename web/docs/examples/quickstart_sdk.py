@@ -13,6 +13,7 @@ waiting out request_in_flight) is built in.
 A web app wraps all its handlers at once instead:
 
     idem.wsgi.install_flask(app, idem.Client(IDEM_URL, token=IDEM_TOKEN))                  # Flask
+    application = idem.wsgi.install_django(get_wsgi_application(), idem.Client(...))       # Django
     app.add_middleware(idem.asgi.IdempotencyMiddleware, client=idem.AsyncClient(...))      # FastAPI
 
 IDEM_KEY picks the key (default: an event-derived key for order 4711 and
