@@ -137,6 +137,9 @@ func (s *service) decodeBody(w http.ResponseWriter, r *http.Request, dst any) (h
 		body = []byte("{}")
 	} else if err := checkJSONContentType(r.Header.Get("Content-Type")); err != nil {
 		return held, err
+	} else if bytes.Equal(bytes.TrimSpace(body), []byte("null")) {
+		// encoding/json decodes null into a struct as "nothing to do".
+		return held, idem.Errorf(idem.CodeInvalidRequest, "the request body must be a JSON object, not null")
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

@@ -216,6 +216,9 @@ func TestSchemathesisFindings(t *testing.T) {
 				resp, body := do(t, tc.method, ts.URL()+tc.path, tok, tc.body)
 				requireInvalidField(t, resp, body, tc.field)
 			}
+			resp, body = do(t, http.MethodPatch, ts.URL()+"/v1/tenant", write, `null`)
+			require.Equal(t, http.StatusBadRequest, resp.StatusCode, string(body))
+			require.Contains(t, string(body), "not null")
 			resp, body = do(t, http.MethodPost, ts.URL()+"/v1/keys/n/claim", write, `{"request":null}`)
 			require.Equal(t, http.StatusCreated, resp.StatusCode, string(body))
 			resp, body = do(t, http.MethodPost, ts.URL()+"/v1/keys/n/complete", write, `{"fencing_token":1,"response":{"status":200,"headers":{"X-A":null}}}`)
