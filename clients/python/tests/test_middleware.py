@@ -6,6 +6,7 @@ idem middleware talking to the real server, on both stores."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
@@ -149,3 +150,34 @@ def test_release_5xx_when_not_stored(kind: str, server: Server) -> None:
         assert r.status_code == 502 and "Idempotent-Replayed" not in r.headers
         assert len(a.effects.charges) == 2
 
+
+
+@pytest.mark.parametrize("kind", ["flask", "fastapi"])  # the sync and the asyncio path; Django shares Flask's
+def test_lost_claim_answer_between_middleware_and_idem(kind: str, server: Server) -> None:
+    """idem's answer to the middleware's claim is lost (the claim was made):
+    the caller still gets exactly one side effect, retrying on 409 as told."""
+    left = {"n": 1}
+
+    def drop(head: bytes) -> bool:
+        if b"/claim " in head.split(b"\r\n", 1)[0] and left["n"]:
+            left["n"] -= 1
+            return True
+        return False
+
+    proxy = FaultProxy(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), drop)
+    try:
+        for a in serve(kind, proxy.url, server.token, lease=1):
+            key = new_key("lost")
+            answers = []
+            for _ in range(10):
+                r = post(a.url + "/charges/3", key)
+                answers.append(r.status_code)
+                if r.status_code != 409:
+                    break
+                time.sleep(float(r.headers["Retry-After"]))
+            assert answers[-1] == 201, answers
+            assert proxy.dropped == 1
+            assert len(a.effects.charges) == 1
+            assert post(a.url + "/charges/3", key).headers["Idempotent-Replayed"] == "true"
+    finally:
+        proxy.close()
