@@ -75,7 +75,7 @@ def test_async_run_release_and_takeover(server: Server) -> None:
 
 
 def test_async_lease_keeper_and_lease_lost(server: Server) -> None:
-    """The keeper keeps a 1 s lease over a 2.2 s function; when someone
+    """The keeper keeps a 2 s lease over a 3.2 s function; when someone
     takes the key over meanwhile, the function is cancelled with LeaseLost."""
 
     async def main() -> None:
@@ -83,13 +83,13 @@ def test_async_lease_keeper_and_lease_lost(server: Server) -> None:
             key = new_key()
 
             async def slow(claim: AsyncClaim) -> Response:
-                await asyncio.sleep(2.2)
+                await asyncio.sleep(3.2)
                 with pytest.raises(ProblemError) as ei:
                     await c.claim(key, operation="op")
                 assert ei.value.code == "request_in_flight"
                 return Response(200)
 
-            res = await c.run(key, slow, operation="op", lease=1)
+            res = await c.run(key, slow, operation="op", lease=2)
             assert not res.replayed
 
             # A keeper that cannot renew (its checkpoints are dropped) loses the key.

@@ -117,14 +117,14 @@ def test_lease_keeper_holds_the_key(client: Client) -> None:
     seen: list[str] = []
 
     def slow(claim: Claim) -> Response:
-        time.sleep(2.2)  # longer than the 1 s lease: only the keeper keeps it
+        time.sleep(3.2)  # longer than the 2 s lease: only the keeper keeps it
         try:
             client.claim(key, operation="op")
         except ProblemError as e:
             seen.append(e.code)
         return Response(200, body=b"slow")
 
-    res = client.run(key, slow, operation="op", lease=1)
+    res = client.run(key, slow, operation="op", lease=2)
     assert seen == ["request_in_flight"]
     assert not res.replayed and res.attempt == 1
 
