@@ -135,6 +135,12 @@ func TestInflightBudgetBoundsMemory(t *testing.T) {
 			wg.Wait()
 			took := time.Since(began)
 			peak := vmHWM(t, p.cmd.Process.Pid)
+			t.Logf("%s: %d completes of %d bytes, %d requests tried, %d answered 503 server_busy, %d transport errors, %d other answers, %s; "+
+				"peak RSS %d MiB (before the completes %d MiB), budget %d MiB + overhead %d MiB",
+				backend, bigCompletes, bigBodyBytes, tried.Load(), busy.Load(), transport.Load(), len(unexpected), took.Round(time.Millisecond),
+				peak>>20, base>>20, inflightBudget>>20, inflightOverhead>>20)
+			require.Less(t, peak, int64(inflightBudget+inflightOverhead),
+				"peak RSS %d MiB is over the in-flight budget %d MiB plus %d MiB", peak>>20, inflightBudget>>20, inflightOverhead>>20)
 			require.Empty(t, unexpected)
 
 			// Nothing lost: every key is completed with its whole response.
@@ -153,13 +159,6 @@ func TestInflightBudgetBoundsMemory(t *testing.T) {
 				require.NotNil(t, r.Response)
 				require.Len(t, r.Response.Body, bigBodyBytes)
 			}
-
-			t.Logf("%s: %d completes of %d bytes, %d requests tried, %d answered 503 server_busy, %d transport errors, %s; "+
-				"peak RSS %d MiB (before the completes %d MiB), budget %d MiB + overhead %d MiB",
-				backend, bigCompletes, bigBodyBytes, tried.Load(), busy.Load(), transport.Load(), took.Round(time.Millisecond),
-				peak>>20, base>>20, inflightBudget>>20, inflightOverhead>>20)
-			require.Less(t, peak, int64(inflightBudget+inflightOverhead),
-				"peak RSS %d MiB is over the in-flight budget %d MiB plus %d MiB", peak>>20, inflightBudget>>20, inflightOverhead>>20)
 		})
 	}
 }

@@ -8,6 +8,8 @@
 //	loadgen -url http://127.0.0.1:8080 -token "$IDEM_TOKEN" \
 //	    [-mode claim|lifecycle|replay|contention] [-duration 10s] \
 //	    [-concurrency 16] [-requests N] [-keys N]
+//	loadgen -url http://127.0.0.1:8080 -token "$QUIET" -mode neighbour \
+//	    -flood-token "$FLOODER" [-flood-concurrency 32] [-concurrency 4]
 //	loadgen -url http://127.0.0.1:8081 -mode frontdoor|frontdoor-replay [-path /orders]
 //	loadgen -serve-upstream 127.0.0.1:0
 //
@@ -21,6 +23,14 @@
 //     one that gets 201 completes the key, the others get 409
 //     request_in_flight or a 200 replay. Each key must see exactly one 201:
 //     if not, loadgen prints an INVARIANT VIOLATION line and exits 1.
+//   - neighbour: what a flooding, rate-limited tenant costs a quiet one. The
+//     quiet tenant (-token, rate limit off) claims fresh keys with
+//     -concurrency workers for -duration alone, then for -duration again
+//     while the flooder (-flood-token, a tenant with a small
+//     rate_limit_per_second) claims with -flood-concurrency workers as fast
+//     as they can (201 within its rate, 429 rate_limited past it). The
+//     report puts the quiet tenant's p50/p99 alone beside its p50/p99 with
+//     the flood.
 //   - frontdoor: POST -path of any HTTP API with a fresh Idempotency-Key and
 //     a JSON body (2xx expected): the idem gateway, or the upstream behind
 //     it for the baseline of the same run. No token needed.
@@ -83,6 +93,9 @@ type config struct {
 	keys        int
 	timeout     time.Duration
 	path        string // frontdoor modes: the endpoint
+	// neighbour mode: the flooding tenant's token and workers.
+	floodToken       string
+	floodConcurrency int
 }
 
 func main() {
@@ -103,6 +116,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "loadgen: %v\n", err)
 		return 2
 	}
+	if cfg.mode == modeNeighbour {
+		rep, err := runNeighbour(ctx, cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "loadgen: %v\n", err)
+			return 1
+		}
+		return rep.print(stdout)
+	}
 	rep, err := runLoad(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "loadgen: %v\n", err)
@@ -118,11 +139,13 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	token := fs.String("token", "", "bearer token with keys:write (default: $IDEM_TOKEN)")
 	duration := fs.Duration("duration", 10*time.Second, "how long to run (at most 120s)")
 	concurrency := fs.Int("concurrency", 16, "number of concurrent workers (connections)")
-	mode := fs.String("mode", "claim", "claim | lifecycle | replay | contention | frontdoor | frontdoor-replay")
+	mode := fs.String("mode", "claim", "claim | lifecycle | replay | contention | frontdoor | frontdoor-replay | neighbour")
 	path := fs.String("path", "/orders", "frontdoor modes: the endpoint POSTed to")
 	requests := fs.Int64("requests", 0, "stop after this many iterations (0 = only -duration bounds the run)")
 	keys := fs.Int("keys", 0, "size of the key set for replay (default 256) and contention (default 8)")
 	timeout := fs.Duration("timeout", 10*time.Second, "timeout of one HTTP request")
+	floodToken := fs.String("flood-token", "", "neighbour mode: token of the flooding, rate-limited tenant")
+	floodConcurrency := fs.Int("flood-concurrency", 32, "neighbour mode: workers of the flooding tenant")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -132,6 +155,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	cfg := config{
 		token: *token, duration: *duration, concurrency: *concurrency,
 		mode: *mode, requests: *requests, keys: *keys, timeout: *timeout, path: *path,
+		floodToken: *floodToken, floodConcurrency: *floodConcurrency,
 	}
 	if cfg.token == "" {
 		cfg.token = os.Getenv("IDEM_TOKEN")
@@ -159,6 +183,13 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	switch cfg.mode {
 	case modeClaim, modeLifecycle:
 	case modeFrontdoor:
+	case modeNeighbour:
+		if cfg.floodToken == "" {
+			return config{}, errors.New("-mode neighbour needs -flood-token (a tenant with a rate limit)")
+		}
+		if cfg.floodConcurrency < 1 || cfg.floodConcurrency > maxConcurrency {
+			return config{}, fmt.Errorf("-flood-concurrency must be 1..%d, got %d", maxConcurrency, cfg.floodConcurrency)
+		}
 	case modeReplay, modeContention, modeFrontdoorReplay:
 		if cfg.keys == 0 {
 			cfg.keys = 256
@@ -170,7 +201,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			return config{}, fmt.Errorf("-keys must be 1..%d, got %d", maxKeys, cfg.keys)
 		}
 	default:
-		return config{}, fmt.Errorf("-mode must be claim, lifecycle, replay, contention, frontdoor or frontdoor-replay, got %q", cfg.mode)
+		return config{}, fmt.Errorf("-mode must be claim, lifecycle, replay, contention, frontdoor, frontdoor-replay or neighbour, got %q", cfg.mode)
 	}
 	return cfg, nil
 }

@@ -12,7 +12,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/conformance"
+	"github.com/idem-dev/idem/server/servertest"
 )
 
 func TestPercentileNearestRank(t *testing.T) {
@@ -150,4 +152,33 @@ func TestFrontdoorModeLoadsAnyAPI(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 0, rep.print(&out))
 	require.Equal(t, int64(85), up.Count(), "5 prepared keys, then 40 posts: the bare upstream does not replay")
+}
+
+// TestNeighbourModeAgainstTheServer runs the neighbour scenario briefly
+// against the real server wiring: a quiet tenant, then the same beside a
+// flooding tenant limited to 5 requests/s, which is mostly refused 429.
+func TestNeighbourModeAgainstTheServer(t *testing.T) {
+	t.Parallel()
+	var errOut bytes.Buffer
+	_, err := parseFlags([]string{"-token", "t", "-mode", "neighbour"}, &errOut)
+	require.ErrorContains(t, err, "-flood-token")
+
+	ts := servertest.Start(t, servertest.Options{Tenants: []string{"quiet"}})
+	rate := 5
+	ts.CreateTenant(t, "flood", idem.SettingsPatch{RateLimitPerSecond: &rate})
+	cfg, err := parseFlags([]string{
+		"-url", ts.URL(), "-mode", "neighbour", "-duration", "400ms", "-concurrency", "2",
+		"-token", ts.Token(t, "quiet", "keys:write"),
+		"-flood-token", ts.Token(t, "flood", "keys:write"), "-flood-concurrency", "4",
+	}, &errOut)
+	require.NoError(t, err)
+	rep, err := runNeighbour(context.Background(), cfg)
+	require.NoError(t, err)
+	var out bytes.Buffer
+	require.Equal(t, 0, rep.print(&out), out.String())
+	require.Contains(t, out.String(), "RESULT mode=neighbour")
+	require.Contains(t, out.String(), "errors=0")
+	require.Positive(t, rep.flood.outcomes["claim 429 rate_limited"], out.String())
+	require.Positive(t, len(rep.alone.latencies[kindClaim]))
+	require.Positive(t, len(rep.beside.latencies[kindClaim]))
 }
