@@ -16,6 +16,8 @@
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
+# The Go SDK is its own module, which go.mod replaces with ./client.
+COPY client/go.mod client/go.sum ./client/
 RUN go mod download
 COPY . .
 # make build = CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o bin/idem ./cmd/server

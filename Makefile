@@ -24,8 +24,9 @@ check-generated: ## Fail when the committed sqlc code is not current.
 	$(SQLC) diff
 
 .PHONY: lint
-lint: ## go vet, gofmt, OpenAPI lint (redocly), Dockerfile lint.
+lint: ## go vet (root module and the SDK module client/), gofmt, OpenAPI lint (redocly), Dockerfile lint.
 	go vet ./...
+	cd client && go vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	scripts/lint-openapi
 	scripts/lint-dockerfile

@@ -2,7 +2,6 @@ package client_test
 
 import (
 	"context"
-	"encoding/json"
 	"sync"
 	"time"
 
@@ -55,5 +54,3 @@ func (a *attempts) all() []client.AttemptInfo {
 	defer a.mu.Unlock()
 	return append([]client.AttemptInfo(nil), a.infos...)
 }
-
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -19,7 +19,7 @@ import (
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/client/frontdoor"
 	"github.com/idem-dev/idem/client/idemhttp"
-	"github.com/idem-dev/idem/client/internal/faultproxy"
+	"github.com/idem-dev/idem/internal/faultproxy"
 	"github.com/idem-dev/idem/server/servertest"
 )
 

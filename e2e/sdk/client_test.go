@@ -1,7 +1,14 @@
-package client_test
+// Package sdk_test holds the tests of the Go SDK (module
+// github.com/idem-dev/idem/client) that need a running idem server: the
+// client against the real server wiring on both stores, through fault
+// proxies, and the runnable examples. They live in the root module so the
+// SDK module itself depends on nothing of the server; the middleware's
+// such tests are in e2e/sdk/idemhttp.
+package sdk_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
@@ -14,7 +21,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/client"
-	"github.com/idem-dev/idem/client/internal/faultproxy"
+	"github.com/idem-dev/idem/internal/faultproxy"
 	"github.com/idem-dev/idem/server/servertest"
 )
 
@@ -48,6 +55,16 @@ func forEachBackend(t *testing.T, test func(t *testing.T, e e2e)) {
 			test(t, setupE2E(t, b))
 		})
 	}
+}
+
+// waitState waits until the stored record of key is in state: a one-second
+// lease runs out on the server's clock, which the test does not control.
+func waitState(t *testing.T, c *client.Client, key string, state client.State) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		rec, err := c.Get(context.Background(), key)
+		return err == nil && rec.State == state
+	}, 10*time.Second, 20*time.Millisecond, "key %s never became %s", key, state)
 }
 
 var confirmed = client.Response{Status: 201, Headers: map[string]string{"Content-Type": "application/json"}, Body: []byte(`{"id":"ord_1"}`)}
@@ -157,7 +174,7 @@ func TestE2ECrashResumesFromCheckpoint(t *testing.T) {
 				chargeID := "ch_1"
 				if claim.RecoveryPoint() == "charged" {
 					var data struct{ Charge string }
-					require.NoError(t, jsonUnmarshal(claim.RecoveryData(), &data))
+					require.NoError(t, json.Unmarshal(claim.RecoveryData(), &data))
 					chargeID = data.Charge
 				} else {
 					charges.Add(1) // the external step
@@ -223,9 +240,17 @@ func TestE2ELeaseKeeperAndLeaseLost(t *testing.T) {
 		other := e.client(t, e.srv.URL())
 
 		// A function longer than its lease keeps the key: the keeper renews.
+		// The function waits, on the stored record, until its first lease
+		// (one second) has run out and a renewal moved the expiry past it.
 		res, err := c.Do(ctx, "long", client.Request{Lease: time.Second}, func(ctx context.Context, claim *client.Claim) (client.Response, error) {
-			time.Sleep(1500 * time.Millisecond)
-			_, err := other.Claim(ctx, "long", client.Request{})
+			first, err := c.Get(ctx, "long")
+			require.NoError(t, err)
+			require.Eventually(t, func() bool {
+				rec, err := c.Get(ctx, "long")
+				return err == nil && rec.State == client.StateInFlight &&
+					rec.LeaseExpiresAt.After(first.LeaseExpiresAt) && time.Now().After(first.LeaseExpiresAt)
+			}, 10*time.Second, 20*time.Millisecond, "the lease keeper renews the lease past its first expiry")
+			_, err = other.Claim(ctx, "long", client.Request{})
 			require.ErrorIs(t, err, client.ErrRequestInFlight, "the lease was renewed; no takeover")
 			return confirmed, nil
 		})
@@ -235,7 +260,7 @@ func TestE2ELeaseKeeperAndLeaseLost(t *testing.T) {
 		// A stale fencing token is ErrLeaseLost.
 		first, err := c.Claim(ctx, "stale", client.Request{Lease: time.Second})
 		require.NoError(t, err)
-		time.Sleep(1100 * time.Millisecond)
+		waitState(t, c, "stale", client.StateOrphaned)
 		second, err := other.Claim(ctx, "stale", client.Request{})
 		require.NoError(t, err)
 		require.True(t, second.Resumed)
@@ -334,7 +359,7 @@ func TestE2ETypedCalls(t *testing.T) {
 
 		_, err = c.Claim(ctx, "orphan-1", client.Request{Lease: time.Second})
 		require.NoError(t, err)
-		time.Sleep(1100 * time.Millisecond)
+		waitState(t, c, "orphan-1", client.StateOrphaned)
 		orphans, err := admin.ListOrphans(ctx, client.OrphanListOptions{Tenant: "acme"})
 		require.NoError(t, err)
 		keys := []string{}

@@ -1,4 +1,4 @@
-package client_test
+package sdk_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/client"
-	"github.com/idem-dev/idem/client/internal/examplesrv"
+	"github.com/idem-dev/idem/internal/examplesrv"
 )
 
 // startExampleServer runs the real idem server wiring (SQLite in a
