@@ -127,6 +127,8 @@ func TestSettingsValidate(t *testing.T) {
 		{idem.SettingsPatch{LeaseSecondsMax: ptr(86401)}, "settings.lease_seconds_max"},
 		{idem.SettingsPatch{MaxResponseBytes: ptr(8<<20 + 1)}, "settings.max_response_bytes"},
 		{idem.SettingsPatch{RateLimitPerSecond: ptr(-1)}, "settings.rate_limit_per_second"},
+		{idem.SettingsPatch{MaxWaitSeconds: ptr(-1)}, "settings.max_wait_seconds"},
+		{idem.SettingsPatch{MaxWaitSeconds: ptr(301)}, "settings.max_wait_seconds"},
 	}
 	for _, tc := range cases {
 		err := idem.DefaultSettings().Apply(tc.patch).Validate()
@@ -135,6 +137,16 @@ func TestSettingsValidate(t *testing.T) {
 		require.Equal(t, idem.CodeInvalidRequest, e.Code)
 		require.Equal(t, tc.field, e.Fields[0].Field)
 	}
+}
+
+func TestWaitFor(t *testing.T) {
+	t.Parallel()
+	s := idem.DefaultSettings()
+	require.Equal(t, time.Duration(0), s.WaitFor(0))
+	require.Equal(t, 5*time.Second, s.WaitFor(5))
+	require.Equal(t, 20*time.Second, s.WaitFor(300), "capped by max_wait_seconds")
+	s.MaxWaitSeconds = 0
+	require.Equal(t, time.Duration(0), s.WaitFor(10), "0 turns waiting off")
 }
 
 func TestLeaseFor(t *testing.T) {

@@ -46,6 +46,10 @@ type Settings struct {
 	MaxResponseBytes       int `json:"max_response_bytes"`
 	// RateLimitPerSecond is the tenant's request rate limit; 0 is off.
 	RateLimitPerSecond int `json:"rate_limit_per_second"`
+	// MaxWaitSeconds caps how long a claim of a key in flight may be held
+	// waiting for the holder to finish (wait_seconds, Prefer: wait=N);
+	// 0 turns waiting off, so every such claim gets the immediate 409.
+	MaxWaitSeconds int `json:"max_wait_seconds"`
 }
 
 // DefaultSettings returns the settings of a tenant created without any.
@@ -57,6 +61,7 @@ func DefaultSettings() Settings {
 		LeaseSecondsMax:        3600,
 		MaxResponseBytes:       1 << 20,
 		RateLimitPerSecond:     0,
+		MaxWaitSeconds:         DefaultMaxWaitSeconds,
 	}
 }
 
@@ -72,6 +77,14 @@ const (
 	MaxTenantIDBytes      = 64
 	MaxRecoveryPointBytes = 128
 	MaxTenantNameBytes    = 256
+	// MaxWaitSecondsLimit bounds max_wait_seconds and a claim's
+	// wait_seconds: a held request keeps a connection open on the caller,
+	// any proxy and the server.
+	MaxWaitSecondsLimit = 300
+	// DefaultMaxWaitSeconds is max_wait_seconds of a tenant created without
+	// it: below the server's default write timeout (30 s) with room for the
+	// last store call and the answer.
+	DefaultMaxWaitSeconds = 20
 )
 
 // Validate checks every bound of the settings and returns an
@@ -99,6 +112,8 @@ func (s Settings) Validate() error {
 		"max_response_bytes", "must be between 1 and %d", MaxResponseBytesLimit)
 	check(s.RateLimitPerSecond >= 0 && s.RateLimitPerSecond <= MaxRateLimitPerSecond,
 		"rate_limit_per_second", "must be between 0 and %d", MaxRateLimitPerSecond)
+	check(s.MaxWaitSeconds >= 0 && s.MaxWaitSeconds <= MaxWaitSecondsLimit,
+		"max_wait_seconds", "must be between 0 and %d", MaxWaitSecondsLimit)
 	if len(fields) > 0 {
 		return &Error{Code: CodeInvalidRequest, Detail: "invalid tenant settings", Fields: fields}
 	}
@@ -113,6 +128,7 @@ type SettingsPatch struct {
 	LeaseSecondsMax        *int `json:"lease_seconds_max"`
 	MaxResponseBytes       *int `json:"max_response_bytes"`
 	RateLimitPerSecond     *int `json:"rate_limit_per_second"`
+	MaxWaitSeconds         *int `json:"max_wait_seconds"`
 }
 
 // Apply returns s with the patch's non-nil fields applied. Validate the
@@ -129,6 +145,7 @@ func (s Settings) Apply(p SettingsPatch) Settings {
 	set(&s.LeaseSecondsMax, p.LeaseSecondsMax)
 	set(&s.MaxResponseBytes, p.MaxResponseBytes)
 	set(&s.RateLimitPerSecond, p.RateLimitPerSecond)
+	set(&s.MaxWaitSeconds, p.MaxWaitSeconds)
 	return s
 }
 
@@ -147,6 +164,13 @@ func (s Settings) LeaseFor(requested int) (time.Duration, error) {
 		}
 	}
 	return time.Duration(requested) * time.Second, nil
+}
+
+// WaitFor returns how long a claim that asked to wait requested seconds may
+// be held when its key is in flight: requested capped by max_wait_seconds
+// (a wait is a preference, so a longer one is shortened, not refused).
+func (s Settings) WaitFor(requested int) time.Duration {
+	return time.Duration(max(min(requested, s.MaxWaitSeconds), 0)) * time.Second
 }
 
 // ReplayWindow returns the replay window as a duration.

@@ -173,7 +173,7 @@ func TestOwnTenantSettings(t *testing.T) {
 	require.Equal(t, map[string]any{
 		"replay_window_seconds": float64(86400), "reaper_threshold_seconds": float64(259200),
 		"lease_seconds_default": float64(30), "lease_seconds_max": float64(3600),
-		"max_response_bytes": float64(1048576), "rate_limit_per_second": float64(0),
+		"max_response_bytes": float64(1048576), "rate_limit_per_second": float64(0), "max_wait_seconds": float64(20),
 	}, ten["settings"])
 
 	bad := []struct{ body, field string }{
@@ -183,6 +183,7 @@ func TestOwnTenantSettings(t *testing.T) {
 		{`{"settings":{"lease_seconds_max":86401}}`, "settings.lease_seconds_max"},
 		{`{"settings":{"max_response_bytes":8388609}}`, "settings.max_response_bytes"},
 		{`{"settings":{"rate_limit_per_second":-1}}`, "settings.rate_limit_per_second"},
+		{`{"settings":{"max_wait_seconds":301}}`, "settings.max_wait_seconds"},
 		{`{"settings":{"lease_seconds_max":1.5}}`, "settings.lease_seconds_max"},
 		{`{"settings":{"lease_seconds_max":"10"}}`, "settings.lease_seconds_max"},
 		{`{"settings":{"speed":1}}`, "speed"},

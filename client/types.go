@@ -162,6 +162,8 @@ type Settings struct {
 	LeaseSecondsMax        int `json:"lease_seconds_max"`
 	MaxResponseBytes       int `json:"max_response_bytes"`
 	RateLimitPerSecond     int `json:"rate_limit_per_second"`
+	// MaxWaitSeconds caps how long a claim may wait for a key in flight.
+	MaxWaitSeconds int `json:"max_wait_seconds"`
 }
 
 // SettingsPatch changes some settings; nil fields are left as they are.
@@ -172,6 +174,7 @@ type SettingsPatch struct {
 	LeaseSecondsMax        *int `json:"lease_seconds_max,omitempty"`
 	MaxResponseBytes       *int `json:"max_response_bytes,omitempty"`
 	RateLimitPerSecond     *int `json:"rate_limit_per_second,omitempty"`
+	MaxWaitSeconds         *int `json:"max_wait_seconds,omitempty"`
 }
 
 // Tenant is an account of the service.

@@ -121,6 +121,7 @@ func tenantFromRow(t dbsqlc.Tenant) idem.Tenant {
 			LeaseSecondsMax:        int(t.LeaseSecondsMax),
 			MaxResponseBytes:       int(t.MaxResponseBytes),
 			RateLimitPerSecond:     int(t.RateLimitPerSecond),
+			MaxWaitSeconds:         int(t.MaxWaitSeconds),
 		},
 		Disabled:  t.DisabledAt.Valid,
 		CreatedAt: timeOf(t.CreatedAt),

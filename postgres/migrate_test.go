@@ -9,6 +9,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/db/schema"
 	"github.com/idem-dev/idem/postgres/pgtest"
 )
@@ -42,4 +43,28 @@ func TestMigrationRaisesReaperThreshold(t *testing.T) {
 	fine, err := s.GetTenant(ctx, "fine")
 	require.NoError(t, err)
 	require.Equal(t, 600, fine.Settings.ReaperThresholdSeconds)
+	require.Equal(t, idem.DefaultMaxWaitSeconds, fine.Settings.MaxWaitSeconds, "tenants stored before max_wait_seconds get the default")
+}
+
+// TestMigrationsDownAndUp: every migration can be undone and applied again,
+// so an operator can roll a release back.
+func TestMigrationsDownAndUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.URL(t)
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, schema.Postgres(), goose.WithDisableGlobalRegistry(true))
+	require.NoError(t, err)
+	_, err = provider.Up(ctx)
+	require.NoError(t, err)
+	_, err = provider.DownTo(ctx, 0)
+	require.NoError(t, err)
+	_, err = provider.Up(ctx)
+	require.NoError(t, err)
+	version, err := provider.GetDBVersion(ctx)
+	require.NoError(t, err)
+	sources := provider.ListSources()
+	require.Equal(t, sources[len(sources)-1].Version, version)
 }

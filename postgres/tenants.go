@@ -21,6 +21,7 @@ func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (id
 		LeaseSecondsMax:        int32(p.Settings.LeaseSecondsMax),
 		MaxResponseBytes:       int32(p.Settings.MaxResponseBytes),
 		RateLimitPerSecond:     int32(p.Settings.RateLimitPerSecond),
+		MaxWaitSeconds:         int32(p.Settings.MaxWaitSeconds),
 		Now:                    s.clock(),
 	})
 	if pgErrorCode(err) == pgUniqueViolation {
@@ -68,6 +69,7 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 		LeaseSecondsMax:        int32(p.Settings.LeaseSecondsMax),
 		MaxResponseBytes:       int32(p.Settings.MaxResponseBytes),
 		RateLimitPerSecond:     int32(p.Settings.RateLimitPerSecond),
+		MaxWaitSeconds:         int32(p.Settings.MaxWaitSeconds),
 		Disabled:               p.Disabled,
 		Now:                    s.clock(),
 	})

@@ -119,6 +119,7 @@ func tenantFromRow(t dbsqlc.Tenant) idem.Tenant {
 			LeaseSecondsMax:        int(t.LeaseSecondsMax),
 			MaxResponseBytes:       int(t.MaxResponseBytes),
 			RateLimitPerSecond:     int(t.RateLimitPerSecond),
+			MaxWaitSeconds:         int(t.MaxWaitSeconds),
 		},
 		Disabled:  t.DisabledAt != nil,
 		CreatedAt: timeOf(t.CreatedAt),

@@ -44,6 +44,31 @@ func TestMigrationRaisesReaperThreshold(t *testing.T) {
 	fine, err := s.GetTenant(ctx, "fine")
 	require.NoError(t, err)
 	require.Equal(t, 600, fine.Settings.ReaperThresholdSeconds)
+	require.Equal(t, idem.DefaultMaxWaitSeconds, fine.Settings.MaxWaitSeconds, "tenants stored before max_wait_seconds get the default")
+}
+
+// TestMigrationsDownAndUp: every migration can be undone and applied again,
+// so an operator can roll a release back.
+func TestMigrationsDownAndUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	require.NoError(t, os.WriteFile(path, nil, 0o600))
+	db, err := sql.Open("sqlite", dsn(path))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	provider, err := goose.NewProvider(goose.DialectSQLite3, db, schema.SQLite())
+	require.NoError(t, err)
+	_, err = provider.Up(ctx)
+	require.NoError(t, err)
+	_, err = provider.DownTo(ctx, 0)
+	require.NoError(t, err)
+	_, err = provider.Up(ctx)
+	require.NoError(t, err)
+	version, err := provider.GetDBVersion(ctx)
+	require.NoError(t, err)
+	sources := provider.ListSources()
+	require.Equal(t, sources[len(sources)-1].Version, version)
 }
 
 // TestRequireLedgerAndFileIdentity: with RequireLedger, Open refuses a

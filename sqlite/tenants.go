@@ -34,6 +34,7 @@ func (s *Store) createTenant(ctx context.Context, p idem.CreateTenantParams) (db
 		LeaseSecondsMax:        int64(p.Settings.LeaseSecondsMax),
 		MaxResponseBytes:       int64(p.Settings.MaxResponseBytes),
 		RateLimitPerSecond:     int64(p.Settings.RateLimitPerSecond),
+		MaxWaitSeconds:         int64(p.Settings.MaxWaitSeconds),
 		Now:                    micros(s.clock()),
 	})
 	if code := sqliteCode(err); code == sqlitelib.SQLITE_CONSTRAINT_PRIMARYKEY || code == sqlitelib.SQLITE_CONSTRAINT_UNIQUE {
@@ -84,6 +85,7 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 			LeaseSecondsMax:        int64(p.Settings.LeaseSecondsMax),
 			MaxResponseBytes:       int64(p.Settings.MaxResponseBytes),
 			RateLimitPerSecond:     int64(p.Settings.RateLimitPerSecond),
+			MaxWaitSeconds:         int64(p.Settings.MaxWaitSeconds),
 			Disabled:               disabled,
 			Now:                    micros(s.clock()),
 		})

@@ -5,14 +5,14 @@ WITH clock AS (
 INSERT INTO tenants (
     id, name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, created_at, updated_at
 )
 SELECT
     sqlc.arg('id')::text, sqlc.arg('name')::text,
     sqlc.arg('replay_window_seconds')::integer, sqlc.arg('reaper_threshold_seconds')::integer,
     sqlc.arg('lease_seconds_default')::integer, sqlc.arg('lease_seconds_max')::integer,
     sqlc.arg('max_response_bytes')::integer, sqlc.arg('rate_limit_per_second')::integer,
-    clock.now, clock.now
+    sqlc.arg('max_wait_seconds')::integer, clock.now, clock.now
 FROM clock
 RETURNING *;
 
@@ -36,6 +36,7 @@ UPDATE tenants t SET
     lease_seconds_max = sqlc.arg('lease_seconds_max')::integer,
     max_response_bytes = sqlc.arg('max_response_bytes')::integer,
     rate_limit_per_second = sqlc.arg('rate_limit_per_second')::integer,
+    max_wait_seconds = sqlc.arg('max_wait_seconds')::integer,
     disabled_at = CASE WHEN sqlc.arg('disabled')::boolean
         THEN coalesce(t.disabled_at, clock.now) ELSE NULL END,
     updated_at = clock.now

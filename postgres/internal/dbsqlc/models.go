@@ -44,4 +44,5 @@ type Tenant struct {
 	DisabledAt             pgtype.Timestamptz
 	CreatedAt              pgtype.Timestamptz
 	UpdatedAt              pgtype.Timestamptz
+	MaxWaitSeconds         int32
 }

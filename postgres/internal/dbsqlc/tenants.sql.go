@@ -13,21 +13,21 @@ import (
 
 const createTenant = `-- name: CreateTenant :one
 WITH clock AS (
-    SELECT coalesce($9::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($10::timestamptz, now())::timestamptz AS now
 )
 INSERT INTO tenants (
     id, name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, created_at, updated_at
 )
 SELECT
     $1::text, $2::text,
     $3::integer, $4::integer,
     $5::integer, $6::integer,
     $7::integer, $8::integer,
-    clock.now, clock.now
+    $9::integer, clock.now, clock.now
 FROM clock
-RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at
+RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds
 `
 
 type CreateTenantParams struct {
@@ -39,6 +39,7 @@ type CreateTenantParams struct {
 	LeaseSecondsMax        int32
 	MaxResponseBytes       int32
 	RateLimitPerSecond     int32
+	MaxWaitSeconds         int32
 	Now                    pgtype.Timestamptz
 }
 
@@ -52,6 +53,7 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		arg.LeaseSecondsMax,
 		arg.MaxResponseBytes,
 		arg.RateLimitPerSecond,
+		arg.MaxWaitSeconds,
 		arg.Now,
 	)
 	var i Tenant
@@ -67,6 +69,7 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		&i.DisabledAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.MaxWaitSeconds,
 	)
 	return i, err
 }
@@ -86,7 +89,7 @@ func (q *Queries) DeleteTenant(ctx context.Context, id string) (int64, error) {
 }
 
 const getTenant = `-- name: GetTenant :one
-SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at FROM tenants WHERE id = $1
+SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds FROM tenants WHERE id = $1
 `
 
 func (q *Queries) GetTenant(ctx context.Context, id string) (Tenant, error) {
@@ -104,12 +107,13 @@ func (q *Queries) GetTenant(ctx context.Context, id string) (Tenant, error) {
 		&i.DisabledAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.MaxWaitSeconds,
 	)
 	return i, err
 }
 
 const listTenants = `-- name: ListTenants :many
-SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at FROM tenants ORDER BY id
+SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds FROM tenants ORDER BY id
 `
 
 func (q *Queries) ListTenants(ctx context.Context) ([]Tenant, error) {
@@ -133,6 +137,7 @@ func (q *Queries) ListTenants(ctx context.Context) ([]Tenant, error) {
 			&i.DisabledAt,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.MaxWaitSeconds,
 		); err != nil {
 			return nil, err
 		}
@@ -146,7 +151,7 @@ func (q *Queries) ListTenants(ctx context.Context) ([]Tenant, error) {
 
 const updateTenant = `-- name: UpdateTenant :one
 WITH clock AS (
-    SELECT coalesce($10::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($11::timestamptz, now())::timestamptz AS now
 )
 UPDATE tenants t SET
     name = $1::text,
@@ -156,12 +161,13 @@ UPDATE tenants t SET
     lease_seconds_max = $5::integer,
     max_response_bytes = $6::integer,
     rate_limit_per_second = $7::integer,
-    disabled_at = CASE WHEN $8::boolean
+    max_wait_seconds = $8::integer,
+    disabled_at = CASE WHEN $9::boolean
         THEN coalesce(t.disabled_at, clock.now) ELSE NULL END,
     updated_at = clock.now
 FROM clock
-WHERE t.id = $9
-RETURNING t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at
+WHERE t.id = $10
+RETURNING t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds
 `
 
 type UpdateTenantParams struct {
@@ -172,6 +178,7 @@ type UpdateTenantParams struct {
 	LeaseSecondsMax        int32
 	MaxResponseBytes       int32
 	RateLimitPerSecond     int32
+	MaxWaitSeconds         int32
 	Disabled               bool
 	ID                     string
 	Now                    pgtype.Timestamptz
@@ -188,6 +195,7 @@ func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (Ten
 		arg.LeaseSecondsMax,
 		arg.MaxResponseBytes,
 		arg.RateLimitPerSecond,
+		arg.MaxWaitSeconds,
 		arg.Disabled,
 		arg.ID,
 		arg.Now,
@@ -205,6 +213,7 @@ func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (Ten
 		&i.DisabledAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.MaxWaitSeconds,
 	)
 	return i, err
 }

@@ -45,4 +45,5 @@ type Tenant struct {
 	DisabledAt             *int64
 	CreatedAt              int64
 	UpdatedAt              int64
+	MaxWaitSeconds         int64
 }

@@ -13,13 +13,13 @@ const createTenant = `-- name: CreateTenant :one
 INSERT INTO tenants (
     id, name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, disabled_at, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, disabled_at, created_at, updated_at
 ) VALUES (
     ?1, ?2, ?3, ?4,
     ?5, ?6, ?7,
-    ?8, NULL, ?9, ?9
+    ?8, ?9, NULL, ?10, ?10
 )
-RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at
+RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds
 `
 
 type CreateTenantParams struct {
@@ -31,6 +31,7 @@ type CreateTenantParams struct {
 	LeaseSecondsMax        int64
 	MaxResponseBytes       int64
 	RateLimitPerSecond     int64
+	MaxWaitSeconds         int64
 	Now                    int64
 }
 
@@ -44,6 +45,7 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		arg.LeaseSecondsMax,
 		arg.MaxResponseBytes,
 		arg.RateLimitPerSecond,
+		arg.MaxWaitSeconds,
 		arg.Now,
 	)
 	var i Tenant
@@ -59,6 +61,7 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		&i.DisabledAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.MaxWaitSeconds,
 	)
 	return i, err
 }
@@ -78,7 +81,7 @@ func (q *Queries) DeleteTenant(ctx context.Context, id string) (int64, error) {
 }
 
 const getTenant = `-- name: GetTenant :one
-SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at FROM tenants WHERE id = ?1
+SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds FROM tenants WHERE id = ?1
 `
 
 func (q *Queries) GetTenant(ctx context.Context, id string) (Tenant, error) {
@@ -96,12 +99,13 @@ func (q *Queries) GetTenant(ctx context.Context, id string) (Tenant, error) {
 		&i.DisabledAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.MaxWaitSeconds,
 	)
 	return i, err
 }
 
 const listTenants = `-- name: ListTenants :many
-SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at FROM tenants ORDER BY id
+SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds FROM tenants ORDER BY id
 `
 
 func (q *Queries) ListTenants(ctx context.Context) ([]Tenant, error) {
@@ -125,6 +129,7 @@ func (q *Queries) ListTenants(ctx context.Context) ([]Tenant, error) {
 			&i.DisabledAt,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.MaxWaitSeconds,
 		); err != nil {
 			return nil, err
 		}
@@ -148,10 +153,11 @@ UPDATE tenants SET
     lease_seconds_max = ?5,
     max_response_bytes = ?6,
     rate_limit_per_second = ?7,
-    disabled_at = CASE WHEN CAST(?8 AS INTEGER) != 0 THEN COALESCE(disabled_at, ?9) ELSE NULL END,
-    updated_at = ?9
-WHERE id = ?10
-RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at
+    max_wait_seconds = ?8,
+    disabled_at = CASE WHEN CAST(?9 AS INTEGER) != 0 THEN COALESCE(disabled_at, ?10) ELSE NULL END,
+    updated_at = ?10
+WHERE id = ?11
+RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds
 `
 
 type UpdateTenantParams struct {
@@ -162,6 +168,7 @@ type UpdateTenantParams struct {
 	LeaseSecondsMax        int64
 	MaxResponseBytes       int64
 	RateLimitPerSecond     int64
+	MaxWaitSeconds         int64
 	Disabled               int64
 	Now                    int64
 	ID                     string
@@ -177,6 +184,7 @@ func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (Ten
 		arg.LeaseSecondsMax,
 		arg.MaxResponseBytes,
 		arg.RateLimitPerSecond,
+		arg.MaxWaitSeconds,
 		arg.Disabled,
 		arg.Now,
 		arg.ID,
@@ -194,6 +202,7 @@ func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (Ten
 		&i.DisabledAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.MaxWaitSeconds,
 	)
 	return i, err
 }
