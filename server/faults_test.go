@@ -44,7 +44,7 @@ import (
 // what a loaded two-core machine running the race detector may add to it.
 const (
 	faultStoreTimeout = time.Second
-	answerSlack       = 2 * time.Second
+	answerSlack       = 4 * time.Second
 )
 
 // faultClient waits far longer than the deadline, so a hang shows as a slow
