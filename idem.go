@@ -62,6 +62,10 @@ type Record struct {
 	// Attempt counts the claims of the current record: 1 on creation, +1 on
 	// every takeover.
 	Attempt int
+	// AttemptID is the client-chosen id the current attempt claimed with; ""
+	// when it sent none. A claim repeating it while the lease runs gets this
+	// attempt back (ActionRecover) instead of request_in_flight.
+	AttemptID string
 	// LeaseExpiresAt is when the in-flight lease runs out; zero once
 	// completed.
 	LeaseExpiresAt time.Time

@@ -39,6 +39,11 @@ const (
 	// ActionRejectMismatch: the key is live and was first used with another
 	// fingerprint or operation.
 	ActionRejectMismatch
+	// ActionRecover: the key is in flight with a running lease that the
+	// same request claimed under the same attempt id: the claim's own answer
+	// was lost. The record is returned as it is (same fencing token, lease
+	// and recovery point), nothing changes.
+	ActionRecover
 )
 
 // String returns the action's name.
@@ -54,17 +59,23 @@ func (a ClaimAction) String() string {
 		return "reject_in_flight"
 	case ActionRejectMismatch:
 		return "reject_mismatch"
+	case ActionRecover:
+		return "recover"
 	}
 	return "unknown"
 }
 
 // DecideClaim applies the claim state machine to the stored record (nil when
-// absent) at database instant now. Backends call it inside the transaction or
-// statement that makes the decision atomic; it never touches storage itself.
+// absent) for the claim p at database instant now. Backends call it inside
+// the transaction or statement that makes the decision atomic; it never
+// touches storage itself.
 //
 // The fingerprint and operation are compared before the lease: a different
-// request on a live key is a mismatch even while it is in flight.
-func DecideClaim(stored *Record, operation, fingerprint string, now time.Time) ClaimAction {
+// request on a live key is a mismatch even while it is in flight. A running
+// lease held under the claim's own attempt id is recovered, any other is
+// request_in_flight; once the lease has run out, even the same attempt id
+// takes over with a new fencing token.
+func DecideClaim(stored *Record, p ClaimParams, now time.Time) ClaimAction {
 	if stored == nil {
 		return ActionCreate
 	}
@@ -72,11 +83,14 @@ func DecideClaim(stored *Record, operation, fingerprint string, now time.Time) C
 	if state == StateExpired {
 		return ActionCreate
 	}
-	if stored.Operation != operation || stored.Fingerprint != fingerprint {
+	if stored.Operation != p.Operation || stored.Fingerprint != p.Fingerprint {
 		return ActionRejectMismatch
 	}
 	switch state {
 	case StateInFlight:
+		if p.AttemptID != "" && stored.AttemptID == p.AttemptID {
+			return ActionRecover
+		}
 		return ActionRejectInFlight
 	case StateOrphaned:
 		return ActionTakeover

@@ -16,30 +16,40 @@ func TestDecideClaim(t *testing.T) {
 	now := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
 	inFlight := &idem.Record{Key: "k", State: idem.StateInFlight, Operation: "op", Fingerprint: "fp", LeaseExpiresAt: now.Add(time.Second)}
 	orphaned := &idem.Record{Key: "k", State: idem.StateInFlight, Operation: "op", Fingerprint: "fp", LeaseExpiresAt: now}
+	inFlightA := &idem.Record{Key: "k", State: idem.StateInFlight, Operation: "op", Fingerprint: "fp", AttemptID: "a", LeaseExpiresAt: now.Add(time.Second)}
+	orphanedA := &idem.Record{Key: "k", State: idem.StateInFlight, Operation: "op", Fingerprint: "fp", AttemptID: "a", LeaseExpiresAt: now}
 	completed := &idem.Record{Key: "k", State: idem.StateCompleted, Operation: "op", Fingerprint: "fp", ReplayUntil: now.Add(time.Second)}
 	expired := &idem.Record{Key: "k", State: idem.StateCompleted, Operation: "op", Fingerprint: "fp", ReplayUntil: now}
 
 	cases := []struct {
-		name   string
-		stored *idem.Record
-		op, fp string
-		want   idem.ClaimAction
+		name              string
+		stored            *idem.Record
+		op, fp, attemptID string
+		want              idem.ClaimAction
 	}{
-		{"absent", nil, "op", "fp", idem.ActionCreate},
-		{"expired, same request", expired, "op", "fp", idem.ActionCreate},
-		{"expired, other request", expired, "other", "other", idem.ActionCreate},
-		{"in flight, same request", inFlight, "op", "fp", idem.ActionRejectInFlight},
-		{"in flight, other fingerprint", inFlight, "op", "fp2", idem.ActionRejectMismatch},
-		{"orphaned, same request", orphaned, "op", "fp", idem.ActionTakeover},
-		{"orphaned, other operation", orphaned, "op2", "fp", idem.ActionRejectMismatch},
-		{"completed, same request", completed, "op", "fp", idem.ActionReplay},
-		{"completed, other fingerprint", completed, "op", "fp2", idem.ActionRejectMismatch},
-		{"completed, other operation", completed, "op2", "fp", idem.ActionRejectMismatch},
+		{"absent", nil, "op", "fp", "", idem.ActionCreate},
+		{"expired, same request", expired, "op", "fp", "", idem.ActionCreate},
+		{"expired, other request", expired, "other", "other", "", idem.ActionCreate},
+		{"in flight, same request", inFlight, "op", "fp", "", idem.ActionRejectInFlight},
+		{"in flight, other fingerprint", inFlight, "op", "fp2", "", idem.ActionRejectMismatch},
+		{"orphaned, same request", orphaned, "op", "fp", "", idem.ActionTakeover},
+		{"orphaned, other operation", orphaned, "op2", "fp", "", idem.ActionRejectMismatch},
+		{"completed, same request", completed, "op", "fp", "", idem.ActionReplay},
+		{"completed, other fingerprint", completed, "op", "fp2", "", idem.ActionRejectMismatch},
+		{"completed, other operation", completed, "op2", "fp", "", idem.ActionRejectMismatch},
+		{"in flight, same attempt id", inFlightA, "op", "fp", "a", idem.ActionRecover},
+		{"in flight, other attempt id", inFlightA, "op", "fp", "b", idem.ActionRejectInFlight},
+		{"in flight, no attempt id", inFlightA, "op", "fp", "", idem.ActionRejectInFlight},
+		{"in flight without one, an attempt id", inFlight, "op", "fp", "a", idem.ActionRejectInFlight},
+		{"in flight, same attempt id, other fingerprint", inFlightA, "op", "fp2", "a", idem.ActionRejectMismatch},
+		{"orphaned, same attempt id", orphanedA, "op", "fp", "a", idem.ActionTakeover},
+		{"completed, an attempt id", completed, "op", "fp", "a", idem.ActionReplay},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			require.Equal(t, tc.want, idem.DecideClaim(tc.stored, tc.op, tc.fp, now), "got %v", idem.DecideClaim(tc.stored, tc.op, tc.fp, now))
+			got := idem.DecideClaim(tc.stored, idem.ClaimParams{Operation: tc.op, Fingerprint: tc.fp, AttemptID: tc.attemptID}, now)
+			require.Equal(t, tc.want, got, "got %v", got)
 		})
 	}
 }

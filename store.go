@@ -134,6 +134,10 @@ type ClaimParams struct {
 	Key         string
 	Operation   string
 	Fingerprint string
+	// AttemptID is the client-chosen id of this attempt ("" for none): a
+	// claim whose answer was lost, sent again with the same id, gets its own
+	// lease back (ActionRecover) instead of request_in_flight.
+	AttemptID string
 	// Lease is how long the claim is protected.
 	Lease time.Duration
 	// ReplayWindow and ReaperThreshold are recorded on a created record.
@@ -143,7 +147,7 @@ type ClaimParams struct {
 
 // ClaimResult is the outcome of a successful claim.
 type ClaimResult struct {
-	// Action is ActionCreate, ActionTakeover or ActionReplay.
+	// Action is ActionCreate, ActionTakeover, ActionRecover or ActionReplay.
 	Action ClaimAction
 	Record Record
 }

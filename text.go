@@ -77,6 +77,22 @@ func ValidateRecoveryPoint(rp string) error {
 	return checkLabel("recovery_point", rp, MaxRecoveryPointBytes)
 }
 
+// ValidateAttemptID checks a claim's client-chosen attempt id: 1-128 bytes,
+// each printable ASCII (0x21-0x7E), like a key: a UUID or any opaque token
+// the client keeps for one attempt. It returns an invalid_request *Error
+// naming "attempt_id", or nil.
+func ValidateAttemptID(id string) error {
+	if id == "" || len(id) > MaxAttemptIDBytes {
+		return invalidField("attempt_id", fmt.Sprintf("must be 1-%d bytes", MaxAttemptIDBytes))
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x21 || c > 0x7E {
+			return invalidField("attempt_id", fmt.Sprintf("byte %d (0x%02X) is outside printable ASCII 0x21-0x7E", i, c))
+		}
+	}
+	return nil
+}
+
 // ValidateTenantName checks a tenant's display name: at most 256 bytes of
 // UTF-8 without control characters. It returns an invalid_request *Error
 // naming "name", or nil.

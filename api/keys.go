@@ -56,6 +56,9 @@ type claimRequest struct {
 	Fingerprint  *string         `json:"fingerprint"`
 	Request      json.RawMessage `json:"request"`
 	LeaseSeconds int             `json:"lease_seconds"`
+	// AttemptID is the caller's id for this attempt; a claim whose answer
+	// was lost, sent again with it, gets the attempt back instead of 409.
+	AttemptID *string `json:"attempt_id"`
 }
 
 func (c *claimRequest) validate() error {
@@ -76,6 +79,9 @@ func (c *claimRequest) validate() error {
 	}
 	if c.LeaseSeconds < 0 {
 		return fieldError("lease_seconds", "must be positive", nil)
+	}
+	if c.AttemptID != nil {
+		return idem.ValidateAttemptID(*c.AttemptID)
 	}
 	return nil
 }
@@ -99,11 +105,16 @@ func (s *service) claim(ctx context.Context, req *claimRequest) (reply, error) {
 			return reply{}, fieldError("request", "cannot be canonicalized: "+err.Error(), err)
 		}
 	}
+	var attemptID string
+	if req.AttemptID != nil {
+		attemptID = *req.AttemptID
+	}
 	res, err := s.store.Claim(ctx, idem.ClaimParams{
 		TenantID:        t.ID,
 		Key:             req.key,
 		Operation:       req.Operation,
 		Fingerprint:     fp,
+		AttemptID:       attemptID,
 		Lease:           lease,
 		ReplayWindow:    t.Settings.ReplayWindow(),
 		ReaperThreshold: t.Settings.ReaperThreshold(),
@@ -123,11 +134,12 @@ func (s *service) claim(ctx context.Context, req *claimRequest) (reply, error) {
 		return reply{status: http.StatusOK, replayed: true, body: encodeRecord(rec)}, nil
 	}
 	return reply{status: http.StatusCreated, body: claimJSON{
-		Key:            rec.Key,
-		State:          rec.APIState(),
-		FencingToken:   rec.FencingToken,
-		Attempt:        rec.Attempt,
-		Resumed:        res.Action == idem.ActionTakeover,
+		Key:          rec.Key,
+		State:        rec.APIState(),
+		FencingToken: rec.FencingToken,
+		Attempt:      rec.Attempt,
+		// A recovered attempt answers as its lost claim did.
+		Resumed:        res.Action == idem.ActionTakeover || res.Action == idem.ActionRecover && rec.Attempt > 1,
 		LeaseExpiresAt: timeJSON(rec.LeaseExpiresAt),
 		RecoveryPoint:  stringOrNull(rec.RecoveryPoint),
 		RecoveryData:   rawOrNull(rec.RecoveryData),

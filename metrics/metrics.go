@@ -3,7 +3,7 @@
 //
 // # Metrics
 //
-//	idem_claims_total{tenant,outcome}                      counter   claim outcomes: created|replayed|in_flight|mismatch|takeover|error|canceled
+//	idem_claims_total{tenant,outcome}                      counter   claim outcomes: created|replayed|in_flight|mismatch|takeover|recovered|error|canceled
 //	idem_key_writes_total{tenant,op,result}                counter   op checkpoint|complete|release; result ok|lease_lost|already_completed|not_found|error|canceled
 //	idem_orphans{tenant}                                   gauge     orphaned keys (in_flight, lease expired), from the orphan watch
 //	idem_oldest_orphan_age_seconds{tenant}                 gauge     seconds since the oldest orphan's lease expired
@@ -68,7 +68,10 @@ const (
 	OutcomeInFlight = "in_flight"
 	OutcomeMismatch = "mismatch"
 	OutcomeTakeover = "takeover"
-	OutcomeError    = "error"
+	// OutcomeRecovered counts claims that got their own attempt back
+	// (same attempt id while its lease runs): their first answer was lost.
+	OutcomeRecovered = "recovered"
+	OutcomeError     = "error"
 	// OutcomeCanceled counts claims whose caller went away before the
 	// answer; they are not errors of the service.
 	OutcomeCanceled = "canceled"
@@ -216,6 +219,8 @@ func ClaimOutcome(action idem.ClaimAction, err error) string {
 		return OutcomeReplayed
 	case idem.ActionTakeover:
 		return OutcomeTakeover
+	case idem.ActionRecover:
+		return OutcomeRecovered
 	case idem.ActionRejectInFlight:
 		return OutcomeInFlight
 	case idem.ActionRejectMismatch:

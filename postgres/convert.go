@@ -41,6 +41,9 @@ func recordFromRow(k dbsqlc.IdempotencyKey, observedAt pgtype.Timestamptz) (idem
 	if k.RecoveryData != nil {
 		rec.RecoveryData = json.RawMessage(k.RecoveryData)
 	}
+	if k.AttemptID != nil {
+		rec.AttemptID = *k.AttemptID
+	}
 	if k.ResponseStatus == nil {
 		return rec, nil
 	}
@@ -142,3 +145,12 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 
 // seconds converts a duration to whole seconds for the settings columns.
 func seconds(d time.Duration) int32 { return int32(d / time.Second) }
+
+// nullIfEmpty returns nil for "", else a pointer to s: an optional text
+// column.
+func nullIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}

@@ -20,7 +20,8 @@ const claimAttempts = 8
 
 // Claim applies the claim state machine in one upsert. When the upsert does
 // not apply, it reads the stored row and lets idem.DecideClaim say why:
-// a replay, request_in_flight, or fingerprint_mismatch.
+// a replay, the recovery of the caller's own attempt (same attempt id, lease
+// running; the record as read), request_in_flight, or fingerprint_mismatch.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
 	for range claimAttempts {
 		row, err := s.q.ClaimKey(ctx, dbsqlc.ClaimKeyParams{
@@ -28,6 +29,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			Key:                    p.Key,
 			Operation:              p.Operation,
 			Fingerprint:            p.Fingerprint,
+			AttemptID:              nullIfEmpty(p.AttemptID),
 			LeaseUs:                micros(p.Lease),
 			ReplayWindowSeconds:    seconds(p.ReplayWindow),
 			ReaperThresholdSeconds: seconds(p.ReaperThreshold),
@@ -57,10 +59,10 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		if stored == nil {
 			continue // released or reaped in between
 		}
-		action := idem.DecideClaim(stored, p.Operation, p.Fingerprint, stored.ObservedAt)
+		action := idem.DecideClaim(stored, p, stored.ObservedAt)
 		switch action {
-		case idem.ActionReplay:
-			return idem.ClaimResult{Action: idem.ActionReplay, Record: *stored}, nil
+		case idem.ActionReplay, idem.ActionRecover:
+			return idem.ClaimResult{Action: action, Record: *stored}, nil
 		case idem.ActionRejectInFlight, idem.ActionRejectMismatch:
 			return idem.ClaimResult{}, idem.ClaimError(action, stored, stored.ObservedAt)
 		}

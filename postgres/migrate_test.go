@@ -12,6 +12,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/db/schema"
 	"github.com/idem-dev/idem/postgres/pgtest"
+	"github.com/idem-dev/idem/storetest"
 )
 
 // TestMigrationRaisesReaperThreshold: a tenant stored before the rule
@@ -67,4 +68,31 @@ func TestMigrationsDownAndUp(t *testing.T) {
 	require.NoError(t, err)
 	sources := provider.ListSources()
 	require.Equal(t, sources[len(sources)-1].Version, version)
+}
+
+// TestAttemptIDAfterMigrationsDownAndUp: after every migration went down
+// and up again, a claim keeps its attempt id.
+func TestAttemptIDAfterMigrationsDownAndUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.URL(t)
+	require.NoError(t, Migrate(ctx, dsn))
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, schema.Postgres(), goose.WithDisableGlobalRegistry(true))
+	require.NoError(t, err)
+	_, err = provider.DownTo(ctx, 0)
+	require.NoError(t, err)
+	_, err = provider.Up(ctx)
+	require.NoError(t, err)
+	s, err := Open(ctx, dsn, Options{RequireLedger: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	storetest.CreateTenant(t, s, "acme")
+	p := storetest.ClaimParams("acme", "k")
+	p.AttemptID = "att-1"
+	res, err := s.Claim(ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, "att-1", res.Record.AttemptID)
 }

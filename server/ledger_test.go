@@ -307,3 +307,69 @@ func TestDisableKeepsRecordsDeletePurges(t *testing.T) {
 		})
 	}
 }
+
+// TestLostClaimAnswerRecovered: a claim sent again with its attempt_id
+// while its lease runs gets the same attempt back (201, same fencing token,
+// attempt 1) instead of 409; another or no attempt_id gets 409; an invalid
+// attempt_id is 400 naming the field; after the lease ran out the same
+// attempt_id takes over with a new token.
+func TestLostClaimAnswerRecovered(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ts := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"acme"}})
+			c := newAPIClient(t, ts)
+			tok := ts.Token(t, "acme", "keys:write")
+			claim := func(attemptID string, lease int) (int, map[string]any) {
+				body := fmt.Sprintf(`{"operation":"POST /v1/payments","request":{"amount":1000},"lease_seconds":%d`, lease)
+				if attemptID != "" {
+					body += `,"attempt_id":"` + attemptID + `"`
+				}
+				status, out, _ := c.call(t, http.MethodPost, "/v1/keys/pay-1/claim", tok, body+"}")
+				return status, out
+			}
+
+			status, first := claim("6f1c2a9e-3b7d-4e0a-9c1f-2d8b5e7a4c10", 1)
+			require.Equal(t, http.StatusCreated, status, "%v", first)
+			// The answer was lost; the client sends the same claim again.
+			status, again := claim("6f1c2a9e-3b7d-4e0a-9c1f-2d8b5e7a4c10", 1)
+			require.Equal(t, http.StatusCreated, status, "the lost claim was not recovered: %v", again)
+			require.Equal(t, first["fencing_token"], again["fencing_token"])
+			require.EqualValues(t, 1, again["attempt"])
+			require.Equal(t, false, again["resumed"])
+			require.Equal(t, first["lease_expires_at"], again["lease_expires_at"])
+
+			status, problem := claim("another-attempt", 1)
+			require.Equal(t, http.StatusConflict, status, "%v", problem)
+			require.Equal(t, "request_in_flight", problem["code"])
+			status, problem = claim("", 1)
+			require.Equal(t, http.StatusConflict, status, "%v", problem)
+			for _, bad := range []string{`has space`, strings.Repeat("a", 129)} {
+				status, problem = claim(bad, 1)
+				require.Equal(t, http.StatusBadRequest, status, "%q: %v", bad, problem)
+				require.Equal(t, []string{"attempt_id"}, fieldNames(problem))
+			}
+
+			// Past the 1 s lease the same attempt id takes over.
+			read := ts.Token(t, "acme", "keys:read")
+			require.Eventually(t, func() bool {
+				_, rec, _ := c.call(t, http.MethodGet, "/v1/keys/pay-1", read, "")
+				return rec["state"] == "orphaned"
+			}, 10*time.Second, 50*time.Millisecond)
+			status, taken := claim("6f1c2a9e-3b7d-4e0a-9c1f-2d8b5e7a4c10", 30)
+			require.Equal(t, http.StatusCreated, status, "%v", taken)
+			require.Greater(t, taken["fencing_token"], first["fencing_token"])
+			require.EqualValues(t, 2, taken["attempt"])
+			require.Equal(t, true, taken["resumed"])
+			status, again = claim("6f1c2a9e-3b7d-4e0a-9c1f-2d8b5e7a4c10", 30)
+			require.Equal(t, http.StatusCreated, status, "%v", again)
+			require.Equal(t, taken["fencing_token"], again["fencing_token"])
+			require.Equal(t, true, again["resumed"], "the recovered takeover answers as the takeover did")
+			status, done, _ := c.call(t, http.MethodPost, "/v1/keys/pay-1/complete", tok,
+				fmt.Sprintf(`{"fencing_token":%v,"response":{"status":201,"body":"{}"}}`, first["fencing_token"]))
+			require.Equal(t, http.StatusConflict, status, "the first token is fenced off: %v", done)
+			require.Equal(t, "lease_lost", done["code"])
+		})
+	}
+}

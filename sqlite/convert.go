@@ -38,6 +38,9 @@ func recordFromRow(k dbsqlc.IdempotencyKey, now time.Time) (idem.Record, error) 
 	if k.RecoveryData != nil {
 		rec.RecoveryData = json.RawMessage(k.RecoveryData)
 	}
+	if k.AttemptID != nil {
+		rec.AttemptID = *k.AttemptID
+	}
 	if k.ResponseStatus == nil {
 		return rec, nil
 	}
@@ -157,3 +160,12 @@ const (
 	cursorNewest = math.MaxInt64
 	cursorOldest = math.MinInt64
 )
+
+// nullIfEmpty returns nil for "", else a pointer to s: an optional text
+// column.
+func nullIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}

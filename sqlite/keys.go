@@ -23,13 +23,13 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		if err != nil {
 			return err
 		}
-		action := idem.DecideClaim(stored, p.Operation, p.Fingerprint, now)
+		action := idem.DecideClaim(stored, p, now)
 		if err := idem.ClaimError(action, stored, now); err != nil {
 			return err
 		}
 		res.Action = action
 		switch action {
-		case idem.ActionReplay:
+		case idem.ActionReplay, idem.ActionRecover:
 			res.Record = *stored
 			return nil
 		case idem.ActionTakeover:
@@ -53,6 +53,7 @@ func create(ctx context.Context, q *dbsqlc.Queries, p idem.ClaimParams, now time
 		Key:                    p.Key,
 		Operation:              p.Operation,
 		Fingerprint:            p.Fingerprint,
+		AttemptID:              nullIfEmpty(p.AttemptID),
 		FencingToken:           token,
 		LeaseExpiresAt:         microsPtr(now.Add(p.Lease)),
 		ReplayWindowSeconds:    seconds(p.ReplayWindow),
@@ -80,6 +81,7 @@ func takeover(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, p ide
 		TenantID:       p.TenantID,
 		Key:            p.Key,
 		FencingToken:   token,
+		AttemptID:      nullIfEmpty(p.AttemptID),
 		LeaseExpiresAt: microsPtr(now.Add(p.Lease)),
 		Now:            micros(now),
 		PurgeAfter:     micros(idem.InFlightPurgeAfter(time.Time{}, now, p.Lease, stored.ReaperThreshold)),

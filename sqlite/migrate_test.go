@@ -118,3 +118,28 @@ func TestRequireLedgerAndFileIdentity(t *testing.T) {
 	_, err = s.Claim(ctx, storetest.ClaimParams("acme", "k"))
 	require.NoError(t, err)
 }
+
+// TestAttemptIDAfterMigrationsDownAndUp: after every migration went down
+// and up again, a claim keeps its attempt id.
+func TestAttemptIDAfterMigrationsDownAndUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	require.NoError(t, Migrate(ctx, path))
+	db, err := sql.Open("sqlite", dsn(path))
+	require.NoError(t, err)
+	defer db.Close()
+	provider, err := goose.NewProvider(goose.DialectSQLite3, db, schema.SQLite())
+	require.NoError(t, err)
+	_, err = provider.DownTo(ctx, 0)
+	require.NoError(t, err)
+	_, err = provider.Up(ctx)
+	require.NoError(t, err)
+	s := openStore(t, path, nil)
+	storetest.CreateTenant(t, s, "acme")
+	p := storetest.ClaimParams("acme", "k")
+	p.AttemptID = "att-1"
+	res, err := s.Claim(ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, "att-1", res.Record.AttemptID)
+}

@@ -86,6 +86,11 @@ func groups() []group {
 			{"ExpiredBoundary", testClaimExpiredBoundary},
 			{"DatabaseClockLeaseExpiry", testClaimDatabaseClock},
 		}},
+		{"AttemptID", []testCase{
+			{"SameAttemptRecovered", testAttemptRecovered},
+			{"OtherAttemptRejected", testAttemptOtherRejected},
+			{"TakeoverNewToken", testAttemptTakeoverNewToken},
+		}},
 		{"Concurrency", []testCase{
 			{"ClaimRace", testRaceClaim},
 			{"TakeoverRace", testRaceTakeover},

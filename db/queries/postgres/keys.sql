@@ -14,13 +14,13 @@ WITH clock AS (
 )
 INSERT INTO idempotency_keys AS k (
     tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
-    lease_expires_at, replay_window_seconds, reaper_threshold_seconds,
+    attempt_id, lease_expires_at, replay_window_seconds, reaper_threshold_seconds,
     created_at, updated_at, purge_after
 )
 SELECT
     sqlc.arg('tenant_id')::text, sqlc.arg('key')::text, 'in_flight',
     sqlc.arg('operation')::text, sqlc.arg('fingerprint')::text,
-    nextval('fencing_tokens'), 1,
+    nextval('fencing_tokens'), 1, sqlc.narg('attempt_id')::text,
     clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond',
     sqlc.arg('replay_window_seconds')::integer,
     sqlc.arg('reaper_threshold_seconds')::integer,
@@ -35,6 +35,7 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     fencing_token = excluded.fencing_token,
     attempt = CASE WHEN k.state = 'completed' THEN 1 ELSE k.attempt + 1 END,
+    attempt_id = excluded.attempt_id,
     lease_expires_at = excluded.lease_expires_at,
     recovery_point = CASE WHEN k.state = 'completed' THEN NULL ELSE k.recovery_point END,
     recovery_data = CASE WHEN k.state = 'completed' THEN NULL ELSE k.recovery_data END,

@@ -19,14 +19,14 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key);
 -- CreateKey inserts a fresh in-flight record, or overwrites an expired one
 -- with a fresh record: attempt 1, response and recovery point cleared.
 INSERT INTO idempotency_keys (
-    tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
+    tenant_id, key, state, operation, fingerprint, fencing_token, attempt, attempt_id,
     lease_expires_at, recovery_point, recovery_data,
     response_status, response_headers, response_body, response_body_encoding,
     replay_window_seconds, reaper_threshold_seconds,
     created_at, updated_at, completed_at, replay_until, purge_after
 ) VALUES (
     sqlc.arg(tenant_id), sqlc.arg(key), 'in_flight', sqlc.arg(operation), sqlc.arg(fingerprint),
-    sqlc.arg(fencing_token), 1,
+    sqlc.arg(fencing_token), 1, sqlc.narg(attempt_id),
     sqlc.arg(lease_expires_at), NULL, NULL,
     NULL, NULL, NULL, NULL,
     sqlc.arg(replay_window_seconds), sqlc.arg(reaper_threshold_seconds),
@@ -38,6 +38,7 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     fencing_token = excluded.fencing_token,
     attempt = excluded.attempt,
+    attempt_id = excluded.attempt_id,
     lease_expires_at = excluded.lease_expires_at,
     recovery_point = NULL,
     recovery_data = NULL,
@@ -60,6 +61,7 @@ RETURNING *;
 UPDATE idempotency_keys SET
     fencing_token = sqlc.arg(fencing_token),
     attempt = attempt + 1,
+    attempt_id = sqlc.narg(attempt_id),
     lease_expires_at = sqlc.arg(lease_expires_at),
     updated_at = sqlc.arg(now),
     purge_after = sqlc.arg(purge_after)

@@ -25,7 +25,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $4 AND k.key = $5
     AND k.fencing_token = $6 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, clock.now AS observed_at
 `
 
 type CheckpointKeyParams struct {
@@ -79,6 +79,7 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (C
 		&i.IdempotencyKey.CompletedAt,
 		&i.IdempotencyKey.ReplayUntil,
 		&i.IdempotencyKey.PurgeAfter,
+		&i.IdempotencyKey.AttemptID,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -87,24 +88,24 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (C
 const claimKey = `-- name: ClaimKey :one
 
 WITH clock AS (
-    SELECT coalesce($8::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($9::timestamptz, now())::timestamptz AS now
 )
 INSERT INTO idempotency_keys AS k (
     tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
-    lease_expires_at, replay_window_seconds, reaper_threshold_seconds,
+    attempt_id, lease_expires_at, replay_window_seconds, reaper_threshold_seconds,
     created_at, updated_at, purge_after
 )
 SELECT
     $1::text, $2::text, 'in_flight',
     $3::text, $4::text,
-    nextval('fencing_tokens'), 1,
-    clock.now + $5::bigint * interval '1 microsecond',
-    $6::integer,
+    nextval('fencing_tokens'), 1, $5::text,
+    clock.now + $6::bigint * interval '1 microsecond',
     $7::integer,
+    $8::integer,
     clock.now, clock.now,
     -- kept for the reaper threshold, and never less than the lease
-    greatest(clock.now + $7::integer * interval '1 second',
-        clock.now + $5::bigint * interval '1 microsecond')
+    greatest(clock.now + $8::integer * interval '1 second',
+        clock.now + $6::bigint * interval '1 microsecond')
 FROM clock
 ON CONFLICT (tenant_id, key) DO UPDATE SET
     state = 'in_flight',
@@ -112,6 +113,7 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     fencing_token = excluded.fencing_token,
     attempt = CASE WHEN k.state = 'completed' THEN 1 ELSE k.attempt + 1 END,
+    attempt_id = excluded.attempt_id,
     lease_expires_at = excluded.lease_expires_at,
     recovery_point = CASE WHEN k.state = 'completed' THEN NULL ELSE k.recovery_point END,
     recovery_data = CASE WHEN k.state = 'completed' THEN NULL ELSE k.recovery_data END,
@@ -134,7 +136,7 @@ WHERE
         AND k.operation = excluded.operation AND k.fingerprint = excluded.fingerprint)
     -- a completed record past its replay window counts as absent
     OR (k.state = 'completed' AND k.replay_until <= excluded.created_at)
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.updated_at AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.updated_at AS observed_at
 `
 
 type ClaimKeyParams struct {
@@ -142,6 +144,7 @@ type ClaimKeyParams struct {
 	Key                    string
 	Operation              string
 	Fingerprint            string
+	AttemptID              *string
 	LeaseUs                int64
 	ReplayWindowSeconds    int32
 	ReaperThresholdSeconds int32
@@ -168,6 +171,7 @@ func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow
 		arg.Key,
 		arg.Operation,
 		arg.Fingerprint,
+		arg.AttemptID,
 		arg.LeaseUs,
 		arg.ReplayWindowSeconds,
 		arg.ReaperThresholdSeconds,
@@ -196,6 +200,7 @@ func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow
 		&i.IdempotencyKey.CompletedAt,
 		&i.IdempotencyKey.ReplayUntil,
 		&i.IdempotencyKey.PurgeAfter,
+		&i.IdempotencyKey.AttemptID,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -219,7 +224,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $5 AND k.key = $6
     AND k.fencing_token = $7 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, clock.now AS observed_at
 `
 
 type CompleteKeyParams struct {
@@ -274,6 +279,7 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Compl
 		&i.IdempotencyKey.CompletedAt,
 		&i.IdempotencyKey.ReplayUntil,
 		&i.IdempotencyKey.PurgeAfter,
+		&i.IdempotencyKey.AttemptID,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -283,7 +289,7 @@ const getKey = `-- name: GetKey :one
 WITH clock AS (
     SELECT coalesce($3::timestamptz, now())::timestamptz AS now
 )
-SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, clock.now AS observed_at
+SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = $1 AND k.key = $2
 `
@@ -324,6 +330,7 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 		&i.IdempotencyKey.CompletedAt,
 		&i.IdempotencyKey.ReplayUntil,
 		&i.IdempotencyKey.PurgeAfter,
+		&i.IdempotencyKey.AttemptID,
 		&i.ObservedAt,
 	)
 	return i, err

@@ -30,6 +30,7 @@ type IdempotencyKey struct {
 	CompletedAt            pgtype.Timestamptz
 	ReplayUntil            pgtype.Timestamptz
 	PurgeAfter             pgtype.Timestamptz
+	AttemptID              *string
 }
 
 type Tenant struct {

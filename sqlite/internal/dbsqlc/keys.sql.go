@@ -17,7 +17,7 @@ UPDATE idempotency_keys SET
     updated_at = ?4,
     purge_after = ?5
 WHERE tenant_id = ?6 AND key = ?7
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id
 `
 
 type CheckpointKeyParams struct {
@@ -63,6 +63,7 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (I
 		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
+		&i.AttemptID,
 	)
 	return i, err
 }
@@ -80,7 +81,7 @@ UPDATE idempotency_keys SET
     replay_until = ?6,
     purge_after = ?7
 WHERE tenant_id = ?8 AND key = ?9
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id
 `
 
 type CompleteKeyParams struct {
@@ -130,24 +131,25 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Idemp
 		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
+		&i.AttemptID,
 	)
 	return i, err
 }
 
 const createKey = `-- name: CreateKey :one
 INSERT INTO idempotency_keys (
-    tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
+    tenant_id, key, state, operation, fingerprint, fencing_token, attempt, attempt_id,
     lease_expires_at, recovery_point, recovery_data,
     response_status, response_headers, response_body, response_body_encoding,
     replay_window_seconds, reaper_threshold_seconds,
     created_at, updated_at, completed_at, replay_until, purge_after
 ) VALUES (
     ?1, ?2, 'in_flight', ?3, ?4,
-    ?5, 1,
-    ?6, NULL, NULL,
+    ?5, 1, ?6,
+    ?7, NULL, NULL,
     NULL, NULL, NULL, NULL,
-    ?7, ?8,
-    ?9, ?9, NULL, NULL, ?10
+    ?8, ?9,
+    ?10, ?10, NULL, NULL, ?11
 )
 ON CONFLICT (tenant_id, key) DO UPDATE SET
     state = excluded.state,
@@ -155,6 +157,7 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     fencing_token = excluded.fencing_token,
     attempt = excluded.attempt,
+    attempt_id = excluded.attempt_id,
     lease_expires_at = excluded.lease_expires_at,
     recovery_point = NULL,
     recovery_data = NULL,
@@ -169,7 +172,7 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     completed_at = NULL,
     replay_until = NULL,
     purge_after = excluded.purge_after
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id
 `
 
 type CreateKeyParams struct {
@@ -178,6 +181,7 @@ type CreateKeyParams struct {
 	Operation              string
 	Fingerprint            string
 	FencingToken           int64
+	AttemptID              *string
 	LeaseExpiresAt         *int64
 	ReplayWindowSeconds    int64
 	ReaperThresholdSeconds int64
@@ -194,6 +198,7 @@ func (q *Queries) CreateKey(ctx context.Context, arg CreateKeyParams) (Idempoten
 		arg.Operation,
 		arg.Fingerprint,
 		arg.FencingToken,
+		arg.AttemptID,
 		arg.LeaseExpiresAt,
 		arg.ReplayWindowSeconds,
 		arg.ReaperThresholdSeconds,
@@ -223,12 +228,13 @@ func (q *Queries) CreateKey(ctx context.Context, arg CreateKeyParams) (Idempoten
 		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
+		&i.AttemptID,
 	)
 	return i, err
 }
 
 const getKey = `-- name: GetKey :one
-SELECT idempotency_keys.tenant_id, idempotency_keys."key", idempotency_keys.state, idempotency_keys.operation, idempotency_keys.fingerprint, idempotency_keys.fencing_token, idempotency_keys.attempt, idempotency_keys.lease_expires_at, idempotency_keys.recovery_point, idempotency_keys.recovery_data, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.response_body_encoding, idempotency_keys.replay_window_seconds, idempotency_keys.reaper_threshold_seconds, idempotency_keys.created_at, idempotency_keys.updated_at, idempotency_keys.completed_at, idempotency_keys.replay_until, idempotency_keys.purge_after,
+SELECT idempotency_keys.tenant_id, idempotency_keys."key", idempotency_keys.state, idempotency_keys.operation, idempotency_keys.fingerprint, idempotency_keys.fencing_token, idempotency_keys.attempt, idempotency_keys.lease_expires_at, idempotency_keys.recovery_point, idempotency_keys.recovery_data, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.response_body_encoding, idempotency_keys.replay_window_seconds, idempotency_keys.reaper_threshold_seconds, idempotency_keys.created_at, idempotency_keys.updated_at, idempotency_keys.completed_at, idempotency_keys.replay_until, idempotency_keys.purge_after, idempotency_keys.attempt_id,
        CAST(response_body IS NOT NULL AS INTEGER) AS has_response_body
 FROM idempotency_keys
 WHERE tenant_id = ?1 AND key = ?2
@@ -271,6 +277,7 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 		&i.IdempotencyKey.CompletedAt,
 		&i.IdempotencyKey.ReplayUntil,
 		&i.IdempotencyKey.PurgeAfter,
+		&i.IdempotencyKey.AttemptID,
 		&i.HasResponseBody,
 	)
 	return i, err
@@ -631,15 +638,17 @@ const takeoverKey = `-- name: TakeoverKey :one
 UPDATE idempotency_keys SET
     fencing_token = ?1,
     attempt = attempt + 1,
-    lease_expires_at = ?2,
-    updated_at = ?3,
-    purge_after = ?4
-WHERE tenant_id = ?5 AND key = ?6
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after
+    attempt_id = ?2,
+    lease_expires_at = ?3,
+    updated_at = ?4,
+    purge_after = ?5
+WHERE tenant_id = ?6 AND key = ?7
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id
 `
 
 type TakeoverKeyParams struct {
 	FencingToken   int64
+	AttemptID      *string
 	LeaseExpiresAt *int64
 	Now            int64
 	PurgeAfter     int64
@@ -652,6 +661,7 @@ type TakeoverKeyParams struct {
 func (q *Queries) TakeoverKey(ctx context.Context, arg TakeoverKeyParams) (IdempotencyKey, error) {
 	row := q.db.QueryRowContext(ctx, takeoverKey,
 		arg.FencingToken,
+		arg.AttemptID,
 		arg.LeaseExpiresAt,
 		arg.Now,
 		arg.PurgeAfter,
@@ -681,6 +691,7 @@ func (q *Queries) TakeoverKey(ctx context.Context, arg TakeoverKeyParams) (Idemp
 		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
+		&i.AttemptID,
 	)
 	return i, err
 }

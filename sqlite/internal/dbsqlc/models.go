@@ -31,6 +31,7 @@ type IdempotencyKey struct {
 	CompletedAt            *int64
 	ReplayUntil            *int64
 	PurgeAfter             int64
+	AttemptID              *string
 }
 
 type Tenant struct {
