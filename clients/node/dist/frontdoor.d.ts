@@ -6,13 +6,19 @@ export declare const headerRequestId = "X-Request-Id";
 /** The longest operation label idem accepts; longer labels are cut at a character boundary. */
 export declare const maxOperationBytes = 128;
 /** The codes a front door answers with. */
-export type FrontDoorCode = "idempotency_key_missing" | "invalid_key" | "invalid_request" | "payload_too_large" | "request_in_flight" | "fingerprint_mismatch" | "store_unavailable";
+export type FrontDoorCode = "idempotency_key_missing" | "invalid_key" | "invalid_request" | "payload_too_large" | "request_in_flight" | "fingerprint_mismatch" | "store_unavailable" | "response_not_replayable";
 /** Status, title and retryability of every front-door problem. */
 export declare const problems: Readonly<Record<FrontDoorCode, {
     status: number;
     title: string;
     retryable: boolean;
 }>>;
+/**
+ * The header stored, in place of a body, on a record whose response was too
+ * large to keep: a replay of it answers 409 response_not_replayable instead
+ * of running the handler again.
+ */
+export declare const headerNotReplayable = "Idem-Not-Replayable";
 /** A refusal of the front door; {@link problemResponse} turns it into an RFC 9457 answer. */
 export declare class FrontDoorError extends Error {
     readonly code: FrontDoorCode;
@@ -115,6 +121,8 @@ export interface FrontDoorOptions {
     fingerprint?: FingerprintRules;
     /** The lease asked for, in seconds (default the tenant's). */
     leaseSeconds?: number;
+    /** The largest response (body plus stored headers) stored for replay (default 1 MiB, the tenant's default max_response_bytes); a larger one is sent but stored without its body, and its replay answers 409 response_not_replayable. */
+    maxStoredBytes?: number;
     /** The largest request body read (default 10 MiB); larger gets 413 payload_too_large. */
     maxBodyBytes?: number;
     /** Retry-After of the 503 sent when idem cannot be reached, in seconds (default 1). */
@@ -173,6 +181,8 @@ export declare class FrontDoor {
      * body and resolves to its buffered answer (or rejects with its exception).
      */
     serve(req: FrontRequest, runHandler: (body: Uint8Array) => Promise<HandlerAnswer>): Promise<Outcome>;
+    /** The response to store for a handler's answer: the whole of it, or without its body (marked) when it is over maxStoredBytes. */
+    private stored;
     /** Maps a claim that did not let the handler run to its refusal. */
     private claimRefusal;
 }

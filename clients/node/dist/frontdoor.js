@@ -20,7 +20,14 @@ export const problems = {
     request_in_flight: { status: 409, title: "Request in flight", retryable: true },
     fingerprint_mismatch: { status: 422, title: "Idempotency key reused with another request", retryable: false },
     store_unavailable: { status: 503, title: "Idempotency store unavailable", retryable: true },
+    response_not_replayable: { status: 409, title: "Response not replayable", retryable: false },
 };
+/**
+ * The header stored, in place of a body, on a record whose response was too
+ * large to keep: a replay of it answers 409 response_not_replayable instead
+ * of running the handler again.
+ */
+export const headerNotReplayable = "Idem-Not-Replayable";
 /** A refusal of the front door; {@link problemResponse} turns it into an RFC 9457 answer. */
 export class FrontDoorError extends Error {
     code;
@@ -504,6 +511,7 @@ export class FrontDoor {
             storeServerErrors: true,
             headers: defaultStoredHeaders,
             maxBodyBytes: 10 << 20,
+            maxStoredBytes: 1 << 20,
             unavailableRetryAfterSeconds: 1,
             log: (message, err) => console.error(`idem: ${message}:`, err instanceof Error ? err.message : err),
             ...opts,
@@ -549,7 +557,7 @@ export class FrontDoor {
                 const a = await runHandler(body);
                 if (!storeStatus(a.status, this.o.storeServerErrors))
                     throw new Released("handler answered 5xx; key released");
-                return new StoredResponse(a.status, storedHeaders(a.header, this.o.headers), a.body);
+                return this.stored(a);
             }, { noWait: true });
         }
         catch (err) {
@@ -567,9 +575,22 @@ export class FrontDoor {
         if (!result.replayed)
             return { kind: "ran" };
         const r = result.response;
+        if (Object.hasOwn(r.headers, headerNotReplayable)) {
+            return refuse(new FrontDoorError("response_not_replayable", "the request was completed, but its response was too large to store and cannot be replayed"));
+        }
         const headers = Object.entries(r.headers);
         headers.push([headerReplayed, "true"], ["Content-Length", String(r.body.length)]);
         return { kind: "answer", answer: { status: r.status || 200, headers, body: r.body } };
+    }
+    /** The response to store for a handler's answer: the whole of it, or without its body (marked) when it is over maxStoredBytes. */
+    stored(a) {
+        const headers = storedHeaders(a.header, this.o.headers);
+        let size = a.body.length;
+        for (const [k, v] of Object.entries(headers))
+            size += Buffer.byteLength(k) + Buffer.byteLength(v);
+        if (size <= this.o.maxStoredBytes)
+            return new StoredResponse(a.status, headers, a.body);
+        return new StoredResponse(a.status, { [headerNotReplayable]: `response of ${size} bytes not stored` });
     }
     /** Maps a claim that did not let the handler run to its refusal. */
     claimRefusal(err) {

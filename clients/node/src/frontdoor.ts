@@ -22,7 +22,8 @@ export type FrontDoorCode =
   | "payload_too_large"
   | "request_in_flight"
   | "fingerprint_mismatch"
-  | "store_unavailable";
+  | "store_unavailable"
+  | "response_not_replayable";
 
 /** Status, title and retryability of every front-door problem. */
 export const problems: Readonly<Record<FrontDoorCode, { status: number; title: string; retryable: boolean }>> = {
@@ -33,7 +34,15 @@ export const problems: Readonly<Record<FrontDoorCode, { status: number; title: s
   request_in_flight: { status: 409, title: "Request in flight", retryable: true },
   fingerprint_mismatch: { status: 422, title: "Idempotency key reused with another request", retryable: false },
   store_unavailable: { status: 503, title: "Idempotency store unavailable", retryable: true },
+  response_not_replayable: { status: 409, title: "Response not replayable", retryable: false },
 };
+
+/**
+ * The header stored, in place of a body, on a record whose response was too
+ * large to keep: a replay of it answers 409 response_not_replayable instead
+ * of running the handler again.
+ */
+export const headerNotReplayable = "Idem-Not-Replayable";
 
 /** A refusal of the front door; {@link problemResponse} turns it into an RFC 9457 answer. */
 export class FrontDoorError extends Error {
@@ -485,6 +494,8 @@ export interface FrontDoorOptions {
   fingerprint?: FingerprintRules;
   /** The lease asked for, in seconds (default the tenant's). */
   leaseSeconds?: number;
+  /** The largest response (body plus stored headers) stored for replay (default 1 MiB, the tenant's default max_response_bytes); a larger one is sent but stored without its body, and its replay answers 409 response_not_replayable. */
+  maxStoredBytes?: number;
   /** The largest request body read (default 10 MiB); larger gets 413 payload_too_large. */
   maxBodyBytes?: number;
   /** Retry-After of the 503 sent when idem cannot be reached, in seconds (default 1). */
@@ -543,6 +554,7 @@ export class FrontDoor {
       storeServerErrors: true,
       headers: defaultStoredHeaders,
       maxBodyBytes: 10 << 20,
+      maxStoredBytes: 1 << 20,
       unavailableRetryAfterSeconds: 1,
       log: (message, err) => console.error(`idem: ${message}:`, err instanceof Error ? err.message : err),
       ...opts,
@@ -586,7 +598,7 @@ export class FrontDoor {
           ran = true;
           const a = await runHandler(body);
           if (!storeStatus(a.status, this.o.storeServerErrors)) throw new Released("handler answered 5xx; key released");
-          return new StoredResponse(a.status, storedHeaders(a.header, this.o.headers), a.body);
+          return this.stored(a);
         }, { noWait: true });
     } catch (err) {
       if (ran) {
@@ -601,9 +613,21 @@ export class FrontDoor {
     }
     if (!result.replayed) return { kind: "ran" };
     const r = result.response;
+    if (Object.hasOwn(r.headers, headerNotReplayable)) {
+      return refuse(new FrontDoorError("response_not_replayable", "the request was completed, but its response was too large to store and cannot be replayed"));
+    }
     const headers: [string, string][] = Object.entries(r.headers);
     headers.push([headerReplayed, "true"], ["Content-Length", String(r.body.length)]);
     return { kind: "answer", answer: { status: r.status || 200, headers, body: r.body } };
+  }
+
+  /** The response to store for a handler's answer: the whole of it, or without its body (marked) when it is over maxStoredBytes. */
+  private stored(a: HandlerAnswer): StoredResponse {
+    const headers = storedHeaders(a.header, this.o.headers);
+    let size = a.body.length;
+    for (const [k, v] of Object.entries(headers)) size += Buffer.byteLength(k) + Buffer.byteLength(v);
+    if (size <= this.o.maxStoredBytes) return new StoredResponse(a.status, headers, a.body);
+    return new StoredResponse(a.status, { [headerNotReplayable]: `response of ${size} bytes not stored` });
   }
 
   /** Maps a claim that did not let the handler run to its refusal. */

@@ -26,6 +26,7 @@ export {
   checkIJSON,
   defaultStoredHeaders,
   fingerprintDocument,
+  headerNotReplayable,
   isJSON,
   operation,
   parseKey,

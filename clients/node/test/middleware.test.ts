@@ -13,6 +13,9 @@ import { after, before, describe, test } from "node:test";
 import { Client, expressErrorHandler, expressMiddleware, withIdempotency } from "../src/index.js";
 import { startServer, stores, type Server } from "./server.js";
 
+/** A response over the default 1 MiB stored for replay. */
+const BIG = (1 << 20) + 1;
+
 interface App {
   url: string;
   /** Side effects per order id. */
@@ -37,6 +40,10 @@ async function expressApp(client: Client): Promise<App> {
   app.post("/boom", () => {
     throw new Error("handler failed after its side effect");
   });
+  app.post("/big", (_req, res) => {
+    effects.set("big", (effects.get("big") ?? 0) + 1);
+    res.status(200).type("text/plain").send("x".repeat(BIG));
+  });
   app.use(expressErrorHandler());
   app.use((_err: unknown, _req: express.Request, res: express.Response, _next: express.NextFunction) => {
     res.status(500).json({ error: "boom" });
@@ -60,6 +67,11 @@ async function honoApp(client: Client): Promise<App> {
     throw new Error("handler failed after its side effect");
   }, { client, log: () => {} });
   app.post("/boom", (c) => boom(c.req.raw));
+  const big = withIdempotency(async () => {
+    effects.set("big", (effects.get("big") ?? 0) + 1);
+    return new Response("x".repeat(BIG), { headers: { "Content-Type": "text/plain" } });
+  }, { client, log: () => {} });
+  app.post("/big", (c) => big(c.req.raw));
   app.onError((_err, c) => c.json({ error: "boom" }, 500));
   let srv: HTTPServer | undefined;
   const url = await new Promise<string>((r) => {
@@ -274,6 +286,18 @@ for (const store of stores()) {
         const again = await post(`${app.url}/boom`, k, {});
         assert.equal(again.status, 409);
         assert.equal(JSON.parse(again.text).code, "request_in_flight");
+      });
+
+      test("a response too large to store is sent once; its replay is 409 response_not_replayable, not a second run", async () => {
+        const k = `big-${randomUUID()}`;
+        const before = app.effects.get("big") ?? 0;
+        const first = await post(`${app.url}/big`, k, {});
+        assert.equal(first.status, 200);
+        assert.equal(first.text.length, BIG);
+        const again = await post(`${app.url}/big`, k, {});
+        assert.equal(again.status, 409);
+        assert.equal(JSON.parse(again.text).code, "response_not_replayable");
+        assert.equal(app.effects.get("big"), before + 1);
       });
 
       test("idem unreachable: 503 store_unavailable, the handler does not run", async () => {

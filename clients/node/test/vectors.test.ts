@@ -153,7 +153,7 @@ describe("testvectors/frontdoor", () => {
   }
   for (const v of pol.problems) {
     const known = (problems as Record<string, { status: number; title: string; retryable: boolean }>)[v.code];
-    if (!known) continue; // gateway-only codes (upstream_*, response_not_replayable)
+    if (!known) continue; // gateway-only codes (upstream_*)
     test(`policy.problems: ${v.code}`, async () => {
       const { problemResponse } = await import("../src/index.js");
       const a = problemResponse(new FrontDoorError(v.code, ""), "rid");
