@@ -15,6 +15,10 @@ run: ## Start the service on embedded SQLite in development mode (tokens printed
 test: ## Run every test (race detector, real throwaway PostgreSQL via pg_virtualenv, SQLite, browser).
 	scripts/test
 
+.PHONY: fuzz
+fuzz: ## Fuzz every go test -fuzz target for 5 s from its seed corpus (scripts/fuzz 1m for longer).
+	scripts/fuzz
+
 .PHONY: generate
 generate: ## Regenerate the sqlc query code from db/schema and db/queries.
 	$(SQLC) generate
