@@ -1,0 +1,63 @@
+package idem_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/sqlite"
+)
+
+// TestWithDeadline runs WithDeadline over a real SQLite store whose write
+// lock another connection holds: a write past the deadline is
+// store_unavailable in about the deadline (the store alone would wait out
+// its 10 s busy timeout), a call whose caller cancelled matches
+// context.Canceled, and a domain answer passes through unchanged.
+func TestWithDeadline(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	raw, err := sqlite.Open(ctx, path, sqlite.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = raw.Close() })
+	const d = 300 * time.Millisecond
+	s := idem.WithDeadline(raw, d)
+	_, err = s.CreateTenant(ctx, idem.CreateTenantParams{ID: "acme", Name: "acme", Settings: idem.DefaultSettings()})
+	require.NoError(t, err)
+
+	_, err = s.GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: "none"})
+	require.ErrorIs(t, err, idem.ErrKeyNotFound, "a domain answer passes through")
+
+	holder, err := sql.Open("sqlite", "file:"+path)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Close() })
+	conn, err := holder.Conn(ctx)
+	require.NoError(t, err)
+	_, err = conn.ExecContext(ctx, "BEGIN IMMEDIATE")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = conn.ExecContext(ctx, "ROLLBACK"); _ = conn.Close() })
+
+	claim := idem.ClaimParams{TenantID: "acme", Key: "k", Operation: "op", Lease: time.Minute,
+		ReplayWindow: time.Hour, ReaperThreshold: 2 * time.Hour}
+	start := time.Now()
+	_, err = s.Claim(ctx, claim)
+	elapsed := time.Since(start)
+	require.ErrorIs(t, err, idem.ErrStoreUnavailable)
+	require.Less(t, elapsed, 5*time.Second, "the deadline, not the busy timeout, ended the call")
+	require.GreaterOrEqual(t, elapsed, d)
+
+	// With a long deadline, only the caller's cancel ends the wait.
+	cctx, cancel := context.WithCancel(ctx)
+	time.AfterFunc(50*time.Millisecond, cancel)
+	_, err = idem.WithDeadline(raw, time.Minute).Claim(cctx, claim)
+	require.True(t, errors.Is(err, context.Canceled), "a cancelled call matches context.Canceled: %v", err)
+	require.False(t, errors.Is(err, idem.ErrStoreUnavailable), "a cancelled call is not the store's failure: %v", err)
+
+	require.Equal(t, raw, idem.WithDeadline(raw, 0), "no deadline leaves the store as it is")
+}
