@@ -43,9 +43,10 @@ export interface ClientOptions {
     userAgent?: string;
     /**
      * Send a random `attempt_id` with every claim, the same for all retries
-     * of one logical claim, so that a claim whose answer was lost gets its own
-     * lease back instead of 409 request_in_flight. Needs a server that knows
-     * `attempt_id`. Default false.
+     * of one logical claim (and all claims of one `run`), so that a claim
+     * whose answer was lost gets its own attempt back (201, same fencing
+     * token) instead of waiting out the lease behind 409 request_in_flight.
+     * Default true; false for a server older than `attempt_id`.
      */
     attemptIds?: boolean;
 }

@@ -44,7 +44,7 @@ export class Client {
         this.clock = opts.clock ?? realClock;
         this.random = opts.random ?? Math.random;
         this.userAgent = opts.userAgent ?? "idem-node-client/0.1";
-        this.attemptIds = opts.attemptIds ?? false;
+        this.attemptIds = opts.attemptIds ?? true;
     }
     /** The tokens left in the client-wide retry budget (Infinity when off). */
     retryBudgetLeft() {

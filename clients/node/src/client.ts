@@ -59,9 +59,10 @@ export interface ClientOptions {
   userAgent?: string;
   /**
    * Send a random `attempt_id` with every claim, the same for all retries
-   * of one logical claim, so that a claim whose answer was lost gets its own
-   * lease back instead of 409 request_in_flight. Needs a server that knows
-   * `attempt_id`. Default false.
+   * of one logical claim (and all claims of one `run`), so that a claim
+   * whose answer was lost gets its own attempt back (201, same fencing
+   * token) instead of waiting out the lease behind 409 request_in_flight.
+   * Default true; false for a server older than `attempt_id`.
    */
   attemptIds?: boolean;
 }
@@ -145,7 +146,7 @@ export class Client {
     this.clock = opts.clock ?? realClock;
     this.random = opts.random ?? Math.random;
     this.userAgent = opts.userAgent ?? "idem-node-client/0.1";
-    this.attemptIds = opts.attemptIds ?? false;
+    this.attemptIds = opts.attemptIds ?? true;
   }
 
   /** The tokens left in the client-wide retry budget (Infinity when off). */

@@ -9,6 +9,28 @@ import { startServer, stores, type Server } from "./server.js";
 
 const newKey = (name: string) => `${name}-${randomUUID()}`;
 
+/** A loopback proxy to target that resets the connection of the first claim after target answered it. */
+async function claimDroppingProxy(target: string): Promise<{ url: string; close: () => void }> {
+  const t = new URL(target);
+  let dropped = false;
+  const srv = createServer((req, res) => {
+    const drop = !dropped && req.url?.endsWith("/claim") === true;
+    if (drop) dropped = true;
+    const up = httpRequest({ host: t.hostname, port: t.port, method: req.method, path: req.url, headers: req.headers }, (ur) => {
+      if (drop) {
+        ur.resume();
+        ur.on("end", () => req.socket.destroy());
+        return;
+      }
+      res.writeHead(ur.statusCode ?? 502, ur.headers);
+      ur.pipe(res);
+    });
+    req.pipe(up);
+  });
+  await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
+  return { url: `http://127.0.0.1:${(srv.address() as AddressInfo).port}`, close: () => { srv.closeAllConnections(); srv.close(); } };
+}
+
 /** A loopback proxy to target that answers checkpoints 503 while cut is set. */
 async function cuttingProxy(target: string): Promise<{ url: string; cut: (on: boolean) => void; close: () => void }> {
   const t = new URL(target);
@@ -182,6 +204,27 @@ for (const store of stores()) {
           return { status: 200, body: "too late" };
         }), (err: unknown) => err instanceof IdemError && err.code === "lease_lost");
         assert.ok(reason instanceof IdemError && reason.code === "lease_lost", String(reason));
+      } finally {
+        proxy.close();
+      }
+    });
+
+    test("a claim whose answer was lost gets its own attempt back by its attempt id, not 409", async () => {
+      const proxy = await claimDroppingProxy(srv.url);
+      try {
+        const statuses: number[] = [];
+        // The default 30 s lease: without the attempt id the retry would wait it out past the deadline.
+        const c = new Client({ baseUrl: proxy.url, token: srv.token, retry: { baseDelayMs: 50 }, onAttempt: (a) => statuses.push(a.status) });
+        const k = newKey("lostanswer");
+        let runs = 0;
+        const res = await c.run(k, { operation: "POST /pay", request: { amount: 1 } }, () => {
+          runs++;
+          return { status: 201, body: "paid" };
+        }, { timeoutMs: 5000 });
+        assert.equal(runs, 1);
+        assert.equal(res.attempt, 1);
+        assert.deepEqual(statuses, [0, 201, 200], "claim lost, claim recovered, complete");
+        assert.equal((await c.get(k)).state, "completed");
       } finally {
         proxy.close();
       }
