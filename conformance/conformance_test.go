@@ -84,7 +84,7 @@ func TestGatewayConformance(t *testing.T) {
 			srv, storeDown := idemServer(t, backend)
 			up := httptest.NewServer(conformance.NewUpstream())
 			t.Cleanup(up.Close)
-			g, err := gateway.New(gateway.Options{Store: srv.Store(), Tenant: "conf", Upstream: up.URL, StoreTimeout: 500 * time.Millisecond})
+			g, err := gateway.New(gateway.Options{Store: srv.Store(), Tenant: "conf", Upstream: up.URL, StoreTimeout: 3 * time.Second})
 			require.NoError(t, err)
 			gw := httptest.NewServer(g)
 			t.Cleanup(gw.Close)
