@@ -79,6 +79,34 @@ func TestCheckToken(t *testing.T) {
 	require.NoError(t, idem.CheckToken(rec, 7))
 }
 
+func TestCheckWriteAndComplete(t *testing.T) {
+	t.Parallel()
+	resp := idem.Response{Status: 201, Headers: map[string]string{"A": "1"}, Body: []byte("ok"), BodyEncoding: idem.BodyEncodingUTF8}
+	inFlight := &idem.Record{Key: "k", FencingToken: 7, State: idem.StateInFlight}
+	done := &idem.Record{Key: "k", FencingToken: 7, State: idem.StateCompleted, Response: &resp}
+
+	require.ErrorIs(t, idem.CheckWrite(nil, 7), idem.ErrKeyNotFound)
+	require.ErrorIs(t, idem.CheckWrite(inFlight, 6), idem.ErrLeaseLost)
+	require.NoError(t, idem.CheckWrite(inFlight, 7))
+	require.ErrorIs(t, idem.CheckWrite(done, 7), idem.ErrAlreadyCompleted, "a stored response is never changed or thrown away")
+	require.ErrorIs(t, idem.CheckWrite(done, 6), idem.ErrLeaseLost, "the token is checked first")
+
+	repeat, err := idem.CheckComplete(done, 7, resp)
+	require.NoError(t, err)
+	require.True(t, repeat, "completing again with an equal response is a no-op")
+	other := resp
+	other.Status = 500
+	repeat, err = idem.CheckComplete(done, 7, other)
+	require.ErrorIs(t, err, idem.ErrAlreadyCompleted)
+	require.False(t, repeat)
+	repeat, err = idem.CheckComplete(done, 6, resp)
+	require.ErrorIs(t, err, idem.ErrLeaseLost)
+	require.False(t, repeat)
+	repeat, err = idem.CheckComplete(inFlight, 7, resp)
+	require.NoError(t, err)
+	require.False(t, repeat, "an in-flight record is completed, not repeated")
+}
+
 func TestRecordStates(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)

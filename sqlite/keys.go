@@ -201,7 +201,7 @@ func getKey(ctx context.Context, q *dbsqlc.Queries, tenantID, key string, now ti
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read record: %w", err)
+		return nil, fmt.Errorf("read key: %w", err)
 	}
 	rec, err := recordFromRow(row.IdempotencyKey, now)
 	if err != nil {
