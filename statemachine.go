@@ -41,8 +41,8 @@ const (
 	ActionRejectMismatch
 	// ActionRecover: the key is in flight with a running lease that the
 	// same request claimed under the same attempt id: the claim's own answer
-	// was lost. The record is returned as it is (same fencing token, lease
-	// and recovery point), nothing changes.
+	// was lost. The attempt is handed back as it is (same fencing token,
+	// attempt and recovery point) with its lease renewed from now.
 	ActionRecover
 )
 

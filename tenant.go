@@ -85,7 +85,7 @@ const (
 	// it: below the server's default write timeout (30 s) with room for the
 	// last store call and the answer.
 	DefaultMaxWaitSeconds = 20
-	MaxAttemptIDBytes     = 128
+	MaxAttemptIDBytes     = 64
 )
 
 // Validate checks every bound of the settings and returns an

@@ -77,7 +77,7 @@ func ValidateRecoveryPoint(rp string) error {
 	return checkLabel("recovery_point", rp, MaxRecoveryPointBytes)
 }
 
-// ValidateAttemptID checks a claim's client-chosen attempt id: 1-128 bytes,
+// ValidateAttemptID checks a claim's client-chosen attempt id: 1-64 bytes,
 // each printable ASCII (0x21-0x7E), like a key: a UUID or any opaque token
 // the client keeps for one attempt. It returns an invalid_request *Error
 // naming "attempt_id", or nil.

@@ -61,14 +61,43 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		}
 		action := idem.DecideClaim(stored, p, stored.ObservedAt)
 		switch action {
-		case idem.ActionReplay, idem.ActionRecover:
+		case idem.ActionReplay:
 			return idem.ClaimResult{Action: action, Record: *stored}, nil
+		case idem.ActionRecover:
+			rec, err := s.renewAttemptLease(ctx, stored, p)
+			if errors.Is(err, pgx.ErrNoRows) {
+				continue // taken over, completed or released in between
+			}
+			if err != nil {
+				return idem.ClaimResult{}, err
+			}
+			return idem.ClaimResult{Action: action, Record: rec}, nil
 		case idem.ActionRejectInFlight, idem.ActionRejectMismatch:
 			return idem.ClaimResult{}, idem.ClaimError(action, stored, stored.ObservedAt)
 		}
 		// Create or takeover: the lease or the window ran out since the upsert.
 	}
 	return idem.ClaimResult{}, fmt.Errorf("claim key: %w", errContention)
+}
+
+// renewAttemptLease renews the lease of a recovered attempt from now, while
+// it is still the stored one; pgx.ErrNoRows when the record changed.
+func (s *Store) renewAttemptLease(ctx context.Context, stored *idem.Record, p idem.ClaimParams) (idem.Record, error) {
+	row, err := s.q.RenewAttemptLease(ctx, dbsqlc.RenewAttemptLeaseParams{
+		TenantID:     p.TenantID,
+		Key:          p.Key,
+		FencingToken: stored.FencingToken,
+		AttemptID:    p.AttemptID,
+		LeaseUs:      micros(p.Lease),
+		Now:          s.clock(),
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idem.Record{}, err
+	}
+	if err != nil {
+		return idem.Record{}, s.interpretError(err, "claim key: renew the recovered lease")
+	}
+	return recordFromRow(row.IdempotencyKey, row.ObservedAt)
 }
 
 // Checkpoint saves a recovery point and renews the lease while the token is

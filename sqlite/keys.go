@@ -29,9 +29,11 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		}
 		res.Action = action
 		switch action {
-		case idem.ActionReplay, idem.ActionRecover:
+		case idem.ActionReplay:
 			res.Record = *stored
 			return nil
+		case idem.ActionRecover:
+			res.Record, err = renewAttemptLease(ctx, q, stored, p, now)
 		case idem.ActionTakeover:
 			res.Record, err = takeover(ctx, q, stored, p, now)
 		default:
@@ -66,6 +68,22 @@ func create(ctx context.Context, q *dbsqlc.Queries, p idem.ClaimParams, now time
 	}
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("insert record: %w", err)
+	}
+	return recordFromRow(row, now)
+}
+
+// renewAttemptLease hands a recovered attempt back with its lease renewed
+// from now; the purge follows the lease.
+func renewAttemptLease(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, p idem.ClaimParams, now time.Time) (idem.Record, error) {
+	row, err := q.RenewAttemptLease(ctx, dbsqlc.RenewAttemptLeaseParams{
+		TenantID:       p.TenantID,
+		Key:            p.Key,
+		LeaseExpiresAt: microsPtr(now.Add(p.Lease)),
+		Now:            micros(now),
+		PurgeAfter:     micros(idem.InFlightPurgeAfter(stored.PurgeAfter, now, p.Lease, stored.ReaperThreshold)),
+	})
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("renew the recovered lease: %w", err)
 	}
 	return recordFromRow(row, now)
 }

@@ -18,8 +18,8 @@ func attemptClaim(tenant, key, attemptID string) idem.ClaimParams {
 
 // testAttemptRecovered: a claim repeated with the same attempt id and
 // request while its lease runs gets the attempt back as it is (same fencing
-// token, attempt, lease and recovery point), changing nothing, instead of
-// request_in_flight; the recovered token still writes.
+// token, attempt and recovery point) with its lease renewed from now,
+// instead of request_in_flight; the recovered token still writes.
 func testAttemptRecovered(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
@@ -33,8 +33,11 @@ func testAttemptRecovered(t *testing.T, s *suite) {
 	require.Equal(t, first.Record.FencingToken, again.Record.FencingToken)
 	require.Equal(t, 1, again.Record.Attempt)
 	require.Equal(t, idem.StateInFlight, again.Record.APIState())
-	requireTime(t, first.Record.LeaseExpiresAt, again.Record.LeaseExpiresAt, "LeaseExpiresAt (a recovery changes nothing)")
-	requireTime(t, first.Record.UpdatedAt, b.get(t, "acme", "k").UpdatedAt, "UpdatedAt (a recovery changes nothing)")
+	requireTime(t, b.now().Add(defaultLease), again.Record.LeaseExpiresAt, "LeaseExpiresAt (renewed from now)")
+	require.False(t, again.Record.PurgeAfter.Before(again.Record.LeaseExpiresAt), "the purge follows the renewed lease")
+	got := b.get(t, "acme", "k")
+	requireTime(t, again.Record.LeaseExpiresAt, got.LeaseExpiresAt, "stored LeaseExpiresAt")
+	require.Equal(t, first.Record.FencingToken, got.FencingToken)
 
 	// The state it has now: a checkpoint's recovery point comes back too.
 	b.checkpoint(t, idem.CheckpointParams{TenantID: "acme", Key: "k", FencingToken: first.Record.FencingToken, RecoveryPoint: "charged", Data: []byte(`{"charge":"ch_1"}`), Lease: time.Minute})

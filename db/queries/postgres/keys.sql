@@ -68,6 +68,25 @@ SELECT sqlc.embed(k), clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key');
 
+-- name: RenewAttemptLease :one
+-- RenewAttemptLease gives a recovered attempt (a claim repeated with its
+-- attempt id) a lease from now, only while the token is current and the
+-- record in flight with its lease running under that attempt id; the purge
+-- follows the lease. It returns no row when the record changed meanwhile.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+UPDATE idempotency_keys k SET
+    lease_expires_at = clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond',
+    updated_at = clock.now,
+    purge_after = greatest(k.purge_after, clock.now + k.reaper_threshold_seconds * interval '1 second',
+        clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond')
+FROM clock
+WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
+    AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
+    AND k.lease_expires_at > clock.now AND k.attempt_id = sqlc.arg('attempt_id')::text
+RETURNING sqlc.embed(k), clock.now AS observed_at;
+
 -- name: CheckpointKey :one
 -- CheckpointKey saves the recovery point, renews the lease and postpones the
 -- purge (to at least the reaper threshold from now and never before the new

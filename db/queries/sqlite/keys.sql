@@ -68,6 +68,16 @@ UPDATE idempotency_keys SET
 WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
 RETURNING *;
 
+-- name: RenewAttemptLease :one
+-- RenewAttemptLease gives a recovered attempt (a claim repeated with its
+-- attempt id) a lease from now; the purge follows the lease.
+UPDATE idempotency_keys SET
+    lease_expires_at = sqlc.arg(lease_expires_at),
+    updated_at = sqlc.arg(now),
+    purge_after = sqlc.arg(purge_after)
+WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
+RETURNING *;
+
 -- name: CheckpointKey :one
 UPDATE idempotency_keys SET
     recovery_point = sqlc.arg(recovery_point),

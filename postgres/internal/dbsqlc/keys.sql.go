@@ -698,3 +698,75 @@ func (q *Queries) ReleaseKey(ctx context.Context, arg ReleaseKeyParams) (int64, 
 	}
 	return result.RowsAffected(), nil
 }
+
+const renewAttemptLease = `-- name: RenewAttemptLease :one
+WITH clock AS (
+    SELECT coalesce($6::timestamptz, now())::timestamptz AS now
+)
+UPDATE idempotency_keys k SET
+    lease_expires_at = clock.now + $1::bigint * interval '1 microsecond',
+    updated_at = clock.now,
+    purge_after = greatest(k.purge_after, clock.now + k.reaper_threshold_seconds * interval '1 second',
+        clock.now + $1::bigint * interval '1 microsecond')
+FROM clock
+WHERE k.tenant_id = $2 AND k.key = $3
+    AND k.fencing_token = $4 AND k.state = 'in_flight'
+    AND k.lease_expires_at > clock.now AND k.attempt_id = $5::text
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, clock.now AS observed_at
+`
+
+type RenewAttemptLeaseParams struct {
+	LeaseUs      int64
+	TenantID     string
+	Key          string
+	FencingToken int64
+	AttemptID    string
+	Now          pgtype.Timestamptz
+}
+
+type RenewAttemptLeaseRow struct {
+	IdempotencyKey IdempotencyKey
+	ObservedAt     pgtype.Timestamptz
+}
+
+// RenewAttemptLease gives a recovered attempt (a claim repeated with its
+// attempt id) a lease from now, only while the token is current and the
+// record in flight with its lease running under that attempt id; the purge
+// follows the lease. It returns no row when the record changed meanwhile.
+func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeaseParams) (RenewAttemptLeaseRow, error) {
+	row := q.db.QueryRow(ctx, renewAttemptLease,
+		arg.LeaseUs,
+		arg.TenantID,
+		arg.Key,
+		arg.FencingToken,
+		arg.AttemptID,
+		arg.Now,
+	)
+	var i RenewAttemptLeaseRow
+	err := row.Scan(
+		&i.IdempotencyKey.TenantID,
+		&i.IdempotencyKey.Key,
+		&i.IdempotencyKey.State,
+		&i.IdempotencyKey.Operation,
+		&i.IdempotencyKey.Fingerprint,
+		&i.IdempotencyKey.FencingToken,
+		&i.IdempotencyKey.Attempt,
+		&i.IdempotencyKey.LeaseExpiresAt,
+		&i.IdempotencyKey.RecoveryPoint,
+		&i.IdempotencyKey.RecoveryData,
+		&i.IdempotencyKey.ResponseStatus,
+		&i.IdempotencyKey.ResponseHeaders,
+		&i.IdempotencyKey.ResponseBody,
+		&i.IdempotencyKey.ResponseBodyEncoding,
+		&i.IdempotencyKey.ReplayWindowSeconds,
+		&i.IdempotencyKey.ReaperThresholdSeconds,
+		&i.IdempotencyKey.CreatedAt,
+		&i.IdempotencyKey.UpdatedAt,
+		&i.IdempotencyKey.CompletedAt,
+		&i.IdempotencyKey.ReplayUntil,
+		&i.IdempotencyKey.PurgeAfter,
+		&i.IdempotencyKey.AttemptID,
+		&i.ObservedAt,
+	)
+	return i, err
+}

@@ -634,6 +634,61 @@ func (q *Queries) ReleaseKey(ctx context.Context, arg ReleaseKeyParams) (int64, 
 	return result.RowsAffected()
 }
 
+const renewAttemptLease = `-- name: RenewAttemptLease :one
+UPDATE idempotency_keys SET
+    lease_expires_at = ?1,
+    updated_at = ?2,
+    purge_after = ?3
+WHERE tenant_id = ?4 AND key = ?5
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id
+`
+
+type RenewAttemptLeaseParams struct {
+	LeaseExpiresAt *int64
+	Now            int64
+	PurgeAfter     int64
+	TenantID       string
+	Key            string
+}
+
+// RenewAttemptLease gives a recovered attempt (a claim repeated with its
+// attempt id) a lease from now; the purge follows the lease.
+func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeaseParams) (IdempotencyKey, error) {
+	row := q.db.QueryRowContext(ctx, renewAttemptLease,
+		arg.LeaseExpiresAt,
+		arg.Now,
+		arg.PurgeAfter,
+		arg.TenantID,
+		arg.Key,
+	)
+	var i IdempotencyKey
+	err := row.Scan(
+		&i.TenantID,
+		&i.Key,
+		&i.State,
+		&i.Operation,
+		&i.Fingerprint,
+		&i.FencingToken,
+		&i.Attempt,
+		&i.LeaseExpiresAt,
+		&i.RecoveryPoint,
+		&i.RecoveryData,
+		&i.ResponseStatus,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
+		&i.ResponseBodyEncoding,
+		&i.ReplayWindowSeconds,
+		&i.ReaperThresholdSeconds,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.CompletedAt,
+		&i.ReplayUntil,
+		&i.PurgeAfter,
+		&i.AttemptID,
+	)
+	return i, err
+}
+
 const takeoverKey = `-- name: TakeoverKey :one
 UPDATE idempotency_keys SET
     fencing_token = ?1,
