@@ -11,6 +11,7 @@ package auth
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
@@ -156,9 +157,32 @@ func (v *Verifier) Verify(token string) (Principal, error) {
 	if err != nil {
 		return Principal{}, &idem.Error{Code: idem.CodeUnauthenticated, Detail: failureDetail(err), Err: fmt.Errorf("verify token: %w", err)}
 	}
+	if err := checkSegmentsIJSON(token); err != nil {
+		return Principal{}, &idem.Error{Code: idem.CodeUnauthenticated, Detail: "the token's header or claims are not I-JSON (a claim name twice, invalid UTF-8)", Err: fmt.Errorf("verify token: %w", err)}
+	}
 	p := Principal{Subject: c.Subject, Tenant: c.Tenant, Scopes: strings.Fields(c.Scope)}
 	v.cache.put(key, p, &c, v.now())
 	return p, nil
+}
+
+// checkSegmentsIJSON refuses a token whose header or claims set is not
+// I-JSON. encoding/json keeps the last of duplicate claim names; an issuer
+// or gateway that reads the first would see another tenant or scope in the
+// same signed token, so such a token is refused rather than read one way
+// (RFC 7519 §4 allows either). It runs once per token: verified tokens are
+// cached.
+func checkSegmentsIJSON(token string) error {
+	parts := strings.SplitN(token, ".", 3)
+	for _, seg := range parts[:min(2, len(parts))] {
+		doc, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(seg, "="))
+		if err != nil {
+			return err
+		}
+		if err := idem.CheckIJSON(doc); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // keyFunc selects the verification key for a token whose algorithm already

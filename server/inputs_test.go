@@ -2,16 +2,32 @@ package server_test
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/server/servertest"
 )
+
+// hs256 signs a JWT made of the given header and claims JSON as they are
+// (duplicates included), which no JWT library would produce.
+func hs256(t *testing.T, secret []byte, header, claims string) string {
+	t.Helper()
+	enc := base64.RawURLEncoding
+	signing := enc.EncodeToString([]byte(header)) + "." + enc.EncodeToString([]byte(claims))
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte(signing))
+	return signing + "." + enc.EncodeToString(mac.Sum(nil))
+}
 
 // requireInvalidField asserts a 400 invalid_request problem whose errors[]
 // names field.
@@ -83,6 +99,17 @@ func TestNonIJSONIsRefused(t *testing.T) {
 				resp, body := do(t, http.MethodPost, url+"k/"+tc.path, tok, tc.body)
 				requireInvalidField(t, resp, body, tc.field)
 			}
+			// The JWT is JSON too: a signed token naming its tenant twice is
+			// refused, not read as the last one (before: 200 as "acme").
+			cfg := ts.Config()
+			now := time.Now().Unix()
+			dup := hs256(t, []byte(servertest.Secret), `{"alg":"HS256","typ":"JWT"}`, fmt.Sprintf(
+				`{"iss":%q,"aud":%q,"iat":%d,"exp":%d,"scope":"keys:read","tenant":"globex","tenant":"acme"}`,
+				cfg.JWTIssuer, cfg.JWTAudience, now, now+3600))
+			resp, body = do(t, http.MethodGet, ts.URL()+"/v1/keys", dup, "")
+			require.Equal(t, http.StatusUnauthorized, resp.StatusCode, string(body))
+			require.Contains(t, string(body), "not I-JSON")
+
 			after, err := ts.Store().GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: "k"})
 			require.NoError(t, err)
 			require.Equal(t, idem.StateInFlight, after.State, "a refused complete must store nothing")
