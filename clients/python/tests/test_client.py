@@ -173,10 +173,12 @@ def test_retry_after_a_dropped_complete_answer(server: Server) -> None:
         proxy.close()
 
 
-def test_retry_after_a_dropped_claim_answer(server: Server) -> None:
-    """The claim's answer is lost: the retry finds the key held by the lost
-    claim and run() waits it out (lease 1 s), then takes over; the function
-    runs once."""
+@pytest.mark.parametrize("attempt_ids", [True, False])
+def test_retry_after_a_dropped_claim_answer(server: Server, attempt_ids: bool) -> None:
+    """The claim's answer is lost. With attempt ids (the default) the retry
+    gets the lost claim back at once - same fencing token, attempt 1 - well
+    inside a deadline shorter than the 30 s lease; without, run() waits the
+    lease out (1 s here) and takes over. The function runs once either way."""
     dropped = {"claim": 1}
 
     def drop(head: bytes) -> bool:
@@ -194,13 +196,39 @@ def test_retry_after_a_dropped_claim_answer(server: Server) -> None:
         return Response(201, body=b"y")
 
     try:
-        with Client(proxy.url, token=server.token) as c:
+        with Client(proxy.url, token=server.token, attempt_ids=attempt_ids) as c:
             key = new_key()
-            res = c.run(key, work, operation="op", lease=1, timeout=20)
+            if attempt_ids:
+                res = c.run(key, work, operation="op", lease=30, timeout=8)
+                assert res.attempt == 1 and not res.resumed, "the lost claim itself, recovered"
+            else:
+                res = c.run(key, work, operation="op", lease=1, timeout=20)
+                assert res.attempt == 2, "a takeover after the lease"
             assert effects == 1 and proxy.dropped == 1 and not res.replayed
             assert c.run(key, work, operation="op").replayed and effects == 1
     finally:
         proxy.close()
+
+
+def test_attempt_id_edge_cases(client: Client) -> None:
+    """The same attempt id gets the same attempt back; another attempt id
+    (or the fresh one claim() makes when none is given) still gets 409; another request under the same attempt id is
+    a mismatch; after the lease even the same id takes over with a new
+    token."""
+    key = new_key()
+    first = client.claim(key, operation="op", request={"a": 1}, lease=1, attempt_id="att-1")
+    again = client.claim(key, operation="op", request={"a": 1}, attempt_id="att-1")
+    assert not again.replayed and again.record.fencing_token == first.record.fencing_token and again.record.attempt == 1
+    for other in ("att-2", None):
+        with pytest.raises(ProblemError) as ei:
+            client.claim(key, operation="op", request={"a": 1}, attempt_id=other)
+        assert ei.value.code == "request_in_flight"
+    with pytest.raises(ProblemError) as ei:
+        client.claim(key, operation="op", request={"a": 2}, attempt_id="att-1")
+    assert ei.value.code == "fingerprint_mismatch"
+    time.sleep(1.3)  # the 1 s lease runs out
+    late = client.claim(key, operation="op", request={"a": 1}, attempt_id="att-1")
+    assert late.record.fencing_token > first.record.fencing_token and late.resumed and late.record.attempt == 2
 
 
 def test_budget_stops_retries_against_a_dead_server() -> None:

@@ -64,7 +64,7 @@ class AsyncClient:
                  http: httpx.AsyncClient | None = None, user_agent: str = _USER_AGENT,
                  on_attempt: Callable[[AttemptInfo], None] | None = None,
                  sleep: Callable[[float], Awaitable[None]] = _asyncio_sleep, monotonic: Callable[[], float] = time.monotonic,
-                 now: Callable[[], datetime] = wall_now, attempt_ids: bool = False) -> None:
+                 now: Callable[[], datetime] = wall_now, attempt_ids: bool = True) -> None:
         self._core = Core(base_url, token, policy or RetryPolicy(), user_agent, on_attempt, monotonic, now, attempt_ids)
         self._own_http = http is None
         self._http = http or httpx.AsyncClient()

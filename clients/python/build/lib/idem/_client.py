@@ -84,13 +84,25 @@ class Client:
     ``RetryPolicy.retry_500``), full jitter with base 1 s and cap 30 s,
     Retry-After honoured, at most 3 attempts, one overall deadline
     (``timeout``, seconds, never reset per attempt) and a per-client retry
-    budget of 10 tokens."""
+    budget of 10 tokens.
+
+    Every claim carries a random ``attempt_id``, the same for all retries of
+    one logical claim (one ``claim()`` or ``run()`` call): a claim whose
+    answer was lost gets its own attempt back on the retry instead of
+    waiting out its own lease behind 409 request_in_flight.
+    ``attempt_ids=False`` turns that off (for a server older than the
+    attempt_id contract).
+
+    ``token`` is a bearer token or a function returning one per attempt;
+    ``http`` an httpx.Client of your own (retries off in its transport:
+    only one layer retries); ``on_attempt`` is called after every attempt;
+    ``sleep``, ``monotonic`` and ``now`` replace the clocks in tests."""
 
     def __init__(self, base_url: str, *, token: TokenSource = None, policy: RetryPolicy | None = None,
                  http: httpx.Client | None = None, user_agent: str = _USER_AGENT,
                  on_attempt: Callable[[AttemptInfo], None] | None = None,
                  sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
-                 now: Callable[[], datetime] = wall_now, attempt_ids: bool = False) -> None:
+                 now: Callable[[], datetime] = wall_now, attempt_ids: bool = True) -> None:
         self._core = Core(base_url, token, policy or RetryPolicy(), user_agent, on_attempt, monotonic, now, attempt_ids)
         self._own_http = http is None
         self._http = http or httpx.Client()

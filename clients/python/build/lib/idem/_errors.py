@@ -22,6 +22,7 @@ UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
 FINGERPRINT_MISMATCH = "fingerprint_mismatch"
 RATE_LIMITED = "rate_limited"
 STORE_UNAVAILABLE = "store_unavailable"
+SERVER_BUSY = "server_busy"
 INTERNAL = "internal"
 #: Given to an HTTP error whose body is not a problem document with a code.
 UNKNOWN = "unknown"
