@@ -5,8 +5,13 @@
 // Package idemhttp (client/idemhttp) builds net/http middleware on top of
 // it that gives any handler Stripe-style Idempotency-Key semantics.
 //
-// The package depends on the standard library only and does not import the
-// server's packages; its error codes mirror the contract.
+// The SDK is its own module, github.com/idem-dev/idem/client (go get
+// github.com/idem-dev/idem/client): it depends on the standard library only
+// and on nothing of the server, so a program that uses it resolves none of
+// the server's dependencies (e2e/sdk checks that with a throwaway module).
+// Its error codes mirror the contract; a test of the server's module keeps
+// them equal to openapi.yaml. Its tests that need a running server live in
+// the server's module, in e2e/sdk.
 //
 // # Quick start
 //
