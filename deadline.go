@@ -80,6 +80,14 @@ func (ds *deadlineStore) Release(ctx context.Context, p ReleaseParams) error {
 	return boundedErr(ds, ctx, func(ctx context.Context) error { return ds.s.Release(ctx, p) })
 }
 
+func (ds *deadlineStore) Resolve(ctx context.Context, p ResolveParams) (Resolution, error) {
+	return bounded(ds, ctx, func(ctx context.Context) (Resolution, error) { return ds.s.Resolve(ctx, p) })
+}
+
+func (ds *deadlineStore) ListAudit(ctx context.Context, p ListAuditParams) ([]AuditEntry, error) {
+	return bounded(ds, ctx, func(ctx context.Context) ([]AuditEntry, error) { return ds.s.ListAudit(ctx, p) })
+}
+
 func (ds *deadlineStore) GetRecord(ctx context.Context, p GetRecordParams) (Record, error) {
 	return bounded(ds, ctx, func(ctx context.Context) (Record, error) { return ds.s.GetRecord(ctx, p) })
 }

@@ -73,6 +73,9 @@ type Record struct {
 	RecoveryPoint string
 	// RecoveryData is the JSON saved with the last checkpoint; nil if none.
 	RecoveryData json.RawMessage
+	// Review is the review flag a person set (ResolveReview); nil when the
+	// record is not flagged. A release or completion clears it.
+	Review *Review
 	// Response is the stored response; nil until completed.
 	Response *Response
 	// ReplayWindow and ReaperThreshold are the tenant's settings at the time

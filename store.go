@@ -45,6 +45,19 @@ type Store interface {
 	// never thrown away by a release).
 	Release(ctx context.Context, p ReleaseParams) error
 
+	// Resolve applies a person's resolution of a record (see ResolveAction
+	// and CheckResolve) and writes its audit entry in the same transaction:
+	// a resolution is never stored without its audit entry, nor the other
+	// way round. It returns CheckResolve's errors. Concurrent resolutions
+	// and writes of one record are decided one after the other: at most one
+	// release or completion applies.
+	Resolve(ctx context.Context, p ResolveParams) (Resolution, error)
+
+	// ListAudit returns audit entries, newest first by (CreatedAt, ID), for
+	// one key, one tenant or every tenant, paginated by keyset. Entries
+	// outlive the record they name and go with their tenant.
+	ListAudit(ctx context.Context, p ListAuditParams) ([]AuditEntry, error)
+
 	// GetRecord returns the record with its response and recovery data. It
 	// returns ErrKeyNotFound.
 	GetRecord(ctx context.Context, p GetRecordParams) (Record, error)
@@ -191,6 +204,8 @@ type Cursor struct {
 	Time     time.Time
 	TenantID string
 	Key      string
+	// ID is the id of the last audit entry of an audit listing.
+	ID int64
 }
 
 // ListRecordsParams are the inputs of Store.ListRecords.

@@ -11,7 +11,7 @@ import (
 // InstrumentStore wraps s so that every operation records
 // idem_store_operation_duration_seconds{op,result} on m. The op label is the
 // method name in snake case (claim, checkpoint, complete, release,
-// get_record, list_records, list_orphans, orphan_stats, reap,
+// resolve, list_audit, get_record, list_records, list_orphans, orphan_stats, reap,
 // create_tenant, get_tenant, list_tenants, update_tenant, delete_tenant,
 // ping). A nil m
 // returns s unchanged.
@@ -69,6 +69,16 @@ func (i *instrumentedStore) Complete(ctx context.Context, p idem.CompleteParams)
 func (i *instrumentedStore) Release(ctx context.Context, p idem.ReleaseParams) (err error) {
 	defer func(start time.Time) { i.observe("release", start, err) }(time.Now())
 	return i.s.Release(ctx, p)
+}
+
+func (i *instrumentedStore) Resolve(ctx context.Context, p idem.ResolveParams) (_ idem.Resolution, err error) {
+	defer func(start time.Time) { i.observe("resolve", start, err) }(time.Now())
+	return i.s.Resolve(ctx, p)
+}
+
+func (i *instrumentedStore) ListAudit(ctx context.Context, p idem.ListAuditParams) (_ []idem.AuditEntry, err error) {
+	defer func(start time.Time) { i.observe("list_audit", start, err) }(time.Now())
+	return i.s.ListAudit(ctx, p)
 }
 
 func (i *instrumentedStore) GetRecord(ctx context.Context, p idem.GetRecordParams) (_ idem.Record, err error) {

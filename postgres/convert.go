@@ -36,6 +36,8 @@ func recordFromRow(k dbsqlc.IdempotencyKey, observedAt pgtype.Timestamptz) (idem
 		CompletedAt:            k.CompletedAt,
 		ReplayUntil:            k.ReplayUntil,
 		PurgeAfter:             k.PurgeAfter,
+		ReviewNote:             k.ReviewNote,
+		ReviewAt:               k.ReviewAt,
 		ObservedAt:             observedAt,
 	})
 	if k.RecoveryData != nil {
@@ -82,7 +84,31 @@ func recordFromListRow(r listRow) idem.Record {
 	if r.RecoveryPoint != nil {
 		rec.RecoveryPoint = *r.RecoveryPoint
 	}
+	if r.ReviewAt.Valid {
+		rec.Review = &idem.Review{At: timeOf(r.ReviewAt)}
+		if r.ReviewNote != nil {
+			rec.Review.Note = *r.ReviewNote
+		}
+	}
 	return rec
+}
+
+// auditFromRow converts a key_audit row.
+func auditFromRow(a dbsqlc.KeyAudit) idem.AuditEntry {
+	e := idem.AuditEntry{
+		ID:           a.ID,
+		TenantID:     a.TenantID,
+		Key:          a.Key,
+		Action:       idem.ResolveAction(a.Action),
+		FencingToken: a.FencingToken,
+		Note:         a.Note,
+		Actor:        idem.Actor{Subject: a.ActorSubject, Tenant: a.ActorTenant, Scope: a.ActorScope},
+		CreatedAt:    timeOf(a.CreatedAt),
+	}
+	if a.NewFencingToken != nil {
+		e.NewFencingToken = *a.NewFencingToken
+	}
+	return e
 }
 
 // listRecords converts rows of any list-shaped query.
@@ -103,6 +129,8 @@ func listRecords[R ~struct {
 	CompletedAt            pgtype.Timestamptz
 	ReplayUntil            pgtype.Timestamptz
 	PurgeAfter             pgtype.Timestamptz
+	ReviewNote             *string
+	ReviewAt               pgtype.Timestamptz
 	ObservedAt             pgtype.Timestamptz
 }](rows []R) []idem.Record {
 	out := make([]idem.Record, 0, len(rows))

@@ -34,6 +34,8 @@ func recordFromRow(k dbsqlc.IdempotencyKey, now time.Time) (idem.Record, error) 
 		CompletedAt:            k.CompletedAt,
 		ReplayUntil:            k.ReplayUntil,
 		PurgeAfter:             k.PurgeAfter,
+		ReviewNote:             k.ReviewNote,
+		ReviewAt:               k.ReviewAt,
 	}, now)
 	if k.RecoveryData != nil {
 		rec.RecoveryData = json.RawMessage(k.RecoveryData)
@@ -81,7 +83,31 @@ func recordFromListRow(r listRow, now time.Time) idem.Record {
 	if r.RecoveryPoint != nil {
 		rec.RecoveryPoint = *r.RecoveryPoint
 	}
+	if r.ReviewAt != nil {
+		rec.Review = &idem.Review{At: timeOf(*r.ReviewAt)}
+		if r.ReviewNote != nil {
+			rec.Review.Note = *r.ReviewNote
+		}
+	}
 	return rec
+}
+
+// auditFromRow converts a key_audit row.
+func auditFromRow(a dbsqlc.KeyAudit) idem.AuditEntry {
+	e := idem.AuditEntry{
+		ID:           a.ID,
+		TenantID:     a.TenantID,
+		Key:          a.Key,
+		Action:       idem.ResolveAction(a.Action),
+		FencingToken: a.FencingToken,
+		Note:         a.Note,
+		Actor:        idem.Actor{Subject: a.ActorSubject, Tenant: a.ActorTenant, Scope: a.ActorScope},
+		CreatedAt:    timeOf(a.CreatedAt),
+	}
+	if a.NewFencingToken != nil {
+		e.NewFencingToken = *a.NewFencingToken
+	}
+	return e
 }
 
 // listRecords converts rows of any list-shaped query, observed at now.
@@ -102,6 +128,8 @@ func listRecords[R ~struct {
 	CompletedAt            *int64
 	ReplayUntil            *int64
 	PurgeAfter             int64
+	ReviewNote             *string
+	ReviewAt               *int64
 }](rows []R, now time.Time) []idem.Record {
 	out := make([]idem.Record, 0, len(rows))
 	for _, r := range rows {

@@ -119,6 +119,17 @@ func groups() []group {
 			{"RemovesRecord", testReleaseRemoves},
 			{"Orphaned", testReleaseOrphaned},
 		}},
+		{"Resolve", []testCase{
+			{"Release", testResolveRelease},
+			{"Complete", testResolveComplete},
+			{"Review", testResolveReview},
+			{"RequiresOrphan", testResolveRequiresOrphan},
+			{"Refused", testResolveRefused},
+			{"LateWorker", testResolveLateWorker},
+			{"Race", testRaceResolutions},
+			{"RaceWithWorker", testRaceResolveVersusWorker},
+			{"AuditListing", testAuditListing},
+		}},
 		{"GetRecord", []testCase{
 			{"AllFields", testGetRecordAllFields},
 			{"APIStates", testGetRecordAPIStates},

@@ -109,6 +109,7 @@ RETURNING sqlc.embed(k), clock.now AS observed_at;
 -- name: CompleteKey :one
 -- CompleteKey stores the response and starts the replay window, only while
 -- the token is current and the record in flight (the lease may have run out).
+-- A completion clears the review flag.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 )
@@ -119,6 +120,8 @@ UPDATE idempotency_keys k SET
     response_headers = sqlc.arg('response_headers')::jsonb,
     response_body = sqlc.arg('response_body')::bytea,
     response_body_encoding = sqlc.arg('response_body_encoding')::text,
+    review_note = NULL,
+    review_at = NULL,
     updated_at = clock.now,
     completed_at = clock.now,
     replay_until = clock.now + k.replay_window_seconds * interval '1 second',
@@ -147,6 +150,7 @@ SELECT
     k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at,
     clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = sqlc.arg('tenant_id')
@@ -175,6 +179,7 @@ SELECT
     k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at,
     clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.state = 'in_flight' AND k.lease_expires_at <= clock.now
@@ -227,4 +232,58 @@ RETURNING
     k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at,
     (SELECT clock.now FROM clock)::timestamptz AS observed_at;
+
+-- name: LockKey :one
+-- LockKey reads a record and locks its row until the end of the
+-- transaction: a resolution decides on the row no other writer can change
+-- before it commits (the token-guarded writes and a takeover wait for it).
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+SELECT sqlc.embed(k), clock.now AS observed_at
+FROM idempotency_keys k, clock
+WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
+FOR UPDATE OF k;
+
+-- name: ResolveCompleteKey :one
+-- ResolveCompleteKey stores the response a person supplied for an orphan,
+-- hands the record a new fencing token (the late worker is fenced off) and
+-- clears the review flag. The caller locked the row and checked it.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+UPDATE idempotency_keys k SET
+    state = 'completed',
+    fencing_token = nextval('fencing_tokens'),
+    lease_expires_at = NULL,
+    response_status = sqlc.arg('response_status')::integer,
+    response_headers = sqlc.arg('response_headers')::jsonb,
+    response_body = sqlc.arg('response_body')::bytea,
+    response_body_encoding = sqlc.arg('response_body_encoding')::text,
+    review_note = NULL,
+    review_at = NULL,
+    updated_at = clock.now,
+    completed_at = clock.now,
+    replay_until = clock.now + k.replay_window_seconds * interval '1 second',
+    purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second'
+FROM clock
+WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
+    AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
+RETURNING sqlc.embed(k), clock.now AS observed_at;
+
+-- name: ReviewKey :one
+-- ReviewKey flags an in-flight record for review with a note. The caller
+-- locked the row and checked it.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+UPDATE idempotency_keys k SET
+    review_note = sqlc.arg('review_note')::text,
+    review_at = clock.now,
+    updated_at = clock.now
+FROM clock
+WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
+    AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
+RETURNING sqlc.embed(k), clock.now AS observed_at;

@@ -89,6 +89,7 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
 RETURNING *;
 
 -- name: CompleteKey :one
+-- CompleteKey stores the response; a completion clears the review flag.
 UPDATE idempotency_keys SET
     state = 'completed',
     lease_expires_at = NULL,
@@ -96,6 +97,8 @@ UPDATE idempotency_keys SET
     response_headers = sqlc.arg(response_headers),
     response_body = sqlc.arg(response_body),
     response_body_encoding = sqlc.arg(response_body_encoding),
+    review_note = NULL,
+    review_at = NULL,
     updated_at = sqlc.arg(now),
     completed_at = sqlc.arg(now),
     replay_until = sqlc.arg(replay_until),
@@ -118,7 +121,8 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key) AND fencing_token 
 SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
        lease_expires_at, recovery_point,
        replay_window_seconds, reaper_threshold_seconds,
-       created_at, updated_at, completed_at, replay_until, purge_after
+       created_at, updated_at, completed_at, replay_until, purge_after,
+       review_note, review_at
 FROM idempotency_keys
 WHERE tenant_id = sqlc.arg(tenant_id)
   AND (created_at, key) < (CAST(sqlc.arg(after_time) AS INTEGER), CAST(sqlc.arg(after_key) AS TEXT))
@@ -139,7 +143,8 @@ LIMIT sqlc.arg(row_limit);
 SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
        lease_expires_at, recovery_point,
        replay_window_seconds, reaper_threshold_seconds,
-       created_at, updated_at, completed_at, replay_until, purge_after
+       created_at, updated_at, completed_at, replay_until, purge_after,
+       review_note, review_at
 FROM idempotency_keys
 WHERE state = 'in_flight'
   AND lease_expires_at <= CAST(sqlc.arg(now) AS INTEGER)
@@ -173,4 +178,37 @@ WHERE rowid IN (
 RETURNING tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
           lease_expires_at, recovery_point,
           replay_window_seconds, reaper_threshold_seconds,
-          created_at, updated_at, completed_at, replay_until, purge_after;
+          created_at, updated_at, completed_at, replay_until, purge_after,
+          review_note, review_at;
+
+-- name: ResolveCompleteKey :one
+-- ResolveCompleteKey stores the response a person supplied for an orphan,
+-- hands the record a new fencing token (the late worker is fenced off) and
+-- clears the review flag; the caller checked the record in the same
+-- transaction.
+UPDATE idempotency_keys SET
+    state = 'completed',
+    fencing_token = sqlc.arg(new_fencing_token),
+    lease_expires_at = NULL,
+    response_status = sqlc.arg(response_status),
+    response_headers = sqlc.arg(response_headers),
+    response_body = sqlc.arg(response_body),
+    response_body_encoding = sqlc.arg(response_body_encoding),
+    review_note = NULL,
+    review_at = NULL,
+    updated_at = sqlc.arg(now),
+    completed_at = sqlc.arg(now),
+    replay_until = sqlc.arg(replay_until),
+    purge_after = sqlc.arg(purge_after)
+WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
+RETURNING *;
+
+-- name: ReviewKey :one
+-- ReviewKey flags an in-flight record for review with a note; the caller
+-- checked the record in the same transaction.
+UPDATE idempotency_keys SET
+    review_note = sqlc.arg(review_note),
+    review_at = sqlc.arg(now),
+    updated_at = sqlc.arg(now)
+WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
+RETURNING *;

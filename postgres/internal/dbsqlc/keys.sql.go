@@ -25,7 +25,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $4 AND k.key = $5
     AND k.fencing_token = $6 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, clock.now AS observed_at
 `
 
 type CheckpointKeyParams struct {
@@ -80,6 +80,8 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (C
 		&i.IdempotencyKey.ReplayUntil,
 		&i.IdempotencyKey.PurgeAfter,
 		&i.IdempotencyKey.AttemptID,
+		&i.IdempotencyKey.ReviewNote,
+		&i.IdempotencyKey.ReviewAt,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -136,7 +138,7 @@ WHERE
         AND k.operation = excluded.operation AND k.fingerprint = excluded.fingerprint)
     -- a completed record past its replay window counts as absent
     OR (k.state = 'completed' AND k.replay_until <= excluded.created_at)
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.updated_at AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.updated_at AS observed_at
 `
 
 type ClaimKeyParams struct {
@@ -201,6 +203,8 @@ func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow
 		&i.IdempotencyKey.ReplayUntil,
 		&i.IdempotencyKey.PurgeAfter,
 		&i.IdempotencyKey.AttemptID,
+		&i.IdempotencyKey.ReviewNote,
+		&i.IdempotencyKey.ReviewAt,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -217,6 +221,8 @@ UPDATE idempotency_keys k SET
     response_headers = $2::jsonb,
     response_body = $3::bytea,
     response_body_encoding = $4::text,
+    review_note = NULL,
+    review_at = NULL,
     updated_at = clock.now,
     completed_at = clock.now,
     replay_until = clock.now + k.replay_window_seconds * interval '1 second',
@@ -224,7 +230,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $5 AND k.key = $6
     AND k.fencing_token = $7 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, clock.now AS observed_at
 `
 
 type CompleteKeyParams struct {
@@ -245,6 +251,7 @@ type CompleteKeyRow struct {
 
 // CompleteKey stores the response and starts the replay window, only while
 // the token is current and the record in flight (the lease may have run out).
+// A completion clears the review flag.
 func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (CompleteKeyRow, error) {
 	row := q.db.QueryRow(ctx, completeKey,
 		arg.ResponseStatus,
@@ -280,6 +287,8 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Compl
 		&i.IdempotencyKey.ReplayUntil,
 		&i.IdempotencyKey.PurgeAfter,
 		&i.IdempotencyKey.AttemptID,
+		&i.IdempotencyKey.ReviewNote,
+		&i.IdempotencyKey.ReviewAt,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -289,7 +298,7 @@ const getKey = `-- name: GetKey :one
 WITH clock AS (
     SELECT coalesce($3::timestamptz, now())::timestamptz AS now
 )
-SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, clock.now AS observed_at
+SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = $1 AND k.key = $2
 `
@@ -331,6 +340,8 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 		&i.IdempotencyKey.ReplayUntil,
 		&i.IdempotencyKey.PurgeAfter,
 		&i.IdempotencyKey.AttemptID,
+		&i.IdempotencyKey.ReviewNote,
+		&i.IdempotencyKey.ReviewAt,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -345,6 +356,7 @@ SELECT
     k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at,
     clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = $1
@@ -388,6 +400,8 @@ type ListKeysRow struct {
 	CompletedAt            pgtype.Timestamptz
 	ReplayUntil            pgtype.Timestamptz
 	PurgeAfter             pgtype.Timestamptz
+	ReviewNote             *string
+	ReviewAt               pgtype.Timestamptz
 	ObservedAt             pgtype.Timestamptz
 }
 
@@ -428,6 +442,8 @@ func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysR
 			&i.CompletedAt,
 			&i.ReplayUntil,
 			&i.PurgeAfter,
+			&i.ReviewNote,
+			&i.ReviewAt,
 			&i.ObservedAt,
 		); err != nil {
 			return nil, err
@@ -449,6 +465,7 @@ SELECT
     k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at,
     clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.state = 'in_flight' AND k.lease_expires_at <= clock.now
@@ -486,6 +503,8 @@ type ListOrphanKeysRow struct {
 	CompletedAt            pgtype.Timestamptz
 	ReplayUntil            pgtype.Timestamptz
 	PurgeAfter             pgtype.Timestamptz
+	ReviewNote             *string
+	ReviewAt               pgtype.Timestamptz
 	ObservedAt             pgtype.Timestamptz
 }
 
@@ -525,6 +544,8 @@ func (q *Queries) ListOrphanKeys(ctx context.Context, arg ListOrphanKeysParams) 
 			&i.CompletedAt,
 			&i.ReplayUntil,
 			&i.PurgeAfter,
+			&i.ReviewNote,
+			&i.ReviewAt,
 			&i.ObservedAt,
 		); err != nil {
 			return nil, err
@@ -535,6 +556,63 @@ func (q *Queries) ListOrphanKeys(ctx context.Context, arg ListOrphanKeysParams) 
 		return nil, err
 	}
 	return items, nil
+}
+
+const lockKey = `-- name: LockKey :one
+WITH clock AS (
+    SELECT coalesce($3::timestamptz, now())::timestamptz AS now
+)
+SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, clock.now AS observed_at
+FROM idempotency_keys k, clock
+WHERE k.tenant_id = $1 AND k.key = $2
+FOR UPDATE OF k
+`
+
+type LockKeyParams struct {
+	TenantID string
+	Key      string
+	Now      pgtype.Timestamptz
+}
+
+type LockKeyRow struct {
+	IdempotencyKey IdempotencyKey
+	ObservedAt     pgtype.Timestamptz
+}
+
+// LockKey reads a record and locks its row until the end of the
+// transaction: a resolution decides on the row no other writer can change
+// before it commits (the token-guarded writes and a takeover wait for it).
+func (q *Queries) LockKey(ctx context.Context, arg LockKeyParams) (LockKeyRow, error) {
+	row := q.db.QueryRow(ctx, lockKey, arg.TenantID, arg.Key, arg.Now)
+	var i LockKeyRow
+	err := row.Scan(
+		&i.IdempotencyKey.TenantID,
+		&i.IdempotencyKey.Key,
+		&i.IdempotencyKey.State,
+		&i.IdempotencyKey.Operation,
+		&i.IdempotencyKey.Fingerprint,
+		&i.IdempotencyKey.FencingToken,
+		&i.IdempotencyKey.Attempt,
+		&i.IdempotencyKey.LeaseExpiresAt,
+		&i.IdempotencyKey.RecoveryPoint,
+		&i.IdempotencyKey.RecoveryData,
+		&i.IdempotencyKey.ResponseStatus,
+		&i.IdempotencyKey.ResponseHeaders,
+		&i.IdempotencyKey.ResponseBody,
+		&i.IdempotencyKey.ResponseBodyEncoding,
+		&i.IdempotencyKey.ReplayWindowSeconds,
+		&i.IdempotencyKey.ReaperThresholdSeconds,
+		&i.IdempotencyKey.CreatedAt,
+		&i.IdempotencyKey.UpdatedAt,
+		&i.IdempotencyKey.CompletedAt,
+		&i.IdempotencyKey.ReplayUntil,
+		&i.IdempotencyKey.PurgeAfter,
+		&i.IdempotencyKey.AttemptID,
+		&i.IdempotencyKey.ReviewNote,
+		&i.IdempotencyKey.ReviewAt,
+		&i.ObservedAt,
+	)
+	return i, err
 }
 
 const orphanStats = `-- name: OrphanStats :many
@@ -605,6 +683,7 @@ RETURNING
     k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at,
     (SELECT clock.now FROM clock)::timestamptz AS observed_at
 `
 
@@ -630,6 +709,8 @@ type ReapKeysRow struct {
 	CompletedAt            pgtype.Timestamptz
 	ReplayUntil            pgtype.Timestamptz
 	PurgeAfter             pgtype.Timestamptz
+	ReviewNote             *string
+	ReviewAt               pgtype.Timestamptz
 	ObservedAt             pgtype.Timestamptz
 }
 
@@ -666,6 +747,8 @@ func (q *Queries) ReapKeys(ctx context.Context, arg ReapKeysParams) ([]ReapKeysR
 			&i.CompletedAt,
 			&i.ReplayUntil,
 			&i.PurgeAfter,
+			&i.ReviewNote,
+			&i.ReviewAt,
 			&i.ObservedAt,
 		); err != nil {
 			return nil, err
@@ -712,7 +795,7 @@ FROM clock
 WHERE k.tenant_id = $2 AND k.key = $3
     AND k.fencing_token = $4 AND k.state = 'in_flight'
     AND k.lease_expires_at > clock.now AND k.attempt_id = $5::text
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, clock.now AS observed_at
 `
 
 type RenewAttemptLeaseParams struct {
@@ -766,6 +849,161 @@ func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeasePa
 		&i.IdempotencyKey.ReplayUntil,
 		&i.IdempotencyKey.PurgeAfter,
 		&i.IdempotencyKey.AttemptID,
+		&i.IdempotencyKey.ReviewNote,
+		&i.IdempotencyKey.ReviewAt,
+		&i.ObservedAt,
+	)
+	return i, err
+}
+
+const resolveCompleteKey = `-- name: ResolveCompleteKey :one
+WITH clock AS (
+    SELECT coalesce($8::timestamptz, now())::timestamptz AS now
+)
+UPDATE idempotency_keys k SET
+    state = 'completed',
+    fencing_token = nextval('fencing_tokens'),
+    lease_expires_at = NULL,
+    response_status = $1::integer,
+    response_headers = $2::jsonb,
+    response_body = $3::bytea,
+    response_body_encoding = $4::text,
+    review_note = NULL,
+    review_at = NULL,
+    updated_at = clock.now,
+    completed_at = clock.now,
+    replay_until = clock.now + k.replay_window_seconds * interval '1 second',
+    purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second'
+FROM clock
+WHERE k.tenant_id = $5 AND k.key = $6
+    AND k.fencing_token = $7 AND k.state = 'in_flight'
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, clock.now AS observed_at
+`
+
+type ResolveCompleteKeyParams struct {
+	ResponseStatus       int32
+	ResponseHeaders      []byte
+	ResponseBody         []byte
+	ResponseBodyEncoding string
+	TenantID             string
+	Key                  string
+	FencingToken         int64
+	Now                  pgtype.Timestamptz
+}
+
+type ResolveCompleteKeyRow struct {
+	IdempotencyKey IdempotencyKey
+	ObservedAt     pgtype.Timestamptz
+}
+
+// ResolveCompleteKey stores the response a person supplied for an orphan,
+// hands the record a new fencing token (the late worker is fenced off) and
+// clears the review flag. The caller locked the row and checked it.
+func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKeyParams) (ResolveCompleteKeyRow, error) {
+	row := q.db.QueryRow(ctx, resolveCompleteKey,
+		arg.ResponseStatus,
+		arg.ResponseHeaders,
+		arg.ResponseBody,
+		arg.ResponseBodyEncoding,
+		arg.TenantID,
+		arg.Key,
+		arg.FencingToken,
+		arg.Now,
+	)
+	var i ResolveCompleteKeyRow
+	err := row.Scan(
+		&i.IdempotencyKey.TenantID,
+		&i.IdempotencyKey.Key,
+		&i.IdempotencyKey.State,
+		&i.IdempotencyKey.Operation,
+		&i.IdempotencyKey.Fingerprint,
+		&i.IdempotencyKey.FencingToken,
+		&i.IdempotencyKey.Attempt,
+		&i.IdempotencyKey.LeaseExpiresAt,
+		&i.IdempotencyKey.RecoveryPoint,
+		&i.IdempotencyKey.RecoveryData,
+		&i.IdempotencyKey.ResponseStatus,
+		&i.IdempotencyKey.ResponseHeaders,
+		&i.IdempotencyKey.ResponseBody,
+		&i.IdempotencyKey.ResponseBodyEncoding,
+		&i.IdempotencyKey.ReplayWindowSeconds,
+		&i.IdempotencyKey.ReaperThresholdSeconds,
+		&i.IdempotencyKey.CreatedAt,
+		&i.IdempotencyKey.UpdatedAt,
+		&i.IdempotencyKey.CompletedAt,
+		&i.IdempotencyKey.ReplayUntil,
+		&i.IdempotencyKey.PurgeAfter,
+		&i.IdempotencyKey.AttemptID,
+		&i.IdempotencyKey.ReviewNote,
+		&i.IdempotencyKey.ReviewAt,
+		&i.ObservedAt,
+	)
+	return i, err
+}
+
+const reviewKey = `-- name: ReviewKey :one
+WITH clock AS (
+    SELECT coalesce($5::timestamptz, now())::timestamptz AS now
+)
+UPDATE idempotency_keys k SET
+    review_note = $1::text,
+    review_at = clock.now,
+    updated_at = clock.now
+FROM clock
+WHERE k.tenant_id = $2 AND k.key = $3
+    AND k.fencing_token = $4 AND k.state = 'in_flight'
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, clock.now AS observed_at
+`
+
+type ReviewKeyParams struct {
+	ReviewNote   string
+	TenantID     string
+	Key          string
+	FencingToken int64
+	Now          pgtype.Timestamptz
+}
+
+type ReviewKeyRow struct {
+	IdempotencyKey IdempotencyKey
+	ObservedAt     pgtype.Timestamptz
+}
+
+// ReviewKey flags an in-flight record for review with a note. The caller
+// locked the row and checked it.
+func (q *Queries) ReviewKey(ctx context.Context, arg ReviewKeyParams) (ReviewKeyRow, error) {
+	row := q.db.QueryRow(ctx, reviewKey,
+		arg.ReviewNote,
+		arg.TenantID,
+		arg.Key,
+		arg.FencingToken,
+		arg.Now,
+	)
+	var i ReviewKeyRow
+	err := row.Scan(
+		&i.IdempotencyKey.TenantID,
+		&i.IdempotencyKey.Key,
+		&i.IdempotencyKey.State,
+		&i.IdempotencyKey.Operation,
+		&i.IdempotencyKey.Fingerprint,
+		&i.IdempotencyKey.FencingToken,
+		&i.IdempotencyKey.Attempt,
+		&i.IdempotencyKey.LeaseExpiresAt,
+		&i.IdempotencyKey.RecoveryPoint,
+		&i.IdempotencyKey.RecoveryData,
+		&i.IdempotencyKey.ResponseStatus,
+		&i.IdempotencyKey.ResponseHeaders,
+		&i.IdempotencyKey.ResponseBody,
+		&i.IdempotencyKey.ResponseBodyEncoding,
+		&i.IdempotencyKey.ReplayWindowSeconds,
+		&i.IdempotencyKey.ReaperThresholdSeconds,
+		&i.IdempotencyKey.CreatedAt,
+		&i.IdempotencyKey.UpdatedAt,
+		&i.IdempotencyKey.CompletedAt,
+		&i.IdempotencyKey.ReplayUntil,
+		&i.IdempotencyKey.PurgeAfter,
+		&i.IdempotencyKey.AttemptID,
+		&i.IdempotencyKey.ReviewNote,
+		&i.IdempotencyKey.ReviewAt,
 		&i.ObservedAt,
 	)
 	return i, err

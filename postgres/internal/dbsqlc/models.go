@@ -31,6 +31,22 @@ type IdempotencyKey struct {
 	ReplayUntil            pgtype.Timestamptz
 	PurgeAfter             pgtype.Timestamptz
 	AttemptID              *string
+	ReviewNote             *string
+	ReviewAt               pgtype.Timestamptz
+}
+
+type KeyAudit struct {
+	ID              int64
+	TenantID        string
+	Key             string
+	Action          string
+	FencingToken    int64
+	NewFencingToken *int64
+	Note            string
+	ActorSubject    string
+	ActorTenant     string
+	ActorScope      string
+	CreatedAt       pgtype.Timestamptz
 }
 
 type Tenant struct {

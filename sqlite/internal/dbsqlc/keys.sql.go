@@ -17,7 +17,7 @@ UPDATE idempotency_keys SET
     updated_at = ?4,
     purge_after = ?5
 WHERE tenant_id = ?6 AND key = ?7
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at
 `
 
 type CheckpointKeyParams struct {
@@ -64,6 +64,8 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (I
 		&i.ReplayUntil,
 		&i.PurgeAfter,
 		&i.AttemptID,
+		&i.ReviewNote,
+		&i.ReviewAt,
 	)
 	return i, err
 }
@@ -76,12 +78,14 @@ UPDATE idempotency_keys SET
     response_headers = ?2,
     response_body = ?3,
     response_body_encoding = ?4,
+    review_note = NULL,
+    review_at = NULL,
     updated_at = ?5,
     completed_at = ?5,
     replay_until = ?6,
     purge_after = ?7
 WHERE tenant_id = ?8 AND key = ?9
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at
 `
 
 type CompleteKeyParams struct {
@@ -96,6 +100,7 @@ type CompleteKeyParams struct {
 	Key                  string
 }
 
+// CompleteKey stores the response; a completion clears the review flag.
 func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (IdempotencyKey, error) {
 	row := q.db.QueryRowContext(ctx, completeKey,
 		arg.ResponseStatus,
@@ -132,6 +137,8 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Idemp
 		&i.ReplayUntil,
 		&i.PurgeAfter,
 		&i.AttemptID,
+		&i.ReviewNote,
+		&i.ReviewAt,
 	)
 	return i, err
 }
@@ -172,7 +179,7 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     completed_at = NULL,
     replay_until = NULL,
     purge_after = excluded.purge_after
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at
 `
 
 type CreateKeyParams struct {
@@ -229,12 +236,14 @@ func (q *Queries) CreateKey(ctx context.Context, arg CreateKeyParams) (Idempoten
 		&i.ReplayUntil,
 		&i.PurgeAfter,
 		&i.AttemptID,
+		&i.ReviewNote,
+		&i.ReviewAt,
 	)
 	return i, err
 }
 
 const getKey = `-- name: GetKey :one
-SELECT idempotency_keys.tenant_id, idempotency_keys."key", idempotency_keys.state, idempotency_keys.operation, idempotency_keys.fingerprint, idempotency_keys.fencing_token, idempotency_keys.attempt, idempotency_keys.lease_expires_at, idempotency_keys.recovery_point, idempotency_keys.recovery_data, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.response_body_encoding, idempotency_keys.replay_window_seconds, idempotency_keys.reaper_threshold_seconds, idempotency_keys.created_at, idempotency_keys.updated_at, idempotency_keys.completed_at, idempotency_keys.replay_until, idempotency_keys.purge_after, idempotency_keys.attempt_id,
+SELECT idempotency_keys.tenant_id, idempotency_keys."key", idempotency_keys.state, idempotency_keys.operation, idempotency_keys.fingerprint, idempotency_keys.fencing_token, idempotency_keys.attempt, idempotency_keys.lease_expires_at, idempotency_keys.recovery_point, idempotency_keys.recovery_data, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.response_body_encoding, idempotency_keys.replay_window_seconds, idempotency_keys.reaper_threshold_seconds, idempotency_keys.created_at, idempotency_keys.updated_at, idempotency_keys.completed_at, idempotency_keys.replay_until, idempotency_keys.purge_after, idempotency_keys.attempt_id, idempotency_keys.review_note, idempotency_keys.review_at,
        CAST(response_body IS NOT NULL AS INTEGER) AS has_response_body
 FROM idempotency_keys
 WHERE tenant_id = ?1 AND key = ?2
@@ -278,6 +287,8 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 		&i.IdempotencyKey.ReplayUntil,
 		&i.IdempotencyKey.PurgeAfter,
 		&i.IdempotencyKey.AttemptID,
+		&i.IdempotencyKey.ReviewNote,
+		&i.IdempotencyKey.ReviewAt,
 		&i.HasResponseBody,
 	)
 	return i, err
@@ -287,7 +298,8 @@ const listKeys = `-- name: ListKeys :many
 SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
        lease_expires_at, recovery_point,
        replay_window_seconds, reaper_threshold_seconds,
-       created_at, updated_at, completed_at, replay_until, purge_after
+       created_at, updated_at, completed_at, replay_until, purge_after,
+       review_note, review_at
 FROM idempotency_keys
 WHERE tenant_id = ?1
   AND (created_at, key) < (CAST(?2 AS INTEGER), CAST(?3 AS TEXT))
@@ -328,6 +340,8 @@ type ListKeysRow struct {
 	CompletedAt            *int64
 	ReplayUntil            *int64
 	PurgeAfter             int64
+	ReviewNote             *string
+	ReviewAt               *int64
 }
 
 // ListKeys lists a tenant's records newest first, without responses or
@@ -368,6 +382,8 @@ func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysR
 			&i.CompletedAt,
 			&i.ReplayUntil,
 			&i.PurgeAfter,
+			&i.ReviewNote,
+			&i.ReviewAt,
 		); err != nil {
 			return nil, err
 		}
@@ -386,7 +402,8 @@ const listOrphanKeys = `-- name: ListOrphanKeys :many
 SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
        lease_expires_at, recovery_point,
        replay_window_seconds, reaper_threshold_seconds,
-       created_at, updated_at, completed_at, replay_until, purge_after
+       created_at, updated_at, completed_at, replay_until, purge_after,
+       review_note, review_at
 FROM idempotency_keys
 WHERE state = 'in_flight'
   AND lease_expires_at <= CAST(?1 AS INTEGER)
@@ -423,6 +440,8 @@ type ListOrphanKeysRow struct {
 	CompletedAt            *int64
 	ReplayUntil            *int64
 	PurgeAfter             int64
+	ReviewNote             *string
+	ReviewAt               *int64
 }
 
 // ListOrphanKeys lists orphaned records without recovery data, oldest lease
@@ -461,6 +480,8 @@ func (q *Queries) ListOrphanKeys(ctx context.Context, arg ListOrphanKeysParams) 
 			&i.CompletedAt,
 			&i.ReplayUntil,
 			&i.PurgeAfter,
+			&i.ReviewNote,
+			&i.ReviewAt,
 		); err != nil {
 			return nil, err
 		}
@@ -542,7 +563,8 @@ WHERE rowid IN (
 RETURNING tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
           lease_expires_at, recovery_point,
           replay_window_seconds, reaper_threshold_seconds,
-          created_at, updated_at, completed_at, replay_until, purge_after
+          created_at, updated_at, completed_at, replay_until, purge_after,
+          review_note, review_at
 `
 
 type ReapKeysParams struct {
@@ -567,6 +589,8 @@ type ReapKeysRow struct {
 	CompletedAt            *int64
 	ReplayUntil            *int64
 	PurgeAfter             int64
+	ReviewNote             *string
+	ReviewAt               *int64
 }
 
 // ReapKeys deletes one bounded batch of records past purge_after and returns
@@ -599,6 +623,8 @@ func (q *Queries) ReapKeys(ctx context.Context, arg ReapKeysParams) ([]ReapKeysR
 			&i.CompletedAt,
 			&i.ReplayUntil,
 			&i.PurgeAfter,
+			&i.ReviewNote,
+			&i.ReviewAt,
 		); err != nil {
 			return nil, err
 		}
@@ -640,7 +666,7 @@ UPDATE idempotency_keys SET
     updated_at = ?2,
     purge_after = ?3
 WHERE tenant_id = ?4 AND key = ?5
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at
 `
 
 type RenewAttemptLeaseParams struct {
@@ -685,6 +711,142 @@ func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeasePa
 		&i.ReplayUntil,
 		&i.PurgeAfter,
 		&i.AttemptID,
+		&i.ReviewNote,
+		&i.ReviewAt,
+	)
+	return i, err
+}
+
+const resolveCompleteKey = `-- name: ResolveCompleteKey :one
+UPDATE idempotency_keys SET
+    state = 'completed',
+    fencing_token = ?1,
+    lease_expires_at = NULL,
+    response_status = ?2,
+    response_headers = ?3,
+    response_body = ?4,
+    response_body_encoding = ?5,
+    review_note = NULL,
+    review_at = NULL,
+    updated_at = ?6,
+    completed_at = ?6,
+    replay_until = ?7,
+    purge_after = ?8
+WHERE tenant_id = ?9 AND key = ?10
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at
+`
+
+type ResolveCompleteKeyParams struct {
+	NewFencingToken      int64
+	ResponseStatus       *int64
+	ResponseHeaders      *string
+	ResponseBody         []byte
+	ResponseBodyEncoding *string
+	Now                  int64
+	ReplayUntil          *int64
+	PurgeAfter           int64
+	TenantID             string
+	Key                  string
+}
+
+// ResolveCompleteKey stores the response a person supplied for an orphan,
+// hands the record a new fencing token (the late worker is fenced off) and
+// clears the review flag; the caller checked the record in the same
+// transaction.
+func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKeyParams) (IdempotencyKey, error) {
+	row := q.db.QueryRowContext(ctx, resolveCompleteKey,
+		arg.NewFencingToken,
+		arg.ResponseStatus,
+		arg.ResponseHeaders,
+		arg.ResponseBody,
+		arg.ResponseBodyEncoding,
+		arg.Now,
+		arg.ReplayUntil,
+		arg.PurgeAfter,
+		arg.TenantID,
+		arg.Key,
+	)
+	var i IdempotencyKey
+	err := row.Scan(
+		&i.TenantID,
+		&i.Key,
+		&i.State,
+		&i.Operation,
+		&i.Fingerprint,
+		&i.FencingToken,
+		&i.Attempt,
+		&i.LeaseExpiresAt,
+		&i.RecoveryPoint,
+		&i.RecoveryData,
+		&i.ResponseStatus,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
+		&i.ResponseBodyEncoding,
+		&i.ReplayWindowSeconds,
+		&i.ReaperThresholdSeconds,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.CompletedAt,
+		&i.ReplayUntil,
+		&i.PurgeAfter,
+		&i.AttemptID,
+		&i.ReviewNote,
+		&i.ReviewAt,
+	)
+	return i, err
+}
+
+const reviewKey = `-- name: ReviewKey :one
+UPDATE idempotency_keys SET
+    review_note = ?1,
+    review_at = ?2,
+    updated_at = ?2
+WHERE tenant_id = ?3 AND key = ?4
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at
+`
+
+type ReviewKeyParams struct {
+	ReviewNote *string
+	Now        *int64
+	TenantID   string
+	Key        string
+}
+
+// ReviewKey flags an in-flight record for review with a note; the caller
+// checked the record in the same transaction.
+func (q *Queries) ReviewKey(ctx context.Context, arg ReviewKeyParams) (IdempotencyKey, error) {
+	row := q.db.QueryRowContext(ctx, reviewKey,
+		arg.ReviewNote,
+		arg.Now,
+		arg.TenantID,
+		arg.Key,
+	)
+	var i IdempotencyKey
+	err := row.Scan(
+		&i.TenantID,
+		&i.Key,
+		&i.State,
+		&i.Operation,
+		&i.Fingerprint,
+		&i.FencingToken,
+		&i.Attempt,
+		&i.LeaseExpiresAt,
+		&i.RecoveryPoint,
+		&i.RecoveryData,
+		&i.ResponseStatus,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
+		&i.ResponseBodyEncoding,
+		&i.ReplayWindowSeconds,
+		&i.ReaperThresholdSeconds,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.CompletedAt,
+		&i.ReplayUntil,
+		&i.PurgeAfter,
+		&i.AttemptID,
+		&i.ReviewNote,
+		&i.ReviewAt,
 	)
 	return i, err
 }
@@ -698,7 +860,7 @@ UPDATE idempotency_keys SET
     updated_at = ?4,
     purge_after = ?5
 WHERE tenant_id = ?6 AND key = ?7
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at
 `
 
 type TakeoverKeyParams struct {
@@ -747,6 +909,8 @@ func (q *Queries) TakeoverKey(ctx context.Context, arg TakeoverKeyParams) (Idemp
 		&i.ReplayUntil,
 		&i.PurgeAfter,
 		&i.AttemptID,
+		&i.ReviewNote,
+		&i.ReviewAt,
 	)
 	return i, err
 }

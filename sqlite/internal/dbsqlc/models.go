@@ -32,6 +32,22 @@ type IdempotencyKey struct {
 	ReplayUntil            *int64
 	PurgeAfter             int64
 	AttemptID              *string
+	ReviewNote             *string
+	ReviewAt               *int64
+}
+
+type KeyAudit struct {
+	ID              int64
+	TenantID        string
+	Key             string
+	Action          string
+	FencingToken    int64
+	NewFencingToken *int64
+	Note            string
+	ActorSubject    string
+	ActorTenant     string
+	ActorScope      string
+	CreatedAt       int64
 }
 
 type Tenant struct {
