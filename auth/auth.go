@@ -12,6 +12,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -89,6 +90,33 @@ type claims struct {
 	jwt.RegisteredClaims
 	Tenant string `json:"tenant,omitempty"`
 	Scope  string `json:"scope,omitempty"`
+}
+
+// errDateNotNumber is a time claim that is not a JSON number.
+var errDateNotNumber = errors.New("exp, nbf and iat must be NumericDates (JSON numbers of seconds)")
+
+// UnmarshalJSON decodes the claims like encoding/json, but refuses exp, nbf
+// and iat that are not JSON numbers. jwt.NumericDate reads through
+// json.Number, which also takes a string such as "1700000000"; RFC 7519
+// §2 makes a NumericDate a number, and a string date read one way here and
+// another way by a second verifier is a token whose lifetime depends on
+// who reads it.
+func (c *claims) UnmarshalJSON(b []byte) error {
+	var dates struct {
+		Exp json.RawMessage `json:"exp"`
+		Nbf json.RawMessage `json:"nbf"`
+		Iat json.RawMessage `json:"iat"`
+	}
+	if err := json.Unmarshal(b, &dates); err != nil {
+		return err
+	}
+	for _, raw := range []json.RawMessage{dates.Exp, dates.Nbf, dates.Iat} {
+		if len(raw) > 0 && !(raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9') {
+			return errDateNotNumber
+		}
+	}
+	type plain claims // without this method
+	return json.Unmarshal(b, (*plain)(c))
 }
 
 // NewVerifier returns a Verifier for cfg. It fails when no key is configured,
@@ -227,6 +255,8 @@ func failureDetail(err error) string {
 		return "the token's signing algorithm is not accepted"
 	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
 		return "the token's signature is invalid"
+	case errors.Is(err, errDateNotNumber):
+		return "the token's exp, nbf and iat must be JSON numbers (NumericDate)"
 	case errors.Is(err, jwt.ErrTokenMalformed):
 		return "the token is malformed"
 	case errors.Is(err, jwt.ErrTokenExpired):

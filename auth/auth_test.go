@@ -9,6 +9,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -103,6 +104,42 @@ func TestMintAndVerify(t *testing.T) {
 	require.ErrorAs(t, err, &e)
 	require.Equal(t, idem.CodeUnauthenticated, e.Code)
 	require.Contains(t, e.Detail, "expired")
+}
+
+// TestTimeClaimsMustBeNumbers: exp, nbf and iat written as JSON strings
+// are refused even when the string holds a valid time, while the same
+// token with numbers passes.
+func TestTimeClaimsMustBeNumbers(t *testing.T) {
+	t.Parallel()
+	v, err := auth.NewVerifier(auth.Config{HS256Secret: secret, Issuer: "idem", Audience: "idem"})
+	require.NoError(t, err)
+	now := time.Now()
+	sign := func(c jwt.MapClaims) string {
+		tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(secret)
+		require.NoError(t, err)
+		return tok
+	}
+	base := func() jwt.MapClaims {
+		return jwt.MapClaims{"iss": "idem", "aud": "idem", "tenant": "acme", "scope": "keys:write",
+			"exp": now.Add(time.Hour).Unix(), "nbf": now.Add(-time.Minute).Unix(), "iat": now.Add(-time.Minute).Unix()}
+	}
+	_, err = v.Verify(sign(base()))
+	require.NoError(t, err, "numbers are NumericDates")
+	for _, claim := range []string{"exp", "nbf", "iat"} {
+		c := base()
+		c[claim] = strconv.FormatInt(c[claim].(int64), 10)
+		_, err := v.Verify(sign(c))
+		var e *idem.Error
+		require.ErrorAs(t, err, &e, claim)
+		require.Equal(t, idem.CodeUnauthenticated, e.Code, claim)
+		require.Contains(t, e.Detail, "NumericDate", claim)
+	}
+	for _, bad := range []any{true, map[string]any{"t": 1}, []int{1}} {
+		c := base()
+		c["exp"] = bad
+		_, err := v.Verify(sign(c))
+		require.Equal(t, idem.CodeUnauthenticated, idem.ErrorCode(err), "%v", bad)
+	}
 }
 
 func TestSingleJWKSKeyWithoutKid(t *testing.T) {

@@ -40,7 +40,8 @@ func TestCLITenantAndToken(t *testing.T) {
 	// Creating it again and invalid settings fail with clear messages.
 	_, errOut, code := runCLI(t, env, "tenant", "create", "acme")
 	require.Equal(t, 1, code)
-	require.Contains(t, errOut, "tenant_exists")
+	require.Contains(t, errOut, "tenant 'acme' already exists (tenant_exists)", "the API's words")
+	require.NotContains(t, errOut, "UNIQUE", "never the raw SQL error")
 	_, errOut, code = runCLI(t, env, "tenant", "create", "gamma", "--lease-seconds-max", "0")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "lease_seconds_max")
@@ -141,13 +142,24 @@ func TestCLIDevModeTokenAndServe(t *testing.T) {
 	dir := t.TempDir()
 	env := map[string]string{"IDEM_DATABASE_URL": "sqlite:" + filepath.Join(dir, "data", "idem.db")}
 
-	// `token` in development mode uses (and creates) the data folder's secret.
-	tok := mintToken(t, env, "demo", "keys:write")
-	fi, err := os.Stat(filepath.Join(dir, "data", "dev-jwt-secret"))
-	require.NoError(t, err)
-	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	// `token` never creates a secret: a token signed by a secret no server
+	// uses would be rejected. It fails and says where it looked.
+	secretFile := filepath.Join(dir, "data", "dev-jwt-secret")
+	out, errOut, code := runCLI(t, env, "token", "--tenant", "demo", "--scope", "keys:write")
+	require.Equal(t, 1, code)
+	require.Empty(t, out)
+	require.Contains(t, errOut, "IDEM_JWT_HS256_SECRET is not set")
+	require.Contains(t, errOut, "--jwt-hs256-secret")
+	require.Contains(t, errOut, secretFile)
+	_, err := os.Stat(filepath.Join(dir, "data"))
+	require.ErrorIs(t, err, os.ErrNotExist, "token created the data folder")
 
 	srv := startServer(t, env)
+	// The server created the secret; `token` now uses it.
+	fi, err := os.Stat(secretFile)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	tok := mintToken(t, env, "demo", "keys:write")
 	// The banner on stdout carries working tokens and a curl line. It is
 	// written before the "listening" log line, but stdout is copied by
 	// another goroutine: wait for it.
@@ -170,7 +182,7 @@ func TestCLIDevModeTokenAndServe(t *testing.T) {
 	require.Equal(t, http.StatusCreated, res.status, string(res.body))
 	res = mustCall(t, c, http.MethodPost, srv.url+"/v1/keys/order-43/claim", tok, map[string]any{"fingerprint": "fp"})
 	require.Equal(t, http.StatusCreated, res.status, string(res.body))
-	code, _ := srv.stop(t, syscall.SIGINT, 20*time.Second)
+	code, _ = srv.stop(t, syscall.SIGINT, 20*time.Second)
 	require.Equal(t, 0, code)
 }
 
@@ -222,9 +234,41 @@ func TestCLIHelp(t *testing.T) {
 	require.Contains(t, out, "development mode")
 	out = mustCLI(t, nil, "token", "--help")
 	require.Contains(t, out, "--tenant")
+	require.Contains(t, out, "--jwt-hs256-secret")
+	require.Contains(t, out, "--data-dir")
 	out = mustCLI(t, nil, "tenant", "--help")
 	require.Contains(t, out, "tenant create ID")
-	_, errOut, code := runCLI(t, nil, "frobnicate")
+
+	// Each command lists only the settings it uses.
+	countFlags := func(help string) int { return strings.Count(help, "\n  --") }
+	lists := func(help, flag string) bool {
+		return strings.Contains(help, "\n  "+flag+" ") || strings.Contains(help, "\n  "+flag+"\n")
+	}
+	serveHelp := mustCLI(t, nil, "serve", "--help")
+	for _, c := range []struct {
+		args          []string
+		want, notWant []string
+	}{
+		{[]string{"token", "--help"}, []string{"--scope", "--ttl", "--jwt-issuer"}, []string{"--addr", "--shutdown-grace", "--reap-interval", "--db-max-conns"}},
+		{[]string{"tenant", "create", "--help"}, []string{"--lease-seconds-max", "--name", "--database-url", "--create-db"}, []string{"--addr", "--shutdown-grace", "--jwt-hs256-secret", "--max-header-bytes"}},
+		{[]string{"tenant", "list", "--help"}, []string{"--json", "--database-url"}, []string{"--addr", "--lease-seconds-max"}},
+		{[]string{"migrate", "--help"}, []string{"--database-url"}, []string{"--addr", "--jwt-issuer"}},
+		{[]string{"healthcheck", "--help"}, []string{"--addr", "--timeout"}, []string{"--database-url"}},
+	} {
+		help := mustCLI(t, nil, c.args...)
+		for _, w := range c.want {
+			require.True(t, lists(help, w), "%v does not list %s:\n%s", c.args, w, help)
+		}
+		for _, w := range c.notWant {
+			require.False(t, lists(help, w), "%v lists %s:\n%s", c.args, w, help)
+		}
+		require.Less(t, countFlags(help), countFlags(serveHelp)/2+2, "%v lists too many flags:\n%s", c.args, help)
+	}
+	// A setting without its flag still comes from the environment.
+	_, errOut, code := runCLI(t, map[string]string{"IDEM_ADDR": "127.0.0.1:1"}, "healthcheck", "--timeout", "2s")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "127.0.0.1:1")
+	_, errOut, code = runCLI(t, nil, "frobnicate")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, `unknown command "frobnicate"`)
 	_, errOut, code = runCLI(t, nil, "serve", "--no-such-flag")

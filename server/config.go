@@ -174,16 +174,31 @@ func settings() []setting {
 	}
 }
 
-// Flags registers one flag per setting on fs, bound to a Config that starts
-// from the defaults. Call the returned function after fs.Parse: it applies
-// the environment (read through getenv) to every setting whose flag was not
-// given, so a flag overrides its environment variable. Help texts show the
-// built-in defaults, never a value from the environment.
-func Flags(fs *flag.FlagSet, getenv func(string) string) func() (Config, error) {
+// Flags registers a flag per setting on fs, bound to a Config that starts
+// from the defaults: every setting, or only those whose flag names are in
+// only, so a command's --help lists just the settings it uses. Call the
+// returned function after fs.Parse: it applies the environment (read through
+// getenv) to every setting whose flag was not given, registered or not, so a
+// flag overrides its environment variable and the environment configures
+// every command alike. Help texts show the built-in defaults, never a value
+// from the environment. An unknown name in only panics: it is a bug of the
+// caller.
+func Flags(fs *flag.FlagSet, getenv func(string) string, only ...string) func() (Config, error) {
 	cfg := DefaultConfig()
 	all := settings()
+	want := map[string]bool{}
+	for _, name := range only {
+		want[name] = true
+	}
 	for _, s := range all {
+		if len(only) > 0 && !want[s.flag] {
+			continue
+		}
+		delete(want, s.flag)
 		fs.Var(s.bind(&cfg), s.flag, s.usage+" ("+s.env+")")
+	}
+	for name := range want {
+		panic("server.Flags: no setting " + name)
 	}
 	return func() (Config, error) {
 		given := map[string]bool{}

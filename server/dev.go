@@ -93,6 +93,25 @@ func SigningSecret(cfg Config) ([]byte, error) {
 	return nil, errors.New("no signing key: set IDEM_JWT_HS256_SECRET")
 }
 
+// MintingSecret returns the HS256 secret `server token` mints with: the
+// configured IDEM_JWT_HS256_SECRET, or in development mode the secret file a
+// server created. Unlike SigningSecret it never creates one: a token signed
+// by a fresh secret would be rejected by the running server, so a missing
+// secret is an error that says where it looked.
+func MintingSecret(cfg Config) ([]byte, error) {
+	if cfg.JWTHS256Secret != "" || !cfg.DevMode() {
+		return SigningSecret(cfg)
+	}
+	path := filepath.Join(cfg.DataFolder(), DevSecretFile)
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("no signing key: IDEM_JWT_HS256_SECRET is not set, --jwt-hs256-secret not given, and there is no development secret at %s (it is created by the first 'serve' in development mode with IDEM_DATABASE_URL=%s; point IDEM_DATABASE_URL or IDEM_DATA_DIR at that server's data folder, or set IDEM_JWT_HS256_SECRET)", path, cfg.DatabaseURL)
+	}
+	return SigningSecret(cfg)
+}
+
 // DevInfo is what development mode prints at start.
 type DevInfo struct {
 	// SecretFile is the path of the generated secret.

@@ -26,13 +26,14 @@ func runToken(_ context.Context, e env, args []string) int {
 	usage := settingsUsage(e, fs, `Usage: PROG token --tenant ID --scope "keys:write" [--ttl 24h]
 
 Mints an HS256 token with IDEM_JWT_HS256_SECRET (in development mode: with
-the generated secret file in the data folder) and prints it on stdout.
-Issuer and audience are IDEM_JWT_ISSUER and IDEM_JWT_AUDIENCE.
+the secret file the server generated in its data folder) and prints it on
+stdout. It never creates a secret: without one it fails and says where it
+looked. Issuer and audience are IDEM_JWT_ISSUER and IDEM_JWT_AUDIENCE.
 
 Examples:
   PROG token --tenant acme --scope "keys:write"
   PROG token --scope admin --ttl 1h`)
-	cfg, done, code := loadConfigNoArgs(e, fs, usage, args)
+	cfg, done, code := loadConfigNoArgs(e, fs, usage, args, tokenSettings...)
 	if done {
 		return code
 	}
@@ -67,7 +68,7 @@ Examples:
 		fmt.Fprintf(e.stderr, "%s: IDEM_JWT_HS256_SECRET must be at least %d bytes (got %d)\n", e.prog, auth.MinSecretBytes, len(cfg.JWTHS256Secret))
 		return 2
 	}
-	secret, err := server.SigningSecret(cfg)
+	secret, err := server.MintingSecret(cfg)
 	if err != nil {
 		return fail(e, "%v", err)
 	}
@@ -177,7 +178,7 @@ func runTenant(ctx context.Context, e env, args []string) int {
 		fmt.Fprintf(e.stderr, "%s: unknown tenant command %q (want create, list, set or delete)\n", e.prog, sub)
 		return 2
 	}
-	cfg, pos, done, code := loadConfig(e, fs, settingsUsage(e, fs, tenantUsage), args)
+	cfg, pos, done, code := loadConfig(e, fs, settingsUsage(e, fs, tenantUsage), args, storeSettings...)
 	if done {
 		return code
 	}
@@ -288,16 +289,22 @@ func printJSON(e env, v any) int {
 	return 0
 }
 
-// describe renders an error with the invalid fields of an invalid_request.
+// describe renders an error as the API would: a domain error by its detail
+// and code (never the driver's message beneath it, e.g. a UNIQUE constraint
+// for tenant_exists), with the invalid fields of an invalid_request.
 func describe(err error) string {
 	var ie *idem.Error
-	if errors.As(err, &ie) && len(ie.Fields) > 0 {
-		var b strings.Builder
-		b.WriteString(err.Error())
-		for _, f := range ie.Fields {
-			fmt.Fprintf(&b, "\n  %s: %s", f.Field, f.Message)
-		}
-		return b.String()
+	if !errors.As(err, &ie) {
+		return err.Error()
 	}
-	return err.Error()
+	var b strings.Builder
+	if ie.Detail != "" {
+		fmt.Fprintf(&b, "%s (%s)", ie.Detail, ie.Code)
+	} else {
+		b.WriteString(err.Error())
+	}
+	for _, f := range ie.Fields {
+		fmt.Fprintf(&b, "\n  %s: %s", f.Field, f.Message)
+	}
+	return b.String()
 }

@@ -15,10 +15,22 @@ import (
 	"github.com/idem-dev/idem/server"
 )
 
-// loadConfig registers the settings flags on fs, parses args and returns
+// Settings flags each command registers (beside its own); the environment
+// configures every setting of every command.
+var (
+	// storeSettings are what opening the store reads.
+	storeSettings = []string{"database-url", "create-db", "db-max-conns", "db-connect-timeout", "store-timeout"}
+	// tokenSettings are what minting a token reads: the key, the claims
+	// checked by the server and where the development secret lives.
+	tokenSettings = []string{"jwt-hs256-secret", "jwt-jwks-file", "jwt-issuer", "jwt-audience", "database-url", "data-dir"}
+	// healthcheckSettings name the local service.
+	healthcheckSettings = []string{"addr"}
+)
+
+// loadConfig registers the settings flags on fs (all, or only those named), parses args and returns
 // the configuration. done reports that the command must end with code.
-func loadConfig(e env, fs *flag.FlagSet, usage func(io.Writer), args []string) (cfg server.Config, positional []string, done bool, code int) {
-	finish := server.Flags(fs, e.getenv)
+func loadConfig(e env, fs *flag.FlagSet, usage func(io.Writer), args []string, only ...string) (cfg server.Config, positional []string, done bool, code int) {
+	finish := server.Flags(fs, e.getenv, only...)
 	positional, done, code = parseFlags(fs, e, usage, args)
 	if done {
 		return server.Config{}, nil, true, code
@@ -32,8 +44,8 @@ func loadConfig(e env, fs *flag.FlagSet, usage func(io.Writer), args []string) (
 
 // loadConfigNoArgs is loadConfig for a command that takes no positional
 // arguments: one is a usage error.
-func loadConfigNoArgs(e env, fs *flag.FlagSet, usage func(io.Writer), args []string) (cfg server.Config, done bool, code int) {
-	cfg, pos, done, code := loadConfig(e, fs, usage, args)
+func loadConfigNoArgs(e env, fs *flag.FlagSet, usage func(io.Writer), args []string, only ...string) (cfg server.Config, done bool, code int) {
+	cfg, pos, done, code := loadConfig(e, fs, usage, args, only...)
 	if done {
 		return cfg, true, code
 	}
@@ -121,7 +133,7 @@ IDEM_DATABASE_URL and exits, creating the ledger (the SQLite file, the
 PostgreSQL tables) when there is none: the explicit first step of a new
 installation. The service applies later migrations at start, but never
 creates a ledger unless development mode or IDEM_CREATE_DB=1.`)
-	cfg, done, code := loadConfigNoArgs(e, fs, usage, args)
+	cfg, done, code := loadConfigNoArgs(e, fs, usage, args, storeSettings...)
 	if done {
 		return code
 	}
@@ -164,7 +176,7 @@ func runHealthcheck(ctx context.Context, e env, args []string) int {
 Asks the service listening on IDEM_ADDR (on this host) for GET /healthz and
 exits 0 when it answers 200, 1 otherwise. Meant for container HEALTHCHECKs
 in images without curl.`)
-	cfg, done, code := loadConfigNoArgs(e, fs, usage, args)
+	cfg, done, code := loadConfigNoArgs(e, fs, usage, args, healthcheckSettings...)
 	if done {
 		return code
 	}
