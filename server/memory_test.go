@@ -259,24 +259,21 @@ func TestInflightBudgetRefusesBeforeReading(t *testing.T) {
 				"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", tok, len(holderBody), holderBody[:100])
 			require.NoError(t, err)
 
+			// Wait until the server holds the holder's budget: a probe
+			// complete of a key that does not exist (404 if it were read,
+			// nothing changes) is refused once it is held.
+			probe := complete(1)
+			require.Eventually(t, func() bool {
+				resp, _ := do(t, http.MethodPost, ts.URL()+"/v1/keys/probe/complete", tok, probe)
+				return resp.StatusCode == http.StatusServiceUnavailable
+			}, 10*time.Second, 20*time.Millisecond)
+
 			busy := func(req *http.Request) {
 				t.Helper()
 				req.Header.Set("Authorization", "Bearer "+tok)
 				req.Header.Set("Content-Type", "application/json")
-				var resp *http.Response
-				// Wait until the server has read the holder's headers.
-				require.Eventually(t, func() bool {
-					var err error
-					resp, err = http.DefaultClient.Do(req.Clone(context.Background()))
-					if err != nil {
-						return false
-					}
-					if resp.StatusCode != http.StatusServiceUnavailable {
-						_ = resp.Body.Close()
-						return false
-					}
-					return true
-				}, 10*time.Second, 20*time.Millisecond)
+				resp, err := http.DefaultClient.Do(req)
+				require.NoError(t, err)
 				defer resp.Body.Close()
 				b, err := io.ReadAll(resp.Body)
 				require.NoError(t, err)
