@@ -64,6 +64,10 @@ def flask_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
         effects.charge("boom")
         raise RuntimeError("handler failed")
 
+    @app.put("/files")
+    def put_file() -> Any:
+        return {"length": len(request.get_data())}
+
     @app.post("/fail")
     def fail() -> Any:
         effects.charge("fail")
@@ -87,6 +91,10 @@ def fastapi_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any
     @app.get("/charges/{account}")
     async def count(account: int) -> Any:
         return {"count": len(effects.charges)}
+
+    @app.put("/files")
+    async def put_file(req: Request) -> Any:
+        return {"length": len(await req.body())}
 
     @app.post("/boom")
     async def boom() -> Any:

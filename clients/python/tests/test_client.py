@@ -217,7 +217,7 @@ def test_attempt_id_edge_cases(client: Client) -> None:
     token."""
     key = new_key()
     first = client.claim(key, operation="op", request={"a": 1}, lease=1, attempt_id="att-1")
-    again = client.claim(key, operation="op", request={"a": 1}, attempt_id="att-1")
+    again = client.claim(key, operation="op", request={"a": 1}, lease=1, attempt_id="att-1")  # renews the lease from now
     assert not again.replayed and again.record.fencing_token == first.record.fencing_token and again.record.attempt == 1
     for other in ("att-2", None):
         with pytest.raises(ProblemError) as ei:

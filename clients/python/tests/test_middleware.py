@@ -182,3 +182,23 @@ def test_lost_claim_answer_between_middleware_and_idem(kind: str, server: Server
             assert post(a.url + "/charges/3", key).headers["Idempotent-Replayed"] == "true"
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("kind", ["flask", "fastapi"])
+def test_too_large_to_store_or_to_protect(kind: str, server: Server) -> None:
+    """A response over max_stored_bytes is sent, stored without its body,
+    and its retry answers 409 response_not_replayable instead of running
+    the handler again; a request body over max_body_bytes is refused 413."""
+    for a in serve(kind, server.url, server.token, max_stored_bytes=50, max_body_bytes=64):
+        key = new_key()
+        first = post(a.url + "/charges/1", key)
+        assert first.status_code == 201 and first.json()["charge"] == "ch_1"
+        again = post(a.url + "/charges/1", key)
+        assert again.status_code == 409 and again.json()["code"] == "response_not_replayable"
+        assert again.json()["retryable"] is False and "Retry-After" not in again.headers
+        big = post(a.url + "/charges/1", new_key(), body={"pad": "x" * 100})
+        assert big.status_code == 413 and big.json()["code"] == "payload_too_large"
+        assert len(a.effects.charges) == 1
+        # An unprotected request (PUT without a key) gets its whole large body.
+        put = HTTP.put(a.url + "/files", content=b"y" * 5000)
+        assert put.status_code == 200 and put.json() == {"length": 5000}

@@ -33,6 +33,12 @@ class Options:
     lease: float | None = None
     #: The overall deadline of the idem calls of one request, seconds.
     timeout: float | None = 10.0
+    #: The largest request body read for the fingerprint (default 8 MiB, under the idem server's limit); larger: 413.
+    max_body_bytes: int = 8 << 20
+    #: The largest response (body plus stored headers) stored for replay (default 1 MiB, the tenant's default
+    #: max_response_bytes); a larger one is sent but stored without its body, and its replay answers 409
+    #: response_not_replayable instead of running the handler again.
+    max_stored_bytes: int = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,8 @@ def prepare(opts: Options, method: str, route: str, query: str, headers: list[tu
     if opts.scope_header:
         scope = ", ".join(v for k, v in headers if k.lower() == opts.scope_header.lower())
         key = frontdoor.scoped_key(scope, key)
+    if len(body) > opts.max_body_bytes:
+        raise FrontDoorError(frontdoor.PAYLOAD_TOO_LARGE, f"the request body is larger than {opts.max_body_bytes} bytes")
     ctype = next((v for k, v in headers if k.lower() == "content-type"), None)
     doc = frontdoor.document(query, ctype, body)
     return Protected(key, frontdoor.operation(method, route), doc)
@@ -97,8 +105,12 @@ def claim_failed(err: IdemError) -> FrontDoorError:
                           retry_after=ra)
 
 
-def replay_answer(resp: Response) -> Answer:
-    """The answer of a replay: the stored status, headers and body."""
+def replay_answer(resp: Response, rid: str) -> Answer:
+    """The answer of a replay: the stored status, headers and body; 409
+    response_not_replayable for a response that was too large to store."""
+    if frontdoor.HEADER_NOT_REPLAYABLE in resp.headers:
+        return problem_answer(FrontDoorError(frontdoor.RESPONSE_NOT_REPLAYABLE,
+                                             "the request was completed, but its response was too large to store and cannot be replayed"), rid)
     headers = [(k, v) for k, v in resp.headers.items() if k.lower() != "content-length"]
     headers += [(frontdoor.HEADER_REPLAYED, "true"), ("Content-Length", str(len(resp.body)))]
     return Answer(resp.status or 200, headers, resp.body)
@@ -113,4 +125,8 @@ def to_store(opts: Options, ans: Answer) -> Response:
     answer is not stored (a 5xx with store_5xx off)."""
     if not frontdoor.store_status(ans.status, opts.store_5xx):
         raise Release(f"status {ans.status} is not stored")
-    return Response(ans.status, frontdoor.stored_headers(ans.headers, opts.stored_headers), ans.body)
+    headers = frontdoor.stored_headers(ans.headers, opts.stored_headers)
+    size = len(ans.body) + sum(len(k) + len(v) for k, v in headers.items())
+    if size > opts.max_stored_bytes:
+        return Response(ans.status, {frontdoor.HEADER_NOT_REPLAYABLE: f"response of {size} bytes not stored"})
+    return Response(ans.status, headers, ans.body)

@@ -70,11 +70,13 @@ class IdempotencyMiddleware:
     def __init__(self, app: ASGIApp, client: AsyncClient, *, route: Callable[[Scope], str | None] | None = None,
                  required_methods: Sequence[str] | None = None, optional_methods: Sequence[str] | None = None,
                  scope_header: str | None = None, store_5xx: bool = True, stored_headers: Sequence[str] | None = None,
-                 lease: float | None = None, timeout: float | None = 10.0) -> None:
+                 lease: float | None = None, timeout: float | None = 10.0, max_body_bytes: int = 8 << 20,
+                 max_stored_bytes: int = 1 << 20) -> None:
         self.app = app
         self.client = client
         self.route = route or starlette_route
-        self.opts = Options(required_methods, optional_methods, scope_header, store_5xx, stored_headers, lease, timeout)
+        self.opts = Options(required_methods, optional_methods, scope_header, store_5xx, stored_headers, lease, timeout,
+                            max_body_bytes, max_stored_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or frontdoor.requirement(scope["method"], self.opts.required_methods,
@@ -83,20 +85,21 @@ class IdempotencyMiddleware:
             return
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", [])]
         body = b""
-        while True:
+        more = True
+        while more and len(body) <= self.opts.max_body_bytes:
             msg = await receive()
             if msg["type"] == "http.disconnect":
                 return
             body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+            more = bool(msg.get("more_body"))
         replayed_body = False
+        truncated = more  # too large to protect, and the rest is unread: an unprotected request reads on
 
         async def replay_receive() -> Message:
             nonlocal replayed_body
             if not replayed_body:
                 replayed_body = True
-                return {"type": "http.request", "body": body, "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": truncated}
             return await receive()
 
         rid = caller_request_id(headers)
@@ -130,7 +133,7 @@ class IdempotencyMiddleware:
                 return ran[0]
             return problem_answer(claim_failed(err), rid)
         if res.replayed:
-            return replay_answer(res.response)
+            return replay_answer(res.response, rid)
         return ran[0]
 
     async def _run_app(self, scope: Scope, receive: Receive) -> Answer:

@@ -39,7 +39,15 @@ PROBLEMS: dict[str, tuple[int, str, bool]] = {
     REQUEST_IN_FLIGHT: (409, "Request in flight", True),
     FINGERPRINT_MISMATCH: (422, "Idempotency key reused with another request", False),
     STORE_UNAVAILABLE: (503, "Idempotency store unavailable", True),
+    "response_not_replayable": (409, "Response not replayable", False),
 }
+
+#: The header stored in place of a response too large to store; a replay of
+#: such a record answers 409 response_not_replayable instead of running the
+#: handler again.
+HEADER_NOT_REPLAYABLE = "Idem-Not-Replayable"
+PAYLOAD_TOO_LARGE = "payload_too_large"
+RESPONSE_NOT_REPLAYABLE = "response_not_replayable"
 
 #: The response headers stored with a response unless configured otherwise; never Set-Cookie.
 DEFAULT_STORED_HEADERS = ("Content-Type", "Content-Language", "Content-Disposition", "Content-Encoding",

@@ -104,6 +104,25 @@ def install_django(application: WSGIApp, client: Client, **options: Any) -> Idem
     return IdempotencyMiddleware(application, client, **options)
 
 
+class _Chain(io.RawIOBase):
+    """The bytes already read, then the rest of the original input stream."""
+
+    def __init__(self, head: bytes, rest: Any) -> None:
+        self._head = io.BytesIO(head)
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        view = memoryview(buf).cast("B")
+        data = self._head.read(len(view))
+        if not data:
+            data = bytes(self._rest.read(len(view)))
+        view[: len(data)] = data
+        return len(data)
+
+
 class _HandlerFailed(Exception):
     """The handler raised (and a framework answered for it): nothing is stored."""
 
@@ -122,15 +141,16 @@ def _headers(environ: Environ) -> list[tuple[str, str]]:
     return out
 
 
-def _read_body(environ: Environ) -> bytes:
+def _read_body(environ: Environ, limit: int) -> bytes:
+    """The request body, at most limit + 1 bytes (more is refused as too large)."""
     stream = environ.get("wsgi.input")
     if stream is None:
         return b""
     length = environ.get("CONTENT_LENGTH") or ""
     if length.strip().isdigit():
-        return bytes(stream.read(int(length)))
+        return bytes(stream.read(min(int(length), limit + 1)))
     if environ.get("wsgi.input_terminated"):
-        return bytes(stream.read())
+        return bytes(stream.read(limit + 1))
     return b""
 
 
@@ -142,20 +162,26 @@ class IdempotencyMiddleware:
     def __init__(self, app: WSGIApp, client: Client, *, route: Callable[[Environ], str | None] | None = None,
                  required_methods: Sequence[str] | None = None, optional_methods: Sequence[str] | None = None,
                  scope_header: str | None = None, store_5xx: bool = True, stored_headers: Sequence[str] | None = None,
-                 lease: float | None = None, timeout: float | None = 10.0) -> None:
+                 lease: float | None = None, timeout: float | None = 10.0, max_body_bytes: int = 8 << 20,
+                 max_stored_bytes: int = 1 << 20) -> None:
         self.app = app
         self.client = client
         self.route = route
-        self.opts = Options(required_methods, optional_methods, scope_header, store_5xx, stored_headers, lease, timeout)
+        self.opts = Options(required_methods, optional_methods, scope_header, store_5xx, stored_headers, lease, timeout,
+                            max_body_bytes, max_stored_bytes)
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = str(environ.get("REQUEST_METHOD", "GET"))
         if frontdoor.requirement(method, self.opts.required_methods, self.opts.optional_methods) == "pass":
             return self.app(environ, start_response)
         headers = _headers(environ)
-        body = _read_body(environ)
-        environ["wsgi.input"] = io.BytesIO(body)
-        environ["CONTENT_LENGTH"] = str(len(body))
+        original = environ.get("wsgi.input")
+        body = _read_body(environ, self.opts.max_body_bytes)
+        if len(body) > self.opts.max_body_bytes and original is not None:
+            environ["wsgi.input"] = _Chain(body, original)  # too large to protect; an unprotected request reads it all
+        else:
+            environ["wsgi.input"] = io.BytesIO(body)
+            environ["CONTENT_LENGTH"] = str(len(body))
         path = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
         rid = caller_request_id(headers)
         try:
@@ -191,7 +217,7 @@ class IdempotencyMiddleware:
                 return ran[0]
             return problem_answer(claim_failed(err), rid)
         if res.replayed:
-            return replay_answer(res.response)
+            return replay_answer(res.response, rid)
         return ran[0]
 
     def _run_app(self, environ: Environ) -> Answer:
