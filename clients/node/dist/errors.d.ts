@@ -21,6 +21,7 @@ export declare const Codes: {
     readonly fingerprintMismatch: "fingerprint_mismatch";
     readonly rateLimited: "rate_limited";
     readonly storeUnavailable: "store_unavailable";
+    readonly serverBusy: "server_busy";
     readonly internal: "internal";
     readonly unknown: "unknown";
     readonly network: "network";

@@ -21,6 +21,7 @@ export const Codes = {
     fingerprintMismatch: "fingerprint_mismatch",
     rateLimited: "rate_limited",
     storeUnavailable: "store_unavailable",
+    serverBusy: "server_busy",
     internal: "internal",
     unknown: "unknown",
     network: "network",
