@@ -131,6 +131,10 @@ func New(opts Options) *chi.Mux {
 			r.Patch("/admin/tenants/{id}", handle(s, s.patchTenant))
 			r.Delete("/admin/tenants/{id}", handle(s, s.deleteTenant))
 			r.Get("/admin/orphans", handle(s, s.listOrphans))
+			r.Get("/admin/tenants/{id}/keys/{key}", handle(s, s.getAnyKey))
+			r.Post("/admin/tenants/{id}/keys/{key}/resolve", handle(s, s.resolveAny))
+			r.Get("/admin/tenants/{id}/keys/{key}/audit", handle(s, s.listAnyKeyAudit))
+			r.Get("/admin/audit", handle(s, s.listAnyAudit))
 		})
 
 		r.Group(func(r chi.Router) {
@@ -153,6 +157,14 @@ func New(opts Options) *chi.Mux {
 			Get("/tenant", handle(s, s.getOwnTenant))
 		r.With(s.requireScope(auth.ScopeTenantAdmin), s.resolveTenant).
 			Patch("/tenant", handle(s, s.patchOwnTenant))
+		r.With(s.requireScope(auth.ScopeTenantAdmin), s.resolveTenant).
+			Post("/keys/{key}/resolve", handle(s, s.resolveOwn))
+		r.Group(func(r chi.Router) {
+			r.Use(s.requireScope(auth.ScopeKeysRead, auth.ScopeTenantAdmin))
+			r.Use(s.resolveTenant)
+			r.Get("/keys/{key}/audit", handle(s, s.listOwnKeyAudit))
+			r.Get("/audit", handle(s, s.listOwnAudit))
+		})
 	})
 	return r
 }

@@ -97,6 +97,14 @@ type recordJSON struct {
 	ReplayUntil    *string       `json:"replay_until"`
 	PurgeAfter     *string       `json:"purge_after"`
 	Response       *responseJSON `json:"response"`
+	// Review is the review flag a person set; null when there is none.
+	Review *reviewJSON `json:"review"`
+}
+
+// reviewJSON is the review flag of a record.
+type reviewJSON struct {
+	Note string  `json:"note"`
+	At   *string `json:"at"`
 }
 
 // orphanJSON is one item of GET /v1/admin/orphans: a listed record (no
@@ -140,6 +148,9 @@ func encodeRecord(r idem.Record) recordJSON {
 	}
 	if r.State == idem.StateInFlight {
 		out.LeaseExpiresAt = timeJSON(r.LeaseExpiresAt)
+	}
+	if r.Review != nil {
+		out.Review = &reviewJSON{Note: r.Review.Note, At: timeJSON(r.Review.At)}
 	}
 	return out
 }

@@ -32,10 +32,11 @@ type cursorJSON struct {
 	Time   time.Time `json:"t"`
 	Tenant string    `json:"n,omitempty"`
 	Key    string    `json:"k"`
+	ID     int64     `json:"i,omitempty"`
 }
 
 func encodeCursor(c idem.Cursor) *string {
-	b, _ := json.Marshal(cursorJSON{Time: c.Time.UTC(), Tenant: c.TenantID, Key: c.Key})
+	b, _ := json.Marshal(cursorJSON{Time: c.Time.UTC(), Tenant: c.TenantID, Key: c.Key, ID: c.ID})
 	s := base64.RawURLEncoding.EncodeToString(b)
 	return &s
 }
@@ -71,7 +72,7 @@ func (p *pageParams) bind(r *http.Request) error {
 		if err != nil {
 			return fieldError("cursor", "is not a cursor returned by this endpoint", err)
 		}
-		p.after = &idem.Cursor{Time: c.Time, TenantID: c.Tenant, Key: c.Key}
+		p.after = &idem.Cursor{Time: c.Time, TenantID: c.Tenant, Key: c.Key, ID: c.ID}
 	}
 	return nil
 }
@@ -79,7 +80,7 @@ func (p *pageParams) bind(r *http.Request) error {
 // pageOf returns the page of a listing from the rows the store returned for
 // a limit of limit+1: at most limit items, and a cursor after the last one
 // when the extra row shows that more follow.
-func pageOf[T any](recs []idem.Record, limit int, encode func(idem.Record) T, cursor func(last idem.Record) idem.Cursor) listJSON[T] {
+func pageOf[R, T any](recs []R, limit int, encode func(R) T, cursor func(last R) idem.Cursor) listJSON[T] {
 	out := listJSON[T]{Items: make([]T, 0, min(len(recs), limit))}
 	if len(recs) > limit {
 		recs = recs[:limit]
