@@ -73,7 +73,7 @@ def flask_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
         effects.charge("fail")
         return {"error": "upstream down"}, 502
 
-    install_flask(app, Client(idem_url, token=token), **opts)
+    install_flask(app, Client(idem_url, token=token, policy=opts.pop("policy", None)), **opts)
     return app
 
 
@@ -106,7 +106,7 @@ def fastapi_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any
         effects.charge("fail")
         return JSONResponse({"error": "upstream down"}, status_code=502)
 
-    app.add_middleware(ASGIMiddleware, client=AsyncClient(idem_url, token=token), **opts)
+    app.add_middleware(ASGIMiddleware, client=AsyncClient(idem_url, token=token, policy=opts.pop("policy", None)), **opts)
     return app
 
 
@@ -126,7 +126,7 @@ def django_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
                                MIDDLEWARE=[], INSTALLED_APPS=[], DATABASES={}, USE_TZ=True,
                                LOGGING_CONFIG=None)
             django.setup()
-    inner = install_django(get_wsgi_application(), Client(idem_url, token=token), **opts)
+    inner = install_django(get_wsgi_application(), Client(idem_url, token=token, policy=opts.pop("policy", None)), **opts)
 
     def app(environ: dict[str, Any], start_response: Any) -> Any:
         environ["idem_test.effects"] = effects
@@ -135,7 +135,8 @@ def django_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
 
 
 def serve(kind: str, idem_url: str, token: str, **opts: Any) -> Iterator[App]:
-    """Serve a fresh app of kind ("flask", "django" or "fastapi") on loopback."""
+    """Serve a fresh app of kind ("flask", "django" or "fastapi") on loopback;
+    opts go to the middleware, except policy, the idem client's RetryPolicy."""
     effects = Effects()
     if kind in ("flask", "django"):
         make = flask_app if kind == "flask" else django_app

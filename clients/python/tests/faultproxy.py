@@ -1,7 +1,8 @@
 """A loopback TCP proxy that drops chosen answers: it forwards a request to
 the target, lets the target handle it, and then closes the client's
 connection instead of sending the answer back - the "done, reply lost"
-case a retry must survive."""
+case a retry must survive. It can also refuse chosen requests: close the
+connection without forwarding them (the target unreachable for them)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ class FaultProxy:
     decides per HTTP request whether its answer is dropped; every
     connection carries one request (the proxy sends Connection: close)."""
 
-    def __init__(self, target: tuple[str, int], drop: Callable[[bytes], bool]) -> None:
+    def __init__(self, target: tuple[str, int], drop: Callable[[bytes], bool],
+                 refuse: Callable[[bytes], bool] | None = None) -> None:
         self.target = target
         self.drop = drop
+        self.refuse = refuse
+        self.refused = 0
         self.dropped = 0
         self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -46,6 +50,10 @@ class FaultProxy:
             if head is None:
                 return
             # One request per connection: ask both sides to close.
+            if self.refuse is not None and self.refuse(head):
+                with self._lock:
+                    self.refused += 1
+                return  # closed before forwarding: the target never sees it
             lines = [ln for ln in head.split(b"\r\n") if not ln.lower().startswith(b"connection:")]
             head = b"\r\n".join(lines) + b"\r\nConnection: close"
             with socket.create_connection(self.target) as up:

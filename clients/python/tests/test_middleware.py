@@ -16,7 +16,7 @@ import pytest
 from apps import App, serve
 from conftest import Server, new_key
 from faultproxy import FaultProxy
-from idem import Client
+from idem import Client, RetryPolicy
 
 BODY = {"amount": 1000, "currency": "usd"}
 
@@ -202,3 +202,25 @@ def test_too_large_to_store_or_to_protect(kind: str, server: Server) -> None:
         # An unprotected request (PUT without a key) gets its whole large body.
         put = HTTP.put(a.url + "/files", content=b"y" * 5000)
         assert put.status_code == 200 and put.json() == {"length": 5000}
+
+
+@pytest.mark.parametrize("kind", ["flask", "fastapi"])
+def test_complete_failing_after_the_handler_ran(kind: str, server: Server) -> None:
+    """idem cannot be reached for complete after the handler ran: the
+    handler's answer is still sent (and the failure logged); nothing is
+    stored, so the claim stays in flight and a retry gets 409, not a second
+    side effect."""
+    proxy = FaultProxy(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), lambda head: False,
+                       refuse=lambda head: b"/complete " in head.split(b"\r\n", 1)[0])
+    try:
+        for a in serve(kind, proxy.url, server.token, policy=RetryPolicy(base_delay=0.01, max_delay=0.05)):
+            key = new_key("nocomplete")
+            first = post(a.url + "/charges/5", key)
+            assert first.status_code == 201 and first.json()["charge"] == "ch_1"
+            assert "Idempotent-Replayed" not in first.headers
+            assert proxy.refused == 3, "complete was tried three times"
+            again = post(a.url + "/charges/5", key)
+            assert again.status_code == 409 and again.json()["code"] == "request_in_flight"
+            assert len(a.effects.charges) == 1
+    finally:
+        proxy.close()
