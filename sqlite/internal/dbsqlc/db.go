@@ -7,6 +7,7 @@ package dbsqlc
 import (
 	"context"
 	"database/sql"
+	"fmt"
 )
 
 type DBTX interface {
@@ -20,12 +21,228 @@ func New(db DBTX) *Queries {
 	return &Queries{db: db}
 }
 
+func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
+	q := Queries{db: db}
+	var err error
+	if q.checkpointKeyStmt, err = db.PrepareContext(ctx, checkpointKey); err != nil {
+		return nil, fmt.Errorf("error preparing query CheckpointKey: %w", err)
+	}
+	if q.completeKeyStmt, err = db.PrepareContext(ctx, completeKey); err != nil {
+		return nil, fmt.Errorf("error preparing query CompleteKey: %w", err)
+	}
+	if q.createKeyStmt, err = db.PrepareContext(ctx, createKey); err != nil {
+		return nil, fmt.Errorf("error preparing query CreateKey: %w", err)
+	}
+	if q.createTenantStmt, err = db.PrepareContext(ctx, createTenant); err != nil {
+		return nil, fmt.Errorf("error preparing query CreateTenant: %w", err)
+	}
+	if q.deleteTenantStmt, err = db.PrepareContext(ctx, deleteTenant); err != nil {
+		return nil, fmt.Errorf("error preparing query DeleteTenant: %w", err)
+	}
+	if q.getKeyStmt, err = db.PrepareContext(ctx, getKey); err != nil {
+		return nil, fmt.Errorf("error preparing query GetKey: %w", err)
+	}
+	if q.getTenantStmt, err = db.PrepareContext(ctx, getTenant); err != nil {
+		return nil, fmt.Errorf("error preparing query GetTenant: %w", err)
+	}
+	if q.listKeysStmt, err = db.PrepareContext(ctx, listKeys); err != nil {
+		return nil, fmt.Errorf("error preparing query ListKeys: %w", err)
+	}
+	if q.listOrphanKeysStmt, err = db.PrepareContext(ctx, listOrphanKeys); err != nil {
+		return nil, fmt.Errorf("error preparing query ListOrphanKeys: %w", err)
+	}
+	if q.listTenantsStmt, err = db.PrepareContext(ctx, listTenants); err != nil {
+		return nil, fmt.Errorf("error preparing query ListTenants: %w", err)
+	}
+	if q.nextFencingTokenStmt, err = db.PrepareContext(ctx, nextFencingToken); err != nil {
+		return nil, fmt.Errorf("error preparing query NextFencingToken: %w", err)
+	}
+	if q.orphanStatsStmt, err = db.PrepareContext(ctx, orphanStats); err != nil {
+		return nil, fmt.Errorf("error preparing query OrphanStats: %w", err)
+	}
+	if q.reapKeysStmt, err = db.PrepareContext(ctx, reapKeys); err != nil {
+		return nil, fmt.Errorf("error preparing query ReapKeys: %w", err)
+	}
+	if q.releaseKeyStmt, err = db.PrepareContext(ctx, releaseKey); err != nil {
+		return nil, fmt.Errorf("error preparing query ReleaseKey: %w", err)
+	}
+	if q.renewAttemptLeaseStmt, err = db.PrepareContext(ctx, renewAttemptLease); err != nil {
+		return nil, fmt.Errorf("error preparing query RenewAttemptLease: %w", err)
+	}
+	if q.takeoverKeyStmt, err = db.PrepareContext(ctx, takeoverKey); err != nil {
+		return nil, fmt.Errorf("error preparing query TakeoverKey: %w", err)
+	}
+	if q.updateTenantStmt, err = db.PrepareContext(ctx, updateTenant); err != nil {
+		return nil, fmt.Errorf("error preparing query UpdateTenant: %w", err)
+	}
+	return &q, nil
+}
+
+func (q *Queries) Close() error {
+	var err error
+	if q.checkpointKeyStmt != nil {
+		if cerr := q.checkpointKeyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing checkpointKeyStmt: %w", cerr)
+		}
+	}
+	if q.completeKeyStmt != nil {
+		if cerr := q.completeKeyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing completeKeyStmt: %w", cerr)
+		}
+	}
+	if q.createKeyStmt != nil {
+		if cerr := q.createKeyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing createKeyStmt: %w", cerr)
+		}
+	}
+	if q.createTenantStmt != nil {
+		if cerr := q.createTenantStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing createTenantStmt: %w", cerr)
+		}
+	}
+	if q.deleteTenantStmt != nil {
+		if cerr := q.deleteTenantStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing deleteTenantStmt: %w", cerr)
+		}
+	}
+	if q.getKeyStmt != nil {
+		if cerr := q.getKeyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing getKeyStmt: %w", cerr)
+		}
+	}
+	if q.getTenantStmt != nil {
+		if cerr := q.getTenantStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing getTenantStmt: %w", cerr)
+		}
+	}
+	if q.listKeysStmt != nil {
+		if cerr := q.listKeysStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing listKeysStmt: %w", cerr)
+		}
+	}
+	if q.listOrphanKeysStmt != nil {
+		if cerr := q.listOrphanKeysStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing listOrphanKeysStmt: %w", cerr)
+		}
+	}
+	if q.listTenantsStmt != nil {
+		if cerr := q.listTenantsStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing listTenantsStmt: %w", cerr)
+		}
+	}
+	if q.nextFencingTokenStmt != nil {
+		if cerr := q.nextFencingTokenStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing nextFencingTokenStmt: %w", cerr)
+		}
+	}
+	if q.orphanStatsStmt != nil {
+		if cerr := q.orphanStatsStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing orphanStatsStmt: %w", cerr)
+		}
+	}
+	if q.reapKeysStmt != nil {
+		if cerr := q.reapKeysStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing reapKeysStmt: %w", cerr)
+		}
+	}
+	if q.releaseKeyStmt != nil {
+		if cerr := q.releaseKeyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing releaseKeyStmt: %w", cerr)
+		}
+	}
+	if q.renewAttemptLeaseStmt != nil {
+		if cerr := q.renewAttemptLeaseStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing renewAttemptLeaseStmt: %w", cerr)
+		}
+	}
+	if q.takeoverKeyStmt != nil {
+		if cerr := q.takeoverKeyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing takeoverKeyStmt: %w", cerr)
+		}
+	}
+	if q.updateTenantStmt != nil {
+		if cerr := q.updateTenantStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing updateTenantStmt: %w", cerr)
+		}
+	}
+	return err
+}
+
+func (q *Queries) exec(ctx context.Context, stmt *sql.Stmt, query string, args ...interface{}) (sql.Result, error) {
+	switch {
+	case stmt != nil && q.tx != nil:
+		return q.tx.StmtContext(ctx, stmt).ExecContext(ctx, args...)
+	case stmt != nil:
+		return stmt.ExecContext(ctx, args...)
+	default:
+		return q.db.ExecContext(ctx, query, args...)
+	}
+}
+
+func (q *Queries) query(ctx context.Context, stmt *sql.Stmt, query string, args ...interface{}) (*sql.Rows, error) {
+	switch {
+	case stmt != nil && q.tx != nil:
+		return q.tx.StmtContext(ctx, stmt).QueryContext(ctx, args...)
+	case stmt != nil:
+		return stmt.QueryContext(ctx, args...)
+	default:
+		return q.db.QueryContext(ctx, query, args...)
+	}
+}
+
+func (q *Queries) queryRow(ctx context.Context, stmt *sql.Stmt, query string, args ...interface{}) *sql.Row {
+	switch {
+	case stmt != nil && q.tx != nil:
+		return q.tx.StmtContext(ctx, stmt).QueryRowContext(ctx, args...)
+	case stmt != nil:
+		return stmt.QueryRowContext(ctx, args...)
+	default:
+		return q.db.QueryRowContext(ctx, query, args...)
+	}
+}
+
 type Queries struct {
-	db DBTX
+	db                    DBTX
+	tx                    *sql.Tx
+	checkpointKeyStmt     *sql.Stmt
+	completeKeyStmt       *sql.Stmt
+	createKeyStmt         *sql.Stmt
+	createTenantStmt      *sql.Stmt
+	deleteTenantStmt      *sql.Stmt
+	getKeyStmt            *sql.Stmt
+	getTenantStmt         *sql.Stmt
+	listKeysStmt          *sql.Stmt
+	listOrphanKeysStmt    *sql.Stmt
+	listTenantsStmt       *sql.Stmt
+	nextFencingTokenStmt  *sql.Stmt
+	orphanStatsStmt       *sql.Stmt
+	reapKeysStmt          *sql.Stmt
+	releaseKeyStmt        *sql.Stmt
+	renewAttemptLeaseStmt *sql.Stmt
+	takeoverKeyStmt       *sql.Stmt
+	updateTenantStmt      *sql.Stmt
 }
 
 func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 	return &Queries{
-		db: tx,
+		db:                    tx,
+		tx:                    tx,
+		checkpointKeyStmt:     q.checkpointKeyStmt,
+		completeKeyStmt:       q.completeKeyStmt,
+		createKeyStmt:         q.createKeyStmt,
+		createTenantStmt:      q.createTenantStmt,
+		deleteTenantStmt:      q.deleteTenantStmt,
+		getKeyStmt:            q.getKeyStmt,
+		getTenantStmt:         q.getTenantStmt,
+		listKeysStmt:          q.listKeysStmt,
+		listOrphanKeysStmt:    q.listOrphanKeysStmt,
+		listTenantsStmt:       q.listTenantsStmt,
+		nextFencingTokenStmt:  q.nextFencingTokenStmt,
+		orphanStatsStmt:       q.orphanStatsStmt,
+		reapKeysStmt:          q.reapKeysStmt,
+		releaseKeyStmt:        q.releaseKeyStmt,
+		renewAttemptLeaseStmt: q.renewAttemptLeaseStmt,
+		takeoverKeyStmt:       q.takeoverKeyStmt,
+		updateTenantStmt:      q.updateTenantStmt,
 	}
 }

@@ -31,7 +31,7 @@ type CheckpointKeyParams struct {
 }
 
 func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (IdempotencyKey, error) {
-	row := q.db.QueryRowContext(ctx, checkpointKey,
+	row := q.queryRow(ctx, q.checkpointKeyStmt, checkpointKey,
 		arg.RecoveryPoint,
 		arg.RecoveryData,
 		arg.LeaseExpiresAt,
@@ -102,7 +102,7 @@ type CompleteKeyParams struct {
 
 // CompleteKey stores the response; a completion clears the review flag.
 func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (IdempotencyKey, error) {
-	row := q.db.QueryRowContext(ctx, completeKey,
+	row := q.queryRow(ctx, q.completeKeyStmt, completeKey,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
@@ -199,7 +199,7 @@ type CreateKeyParams struct {
 // CreateKey inserts a fresh in-flight record, or overwrites an expired one
 // with a fresh record: attempt 1, response and recovery point cleared.
 func (q *Queries) CreateKey(ctx context.Context, arg CreateKeyParams) (IdempotencyKey, error) {
-	row := q.db.QueryRowContext(ctx, createKey,
+	row := q.queryRow(ctx, q.createKeyStmt, createKey,
 		arg.TenantID,
 		arg.Key,
 		arg.Operation,
@@ -262,7 +262,7 @@ type GetKeyRow struct {
 // GetKey also tells an empty response body from none: the driver reads both
 // a zero-length BLOB and NULL as a nil slice.
 func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, error) {
-	row := q.db.QueryRowContext(ctx, getKey, arg.TenantID, arg.Key)
+	row := q.queryRow(ctx, q.getKeyStmt, getKey, arg.TenantID, arg.Key)
 	var i GetKeyRow
 	err := row.Scan(
 		&i.IdempotencyKey.TenantID,
@@ -350,7 +350,7 @@ type ListKeysRow struct {
 // always present (the first page passes the largest possible position) so
 // the listing index serves it as a range.
 func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysRow, error) {
-	rows, err := q.db.QueryContext(ctx, listKeys,
+	rows, err := q.query(ctx, q.listKeysStmt, listKeys,
 		arg.TenantID,
 		arg.AfterTime,
 		arg.AfterKey,
@@ -448,7 +448,7 @@ type ListOrphanKeysRow struct {
 // first, from the partial index of in-flight leases; tenant ” lists every
 // tenant.
 func (q *Queries) ListOrphanKeys(ctx context.Context, arg ListOrphanKeysParams) ([]ListOrphanKeysRow, error) {
-	rows, err := q.db.QueryContext(ctx, listOrphanKeys,
+	rows, err := q.query(ctx, q.listOrphanKeysStmt, listOrphanKeys,
 		arg.Now,
 		arg.TenantFilter,
 		arg.AfterTime,
@@ -507,7 +507,7 @@ RETURNING value
 // transaction, so these statements need no conditions of their own to be
 // race-free.
 func (q *Queries) NextFencingToken(ctx context.Context) (int64, error) {
-	row := q.db.QueryRowContext(ctx, nextFencingToken)
+	row := q.queryRow(ctx, q.nextFencingTokenStmt, nextFencingToken)
 	var value int64
 	err := row.Scan(&value)
 	return value, err
@@ -530,7 +530,7 @@ type OrphanStatsRow struct {
 }
 
 func (q *Queries) OrphanStats(ctx context.Context, now int64) ([]OrphanStatsRow, error) {
-	rows, err := q.db.QueryContext(ctx, orphanStats, now)
+	rows, err := q.query(ctx, q.orphanStatsStmt, orphanStats, now)
 	if err != nil {
 		return nil, err
 	}
@@ -598,7 +598,7 @@ type ReapKeysRow struct {
 // still runs is never deleted, whatever its purge_after says: its claimant
 // may still be working.
 func (q *Queries) ReapKeys(ctx context.Context, arg ReapKeysParams) ([]ReapKeysRow, error) {
-	rows, err := q.db.QueryContext(ctx, reapKeys, arg.Now, arg.RowLimit)
+	rows, err := q.query(ctx, q.reapKeysStmt, reapKeys, arg.Now, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}
@@ -653,7 +653,7 @@ type ReleaseKeyParams struct {
 // ReleaseKey deletes the record; the caller checked inside the same
 // transaction that the token is current and the record in flight.
 func (q *Queries) ReleaseKey(ctx context.Context, arg ReleaseKeyParams) (int64, error) {
-	result, err := q.db.ExecContext(ctx, releaseKey, arg.TenantID, arg.Key, arg.FencingToken)
+	result, err := q.exec(ctx, q.releaseKeyStmt, releaseKey, arg.TenantID, arg.Key, arg.FencingToken)
 	if err != nil {
 		return 0, err
 	}
@@ -680,7 +680,7 @@ type RenewAttemptLeaseParams struct {
 // RenewAttemptLease gives a recovered attempt (a claim repeated with its
 // attempt id) a lease from now; the purge follows the lease.
 func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeaseParams) (IdempotencyKey, error) {
-	row := q.db.QueryRowContext(ctx, renewAttemptLease,
+	row := q.queryRow(ctx, q.renewAttemptLeaseStmt, renewAttemptLease,
 		arg.LeaseExpiresAt,
 		arg.Now,
 		arg.PurgeAfter,
@@ -876,7 +876,7 @@ type TakeoverKeyParams struct {
 // TakeoverKey hands an orphaned record to a new attempt; the recovery point
 // and data stay for the new owner.
 func (q *Queries) TakeoverKey(ctx context.Context, arg TakeoverKeyParams) (IdempotencyKey, error) {
-	row := q.db.QueryRowContext(ctx, takeoverKey,
+	row := q.queryRow(ctx, q.takeoverKeyStmt, takeoverKey,
 		arg.FencingToken,
 		arg.AttemptID,
 		arg.LeaseExpiresAt,

@@ -36,7 +36,7 @@ type CreateTenantParams struct {
 }
 
 func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Tenant, error) {
-	row := q.db.QueryRowContext(ctx, createTenant,
+	row := q.queryRow(ctx, q.createTenantStmt, createTenant,
 		arg.ID,
 		arg.Name,
 		arg.ReplayWindowSeconds,
@@ -73,7 +73,7 @@ DELETE FROM tenants WHERE id = ?1
 // DeleteTenant deletes a tenant; ON DELETE CASCADE deletes its records in
 // the same statement.
 func (q *Queries) DeleteTenant(ctx context.Context, id string) (int64, error) {
-	result, err := q.db.ExecContext(ctx, deleteTenant, id)
+	result, err := q.exec(ctx, q.deleteTenantStmt, deleteTenant, id)
 	if err != nil {
 		return 0, err
 	}
@@ -85,7 +85,7 @@ SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_
 `
 
 func (q *Queries) GetTenant(ctx context.Context, id string) (Tenant, error) {
-	row := q.db.QueryRowContext(ctx, getTenant, id)
+	row := q.queryRow(ctx, q.getTenantStmt, getTenant, id)
 	var i Tenant
 	err := row.Scan(
 		&i.ID,
@@ -109,7 +109,7 @@ SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_
 `
 
 func (q *Queries) ListTenants(ctx context.Context) ([]Tenant, error) {
-	rows, err := q.db.QueryContext(ctx, listTenants)
+	rows, err := q.query(ctx, q.listTenantsStmt, listTenants)
 	if err != nil {
 		return nil, err
 	}
@@ -176,7 +176,7 @@ type UpdateTenantParams struct {
 
 // UpdateTenant keeps the first disabled_at while the tenant stays disabled.
 func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (Tenant, error) {
-	row := q.db.QueryRowContext(ctx, updateTenant,
+	row := q.queryRow(ctx, q.updateTenantStmt, updateTenant,
 		arg.Name,
 		arg.ReplayWindowSeconds,
 		arg.ReaperThresholdSeconds,
