@@ -37,7 +37,7 @@ type InsertAuditParams struct {
 // InsertAudit writes one audit entry of a resolution, inside the
 // resolution's transaction, at the same clock instant.
 func (q *Queries) InsertAudit(ctx context.Context, arg InsertAuditParams) (KeyAudit, error) {
-	row := q.db.QueryRowContext(ctx, insertAudit,
+	row := q.queryRow(ctx, q.insertAuditStmt, insertAudit,
 		arg.TenantID,
 		arg.Key,
 		arg.Action,
@@ -88,7 +88,7 @@ type ListAuditParams struct {
 // tenant, or (”) every tenant. The keyset cursor on (created_at, id) is
 // always present (the first page passes the largest possible position).
 func (q *Queries) ListAudit(ctx context.Context, arg ListAuditParams) ([]KeyAudit, error) {
-	rows, err := q.db.QueryContext(ctx, listAudit,
+	rows, err := q.query(ctx, q.listAuditStmt, listAudit,
 		arg.TenantFilter,
 		arg.KeyFilter,
 		arg.AfterTime,

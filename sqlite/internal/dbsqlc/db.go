@@ -45,6 +45,12 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.getTenantStmt, err = db.PrepareContext(ctx, getTenant); err != nil {
 		return nil, fmt.Errorf("error preparing query GetTenant: %w", err)
 	}
+	if q.insertAuditStmt, err = db.PrepareContext(ctx, insertAudit); err != nil {
+		return nil, fmt.Errorf("error preparing query InsertAudit: %w", err)
+	}
+	if q.listAuditStmt, err = db.PrepareContext(ctx, listAudit); err != nil {
+		return nil, fmt.Errorf("error preparing query ListAudit: %w", err)
+	}
 	if q.listKeysStmt, err = db.PrepareContext(ctx, listKeys); err != nil {
 		return nil, fmt.Errorf("error preparing query ListKeys: %w", err)
 	}
@@ -68,6 +74,12 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	}
 	if q.renewAttemptLeaseStmt, err = db.PrepareContext(ctx, renewAttemptLease); err != nil {
 		return nil, fmt.Errorf("error preparing query RenewAttemptLease: %w", err)
+	}
+	if q.resolveCompleteKeyStmt, err = db.PrepareContext(ctx, resolveCompleteKey); err != nil {
+		return nil, fmt.Errorf("error preparing query ResolveCompleteKey: %w", err)
+	}
+	if q.reviewKeyStmt, err = db.PrepareContext(ctx, reviewKey); err != nil {
+		return nil, fmt.Errorf("error preparing query ReviewKey: %w", err)
 	}
 	if q.takeoverKeyStmt, err = db.PrepareContext(ctx, takeoverKey); err != nil {
 		return nil, fmt.Errorf("error preparing query TakeoverKey: %w", err)
@@ -115,6 +127,16 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing getTenantStmt: %w", cerr)
 		}
 	}
+	if q.insertAuditStmt != nil {
+		if cerr := q.insertAuditStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing insertAuditStmt: %w", cerr)
+		}
+	}
+	if q.listAuditStmt != nil {
+		if cerr := q.listAuditStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing listAuditStmt: %w", cerr)
+		}
+	}
 	if q.listKeysStmt != nil {
 		if cerr := q.listKeysStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing listKeysStmt: %w", cerr)
@@ -153,6 +175,16 @@ func (q *Queries) Close() error {
 	if q.renewAttemptLeaseStmt != nil {
 		if cerr := q.renewAttemptLeaseStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing renewAttemptLeaseStmt: %w", cerr)
+		}
+	}
+	if q.resolveCompleteKeyStmt != nil {
+		if cerr := q.resolveCompleteKeyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing resolveCompleteKeyStmt: %w", cerr)
+		}
+	}
+	if q.reviewKeyStmt != nil {
+		if cerr := q.reviewKeyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing reviewKeyStmt: %w", cerr)
 		}
 	}
 	if q.takeoverKeyStmt != nil {
@@ -202,47 +234,55 @@ func (q *Queries) queryRow(ctx context.Context, stmt *sql.Stmt, query string, ar
 }
 
 type Queries struct {
-	db                    DBTX
-	tx                    *sql.Tx
-	checkpointKeyStmt     *sql.Stmt
-	completeKeyStmt       *sql.Stmt
-	createKeyStmt         *sql.Stmt
-	createTenantStmt      *sql.Stmt
-	deleteTenantStmt      *sql.Stmt
-	getKeyStmt            *sql.Stmt
-	getTenantStmt         *sql.Stmt
-	listKeysStmt          *sql.Stmt
-	listOrphanKeysStmt    *sql.Stmt
-	listTenantsStmt       *sql.Stmt
-	nextFencingTokenStmt  *sql.Stmt
-	orphanStatsStmt       *sql.Stmt
-	reapKeysStmt          *sql.Stmt
-	releaseKeyStmt        *sql.Stmt
-	renewAttemptLeaseStmt *sql.Stmt
-	takeoverKeyStmt       *sql.Stmt
-	updateTenantStmt      *sql.Stmt
+	db                     DBTX
+	tx                     *sql.Tx
+	checkpointKeyStmt      *sql.Stmt
+	completeKeyStmt        *sql.Stmt
+	createKeyStmt          *sql.Stmt
+	createTenantStmt       *sql.Stmt
+	deleteTenantStmt       *sql.Stmt
+	getKeyStmt             *sql.Stmt
+	getTenantStmt          *sql.Stmt
+	insertAuditStmt        *sql.Stmt
+	listAuditStmt          *sql.Stmt
+	listKeysStmt           *sql.Stmt
+	listOrphanKeysStmt     *sql.Stmt
+	listTenantsStmt        *sql.Stmt
+	nextFencingTokenStmt   *sql.Stmt
+	orphanStatsStmt        *sql.Stmt
+	reapKeysStmt           *sql.Stmt
+	releaseKeyStmt         *sql.Stmt
+	renewAttemptLeaseStmt  *sql.Stmt
+	resolveCompleteKeyStmt *sql.Stmt
+	reviewKeyStmt          *sql.Stmt
+	takeoverKeyStmt        *sql.Stmt
+	updateTenantStmt       *sql.Stmt
 }
 
 func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 	return &Queries{
-		db:                    tx,
-		tx:                    tx,
-		checkpointKeyStmt:     q.checkpointKeyStmt,
-		completeKeyStmt:       q.completeKeyStmt,
-		createKeyStmt:         q.createKeyStmt,
-		createTenantStmt:      q.createTenantStmt,
-		deleteTenantStmt:      q.deleteTenantStmt,
-		getKeyStmt:            q.getKeyStmt,
-		getTenantStmt:         q.getTenantStmt,
-		listKeysStmt:          q.listKeysStmt,
-		listOrphanKeysStmt:    q.listOrphanKeysStmt,
-		listTenantsStmt:       q.listTenantsStmt,
-		nextFencingTokenStmt:  q.nextFencingTokenStmt,
-		orphanStatsStmt:       q.orphanStatsStmt,
-		reapKeysStmt:          q.reapKeysStmt,
-		releaseKeyStmt:        q.releaseKeyStmt,
-		renewAttemptLeaseStmt: q.renewAttemptLeaseStmt,
-		takeoverKeyStmt:       q.takeoverKeyStmt,
-		updateTenantStmt:      q.updateTenantStmt,
+		db:                     tx,
+		tx:                     tx,
+		checkpointKeyStmt:      q.checkpointKeyStmt,
+		completeKeyStmt:        q.completeKeyStmt,
+		createKeyStmt:          q.createKeyStmt,
+		createTenantStmt:       q.createTenantStmt,
+		deleteTenantStmt:       q.deleteTenantStmt,
+		getKeyStmt:             q.getKeyStmt,
+		getTenantStmt:          q.getTenantStmt,
+		insertAuditStmt:        q.insertAuditStmt,
+		listAuditStmt:          q.listAuditStmt,
+		listKeysStmt:           q.listKeysStmt,
+		listOrphanKeysStmt:     q.listOrphanKeysStmt,
+		listTenantsStmt:        q.listTenantsStmt,
+		nextFencingTokenStmt:   q.nextFencingTokenStmt,
+		orphanStatsStmt:        q.orphanStatsStmt,
+		reapKeysStmt:           q.reapKeysStmt,
+		releaseKeyStmt:         q.releaseKeyStmt,
+		renewAttemptLeaseStmt:  q.renewAttemptLeaseStmt,
+		resolveCompleteKeyStmt: q.resolveCompleteKeyStmt,
+		reviewKeyStmt:          q.reviewKeyStmt,
+		takeoverKeyStmt:        q.takeoverKeyStmt,
+		updateTenantStmt:       q.updateTenantStmt,
 	}
 }

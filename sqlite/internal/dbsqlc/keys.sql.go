@@ -754,7 +754,7 @@ type ResolveCompleteKeyParams struct {
 // clears the review flag; the caller checked the record in the same
 // transaction.
 func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKeyParams) (IdempotencyKey, error) {
-	row := q.db.QueryRowContext(ctx, resolveCompleteKey,
+	row := q.queryRow(ctx, q.resolveCompleteKeyStmt, resolveCompleteKey,
 		arg.NewFencingToken,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
@@ -815,7 +815,7 @@ type ReviewKeyParams struct {
 // ReviewKey flags an in-flight record for review with a note; the caller
 // checked the record in the same transaction.
 func (q *Queries) ReviewKey(ctx context.Context, arg ReviewKeyParams) (IdempotencyKey, error) {
-	row := q.db.QueryRowContext(ctx, reviewKey,
+	row := q.queryRow(ctx, q.reviewKeyStmt, reviewKey,
 		arg.ReviewNote,
 		arg.Now,
 		arg.TenantID,
