@@ -224,3 +224,152 @@ func TestDashboardShowsOrphans(t *testing.T) {
 		})
 	}
 }
+
+// TestDashboardResolvesOrphans clicks through every resolution on both
+// stores in headless Chromium: the operator releases one orphan and
+// completes another with the real response, cancels a confirmation (nothing
+// is written), then a tenant admin flags the third for review. Each step is
+// checked through the API (record state, replay, audit entries with who
+// acted) and on the page (state, review flag, audit rows).
+func TestDashboardResolvesOrphans(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			srv := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"acme"}})
+			writer := srv.Token(t, "acme", "keys:write")
+			operator := srv.Token(t, "", "admin")
+			tenantAdmin := srv.Token(t, "acme", "keys:read tenant:admin")
+
+			for _, k := range []string{"o-release", "o-complete", "o-review"} {
+				dashClaimKey(t, srv, writer, k, 1)
+			}
+			require.Eventually(t, func() bool {
+				var page struct{ Items []any }
+				dashCall(t, srv, operator, "GET", "/v1/admin/orphans", nil, &page)
+				return len(page.Items) == 3
+			}, 10*time.Second, 50*time.Millisecond)
+
+			type auditEntry struct {
+				Action string
+				Note   string
+				Actor  struct{ Subject, Tenant, Scope string }
+			}
+			auditOf := func(key string) []auditEntry {
+				var page struct{ Items []auditEntry }
+				require.Equal(t, http.StatusOK, dashCall(t, srv, operator, "GET", "/v1/admin/tenants/acme/keys/"+key+"/audit", nil, &page))
+				return page.Items
+			}
+			auditRows := func(b *browsertest.Browser) []string {
+				return browsertest.Run(b, chromedp.Evaluate[[]string](
+					`[...document.querySelectorAll("#audit-body tr")].map(r => r.dataset.action + ":" + r.cells[2].textContent + ":" + r.cells[4].textContent)`))
+			}
+			openKey := func(b *browsertest.Browser, key string) {
+				b.Do(
+					chromedp.WaitVisible(chromedp.CSS(`#keys-body tr[data-key="`+key+`"]`)),
+					chromedp.Click(chromedp.CSS(`#keys-body tr[data-key="`+key+`"]`)),
+					chromedp.WaitVisible(chromedp.CSS(`#record[data-key="`+key+`"][data-state="orphaned"]`)),
+				)
+			}
+
+			b := browsertest.New(t)
+			b.Do(
+				chromedp.Navigate(srv.URL()+"/dashboard/"),
+				chromedp.WaitVisible(chromedp.CSS("#token")),
+				chromedp.SendKeys(chromedp.CSS("#token"), operator),
+				chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+				chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="operator"][data-loaded="1"]`)),
+			)
+
+			// Release, with a confirmation step.
+			openKey(b, "o-release")
+			b.Do(
+				chromedp.Click(chromedp.CSS(`#record-actions button[data-action="release"]`)),
+				chromedp.WaitVisible(chromedp.CSS(`#confirm[data-action="release"]`)),
+			)
+			require.Contains(t, browsertest.Run(b, chromedp.Text(chromedp.CSS("#confirm-text"))), "Release key o-release")
+			require.Empty(t, auditOf("o-release"), "nothing is written before the confirmation")
+			b.Do(
+				chromedp.SendKeys(chromedp.CSS("#confirm-note"), "no recovery point: never started"),
+				chromedp.Click(chromedp.CSS("#confirm-go")),
+				chromedp.WaitVisible(chromedp.CSS(`#record[data-state="gone"][data-audit="1"]`)),
+				chromedp.WaitVisible(chromedp.CSS(`#record-result[data-action="release"]`)),
+			)
+			require.Equal(t, http.StatusNotFound, dashCall(t, srv, operator, "GET", "/v1/admin/tenants/acme/keys/o-release", nil, nil))
+			entries := auditOf("o-release")
+			require.Len(t, entries, 1)
+			require.Equal(t, "release", entries[0].Action)
+			require.Equal(t, "admin", entries[0].Actor.Scope)
+			require.Equal(t, "no recovery point: never started", entries[0].Note)
+			require.Equal(t, []string{"release:servertest (admin):no recovery point: never started"}, auditRows(b))
+
+			// Complete with the real response.
+			openKey(b, "o-complete")
+			b.Do(
+				chromedp.Click(chromedp.CSS(`#record-actions button[data-action="complete"]`)),
+				chromedp.WaitVisible(chromedp.CSS(`#confirm-response`)),
+				chromedp.SetValue(chromedp.CSS("#confirm-status"), "201"),
+				chromedp.SetValue(chromedp.CSS("#confirm-body"), `{"id":"ch_1"}`),
+				chromedp.SendKeys(chromedp.CSS("#confirm-note"), "charge ch_1 found at the provider"),
+				chromedp.Click(chromedp.CSS("#confirm-go")),
+				chromedp.WaitVisible(chromedp.CSS(`#record[data-key="o-complete"][data-state="completed"][data-audit="1"]`)),
+			)
+			require.Equal(t, "201", browsertest.Run(b, chromedp.Text(chromedp.CSS(`#record-fields dd[data-field="response status"]`))))
+			var replay struct {
+				Response struct {
+					Status int
+					Body   string
+				}
+			}
+			require.Equal(t, http.StatusOK, dashCall(t, srv, writer, "POST", "/v1/keys/o-complete/claim",
+				map[string]any{"operation": "POST /v1/payments", "request": map[string]any{"key": "o-complete"}}, &replay), "the retry is a replay")
+			require.Equal(t, 201, replay.Response.Status)
+			require.Equal(t, `{"id":"ch_1"}`, replay.Response.Body)
+			require.Equal(t, "complete", auditOf("o-complete")[0].Action)
+
+			// A cancelled confirmation writes nothing.
+			openKey(b, "o-review")
+			b.Do(
+				chromedp.Click(chromedp.CSS(`#record-actions button[data-action="release"]`)),
+				chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
+				chromedp.Click(chromedp.CSS("#confirm-cancel")),
+				chromedp.WaitNotVisible(chromedp.CSS(`#confirm`)),
+			)
+			require.Empty(t, auditOf("o-review"))
+			require.Equal(t, http.StatusOK, dashCall(t, srv, operator, "GET", "/v1/admin/tenants/acme/keys/o-review", nil, nil))
+
+			// A tenant admin flags the last orphan for review.
+			b.Do(
+				chromedp.Click(chromedp.CSS("#signout")),
+				chromedp.WaitVisible(chromedp.CSS("#token")),
+				chromedp.SendKeys(chromedp.CSS("#token"), tenantAdmin),
+				chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+				chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="tenant"][data-loaded="1"]`)),
+			)
+			openKey(b, "o-review")
+			b.Do(
+				chromedp.Click(chromedp.CSS(`#record-actions button[data-action="review"]`)),
+				chromedp.WaitVisible(chromedp.CSS(`#confirm[data-action="review"]`)),
+				chromedp.SendKeys(chromedp.CSS("#confirm-note"), "ask the payments team"),
+				chromedp.Click(chromedp.CSS("#confirm-go")),
+				chromedp.WaitVisible(chromedp.CSS(`#record[data-key="o-review"][data-state="orphaned"][data-audit="1"]`)),
+				chromedp.WaitVisible(chromedp.CSS(`#record-review`)),
+				chromedp.WaitVisible(chromedp.CSS(`#keys-body tr[data-key="o-review"] .pill.review`)),
+			)
+			require.Contains(t, browsertest.Run(b, chromedp.Text(chromedp.CSS("#record-review"))), "ask the payments team")
+			require.Equal(t, []string{"review:servertest (tenant:admin, acme):ask the payments team"}, auditRows(b))
+			var rec struct {
+				State  string
+				Review *struct{ Note string }
+			}
+			require.Equal(t, http.StatusOK, dashCall(t, srv, tenantAdmin, "GET", "/v1/keys/o-review", nil, &rec))
+			require.Equal(t, "orphaned", rec.State)
+			require.NotNil(t, rec.Review)
+			require.Equal(t, "ask the payments team", rec.Review.Note)
+			b.Screenshot("resolved")
+
+			b.RequireNoConsoleErrors()
+			b.RequireLoopbackOnly()
+		})
+	}
+}

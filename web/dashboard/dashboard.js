@@ -36,6 +36,10 @@
     timer: null,
     gen: 0, // bumped whenever the token changes; stale answers are dropped
     inflightGen: -1,
+    canResolve: false, // operator, or a tenant token with tenant:admin
+    selected: null, // {tenant, key} of the record panel
+    record: null, // the record shown in the panel; null when gone
+    pending: null, // the action waiting for confirmation
   };
 
   class HTTPError extends Error {
@@ -64,6 +68,7 @@
     const claims = decodeClaims(token);
     if (!claims) return "That does not look like a JWT (three base64url parts separated by dots).";
     const scopes = String(claims.scope || "").split(/\s+/).filter(Boolean);
+    state.canResolve = scopes.includes("admin") || scopes.includes("tenant:admin");
     if (scopes.includes("admin")) {
       state.mode = "operator";
       state.tenant = null;
@@ -94,6 +99,9 @@
     state.tenants = [];
     state.truncated = false;
     state.lastUpdate = 0;
+    state.selected = null;
+    state.record = null;
+    state.pending = null;
   }
 
   function signOut(message) {
@@ -106,12 +114,15 @@
 
   // ---------- HTTP ----------
 
-  async function api(path) {
-    const resp = await fetch(path, {
-      headers: { Authorization: "Bearer " + state.token, Accept: "application/json" },
-      cache: "no-store",
-      credentials: "omit",
-    });
+  async function api(path, body) {
+    const headers = { Authorization: "Bearer " + state.token, Accept: "application/json" };
+    const init = { headers, cache: "no-store", credentials: "omit" };
+    if (body !== undefined) {
+      init.method = "POST";
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const resp = await fetch(path, init);
     noteServerClock(resp);
     if (!resp.ok) {
       let problem = null;
@@ -429,7 +440,10 @@
         el("td", null, o.recovery_point ? el("span", { class: "pill rp", text: o.recovery_point }) : el("span", { class: "muted", text: "none" })),
         el("td", { class: "ago", title: fmtTime(o.lease_expires_at) }, Number.isNaN(exp) ? "—" : ago(now - exp) + " ago",
           el("span", { class: "sub", text: fmtTime(o.lease_expires_at) })),
-        el("td", { class: "ago", title: fmtTime(o.created_at) }, o.created_at ? ago(now - Date.parse(o.created_at)) + " ago" : "—"));
+        el("td", { class: "ago", title: fmtTime(o.created_at) }, o.created_at ? ago(now - Date.parse(o.created_at)) + " ago" : "—"),
+        el("td", { class: "review-cell" }, o.review ? el("span", { class: "pill review", title: o.review.note, text: "review" }) : ""));
+      tr.addEventListener("click", () => openRecord(o.tenant, o.key));
+      if (state.selected && state.selected.tenant === o.tenant && state.selected.key === o.key) tr.classList.add("selected");
       body.append(tr);
     }
     const chip = $("filter-chip");
@@ -451,6 +465,177 @@
     }
   }
 
+  // ---------- one key: record, resolutions, audit trail ----------
+
+  function keyBase(tenant, key) {
+    const k = encodeURIComponent(key);
+    return state.mode === "operator"
+      ? "/v1/admin/tenants/" + encodeURIComponent(tenant) + "/keys/" + k
+      : "/v1/keys/" + k;
+  }
+
+  async function openRecord(tenant, key) {
+    state.selected = { tenant, key };
+    state.pending = null;
+    $("record-result").hidden = true;
+    $("record-error").hidden = true;
+    await loadRecord();
+    renderKeys(serverNow());
+    $("record").scrollIntoView({ block: "nearest" });
+  }
+
+  // loadRecord reads the selected record (unless known to be gone: after a
+  // release) and its audit trail and renders the panel; a record that is
+  // gone (released, reaped) shows as such.
+  async function loadRecord(gone) {
+    const sel = state.selected;
+    if (!sel) return;
+    const gen = state.gen;
+    const base = keyBase(sel.tenant, sel.key);
+    let record = null;
+    let audit = [];
+    try {
+      try {
+        if (!gone) record = await api(base);
+      } catch (err) {
+        if (!(err instanceof HTTPError && err.status === 404)) throw err;
+      }
+      audit = (await api(base + "/audit?limit=100")).items || [];
+    } catch (err) {
+      if (gen === state.gen) showRecordError(err);
+      return;
+    }
+    if (gen !== state.gen || state.selected !== sel) return;
+    state.record = record;
+    renderRecord(audit);
+  }
+
+  function renderRecord(audit) {
+    const sel = state.selected;
+    const r = state.record;
+    const panel = $("record");
+    panel.hidden = false;
+    panel.dataset.key = sel.key;
+    panel.dataset.tenant = sel.tenant;
+    panel.dataset.state = r ? r.state : "gone";
+    $("record-key").textContent = sel.key;
+    $("record-tenant").textContent = "tenant " + sel.tenant;
+    const fields = $("record-fields");
+    fields.replaceChildren();
+    const add = (name, value) => fields.append(el("dt", { text: name }), el("dd", { "data-field": name, text: value }));
+    if (r) {
+      add("state", r.state);
+      add("fencing token", String(r.fencing_token));
+      add("attempt", String(r.attempt));
+      add("operation", r.operation || "—");
+      add("recovery point", r.recovery_point || "none");
+      if (r.lease_expires_at) add("lease expires", fmtTime(r.lease_expires_at));
+      if (r.completed_at) add("completed", fmtTime(r.completed_at));
+      if (r.response) add("response status", String(r.response.status));
+    } else {
+      add("state", "gone: released or reaped; the next claim of this key runs the work again");
+    }
+    const flag = $("record-review");
+    flag.hidden = !(r && r.review);
+    if (r && r.review) flag.textContent = "Flagged for review " + fmtTime(r.review.at) + ": " + r.review.note;
+
+    const open = r && r.state !== "completed" && r.state !== "expired";
+    const actions = $("record-actions");
+    actions.hidden = !open;
+    for (const b of actions.querySelectorAll("button[data-action]")) {
+      const act = b.dataset.action;
+      b.disabled = !state.canResolve || (act !== "review" && r && r.state !== "orphaned");
+    }
+    $("record-actions-note").textContent = !state.canResolve
+      ? "Resolving needs an operator token or a tenant token with tenant:admin."
+      : r && r.state === "in_flight" ? "The lease still runs: only a review flag is possible." : "";
+    renderConfirm();
+
+    const body = $("audit-body");
+    body.replaceChildren();
+    for (const e of audit) {
+      const who = (e.actor.subject || "?") + " (" + e.actor.scope + (e.actor.tenant ? ", " + e.actor.tenant : "") + ")";
+      body.append(el("tr", { "data-action": e.action, "data-id": String(e.id) },
+        el("td", { class: "ago", title: e.created_at }, fmtTime(e.created_at)),
+        el("td", null, el("span", { class: "pill", text: e.action })),
+        el("td", { text: who }),
+        el("td", { class: "num", text: String(e.fencing_token) + (e.new_fencing_token ? " → " + e.new_fencing_token : "") }),
+        el("td", { class: "note", text: e.note })));
+    }
+    $("audit-table").hidden = audit.length === 0;
+    $("audit-empty").hidden = audit.length !== 0;
+    panel.dataset.audit = String(audit.length);
+  }
+
+  function renderConfirm() {
+    const form = $("confirm");
+    const act = state.pending;
+    form.hidden = !act;
+    if (!act) return;
+    const r = state.record;
+    const sel = state.selected;
+    const what = {
+      release: "Release key " + sel.key + "? The record is deleted and the next retry runs the work again. " +
+        "Only right if the work did not happen (or may safely happen twice).",
+      complete: "Complete key " + sel.key + " with the response below? Retries get it replayed, and the late worker is fenced off. " +
+        "Only right if the work is known to be done.",
+      review: "Flag key " + sel.key + " for review? Nothing else changes; the note shows on the record.",
+    }[act];
+    $("confirm-text").textContent = what + " (tenant " + sel.tenant + ", fencing token " + r.fencing_token + ")";
+    $("confirm-response").hidden = act !== "complete";
+    $("confirm-note-req").textContent = act === "review" ? "(required)" : "(optional)";
+    $("confirm-go").textContent = { release: "Confirm release", complete: "Confirm completion", review: "Confirm review flag" }[act];
+    form.dataset.action = act;
+  }
+
+  async function submitResolution() {
+    const act = state.pending;
+    const r = state.record;
+    const sel = state.selected;
+    if (!act || !r || !sel) return;
+    const body = { action: act, fencing_token: r.fencing_token };
+    const note = $("confirm-note").value;
+    if (note) body.note = note;
+    if (act === "complete") {
+      let headers;
+      try {
+        headers = JSON.parse($("confirm-headers").value || "{}");
+      } catch (e) {
+        return showRecordError(new Error("The response headers are not a JSON object: " + e.message));
+      }
+      body.response = { status: Number($("confirm-status").value), headers, body: $("confirm-body").value };
+    }
+    $("record-error").hidden = true;
+    $("confirm-go").disabled = true;
+    let gone = false;
+    try {
+      const res = await api(keyBase(sel.tenant, sel.key) + "/resolve", body);
+      gone = res.action === "release";
+      state.pending = null;
+      $("confirm-note").value = "";
+      const done = { release: "Released", complete: "Completed", review: "Flagged for review" }[res.action];
+      const result = $("record-result");
+      result.textContent = done + " (audit entry " + res.audit.id + ").";
+      result.dataset.action = res.action;
+      result.hidden = false;
+    } catch (err) {
+      showRecordError(err);
+    } finally {
+      $("confirm-go").disabled = false;
+    }
+    await loadRecord(gone);
+    refresh();
+  }
+
+  function showRecordError(err) {
+    const e = $("record-error");
+    const code = err instanceof HTTPError && err.problem && err.problem.code;
+    e.textContent = (code ? code + ": " : "") + err.message +
+      (code === "lease_lost" ? " The key moved on since it was read; look at it again." : "");
+    e.dataset.code = code || "";
+    e.hidden = false;
+  }
+
   function updateAgo() {
     const n = $("updated");
     if (!state.lastUpdate) { n.textContent = "Loading…"; return; }
@@ -462,7 +647,7 @@
     for (const id of ["stat-orphans", "stat-tenants", "stat-oldest", "stat-rate"]) setStat(id, "–", "");
     for (const id of ["stat-orphans-note", "stat-tenants-note", "stat-rate-note", "keys-count", "rates-window", "rates-note"]) $(id).textContent = "";
     for (const id of ["tenants-body", "keys-body", "rates"]) $(id).replaceChildren();
-    for (const id of ["tenants-empty", "keys-empty", "filter-chip", "banner"]) $(id).hidden = true;
+    for (const id of ["tenants-empty", "keys-empty", "filter-chip", "banner", "record"]) $(id).hidden = true;
     $("keys-table").hidden = false;
   }
 
@@ -542,6 +727,24 @@
       if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("login-form").requestSubmit(); }
     });
     $("signout").addEventListener("click", () => signOut(null));
+    for (const b of $("record-actions").querySelectorAll("button[data-action]")) {
+      b.addEventListener("click", () => {
+        state.pending = b.dataset.action;
+        $("record-result").hidden = true;
+        $("record-error").hidden = true;
+        renderConfirm();
+        $("confirm-note").focus();
+      });
+    }
+    $("confirm").addEventListener("submit", (ev) => { ev.preventDefault(); submitResolution(); });
+    $("confirm-cancel").addEventListener("click", () => { state.pending = null; renderConfirm(); });
+    $("record-close").addEventListener("click", () => {
+      state.selected = null;
+      state.record = null;
+      state.pending = null;
+      $("record").hidden = true;
+      renderKeys(serverNow());
+    });
     $("refresh").addEventListener("click", refresh);
     $("interval").addEventListener("change", () => {
       sessionStorage.setItem(INTERVAL_KEY, $("interval").value);
