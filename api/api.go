@@ -22,6 +22,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/tenants"
 )
 
@@ -29,8 +30,9 @@ import (
 // zero or less.
 const DefaultMaxBodyBytes = 10 << 20
 
-// ReadyTimeout bounds the store ping of GET /readyz.
-const ReadyTimeout = 2 * time.Second
+// ReadyTimeout bounds the store ping of GET /readyz; idem_ready pings with
+// the same bound.
+const ReadyTimeout = metrics.ReadyTimeout
 
 // Options configure the router returned by New.
 type Options struct {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -23,6 +24,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/gateway"
 	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/sqlite"
 )
@@ -41,6 +43,7 @@ func exportedNames(t *testing.T) map[string]bool {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = raw.Close() })
 	m.RegisterPool(reg, raw.PoolStats)
+	metrics.RegisterReadiness(reg, raw.Ping)
 	store := metrics.InstrumentStore(raw, m)
 	_, err = store.CreateTenant(ctx, idem.CreateTenantParams{ID: "acme", Name: "acme", Settings: idem.DefaultSettings()})
 	require.NoError(t, err)
@@ -192,9 +195,151 @@ func TestAlertRulesShape(t *testing.T) {
 			alerts[r.Alert] = r.Expr
 		}
 	}
-	require.Contains(t, alerts["IdemOrphansOlderThanLeaseMax"], "idem_oldest_orphan_age_seconds")
+	require.Contains(t, alerts["IdemOrphansAging"], "idem_oldest_orphan_age_seconds")
 	require.Contains(t, alerts["IdemStoreUnavailable"], `result="unavailable"`)
-	require.Contains(t, alerts["IdemNotReady"], "readyz")
+	require.Contains(t, alerts["IdemNotReady"], "idem_ready", "it must be able to fire on what the compose stack scrapes")
 	require.Contains(t, alerts["IdemHighMismatchRate"], `outcome="mismatch"`)
 	require.Contains(t, alerts["IdemReaperStalled"], "idem_reaper_last_success_timestamp_seconds")
+	require.Contains(t, alerts["IdemHigh5xxRate"], `status_class="5xx"`)
+	require.Contains(t, alerts["IdemHighLatency"], "histogram_quantile")
+	require.Contains(t, alerts["IdemLeaseLostSpike"], `result="lease_lost"`)
+
+	// The operating docs name every alert, and the thresholds the docs give
+	// are the rules' thresholds.
+	docs, err := os.ReadFile("../web/docs/operating/index.html")
+	require.NoError(t, err)
+	for name := range alerts {
+		require.Contains(t, string(docs), "<code>"+name+"</code>", "the operating docs do not describe alert %s", name)
+	}
+	for _, c := range []struct{ alert, expr, doc string }{
+		{"IdemOrphansAging", "> 900", "more than 900 s (15 minutes) ago"},
+		{"IdemReaperStalled", "> 600", "No successful reaper pass for more than 600 s"},
+		{"IdemOrphanWatchStalled", "> 300", "No successful orphan watch for more than 300 s"},
+		{"IdemHigh5xxRate", "> 0.01", "More than 1% of API requests"},
+		{"IdemHighLatency", "> 0.5", "above 500 ms"},
+		{"IdemLeaseLostSpike", "> 0.2", "more than 0.2 times per second"},
+	} {
+		require.Contains(t, alerts[c.alert], c.expr, c.alert)
+		require.Contains(t, string(docs), c.doc, c.alert)
+	}
+}
+
+// TestAlertRulesPromtool runs the unit tests of the alert rules with
+// promtool (Debian's prometheus package, installed by
+// scripts/install-test-deps) and checks that every alert is shown firing
+// by at least one test. Without promtool it fails under make test
+// (IDEM_REQUIRE_PROMTOOL=1) and skips elsewhere.
+func TestAlertRulesPromtool(t *testing.T) {
+	t.Parallel()
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("IDEM_REQUIRE_PROMTOOL") != "" {
+			t.Fatalf("promtool not found (IDEM_REQUIRE_PROMTOOL is set): run scripts/install-test-deps (Debian package prometheus)")
+		}
+		t.Skip("promtool not found; install Debian's prometheus package (scripts/install-test-deps)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, args := range [][]string{
+		{"check", "rules", "prometheus/alerts.yml"},
+		{"test", "rules", "prometheus/alerts_test.yml"},
+	} {
+		out, err := exec.CommandContext(ctx, promtool, args...).CombinedOutput()
+		require.NoError(t, err, "promtool %s:\n%s", strings.Join(args, " "), out)
+	}
+
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string `yaml:"alert"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	raw, err := os.ReadFile("prometheus/alerts.yml")
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal(raw, &rules))
+	var tests struct {
+		RuleFiles []string `yaml:"rule_files"`
+		Tests     []struct {
+			AlertRuleTest []struct {
+				Alertname string           `yaml:"alertname"`
+				ExpAlerts []map[string]any `yaml:"exp_alerts"`
+			} `yaml:"alert_rule_test"`
+		} `yaml:"tests"`
+	}
+	raw, err = os.ReadFile("prometheus/alerts_test.yml")
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal(raw, &tests))
+	require.Equal(t, []string{"alerts.yml"}, tests.RuleFiles, "the tests must load the shipped rules")
+	fires := map[string]bool{}
+	for _, tc := range tests.Tests {
+		for _, a := range tc.AlertRuleTest {
+			if len(a.ExpAlerts) > 0 {
+				fires[a.Alertname] = true
+			}
+		}
+	}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			require.True(t, fires[r.Alert], "no promtool test shows alert %s firing (prometheus/alerts_test.yml)", r.Alert)
+		}
+	}
+}
+
+// metricNames records the names of the metrics described by the collectors
+// registered on it, whether or not they have series yet.
+type metricNames map[string]bool
+
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+func (n metricNames) Register(c prometheus.Collector) error {
+	ch := make(chan *prometheus.Desc)
+	go func() { c.Describe(ch); close(ch) }()
+	for d := range ch {
+		if m := fqName.FindStringSubmatch(d.String()); m != nil {
+			n[m[1]] = true
+		}
+	}
+	return nil
+}
+
+func (n metricNames) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		_ = n.Register(c)
+	}
+}
+
+func (n metricNames) Unregister(prometheus.Collector) bool { return true }
+
+// TestEveryMetricIsDocumented registers everything that exports metrics —
+// the service's metrics, the pool, the readiness gauge and the gateway —
+// and requires each idem_ name in the operating docs' metrics table.
+func TestEveryMetricIsDocumented(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	names := metricNames{}
+	m := metrics.New(names)
+	raw, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "idem.db"), sqlite.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = raw.Close() })
+	m.RegisterPool(names, raw.PoolStats)
+	metrics.RegisterReadiness(names, raw.Ping)
+	_, err = gateway.New(gateway.Options{Store: raw, Tenant: "acme", Upstream: "http://127.0.0.1:1", Registerer: names})
+	require.NoError(t, err)
+
+	docs, err := os.ReadFile("../web/docs/operating/index.html")
+	require.NoError(t, err)
+	var idem []string
+	for n := range names {
+		if strings.HasPrefix(n, "idem_") {
+			idem = append(idem, n)
+		}
+	}
+	slices.Sort(idem)
+	require.Contains(t, idem, "idem_db_pool_wait_seconds_total")
+	require.Contains(t, idem, "idem_gateway_requests_total")
+	require.Contains(t, idem, "idem_build_info")
+	for _, n := range idem {
+		require.Contains(t, string(docs), "<td><code>"+n+"</code></td>", "metric %s is not in the metrics table of web/docs/operating/index.html", n)
+	}
 }

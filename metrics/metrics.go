@@ -14,18 +14,22 @@
 //	idem_reaper_last_success_timestamp_seconds             gauge     unix time of the last successful reaper pass
 //	idem_http_request_duration_seconds{route,method,status_class}  histogram status_class 1xx…5xx, or 499 when the client went away
 //	idem_store_operation_duration_seconds{op,result}       histogram result ok|rejected|unavailable|canceled|error
-//	idem_db_pool_*                                         gauges/counters of the database connection pool
+//	idem_db_pool_*                                         gauges/counters of the database connection pool (pool.go)
+//	idem_build_info{version,revision,go_version}           gauge     always 1
+//	idem_ready                                             gauge     1 when the store answers a ping at scrape time
 //
 // plus the standard go_* and process_* collectors.
 //
 // # Cardinality
 //
 // Tenant labels are deliberate: a tenant is an account created by the
-// operator, not a value a caller can mint, so the number of tenants T is
-// bounded by the operator. The tenant-labelled series are at most
-// 7·T (claims) + 18·T (key writes) + 2·T (orphan gauges) + T (reaped
-// orphans), about 28 series per tenant; a thousand tenants make roughly
-// 28,000 series. Keys, fingerprints and raw paths never become labels: the
+// operator, not a value a caller can mint. Still, only the first
+// LimitTenants tenants (IDEM_METRICS_MAX_TENANTS, default 100) get their
+// own series; the others share the label TenantOther, "(other)". One
+// tenant label has at most SeriesPerTenant (29) series, so the
+// tenant-labelled series stay below 29 × (limit + 1), 2,929 with the
+// default, whether there are 100 or 10,000 tenants (TestTenantCardinality
+// counts them). Keys, fingerprints and raw paths never become labels: the
 // HTTP histogram uses the chi route pattern ("/v1/keys/{key}/claim"), and a
 // request that matched no route is labelled "other".
 //
@@ -43,6 +47,9 @@ import (
 	"errors"
 	"maps"
 	"net/http"
+	"runtime"
+	"runtime/debug"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -118,8 +125,12 @@ type Metrics struct {
 	httpDuration         *prometheus.HistogramVec
 	storeDuration        *prometheus.HistogramVec
 
+	buildInfo *prometheus.GaugeVec
+
 	mu            sync.Mutex
-	orphanTenants map[string]struct{} // tenants whose orphan gauges are set
+	orphanTenants map[string]struct{} // tenant labels whose orphan gauges are set
+	maxTenants    int                 // tenants with their own series; see LimitTenants
+	admitted      map[string]struct{} // tenants of the counters with their own series
 }
 
 // New creates the service's metrics and registers them on reg. It also
@@ -174,16 +185,133 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:    "Store operation duration by operation and result (ok, rejected, unavailable, canceled, error).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"op", "result"}),
+		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "build_info",
+			Help: "Always 1; its labels say which build runs: version, VCS revision and Go version.",
+		}, []string{"version", "revision", "go_version"}),
 		orphanTenants: map[string]struct{}{},
+		maxTenants:    DefaultMaxTenants,
+		admitted:      map[string]struct{}{},
 	}
+	version, revision, goVersion := BuildInfo()
+	m.buildInfo.WithLabelValues(version, revision, goVersion).Set(1)
 	reg.MustRegister(
 		m.claims, m.writes, m.orphans, m.oldestOrphanAge, m.watchLastSuccess,
 		m.reaperDeleted, m.reaperOrphansDeleted, m.reaperRuns, m.reaperLastSuccess,
-		m.httpDuration, m.storeDuration,
+		m.httpDuration, m.storeDuration, m.buildInfo,
 	)
 	registerOnce(reg, collectors.NewGoCollector())
 	registerOnce(reg, collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// TenantOther is the tenant label shared by the tenants past the limit of
+// LimitTenants. Parentheses make it a value no tenant id can take.
+const TenantOther = "(other)"
+
+// DefaultMaxTenants is how many tenants get their own series unless
+// LimitTenants says otherwise (IDEM_METRICS_MAX_TENANTS).
+const DefaultMaxTenants = 100
+
+// LimitTenants sets how many tenants get their own tenant-labelled series;
+// the others share TenantOther, so the tenant-labelled series stay below
+// (n+1) × SeriesPerTenant however many tenants there are. For the counters
+// the first n tenants seen since start keep their series for the life of
+// the process (a counter that changed label would lose its history); the
+// orphan gauges are re-ranked at every orphan watch, the n tenants with the
+// most orphans first. n = 0 puts every tenant in TenantOther. Call it
+// before the first observation.
+func (m *Metrics) LimitTenants(n int) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.maxTenants = max(n, 0)
+}
+
+// SeriesPerTenant is the most series one tenant label can have: 8 claim
+// outcomes, 3 write operations × 6 results, 2 orphan gauges and 1 counter
+// of reaped orphans.
+const SeriesPerTenant = 8 + 3*6 + 2 + 1
+
+// tenantLabel returns the tenant label of a counter observation: the tenant
+// itself while it is among the admitted ones, TenantOther past the limit.
+func (m *Metrics) tenantLabel(tenant string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.admitted[tenant]; ok {
+		return tenant
+	}
+	if len(m.admitted) < m.maxTenants {
+		m.admitted[tenant] = struct{}{}
+		return tenant
+	}
+	return TenantOther
+}
+
+// Version is the release version idem_build_info reports, set at build time
+// with -ldflags "-X github.com/idem-dev/idem/metrics.Version=v1.2.3". Empty,
+// the module version of the build info is used ("(devel)" for a local
+// build).
+var Version string
+
+// BuildInfo returns the labels of idem_build_info: the version (Version or
+// the main module's version), the VCS revision the binary was built from
+// (with "-dirty" when the tree had changes; "unknown" without VCS data) and
+// the Go version.
+func BuildInfo() (version, revision, goVersion string) {
+	version, revision, goVersion = Version, "unknown", runtime.Version()
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		if version == "" {
+			version = "unknown"
+		}
+		return version, revision, goVersion
+	}
+	if version == "" {
+		version = bi.Main.Version
+	}
+	if version == "" {
+		version = "unknown"
+	}
+	dirty := false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			revision = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	if dirty && revision != "unknown" {
+		revision += "-dirty"
+	}
+	if bi.GoVersion != "" {
+		goVersion = bi.GoVersion
+	}
+	return version, revision, goVersion
+}
+
+// ReadyTimeout bounds the store ping behind idem_ready, like GET /readyz.
+const ReadyTimeout = 2 * time.Second
+
+// RegisterReadiness registers idem_ready: 1 when ping (the store's Ping)
+// answers within ReadyTimeout at scrape time, 0 otherwise; the same check as
+// GET /readyz, so an alert can see a replica that runs but cannot reach its
+// store without a separate HTTP probe.
+func RegisterReadiness(reg prometheus.Registerer, ping func(context.Context) error) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "ready",
+		Help: "1 when the store answered a ping within 2 s at this scrape (what GET /readyz checks), 0 otherwise.",
+	}, func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), ReadyTimeout)
+		defer cancel()
+		if ping(ctx) != nil {
+			return 0
+		}
+		return 1
+	}))
 }
 
 // registerOnce registers c, tolerating a registry that already has it (the
@@ -255,7 +383,7 @@ func (m *Metrics) ObserveClaim(tenant string, action idem.ClaimAction, err error
 	if m == nil {
 		return
 	}
-	m.claims.WithLabelValues(tenant, ClaimOutcome(action, err)).Inc()
+	m.claims.WithLabelValues(m.tenantLabel(tenant), ClaimOutcome(action, err)).Inc()
 }
 
 // ObserveWrite counts one checkpoint, complete or release (op) of tenant
@@ -270,7 +398,7 @@ func (m *Metrics) ObserveWrite(tenant, op string, err error) {
 	default:
 		op = "other"
 	}
-	m.writes.WithLabelValues(tenant, op, WriteResult(err)).Inc()
+	m.writes.WithLabelValues(m.tenantLabel(tenant), op, WriteResult(err)).Inc()
 }
 
 // SetOrphans replaces the orphan gauges with stats, the result of
@@ -281,17 +409,37 @@ func (m *Metrics) SetOrphans(stats []idem.OrphanStat) {
 	if m == nil {
 		return
 	}
+	// The tenants with the most orphans get their own series; the rest
+	// share TenantOther (their orphans summed, the oldest age of them all).
+	live := make([]idem.OrphanStat, 0, len(stats))
+	for _, s := range stats {
+		if s.Count > 0 {
+			live = append(live, s)
+		}
+	}
+	sort.SliceStable(live, func(i, j int) bool { return live[i].Count > live[j].Count })
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	seen := make(map[string]struct{}, len(stats))
-	for _, s := range stats {
-		if s.Count <= 0 {
-			continue
+	type gauge struct {
+		count int64
+		age   time.Duration
+	}
+	byLabel := make(map[string]gauge, min(len(live), m.maxTenants+1))
+	for i, s := range live {
+		label := s.TenantID
+		if i >= m.maxTenants {
+			label = TenantOther
 		}
-		seen[s.TenantID] = struct{}{}
-		m.orphans.WithLabelValues(s.TenantID).Set(float64(s.Count))
-		age := max(s.ObservedAt.Sub(s.OldestLeaseExpiry), 0)
-		m.oldestOrphanAge.WithLabelValues(s.TenantID).Set(age.Seconds())
+		g := byLabel[label]
+		g.count += int64(s.Count)
+		g.age = max(g.age, s.ObservedAt.Sub(s.OldestLeaseExpiry))
+		byLabel[label] = g
+	}
+	seen := make(map[string]struct{}, len(byLabel))
+	for label, g := range byLabel {
+		seen[label] = struct{}{}
+		m.orphans.WithLabelValues(label).Set(float64(g.count))
+		m.oldestOrphanAge.WithLabelValues(label).Set(max(g.age, 0).Seconds())
 	}
 	for t := range m.orphanTenants {
 		if _, ok := seen[t]; !ok {
@@ -323,7 +471,7 @@ func (m *Metrics) ObserveReaped(records []idem.Record) {
 		state := r.APIState()
 		m.reaperDeleted.WithLabelValues(string(state)).Inc()
 		if state == idem.StateOrphaned {
-			m.reaperOrphansDeleted.WithLabelValues(r.TenantID).Inc()
+			m.reaperOrphansDeleted.WithLabelValues(m.tenantLabel(r.TenantID)).Inc()
 		}
 	}
 }

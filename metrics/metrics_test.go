@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -254,4 +255,147 @@ func label(m *dto.Metric, name string) string {
 		}
 	}
 	return ""
+}
+
+// TestTenantCardinality drives every claim outcome, every write result,
+// orphans and reaped orphans for 10,000 tenants and counts the
+// tenant-labelled series: they stay at (limit+1) × SeriesPerTenant, the
+// figure the operating docs give, and the tenants past the limit are
+// counted, not lost, under TenantOther.
+func TestTenantCardinality(t *testing.T) {
+	t.Parallel()
+	const tenants = 10000
+	reg := prometheus.NewPedanticRegistry()
+	m := metrics.New(reg)
+	actions := []idem.ClaimAction{idem.ActionCreate, idem.ActionReplay, idem.ActionTakeover, idem.ActionRecover}
+	claimErrs := []error{idem.Errorf(idem.CodeRequestInFlight, "busy"), idem.ErrFingerprintMismatch, errors.New("boom"), context.Canceled}
+	writeErrs := []error{nil, idem.Errorf(idem.CodeLeaseLost, "stale"), idem.Errorf(idem.CodeAlreadyCompleted, "done"), idem.Errorf(idem.CodeKeyNotFound, "gone"), errors.New("boom"), context.Canceled}
+	now := time.Now()
+	var stats []idem.OrphanStat
+	var reaped []idem.Record
+	for i := range tenants {
+		id := fmt.Sprintf("t%05d", i)
+		for _, a := range actions {
+			m.ObserveClaim(id, a, nil)
+		}
+		for _, err := range claimErrs {
+			m.ObserveClaim(id, 0, err)
+		}
+		for _, op := range []string{"checkpoint", "complete", "release"} {
+			for _, err := range writeErrs {
+				m.ObserveWrite(id, op, err)
+			}
+		}
+		// Tenant i has i+1 orphans: the last ones have the most.
+		stats = append(stats, idem.OrphanStat{TenantID: id, Count: int64(i + 1), OldestLeaseExpiry: now.Add(-time.Duration(i) * time.Second), ObservedAt: now})
+		reaped = append(reaped, idem.Record{TenantID: id, Key: "k", State: idem.StateInFlight, LeaseExpiresAt: now.Add(-time.Hour), ObservedAt: now})
+	}
+	m.SetOrphans(stats)
+	m.ObserveReaped(reaped)
+
+	count := func() (series int, labels map[string]bool) {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		labels = map[string]bool{}
+		for _, mf := range mfs {
+			for _, metric := range mf.GetMetric() {
+				for _, lp := range metric.GetLabel() {
+					if lp.GetName() == "tenant" {
+						series++
+						labels[lp.GetValue()] = true
+					}
+				}
+			}
+		}
+		return series, labels
+	}
+	series, labels := count()
+	t.Logf("%d tenants, limit %d: %d tenant-labelled series (%d per tenant label)", tenants, metrics.DefaultMaxTenants, series, metrics.SeriesPerTenant)
+	require.Equal(t, 29, metrics.SeriesPerTenant)
+	require.Equal(t, (metrics.DefaultMaxTenants+1)*metrics.SeriesPerTenant, series, "every outcome of 100 tenants plus (other)")
+	require.Len(t, labels, 2*metrics.DefaultMaxTenants+1, "the first 100 tenants in the counters, the 100 with most orphans in the gauges, and (other)")
+	require.True(t, labels["t00000"], "the first tenant seen keeps its counters")
+	require.True(t, labels["t09999"], "the tenant with the most orphans has its own gauges")
+	require.True(t, labels[metrics.TenantOther])
+
+	// Nothing is lost: the (other) bucket holds the rest.
+	rest := float64(tenants - metrics.DefaultMaxTenants)
+	v, ok := seriesValue(t, reg, "idem_claims_total", map[string]string{"tenant": metrics.TenantOther, "outcome": "created"})
+	require.True(t, ok)
+	require.Equal(t, rest, v)
+	var otherOrphans float64
+	for i := range tenants - metrics.DefaultMaxTenants {
+		otherOrphans += float64(i + 1)
+	}
+	require.Equal(t, otherOrphans, tenantValue(t, reg, "idem_orphans", metrics.TenantOther))
+	require.Equal(t, float64(tenants-metrics.DefaultMaxTenants-1), tenantValue(t, reg, "idem_oldest_orphan_age_seconds", metrics.TenantOther), "the oldest orphan of them all")
+
+	// Limit 0: every tenant shares (other).
+	reg0 := prometheus.NewPedanticRegistry()
+	m0 := metrics.New(reg0)
+	m0.LimitTenants(0)
+	m0.ObserveClaim("acme", idem.ActionCreate, nil)
+	m0.SetOrphans(stats[:3])
+	require.Equal(t, float64(6), tenantValue(t, reg0, "idem_orphans", metrics.TenantOther))
+	mfs, err := reg0.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		for _, metric := range mf.GetMetric() {
+			for _, lp := range metric.GetLabel() {
+				if lp.GetName() == "tenant" {
+					require.Equal(t, metrics.TenantOther, lp.GetValue(), mf.GetName())
+				}
+			}
+		}
+	}
+}
+
+func tenantValue(t *testing.T, reg *prometheus.Registry, name, tenant string) float64 {
+	t.Helper()
+	v, ok := seriesValue(t, reg, name, map[string]string{"tenant": tenant})
+	require.True(t, ok, "no series %s{tenant=%q}", name, tenant)
+	return v
+}
+
+func seriesValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, metric := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, lp := range metric.GetLabel() {
+				got[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if got[k] != v {
+					continue next
+				}
+			}
+			switch {
+			case metric.GetCounter() != nil:
+				return metric.GetCounter().GetValue(), true
+			case metric.GetGauge() != nil:
+				return metric.GetGauge().GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+func TestBuildInfo(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	metrics.New(reg)
+	version, revision, goVersion := metrics.BuildInfo()
+	require.NotEmpty(t, version)
+	require.NotEmpty(t, revision)
+	require.Equal(t, runtime.Version(), goVersion)
+	v, ok := seriesValue(t, reg, "idem_build_info", map[string]string{"version": version, "revision": revision, "go_version": goVersion})
+	require.True(t, ok)
+	require.Equal(t, 1.0, v)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/server/servertest"
 )
 
@@ -86,4 +87,44 @@ func TestRealServerMetrics(t *testing.T) {
 	problems, err := promlint.New(bytes.NewReader(text)).Lint()
 	require.NoError(t, err)
 	require.Empty(t, problems)
+}
+
+// TestSeparateMetricsAddr: with IDEM_METRICS_ADDR the real server serves
+// /metrics only there (with idem_build_info and idem_ready), the public
+// address answers 404 for it, and the metrics address serves nothing else.
+func TestSeparateMetricsAddr(t *testing.T) {
+	t.Parallel()
+	srv := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) { c.MetricsAddr = "127.0.0.1:0" }})
+	get := func(url string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(url)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	metricsURL := srv.Server().MetricsURL()
+	require.NotEqual(t, srv.URL(), metricsURL)
+
+	st, _ := get(srv.URL() + "/metrics")
+	require.Equal(t, http.StatusNotFound, st, "the public address must not serve /metrics")
+	st, _ = get(srv.URL() + "/healthz")
+	require.Equal(t, http.StatusOK, st)
+
+	st, body := get(metricsURL + "/metrics")
+	require.Equal(t, http.StatusOK, st)
+	require.Regexp(t, `(?m)^idem_build_info\{go_version="go[^"]+",revision="[^"]+",version="[^"]+"\} 1$`, body)
+	require.Regexp(t, `(?m)^idem_ready 1$`, body)
+	require.Regexp(t, `(?m)^idem_http_request_duration_seconds_count\{method="GET",route="other",status_class="4xx"\} 1$`, body, "the refused public request is counted as an unknown route")
+	for _, path := range []string{"/healthz", "/v1/tenant", "/dashboard/"} {
+		st, _ = get(metricsURL + path)
+		require.Equal(t, http.StatusNotFound, st, path)
+	}
+
+	// Without the setting /metrics stays on the public address.
+	plain := servertest.Start(t, servertest.Options{})
+	require.Equal(t, plain.URL(), plain.Server().MetricsURL())
+	st, _ = get(plain.URL() + "/metrics")
+	require.Equal(t, http.StatusOK, st)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/metrics"
 )
 
 // Config is the whole configuration of the server. Every field is both an
@@ -21,6 +22,13 @@ type Config struct {
 	// Addr is the listen address (IDEM_ADDR); "127.0.0.1:0" picks a free
 	// port, see Server.Addr.
 	Addr string
+	// MetricsAddr, when set, is a second listen address that serves
+	// /metrics (IDEM_METRICS_ADDR); the public Addr then answers 404 for
+	// it, so the metrics need not be reachable where the API is.
+	MetricsAddr string
+	// MetricsMaxTenants is how many tenants get their own tenant-labelled
+	// series; the others share tenant="(other)" (IDEM_METRICS_MAX_TENANTS).
+	MetricsMaxTenants int
 	// DatabaseURL chooses the store by scheme (IDEM_DATABASE_URL):
 	// postgres:// or postgresql:// for PostgreSQL, sqlite:PATH for the
 	// embedded store.
@@ -89,6 +97,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Addr:                ":8080",
+		MetricsMaxTenants:   metrics.DefaultMaxTenants,
 		DatabaseURL:         "sqlite:./data/idem.db",
 		JWTIssuer:           "idem",
 		JWTAudience:         "idem",
@@ -123,6 +132,10 @@ func settings() []setting {
 	return []setting{
 		{"addr", "IDEM_ADDR", "listen address (host:port; port 0 picks a free one)", false,
 			func(c *Config) flag.Value { return (*stringValue)(&c.Addr) }},
+		{"metrics-addr", "IDEM_METRICS_ADDR", "separate listen address for /metrics (host:port); when set, the public address answers 404 for /metrics (default: /metrics on the public address)", false,
+			func(c *Config) flag.Value { return (*stringValue)(&c.MetricsAddr) }},
+		{"metrics-max-tenants", "IDEM_METRICS_MAX_TENANTS", "tenants with their own tenant-labelled metric series; the others share tenant=\"(other)\"", false,
+			func(c *Config) flag.Value { return (*intValue)(&c.MetricsMaxTenants) }},
 		{"database-url", "IDEM_DATABASE_URL", "store: postgres://… or postgresql://… for PostgreSQL, sqlite:PATH for the embedded store", true,
 			func(c *Config) flag.Value { return (*stringValue)(&c.DatabaseURL) }},
 		{"create-db", "IDEM_CREATE_DB", "create the ledger (SQLite file, PostgreSQL tables) when the database holds none; without it serve refuses to start on a missing ledger (development mode and migrate create it anyway)", false,
@@ -353,6 +366,12 @@ func (c Config) Validate() error {
 	}
 	if c.ReapBatchSize < 1 || c.ReapBatchSize > 100000 {
 		bad("IDEM_REAP_BATCH_SIZE must be between 1 and 100000 (got %d)", c.ReapBatchSize)
+	}
+	if c.MetricsMaxTenants < 0 || c.MetricsMaxTenants > 100000 {
+		bad("IDEM_METRICS_MAX_TENANTS must be between 0 and 100000 (got %d)", c.MetricsMaxTenants)
+	}
+	if c.MetricsAddr != "" && c.MetricsAddr == c.Addr && !strings.HasSuffix(c.Addr, ":0") {
+		bad("IDEM_METRICS_ADDR must differ from IDEM_ADDR (%s); leave it empty to serve /metrics on the public address", c.Addr)
 	}
 	if c.MaxHeaderBytes < 4096 {
 		bad("IDEM_MAX_HEADER_BYTES must be at least 4096 (got %d)", c.MaxHeaderBytes)

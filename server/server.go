@@ -52,12 +52,14 @@ type Server struct {
 	metrics  *metrics.Metrics
 	jobs     *jobs.Runner
 	handler  http.Handler
+	internal http.Handler // /metrics when cfg.MetricsAddr is set, else nil
 	dev      *DevInfo
 
-	mu        sync.Mutex
-	listener  net.Listener
-	closeOnce sync.Once
-	closeErr  error
+	mu              sync.Mutex
+	listener        net.Listener
+	metricsListener net.Listener // bound to cfg.MetricsAddr, or nil
+	closeOnce       sync.Once
+	closeErr        error
 }
 
 // New validates cfg, opens the store (running its migrations), prepares
@@ -109,6 +111,8 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 
 	s.registry = prometheus.NewRegistry()
 	s.metrics = metrics.New(s.registry)
+	s.metrics.LimitTenants(cfg.MetricsMaxTenants)
+	metrics.RegisterReadiness(s.registry, raw.Ping)
 	if p, ok := raw.(idem.PoolReporter); ok {
 		s.metrics.RegisterPool(s.registry, p.PoolStats)
 	}
@@ -154,7 +158,14 @@ func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 		Observer:         s.metrics,
 		Middlewares:      []func(http.Handler) http.Handler{s.metrics.Middleware},
 	})
-	mux.Get("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}).ServeHTTP)
+	metricsHandler := promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry})
+	if s.cfg.MetricsAddr == "" {
+		mux.Get("/metrics", metricsHandler.ServeHTTP)
+	} else {
+		internal := http.NewServeMux()
+		internal.Handle("GET /metrics", metricsHandler)
+		s.internal = internal
+	}
 	mux.Get("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
 		_, _ = w.Write(idem.OpenAPISpec)
@@ -195,8 +206,31 @@ func (s *Server) Listen() error {
 	if err != nil {
 		return fmt.Errorf("listen on %s (IDEM_ADDR): %w", s.cfg.Addr, err)
 	}
+	if s.internal != nil {
+		mln, err := net.Listen("tcp", s.cfg.MetricsAddr)
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("listen on %s (IDEM_METRICS_ADDR): %w", s.cfg.MetricsAddr, err)
+		}
+		s.metricsListener = mln
+	}
 	s.listener = ln
 	return nil
+}
+
+// MetricsURL returns http://ADDR of the address serving /metrics: the
+// metrics listener when IDEM_METRICS_ADDR is set, else the public one.
+func (s *Server) MetricsURL() string {
+	s.mu.Lock()
+	mln := s.metricsListener
+	s.mu.Unlock()
+	if mln != nil {
+		return "http://" + displayAddr(mln.Addr().String())
+	}
+	if s.internal != nil {
+		return "http://" + displayAddr(s.cfg.MetricsAddr)
+	}
+	return s.URL()
 }
 
 // Addr returns the bound address once listening, or the configured one.
@@ -223,7 +257,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 	s.mu.Lock()
-	ln := s.listener
+	ln, mln := s.listener, s.metricsListener
 	s.mu.Unlock()
 
 	srv := &http.Server{
@@ -244,6 +278,22 @@ func (s *Server) Run(ctx context.Context) error {
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
+	// The metrics listener has no graceful shutdown to speak of: a scrape
+	// is short and repeated; it closes when the service has drained.
+	var msrv *http.Server
+	if mln != nil {
+		msrv = &http.Server{
+			Handler:           s.internal,
+			ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+			ReadTimeout:       s.cfg.ReadTimeout,
+			WriteTimeout:      s.cfg.WriteTimeout,
+			IdleTimeout:       s.cfg.IdleTimeout,
+			MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
+			ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
+		}
+		go func() { _ = msrv.Serve(mln) }()
+		s.logger.Info("serving /metrics", "metrics_addr", mln.Addr().String())
+	}
 	s.logger.Info("listening", "addr", ln.Addr().String(), "store", s.db.String(), "dev_mode", s.dev != nil)
 
 	var errs []error
@@ -262,6 +312,9 @@ func (s *Server) Run(ctx context.Context) error {
 		if err := <-serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errs = append(errs, fmt.Errorf("serve http: %w", err))
 		}
+	}
+	if msrv != nil {
+		_ = msrv.Close()
 	}
 	stopJobs()
 	if err := <-jobsDone; err != nil && !errors.Is(err, context.Canceled) {
@@ -283,6 +336,9 @@ func (s *Server) Close() error {
 		s.mu.Lock()
 		if s.listener != nil {
 			_ = s.listener.Close()
+		}
+		if s.metricsListener != nil {
+			_ = s.metricsListener.Close()
 		}
 		s.mu.Unlock()
 		if s.rawStore != nil {
