@@ -5,8 +5,8 @@
 // dashboard reads orphans from the API, not from here.)
 //
 // Both are safe with several replicas running at once: the store guarantees
-// that concurrent Reap calls never delete the same record twice, and the
-// orphan watch only reads.
+// that concurrent Reap calls never delete the same record twice, and that
+// concurrent orphan watches report (key.orphaned webhook) each orphan once.
 package jobs
 
 import (
@@ -37,6 +37,10 @@ type Config struct {
 	ReapBatchSize int
 	// OrphanWatchInterval is the pause between orphan watches.
 	OrphanWatchInterval time.Duration
+	// Webhooks, when set, makes the orphan watch queue key.orphaned for
+	// every new orphan (the store behind it, undecorated: the decorators
+	// of idem.Store do not carry the webhook methods).
+	Webhooks idem.WebhookStore
 }
 
 func (c Config) withDefaults() Config {
@@ -183,12 +187,30 @@ func (r *Runner) logOrphan(ctx context.Context, rec idem.Record) {
 	)
 }
 
-// WatchOnce reads Store.OrphanStats and sets the orphan gauges from it.
+// orphanEventBatch bounds the orphans one EmitOrphanEvents call reports.
+const orphanEventBatch = 500
+
+// WatchOnce reads Store.OrphanStats and sets the orphan gauges from it, and
+// when Config.Webhooks is set, queues key.orphaned for every orphan not
+// yet reported for its current fencing token (each is reported once: the
+// store marks the record in the transaction that queues the event).
 func (r *Runner) WatchOnce(ctx context.Context) error {
 	stats, err := r.store.OrphanStats(ctx)
 	if err != nil {
 		return fmt.Errorf("orphan stats: %w", err)
 	}
 	r.m.SetOrphans(stats)
-	return nil
+	ws := r.cfg.Webhooks
+	if ws == nil {
+		return nil
+	}
+	for {
+		n, err := ws.EmitOrphanEvents(ctx, orphanEventBatch)
+		if err != nil {
+			return fmt.Errorf("emit orphan events: %w", err)
+		}
+		if n < orphanEventBatch {
+			return nil
+		}
+	}
 }

@@ -117,7 +117,7 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 		if err != nil {
 			return idem.Record{}, err
 		}
-		return idem.Record{}, refused(idem.CheckWrite(stored, p.FencingToken), "checkpoint")
+		return idem.Record{}, refused(s.queueLeaseLost(ctx, stored, "checkpoint", p.FencingToken, idem.CheckWrite(stored, p.FencingToken)), "checkpoint")
 	}
 	if err != nil {
 		return idem.Record{}, s.interpretError(err, "checkpoint key")
@@ -152,7 +152,7 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 		if repeat {
 			return *stored, nil
 		}
-		return idem.Record{}, refused(err, "complete")
+		return idem.Record{}, refused(s.queueLeaseLost(ctx, stored, "complete", p.FencingToken, err), "complete")
 	}
 	if err != nil {
 		return idem.Record{}, s.interpretError(err, "complete key")
@@ -171,7 +171,7 @@ func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 		if err != nil {
 			return err
 		}
-		return refused(idem.CheckWrite(stored, p.FencingToken), "release")
+		return refused(s.queueLeaseLost(ctx, stored, "release", p.FencingToken, idem.CheckWrite(stored, p.FencingToken)), "release")
 	}
 	return nil
 }
@@ -264,11 +264,20 @@ func (s *Store) OrphanStats(ctx context.Context) ([]idem.OrphanStat, error) {
 	return out, nil
 }
 
-// Reap deletes one batch of records past purge_after or of disabled tenants.
+// Reap deletes one batch of records past purge_after, and queues
+// key.reaped_in_flight for each in-flight one in the same transaction.
 func (s *Store) Reap(ctx context.Context, p idem.ReapParams) ([]idem.Record, error) {
-	rows, err := s.q.ReapKeys(ctx, dbsqlc.ReapKeysParams{Now: s.clock(), RowLimit: int32(p.Limit)})
+	var out []idem.Record
+	err := s.inTx(ctx, "reap keys", func(q *dbsqlc.Queries) error {
+		rows, err := q.ReapKeys(ctx, dbsqlc.ReapKeysParams{Now: s.clock(), RowLimit: int32(p.Limit)})
+		if err != nil {
+			return err
+		}
+		out = listRecords(rows)
+		return s.queueReaped(ctx, q, out)
+	})
 	if err != nil {
-		return nil, s.interpretError(err, "reap keys")
+		return nil, err
 	}
-	return listRecords(rows), nil
+	return out, nil
 }

@@ -112,6 +112,13 @@ func (s *Store) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolut
 		return idem.Resolution{}, s.interpretError(err, "resolve key: insert audit entry")
 	}
 	res.Audit = auditFromRow(entry)
+	ev, err := idem.ResolvedEvent(res.Record, p.Action, p.Actor, res.Audit.CreatedAt)
+	if err != nil {
+		return idem.Resolution{}, err
+	}
+	if err := s.enqueueEvent(ctx, q, ev); err != nil {
+		return idem.Resolution{}, s.interpretError(err, "resolve key")
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return idem.Resolution{}, s.interpretError(err, "resolve key: commit")
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/auth"
 	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/webhooks"
 )
 
 // Config is the whole configuration of the server. Every field is both an
@@ -90,6 +91,22 @@ type Config struct {
 	// DataDir holds the development-mode secret; "" means the folder of the
 	// SQLite file.
 	DataDir string
+	// Webhook delivery (package webhooks): poll interval, per-attempt
+	// timeout, full-jitter retry base and cap, how long an event is
+	// retried, and when a failing endpoint is disabled (every attempt
+	// failed for WebhookDisableAfter and at least WebhookDisableMinFailures
+	// times in a row).
+	WebhookInterval           time.Duration
+	WebhookTimeout            time.Duration
+	WebhookRetryBase          time.Duration
+	WebhookRetryCap           time.Duration
+	WebhookMaxAge             time.Duration
+	WebhookDisableAfter       time.Duration
+	WebhookDisableMinFailures int
+	// WebhookAllowPrivate lets tenants register, and the server deliver to,
+	// loopback, link-local and private addresses
+	// (IDEM_WEBHOOK_ALLOW_PRIVATE): for tests and closed networks only.
+	WebhookAllowPrivate bool
 }
 
 // DefaultConfig returns the configuration with every default of the
@@ -117,6 +134,14 @@ func DefaultConfig() Config {
 		WriteTimeout:        30 * time.Second,
 		IdleTimeout:         120 * time.Second,
 		MaxHeaderBytes:      64 << 10,
+
+		WebhookInterval:           webhooks.DefaultInterval,
+		WebhookTimeout:            webhooks.DefaultTimeout,
+		WebhookRetryBase:          webhooks.DefaultRetryBase,
+		WebhookRetryCap:           webhooks.DefaultRetryCap,
+		WebhookMaxAge:             webhooks.DefaultMaxAge,
+		WebhookDisableAfter:       webhooks.DefaultDisableAfter,
+		WebhookDisableMinFailures: webhooks.DefaultDisableMinFailures,
 	}
 }
 
@@ -184,6 +209,22 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*intValue)(&c.MaxHeaderBytes) }},
 		{"data-dir", "IDEM_DATA_DIR", "folder of the development-mode secret (default: the folder of the SQLite file)", false,
 			func(c *Config) flag.Value { return (*stringValue)(&c.DataDir) }},
+		{"webhook-interval", "IDEM_WEBHOOK_INTERVAL", "how often the webhook outbox is polled when it is empty", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.WebhookInterval) }},
+		{"webhook-timeout", "IDEM_WEBHOOK_TIMEOUT", "longest one webhook attempt may take (connect, TLS, request, response)", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.WebhookTimeout) }},
+		{"webhook-retry-base", "IDEM_WEBHOOK_RETRY_BASE", "first webhook retry ceiling; it doubles per attempt up to the cap (full jitter)", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.WebhookRetryBase) }},
+		{"webhook-retry-cap", "IDEM_WEBHOOK_RETRY_CAP", "largest pause between two attempts of a webhook", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.WebhookRetryCap) }},
+		{"webhook-max-age", "IDEM_WEBHOOK_MAX_AGE", "how long after its event a webhook is retried before it is marked failed", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.WebhookMaxAge) }},
+		{"webhook-disable-after", "IDEM_WEBHOOK_DISABLE_AFTER", "an endpoint whose every attempt failed for this long (and at least the minimum number of times) is disabled", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.WebhookDisableAfter) }},
+		{"webhook-disable-min-failures", "IDEM_WEBHOOK_DISABLE_MIN_FAILURES", "consecutive failed attempts an endpoint needs before it can be disabled", false,
+			func(c *Config) flag.Value { return (*intValue)(&c.WebhookDisableMinFailures) }},
+		{"webhook-allow-private", "IDEM_WEBHOOK_ALLOW_PRIVATE", "allow webhook endpoints on loopback, link-local and private addresses (tests and closed networks only)", false,
+			func(c *Config) flag.Value { return (*boolValue)(&c.WebhookAllowPrivate) }},
 	}
 }
 
@@ -349,6 +390,12 @@ func (c Config) Validate() error {
 		{"IDEM_READ_TIMEOUT", c.ReadTimeout},
 		{"IDEM_WRITE_TIMEOUT", c.WriteTimeout},
 		{"IDEM_IDLE_TIMEOUT", c.IdleTimeout},
+		{"IDEM_WEBHOOK_INTERVAL", c.WebhookInterval},
+		{"IDEM_WEBHOOK_TIMEOUT", c.WebhookTimeout},
+		{"IDEM_WEBHOOK_RETRY_BASE", c.WebhookRetryBase},
+		{"IDEM_WEBHOOK_RETRY_CAP", c.WebhookRetryCap},
+		{"IDEM_WEBHOOK_MAX_AGE", c.WebhookMaxAge},
+		{"IDEM_WEBHOOK_DISABLE_AFTER", c.WebhookDisableAfter},
 	}
 	for _, p := range positive {
 		if p.d <= 0 {
@@ -372,6 +419,12 @@ func (c Config) Validate() error {
 	}
 	if c.MetricsAddr != "" && c.MetricsAddr == c.Addr && !strings.HasSuffix(c.Addr, ":0") {
 		bad("IDEM_METRICS_ADDR must differ from IDEM_ADDR (%s); leave it empty to serve /metrics on the public address", c.Addr)
+	}
+	if c.WebhookDisableMinFailures < 1 {
+		bad("IDEM_WEBHOOK_DISABLE_MIN_FAILURES must be at least 1 (got %d)", c.WebhookDisableMinFailures)
+	}
+	if c.WebhookRetryCap > 0 && c.WebhookRetryBase > c.WebhookRetryCap {
+		bad("IDEM_WEBHOOK_RETRY_BASE (%s) must not exceed IDEM_WEBHOOK_RETRY_CAP (%s)", c.WebhookRetryBase, c.WebhookRetryCap)
 	}
 	if c.MaxHeaderBytes < 4096 {
 		bad("IDEM_MAX_HEADER_BYTES must be at least 4096 (got %d)", c.MaxHeaderBytes)

@@ -27,6 +27,7 @@ import (
 	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/tenants"
 	"github.com/idem-dev/idem/web"
+	"github.com/idem-dev/idem/webhooks"
 )
 
 // ConfigError is New's error for a configuration that Validate refuses;
@@ -54,6 +55,9 @@ type Server struct {
 	handler  http.Handler
 	internal http.Handler // /metrics when cfg.MetricsAddr is set, else nil
 	dev      *DevInfo
+	// webhooks is the store's webhook side; deliverer sends its outbox.
+	webhooks  idem.WebhookStore
+	deliverer *webhooks.Deliverer
 
 	mu              sync.Mutex
 	listener        net.Listener
@@ -135,11 +139,29 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 		s.dev = &info
 	}
 
+	ws, ok := raw.(idem.WebhookStore)
+	if !ok {
+		_ = raw.Close()
+		return nil, fmt.Errorf("store %s keeps no webhook outbox", s.db)
+	}
+	s.webhooks = ws
 	s.jobs = jobs.New(s.store, jobs.Config{
 		ReapInterval:        cfg.ReapInterval,
 		ReapBatchSize:       cfg.ReapBatchSize,
 		OrphanWatchInterval: cfg.OrphanWatchInterval,
+		Webhooks:            ws,
 	}, logger, s.metrics)
+	s.deliverer = webhooks.New(ws, webhooks.Config{
+		Interval:           cfg.WebhookInterval,
+		Timeout:            cfg.WebhookTimeout,
+		RetryBase:          cfg.WebhookRetryBase,
+		RetryCap:           cfg.WebhookRetryCap,
+		MaxAge:             cfg.WebhookMaxAge,
+		DisableAfter:       cfg.WebhookDisableAfter,
+		DisableMinFailures: cfg.WebhookDisableMinFailures,
+		StoreTimeout:       cfg.StoreTimeout,
+		AllowPrivate:       cfg.WebhookAllowPrivate,
+	}, logger)
 
 	s.handler = s.routes(verifier)
 	return s, nil
@@ -273,8 +295,9 @@ func (s *Server) Run(ctx context.Context) error {
 
 	jobsCtx, stopJobs := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopJobs()
-	jobsDone := make(chan error, 1)
+	jobsDone := make(chan error, 2)
 	go func() { jobsDone <- s.jobs.Run(jobsCtx) }()
+	go func() { jobsDone <- s.deliverer.Run(jobsCtx) }()
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
@@ -317,8 +340,10 @@ func (s *Server) Run(ctx context.Context) error {
 		_ = msrv.Close()
 	}
 	stopJobs()
-	if err := <-jobsDone; err != nil && !errors.Is(err, context.Canceled) {
-		errs = append(errs, fmt.Errorf("background jobs: %w", err))
+	for range 2 {
+		if err := <-jobsDone; err != nil && !errors.Is(err, context.Canceled) {
+			errs = append(errs, fmt.Errorf("background jobs: %w", err))
+		}
 	}
 	if err := s.Close(); err != nil {
 		errs = append(errs, err)

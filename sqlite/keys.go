@@ -116,13 +116,14 @@ func takeover(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, p ide
 // still being worked on.
 func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.Record, error) {
 	var rec idem.Record
+	var refusal error
 	err := s.inTx(ctx, "checkpoint key", func(q *dbsqlc.Queries, now time.Time) error {
 		stored, err := getKey(ctx, q, p.TenantID, p.Key, now)
 		if err != nil {
 			return err
 		}
-		if err := idem.CheckWrite(stored, p.FencingToken); err != nil {
-			return err
+		if refusal = idem.CheckWrite(stored, p.FencingToken); refusal != nil {
+			return queueLeaseLost(ctx, q, stored, "checkpoint", p.FencingToken, refusal, now)
 		}
 		row, err := q.CheckpointKey(ctx, dbsqlc.CheckpointKeyParams{
 			TenantID:       p.TenantID,
@@ -139,6 +140,9 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 		rec, err = recordFromRow(row, now)
 		return err
 	})
+	if err == nil && refusal != nil {
+		return idem.Record{}, refusal
+	}
 	return rec, err
 }
 
@@ -151,14 +155,15 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 		return idem.Record{}, fmt.Errorf("complete key: encode response headers: %w", err)
 	}
 	var rec idem.Record
+	var refusal error
 	err = s.inTx(ctx, "complete key", func(q *dbsqlc.Queries, now time.Time) error {
 		stored, err := getKey(ctx, q, p.TenantID, p.Key, now)
 		if err != nil {
 			return err
 		}
-		repeat, err := idem.CheckComplete(stored, p.FencingToken, p.Response)
-		if err != nil {
-			return err
+		var repeat bool
+		if repeat, refusal = idem.CheckComplete(stored, p.FencingToken, p.Response); refusal != nil {
+			return queueLeaseLost(ctx, q, stored, "complete", p.FencingToken, refusal, now)
 		}
 		if repeat {
 			rec = *stored
@@ -184,6 +189,9 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 		keepEmptyBody(&rec, p.Response.Body != nil)
 		return err
 	})
+	if err == nil && refusal != nil {
+		return idem.Record{}, refusal
+	}
 	return rec, err
 }
 
@@ -197,19 +205,39 @@ func keepEmptyBody(rec *idem.Record, hasBody bool) {
 
 // Release deletes the in-flight record while the token is current.
 func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
-	return s.inTx(ctx, "release key", func(q *dbsqlc.Queries, now time.Time) error {
+	var refusal error
+	err := s.inTx(ctx, "release key", func(q *dbsqlc.Queries, now time.Time) error {
 		stored, err := getKey(ctx, q, p.TenantID, p.Key, now)
 		if err != nil {
 			return err
 		}
-		if err := idem.CheckWrite(stored, p.FencingToken); err != nil {
-			return err
+		if refusal = idem.CheckWrite(stored, p.FencingToken); refusal != nil {
+			return queueLeaseLost(ctx, q, stored, "release", p.FencingToken, refusal, now)
 		}
 		if _, err := q.ReleaseKey(ctx, dbsqlc.ReleaseKeyParams{TenantID: p.TenantID, Key: p.Key, FencingToken: p.FencingToken}); err != nil {
 			return fmt.Errorf("delete record: %w", err)
 		}
 		return nil
 	})
+	if err == nil {
+		return refusal
+	}
+	return err
+}
+
+// queueLeaseLost queues key.lease_lost when a token-guarded write is
+// refused with lease_lost, in the refusing transaction (which changes
+// nothing else), so the refusal is answered only once its event is stored.
+// Other refusals queue nothing.
+func queueLeaseLost(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, write string, token int64, verdict error, now time.Time) error {
+	if stored == nil || !errors.Is(verdict, idem.ErrLeaseLost) {
+		return nil
+	}
+	ev, err := idem.LeaseLostEvent(*stored, write, token, now)
+	if err != nil {
+		return err
+	}
+	return enqueueEvent(ctx, q, ev, now)
 }
 
 // getKey reads a record observed at now; nil when absent.
@@ -304,16 +332,39 @@ func (s *Store) OrphanStats(ctx context.Context) ([]idem.OrphanStat, error) {
 // an in-flight one whose lease still runs) in one short statement, and
 // returns them without responses. SQLite serializes writers, so concurrent
 // reapers never delete a record twice.
+//
+// Every in-flight record it deletes is reported as key.reaped_in_flight in
+// the same transaction.
 func (s *Store) Reap(ctx context.Context, p idem.ReapParams) ([]idem.Record, error) {
 	var out []idem.Record
-	err := s.write(ctx, "reap keys", func() error {
-		now := s.clock()
-		rows, err := s.q.ReapKeys(ctx, dbsqlc.ReapKeysParams{Now: micros(now), RowLimit: int64(p.Limit)})
+	err := s.inTx(ctx, "reap keys", func(q *dbsqlc.Queries, now time.Time) error {
+		rows, err := q.ReapKeys(ctx, dbsqlc.ReapKeysParams{Now: micros(now), RowLimit: int64(p.Limit)})
+		if err != nil {
+			return err
+		}
 		out = listRecords(rows, now)
-		return err
+		return queueReaped(ctx, q, out, now)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// queueReaped queues key.reaped_in_flight for each in-flight record among
+// reaped, through the reaper's transaction.
+func queueReaped(ctx context.Context, q *dbsqlc.Queries, reaped []idem.Record, now time.Time) error {
+	for _, rec := range reaped {
+		if rec.State != idem.StateInFlight {
+			continue
+		}
+		ev, err := idem.RecordEvent(idem.EventKeyReapedInFlight, rec, now)
+		if err != nil {
+			return err
+		}
+		if err := enqueueEvent(ctx, q, ev, now); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -90,7 +90,11 @@ func (s *Store) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolut
 			return fmt.Errorf("insert audit entry: %w", err)
 		}
 		res.Audit = auditFromRow(entry)
-		return nil
+		ev, err := idem.ResolvedEvent(res.Record, p.Action, p.Actor, now)
+		if err != nil {
+			return err
+		}
+		return enqueueEvent(ctx, q, ev, now)
 	})
 	return res, err
 }

@@ -164,6 +164,7 @@ func groups() []group {
 			{"SameKeyTwoTenants", testIsolationSameKey},
 			{"OtherTenantNeverSeesKey", testIsolationInvisible},
 		}},
+		webhookGroup(),
 	}
 }
 

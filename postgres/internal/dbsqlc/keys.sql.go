@@ -25,7 +25,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $4 AND k.key = $5
     AND k.fencing_token = $6 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, clock.now AS observed_at
 `
 
 type CheckpointKeyParams struct {
@@ -82,6 +82,7 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (C
 		&i.IdempotencyKey.AttemptID,
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
+		&i.IdempotencyKey.OrphanEventToken,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -138,7 +139,7 @@ WHERE
         AND k.operation = excluded.operation AND k.fingerprint = excluded.fingerprint)
     -- a completed record past its replay window counts as absent
     OR (k.state = 'completed' AND k.replay_until <= excluded.created_at)
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.updated_at AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.updated_at AS observed_at
 `
 
 type ClaimKeyParams struct {
@@ -205,6 +206,7 @@ func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow
 		&i.IdempotencyKey.AttemptID,
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
+		&i.IdempotencyKey.OrphanEventToken,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -230,7 +232,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $5 AND k.key = $6
     AND k.fencing_token = $7 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, clock.now AS observed_at
 `
 
 type CompleteKeyParams struct {
@@ -289,6 +291,7 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Compl
 		&i.IdempotencyKey.AttemptID,
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
+		&i.IdempotencyKey.OrphanEventToken,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -298,7 +301,7 @@ const getKey = `-- name: GetKey :one
 WITH clock AS (
     SELECT coalesce($3::timestamptz, now())::timestamptz AS now
 )
-SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, clock.now AS observed_at
+SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = $1 AND k.key = $2
 `
@@ -342,6 +345,7 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 		&i.IdempotencyKey.AttemptID,
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
+		&i.IdempotencyKey.OrphanEventToken,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -562,7 +566,7 @@ const lockKey = `-- name: LockKey :one
 WITH clock AS (
     SELECT coalesce($3::timestamptz, now())::timestamptz AS now
 )
-SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, clock.now AS observed_at
+SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = $1 AND k.key = $2
 FOR UPDATE OF k
@@ -610,6 +614,7 @@ func (q *Queries) LockKey(ctx context.Context, arg LockKeyParams) (LockKeyRow, e
 		&i.IdempotencyKey.AttemptID,
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
+		&i.IdempotencyKey.OrphanEventToken,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -795,7 +800,7 @@ FROM clock
 WHERE k.tenant_id = $2 AND k.key = $3
     AND k.fencing_token = $4 AND k.state = 'in_flight'
     AND k.lease_expires_at > clock.now AND k.attempt_id = $5::text
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, clock.now AS observed_at
 `
 
 type RenewAttemptLeaseParams struct {
@@ -851,6 +856,7 @@ func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeasePa
 		&i.IdempotencyKey.AttemptID,
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
+		&i.IdempotencyKey.OrphanEventToken,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -877,7 +883,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $5 AND k.key = $6
     AND k.fencing_token = $7 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, clock.now AS observed_at
 `
 
 type ResolveCompleteKeyParams struct {
@@ -936,6 +942,7 @@ func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKey
 		&i.IdempotencyKey.AttemptID,
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
+		&i.IdempotencyKey.OrphanEventToken,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -952,7 +959,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $2 AND k.key = $3
     AND k.fencing_token = $4 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, clock.now AS observed_at
 `
 
 type ReviewKeyParams struct {
@@ -1004,6 +1011,7 @@ func (q *Queries) ReviewKey(ctx context.Context, arg ReviewKeyParams) (ReviewKey
 		&i.IdempotencyKey.AttemptID,
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
+		&i.IdempotencyKey.OrphanEventToken,
 		&i.ObservedAt,
 	)
 	return i, err

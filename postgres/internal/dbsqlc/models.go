@@ -33,6 +33,7 @@ type IdempotencyKey struct {
 	AttemptID              *string
 	ReviewNote             *string
 	ReviewAt               pgtype.Timestamptz
+	OrphanEventToken       *int64
 }
 
 type KeyAudit struct {
@@ -62,4 +63,35 @@ type Tenant struct {
 	CreatedAt              pgtype.Timestamptz
 	UpdatedAt              pgtype.Timestamptz
 	MaxWaitSeconds         int32
+}
+
+type WebhookDelivery struct {
+	ID            int64
+	TenantID      string
+	EndpointID    string
+	EventID       string
+	EventType     string
+	Payload       []byte
+	State         string
+	Attempts      int32
+	NextAttemptAt pgtype.Timestamptz
+	CreatedAt     pgtype.Timestamptz
+	LastAttemptAt pgtype.Timestamptz
+	LastStatus    *int32
+	LastError     *string
+	DeliveredAt   pgtype.Timestamptz
+}
+
+type WebhookEndpoint struct {
+	TenantID            string
+	ID                  string
+	Url                 string
+	Secret              string
+	Events              string
+	Enabled             bool
+	DisabledReason      *string
+	ConsecutiveFailures int32
+	FailingSince        pgtype.Timestamptz
+	CreatedAt           pgtype.Timestamptz
+	UpdatedAt           pgtype.Timestamptz
 }

@@ -17,7 +17,7 @@ UPDATE idempotency_keys SET
     updated_at = ?4,
     purge_after = ?5
 WHERE tenant_id = ?6 AND key = ?7
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token
 `
 
 type CheckpointKeyParams struct {
@@ -66,6 +66,7 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (I
 		&i.AttemptID,
 		&i.ReviewNote,
 		&i.ReviewAt,
+		&i.OrphanEventToken,
 	)
 	return i, err
 }
@@ -85,7 +86,7 @@ UPDATE idempotency_keys SET
     replay_until = ?6,
     purge_after = ?7
 WHERE tenant_id = ?8 AND key = ?9
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token
 `
 
 type CompleteKeyParams struct {
@@ -139,6 +140,7 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Idemp
 		&i.AttemptID,
 		&i.ReviewNote,
 		&i.ReviewAt,
+		&i.OrphanEventToken,
 	)
 	return i, err
 }
@@ -179,7 +181,7 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     completed_at = NULL,
     replay_until = NULL,
     purge_after = excluded.purge_after
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token
 `
 
 type CreateKeyParams struct {
@@ -238,12 +240,13 @@ func (q *Queries) CreateKey(ctx context.Context, arg CreateKeyParams) (Idempoten
 		&i.AttemptID,
 		&i.ReviewNote,
 		&i.ReviewAt,
+		&i.OrphanEventToken,
 	)
 	return i, err
 }
 
 const getKey = `-- name: GetKey :one
-SELECT idempotency_keys.tenant_id, idempotency_keys."key", idempotency_keys.state, idempotency_keys.operation, idempotency_keys.fingerprint, idempotency_keys.fencing_token, idempotency_keys.attempt, idempotency_keys.lease_expires_at, idempotency_keys.recovery_point, idempotency_keys.recovery_data, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.response_body_encoding, idempotency_keys.replay_window_seconds, idempotency_keys.reaper_threshold_seconds, idempotency_keys.created_at, idempotency_keys.updated_at, idempotency_keys.completed_at, idempotency_keys.replay_until, idempotency_keys.purge_after, idempotency_keys.attempt_id, idempotency_keys.review_note, idempotency_keys.review_at,
+SELECT idempotency_keys.tenant_id, idempotency_keys."key", idempotency_keys.state, idempotency_keys.operation, idempotency_keys.fingerprint, idempotency_keys.fencing_token, idempotency_keys.attempt, idempotency_keys.lease_expires_at, idempotency_keys.recovery_point, idempotency_keys.recovery_data, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.response_body_encoding, idempotency_keys.replay_window_seconds, idempotency_keys.reaper_threshold_seconds, idempotency_keys.created_at, idempotency_keys.updated_at, idempotency_keys.completed_at, idempotency_keys.replay_until, idempotency_keys.purge_after, idempotency_keys.attempt_id, idempotency_keys.review_note, idempotency_keys.review_at, idempotency_keys.orphan_event_token,
        CAST(response_body IS NOT NULL AS INTEGER) AS has_response_body
 FROM idempotency_keys
 WHERE tenant_id = ?1 AND key = ?2
@@ -289,6 +292,7 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 		&i.IdempotencyKey.AttemptID,
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
+		&i.IdempotencyKey.OrphanEventToken,
 		&i.HasResponseBody,
 	)
 	return i, err
@@ -666,7 +670,7 @@ UPDATE idempotency_keys SET
     updated_at = ?2,
     purge_after = ?3
 WHERE tenant_id = ?4 AND key = ?5
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token
 `
 
 type RenewAttemptLeaseParams struct {
@@ -713,6 +717,7 @@ func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeasePa
 		&i.AttemptID,
 		&i.ReviewNote,
 		&i.ReviewAt,
+		&i.OrphanEventToken,
 	)
 	return i, err
 }
@@ -733,7 +738,7 @@ UPDATE idempotency_keys SET
     replay_until = ?7,
     purge_after = ?8
 WHERE tenant_id = ?9 AND key = ?10
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token
 `
 
 type ResolveCompleteKeyParams struct {
@@ -792,6 +797,7 @@ func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKey
 		&i.AttemptID,
 		&i.ReviewNote,
 		&i.ReviewAt,
+		&i.OrphanEventToken,
 	)
 	return i, err
 }
@@ -802,7 +808,7 @@ UPDATE idempotency_keys SET
     review_at = ?2,
     updated_at = ?2
 WHERE tenant_id = ?3 AND key = ?4
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token
 `
 
 type ReviewKeyParams struct {
@@ -847,6 +853,7 @@ func (q *Queries) ReviewKey(ctx context.Context, arg ReviewKeyParams) (Idempoten
 		&i.AttemptID,
 		&i.ReviewNote,
 		&i.ReviewAt,
+		&i.OrphanEventToken,
 	)
 	return i, err
 }
@@ -860,7 +867,7 @@ UPDATE idempotency_keys SET
     updated_at = ?4,
     purge_after = ?5
 WHERE tenant_id = ?6 AND key = ?7
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token
 `
 
 type TakeoverKeyParams struct {
@@ -911,6 +918,7 @@ func (q *Queries) TakeoverKey(ctx context.Context, arg TakeoverKeyParams) (Idemp
 		&i.AttemptID,
 		&i.ReviewNote,
 		&i.ReviewAt,
+		&i.OrphanEventToken,
 	)
 	return i, err
 }

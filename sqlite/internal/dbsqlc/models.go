@@ -34,6 +34,7 @@ type IdempotencyKey struct {
 	AttemptID              *string
 	ReviewNote             *string
 	ReviewAt               *int64
+	OrphanEventToken       *int64
 }
 
 type KeyAudit struct {
@@ -63,4 +64,35 @@ type Tenant struct {
 	CreatedAt              int64
 	UpdatedAt              int64
 	MaxWaitSeconds         int64
+}
+
+type WebhookDelivery struct {
+	ID            int64
+	TenantID      string
+	EndpointID    string
+	EventID       string
+	EventType     string
+	Payload       []byte
+	State         string
+	Attempts      int64
+	NextAttemptAt int64
+	CreatedAt     int64
+	LastAttemptAt *int64
+	LastStatus    *int64
+	LastError     *string
+	DeliveredAt   *int64
+}
+
+type WebhookEndpoint struct {
+	TenantID            string
+	ID                  string
+	Url                 string
+	Secret              string
+	Events              string
+	Enabled             int64
+	DisabledReason      *string
+	ConsecutiveFailures int64
+	FailingSince        *int64
+	CreatedAt           int64
+	UpdatedAt           int64
 }

@@ -1,0 +1,184 @@
+-- name: CreateWebhookEndpoint :one
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+INSERT INTO webhook_endpoints (tenant_id, id, url, secret, events, enabled, created_at, updated_at)
+SELECT sqlc.arg('tenant_id')::text, sqlc.arg('id')::text, sqlc.arg('url')::text,
+    sqlc.arg('secret')::text, sqlc.arg('events')::text, sqlc.arg('enabled')::boolean,
+    clock.now, clock.now
+FROM clock
+RETURNING *;
+
+-- name: GetWebhookEndpoint :one
+SELECT * FROM webhook_endpoints
+WHERE tenant_id = sqlc.arg('tenant_id') AND id = sqlc.arg('id');
+
+-- name: ListWebhookEndpoints :many
+SELECT * FROM webhook_endpoints
+WHERE tenant_id = sqlc.arg('tenant_id')
+ORDER BY created_at, id;
+
+-- name: UpdateWebhookEndpoint :one
+-- UpdateWebhookEndpoint replaces url, filter and enabled flag; enabling an
+-- endpoint clears its failure streak and the reason it was disabled.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+UPDATE webhook_endpoints e SET
+    url = sqlc.arg('url')::text,
+    events = sqlc.arg('events')::text,
+    disabled_reason = CASE WHEN sqlc.arg('enabled')::boolean THEN NULL ELSE e.disabled_reason END,
+    consecutive_failures = CASE WHEN sqlc.arg('enabled')::boolean AND NOT e.enabled THEN 0 ELSE e.consecutive_failures END,
+    failing_since = CASE WHEN sqlc.arg('enabled')::boolean AND NOT e.enabled THEN NULL ELSE e.failing_since END,
+    enabled = sqlc.arg('enabled')::boolean,
+    updated_at = clock.now
+FROM clock
+WHERE e.tenant_id = sqlc.arg('tenant_id') AND e.id = sqlc.arg('id')
+RETURNING e.*;
+
+-- name: DeleteWebhookEndpoint :execrows
+DELETE FROM webhook_endpoints
+WHERE tenant_id = sqlc.arg('tenant_id') AND id = sqlc.arg('id');
+
+-- name: EnqueueEvent :execrows
+-- EnqueueEvent fans one event out to every enabled endpoint of the tenant
+-- whose filter takes its type: one outbox row each, due at once.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+INSERT INTO webhook_deliveries (tenant_id, endpoint_id, event_id, event_type, payload, next_attempt_at, created_at)
+SELECT e.tenant_id, e.id, sqlc.arg('event_id')::text, sqlc.arg('event_type')::text,
+    sqlc.arg('payload')::bytea, clock.now, clock.now
+FROM webhook_endpoints e, clock
+WHERE e.tenant_id = sqlc.arg('tenant_id')::text AND e.enabled
+    AND (e.events = '' OR (',' || e.events || ',') LIKE ('%,' || sqlc.arg('event_type')::text || ',%'));
+
+-- name: EnqueueTestEvent :one
+-- EnqueueTestEvent queues an event for one enabled endpoint, whatever its
+-- filter.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+INSERT INTO webhook_deliveries (tenant_id, endpoint_id, event_id, event_type, payload, next_attempt_at, created_at)
+SELECT e.tenant_id, e.id, sqlc.arg('event_id')::text, sqlc.arg('event_type')::text,
+    sqlc.arg('payload')::bytea, clock.now, clock.now
+FROM webhook_endpoints e, clock
+WHERE e.tenant_id = sqlc.arg('tenant_id')::text AND e.id = sqlc.arg('endpoint_id')::text AND e.enabled
+RETURNING *;
+
+-- name: ListWebhookDeliveries :many
+SELECT id, tenant_id, endpoint_id, event_id, event_type, state, attempts,
+    next_attempt_at, created_at, last_attempt_at, last_status, last_error, delivered_at
+FROM webhook_deliveries
+WHERE tenant_id = sqlc.arg('tenant_id') AND endpoint_id = sqlc.arg('endpoint_id')
+    AND (sqlc.arg('before_id')::bigint = 0 OR id < sqlc.arg('before_id')::bigint)
+ORDER BY id DESC
+LIMIT sqlc.arg('row_limit')::integer;
+
+-- name: ClaimWebhookDeliveries :many
+-- ClaimWebhookDeliveries takes due pending deliveries of enabled endpoints,
+-- oldest first, counts the attempt and moves next_attempt_at to the end of
+-- the claim's lease. FOR UPDATE SKIP LOCKED lets several replicas claim at
+-- once without taking the same row or waiting on each other; once the
+-- statement commits, the moved next_attempt_at keeps the row away from
+-- every other claimer until the lease runs out.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+), due AS (
+    SELECT d.id
+    FROM webhook_deliveries d
+    JOIN webhook_endpoints e ON e.tenant_id = d.tenant_id AND e.id = d.endpoint_id
+    WHERE d.state = 'pending' AND d.next_attempt_at <= (SELECT clock.now FROM clock) AND e.enabled
+    ORDER BY d.next_attempt_at
+    LIMIT sqlc.arg('row_limit')::integer
+    FOR UPDATE OF d SKIP LOCKED
+)
+UPDATE webhook_deliveries d SET
+    attempts = d.attempts + 1,
+    last_attempt_at = (SELECT clock.now FROM clock),
+    next_attempt_at = (SELECT clock.now FROM clock) + sqlc.arg('lease_us')::bigint * interval '1 microsecond'
+FROM due, webhook_endpoints e
+WHERE d.id = due.id AND e.tenant_id = d.tenant_id AND e.id = d.endpoint_id
+RETURNING d.id, d.tenant_id, d.endpoint_id, d.event_id, d.event_type, d.payload, d.state,
+    d.attempts, d.next_attempt_at, d.created_at, d.last_attempt_at, d.last_status,
+    d.last_error, d.delivered_at, e.url, e.secret, (SELECT clock.now FROM clock)::timestamptz AS observed_at;
+
+-- name: FinishWebhookDelivery :one
+-- FinishWebhookDelivery records an attempt's outcome, only if the row is
+-- still held by that attempt (attempts unchanged). retry_us = 0 on failure
+-- gives up.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+UPDATE webhook_deliveries d SET
+    state = CASE WHEN sqlc.arg('ok')::boolean THEN 'delivered'
+        WHEN sqlc.arg('retry_us')::bigint > 0 THEN 'pending' ELSE 'failed' END,
+    next_attempt_at = clock.now + sqlc.arg('retry_us')::bigint * interval '1 microsecond',
+    last_status = sqlc.narg('last_status')::integer,
+    last_error = sqlc.narg('last_error')::text,
+    delivered_at = CASE WHEN sqlc.arg('ok')::boolean THEN clock.now ELSE NULL END
+FROM clock
+WHERE d.id = sqlc.arg('id') AND d.attempts = sqlc.arg('attempts')::integer AND d.state = 'pending'
+RETURNING d.tenant_id, d.endpoint_id;
+
+-- name: RecordEndpointSuccess :exec
+UPDATE webhook_endpoints SET consecutive_failures = 0, failing_since = NULL
+WHERE tenant_id = sqlc.arg('tenant_id') AND id = sqlc.arg('id') AND consecutive_failures > 0;
+
+-- name: RecordEndpointFailure :one
+-- RecordEndpointFailure extends the failure streak, and disables the
+-- endpoint once the streak is both disable_after old and min_failures long.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+UPDATE webhook_endpoints e SET
+    consecutive_failures = e.consecutive_failures + 1,
+    failing_since = coalesce(e.failing_since, clock.now),
+    enabled = e.enabled AND NOT (e.consecutive_failures + 1 >= sqlc.arg('min_failures')::integer
+        AND coalesce(e.failing_since, clock.now) <= clock.now - sqlc.arg('disable_after_us')::bigint * interval '1 microsecond'),
+    disabled_reason = CASE WHEN e.enabled AND e.consecutive_failures + 1 >= sqlc.arg('min_failures')::integer
+        AND coalesce(e.failing_since, clock.now) <= clock.now - sqlc.arg('disable_after_us')::bigint * interval '1 microsecond'
+        THEN 'sustained_failure' ELSE e.disabled_reason END,
+    updated_at = clock.now
+FROM clock
+WHERE e.tenant_id = sqlc.arg('tenant_id') AND e.id = sqlc.arg('id')
+RETURNING e.enabled;
+
+-- name: MarkOrphans :many
+-- MarkOrphans sets orphan_event_token on at most row_limit orphans not yet
+-- reported for their current token (from the partial orphan index), and
+-- returns them. SKIP LOCKED: a row being claimed or marked elsewhere waits
+-- for the next watch.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+), todo AS (
+    SELECT o.tenant_id, o.key
+    FROM idempotency_keys o
+    WHERE o.state = 'in_flight' AND o.lease_expires_at <= (SELECT clock.now FROM clock)
+        AND o.orphan_event_token IS DISTINCT FROM o.fencing_token
+    ORDER BY o.lease_expires_at
+    LIMIT sqlc.arg('row_limit')::integer
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE idempotency_keys k SET orphan_event_token = k.fencing_token
+FROM todo
+WHERE k.tenant_id = todo.tenant_id AND k.key = todo.key
+RETURNING
+    k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
+    k.attempt, k.lease_expires_at, k.recovery_point,
+    k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
+    k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at,
+    (SELECT clock.now FROM clock)::timestamptz AS observed_at;
+
+-- name: PurgeWebhookDeliveries :execrows
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+)
+DELETE FROM webhook_deliveries d
+WHERE d.id IN (
+    SELECT x.id FROM webhook_deliveries x
+    WHERE x.state <> 'pending'
+        AND x.created_at <= (SELECT clock.now FROM clock) - sqlc.arg('older_than_us')::bigint * interval '1 microsecond'
+    LIMIT sqlc.arg('row_limit')::integer
+);

@@ -1,0 +1,144 @@
+-- Queries of the webhook outbox on SQLite. Times are unix microseconds. The
+-- store runs every write in the writer slot, inside one BEGIN IMMEDIATE
+-- transaction where several statements belong together.
+
+-- name: CreateWebhookEndpoint :one
+INSERT INTO webhook_endpoints (tenant_id, id, url, secret, events, enabled, created_at, updated_at)
+VALUES (sqlc.arg(tenant_id), sqlc.arg(id), sqlc.arg(url), sqlc.arg(secret), sqlc.arg(events),
+    sqlc.arg(enabled), sqlc.arg(now), sqlc.arg(now))
+RETURNING *;
+
+-- name: GetWebhookEndpoint :one
+SELECT * FROM webhook_endpoints
+WHERE tenant_id = sqlc.arg(tenant_id) AND id = sqlc.arg(id);
+
+-- name: ListWebhookEndpoints :many
+SELECT * FROM webhook_endpoints
+WHERE tenant_id = sqlc.arg(tenant_id)
+ORDER BY created_at, id;
+
+-- name: UpdateWebhookEndpoint :one
+-- UpdateWebhookEndpoint replaces url, filter and enabled flag; enabling an
+-- endpoint clears its failure streak and the reason it was disabled.
+UPDATE webhook_endpoints SET
+    url = sqlc.arg(url),
+    events = sqlc.arg(events),
+    disabled_reason = CASE WHEN CAST(sqlc.arg(enabled) AS INTEGER) THEN NULL ELSE disabled_reason END,
+    consecutive_failures = CASE WHEN CAST(sqlc.arg(enabled) AS INTEGER) AND NOT enabled THEN 0 ELSE consecutive_failures END,
+    failing_since = CASE WHEN CAST(sqlc.arg(enabled) AS INTEGER) AND NOT enabled THEN NULL ELSE failing_since END,
+    enabled = CAST(sqlc.arg(enabled) AS INTEGER),
+    updated_at = sqlc.arg(now)
+WHERE tenant_id = sqlc.arg(tenant_id) AND id = sqlc.arg(id)
+RETURNING *;
+
+-- name: DeleteWebhookEndpoint :execrows
+DELETE FROM webhook_endpoints
+WHERE tenant_id = sqlc.arg(tenant_id) AND id = sqlc.arg(id);
+
+-- name: EnqueueEvent :execrows
+-- EnqueueEvent fans one event out to every enabled endpoint of the tenant
+-- whose filter takes its type: one outbox row each, due at once.
+INSERT INTO webhook_deliveries (tenant_id, endpoint_id, event_id, event_type, payload, next_attempt_at, created_at)
+SELECT e.tenant_id, e.id, CAST(sqlc.arg(event_id) AS TEXT), CAST(sqlc.arg(event_type) AS TEXT),
+    CAST(sqlc.arg(payload) AS BLOB), CAST(sqlc.arg(now) AS INTEGER), CAST(sqlc.arg(now) AS INTEGER)
+FROM webhook_endpoints e
+WHERE e.tenant_id = sqlc.arg(tenant_id) AND e.enabled
+    AND (e.events = '' OR (',' || e.events || ',') LIKE ('%,' || CAST(sqlc.arg(event_type) AS TEXT) || ',%'));
+
+-- name: EnqueueTestEvent :one
+-- EnqueueTestEvent queues an event for one enabled endpoint, whatever its
+-- filter.
+INSERT INTO webhook_deliveries (tenant_id, endpoint_id, event_id, event_type, payload, next_attempt_at, created_at)
+SELECT e.tenant_id, e.id, CAST(sqlc.arg(event_id) AS TEXT), CAST(sqlc.arg(event_type) AS TEXT),
+    CAST(sqlc.arg(payload) AS BLOB), CAST(sqlc.arg(now) AS INTEGER), CAST(sqlc.arg(now) AS INTEGER)
+FROM webhook_endpoints e
+WHERE e.tenant_id = sqlc.arg(tenant_id) AND e.id = sqlc.arg(endpoint_id) AND e.enabled
+RETURNING *;
+
+-- name: ListWebhookDeliveries :many
+SELECT id, tenant_id, endpoint_id, event_id, event_type, state, attempts,
+    next_attempt_at, created_at, last_attempt_at, last_status, last_error, delivered_at
+FROM webhook_deliveries
+WHERE tenant_id = sqlc.arg(tenant_id) AND endpoint_id = sqlc.arg(endpoint_id)
+    AND (CAST(sqlc.arg(before_id) AS INTEGER) = 0 OR id < CAST(sqlc.arg(before_id) AS INTEGER))
+ORDER BY id DESC
+LIMIT sqlc.arg(row_limit);
+
+-- name: DueWebhookDeliveries :many
+-- DueWebhookDeliveries lists due pending deliveries of enabled endpoints,
+-- oldest first, with the endpoint's URL and secret.
+SELECT d.id, d.tenant_id, d.endpoint_id, d.event_id, d.event_type, d.payload, d.state,
+    d.attempts, d.next_attempt_at, d.created_at, d.last_attempt_at, d.last_status,
+    d.last_error, d.delivered_at, e.url, e.secret
+FROM webhook_deliveries d
+JOIN webhook_endpoints e ON e.tenant_id = d.tenant_id AND e.id = d.endpoint_id
+WHERE d.state = 'pending' AND d.next_attempt_at <= sqlc.arg(now) AND e.enabled
+ORDER BY d.next_attempt_at
+LIMIT sqlc.arg(row_limit);
+
+-- name: LeaseWebhookDelivery :exec
+-- LeaseWebhookDelivery counts an attempt and moves the delivery's next
+-- attempt to the end of the claim's lease.
+UPDATE webhook_deliveries SET
+    attempts = attempts + 1,
+    last_attempt_at = sqlc.arg(now),
+    next_attempt_at = sqlc.arg(lease_until)
+WHERE id = sqlc.arg(id);
+
+-- name: FinishWebhookDelivery :one
+-- FinishWebhookDelivery records an attempt's outcome, only if the row is
+-- still held by that attempt (attempts unchanged).
+UPDATE webhook_deliveries SET
+    state = sqlc.arg(state),
+    next_attempt_at = sqlc.arg(next_attempt_at),
+    last_status = sqlc.narg(last_status),
+    last_error = sqlc.narg(last_error),
+    delivered_at = sqlc.narg(delivered_at)
+WHERE id = sqlc.arg(id) AND attempts = sqlc.arg(attempts) AND state = 'pending'
+RETURNING tenant_id, endpoint_id;
+
+-- name: RecordEndpointSuccess :exec
+UPDATE webhook_endpoints SET consecutive_failures = 0, failing_since = NULL
+WHERE tenant_id = sqlc.arg(tenant_id) AND id = sqlc.arg(id) AND consecutive_failures > 0;
+
+-- name: RecordEndpointFailure :one
+-- RecordEndpointFailure extends the failure streak, and disables the
+-- endpoint once the streak is both old enough (failing_since at or before
+-- disable_before) and min_failures long.
+UPDATE webhook_endpoints SET
+    consecutive_failures = consecutive_failures + 1,
+    failing_since = coalesce(failing_since, sqlc.arg(now)),
+    enabled = enabled AND NOT (consecutive_failures + 1 >= sqlc.arg(min_failures)
+        AND coalesce(failing_since, sqlc.arg(now)) <= sqlc.arg(disable_before)),
+    disabled_reason = CASE WHEN enabled AND consecutive_failures + 1 >= sqlc.arg(min_failures)
+        AND coalesce(failing_since, sqlc.arg(now)) <= sqlc.arg(disable_before)
+        THEN 'sustained_failure' ELSE disabled_reason END,
+    updated_at = sqlc.arg(now)
+WHERE tenant_id = sqlc.arg(tenant_id) AND id = sqlc.arg(id)
+RETURNING enabled;
+
+-- name: OrphansToReport :many
+-- OrphansToReport lists orphans not yet reported for their current token,
+-- oldest lease first, from the partial index of in-flight leases.
+SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
+       lease_expires_at, recovery_point,
+       replay_window_seconds, reaper_threshold_seconds,
+       created_at, updated_at, completed_at, replay_until, purge_after,
+       review_note, review_at
+FROM idempotency_keys
+WHERE state = 'in_flight' AND lease_expires_at <= CAST(sqlc.arg(now) AS INTEGER)
+    AND orphan_event_token IS NOT fencing_token
+ORDER BY lease_expires_at
+LIMIT sqlc.arg(row_limit);
+
+-- name: MarkOrphanReported :exec
+UPDATE idempotency_keys SET orphan_event_token = fencing_token
+WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key);
+
+-- name: PurgeWebhookDeliveries :execrows
+DELETE FROM webhook_deliveries
+WHERE id IN (
+    SELECT x.id FROM webhook_deliveries x
+    WHERE x.state <> 'pending' AND x.created_at <= sqlc.arg(before)
+    LIMIT sqlc.arg(row_limit)
+);

@@ -1,0 +1,301 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
+)
+
+var _ idem.WebhookStore = (*Store)(nil)
+
+// enqueueEvent writes ev to the outbox, one row per enabled endpoint of its
+// tenant whose filter takes it, through q: call it with the transaction's
+// queries so the event commits or rolls back with the change it reports.
+// This is the one way an event enters the outbox (key.resolved included).
+func (s *Store) enqueueEvent(ctx context.Context, q *dbsqlc.Queries, ev idem.Event) error {
+	if _, err := q.EnqueueEvent(ctx, dbsqlc.EnqueueEventParams{
+		EventID: ev.ID, EventType: string(ev.Type), Payload: ev.Payload, TenantID: ev.TenantID, Now: s.clock(),
+	}); err != nil {
+		return fmt.Errorf("queue %s event: %w", ev.Type, err)
+	}
+	return nil
+}
+
+// inTx runs fn in one transaction; fn's error rolls it back and is
+// interpreted once as doing.
+func (s *Store) inTx(ctx context.Context, doing string, fn func(q *dbsqlc.Queries) error) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return fn(s.q.WithTx(tx)) })
+	if err != nil {
+		var e *idem.Error
+		if errors.As(err, &e) && e.Code != idem.CodeInternal {
+			return err
+		}
+		return s.interpretError(err, doing)
+	}
+	return nil
+}
+
+// queueLeaseLost queues key.lease_lost when a token-guarded write was
+// refused with lease_lost. The refused write changed nothing, so there is
+// no transaction to share: the event is written by the refusing call, in
+// its own statement, before the refusal is answered; if it cannot be
+// written the call answers store_unavailable instead, and the writer's
+// retry writes it. Other refusals queue nothing.
+func (s *Store) queueLeaseLost(ctx context.Context, stored *idem.Record, write string, token int64, verdict error) error {
+	if stored == nil || !errors.Is(verdict, idem.ErrLeaseLost) {
+		return verdict
+	}
+	ev, err := idem.LeaseLostEvent(*stored, write, token, stored.ObservedAt)
+	if err != nil {
+		return err
+	}
+	if err := s.enqueueEvent(ctx, s.q, ev); err != nil {
+		return s.interpretError(err, write+" key")
+	}
+	return verdict
+}
+
+// queueReaped queues key.reaped_in_flight for each in-flight record among
+// reaped, through the reaper's transaction.
+func (s *Store) queueReaped(ctx context.Context, q *dbsqlc.Queries, reaped []idem.Record) error {
+	for _, rec := range reaped {
+		if rec.State != idem.StateInFlight {
+			continue
+		}
+		ev, err := idem.RecordEvent(idem.EventKeyReapedInFlight, rec, rec.ObservedAt)
+		if err != nil {
+			return err
+		}
+		if err := s.enqueueEvent(ctx, q, ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CreateWebhookEndpoint stores a tenant's endpoint.
+func (s *Store) CreateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoint) (idem.WebhookEndpoint, error) {
+	row, err := s.q.CreateWebhookEndpoint(ctx, dbsqlc.CreateWebhookEndpointParams{
+		TenantID: e.TenantID, ID: e.ID, Url: e.URL, Secret: e.Secret,
+		Events: idem.EventFilter(e.Events), Enabled: e.Enabled, Now: s.clock(),
+	})
+	if pgErrorCode(err) == pgForeignKeyViolation {
+		return idem.WebhookEndpoint{}, idem.TenantUnknown(e.TenantID, err)
+	}
+	if err != nil {
+		return idem.WebhookEndpoint{}, s.interpretError(err, "create webhook endpoint")
+	}
+	return endpointFromRow(row), nil
+}
+
+// GetWebhookEndpoint reads one endpoint.
+func (s *Store) GetWebhookEndpoint(ctx context.Context, tenantID, id string) (idem.WebhookEndpoint, error) {
+	row, err := s.q.GetWebhookEndpoint(ctx, dbsqlc.GetWebhookEndpointParams{TenantID: tenantID, ID: id})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idem.WebhookEndpoint{}, idem.WebhookNotFound(id)
+	}
+	if err != nil {
+		return idem.WebhookEndpoint{}, s.interpretError(err, "get webhook endpoint")
+	}
+	return endpointFromRow(row), nil
+}
+
+// ListWebhookEndpoints lists a tenant's endpoints.
+func (s *Store) ListWebhookEndpoints(ctx context.Context, tenantID string) ([]idem.WebhookEndpoint, error) {
+	rows, err := s.q.ListWebhookEndpoints(ctx, tenantID)
+	if err != nil {
+		return nil, s.interpretError(err, "list webhook endpoints")
+	}
+	out := make([]idem.WebhookEndpoint, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, endpointFromRow(r))
+	}
+	return out, nil
+}
+
+// UpdateWebhookEndpoint replaces an endpoint's URL, filter and flag.
+func (s *Store) UpdateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoint) (idem.WebhookEndpoint, error) {
+	row, err := s.q.UpdateWebhookEndpoint(ctx, dbsqlc.UpdateWebhookEndpointParams{
+		Url: e.URL, Events: idem.EventFilter(e.Events), Enabled: e.Enabled, TenantID: e.TenantID, ID: e.ID, Now: s.clock(),
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idem.WebhookEndpoint{}, idem.WebhookNotFound(e.ID)
+	}
+	if err != nil {
+		return idem.WebhookEndpoint{}, s.interpretError(err, "update webhook endpoint")
+	}
+	return endpointFromRow(row), nil
+}
+
+// DeleteWebhookEndpoint deletes an endpoint and its deliveries.
+func (s *Store) DeleteWebhookEndpoint(ctx context.Context, tenantID, id string) error {
+	n, err := s.q.DeleteWebhookEndpoint(ctx, dbsqlc.DeleteWebhookEndpointParams{TenantID: tenantID, ID: id})
+	if err != nil {
+		return s.interpretError(err, "delete webhook endpoint")
+	}
+	if n == 0 {
+		return idem.WebhookNotFound(id)
+	}
+	return nil
+}
+
+// SendTestEvent queues ev for one enabled endpoint.
+func (s *Store) SendTestEvent(ctx context.Context, endpointID string, ev idem.Event) (idem.WebhookDelivery, error) {
+	row, err := s.q.EnqueueTestEvent(ctx, dbsqlc.EnqueueTestEventParams{
+		EventID: ev.ID, EventType: string(ev.Type), Payload: ev.Payload, TenantID: ev.TenantID,
+		EndpointID: endpointID, Now: s.clock(),
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idem.WebhookDelivery{}, idem.WebhookNotFound(endpointID)
+	}
+	if err != nil {
+		return idem.WebhookDelivery{}, s.interpretError(err, "queue test event")
+	}
+	return deliveryFromRow(row), nil
+}
+
+// ListWebhookDeliveries pages an endpoint's delivery log.
+func (s *Store) ListWebhookDeliveries(ctx context.Context, p idem.ListWebhookDeliveriesParams) ([]idem.WebhookDelivery, error) {
+	rows, err := s.q.ListWebhookDeliveries(ctx, dbsqlc.ListWebhookDeliveriesParams{
+		TenantID: p.TenantID, EndpointID: p.EndpointID, BeforeID: p.BeforeID, RowLimit: int32(p.Limit),
+	})
+	if err != nil {
+		return nil, s.interpretError(err, "list webhook deliveries")
+	}
+	out := make([]idem.WebhookDelivery, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, deliveryFromRow(dbsqlc.WebhookDelivery{
+			ID: r.ID, TenantID: r.TenantID, EndpointID: r.EndpointID, EventID: r.EventID, EventType: r.EventType,
+			State: r.State, Attempts: r.Attempts, NextAttemptAt: r.NextAttemptAt, CreatedAt: r.CreatedAt,
+			LastAttemptAt: r.LastAttemptAt, LastStatus: r.LastStatus, LastError: r.LastError, DeliveredAt: r.DeliveredAt,
+		}))
+	}
+	return out, nil
+}
+
+// ClaimWebhookDeliveries takes due deliveries in one statement with FOR
+// UPDATE SKIP LOCKED (see the query).
+func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.Duration) ([]idem.WebhookDelivery, error) {
+	rows, err := s.q.ClaimWebhookDeliveries(ctx, dbsqlc.ClaimWebhookDeliveriesParams{
+		LeaseUs: micros(lease), Now: s.clock(), RowLimit: int32(limit),
+	})
+	if err != nil {
+		return nil, s.interpretError(err, "claim webhook deliveries")
+	}
+	out := make([]idem.WebhookDelivery, 0, len(rows))
+	for _, r := range rows {
+		d := deliveryFromRow(dbsqlc.WebhookDelivery{
+			ID: r.ID, TenantID: r.TenantID, EndpointID: r.EndpointID, EventID: r.EventID, EventType: r.EventType,
+			Payload: r.Payload, State: r.State, Attempts: r.Attempts, NextAttemptAt: r.NextAttemptAt,
+			CreatedAt: r.CreatedAt, LastAttemptAt: r.LastAttemptAt, LastStatus: r.LastStatus,
+			LastError: r.LastError, DeliveredAt: r.DeliveredAt,
+		})
+		d.URL, d.Secret, d.ObservedAt = r.Url, r.Secret, timeOf(r.ObservedAt)
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// FinishWebhookDelivery records an attempt's outcome and the endpoint's
+// failure streak in one transaction.
+func (s *Store) FinishWebhookDelivery(ctx context.Context, p idem.FinishWebhookDeliveryParams) error {
+	return s.inTx(ctx, "finish webhook delivery", func(q *dbsqlc.Queries) error {
+		arg := dbsqlc.FinishWebhookDeliveryParams{Ok: p.OK, ID: p.ID, Attempts: int32(p.Attempts), Now: s.clock()}
+		if !p.OK {
+			arg.RetryUs = micros(p.RetryIn)
+		}
+		if p.Status != 0 {
+			st := int32(p.Status)
+			arg.LastStatus = &st
+		}
+		if p.Error != "" {
+			arg.LastError = &p.Error
+		}
+		row, err := q.FinishWebhookDelivery(ctx, arg)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // claimed again since: the newer attempt reports
+		}
+		if err != nil {
+			return fmt.Errorf("update delivery: %w", err)
+		}
+		if p.OK {
+			return q.RecordEndpointSuccess(ctx, dbsqlc.RecordEndpointSuccessParams{TenantID: row.TenantID, ID: row.EndpointID})
+		}
+		_, err = q.RecordEndpointFailure(ctx, dbsqlc.RecordEndpointFailureParams{
+			MinFailures: int32(p.DisableMinFailures), DisableAfterUs: micros(p.DisableAfter),
+			TenantID: row.TenantID, ID: row.EndpointID, Now: s.clock(),
+		})
+		return err
+	})
+}
+
+// EmitOrphanEvents marks unreported orphans and queues key.orphaned for
+// each, in one transaction; SKIP LOCKED keeps replicas from reporting one
+// orphan twice.
+func (s *Store) EmitOrphanEvents(ctx context.Context, limit int) (int, error) {
+	var n int
+	err := s.inTx(ctx, "emit orphan events", func(q *dbsqlc.Queries) error {
+		rows, err := q.MarkOrphans(ctx, dbsqlc.MarkOrphansParams{Now: s.clock(), RowLimit: int32(limit)})
+		if err != nil {
+			return fmt.Errorf("mark orphans: %w", err)
+		}
+		for _, rec := range listRecords(rows) {
+			ev, err := idem.RecordEvent(idem.EventKeyOrphaned, rec, rec.ObservedAt)
+			if err != nil {
+				return err
+			}
+			if err := s.enqueueEvent(ctx, q, ev); err != nil {
+				return err
+			}
+		}
+		n = len(rows)
+		return nil
+	})
+	return n, err
+}
+
+// PurgeWebhookDeliveries deletes finished deliveries older than olderThan.
+func (s *Store) PurgeWebhookDeliveries(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
+	n, err := s.q.PurgeWebhookDeliveries(ctx, dbsqlc.PurgeWebhookDeliveriesParams{
+		OlderThanUs: micros(olderThan), RowLimit: int32(limit), Now: s.clock(),
+	})
+	if err != nil {
+		return 0, s.interpretError(err, "purge webhook deliveries")
+	}
+	return int(n), nil
+}
+
+func endpointFromRow(r dbsqlc.WebhookEndpoint) idem.WebhookEndpoint {
+	e := idem.WebhookEndpoint{
+		TenantID: r.TenantID, ID: r.ID, URL: r.Url, Secret: r.Secret,
+		Events: idem.ParseEventFilter(r.Events), Enabled: r.Enabled,
+		ConsecutiveFailures: int(r.ConsecutiveFailures), FailingSince: timeOf(r.FailingSince),
+		CreatedAt: timeOf(r.CreatedAt), UpdatedAt: timeOf(r.UpdatedAt),
+	}
+	if r.DisabledReason != nil {
+		e.DisabledReason = *r.DisabledReason
+	}
+	return e
+}
+
+func deliveryFromRow(r dbsqlc.WebhookDelivery) idem.WebhookDelivery {
+	d := idem.WebhookDelivery{
+		ID: r.ID, TenantID: r.TenantID, EndpointID: r.EndpointID, EventID: r.EventID,
+		EventType: idem.EventType(r.EventType), Payload: r.Payload, State: idem.DeliveryState(r.State),
+		Attempts: int(r.Attempts), NextAttemptAt: timeOf(r.NextAttemptAt), CreatedAt: timeOf(r.CreatedAt),
+		LastAttemptAt: timeOf(r.LastAttemptAt), DeliveredAt: timeOf(r.DeliveredAt),
+	}
+	if r.LastStatus != nil {
+		d.LastStatus = int(*r.LastStatus)
+	}
+	if r.LastError != nil {
+		d.LastError = *r.LastError
+	}
+	return d
+}

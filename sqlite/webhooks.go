@@ -1,0 +1,281 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	sqlitelib "modernc.org/sqlite/lib"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
+)
+
+var _ idem.WebhookStore = (*Store)(nil)
+
+// enqueueEvent writes ev to the outbox, one row per enabled endpoint of its
+// tenant whose filter takes it, through q: call it with the transaction's
+// queries so the event commits or rolls back with the change it reports.
+// This is the one way an event enters the outbox (key.resolved included).
+func enqueueEvent(ctx context.Context, q *dbsqlc.Queries, ev idem.Event, now time.Time) error {
+	if _, err := q.EnqueueEvent(ctx, dbsqlc.EnqueueEventParams{
+		EventID: ev.ID, EventType: string(ev.Type), Payload: ev.Payload, Now: micros(now), TenantID: ev.TenantID,
+	}); err != nil {
+		return fmt.Errorf("queue %s event: %w", ev.Type, err)
+	}
+	return nil
+}
+
+// CreateWebhookEndpoint stores a tenant's endpoint.
+func (s *Store) CreateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoint) (idem.WebhookEndpoint, error) {
+	var out idem.WebhookEndpoint
+	err := s.write(ctx, "create webhook endpoint", func() error {
+		row, err := s.q.CreateWebhookEndpoint(ctx, dbsqlc.CreateWebhookEndpointParams{
+			TenantID: e.TenantID, ID: e.ID, Url: e.URL, Secret: e.Secret,
+			Events: idem.EventFilter(e.Events), Enabled: boolInt(e.Enabled), Now: micros(s.clock()),
+		})
+		if sqliteCode(err) == sqlitelib.SQLITE_CONSTRAINT_FOREIGNKEY {
+			return idem.TenantUnknown(e.TenantID, err)
+		}
+		out = endpointFromRow(row)
+		return err
+	})
+	return out, err
+}
+
+// GetWebhookEndpoint reads one endpoint.
+func (s *Store) GetWebhookEndpoint(ctx context.Context, tenantID, id string) (idem.WebhookEndpoint, error) {
+	row, err := s.q.GetWebhookEndpoint(ctx, dbsqlc.GetWebhookEndpointParams{TenantID: tenantID, ID: id})
+	if errors.Is(err, sql.ErrNoRows) {
+		return idem.WebhookEndpoint{}, idem.WebhookNotFound(id)
+	}
+	if err != nil {
+		return idem.WebhookEndpoint{}, s.interpretError(err, "get webhook endpoint")
+	}
+	return endpointFromRow(row), nil
+}
+
+// ListWebhookEndpoints lists a tenant's endpoints.
+func (s *Store) ListWebhookEndpoints(ctx context.Context, tenantID string) ([]idem.WebhookEndpoint, error) {
+	rows, err := s.q.ListWebhookEndpoints(ctx, tenantID)
+	if err != nil {
+		return nil, s.interpretError(err, "list webhook endpoints")
+	}
+	out := make([]idem.WebhookEndpoint, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, endpointFromRow(r))
+	}
+	return out, nil
+}
+
+// UpdateWebhookEndpoint replaces an endpoint's URL, filter and flag.
+func (s *Store) UpdateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoint) (idem.WebhookEndpoint, error) {
+	var out idem.WebhookEndpoint
+	err := s.write(ctx, "update webhook endpoint", func() error {
+		row, err := s.q.UpdateWebhookEndpoint(ctx, dbsqlc.UpdateWebhookEndpointParams{
+			Url: e.URL, Events: idem.EventFilter(e.Events), Enabled: boolInt(e.Enabled),
+			Now: micros(s.clock()), TenantID: e.TenantID, ID: e.ID,
+		})
+		if errors.Is(err, sql.ErrNoRows) {
+			return idem.WebhookNotFound(e.ID)
+		}
+		out = endpointFromRow(row)
+		return err
+	})
+	return out, err
+}
+
+// DeleteWebhookEndpoint deletes an endpoint and its deliveries.
+func (s *Store) DeleteWebhookEndpoint(ctx context.Context, tenantID, id string) error {
+	return s.write(ctx, "delete webhook endpoint", func() error {
+		n, err := s.q.DeleteWebhookEndpoint(ctx, dbsqlc.DeleteWebhookEndpointParams{TenantID: tenantID, ID: id})
+		if err == nil && n == 0 {
+			return idem.WebhookNotFound(id)
+		}
+		return err
+	})
+}
+
+// SendTestEvent queues ev for one enabled endpoint.
+func (s *Store) SendTestEvent(ctx context.Context, endpointID string, ev idem.Event) (idem.WebhookDelivery, error) {
+	var out idem.WebhookDelivery
+	err := s.write(ctx, "queue test event", func() error {
+		now := s.clock()
+		row, err := s.q.EnqueueTestEvent(ctx, dbsqlc.EnqueueTestEventParams{
+			EventID: ev.ID, EventType: string(ev.Type), Payload: ev.Payload, Now: micros(now),
+			TenantID: ev.TenantID, EndpointID: endpointID,
+		})
+		if errors.Is(err, sql.ErrNoRows) {
+			return idem.WebhookNotFound(endpointID)
+		}
+		out = deliveryFromRow(row, now)
+		return err
+	})
+	return out, err
+}
+
+// ListWebhookDeliveries pages an endpoint's delivery log.
+func (s *Store) ListWebhookDeliveries(ctx context.Context, p idem.ListWebhookDeliveriesParams) ([]idem.WebhookDelivery, error) {
+	rows, err := s.q.ListWebhookDeliveries(ctx, dbsqlc.ListWebhookDeliveriesParams{
+		TenantID: p.TenantID, EndpointID: p.EndpointID, BeforeID: p.BeforeID, RowLimit: int64(p.Limit),
+	})
+	if err != nil {
+		return nil, s.interpretError(err, "list webhook deliveries")
+	}
+	now := s.clock()
+	out := make([]idem.WebhookDelivery, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, deliveryFromRow(dbsqlc.WebhookDelivery{
+			ID: r.ID, TenantID: r.TenantID, EndpointID: r.EndpointID, EventID: r.EventID, EventType: r.EventType,
+			State: r.State, Attempts: r.Attempts, NextAttemptAt: r.NextAttemptAt, CreatedAt: r.CreatedAt,
+			LastAttemptAt: r.LastAttemptAt, LastStatus: r.LastStatus, LastError: r.LastError, DeliveredAt: r.DeliveredAt,
+		}, now))
+	}
+	return out, nil
+}
+
+// ClaimWebhookDeliveries takes due deliveries in one transaction in the
+// writer slot: SQLite has one writer, so two claimers never take one row.
+func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.Duration) ([]idem.WebhookDelivery, error) {
+	var out []idem.WebhookDelivery
+	err := s.inTx(ctx, "claim webhook deliveries", func(q *dbsqlc.Queries, now time.Time) error {
+		rows, err := q.DueWebhookDeliveries(ctx, dbsqlc.DueWebhookDeliveriesParams{Now: micros(now), RowLimit: int64(limit)})
+		if err != nil {
+			return fmt.Errorf("read due deliveries: %w", err)
+		}
+		out = make([]idem.WebhookDelivery, 0, len(rows))
+		for _, r := range rows {
+			if err := q.LeaseWebhookDelivery(ctx, dbsqlc.LeaseWebhookDeliveryParams{
+				Now: microsPtr(now), LeaseUntil: micros(now.Add(lease)), ID: r.ID,
+			}); err != nil {
+				return fmt.Errorf("lease delivery: %w", err)
+			}
+			d := deliveryFromRow(dbsqlc.WebhookDelivery{
+				ID: r.ID, TenantID: r.TenantID, EndpointID: r.EndpointID, EventID: r.EventID, EventType: r.EventType,
+				Payload: r.Payload, State: r.State, Attempts: r.Attempts + 1, NextAttemptAt: micros(now.Add(lease)),
+				CreatedAt: r.CreatedAt, LastAttemptAt: microsPtr(now), LastStatus: r.LastStatus,
+				LastError: r.LastError, DeliveredAt: r.DeliveredAt,
+			}, now)
+			d.URL, d.Secret = r.Url, r.Secret
+			out = append(out, d)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// FinishWebhookDelivery records an attempt's outcome and the endpoint's
+// failure streak in one transaction.
+func (s *Store) FinishWebhookDelivery(ctx context.Context, p idem.FinishWebhookDeliveryParams) error {
+	return s.inTx(ctx, "finish webhook delivery", func(q *dbsqlc.Queries, now time.Time) error {
+		arg := dbsqlc.FinishWebhookDeliveryParams{
+			State: string(idem.DeliveryFailed), NextAttemptAt: micros(now), ID: p.ID, Attempts: int64(p.Attempts),
+		}
+		switch {
+		case p.OK:
+			arg.State, arg.DeliveredAt = string(idem.DeliveryDelivered), microsPtr(now)
+		case p.RetryIn > 0:
+			arg.State, arg.NextAttemptAt = string(idem.DeliveryPending), micros(now.Add(p.RetryIn))
+		}
+		if p.Status != 0 {
+			st := int64(p.Status)
+			arg.LastStatus = &st
+		}
+		if p.Error != "" {
+			arg.LastError = &p.Error
+		}
+		row, err := q.FinishWebhookDelivery(ctx, arg)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil // claimed again since: the newer attempt reports
+		}
+		if err != nil {
+			return fmt.Errorf("update delivery: %w", err)
+		}
+		if p.OK {
+			return q.RecordEndpointSuccess(ctx, dbsqlc.RecordEndpointSuccessParams{TenantID: row.TenantID, ID: row.EndpointID})
+		}
+		_, err = q.RecordEndpointFailure(ctx, dbsqlc.RecordEndpointFailureParams{
+			Now: micros(now), MinFailures: int64(p.DisableMinFailures), DisableBefore: microsPtr(now.Add(-p.DisableAfter)),
+			TenantID: row.TenantID, ID: row.EndpointID,
+		})
+		return err
+	})
+}
+
+// EmitOrphanEvents marks unreported orphans and queues key.orphaned for
+// each, in one transaction.
+func (s *Store) EmitOrphanEvents(ctx context.Context, limit int) (int, error) {
+	var n int
+	err := s.inTx(ctx, "emit orphan events", func(q *dbsqlc.Queries, now time.Time) error {
+		rows, err := q.OrphansToReport(ctx, dbsqlc.OrphansToReportParams{Now: micros(now), RowLimit: int64(limit)})
+		if err != nil {
+			return fmt.Errorf("read orphans: %w", err)
+		}
+		for _, rec := range listRecords(rows, now) {
+			if err := q.MarkOrphanReported(ctx, dbsqlc.MarkOrphanReportedParams{TenantID: rec.TenantID, Key: rec.Key}); err != nil {
+				return fmt.Errorf("mark orphan: %w", err)
+			}
+			ev, err := idem.RecordEvent(idem.EventKeyOrphaned, rec, now)
+			if err != nil {
+				return err
+			}
+			if err := enqueueEvent(ctx, q, ev, now); err != nil {
+				return err
+			}
+		}
+		n = len(rows)
+		return nil
+	})
+	return n, err
+}
+
+// PurgeWebhookDeliveries deletes finished deliveries older than olderThan.
+func (s *Store) PurgeWebhookDeliveries(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
+	var n int64
+	err := s.write(ctx, "purge webhook deliveries", func() error {
+		var err error
+		n, err = s.q.PurgeWebhookDeliveries(ctx, dbsqlc.PurgeWebhookDeliveriesParams{
+			Before: micros(s.clock().Add(-olderThan)), RowLimit: int64(limit),
+		})
+		return err
+	})
+	return int(n), err
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func endpointFromRow(r dbsqlc.WebhookEndpoint) idem.WebhookEndpoint {
+	e := idem.WebhookEndpoint{
+		TenantID: r.TenantID, ID: r.ID, URL: r.Url, Secret: r.Secret,
+		Events: idem.ParseEventFilter(r.Events), Enabled: r.Enabled != 0,
+		ConsecutiveFailures: int(r.ConsecutiveFailures), FailingSince: timeOrZero(r.FailingSince),
+		CreatedAt: timeOf(r.CreatedAt), UpdatedAt: timeOf(r.UpdatedAt),
+	}
+	if r.DisabledReason != nil {
+		e.DisabledReason = *r.DisabledReason
+	}
+	return e
+}
+
+func deliveryFromRow(r dbsqlc.WebhookDelivery, now time.Time) idem.WebhookDelivery {
+	d := idem.WebhookDelivery{
+		ID: r.ID, TenantID: r.TenantID, EndpointID: r.EndpointID, EventID: r.EventID,
+		EventType: idem.EventType(r.EventType), Payload: r.Payload, State: idem.DeliveryState(r.State),
+		Attempts: int(r.Attempts), NextAttemptAt: timeOf(r.NextAttemptAt), CreatedAt: timeOf(r.CreatedAt),
+		LastAttemptAt: timeOrZero(r.LastAttemptAt), DeliveredAt: timeOrZero(r.DeliveredAt), ObservedAt: now,
+	}
+	if r.LastStatus != nil {
+		d.LastStatus = int(*r.LastStatus)
+	}
+	if r.LastError != nil {
+		d.LastError = *r.LastError
+	}
+	return d
+}

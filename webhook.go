@@ -1,0 +1,320 @@
+package idem
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// EventType names what a webhook reports. Tenants subscribe an endpoint to
+// some of them (or to all).
+type EventType string
+
+// The webhook events. Each is written to the outbox in the same database
+// transaction as the state change it reports (see WebhookStore).
+const (
+	// EventKeyOrphaned: a record's lease ran out while it was in flight. It
+	// is emitted once per (key, fencing token) by the orphan watch, which
+	// marks the record (orphan_event_token) in the same transaction.
+	EventKeyOrphaned EventType = "key.orphaned"
+	// EventKeyReapedInFlight: the reaper deleted a record that was still in
+	// flight (an orphan past its purge time); written in the reaper's
+	// transaction.
+	EventKeyReapedInFlight EventType = "key.reaped_in_flight"
+	// EventKeyResolved: an operator or tenant admin resolved an orphan.
+	EventKeyResolved EventType = "key.resolved"
+	// EventKeyLeaseLost: a late writer was fenced off (a checkpoint,
+	// complete or release with a stale fencing token). There is no state
+	// change to share a transaction with: the event is written by the call
+	// that refuses, before the refusal is answered.
+	EventKeyLeaseLost EventType = "key.lease_lost"
+	// EventWebhookTest is sent by the test-send endpoint to one endpoint.
+	EventWebhookTest EventType = "webhook.test"
+)
+
+// EventTypes lists the event types a tenant may subscribe to.
+var EventTypes = []EventType{EventKeyOrphaned, EventKeyReapedInFlight, EventKeyResolved, EventKeyLeaseLost}
+
+// ValidEventType reports whether t is a subscribable event type.
+func ValidEventType(t EventType) bool {
+	for _, e := range EventTypes {
+		if e == t {
+			return true
+		}
+	}
+	return false
+}
+
+// Event is one webhook message before it is fanned out to the tenant's
+// endpoints: ID is the webhook-id every endpoint and every attempt sees, and
+// Payload the exact body that is signed and sent.
+type Event struct {
+	ID       string
+	TenantID string
+	Type     EventType
+	Payload  []byte
+}
+
+// KeyEventData is the data of the key.* events.
+type KeyEventData struct {
+	Key           string `json:"key"`
+	Operation     string `json:"operation,omitempty"`
+	FencingToken  int64  `json:"fencing_token,omitempty"`
+	Attempt       int    `json:"attempt,omitempty"`
+	RecoveryPoint string `json:"recovery_point,omitempty"`
+	// LeaseExpiresAt is when the lease ran out (orphaned, reaped).
+	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
+	// StaleToken and Write describe the refused write of key.lease_lost.
+	StaleToken int64  `json:"stale_token,omitempty"`
+	Write      string `json:"write,omitempty"`
+	// Action and Actor describe a resolution (key.resolved).
+	Action string `json:"action,omitempty"`
+	Actor  string `json:"actor,omitempty"`
+}
+
+// NewEventID returns a fresh webhook-id: "msg_" and 22 random characters.
+func NewEventID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return "msg_" + strings.TrimRight(base64.RawURLEncoding.EncodeToString(b[:]), "=")
+}
+
+// NewEvent builds an event with a fresh id and the Standard Webhooks payload
+// shape {"type", "timestamp", "data"}; at is the instant of the change.
+func NewEvent(tenantID string, typ EventType, at time.Time, data any) (Event, error) {
+	body, err := json.Marshal(struct {
+		Type      EventType `json:"type"`
+		Timestamp string    `json:"timestamp"`
+		TenantID  string    `json:"tenant_id"`
+		Data      any       `json:"data"`
+	}{typ, at.UTC().Format(time.RFC3339Nano), tenantID, data})
+	if err != nil {
+		return Event{}, fmt.Errorf("encode %s event: %w", typ, err)
+	}
+	return Event{ID: NewEventID(), TenantID: tenantID, Type: typ, Payload: body}, nil
+}
+
+// RecordEvent builds a key.* event about rec.
+func RecordEvent(typ EventType, rec Record, at time.Time) (Event, error) {
+	d := KeyEventData{
+		Key: rec.Key, Operation: rec.Operation, FencingToken: rec.FencingToken,
+		Attempt: rec.Attempt, RecoveryPoint: rec.RecoveryPoint,
+	}
+	if !rec.LeaseExpiresAt.IsZero() {
+		t := rec.LeaseExpiresAt.UTC()
+		d.LeaseExpiresAt = &t
+	}
+	return NewEvent(rec.TenantID, typ, at, d)
+}
+
+// LeaseLostEvent builds the key.lease_lost event of a write (checkpoint,
+// complete, release) refused because staleToken is no longer current.
+func LeaseLostEvent(stored Record, write string, staleToken int64, at time.Time) (Event, error) {
+	return NewEvent(stored.TenantID, EventKeyLeaseLost, at, KeyEventData{
+		Key: stored.Key, Operation: stored.Operation, FencingToken: stored.FencingToken,
+		Attempt: stored.Attempt, RecoveryPoint: stored.RecoveryPoint,
+		StaleToken: staleToken, Write: write,
+	})
+}
+
+// ResolvedEvent builds the key.resolved event of a person's resolution:
+// rec is the record as the resolution left it (as it was, for a release,
+// which deletes it); the audit note is not sent.
+func ResolvedEvent(rec Record, action ResolveAction, actor Actor, at time.Time) (Event, error) {
+	d := KeyEventData{
+		Key: rec.Key, Operation: rec.Operation, FencingToken: rec.FencingToken,
+		Attempt: rec.Attempt, RecoveryPoint: rec.RecoveryPoint,
+		Action: string(action), Actor: actor.Subject,
+	}
+	return NewEvent(rec.TenantID, EventKeyResolved, at, d)
+}
+
+// WebhookSecretPrefix starts every webhook signing secret (Standard
+// Webhooks: "whsec_" and the base64 of the key).
+const WebhookSecretPrefix = "whsec_"
+
+// NewWebhookSecret returns a fresh signing secret: whsec_ and the base64 of
+// 32 random bytes.
+func NewWebhookSecret() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	return WebhookSecretPrefix + base64.StdEncoding.EncodeToString(b[:])
+}
+
+// NewWebhookEndpointID returns a fresh endpoint id ("ep_" and 22 random
+// characters).
+func NewWebhookEndpointID() string {
+	return "ep_" + NewEventID()[len("msg_"):]
+}
+
+// WebhookEndpoint is a URL a tenant asked to receive events at.
+type WebhookEndpoint struct {
+	TenantID string
+	ID       string
+	URL      string
+	// Secret signs every delivery; the API shows it only when the endpoint
+	// is created.
+	Secret string
+	// Events filters the event types; empty means every type.
+	Events  []EventType
+	Enabled bool
+	// DisabledReason says why the server disabled the endpoint ("" when a
+	// tenant did, or when enabled).
+	DisabledReason string
+	// ConsecutiveFailures and FailingSince describe the current failure
+	// streak (zero when the last attempt succeeded).
+	ConsecutiveFailures int
+	FailingSince        time.Time
+	CreatedAt           time.Time
+	UpdatedAt           time.Time
+}
+
+// DeliveryState is where one event stands for one endpoint.
+type DeliveryState string
+
+// The delivery states.
+const (
+	DeliveryPending   DeliveryState = "pending"
+	DeliveryDelivered DeliveryState = "delivered"
+	// DeliveryFailed: retries ran past the maximum age; no more attempts.
+	DeliveryFailed DeliveryState = "failed"
+)
+
+// WebhookDelivery is one event for one endpoint: an outbox row, and the
+// endpoint's delivery log entry.
+type WebhookDelivery struct {
+	ID         int64
+	TenantID   string
+	EndpointID string
+	EventID    string
+	EventType  EventType
+	Payload    []byte
+	State      DeliveryState
+	// Attempts counts the attempts started; it also fences a claimed
+	// delivery (FinishWebhookDelivery applies only to the claimed attempt).
+	Attempts      int
+	NextAttemptAt time.Time
+	CreatedAt     time.Time
+	LastAttemptAt time.Time
+	// LastStatus is the HTTP status of the last attempt (0 when none came).
+	LastStatus int
+	// LastError says briefly why the last attempt failed (never a body).
+	LastError   string
+	DeliveredAt time.Time
+	// URL and Secret are the endpoint's, set by ClaimWebhookDeliveries only.
+	URL    string
+	Secret string
+	// ObservedAt is the database clock when the row was read.
+	ObservedAt time.Time
+}
+
+// FinishWebhookDeliveryParams record the outcome of a claimed attempt.
+type FinishWebhookDeliveryParams struct {
+	ID       int64
+	Attempts int
+	OK       bool
+	Status   int
+	Error    string
+	// RetryIn is the pause before the next attempt; zero on failure means
+	// give up (the delivery becomes failed).
+	RetryIn time.Duration
+	// DisableAfter disables the endpoint when this attempt failed and the
+	// failure streak is at least this old and DisableMinFailures long.
+	DisableAfter       time.Duration
+	DisableMinFailures int
+}
+
+// ListWebhookDeliveriesParams page an endpoint's delivery log, newest first.
+type ListWebhookDeliveriesParams struct {
+	TenantID   string
+	EndpointID string
+	Limit      int
+	// BeforeID continues after the last row of a previous page (0: start).
+	BeforeID int64
+}
+
+// WebhookStore is the webhook side of a Store: endpoints, the outbox and its
+// delivery log. Both stores implement it. The outbox lives in the ledger's
+// database and its rows are written in the same transaction as the change
+// they report, so an event is never reported without its change nor lost
+// after it.
+type WebhookStore interface {
+	// CreateWebhookEndpoint stores e (ID and Secret set by the caller). It
+	// returns ErrTenantUnknown for an unknown tenant.
+	CreateWebhookEndpoint(ctx context.Context, e WebhookEndpoint) (WebhookEndpoint, error)
+	// GetWebhookEndpoint returns ErrWebhookNotFound.
+	GetWebhookEndpoint(ctx context.Context, tenantID, id string) (WebhookEndpoint, error)
+	// ListWebhookEndpoints returns a tenant's endpoints ordered by creation.
+	ListWebhookEndpoints(ctx context.Context, tenantID string) ([]WebhookEndpoint, error)
+	// UpdateWebhookEndpoint replaces URL, Events and Enabled; enabling
+	// clears the failure streak and the disabled reason. It returns
+	// ErrWebhookNotFound.
+	UpdateWebhookEndpoint(ctx context.Context, e WebhookEndpoint) (WebhookEndpoint, error)
+	// DeleteWebhookEndpoint deletes the endpoint and its deliveries. It
+	// returns ErrWebhookNotFound.
+	DeleteWebhookEndpoint(ctx context.Context, tenantID, id string) error
+	// SendTestEvent queues ev for one endpoint whatever its filter (it must
+	// be enabled), and returns the queued delivery. It returns
+	// ErrWebhookNotFound.
+	SendTestEvent(ctx context.Context, endpointID string, ev Event) (WebhookDelivery, error)
+	// ListWebhookDeliveries pages an endpoint's delivery log, newest first,
+	// without payloads.
+	ListWebhookDeliveries(ctx context.Context, p ListWebhookDeliveriesParams) ([]WebhookDelivery, error)
+
+	// ClaimWebhookDeliveries takes at most limit pending deliveries that are
+	// due, of enabled endpoints, oldest first, and pushes their next attempt
+	// lease into the future, counting the attempt: concurrent callers on
+	// several replicas never take the same delivery while its lease runs. A
+	// caller that dies mid-attempt leaves the delivery to be taken again
+	// after the lease: at least once.
+	ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.Duration) ([]WebhookDelivery, error)
+	// FinishWebhookDelivery records the outcome of the attempt claimed with
+	// p.Attempts and updates the endpoint's failure streak; it does nothing
+	// when the delivery was claimed again since.
+	FinishWebhookDelivery(ctx context.Context, p FinishWebhookDeliveryParams) error
+	// EmitOrphanEvents finds at most limit orphans not yet reported for
+	// their current fencing token, marks them and queues key.orphaned for
+	// each in the same transaction. It returns how many it marked.
+	EmitOrphanEvents(ctx context.Context, limit int) (int, error)
+	// PurgeWebhookDeliveries deletes delivered and failed deliveries created
+	// before the cutoff age, at most limit.
+	PurgeWebhookDeliveries(ctx context.Context, olderThan time.Duration, limit int) (int, error)
+}
+
+// CodeWebhookNotFound: no webhook endpoint with this id for the tenant.
+const CodeWebhookNotFound Code = "webhook_not_found"
+
+// ErrWebhookNotFound matches any webhook_not_found error.
+var ErrWebhookNotFound = &Error{Code: CodeWebhookNotFound}
+
+// WebhookNotFound returns the error of a missing endpoint.
+func WebhookNotFound(id string) *Error {
+	return Errorf(CodeWebhookNotFound, "no webhook endpoint %q", id)
+}
+
+// EventFilter encodes an endpoint's event filter for storage: the types
+// joined by commas ("" = every type).
+func EventFilter(types []EventType) string {
+	s := make([]string, len(types))
+	for i, t := range types {
+		s[i] = string(t)
+	}
+	return strings.Join(s, ",")
+}
+
+// ParseEventFilter is the inverse of EventFilter.
+func ParseEventFilter(s string) []EventType {
+	if s == "" {
+		return []EventType{}
+	}
+	parts := strings.Split(s, ",")
+	out := make([]EventType, len(parts))
+	for i, p := range parts {
+		out[i] = EventType(p)
+	}
+	return out
+}
