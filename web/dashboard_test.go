@@ -163,6 +163,22 @@ func TestDashboardShowsOrphans(t *testing.T) {
 			require.Equal(t, "3", browsertest.Run(b, chromedp.Text(chromedp.CSS("#stat-orphans"))))
 			require.Contains(t, browsertest.Run(b, chromedp.Text(chromedp.CSS("#updated"))), "Updated")
 
+			// Claim rates show from the first refresh (a second sample two
+			// seconds after the first), well before the 10 s auto-refresh.
+			browsertest.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`,
+				chromedp.WithPollingTimeout(6*time.Second)))
+			require.Contains(t, browsertest.Run(b, chromedp.Text(chromedp.CSS("#stat-rate-note"))), "over the last")
+			require.Len(t, browsertest.Run(b, chromedp.Evaluate[[]string](
+				`[...document.querySelectorAll("#rates .rate-val")].map(n => n.textContent).filter(v => v.startsWith("–"))`)), 0,
+				"every outcome has a rate after the first refresh")
+
+			// The last-hour chart: inline SVG with the orphan line (3 now)
+			// and one line per claim outcome.
+			require.Equal(t, "Orphans: 3", browsertest.Run(b, chromedp.Evaluate[string](
+				`document.querySelector('#chart svg path[data-series="orphans"] + circle title').textContent`)))
+			require.ElementsMatch(t, []string{"orphans", "created", "replayed", "takeover", "in_flight", "mismatch", "error"},
+				browsertest.Run(b, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#chart svg path")].map(p => p.dataset.series)`)))
+
 			// The token stays out of the URL and in sessionStorage.
 			loc := browsertest.Run(b, chromedp.Location())
 			require.NotContains(t, loc, operator)
@@ -173,8 +189,19 @@ func TestDashboardShowsOrphans(t *testing.T) {
 			b.Do(chromedp.Click(chromedp.CSS("#refresh")))
 			browsertest.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`,
 				chromedp.WithPollingTimeout(10*time.Second)))
+			browsertest.Run(b, chromedp.Poll[bool](`document.querySelector('#chart svg path[data-series="created"]').dataset.points === "2"`,
+				chromedp.WithPollingTimeout(10*time.Second)))
 			created := browsertest.Run(b, chromedp.Text(chromedp.CSS(`#rates li[data-outcome="created"] .rate-val`)))
 			require.NotRegexp(t, `^(–|0/min)`, created, "created rate after a claim between refreshes")
+			// The chart grew by the refresh: two samples of each line, the
+			// created line above zero at the end.
+			require.Equal(t, "2", browsertest.Run(b, chromedp.Evaluate[string](`document.querySelector('#chart svg path[data-series="orphans"]').dataset.points`)))
+			require.NotEqual(t, "Created / min: 0", browsertest.Run(b, chromedp.Evaluate[string](
+				`document.querySelector('#chart svg path[data-series="created"] + circle title').textContent`)))
+			// A reload keeps this tab's history.
+			b.Do(chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="operator"][data-loaded="1"]`)))
+			browsertest.Run(b, chromedp.Poll[bool](`Number(document.querySelector('#chart svg path[data-series="orphans"]')?.dataset.points) >= 3`,
+				chromedp.WithPollingTimeout(10*time.Second)))
 			b.Screenshot("operator")
 
 			// Filter by tenant by clicking its row.

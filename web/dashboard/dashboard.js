@@ -19,6 +19,10 @@
     { id: "error", label: "Error", color: "#862e9c" },
   ];
 
+  const HISTORY_KEY = "idem.dashboard.history";
+  const HISTORY_MS = 60 * 60 * 1000; // the chart shows the last hour
+  const FIRST_GAP_MS = 2000; // second /metrics sample at load, so rates show at once
+
   const $ = (id) => document.getElementById(id);
 
   const state = {
@@ -30,6 +34,7 @@
     skewMs: 0, // server clock minus client clock, from the Date header
     prevClaims: null, // {at: ms, counts: {outcome: n}}
     rates: null,
+    history: [], // [{t: ms, orphans: n, rates: {outcome: per min} | null}], last hour, this tab
     orphans: [],
     truncated: false,
     tenants: [],
@@ -93,6 +98,7 @@
     state.gen++;
     state.prevClaims = null;
     state.rates = null;
+    state.history = [];
     state.metricsError = null;
     state.filter = null;
     state.orphans = [];
@@ -108,6 +114,7 @@
     state.token = null;
     resetData();
     sessionStorage.removeItem(TOKEN_KEY);
+    sessionStorage.removeItem(HISTORY_KEY);
     stopTimer();
     showLogin(message);
   }
@@ -220,29 +227,119 @@
     hideBanner();
     state.lastUpdate = Date.now();
     // Claim rates come from /metrics; a failure there does not hide orphans.
+    // The first refresh takes a second sample FIRST_GAP_MS later, so the
+    // rates show at once instead of after the next refresh.
     try {
-      const now = await fetchClaimCounts();
+      let now = await fetchClaimCounts();
       if (gen !== state.gen) { done(); return; }
-      const prev = state.prevClaims;
-      if (prev && now.at > prev.at) {
-        const minutes = (now.at - prev.at) / 60000;
-        const rates = {};
-        let reset = false;
-        for (const o of OUTCOMES) {
-          const d = (now.counts[o.id] || 0) - (prev.counts[o.id] || 0);
-          if (d < 0) reset = true;
-          rates[o.id] = Math.max(d, 0) / minutes;
-        }
-        state.rates = reset ? null : { perMin: rates, windowMs: now.at - prev.at };
+      if (!state.prevClaims) {
+        state.prevClaims = now;
+        render();
+        await new Promise((resolve) => setTimeout(resolve, FIRST_GAP_MS));
+        if (gen !== state.gen) { done(); return; }
+        now = await fetchClaimCounts();
+        if (gen !== state.gen) { done(); return; }
       }
+      state.rates = claimRates(state.prevClaims, now) || state.rates;
       state.prevClaims = now;
       state.metricsError = null;
     } catch (err) {
-      state.metricsError = "The /metrics endpoint is not reachable from here, so claim rates are unavailable.";
+      state.metricsError = "The /metrics endpoint is not reachable from here (it may be on a separate IDEM_METRICS_ADDR), so claim rates are unavailable.";
     }
     done();
     if (gen !== state.gen) return;
+    record(state.orphans.length, state.metricsError ? null : state.rates);
     render();
+  }
+
+  // claimRates turns two samples of the claim counters into rates per
+  // minute; null when they cannot be compared (same instant, or a counter
+  // went back: another replica answered, or it restarted).
+  function claimRates(prev, now) {
+    if (!prev || now.at <= prev.at) return null;
+    const minutes = (now.at - prev.at) / 60000;
+    const rates = {};
+    for (const o of OUTCOMES) {
+      const d = (now.counts[o.id] || 0) - (prev.counts[o.id] || 0);
+      if (d < 0) return null;
+      rates[o.id] = d / minutes;
+    }
+    return { perMin: rates, windowMs: now.at - prev.at };
+  }
+
+  // ---------- history and chart ----------
+
+  // record adds one point to the last hour's history, kept in this tab's
+  // sessionStorage so a reload keeps the chart.
+  function record(orphans, rates) {
+    const t = serverNow();
+    state.history.push({ t, orphans, rates: rates ? rates.perMin : null });
+    state.history = state.history.filter((p) => p.t >= t - HISTORY_MS);
+    try { sessionStorage.setItem(HISTORY_KEY, JSON.stringify(state.history)); } catch (e) { /* full: keep it in memory */ }
+  }
+
+  function loadHistory() {
+    try {
+      const h = JSON.parse(sessionStorage.getItem(HISTORY_KEY) || "[]");
+      if (Array.isArray(h)) state.history = h.filter((p) => p && typeof p.t === "number" && p.t >= serverNow() - HISTORY_MS);
+    } catch (e) {
+      state.history = [];
+    }
+  }
+
+  const SVG = "http://www.w3.org/2000/svg";
+  function svg(tag, attrs, ...children) {
+    const n = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) n.setAttribute(k, v);
+    for (const c of children) n.append(c);
+    return n;
+  }
+
+  // renderChart draws the last hour as inline SVG: orphans on top, claim
+  // outcomes per minute below, one line per series, x from -60 min to now.
+  function renderChart() {
+    const box = $("chart");
+    const W = 640, H = 240, L = 44, R = 8, plotH = 80, gap = 36, top1 = 10, top2 = top1 + plotH + gap;
+    const now = serverNow();
+    const x = (t) => L + (W - L - R) * (1 - (now - t) / HISTORY_MS);
+    const pts = state.history;
+    const root = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": "Orphans and claim outcomes over the last hour", class: "chart-svg" });
+    const plot = (top, label, series, max) => {
+      root.append(svg("text", { x: L, y: top - 2, class: "chart-title" }, label));
+      root.append(svg("line", { x1: L, x2: W - R, y1: top + plotH, y2: top + plotH, class: "chart-axis" }));
+      root.append(svg("text", { x: L - 6, y: top + 8, class: "chart-tick", "text-anchor": "end" }, fmtAxis(max)));
+      root.append(svg("text", { x: L - 6, y: top + plotH, class: "chart-tick", "text-anchor": "end" }, "0"));
+      const y = (v) => top + plotH - (plotH * v) / max;
+      for (const s of series) {
+        const p = pts.filter((q) => s.value(q) !== null);
+        if (p.length === 0) continue;
+        const d = p.map((q, i) => (i ? "L" : "M") + x(q.t).toFixed(1) + " " + y(s.value(q)).toFixed(1)).join(" ");
+        const last = p[p.length - 1];
+        root.append(svg("path", { d, class: "chart-line", stroke: s.color, "data-series": s.id, "data-points": String(p.length) },
+          svg("title", {}, s.label)));
+        root.append(svg("circle", { cx: x(last.t).toFixed(1), cy: y(s.value(last)).toFixed(1), r: 2.5, fill: s.color },
+          svg("title", {}, s.label + ": " + fmtAxis(s.value(last)))));
+      }
+    };
+    const maxOf = (vals) => Math.max(1, ...vals);
+    const orphanSeries = [{ id: "orphans", label: "Orphans", color: "#c92a2a", value: (q) => q.orphans }];
+    plot(top1, "Orphans", orphanSeries, maxOf(pts.map((q) => q.orphans)));
+    const rateSeries = OUTCOMES.map((o) => ({ id: o.id, label: o.label + " / min", color: o.color, value: (q) => (q.rates ? q.rates[o.id] || 0 : null) }));
+    plot(top2, "Claims / min by outcome", rateSeries, maxOf(pts.flatMap((q) => (q.rates ? OUTCOMES.map((o) => q.rates[o.id] || 0) : []))));
+    for (const [t, label] of [[now - HISTORY_MS, "−60 min"], [now - HISTORY_MS / 2, "−30 min"], [now, "now"]]) {
+      root.append(svg("text", { x: x(t), y: H - 4, class: "chart-tick", "text-anchor": t === now ? "end" : t === now - HISTORY_MS ? "start" : "middle" }, label));
+    }
+    box.replaceChildren(root);
+    const since = pts.length ? pts[0].t : now;
+    $("chart-note").textContent = pts.length < 2
+      ? "The chart fills in as this page refreshes; it keeps the last hour in this tab."
+      : "Sampled by this page at each refresh since " + new Date(since).toLocaleTimeString() + "; kept for an hour in this tab.";
+  }
+
+  function fmtAxis(v) {
+    if (v >= 1000) return (v / 1000).toFixed(1) + "k";
+    if (v >= 10 || Number.isInteger(v)) return String(Math.round(v));
+    return v.toFixed(1);
   }
 
   function handleError(err) {
@@ -355,11 +452,12 @@
       $("stat-rate-note").textContent = "over the last " + fmtWindow(state.rates.windowMs);
     } else {
       setStat("stat-rate", "–", "");
-      $("stat-rate-note").textContent = state.metricsError ? "unavailable" : "measuring… (next refresh)";
+      $("stat-rate-note").textContent = state.metricsError ? "unavailable" : "measuring…";
     }
 
     renderTenants(summaries, now);
     renderRates();
+    renderChart();
     renderKeys(now);
     $("status-dot").className = "dot ok";
     $("dash").dataset.loaded = "1";
@@ -419,7 +517,7 @@
     $("rates-window").textContent = state.rates ? "per minute, last " + fmtWindow(state.rates.windowMs) : "";
     $("rates-note").textContent = state.metricsError
       ? state.metricsError
-      : (state.rates ? "" : "Rates appear after the next refresh. ") +
+      : (state.rates ? "" : "Measuring: a second sample follows in two seconds. ") +
         "Counted by the replica that served /metrics" + (state.mode === "tenant" ? ", for tenant " + state.tenant : ", all tenants") + "; totals since it started.";
   }
 
@@ -645,8 +743,8 @@
   // clearView empties every figure so nothing of a previous token shows.
   function clearView() {
     for (const id of ["stat-orphans", "stat-tenants", "stat-oldest", "stat-rate"]) setStat(id, "–", "");
-    for (const id of ["stat-orphans-note", "stat-tenants-note", "stat-rate-note", "keys-count", "rates-window", "rates-note"]) $(id).textContent = "";
-    for (const id of ["tenants-body", "keys-body", "rates"]) $(id).replaceChildren();
+    for (const id of ["stat-orphans-note", "stat-tenants-note", "stat-rate-note", "keys-count", "rates-window", "rates-note", "chart-note"]) $(id).textContent = "";
+    for (const id of ["tenants-body", "keys-body", "rates", "chart"]) $(id).replaceChildren();
     for (const id of ["tenants-empty", "keys-empty", "filter-chip", "banner", "record"]) $(id).hidden = true;
     $("keys-table").hidden = false;
   }
@@ -691,6 +789,7 @@
       ? "Claims whose lease expired with no completion, release or takeover, oldest first."
       : "Your claims whose lease expired with no completion, release or takeover, oldest first.";
     resetData();
+    loadHistory(); // this tab's last hour survives a reload
     clearView();
     updateAgo();
     refresh();
