@@ -27,6 +27,12 @@ type Config struct {
 	// /metrics (IDEM_METRICS_ADDR); the public Addr then answers 404 for
 	// it, so the metrics need not be reachable where the API is.
 	MetricsAddr string
+	// PprofAddr, when set, is a listen address of its own that serves the
+	// runtime profiles of net/http/pprof under /debug/pprof/
+	// (IDEM_PPROF_ADDR). Off by default: profiles expose the program's
+	// internals and a CPU profile costs CPU while it runs, so it is for
+	// operators only, bound to loopback or a private interface.
+	PprofAddr string
 	// MetricsMaxTenants is how many tenants get their own tenant-labelled
 	// series; the others share tenant="(other)" (IDEM_METRICS_MAX_TENANTS).
 	MetricsMaxTenants int
@@ -159,6 +165,8 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*stringValue)(&c.Addr) }},
 		{"metrics-addr", "IDEM_METRICS_ADDR", "separate listen address for /metrics (host:port); when set, the public address answers 404 for /metrics (default: /metrics on the public address)", false,
 			func(c *Config) flag.Value { return (*stringValue)(&c.MetricsAddr) }},
+		{"pprof-addr", "IDEM_PPROF_ADDR", "operator-only listen address (host:port, e.g. 127.0.0.1:6060) serving the Go runtime profiles under /debug/pprof/ (empty: off); never the public address", false,
+			func(c *Config) flag.Value { return (*stringValue)(&c.PprofAddr) }},
 		{"metrics-max-tenants", "IDEM_METRICS_MAX_TENANTS", "tenants with their own tenant-labelled metric series; the others share tenant=\"(other)\"", false,
 			func(c *Config) flag.Value { return (*intValue)(&c.MetricsMaxTenants) }},
 		{"database-url", "IDEM_DATABASE_URL", "store: postgres://… or postgresql://… for PostgreSQL, sqlite:PATH for the embedded store", true,
@@ -425,6 +433,9 @@ func (c Config) Validate() error {
 	}
 	if c.WebhookRetryCap > 0 && c.WebhookRetryBase > c.WebhookRetryCap {
 		bad("IDEM_WEBHOOK_RETRY_BASE (%s) must not exceed IDEM_WEBHOOK_RETRY_CAP (%s)", c.WebhookRetryBase, c.WebhookRetryCap)
+	}
+	if c.PprofAddr != "" && !strings.HasSuffix(c.PprofAddr, ":0") && (c.PprofAddr == c.Addr || c.PprofAddr == c.MetricsAddr) {
+		bad("IDEM_PPROF_ADDR must differ from IDEM_ADDR and IDEM_METRICS_ADDR (%s): the profiles are for operators only", c.PprofAddr)
 	}
 	if c.MaxHeaderBytes < 4096 {
 		bad("IDEM_MAX_HEADER_BYTES must be at least 4096 (got %d)", c.MaxHeaderBytes)

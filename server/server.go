@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"sync"
@@ -53,17 +54,47 @@ type Server struct {
 	metrics  *metrics.Metrics
 	jobs     *jobs.Runner
 	handler  http.Handler
-	internal http.Handler // /metrics when cfg.MetricsAddr is set, else nil
 	dev      *DevInfo
 	// webhooks is the store's webhook side; deliverer sends its outbox.
 	webhooks  idem.WebhookStore
 	deliverer *webhooks.Deliverer
+	// operator are the operator-only listeners beside the public one:
+	// /metrics on cfg.MetricsAddr, /debug/pprof/ on cfg.PprofAddr, each
+	// present only when its address is set.
+	operator []*operatorListener
 
-	mu              sync.Mutex
-	listener        net.Listener
-	metricsListener net.Listener // bound to cfg.MetricsAddr, or nil
-	closeOnce       sync.Once
-	closeErr        error
+	mu        sync.Mutex
+	listener  net.Listener
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// operatorListener is a listener for operators only (metrics, profiling),
+// on an address of its own so the public address never serves it.
+type operatorListener struct {
+	setting string // the environment variable of addr, for messages
+	serves  string // what it serves, for the log line
+	addr    string
+	handler http.Handler
+	ln      net.Listener // bound by Listen; guarded by Server.mu
+}
+
+// addOperator adds an operator-only listener serving handler on addr.
+func (s *Server) addOperator(setting, serves, addr string, handler http.Handler) {
+	s.operator = append(s.operator, &operatorListener{setting: setting, serves: serves, addr: addr, handler: handler})
+}
+
+// pprofHandler serves the runtime profiles of net/http/pprof under
+// /debug/pprof/ (CPU, heap, goroutines, mutex, block, execution trace), for
+// profiling production the way docs/benchmarks.md profiles the benchmarks.
+func pprofHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }
 
 // New validates cfg, opens the store (running its migrations), prepares
@@ -186,7 +217,10 @@ func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 	} else {
 		internal := http.NewServeMux()
 		internal.Handle("GET /metrics", metricsHandler)
-		s.internal = internal
+		s.addOperator("IDEM_METRICS_ADDR", "/metrics", s.cfg.MetricsAddr, internal)
+	}
+	if s.cfg.PprofAddr != "" {
+		s.addOperator("IDEM_PPROF_ADDR", "/debug/pprof/", s.cfg.PprofAddr, pprofHandler())
 	}
 	mux.Get("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
@@ -228,13 +262,17 @@ func (s *Server) Listen() error {
 	if err != nil {
 		return fmt.Errorf("listen on %s (IDEM_ADDR): %w", s.cfg.Addr, err)
 	}
-	if s.internal != nil {
-		mln, err := net.Listen("tcp", s.cfg.MetricsAddr)
+	for i, o := range s.operator {
+		oln, err := net.Listen("tcp", o.addr)
 		if err != nil {
 			_ = ln.Close()
-			return fmt.Errorf("listen on %s (IDEM_METRICS_ADDR): %w", s.cfg.MetricsAddr, err)
+			for _, bound := range s.operator[:i] {
+				_ = bound.ln.Close()
+				bound.ln = nil
+			}
+			return fmt.Errorf("listen on %s (%s): %w", o.addr, o.setting, err)
 		}
-		s.metricsListener = mln
+		o.ln = oln
 	}
 	s.listener = ln
 	return nil
@@ -243,16 +281,36 @@ func (s *Server) Listen() error {
 // MetricsURL returns http://ADDR of the address serving /metrics: the
 // metrics listener when IDEM_METRICS_ADDR is set, else the public one.
 func (s *Server) MetricsURL() string {
+	if s.cfg.MetricsAddr == "" {
+		return s.URL()
+	}
+	return s.operatorURL("IDEM_METRICS_ADDR")
+}
+
+// PprofURL returns http://ADDR of the profiling listener, or "" when
+// IDEM_PPROF_ADDR is not set.
+func (s *Server) PprofURL() string {
+	if s.cfg.PprofAddr == "" {
+		return ""
+	}
+	return s.operatorURL("IDEM_PPROF_ADDR")
+}
+
+// operatorURL returns http://ADDR of the operator listener configured by
+// setting: the bound address once listening, else the configured one.
+func (s *Server) operatorURL(setting string) string {
 	s.mu.Lock()
-	mln := s.metricsListener
-	s.mu.Unlock()
-	if mln != nil {
-		return "http://" + displayAddr(mln.Addr().String())
+	defer s.mu.Unlock()
+	for _, o := range s.operator {
+		if o.setting != setting {
+			continue
+		}
+		if o.ln != nil {
+			return "http://" + displayAddr(o.ln.Addr().String())
+		}
+		return "http://" + displayAddr(o.addr)
 	}
-	if s.internal != nil {
-		return "http://" + displayAddr(s.cfg.MetricsAddr)
-	}
-	return s.URL()
+	return ""
 }
 
 // Addr returns the bound address once listening, or the configured one.
@@ -279,7 +337,15 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 	s.mu.Lock()
-	ln, mln := s.listener, s.metricsListener
+	ln := s.listener
+	type bound struct {
+		o  *operatorListener
+		ln net.Listener
+	}
+	var operator []bound
+	for _, o := range s.operator {
+		operator = append(operator, bound{o, o.ln})
+	}
 	s.mu.Unlock()
 
 	srv := &http.Server{
@@ -301,21 +367,28 @@ func (s *Server) Run(ctx context.Context) error {
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	// The metrics listener has no graceful shutdown to speak of: a scrape
-	// is short and repeated; it closes when the service has drained.
-	var msrv *http.Server
-	if mln != nil {
-		msrv = &http.Server{
-			Handler:           s.internal,
+	// The operator listeners have no graceful shutdown to speak of: a
+	// scrape is short and repeated, a profile can be taken again; they
+	// close when the service has drained.
+	var operatorSrvs []*http.Server
+	for _, b := range operator {
+		writeTimeout := s.cfg.WriteTimeout
+		if b.o.setting == "IDEM_PPROF_ADDR" {
+			// A CPU profile or trace answers after its ?seconds=N.
+			writeTimeout = 0
+		}
+		osrv := &http.Server{
+			Handler:           b.o.handler,
 			ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
 			ReadTimeout:       s.cfg.ReadTimeout,
-			WriteTimeout:      s.cfg.WriteTimeout,
+			WriteTimeout:      writeTimeout,
 			IdleTimeout:       s.cfg.IdleTimeout,
 			MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 			ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
 		}
-		go func() { _ = msrv.Serve(mln) }()
-		s.logger.Info("serving /metrics", "metrics_addr", mln.Addr().String())
+		operatorSrvs = append(operatorSrvs, osrv)
+		go func() { _ = osrv.Serve(b.ln) }()
+		s.logger.Info("serving "+b.o.serves, "addr", b.ln.Addr().String(), "setting", b.o.setting)
 	}
 	s.logger.Info("listening", "addr", ln.Addr().String(), "store", s.db.String(), "dev_mode", s.dev != nil)
 
@@ -336,8 +409,8 @@ func (s *Server) Run(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("serve http: %w", err))
 		}
 	}
-	if msrv != nil {
-		_ = msrv.Close()
+	for _, osrv := range operatorSrvs {
+		_ = osrv.Close()
 	}
 	stopJobs()
 	for range 2 {
@@ -362,8 +435,10 @@ func (s *Server) Close() error {
 		if s.listener != nil {
 			_ = s.listener.Close()
 		}
-		if s.metricsListener != nil {
-			_ = s.metricsListener.Close()
+		for _, o := range s.operator {
+			if o.ln != nil {
+				_ = o.ln.Close()
+			}
 		}
 		s.mu.Unlock()
 		if s.rawStore != nil {
