@@ -49,6 +49,13 @@ type Options struct {
 	// request is refused with 503 server_busy before its body is read. Zero
 	// or less means DefaultMaxInflightBytes.
 	MaxInflightBytes int64
+	// Waiters hold claims that asked to wait (wait_seconds, Prefer:
+	// wait=N) while their key is in flight; nil never waits.
+	Waiters *idem.Waiters
+	// MaxWait caps every wait whatever the tenant allows; the server sets
+	// it below its write timeout, so a held claim is answered before the
+	// connection is cut. Zero or less means idem.MaxWaitSecondsLimit.
+	MaxWait time.Duration
 	// Observer receives metrics hooks; nil for none.
 	Observer Observer
 	// Middlewares are installed with r.Use inside the router after the
@@ -79,6 +86,8 @@ type service struct {
 	maxBody  int64
 	inflight *inflight
 	observer Observer
+	waiters  *idem.Waiters
+	maxWait  time.Duration
 	limiter  *limiter
 	buffers  sync.Pool // of *bytes.Buffer, for encoding responses
 }
@@ -93,7 +102,12 @@ func New(opts Options) *chi.Mux {
 		logger:   opts.Logger,
 		maxBody:  opts.MaxBodyBytes,
 		observer: opts.Observer,
+		waiters:  opts.Waiters,
+		maxWait:  opts.MaxWait,
 		limiter:  newLimiter(time.Now),
+	}
+	if s.maxWait <= 0 {
+		s.maxWait = idem.MaxWaitSecondsLimit * time.Second
 	}
 	s.buffers.New = func() any { return new(bytes.Buffer) }
 	if s.logger == nil {
@@ -142,7 +156,7 @@ func New(opts Options) *chi.Mux {
 		r.Group(func(r chi.Router) {
 			r.Use(s.requireScope(auth.ScopeKeysWrite))
 			r.Use(s.resolveTenant)
-			r.Post("/keys/{key}/claim", handle(s, s.claim))
+			r.With(exposeResponseHeader).Post("/keys/{key}/claim", handle(s, s.claim))
 			r.Post("/keys/{key}/checkpoint", handle(s, s.checkpoint))
 			r.Post("/keys/{key}/complete", handle(s, s.complete))
 			r.Post("/keys/{key}/release", handle(s, s.release))

@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -59,6 +62,32 @@ type claimRequest struct {
 	// AttemptID is the caller's id for this attempt; a claim whose answer
 	// was lost, sent again with it, gets the attempt back instead of 409.
 	AttemptID *string `json:"attempt_id"`
+	// WaitSeconds asks to hold the claim while the key is in flight; it
+	// wins over a Prefer: wait=N header.
+	WaitSeconds *int `json:"wait_seconds"`
+
+	// preferWait is the Prefer: wait=N of the request, -1 when absent.
+	preferWait int
+	// header is the response's header, for Preference-Applied.
+	header http.Header
+}
+
+func (c *claimRequest) bind(r *http.Request) error {
+	c.preferWait = preferWait(r.Header.Values("Prefer"))
+	c.header = responseHeaderFrom(r.Context())
+	return c.keyParam.bind(r)
+}
+
+// waitSeconds returns the wait the claim asked for: wait_seconds when sent,
+// else Prefer: wait=N, else 0.
+func (c *claimRequest) waitSeconds() int {
+	switch {
+	case c.WaitSeconds != nil:
+		return *c.WaitSeconds
+	case c.preferWait > 0:
+		return c.preferWait
+	}
+	return 0
 }
 
 func (c *claimRequest) validate() error {
@@ -81,9 +110,35 @@ func (c *claimRequest) validate() error {
 		return fieldError("lease_seconds", "must be positive", nil)
 	}
 	if c.AttemptID != nil {
-		return idem.ValidateAttemptID(*c.AttemptID)
+		if err := idem.ValidateAttemptID(*c.AttemptID); err != nil {
+			return err
+		}
+	}
+	if c.WaitSeconds != nil && (*c.WaitSeconds < 0 || *c.WaitSeconds > idem.MaxWaitSecondsLimit) {
+		return fieldError("wait_seconds", fmt.Sprintf("must be between 0 and %d", idem.MaxWaitSecondsLimit), nil)
 	}
 	return nil
+}
+
+// preferWait returns N of the first "wait=N" preference in the Prefer
+// header fields (RFC 7240 §4.3), or -1. Preferences are hints: a malformed
+// or unknown one is ignored, never refused.
+func preferWait(fields []string) int {
+	for _, f := range fields {
+		for pref := range strings.SplitSeq(f, ",") {
+			pref, _, _ = strings.Cut(pref, ";")
+			name, value, ok := strings.Cut(pref, "=")
+			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
+				continue
+			}
+			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(value), `"`))
+			if err != nil || n < 0 {
+				return -1
+			}
+			return min(n, idem.MaxWaitSecondsLimit)
+		}
+	}
+	return -1
 }
 
 // claim decides a claim. Without fingerprint and request the fingerprint is
@@ -109,7 +164,11 @@ func (s *service) claim(ctx context.Context, req *claimRequest) (reply, error) {
 	if req.AttemptID != nil {
 		attemptID = *req.AttemptID
 	}
-	res, err := s.store.Claim(ctx, idem.ClaimParams{
+	// A claim that asked to wait is held while the key is in flight, for
+	// at most the tenant's max_wait_seconds and the server's cap (below
+	// its write timeout).
+	wait := min(t.Settings.WaitFor(req.waitSeconds()), s.maxWait)
+	res, applied, err := s.waiters.Claim(ctx, s.store, idem.ClaimParams{
 		TenantID:        t.ID,
 		Key:             req.key,
 		Operation:       req.Operation,
@@ -118,7 +177,10 @@ func (s *service) claim(ctx context.Context, req *claimRequest) (reply, error) {
 		Lease:           lease,
 		ReplayWindow:    t.Settings.ReplayWindow(),
 		ReaperThreshold: t.Settings.ReaperThreshold(),
-	})
+	}, wait)
+	if applied && req.header != nil {
+		req.header.Set("Preference-Applied", "wait="+strconv.Itoa(int(wait/time.Second)))
+	}
 	if s.observer != nil {
 		var action idem.ClaimAction
 		if err == nil {

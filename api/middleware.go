@@ -153,3 +153,20 @@ func (s *service) recoverer(next http.Handler) http.Handler {
 		next.ServeHTTP(w, r)
 	})
 }
+
+type responseHeaderKey struct{}
+
+// exposeResponseHeader puts the response's header into the request context,
+// for an endpoint whose answer carries a header on success and on error
+// alike (the claim's Preference-Applied).
+func exposeResponseHeader(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), responseHeaderKey{}, w.Header())))
+	})
+}
+
+// responseHeaderFrom returns the header exposeResponseHeader exposed, or nil.
+func responseHeaderFrom(ctx context.Context) http.Header {
+	h, _ := ctx.Value(responseHeaderKey{}).(http.Header)
+	return h
+}

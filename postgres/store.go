@@ -61,6 +61,8 @@ type Store struct {
 	q      *dbsqlc.Queries
 	now    func() time.Time
 	closed atomic.Bool
+	// listener is the one connection that hears key events (see Subscribe).
+	listener *listener
 }
 
 // Open connects to the database at url, applies the embedded migrations and
@@ -81,7 +83,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		pool.Close()
 		return nil, err
 	}
-	return &Store{pool: pool, q: dbsqlc.New(pool), now: opts.Now}, nil
+	return &Store{pool: pool, q: dbsqlc.New(pool), now: opts.Now, listener: newListener(pool.Config().ConnConfig)}, nil
 }
 
 // Migrate applies the embedded migrations to the database at url and
@@ -182,6 +184,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes the pool. Calls after Close fail with store_unavailable.
 func (s *Store) Close() error {
 	s.closed.Store(true)
+	s.listener.close()
 	s.pool.Close()
 	return nil
 }

@@ -80,6 +80,10 @@ type Config struct {
 	// database. It must be shorter than WriteTimeout, so the answer is
 	// written before the server gives up on the connection.
 	StoreTimeout time.Duration
+	// MaxWaiters bounds the claims this replica holds at once while their
+	// key is in flight (IDEM_MAX_WAITERS); past it a claim that asked to
+	// wait gets the immediate 409. 0 turns waiting off.
+	MaxWaiters int
 	// ReapInterval, ReapBatchSize and OrphanWatchInterval tune the
 	// background jobs.
 	ReapInterval        time.Duration
@@ -131,6 +135,7 @@ func DefaultConfig() Config {
 		DBMaxConns:          10,
 		DBConnectTimeout:    10 * time.Second,
 		StoreTimeout:        5 * time.Second,
+		MaxWaiters:          1000,
 		ReapInterval:        30 * time.Second,
 		ReapBatchSize:       500,
 		OrphanWatchInterval: 15 * time.Second,
@@ -191,6 +196,8 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*stringValue)(&c.LogLevel) }},
 		{"shutdown-grace", "IDEM_SHUTDOWN_GRACE", "time in-flight requests get to finish after SIGTERM/SIGINT", false,
 			func(c *Config) flag.Value { return (*durationValue)(&c.ShutdownGrace) }},
+		{"max-waiters", "IDEM_MAX_WAITERS", "claims this replica holds at once waiting for a key in flight (wait_seconds, Prefer: wait=N); past it the immediate 409; 0 turns waiting off", false,
+			func(c *Config) flag.Value { return (*intValue)(&c.MaxWaiters) }},
 		{"db-max-conns", "IDEM_DB_MAX_CONNS", "PostgreSQL connection pool size", false,
 			func(c *Config) flag.Value { return (*intValue)(&c.DBMaxConns) }},
 		{"db-connect-timeout", "IDEM_DB_CONNECT_TIMEOUT", "time allowed to connect to the database at start", false,
@@ -285,6 +292,19 @@ func Flags(fs *flag.FlagSet, getenv func(string) string, only ...string) func() 
 // memoryBase is what the process needs beside the request bodies in
 // flight: the Go runtime, the binary, store caches and connections.
 const memoryBase = 64 << 20
+
+// waitMargin is kept between the longest wait and IDEM_WRITE_TIMEOUT on
+// top of IDEM_STORE_TIMEOUT: room to write the answer.
+const waitMargin = time.Second
+
+// MaxWait is the longest any claim is held waiting for a key in flight,
+// whatever its tenant allows: IDEM_WRITE_TIMEOUT less IDEM_STORE_TIMEOUT
+// (the claim made when the wait ends) and a second to write the answer, so
+// a held claim is always answered before the server cuts the connection.
+// With the defaults (30s, 5s) it is 24s. Zero means no waiting.
+func (c Config) MaxWait() time.Duration {
+	return max(c.WriteTimeout-c.StoreTimeout-waitMargin, 0).Truncate(time.Second)
+}
 
 // MemoryLimit is the Go runtime's soft memory limit `serve` sets (unless
 // GOMEMLIMIT is set): the in-flight budget plus a fixed base. The budget
@@ -418,6 +438,9 @@ func (c Config) Validate() error {
 	}
 	if c.DBMaxConns < 1 || c.DBMaxConns > 1000 {
 		bad("IDEM_DB_MAX_CONNS must be between 1 and 1000 (got %d)", c.DBMaxConns)
+	}
+	if c.MaxWaiters < 0 || c.MaxWaiters > 1000000 {
+		bad("IDEM_MAX_WAITERS must be between 0 and 1000000 (got %d)", c.MaxWaiters)
 	}
 	if c.ReapBatchSize < 1 || c.ReapBatchSize > 100000 {
 		bad("IDEM_REAP_BATCH_SIZE must be between 1 and 100000 (got %d)", c.ReapBatchSize)

@@ -53,6 +53,9 @@ type Server struct {
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
 	jobs     *jobs.Runner
+	// waiters hold claims that wait for a key in flight; nil when waiting
+	// is off.
+	waiters  *idem.Waiters
 	handler  http.Handler
 	dev      *DevInfo
 	// webhooks is the store's webhook side; deliverer sends its outbox.
@@ -156,6 +159,12 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	// the tenant service, the background jobs — gets it.
 	s.store = metrics.InstrumentStore(idem.WithDeadline(raw, cfg.StoreTimeout), s.metrics)
 	s.tenants = tenants.NewService(s.store, cfg.TenantCacheTTL)
+	// Claims wait on the raw store's key events; their claims go through
+	// s.store, so each one is bounded by IDEM_STORE_TIMEOUT and the wait
+	// is not.
+	if ev, ok := raw.(idem.KeyEvents); ok && cfg.MaxWaiters > 0 && cfg.MaxWait() > 0 {
+		s.waiters = idem.NewWaiters(ev, cfg.MaxWaiters)
+	}
 
 	if devSecret != nil {
 		if _, err := s.tenants.Ensure(ctx, DevTenant, "Demo tenant (development mode)"); err != nil {
@@ -208,6 +217,8 @@ func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 		Logger:           s.logger,
 		MaxBodyBytes:     s.cfg.MaxBodyBytes,
 		MaxInflightBytes: s.cfg.MaxInflightBytes,
+		Waiters:          s.waiters,
+		MaxWait:          s.cfg.MaxWait(),
 		Observer:         s.metrics,
 		Middlewares:      []func(http.Handler) http.Handler{s.metrics.Middleware},
 	})
@@ -358,6 +369,9 @@ func (s *Server) Run(ctx context.Context) error {
 		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
+	// Claims held waiting for a key answer their 409 as soon as the
+	// shutdown begins, so they never hold it up.
+	srv.RegisterOnShutdown(s.waiters.Close)
 
 	jobsCtx, stopJobs := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopJobs()
@@ -431,6 +445,7 @@ func (s *Server) Run(ctx context.Context) error {
 // safe to call more than once.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
+		s.waiters.Close()
 		s.mu.Lock()
 		if s.listener != nil {
 			_ = s.listener.Close()
@@ -470,3 +485,7 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 	}
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
+
+// Waiting returns how many claims this server holds now waiting for a key
+// in flight; tests wait on it instead of sleeping.
+func (s *Server) Waiting() int { return s.waiters.Waiting() }

@@ -192,6 +192,9 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 	if err == nil && refusal != nil {
 		return idem.Record{}, refusal
 	}
+	if err == nil {
+		s.events.Publish(p.TenantID, p.Key)
+	}
 	return rec, err
 }
 
@@ -219,6 +222,9 @@ func (s *Store) Release(ctx context.Context, p idem.ReleaseParams) error {
 		}
 		return nil
 	})
+	if err == nil && refusal == nil {
+		s.events.Publish(p.TenantID, p.Key)
+	}
 	if err == nil {
 		return refusal
 	}
@@ -347,6 +353,9 @@ func (s *Store) Reap(ctx context.Context, p idem.ReapParams) ([]idem.Record, err
 	})
 	if err != nil {
 		return nil, err
+	}
+	for _, r := range out {
+		s.events.Publish(r.TenantID, r.Key)
 	}
 	return out, nil
 }

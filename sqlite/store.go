@@ -36,6 +36,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,7 +48,10 @@ import (
 	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
 )
 
-var _ idem.Store = (*Store)(nil)
+var (
+	_ idem.Store     = (*Store)(nil)
+	_ idem.KeyEvents = (*Store)(nil)
+)
 
 // busyTimeout is how long a statement waits for another connection's write
 // lock before SQLite gives up with SQLITE_BUSY.
@@ -76,7 +80,17 @@ type Options struct {
 	// not exist or holds no idem ledger, instead of creating one. The server
 	// sets it unless creating the ledger is explicit.
 	RequireLedger bool
+	// EventsFallback is how often, while claims wait on keys, every waiter
+	// is woken to claim again, for commits made by another process that
+	// opened the same file (this Store's own commits wake their waiters at
+	// once). 0 means DefaultEventsFallback.
+	EventsFallback time.Duration
 }
+
+// DefaultEventsFallback is Options.EventsFallback when unset: slow enough
+// to cost nothing beside the immediate in-process events, fast enough that
+// a waiter sees another process's completion well within its wait.
+const DefaultEventsFallback = 2 * time.Second
 
 // Store is an idem.Store backed by one SQLite file.
 type Store struct {
@@ -93,6 +107,11 @@ type Store struct {
 	// receive gives it back. Goroutines blocked sending on a channel are
 	// woken first in, first out, which makes the queue fair.
 	writer chan struct{}
+	// events fans key changes out to waiting claims (see Subscribe).
+	events   idem.Broadcast
+	fallback time.Duration
+	fallOnce sync.Once
+	done     chan struct{}
 }
 
 // Open opens the SQLite database at path (creating it and its folder when
@@ -134,7 +153,14 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		_ = db.Close()
 		return nil, interpretError(err, "prepare statements")
 	}
-	s := &Store{db: db, q: q, now: now, path: path, file: file, writer: make(chan struct{}, 1)}
+	fallback := opts.EventsFallback
+	if fallback <= 0 {
+		fallback = DefaultEventsFallback
+	}
+	s := &Store{
+		db: db, q: q, now: now, path: path, file: file, writer: make(chan struct{}, 1),
+		fallback: fallback, done: make(chan struct{}),
+	}
 	if err := s.checkFile("open sqlite database"); err != nil {
 		_ = q.Close()
 		_ = db.Close()
@@ -198,7 +224,9 @@ func (s *Store) Ping(ctx context.Context) error {
 
 // Close closes the store's connections. Later calls return store_unavailable.
 func (s *Store) Close() error {
-	s.closed.Store(true)
+	if !s.closed.Swap(true) {
+		close(s.done)
+	}
 	if err := errors.Join(s.q.Close(), s.db.Close()); err != nil {
 		return fmt.Errorf("close database: %w", err)
 	}
@@ -376,4 +404,35 @@ func (s *Store) inTx(ctx context.Context, doing string, fn func(q *dbsqlc.Querie
 		}
 		return tx.Commit()
 	})
+}
+
+// Subscribe implements idem.KeyEvents. A complete, release, reap or tenant
+// deletion of this Store wakes the key's subscriptions as soon as it
+// commits. Another process that opened the same file cannot reach them, so
+// while any subscription is live every one is also woken each
+// Options.EventsFallback to claim again: a slow re-check shared by all
+// waiters, not a poll per waiter.
+func (s *Store) Subscribe(ctx context.Context, tenantID, key string) (*idem.Subscription, error) {
+	if s.closed.Load() {
+		return nil, idem.StoreUnavailable("the store is closed", nil)
+	}
+	s.fallOnce.Do(func() { go s.recheck() })
+	return s.events.Subscribe(tenantID, key), nil
+}
+
+// recheck wakes every subscription each s.fallback while there are any,
+// until the store closes.
+func (s *Store) recheck() {
+	t := time.NewTicker(s.fallback)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+			if s.events.Len() > 0 {
+				s.events.PublishAll()
+			}
+		}
+	}
 }

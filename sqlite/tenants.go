@@ -103,11 +103,15 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 // DeleteTenant deletes a tenant; its records go with it (ON DELETE
 // CASCADE) in the same statement.
 func (s *Store) DeleteTenant(ctx context.Context, id string) error {
-	return s.write(ctx, "delete tenant", func() error {
+	err := s.write(ctx, "delete tenant", func() error {
 		n, err := s.q.DeleteTenant(ctx, id)
 		if err == nil && n == 0 {
 			return idem.TenantNotFound(id)
 		}
 		return err
 	})
+	if err == nil {
+		s.events.PublishTenant(id)
+	}
+	return err
 }

@@ -160,6 +160,10 @@ func groups() []group {
 			{"Delete", testTenantDelete},
 			{"Ping", testPing},
 		}},
+		{"KeyEvents", []testCase{
+			{"CompleteReleaseReapDeleteWake", testEventsWake},
+			{"Close", testEventsClose},
+		}},
 		{"Isolation", []testCase{
 			{"SameKeyTwoTenants", testIsolationSameKey},
 			{"OtherTenantNeverSeesKey", testIsolationInvisible},

@@ -1,0 +1,290 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// KeyEvents is a store's notification source: it tells the claims that wait
+// on a key in flight that the key may have changed — completed, released or
+// deleted — so they claim again at once instead of polling. A Store
+// implements it beside idem.Store (both backends do); the server finds it
+// by a type assertion on the store it opened.
+//
+// Events are hints, never decisions: a woken waiter claims again and the
+// store decides, so a spurious or repeated event costs one claim, and a
+// source that lost track (a dropped listening connection) wakes every
+// waiter rather than risk missing one.
+type KeyEvents interface {
+	// Subscribe registers interest in (tenantID, key). It returns once the
+	// subscription is live: a change committed after Subscribe returns is
+	// signalled on the Subscription, by this replica or any other sharing
+	// the database. It returns a store_unavailable *Error when the source
+	// cannot listen now (the caller then answers without waiting).
+	Subscribe(ctx context.Context, tenantID, key string) (*Subscription, error)
+}
+
+// Subscription is one waiter's interest in one key. C receives a value
+// (coalesced: at most one pending) whenever the key may have changed.
+// Close it when done; closing twice is harmless.
+type Subscription struct {
+	// C is signalled when the key may have changed.
+	C <-chan struct{}
+
+	c    chan struct{}
+	b    *Broadcast
+	id   keyID
+	once sync.Once
+}
+
+// Close removes the subscription from its broadcast at once.
+func (s *Subscription) Close() {
+	s.once.Do(func() { s.b.remove(s) })
+}
+
+func (s *Subscription) signal() {
+	select {
+	case s.c <- struct{}{}:
+	default:
+	}
+}
+
+type keyID struct{ tenant, key string }
+
+// Broadcast fans key events out to the subscriptions of one process. Both
+// stores build their KeyEvents on it: SQLite publishes after each commit
+// that changes a key, PostgreSQL publishes what its one listening
+// connection hears. The zero value is ready to use.
+type Broadcast struct {
+	mu   sync.Mutex
+	subs map[keyID]map[*Subscription]struct{}
+	n    int
+}
+
+// Subscribe adds a subscription to (tenantID, key); it is live on return.
+func (b *Broadcast) Subscribe(tenantID, key string) *Subscription {
+	c := make(chan struct{}, 1)
+	s := &Subscription{C: c, c: c, b: b, id: keyID{tenantID, key}}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.subs == nil {
+		b.subs = make(map[keyID]map[*Subscription]struct{})
+	}
+	set := b.subs[s.id]
+	if set == nil {
+		set = make(map[*Subscription]struct{})
+		b.subs[s.id] = set
+	}
+	set[s] = struct{}{}
+	b.n++
+	return s
+}
+
+func (b *Broadcast) remove(s *Subscription) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	set := b.subs[s.id]
+	if _, ok := set[s]; !ok {
+		return
+	}
+	delete(set, s)
+	b.n--
+	if len(set) == 0 {
+		delete(b.subs, s.id)
+	}
+}
+
+// Publish signals every subscription to (tenantID, key).
+func (b *Broadcast) Publish(tenantID, key string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for s := range b.subs[keyID{tenantID, key}] {
+		s.signal()
+	}
+}
+
+// PublishTenant signals every subscription to a key of tenantID (the
+// tenant was deleted with all of its keys).
+func (b *Broadcast) PublishTenant(tenantID string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for id, set := range b.subs {
+		if id.tenant == tenantID {
+			for s := range set {
+				s.signal()
+			}
+		}
+	}
+}
+
+// PublishAll signals every subscription: the source may have missed events
+// (a listening connection was lost, another process wrote the file).
+func (b *Broadcast) PublishAll() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, set := range b.subs {
+		for s := range set {
+			s.signal()
+		}
+	}
+}
+
+// Len returns the number of live subscriptions.
+func (b *Broadcast) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.n
+}
+
+// Waiters holds claims of keys in flight until the holder finishes, for one
+// replica: at most a fixed number at once, each woken by its key's events
+// or by a timer at the end of the holder's lease — never by polling.
+// A nil *Waiters never waits.
+type Waiters struct {
+	events KeyEvents
+	limit  int64
+	n      atomic.Int64
+	closed chan struct{}
+	once   sync.Once
+}
+
+// NewWaiters returns Waiters on events that hold at most limit claims at
+// once; past it a claim gets the immediate request_in_flight. events nil or
+// limit <= 0 gives Waiters that never wait.
+func NewWaiters(events KeyEvents, limit int) *Waiters {
+	return &Waiters{events: events, limit: int64(limit), closed: make(chan struct{})}
+}
+
+// Waiting returns how many claims are held now.
+func (w *Waiters) Waiting() int {
+	if w == nil {
+		return 0
+	}
+	return int(w.n.Load())
+}
+
+// Close wakes every held claim, which answers the request_in_flight it
+// would have answered at the end of its wait (Retry-After = lease left),
+// and makes later claims answer at once. The server calls it when a
+// graceful shutdown begins, so no held request delays it.
+func (w *Waiters) Close() {
+	if w != nil {
+		w.once.Do(func() { close(w.closed) })
+	}
+}
+
+// leaseSlack is added to the lease left before a waiter claims again at the
+// lease's end, so the database clock has surely passed it.
+const leaseSlack = 5 * time.Millisecond
+
+// Claim claims p on store; when the key is in flight it holds the claim up
+// to wait (and no longer than ctx's deadline) and claims again each time
+// the key may have changed and when the holder's lease ends. It returns
+// the first outcome that is not request_in_flight — the replay after a
+// completion, a new claim after a release, a takeover after the lease ran
+// out — or, when the wait runs out or the Waiters close, that
+// request_in_flight with RetryAfter = the lease left now.
+//
+// applied reports whether the wait was honoured: false when wait <= 0, or
+// when the claim found the key in flight and could not wait (the waiter
+// limit was reached, the event source is down, the Waiters are closed) and
+// answered at once. A caller whose context ends gets its error: a client
+// that went away frees its place at once.
+//
+// Each store call is bounded on its own (idem.WithDeadline); the wait is
+// not a store call.
+func (w *Waiters) Claim(ctx context.Context, store Store, p ClaimParams, wait time.Duration) (res ClaimResult, applied bool, err error) {
+	res, err = store.Claim(ctx, p)
+	if wait <= 0 || w == nil || w.events == nil {
+		return res, false, err
+	}
+	if !isInFlight(err) {
+		return res, true, err
+	}
+	deadline := time.Now().Add(wait)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if !w.acquire() {
+		return res, false, err
+	}
+	defer w.n.Add(-1)
+	sub, serr := w.events.Subscribe(ctx, p.TenantID, p.Key)
+	if serr != nil {
+		return res, false, err
+	}
+	defer sub.Close()
+
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		// Claim again now that the subscription is live: a change made
+		// between the first claim and Subscribe is not missed.
+		at := time.Now()
+		res, err = store.Claim(ctx, p)
+		if !isInFlight(err) {
+			return res, true, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return res, true, err
+		}
+		timer.Reset(min(left, retryAfterOf(err)+leaseSlack))
+		select {
+		case <-sub.C:
+		case <-timer.C:
+			if time.Until(deadline) <= 0 {
+				return res, true, aged(err, time.Since(at))
+			}
+		case <-w.closed:
+			return res, true, aged(err, time.Since(at))
+		case <-ctx.Done():
+			return res, true, fmt.Errorf("wait for key: %w", ctx.Err())
+		}
+	}
+}
+
+// acquire takes a waiter's place, or reports false at the limit or after
+// Close.
+func (w *Waiters) acquire() bool {
+	select {
+	case <-w.closed:
+		return false
+	default:
+	}
+	for {
+		n := w.n.Load()
+		if n >= w.limit {
+			return false
+		}
+		if w.n.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+func isInFlight(err error) bool { return ErrorCode(err) == CodeRequestInFlight }
+
+func retryAfterOf(err error) time.Duration {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.RetryAfter
+	}
+	return 0
+}
+
+// aged returns the request_in_flight err with its RetryAfter shortened by
+// the time passed since the claim that returned it.
+func aged(err error, passed time.Duration) error {
+	var e *Error
+	if !errors.As(err, &e) {
+		return err
+	}
+	c := *e
+	c.RetryAfter = max(c.RetryAfter-passed, 0)
+	return &c
+}
