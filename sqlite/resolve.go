@@ -96,6 +96,10 @@ func (s *Store) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolut
 		}
 		return enqueueEvent(ctx, q, ev, now)
 	})
+	if err == nil && p.Action != idem.ResolveReview {
+		// Released or completed: claims waiting on the key claim again.
+		s.events.Publish(p.TenantID, p.Key)
+	}
 	return res, err
 }
 
