@@ -24,9 +24,9 @@ import (
 
 // run runs the whole kit against target and requires every scenario to
 // pass, none skipped.
-func run(t *testing.T, target string, storeDown func(context.Context) (func(), error)) {
+func run(t *testing.T, opts conformance.Options) {
 	t.Helper()
-	rep := conformance.Run(context.Background(), conformance.Options{Target: target, StoreDown: storeDown})
+	rep := conformance.Run(context.Background(), opts)
 	var out strings.Builder
 	rep.Write(&out)
 	t.Log("\n" + out.String())
@@ -88,7 +88,7 @@ func TestGatewayConformance(t *testing.T) {
 			require.NoError(t, err)
 			gw := httptest.NewServer(g)
 			t.Cleanup(gw.Close)
-			run(t, gw.URL, storeDown)
+			run(t, conformance.Options{Target: gw.URL, StoreDown: storeDown})
 		})
 	}
 }
@@ -114,7 +114,8 @@ func TestIdemhttpConformance(t *testing.T) {
 			mux.Handle("GET /count", upstream)
 			app := httptest.NewServer(mux)
 			t.Cleanup(app.Close)
-			run(t, app.URL, func(context.Context) (func(), error) { p.Cut(); return p.Restore, nil })
+			run(t, conformance.Options{Target: app.URL,
+				StoreDown: func(context.Context) (func(), error) { p.Cut(); return p.Restore, nil }})
 		})
 	}
 }

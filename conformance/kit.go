@@ -135,6 +135,7 @@ func Scenarios() []Scenario {
 		{"sf_string_key", "the RFC 8941 sf-string \"k\" and the bare k are the same key", scenarioSFString},
 		{"concurrent_request", "the key in flight: 409 problem with Retry-After, then the replay; concurrent duplicates cause one side effect", scenarioConcurrent},
 		{"fingerprint_mismatch", "the key reused with another body or query: 422 problem, no side effect", scenarioMismatch},
+		{"non_ijson_body", "a JSON body that is not I-JSON (duplicate member names, lone surrogate, invalid UTF-8, number out of range): 400 problem, no side effect", scenarioNonIJSON},
 		{"problem_details", "every refusal is RFC 9457 problem+json with type, title, status, detail, code, retryable, instance", scenarioProblems},
 		{"store_unavailable", "the idempotency store failing: 503 problem with Retry-After, the request is not run (fail closed)", scenarioStoreDown},
 	}
@@ -590,6 +591,29 @@ func scenarioMismatch(k *kit) error {
 	}
 	if err := k.problem(query, http.StatusUnprocessableEntity, "fingerprint_mismatch"); err != nil {
 		return fmt.Errorf("another query: %w", err)
+	}
+	return k.wantEffects(n, 0)
+}
+
+func scenarioNonIJSON(k *kit) error {
+	bodies := []string{`{"amount":1000,"amount":1}`, `{"a":{"x":1,"x":2}}`, `{"note":"\ud800"}`, "{\"note\":\"\xff\"}", `{"amount":1e400}`}
+	answers := make([]answer, len(bodies))
+	n, err := k.effects(func() error {
+		for i, b := range bodies {
+			var err error
+			if answers[i], err = k.send([]string{k.key(strconv.Itoa(i))}, b, ""); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for i, a := range answers {
+		if err := k.problem(a, http.StatusBadRequest, "invalid_request"); err != nil {
+			return fmt.Errorf("body %q: %w", bodies[i], err)
+		}
 	}
 	return k.wantEffects(n, 0)
 }

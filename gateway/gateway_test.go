@@ -113,6 +113,22 @@ func forEachBackend(t *testing.T, test func(t *testing.T, backend string)) {
 	}
 }
 
+// TestFingerprintExclusionKeepsTheIJSONRule: a volatile field excluded by
+// the route's rules does not change the fingerprint, and cutting it out
+// does not hide a duplicate member name elsewhere in the body.
+func TestFingerprintExclusionKeepsTheIJSONRule(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, servertest.BackendSQLite, "routes:\n  - path: /orders/{id}\n    fingerprint:\n      exclude: [/ts]\n")
+	first := send(t, http.MethodPost, r.url+"/orders/7", "ex-1", `{"sku":"A","ts":1}`)
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+	again := send(t, http.MethodPost, r.url+"/orders/7", "ex-1", `{"ts":2,"sku":"A"}`)
+	require.Equal(t, "true", again.header.Get(frontdoor.HeaderReplayed), again.body)
+	dup := send(t, http.MethodPost, r.url+"/orders/7", "ex-2", `{"sku":"A","ts":1,"sku":"B"}`)
+	require.Equal(t, http.StatusBadRequest, dup.status, dup.body)
+	require.Equal(t, "invalid_request", dup.code(t))
+	require.Equal(t, int64(1), r.upstream.Count())
+}
+
 func TestReplayMismatchAndOrdinaryRecords(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, backend string) {
@@ -141,8 +157,11 @@ func TestReplayMismatchAndOrdinaryRecords(t *testing.T) {
 		require.Equal(t, "idempotency_key_missing", missing.code(t))
 		list := send(t, http.MethodPost, r.url+"/orders/7", "a, b", `{}`)
 		require.Equal(t, "invalid_key", list.code(t))
-		bad := send(t, http.MethodPost, r.url+"/orders/7", "k-dup", `{"a":1,"a":2}`)
-		require.Equal(t, "invalid_request", bad.code(t))
+		for i, body := range []string{`{"a":1,"a":2}`, `{"t":"\udc00"}`, "{\"t\":\"\xff\"}", `{"n":1e400}`, `{"a":`} {
+			bad := send(t, http.MethodPost, r.url+"/orders/7", fmt.Sprintf("k-bad-%d", i), body)
+			require.Equal(t, http.StatusBadRequest, bad.status, body)
+			require.Equal(t, "invalid_request", bad.code(t), body)
+		}
 		require.Equal(t, int64(1), r.upstream.Count(), "refusals never reach the upstream")
 
 		get := send(t, http.MethodGet, r.url+"/count", "", "")

@@ -114,33 +114,33 @@ func IsJSON(contentType string) bool {
 //
 // with the rules applied. Its fingerprint is idem.FingerprintJSON of the
 // result; two requests that differ only in JSON key order, white space or
-// number spelling have the same one. A JSON body that is not I-JSON
-// (malformed, invalid UTF-8, lone surrogates, duplicate member names,
-// numbers outside the double range) gives CodeInvalidRequest.
+// number spelling have the same one.
+//
+// The JSON body is embedded as the caller sent it (exclusions cut out
+// member by member, the rest left raw), so whoever fingerprints the
+// document — idem.FingerprintJSON in the gateway, the idem server for
+// idemhttp — sees duplicate member names, invalid UTF-8, lone surrogates
+// and out-of-range numbers and refuses them with 400 invalid_request. The
+// I-JSON rule lives there, once. Only JSON that is not well-formed gives
+// CodeInvalidRequest here.
 func Document(p Parts, rules Rules) (json.RawMessage, error) {
 	doc := map[string]any{"query": p.Query}
 	if len(p.Body) > 0 && IsJSON(p.ContentType) {
-		if err := CheckIJSON(p.Body); err != nil {
-			return nil, err
+		if !json.Valid(p.Body) {
+			return nil, &Error{Code: CodeInvalidRequest, Detail: "the JSON body is not well-formed JSON",
+				Fields: []FieldError{{Field: "body", Message: "not well-formed JSON"}}}
 		}
-		if len(rules.Exclude) == 0 {
-			doc["body"] = json.RawMessage(p.Body)
-		} else {
-			dec := json.NewDecoder(bytes.NewReader(p.Body))
-			dec.UseNumber()
-			var v any
-			if err := dec.Decode(&v); err != nil {
+		body := json.RawMessage(bytes.TrimSpace(p.Body))
+		for _, ptr := range rules.Exclude {
+			toks, err := parsePointer(ptr)
+			if err != nil {
+				return nil, err
+			}
+			if body, err = removeRaw(body, toks); err != nil {
 				return nil, Errorf(CodeInvalidRequest, "the JSON body cannot be read: %v", err)
 			}
-			for _, ptr := range rules.Exclude {
-				toks, err := parsePointer(ptr)
-				if err != nil {
-					return nil, err
-				}
-				v = removePointer(v, toks)
-			}
-			doc["body"] = v
 		}
+		doc["body"] = body
 	} else {
 		sum := sha256.Sum256(p.Body)
 		doc["body_sha256"] = hex.EncodeToString(sum[:])
@@ -181,278 +181,63 @@ func parsePointer(p string) ([]string, error) {
 	return toks, nil
 }
 
-// removePointer removes the value at toks from v and returns v.
-func removePointer(v any, toks []string) any {
-	if len(toks) == 0 {
-		return v
+// removeRaw returns the well-formed JSON value raw without the value at
+// toks (raw itself when nothing matches). Every other member name and
+// value is copied byte for byte, duplicates included, so removing a field
+// repairs nothing the I-JSON check must see. A member name that appears
+// twice on the pointer's way is followed (or removed) in both places.
+func removeRaw(raw json.RawMessage, toks []string) (json.RawMessage, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(toks) == 0 || len(raw) == 0 || (raw[0] != '{' && raw[0] != '[') {
+		return raw, nil
 	}
-	last := len(toks) == 1
-	switch c := v.(type) {
-	case map[string]any:
-		child, ok := c[toks[0]]
-		if !ok {
-			return v
-		}
-		if last {
-			delete(c, toks[0])
-		} else {
-			c[toks[0]] = removePointer(child, toks[1:])
-		}
-	case []any:
-		i, err := strconv.Atoi(toks[0])
-		if err != nil || i < 0 || i >= len(c) || (len(toks[0]) > 1 && toks[0][0] == '0') {
-			return v
-		}
-		if last {
-			return append(c[:i:i], c[i+1:]...)
-		}
-		c[i] = removePointer(c[i], toks[1:])
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if _, err := dec.Token(); err != nil { // '{' or '['
+		return nil, err
 	}
-	return v
-}
-
-// CheckIJSON checks that b is one I-JSON value (RFC 7493): well-formed JSON,
-// valid UTF-8, no lone surrogate escapes, no duplicate member names in an
-// object, every number inside the IEEE 754 double range. Go's decoder
-// silently repairs or accepts all of these, and two parsers that repair
-// differently would fingerprint one body two ways.
-func CheckIJSON(b []byte) error {
-	if !utf8.Valid(b) {
-		return Errorf(CodeInvalidRequest, "the JSON body is not valid UTF-8")
-	}
-	s := &scanner{b: b}
-	s.ws()
-	if err := s.value(0); err != nil {
-		return err
-	}
-	s.ws()
-	if s.i != len(b) {
-		return s.fail("data after the JSON value")
-	}
-	return nil
-}
-
-const maxJSONDepth = 1000
-
-type scanner struct {
-	b []byte
-	i int
-}
-
-func (s *scanner) fail(what string) error {
-	return &Error{Code: CodeInvalidRequest, Detail: fmt.Sprintf("the JSON body is not I-JSON: %s at byte %d", what, s.i),
-		Fields: []FieldError{{Field: "body", Message: what}}}
-}
-
-func (s *scanner) ws() {
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case ' ', '\t', '\n', '\r':
-			s.i++
-		default:
-			return
-		}
-	}
-}
-
-func (s *scanner) value(depth int) error {
-	if depth > maxJSONDepth {
-		return s.fail("nesting too deep")
-	}
-	if s.i >= len(s.b) {
-		return s.fail("unexpected end")
-	}
-	switch c := s.b[s.i]; {
-	case c == '{':
-		s.i++
-		seen := map[string]bool{}
-		s.ws()
-		if s.i < len(s.b) && s.b[s.i] == '}' {
-			s.i++
-			return nil
-		}
-		for {
-			s.ws()
-			if s.i >= len(s.b) || s.b[s.i] != '"' {
-				return s.fail("expected a member name")
-			}
-			name, err := s.str()
+	var out bytes.Buffer
+	out.WriteByte(raw[0])
+	first := true
+	for i := 0; dec.More(); i++ {
+		var name json.RawMessage // raw member name with its quotes, nil in an array
+		match := false
+		if raw[0] == '{' {
+			start := dec.InputOffset()
+			tok, err := dec.Token()
 			if err != nil {
-				return err
+				return nil, err
 			}
-			if seen[name] {
-				return s.fail(fmt.Sprintf("duplicate member name %q", name))
-			}
-			seen[name] = true
-			s.ws()
-			if s.i >= len(s.b) || s.b[s.i] != ':' {
-				return s.fail("expected ':'")
-			}
-			s.i++
-			s.ws()
-			if err := s.value(depth + 1); err != nil {
-				return err
-			}
-			s.ws()
-			if s.i < len(s.b) && s.b[s.i] == ',' {
-				s.i++
-				continue
-			}
-			if s.i < len(s.b) && s.b[s.i] == '}' {
-				s.i++
-				return nil
-			}
-			return s.fail("expected ',' or '}'")
+			name = bytes.Trim(raw[start:dec.InputOffset()], " \t\r\n,")
+			match = tok.(string) == toks[0]
+		} else {
+			match = strconv.Itoa(i) == toks[0]
 		}
-	case c == '[':
-		s.i++
-		s.ws()
-		if s.i < len(s.b) && s.b[s.i] == ']' {
-			s.i++
-			return nil
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
 		}
-		for {
-			s.ws()
-			if err := s.value(depth + 1); err != nil {
-				return err
-			}
-			s.ws()
-			if s.i < len(s.b) && s.b[s.i] == ',' {
-				s.i++
-				continue
-			}
-			if s.i < len(s.b) && s.b[s.i] == ']' {
-				s.i++
-				return nil
-			}
-			return s.fail("expected ',' or ']'")
+		if match && len(toks) == 1 {
+			continue
 		}
-	case c == '"':
-		_, err := s.str()
-		return err
-	case c == '-' || c >= '0' && c <= '9':
-		return s.number()
-	default:
-		for _, lit := range []string{"true", "false", "null"} {
-			if bytes.HasPrefix(s.b[s.i:], []byte(lit)) {
-				s.i += len(lit)
-				return nil
+		if match {
+			var err error
+			if v, err = removeRaw(v, toks[1:]); err != nil {
+				return nil, err
 			}
 		}
-		return s.fail("unexpected character")
-	}
-}
-
-// str reads a string at s.i (on its opening quote) and returns it decoded.
-func (s *scanner) str() (string, error) {
-	s.i++
-	var out strings.Builder
-	for s.i < len(s.b) {
-		c := s.b[s.i]
-		switch {
-		case c == '"':
-			s.i++
-			return out.String(), nil
-		case c < 0x20:
-			return "", s.fail("control character in a string")
-		case c == '\\':
-			if s.i+1 >= len(s.b) {
-				return "", s.fail("unexpected end")
-			}
-			e := s.b[s.i+1]
-			s.i += 2
-			switch e {
-			case '"', '\\', '/':
-				out.WriteByte(e)
-			case 'b':
-				out.WriteByte('\b')
-			case 'f':
-				out.WriteByte('\f')
-			case 'n':
-				out.WriteByte('\n')
-			case 'r':
-				out.WriteByte('\r')
-			case 't':
-				out.WriteByte('\t')
-			case 'u':
-				r, ok := s.hex4()
-				if !ok {
-					return "", s.fail("bad \\u escape")
-				}
-				switch {
-				case r >= 0xD800 && r <= 0xDBFF:
-					if s.i+1 >= len(s.b) || s.b[s.i] != '\\' || s.b[s.i+1] != 'u' {
-						return "", s.fail("lone surrogate")
-					}
-					s.i += 2
-					lo, ok := s.hex4()
-					if !ok || lo < 0xDC00 || lo > 0xDFFF {
-						return "", s.fail("lone surrogate")
-					}
-					out.WriteRune(0x10000 + (r-0xD800)<<10 + (lo - 0xDC00))
-				case r >= 0xDC00 && r <= 0xDFFF:
-					return "", s.fail("lone surrogate")
-				default:
-					out.WriteRune(r)
-				}
-			default:
-				return "", s.fail("bad escape")
-			}
-		default:
-			out.WriteByte(c)
-			s.i++
+		if !first {
+			out.WriteByte(',')
 		}
-	}
-	return "", s.fail("unterminated string")
-}
-
-func (s *scanner) hex4() (rune, bool) {
-	if s.i+4 > len(s.b) {
-		return 0, false
-	}
-	n, err := strconv.ParseUint(string(s.b[s.i:s.i+4]), 16, 32)
-	if err != nil {
-		return 0, false
-	}
-	s.i += 4
-	return rune(n), true
-}
-
-func (s *scanner) number() error {
-	start := s.i
-	if s.b[s.i] == '-' {
-		s.i++
-	}
-	digits := func() int {
-		n := 0
-		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
-			s.i++
-			n++
+		first = false
+		if name != nil {
+			out.Write(name)
+			out.WriteByte(':')
 		}
-		return n
+		out.Write(v)
 	}
-	intStart := s.i
-	n := digits()
-	if n == 0 || (n > 1 && s.b[intStart] == '0') {
-		return s.fail("malformed number")
+	if _, err := dec.Token(); err != nil { // '}' or ']'
+		return nil, err
 	}
-	if s.i < len(s.b) && s.b[s.i] == '.' {
-		s.i++
-		if digits() == 0 {
-			return s.fail("malformed number")
-		}
-	}
-	if s.i < len(s.b) && (s.b[s.i] == 'e' || s.b[s.i] == 'E') {
-		s.i++
-		if s.i < len(s.b) && (s.b[s.i] == '+' || s.b[s.i] == '-') {
-			s.i++
-		}
-		if digits() == 0 {
-			return s.fail("malformed number")
-		}
-	}
-	if _, err := strconv.ParseFloat(string(s.b[start:s.i]), 64); err != nil {
-		return s.fail("number outside the IEEE 754 double range")
-	}
-	return nil
+	out.WriteByte(raw[len(raw)-1])
+	return out.Bytes(), nil
 }

@@ -1,6 +1,7 @@
 package frontdoor_test
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -90,4 +91,20 @@ func TestRulesValidate(t *testing.T) {
 	assert.Error(t, frontdoor.Rules{Exclude: []string{""}}.Validate())
 	assert.Error(t, frontdoor.Rules{Exclude: []string{"/a~2"}}.Validate())
 	assert.Error(t, frontdoor.Rules{Headers: []string{"X Bad"}}.Validate())
+}
+
+func TestDocumentExclusionKeepsTheRestRaw(t *testing.T) {
+	body := "{ \"a\":1, \"ts\":{\"x\":1}, \"a\":2,\"l\":[ {\"ts\":1,\"k\":\"\\ud800\"}, 2 ], \"n\":1e400 }"
+	doc, err := frontdoor.Document(frontdoor.Parts{ContentType: "application/json", Body: []byte(body)},
+		frontdoor.Rules{Exclude: []string{"/ts", "/l/0/ts", "/l/1", "/missing/x"}})
+	require.NoError(t, err)
+	var got struct {
+		Body json.RawMessage `json:"body"`
+	}
+	require.NoError(t, json.Unmarshal(doc, &got))
+	assert.Equal(t, `{"a":1,"a":2,"l":[{"k":"\ud800"}],"n":1e400}`, string(got.Body),
+		"duplicates, lone surrogates and out-of-range numbers reach the fingerprinter as sent")
+
+	_, err = frontdoor.Document(frontdoor.Parts{ContentType: "application/json", Body: []byte(`{"a":`)}, frontdoor.Rules{Exclude: []string{"/a"}})
+	assert.True(t, errors.Is(err, &frontdoor.Error{Code: frontdoor.CodeInvalidRequest}))
 }

@@ -20,7 +20,8 @@
 //     the claim is the fingerprint document {"query", "body"} (a JSON body
 //     as JSON, so key order and white space do not matter) or {"query",
 //     "body_sha256"}; the server fingerprints it. A JSON body that is not
-//     I-JSON gets 400 invalid_request.
+//     I-JSON is refused by the server, whose 400 invalid_request is passed
+//     on.
 //   - A fresh claim or a takeover runs the handler once, buffering its
 //     whole response, completes the key with the status, the allowlisted
 //     headers (Options.Headers, default frontdoor.DefaultStoredHeaders;
@@ -59,6 +60,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idem-dev/idem/client"
@@ -260,8 +262,12 @@ func (m *middleware) writeClaimError(w http.ResponseWriter, r *http.Request, err
 			"this idempotency key was used with a different request"))
 	case errors.Is(err, client.ErrInvalidKey):
 		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeInvalidKey, "%s", ce.Detail))
-	case ce != nil && ce.Code == client.CodeInvalidRequest && len(ce.Fields) > 0 && ce.Fields[0].Field == "request":
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeInvalidRequest, "the request body cannot be fingerprinted: %s", ce.Fields[0].Message))
+	case ce != nil && ce.Code == client.CodeInvalidRequest && len(ce.Fields) > 0 && isDocumentField(ce.Fields[0].Field):
+		// The body is not I-JSON: idem refused the fingerprint document
+		// (request.body…), the one place that rule is checked.
+		frontdoor.WriteProblem(w, r, &frontdoor.Error{Code: frontdoor.CodeInvalidRequest,
+			Detail: "the request body cannot be fingerprinted: " + ce.Fields[0].Field + " " + ce.Fields[0].Message,
+			Fields: []frontdoor.FieldError{{Field: "body", Message: ce.Fields[0].Message}}})
 	default:
 		if r.Context().Err() == nil {
 			m.opts.Logger.ErrorContext(r.Context(), "idem: the idempotency service is unavailable; failing closed", "error", err)
@@ -273,6 +279,13 @@ func (m *middleware) writeClaimError(w http.ResponseWriter, r *http.Request, err
 		}
 		frontdoor.WriteProblem(w, r, e)
 	}
+}
+
+// isDocumentField reports whether a field error of idem's claim answer
+// names the fingerprint document the middleware sent (request or a member
+// of it), not something else of the claim.
+func isDocumentField(field string) bool {
+	return field == "request" || strings.HasPrefix(field, "request.") || strings.HasPrefix(field, "request[")
 }
 
 // recorder buffers a handler's whole response.

@@ -214,9 +214,15 @@ func TestMiddlewareFrontDoorRules(t *testing.T) {
 		dup := post(t, url, `{"sku":"A","sku":"B"}`, `{}`)
 		require.Equal(t, http.StatusBadRequest, dup.status, "a quote inside a bare key")
 		require.Equal(t, "invalid_key", problemCode(t, dup))
-		bad := post(t, url, "k-dup", `{"sku":"A","sku":"B"}`)
-		require.Equal(t, http.StatusBadRequest, bad.status)
-		require.Equal(t, "invalid_request", problemCode(t, bad))
+		// A body that is not I-JSON reaches idem verbatim inside the
+		// document and idem's 400 is passed on; the handler never runs.
+		before := a.orders.Load()
+		for i, body := range []string{`{"sku":"A","sku":"B"}`, `{"n":{"x":1,"x":1}}`, `{"t":"\ud800"}`, "{\"t\":\"\xff\"}", `{"n":1e400}`, `{"sku":`} {
+			bad := post(t, url, fmt.Sprintf("k-bad-%d", i), body)
+			require.Equal(t, http.StatusBadRequest, bad.status, body)
+			require.Equal(t, "invalid_request", problemCode(t, bad), body)
+		}
+		require.Equal(t, before, a.orders.Load())
 
 		a.big = 5000
 		big := post(t, url, "k-big", `{}`)
