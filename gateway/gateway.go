@@ -198,14 +198,9 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		g.refuse(w, r, x, err)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, rr.maxBody))
+	body, err := frontdoor.ReadBody(w, r, rr.maxBody)
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			g.refuse(w, r, x, frontdoor.Errorf(frontdoor.CodePayloadTooLarge, "the request body is larger than %d bytes", mbe.Limit))
-		} else {
-			g.refuse(w, r, x, frontdoor.Errorf(frontdoor.CodeInvalidRequest, "the request body could not be read"))
-		}
+		g.refuse(w, r, x, err)
 		return
 	}
 	doc, err := frontdoor.Document(frontdoor.Parts{

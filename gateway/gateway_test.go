@@ -129,6 +129,15 @@ func TestFingerprintExclusionKeepsTheIJSONRule(t *testing.T) {
 	require.Equal(t, int64(1), r.upstream.Count())
 }
 
+func TestRequestBodyOverTheLimit(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, servertest.BackendSQLite, "routes:\n  - path: /orders/{id}\n    max_body_bytes: 16\n")
+	big := send(t, http.MethodPost, r.url+"/orders/7", "big-1", `{"sku":"AAAAAAAAAAAAAAAAAAAA"}`)
+	require.Equal(t, http.StatusRequestEntityTooLarge, big.status, big.body)
+	require.Equal(t, "payload_too_large", big.code(t))
+	require.Equal(t, int64(0), r.upstream.Count())
+}
+
 func TestReplayMismatchAndOrdinaryRecords(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, backend string) {

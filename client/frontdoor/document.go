@@ -5,7 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"mime"
 	"net/http"
 	"strconv"
@@ -240,4 +242,20 @@ func removeRaw(raw json.RawMessage, toks []string) (json.RawMessage, error) {
 	}
 	out.WriteByte(raw[len(raw)-1])
 	return out.Bytes(), nil
+}
+
+// ReadBody reads the whole request body of a protected request, which the
+// fingerprint and a replay-safe re-run both need, within limit bytes: a
+// larger body is CodePayloadTooLarge, a body that cannot be read
+// CodeInvalidRequest. The gateway and idemhttp answer these the same way.
+func ReadBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, Errorf(CodePayloadTooLarge, "the request body is larger than %d bytes", mbe.Limit)
+		}
+		return nil, Errorf(CodeInvalidRequest, "the request body could not be read")
+	}
+	return body, nil
 }

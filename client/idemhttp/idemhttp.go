@@ -172,14 +172,9 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			return
 		}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.opts.MaxBodyBytes))
+	body, err := frontdoor.ReadBody(w, r, m.opts.MaxBodyBytes)
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodePayloadTooLarge, "the request body is larger than %d bytes", mbe.Limit))
-			return
-		}
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeInvalidRequest, "the request body could not be read"))
+		writeErr(w, r, err)
 		return
 	}
 	_ = r.Body.Close()

@@ -224,6 +224,12 @@ func TestMiddlewareFrontDoorRules(t *testing.T) {
 		}
 		require.Equal(t, before, a.orders.Load())
 
+		small := newApp(t, c, idemhttp.Options{MaxBodyBytes: 16})
+		tooLarge := post(t, small.srv.URL+"/orders/cus_1", "k-large", `{"sku":"AAAAAAAAAAAAAAAAAAAA"}`)
+		require.Equal(t, http.StatusRequestEntityTooLarge, tooLarge.status)
+		require.Equal(t, "payload_too_large", problemCode(t, tooLarge))
+		require.Equal(t, int64(0), small.orders.Load())
+
 		a.big = 5000
 		big := post(t, url, "k-big", `{}`)
 		require.Equal(t, http.StatusCreated, big.status)
