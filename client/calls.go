@@ -27,7 +27,8 @@ func (c *Client) Claim(ctx context.Context, key string, req Request) (ClaimResul
 	if err := ValidateKey(key); err != nil {
 		return ClaimResult{}, fmt.Errorf("claim: %w", err)
 	}
-	body := claimBody{Operation: req.Operation, Fingerprint: req.Fingerprint, Request: req.Payload, LeaseSeconds: leaseSeconds(req.Lease)}
+	body := claimBody{Operation: req.Operation, Fingerprint: req.Fingerprint, Request: req.Payload, LeaseSeconds: leaseSeconds(req.Lease),
+		AttemptID: c.attemptID(req)}
 	var out ClaimResult
 	res, err := c.do(ctx, apiCall{name: "claim", method: http.MethodPost, path: keyPath(key, "/claim"), body: body, out: &out})
 	if err != nil {

@@ -3,6 +3,8 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,6 +29,8 @@ type Client struct {
 	hook      func(AttemptInfo)
 	clock     Clock
 	userAgent string
+	// noAttemptIDs turns off the random attempt_id of claims.
+	noAttemptIDs bool
 }
 
 // Option configures a Client.
@@ -73,6 +77,30 @@ func WithAttemptHook(hook func(AttemptInfo)) Option {
 // WithClock replaces the time source of the retry loop (tests).
 func WithClock(clock Clock) Option {
 	return func(c *Client) { c.clock = clock }
+}
+
+// WithAttemptIDs says whether claims carry a random attempt_id (default
+// true): one per Claim or Do call, the same in all its retries and
+// in-flight waits, so a claim whose answer was lost (a timeout, a reset)
+// is answered with its own attempt at the next try instead of 409 and a
+// wait for the lease it holds itself. Turn it off only for an idem server
+// older than attempt_id, which refuses the field.
+func WithAttemptIDs(on bool) Option {
+	return func(c *Client) { c.noAttemptIDs = !on }
+}
+
+// attemptID is the attempt_id a claim of req sends: the caller's, else a
+// random UUID (version 4) unless attempt ids are off.
+func (c *Client) attemptID(req Request) string {
+	if req.AttemptID != "" || c.noAttemptIDs {
+		return req.AttemptID
+	}
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
 // WithUserAgent sets the User-Agent header.

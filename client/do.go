@@ -248,6 +248,7 @@ func (c *Client) finishCtx(ctx context.Context) (context.Context, context.Cancel
 
 // claimWaiting claims key, waiting out request_in_flight answers.
 func (c *Client) claimWaiting(ctx context.Context, key string, req Request) (ClaimResult, error) {
+	req.AttemptID = c.attemptID(req) // one for the whole call, waits included
 	p := c.policy
 	var waited time.Duration
 	for {

@@ -72,9 +72,13 @@
 //
 // The calls are safe to retry: a repeated complete with the same token and
 // response is a no-op; a repeated checkpoint saves the same point. A claim
-// whose answer was lost is the one exception: the retry finds the key in
-// flight (held by the lost claim). Do waits such a claim out: once its
-// lease runs out, the next claim takes it over.
+// carries a random attempt_id, one per Claim or Do call and the same in
+// all its retries, so a claim whose answer was lost (a timeout, a reset)
+// gets its own attempt back at the retry — the same fencing token, not a
+// 409 and a wait for its own lease. WithAttemptIDs(false) turns that off
+// (for a server older than attempt_id); the retry then finds the key in
+// flight and Do waits the lost claim out until the next claim takes it
+// over.
 //
 // # Lifecycle helper
 //

@@ -124,6 +124,13 @@ type Request struct {
 	// NoWait makes Do return ErrRequestInFlight at once instead of waiting
 	// for another holder of the key.
 	NoWait bool
+	// AttemptID names this logical claim (1–64 bytes) so that a claim
+	// whose answer was lost gets its own attempt back (same fencing token)
+	// instead of 409 request_in_flight and a wait for its own lease. Empty:
+	// a random one per Claim or Do call, reused by every retry of that
+	// call, unless WithAttemptIDs(false). Never share one between two
+	// logical calls: whoever sends it gets the attempt.
+	AttemptID string
 }
 
 type claimBody struct {
@@ -131,6 +138,7 @@ type claimBody struct {
 	Fingerprint  string `json:"fingerprint,omitempty"`
 	Request      any    `json:"request,omitempty"`
 	LeaseSeconds int    `json:"lease_seconds,omitempty"`
+	AttemptID    string `json:"attempt_id,omitempty"`
 }
 
 func leaseSeconds(d time.Duration) int {

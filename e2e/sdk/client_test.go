@@ -376,3 +376,57 @@ func TestE2ETypedCalls(t *testing.T) {
 		require.ErrorIs(t, err, client.ErrUnauthenticated)
 	})
 }
+
+// TestE2ELostClaimAnswerRecovered: the claim's answer is lost (the fault
+// proxy swallows it after the server claimed the key). Do retries the
+// claim with the same random attempt_id and gets its own attempt back at
+// once — attempt 1, not a takeover, well inside a lease it would otherwise
+// have to wait out. With attempt ids off the same retry is 409.
+func TestE2ELostClaimAnswerRecovered(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, e e2e) {
+		ctx := context.Background()
+		host := strings.TrimPrefix(e.srv.URL(), "http://")
+		dropFirstClaim := func() *faultproxy.Proxy {
+			var once atomic.Bool
+			return faultproxy.Start(t, host, func(r *http.Request) bool {
+				return strings.HasSuffix(r.URL.Path, "/claim") && once.CompareAndSwap(false, true)
+			})
+		}
+		const lease = 30 * time.Second
+		req := client.Request{Operation: "POST /orders", Payload: map[string]any{"order": 9}, Lease: lease, NoWait: true}
+
+		proxy := dropFirstClaim()
+		var ran atomic.Int64
+		var token int64
+		start := time.Now()
+		res, err := e.client(t, proxy.URL()).Do(ctx, "lost-claim-1", req, func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+			ran.Add(1)
+			require.Equal(t, 1, claim.Attempt(), "the lost attempt itself, not a takeover")
+			require.False(t, claim.Resumed())
+			token = claim.FencingToken()
+			return confirmed, nil
+		})
+		require.NoError(t, err)
+		require.Less(t, time.Since(start), lease/2, "recovered without waiting out the lease")
+		require.Equal(t, 1, proxy.Dropped(), "the first claim's answer was lost")
+		require.False(t, res.Replayed)
+		require.Equal(t, int64(1), ran.Load())
+		rec, err := e.client(t, e.srv.URL()).Get(ctx, "lost-claim-1")
+		require.NoError(t, err)
+		require.Equal(t, client.StateCompleted, rec.State)
+		require.Equal(t, 1, rec.Attempt)
+		require.Equal(t, token, rec.FencingToken, "completed with the fencing token the lost answer carried")
+
+		// Without attempt ids the retry finds its own claim in flight.
+		proxy = dropFirstClaim()
+		ran.Store(0)
+		_, err = e.client(t, proxy.URL(), client.WithAttemptIDs(false)).Do(ctx, "lost-claim-2", req, func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+			ran.Add(1)
+			return confirmed, nil
+		})
+		require.ErrorIs(t, err, client.ErrRequestInFlight)
+		require.Equal(t, 1, proxy.Dropped())
+		require.Zero(t, ran.Load())
+	})
+}
