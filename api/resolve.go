@@ -216,7 +216,12 @@ func (r *adminKeyAuditRequest) bind(req *http.Request) error {
 	return r.pageParams.bind(req)
 }
 
+// listAnyKeyAudit is GET /v1/admin/tenants/{id}/keys/{key}/audit; an
+// unknown tenant is tenant_not_found (its entries went with it).
 func (s *service) listAnyKeyAudit(ctx context.Context, req *adminKeyAuditRequest) (listJSON[auditJSON], error) {
+	if _, err := s.tenants.Get(ctx, req.id); err != nil {
+		return listJSON[auditJSON]{}, fmt.Errorf("list audit: %w", err)
+	}
 	return s.listAudit(ctx, idem.ListAuditParams{TenantID: req.id, Key: req.key}, req.pageParams)
 }
 
