@@ -203,6 +203,18 @@ func TestCLIConfigRedacts(t *testing.T) {
 	require.Contains(t, out, "IDEM_ADDR=:8080\n")
 	require.Contains(t, out, "# mode: production; log format: json")
 
+	// The password from IDEM_DATABASE_PASSWORD_FILE (a compose or
+	// Kubernetes secret) joins the URL, redacted like one written in it.
+	pwFile := filepath.Join(t.TempDir(), "postgres_password")
+	require.NoError(t, os.WriteFile(pwFile, []byte("from-a-secret\n"), 0o600))
+	out = mustCLI(t, map[string]string{
+		"IDEM_DATABASE_URL": "postgres://idem@db.internal:5432/idem?sslmode=disable", "IDEM_DATABASE_PASSWORD_FILE": pwFile,
+		"IDEM_JWT_HS256_SECRET": testSecret,
+	}, "config")
+	require.Contains(t, out, "IDEM_DATABASE_URL=postgres://idem:xxxxx@db.internal:5432/idem?sslmode=disable\n")
+	require.Contains(t, out, "IDEM_DATABASE_PASSWORD_FILE="+pwFile+"\n")
+	require.NotContains(t, out, "from-a-secret")
+
 	// Invalid configuration: printed, then the problems, exit 1.
 	out, errOut, code := runCLI(t, map[string]string{"IDEM_DATABASE_URL": "postgres://idem:hunter2@db/idem", "IDEM_SHUTDOWN_GRACE": "0s"}, "config")
 	require.Equal(t, 1, code)

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -40,6 +41,12 @@ type Config struct {
 	// postgres:// or postgresql:// for PostgreSQL, sqlite:PATH for the
 	// embedded store.
 	DatabaseURL string
+	// DatabasePasswordFile names a file holding the database password
+	// (IDEM_DATABASE_PASSWORD_FILE), e.g. a Docker or Kubernetes secret
+	// mounted at /run/secrets/…, so the password need not be written into
+	// IDEM_DATABASE_URL. Flags puts it into DatabaseURL (trailing newlines
+	// removed); the URL must then name a user and no password.
+	DatabasePasswordFile string
 	// CreateDB lets serve (and the tenant and gateway commands) create the
 	// ledger when the database holds none: a missing SQLite file, a
 	// PostgreSQL schema without idem's tables (IDEM_CREATE_DB). Without it
@@ -176,6 +183,8 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*intValue)(&c.MetricsMaxTenants) }},
 		{"database-url", "IDEM_DATABASE_URL", "store: postgres://… or postgresql://… for PostgreSQL, sqlite:PATH for the embedded store", true,
 			func(c *Config) flag.Value { return (*stringValue)(&c.DatabaseURL) }},
+		{"database-password-file", "IDEM_DATABASE_PASSWORD_FILE", "file holding the PostgreSQL password (e.g. /run/secrets/postgres_password), put into IDEM_DATABASE_URL, which then names the user and no password", false,
+			func(c *Config) flag.Value { return (*stringValue)(&c.DatabasePasswordFile) }},
 		{"create-db", "IDEM_CREATE_DB", "create the ledger (SQLite file, PostgreSQL tables) when the database holds none; without it serve refuses to start on a missing ledger (development mode and migrate create it anyway)", false,
 			func(c *Config) flag.Value { return (*boolValue)(&c.CreateDB) }},
 		{"jwt-hs256-secret", "IDEM_JWT_HS256_SECRET", "HS256 signing secret, at least 32 bytes (prefer the environment variable over the flag)", true,
@@ -285,8 +294,45 @@ func Flags(fs *flag.FlagSet, getenv func(string) string, only ...string) func() 
 				errs = append(errs, fmt.Errorf("%s: %w", s.env, err))
 			}
 		}
+		if err := cfg.applyPasswordFile(); err != nil {
+			errs = append(errs, err)
+		}
 		return cfg, errors.Join(errs...)
 	}
+}
+
+// applyPasswordFile puts the password of DatabasePasswordFile into
+// DatabaseURL. The file's trailing newlines are not part of the password
+// (as PostgreSQL's own *_FILE variables read it).
+func (c *Config) applyPasswordFile() error {
+	if c.DatabasePasswordFile == "" {
+		return nil
+	}
+	b, err := os.ReadFile(c.DatabasePasswordFile)
+	if err != nil {
+		return fmt.Errorf("IDEM_DATABASE_PASSWORD_FILE: %w", err)
+	}
+	password := strings.TrimRight(string(b), "\r\n")
+	if password == "" {
+		return fmt.Errorf("IDEM_DATABASE_PASSWORD_FILE: %s is empty", c.DatabasePasswordFile)
+	}
+	db, err := parseDatabase(c.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	u, err := url.Parse(c.DatabaseURL)
+	if !db.is("postgres") || err != nil {
+		return errors.New("IDEM_DATABASE_PASSWORD_FILE is set, but IDEM_DATABASE_URL is not a postgres:// URL")
+	}
+	if u.User == nil || u.User.Username() == "" {
+		return errors.New("IDEM_DATABASE_PASSWORD_FILE is set, but IDEM_DATABASE_URL names no user (postgres://USER@host/db)")
+	}
+	if _, has := u.User.Password(); has || u.Query().Has("password") {
+		return errors.New("IDEM_DATABASE_PASSWORD_FILE is set, but IDEM_DATABASE_URL has a password too: keep one")
+	}
+	u.User = url.UserPassword(u.User.Username(), password)
+	c.DatabaseURL = u.String()
+	return nil
 }
 
 // memoryBase is what the process needs beside the request bodies in

@@ -4,6 +4,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -203,4 +206,43 @@ func sqlitePath(t *testing.T, cfg Config) string {
 	require.NoError(t, err)
 	require.True(t, db.is("sqlite"))
 	return db.target
+}
+
+// TestDatabasePasswordFile: the password comes from the file into the URL
+// (trailing newline dropped, special characters escaped), is redacted like
+// one written in the URL, and every misuse is a clear error.
+func TestDatabasePasswordFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "pw")
+	require.NoError(t, os.WriteFile(file, []byte("s3cr@t/pw\n"), 0o600))
+	cfg, err := load(nil, envOf(map[string]string{
+		"IDEM_DATABASE_URL":           "postgres://idem@db:5432/idem?sslmode=disable",
+		"IDEM_DATABASE_PASSWORD_FILE": file,
+	}))
+	require.NoError(t, err)
+	u, err := url.Parse(cfg.DatabaseURL)
+	require.NoError(t, err)
+	pw, ok := u.User.Password()
+	require.True(t, ok)
+	require.Equal(t, "s3cr@t/pw", pw)
+	require.Equal(t, "idem", u.User.Username())
+	require.Equal(t, "db:5432", u.Host)
+	for _, st := range cfg.Redacted() {
+		require.NotContains(t, st.Value, "s3cr", st.Env)
+	}
+
+	empty := filepath.Join(dir, "empty")
+	require.NoError(t, os.WriteFile(empty, []byte("\n"), 0o600))
+	for _, c := range []struct{ url, file, want string }{
+		{"postgres://idem@db/idem", filepath.Join(dir, "missing"), "IDEM_DATABASE_PASSWORD_FILE: open"},
+		{"postgres://idem@db/idem", empty, "is empty"},
+		{"postgres://idem:other@db/idem", file, "has a password too"},
+		{"postgres://idem@db/idem?password=x", file, "has a password too"},
+		{"postgres://db/idem", file, "names no user"},
+		{"sqlite:./data/idem.db", file, "not a postgres:// URL"},
+	} {
+		_, err := load(nil, envOf(map[string]string{"IDEM_DATABASE_URL": c.url, "IDEM_DATABASE_PASSWORD_FILE": c.file}))
+		require.ErrorContains(t, err, c.want, c.url)
+	}
 }

@@ -19,7 +19,7 @@ import (
 // configures every setting of every command.
 var (
 	// storeSettings are what opening the store reads.
-	storeSettings = []string{"database-url", "create-db", "db-max-conns", "db-connect-timeout", "store-timeout"}
+	storeSettings = []string{"database-url", "database-password-file", "create-db", "db-max-conns", "db-connect-timeout", "store-timeout"}
 	// tokenSettings are what minting a token reads: the key, the claims
 	// checked by the server and where the development secret lives.
 	tokenSettings = []string{"jwt-hs256-secret", "jwt-jwks-file", "jwt-issuer", "jwt-audience", "database-url", "data-dir"}
