@@ -63,6 +63,12 @@ type Options struct {
 	// chi.RouteContext(r.Context()).RoutePattern() is set once
 	// next.ServeHTTP returns.
 	Middlewares []func(http.Handler) http.Handler
+	// Webhooks is the store's webhook side; nil serves no /v1/webhooks
+	// routes.
+	Webhooks idem.WebhookStore
+	// AllowPrivateWebhooks accepts endpoint URLs on loopback, link-local
+	// and private addresses (IDEM_WEBHOOK_ALLOW_PRIVATE).
+	AllowPrivateWebhooks bool
 }
 
 // Observer receives the outcome of claims and writes, for metrics.
@@ -90,6 +96,9 @@ type service struct {
 	maxWait  time.Duration
 	limiter  *limiter
 	buffers  sync.Pool // of *bytes.Buffer, for encoding responses
+
+	webhooks             idem.WebhookStore
+	allowPrivateWebhooks bool
 }
 
 // New returns the router serving /v1/..., /healthz and /readyz. The caller
@@ -105,6 +114,9 @@ func New(opts Options) *chi.Mux {
 		waiters:  opts.Waiters,
 		maxWait:  opts.MaxWait,
 		limiter:  newLimiter(time.Now),
+
+		webhooks:             opts.Webhooks,
+		allowPrivateWebhooks: opts.AllowPrivateWebhooks,
 	}
 	if s.maxWait <= 0 {
 		s.maxWait = idem.MaxWaitSecondsLimit * time.Second
@@ -173,6 +185,20 @@ func New(opts Options) *chi.Mux {
 			Get("/tenant", handle(s, s.getOwnTenant))
 		r.With(s.requireScope(auth.ScopeTenantAdmin), s.resolveTenant).
 			Patch("/tenant", handle(s, s.patchOwnTenant))
+
+		if s.webhooks != nil {
+			r.Group(func(r chi.Router) {
+				r.Use(s.requireScope(auth.ScopeTenantAdmin))
+				r.Use(s.resolveTenant)
+				r.Post("/webhooks", handle(s, s.createWebhook))
+				r.Get("/webhooks", handle(s, s.listWebhooks))
+				r.Get("/webhooks/{id}", handle(s, s.getWebhook))
+				r.Patch("/webhooks/{id}", handle(s, s.patchWebhook))
+				r.Delete("/webhooks/{id}", handle(s, s.deleteWebhook))
+				r.Post("/webhooks/{id}/test", handle(s, s.testWebhook))
+				r.Get("/webhooks/{id}/deliveries", handle(s, s.listDeliveries))
+			})
+		}
 		r.With(s.requireScope(auth.ScopeTenantAdmin), s.resolveTenant).
 			Post("/keys/{key}/resolve", handle(s, s.resolveOwn))
 		r.Group(func(r chi.Router) {

@@ -37,6 +37,7 @@ var problems = map[idem.Code]problemInfo{
 	idem.CodeTenantUnknown:        {http.StatusForbidden, "Unknown tenant", false},
 	idem.CodeKeyNotFound:          {http.StatusNotFound, "Key not found", false},
 	idem.CodeTenantNotFound:       {http.StatusNotFound, "Tenant not found", false},
+	idem.CodeWebhookNotFound:      {http.StatusNotFound, "Webhook endpoint not found", false},
 	idem.CodeRequestInFlight:      {http.StatusConflict, "Request in flight", true},
 	idem.CodeLeaseLost:            {http.StatusConflict, "Lease lost", false},
 	idem.CodeAlreadyCompleted:     {http.StatusConflict, "Already completed", false},

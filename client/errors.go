@@ -22,6 +22,7 @@ const (
 	CodeTenantUnknown        Code = "tenant_unknown"
 	CodeKeyNotFound          Code = "key_not_found"
 	CodeTenantNotFound       Code = "tenant_not_found"
+	CodeWebhookNotFound      Code = "webhook_not_found"
 	CodeRequestInFlight      Code = "request_in_flight"
 	CodeLeaseLost            Code = "lease_lost"
 	CodeAlreadyCompleted     Code = "already_completed"

@@ -55,9 +55,9 @@ type Server struct {
 	jobs     *jobs.Runner
 	// waiters hold claims that wait for a key in flight; nil when waiting
 	// is off.
-	waiters  *idem.Waiters
-	handler  http.Handler
-	dev      *DevInfo
+	waiters *idem.Waiters
+	handler http.Handler
+	dev     *DevInfo
 	// webhooks is the store's webhook side; deliverer sends its outbox.
 	webhooks  idem.WebhookStore
 	deliverer *webhooks.Deliverer
@@ -211,16 +211,18 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 // static routes.
 func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 	mux := api.New(api.Options{
-		Store:            s.store,
-		Tenants:          s.tenants,
-		Verifier:         verifier,
-		Logger:           s.logger,
-		MaxBodyBytes:     s.cfg.MaxBodyBytes,
-		MaxInflightBytes: s.cfg.MaxInflightBytes,
-		Waiters:          s.waiters,
-		MaxWait:          s.cfg.MaxWait(),
-		Observer:         s.metrics,
-		Middlewares:      []func(http.Handler) http.Handler{s.metrics.Middleware},
+		Store:                s.store,
+		Tenants:              s.tenants,
+		Verifier:             verifier,
+		Logger:               s.logger,
+		MaxBodyBytes:         s.cfg.MaxBodyBytes,
+		MaxInflightBytes:     s.cfg.MaxInflightBytes,
+		Waiters:              s.waiters,
+		MaxWait:              s.cfg.MaxWait(),
+		Observer:             s.metrics,
+		Middlewares:          []func(http.Handler) http.Handler{s.metrics.Middleware},
+		Webhooks:             s.webhooks,
+		AllowPrivateWebhooks: s.cfg.WebhookAllowPrivate,
 	})
 	metricsHandler := promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry})
 	if s.cfg.MetricsAddr == "" {

@@ -1,0 +1,131 @@
+package server_test
+
+// Signed webhooks (issue 13) through real HTTP on both stores: a tenant
+// admin registers an endpoint at a loopback receiver; an orphan and a
+// fenced-off late writer reach it as key.orphaned and key.lease_lost, a
+// test send too, each signed (checked by the receiver's own verifier) and
+// listed in the delivery log.
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem/internal/webhooktest"
+	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/server/servertest"
+)
+
+// webhookConfig makes delivery quick and allows the loopback receiver.
+func webhookConfig(c *server.Config) {
+	c.WebhookAllowPrivate = true
+	c.WebhookInterval = 50 * time.Millisecond
+	c.WebhookTimeout = 2 * time.Second
+	c.WebhookRetryBase = 20 * time.Millisecond
+	c.WebhookRetryCap = 200 * time.Millisecond
+}
+
+func TestWebhooksOverHTTP(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ts := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"acme", "globex"}, Configure: webhookConfig})
+			c := newAPIClient(t, ts)
+			admin := ts.Token(t, "acme", "tenant:admin")
+			writer := ts.Token(t, "acme", "keys:write")
+			r := webhooktest.New(t, webhooktest.Always(204))
+
+			status, p, _ := c.call(t, http.MethodPost, "/v1/webhooks", writer, `{"url":"`+r.URL+`"}`)
+			require.Equal(t, http.StatusForbidden, status, "keys:write may not manage webhooks: %v", p)
+			status, p, _ = c.call(t, http.MethodPost, "/v1/webhooks", admin, `{"url":"`+r.URL+`","events":["key.exploded"]}`)
+			require.Equal(t, http.StatusBadRequest, status, "%v", p)
+			require.Equal(t, "events", p["errors"].([]any)[0].(map[string]any)["field"])
+
+			status, ep, _ := c.call(t, http.MethodPost, "/v1/webhooks", admin, `{"url":"`+r.URL+`/hook","events":["key.orphaned","key.lease_lost"]}`)
+			require.Equal(t, http.StatusCreated, status, "%v", ep)
+			secret := ep["secret"].(string)
+			require.True(t, strings.HasPrefix(secret, "whsec_"))
+			r.SetSecret(secret)
+			id := ep["id"].(string)
+
+			status, got, _ := c.call(t, http.MethodGet, "/v1/webhooks/"+id, admin, "")
+			require.Equal(t, http.StatusOK, status)
+			require.NotContains(t, got, "secret", "the secret is shown once")
+			status, p, _ = c.call(t, http.MethodGet, "/v1/webhooks/"+id, ts.Token(t, "globex", "tenant:admin"), "")
+			require.Equal(t, http.StatusNotFound, status, "another tenant's endpoint")
+			require.Equal(t, "webhook_not_found", p["code"])
+
+			// An orphan (1 s lease), then a takeover and the late writer.
+			const claim = `{"operation":"POST /v1/payments","request":{"amount":1000},"lease_seconds":1}`
+			status, rec, _ := c.call(t, http.MethodPost, "/v1/keys/k/claim", writer, claim)
+			require.Equal(t, http.StatusCreated, status, "%v", rec)
+			stale := rec["fencing_token"].(float64)
+			require.Eventually(t, func() bool { return hasType(r, "key.orphaned") }, 15*time.Second, 50*time.Millisecond)
+			status, _, _ = c.call(t, http.MethodPost, "/v1/keys/k/claim", writer, claim)
+			require.Equal(t, http.StatusCreated, status)
+			status, p, _ = c.call(t, http.MethodPost, "/v1/keys/k/complete", writer, fmt.Sprintf(`{"fencing_token":%v,"response":{"status":200}}`, stale))
+			require.Equal(t, http.StatusConflict, status)
+			require.Equal(t, "lease_lost", p["code"])
+			require.Eventually(t, func() bool { return hasType(r, "key.lease_lost") }, 15*time.Second, 50*time.Millisecond)
+
+			status, d, _ := c.call(t, http.MethodPost, "/v1/webhooks/"+id+"/test", admin, "")
+			require.Equal(t, http.StatusAccepted, status, "%v", d)
+			require.Eventually(t, func() bool { return hasType(r, "webhook.test") }, 15*time.Second, 50*time.Millisecond)
+			require.Empty(t, r.Bad(), "every delivery is signed with the endpoint's secret")
+
+			require.Eventually(t, func() bool {
+				_, log, _ := c.call(t, http.MethodGet, "/v1/webhooks/"+id+"/deliveries?limit=2", admin, "")
+				items := log["items"].([]any)
+				return len(items) == 2 && items[0].(map[string]any)["state"] == "delivered" && log["next_cursor"] != nil
+			}, 15*time.Second, 50*time.Millisecond)
+			_, log, _ := c.call(t, http.MethodGet, "/v1/webhooks/"+id+"/deliveries?limit=2", admin, "")
+			_, rest, _ := c.call(t, http.MethodGet, "/v1/webhooks/"+id+"/deliveries?limit=2&cursor="+log["next_cursor"].(string), admin, "")
+			var types []string
+			for _, it := range append(log["items"].([]any), rest["items"].([]any)...) {
+				types = append(types, it.(map[string]any)["event_type"].(string))
+			}
+			require.Equal(t, []string{"webhook.test", "key.lease_lost", "key.orphaned"}, types, "newest first, every event once")
+
+			// Disabled: nothing more; a test send is refused.
+			status, got, _ = c.call(t, http.MethodPatch, "/v1/webhooks/"+id, admin, `{"enabled":false}`)
+			require.Equal(t, http.StatusOK, status)
+			require.Equal(t, false, got["enabled"])
+			status, p, _ = c.call(t, http.MethodPost, "/v1/webhooks/"+id+"/test", admin, "")
+			require.Equal(t, http.StatusNotFound, status, "%v", p)
+
+			status, _, _ = c.call(t, http.MethodDelete, "/v1/webhooks/"+id, admin, "")
+			require.Equal(t, http.StatusNoContent, status)
+			status, list, _ := c.call(t, http.MethodGet, "/v1/webhooks", admin, "")
+			require.Equal(t, http.StatusOK, status)
+			require.Empty(t, list["items"])
+		})
+	}
+}
+
+// Without IDEM_WEBHOOK_ALLOW_PRIVATE, loopback, link-local and private
+// URLs are refused at registration.
+func TestWebhookPrivateTargetsRefused(t *testing.T) {
+	t.Parallel()
+	ts := servertest.Start(t, servertest.Options{Tenants: []string{"acme"}})
+	c := newAPIClient(t, ts)
+	admin := ts.Token(t, "acme", "tenant:admin")
+	for _, u := range []string{"http://127.0.0.1:8080/h", "http://localhost/h", "http://169.254.169.254/latest/meta-data", "http://[::1]/h", "http://10.0.0.7/h"} {
+		status, p, _ := c.call(t, http.MethodPost, "/v1/webhooks", admin, `{"url":"`+u+`"}`)
+		require.Equal(t, http.StatusBadRequest, status, "%s: %v", u, p)
+		require.Equal(t, "url", p["errors"].([]any)[0].(map[string]any)["field"])
+	}
+}
+
+func hasType(r *webhooktest.Receiver, typ string) bool {
+	for _, q := range r.Requests() {
+		if q.Type == typ {
+			return true
+		}
+	}
+	return false
+}
