@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -73,7 +72,7 @@ type claimRequest struct {
 }
 
 func (c *claimRequest) bind(r *http.Request) error {
-	c.preferWait = preferWait(r.Header.Values("Prefer"))
+	c.preferWait = idem.PreferWait(r.Header.Values("Prefer"))
 	c.header = responseHeaderFrom(r.Context())
 	return c.keyParam.bind(r)
 }
@@ -118,27 +117,6 @@ func (c *claimRequest) validate() error {
 		return fieldError("wait_seconds", fmt.Sprintf("must be between 0 and %d", idem.MaxWaitSecondsLimit), nil)
 	}
 	return nil
-}
-
-// preferWait returns N of the first "wait=N" preference in the Prefer
-// header fields (RFC 7240 §4.3), or -1. Preferences are hints: a malformed
-// or unknown one is ignored, never refused.
-func preferWait(fields []string) int {
-	for _, f := range fields {
-		for pref := range strings.SplitSeq(f, ",") {
-			pref, _, _ = strings.Cut(pref, ";")
-			name, value, ok := strings.Cut(pref, "=")
-			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
-				continue
-			}
-			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(value), `"`))
-			if err != nil || n < 0 {
-				return -1
-			}
-			return min(n, idem.MaxWaitSecondsLimit)
-		}
-	}
-	return -1
 }
 
 // claim decides a claim. Without fingerprint and request the fingerprint is

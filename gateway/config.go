@@ -32,6 +32,7 @@ import (
 //	    optional_methods: [PUT, DELETE]
 //	    scope_header: X-Account-Id     # or scope_jwt: {jwks_file: …, issuer: …, audience: …}
 //	    lease: 2m
+//	    max_wait: 10s      # longest a Prefer: wait=N request is held on a key in flight
 //	    timeout: 90s
 //	    store_5xx: true
 //	    stored_headers: [Content-Type, Location]
@@ -76,6 +77,13 @@ type Policy struct {
 	// Lease is the claim's lease; 0 takes the tenant's default. It is
 	// renewed every third of it while the upstream call runs.
 	Lease Duration `yaml:"lease"`
+	// MaxWait caps how long a request with Prefer: wait=N (RFC 7240) is
+	// held while its key is in flight, until the first request completes
+	// (its response is replayed) or gives the key up (this one runs); past
+	// it the 409 with Retry-After. Built-in: no cap of the route's own,
+	// only the tenant's max_wait_seconds; 0s turns waiting off. Keep it
+	// below the caller's and any proxy's timeout.
+	MaxWait *Duration `yaml:"max_wait"`
 	// Timeout bounds the upstream call (built-in 30s); past it the key is
 	// released and the caller gets 504.
 	Timeout Duration `yaml:"timeout"`
@@ -142,6 +150,7 @@ type route struct {
 	scopeHeader   string
 	scopeJWT      *auth.Verifier
 	lease         time.Duration
+	maxWait       time.Duration // < 0: no cap of the route's own
 	timeout       time.Duration
 	store5xx      bool
 	storedHeaders []string
@@ -227,6 +236,13 @@ func compile(f File, defaultUpstream string) (*routing, error) {
 			bad("%s: scope_header and scope_jwt exclude each other", where)
 		}
 		r.lease = time.Duration(first(p.Lease, d.Lease))
+		r.maxWait = -1
+		if mw := firstPtr(p.MaxWait, d.MaxWait); mw != nil {
+			r.maxWait = time.Duration(*mw)
+			if r.maxWait < 0 || r.maxWait%time.Second != 0 {
+				bad("%s: max_wait must be a whole number of seconds, 0s or more", where)
+			}
+		}
 		r.timeout = time.Duration(first(p.Timeout, d.Timeout, Duration(DefaultTimeout)))
 		r.store5xx = firstBool(p.Store5xx, d.Store5xx, true)
 		r.failOpen = firstBool(p.FailOpen, d.FailOpen, false)

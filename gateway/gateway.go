@@ -60,6 +60,10 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Logger receives the access log and errors; nil discards them.
 	Logger *slog.Logger
+	// Waiters hold requests with Prefer: wait=N while their key is in
+	// flight (idem.NewWaiters on the store's key events); nil answers 409
+	// at once.
+	Waiters *idem.Waiters
 	// Transport reaches the upstreams; nil uses a clone of
 	// http.DefaultTransport.
 	Transport http.RoundTripper
@@ -225,10 +229,21 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		var lease time.Duration
 		lease, err = t.Settings.LeaseFor(int(rr.lease / time.Second))
 		if err == nil {
-			res, err = g.store.Claim(sctx, idem.ClaimParams{
+			// Prefer: wait=N holds the request while the key is in flight,
+			// capped by the tenant's max_wait_seconds and the route's
+			// max_wait.
+			wait := t.Settings.WaitFor(idem.PreferWait(r.Header.Values("Prefer")))
+			if rr.maxWait >= 0 {
+				wait = min(wait, rr.maxWait)
+			}
+			var applied bool
+			res, applied, err = g.opts.Waiters.Claim(sctx, g.store, idem.ClaimParams{
 				TenantID: t.ID, Key: key, Operation: op, Fingerprint: fp, Lease: lease,
 				ReplayWindow: t.Settings.ReplayWindow(), ReaperThreshold: t.Settings.ReaperThreshold(),
-			})
+			}, wait)
+			if applied {
+				w.Header().Set("Preference-Applied", "wait="+strconv.Itoa(int(wait/time.Second)))
+			}
 		}
 	}
 	switch {
@@ -309,12 +324,8 @@ func (rr *route) scope(r *http.Request) (string, error) {
 	return "", nil
 }
 
-// inFlight answers a claim refused because another request holds the key.
-//
-// Prefer: wait=N (hold the request until the first one completes) needs a
-// store-side wait for completion that does not exist yet; until it does,
-// the gateway answers 409 at once whatever the client prefers. This is the
-// seam where that wait goes.
+// inFlight answers a claim refused because another request holds the key:
+// at once, or after the Prefer: wait=N the request was held for.
 func (g *Gateway) inFlight(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
 	x.outcome = outcomeInFlight
 	e := frontdoor.Errorf(frontdoor.CodeRequestInFlight, "a request with this idempotency key is being processed; retry after Retry-After seconds")

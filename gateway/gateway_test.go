@@ -44,6 +44,7 @@ type rig struct {
 	url      string
 	reg      *prometheus.Registry
 	config   string
+	waiters  *idem.Waiters
 }
 
 func newRig(t *testing.T, backend, config string, mutate ...func(*gateway.Options)) *rig {
@@ -56,7 +57,9 @@ func newRig(t *testing.T, backend, config string, mutate ...func(*gateway.Option
 	r.config = filepath.Join(t.TempDir(), "gateway.yaml")
 	require.NoError(t, os.WriteFile(r.config, []byte(config), 0o600))
 	r.reg = prometheus.NewRegistry()
-	opts := gateway.Options{Store: r.idem.Store(), Tenant: tenant, Upstream: up.URL, ConfigFile: r.config, Registerer: r.reg, StoreTimeout: 2 * time.Second}
+	r.waiters = idem.NewWaiters(r.idem.Server().KeyEvents(), 100)
+	t.Cleanup(r.waiters.Close)
+	opts := gateway.Options{Store: r.idem.Store(), Tenant: tenant, Upstream: up.URL, ConfigFile: r.config, Registerer: r.reg, StoreTimeout: 2 * time.Second, Waiters: r.waiters}
 	for _, m := range mutate {
 		m(&opts)
 	}
@@ -266,12 +269,20 @@ func TestConcurrentDuplicates(t *testing.T) {
 			})
 		}
 		require.Eventually(t, func() bool { return r.upstream.Entered() == 1 && len(conflicts) >= callers-1 }, 10*time.Second, 5*time.Millisecond)
-		// Prefer: wait=N is not supported yet: the answer is the same 409,
-		// at once.
-		wait := send(t, http.MethodPost, r.url+"/orders", "dup-1", `{"sku":"Z"}`, "Prefer", "wait=10")
-		require.Equal(t, http.StatusConflict, wait.status)
+		// Prefer: wait=N holds the request until the first one completes,
+		// then replays its response; the upstream still runs once.
+		waited := make(chan reply, 1)
+		go func() {
+			waited <- send(t, http.MethodPost, r.url+"/orders", "dup-1", `{"sku":"Z"}`, "Prefer", "wait=10")
+		}()
+		require.Eventually(t, func() bool { return r.waiters.Waiting() == 1 }, 10*time.Second, 2*time.Millisecond)
 		release()
 		wg.Wait()
+		w := <-waited
+		require.Equal(t, http.StatusCreated, w.status, w.body)
+		require.Equal(t, "true", w.header.Get(frontdoor.HeaderReplayed))
+		require.Equal(t, "wait=10", w.header.Get("Preference-Applied"))
+		require.Equal(t, bodies[0], w.body)
 		require.Equal(t, int64(1), r.upstream.Count(), "one upstream call")
 		for i := range callers {
 			require.Equal(t, bodies[0], bodies[i], "caller %d", i)
@@ -464,4 +475,31 @@ func TestScopeFromCallerJWT(t *testing.T) {
 	require.Equal(t, "invalid_key", forged.code(t))
 	require.Equal(t, "invalid_key", send(t, http.MethodPost, r.url+"/orders", "k1", `{}`).code(t))
 	require.Equal(t, int64(2), r.upstream.Count())
+}
+
+// TestWaitCappedPerRoute: a route's max_wait caps Prefer: wait=N; 0s turns
+// waiting off (the immediate 409, no Preference-Applied); past the cap the
+// held request gets 409 with Retry-After.
+func TestWaitCappedPerRoute(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		r := newRig(t, backend, "routes:\n  - path: /orders/nowait\n    max_wait: 0s\n  - path: /orders/short\n    max_wait: 1s\n")
+		release := r.upstream.Hold()
+		defer release()
+		go send(t, http.MethodPost, r.url+"/orders/nowait", "k1", `{}`)
+		go send(t, http.MethodPost, r.url+"/orders/short", "k2", `{}`)
+		require.Eventually(t, func() bool { return r.upstream.Entered() == 2 }, 10*time.Second, 5*time.Millisecond)
+
+		off := send(t, http.MethodPost, r.url+"/orders/nowait", "k1", `{}`, "Prefer", "wait=10")
+		require.Equal(t, http.StatusConflict, off.status)
+		require.Empty(t, off.header.Get("Preference-Applied"))
+
+		start := time.Now()
+		capped := send(t, http.MethodPost, r.url+"/orders/short", "k2", `{}`, "Prefer", "wait=10")
+		require.GreaterOrEqual(t, time.Since(start), time.Second)
+		require.Equal(t, http.StatusConflict, capped.status)
+		require.Equal(t, "request_in_flight", capped.code(t))
+		require.Equal(t, "wait=1", capped.header.Get("Preference-Applied"))
+		require.NotEmpty(t, capped.header.Get("Retry-After"))
+	})
 }

@@ -491,3 +491,10 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 // Waiting returns how many claims this server holds now waiting for a key
 // in flight; tests wait on it instead of sleeping.
 func (s *Server) Waiting() int { return s.waiters.Waiting() }
+
+// KeyEvents returns the store's notification source (nil when the store
+// has none), for a gateway or test that runs beside this server's store.
+func (s *Server) KeyEvents() idem.KeyEvents {
+	ev, _ := s.rawStore.(idem.KeyEvents)
+	return ev
+}

@@ -89,10 +89,18 @@ log, shutdown, header and idle settings.`)
 		return 1
 	}
 	defer store.Close()
+	// Requests with Prefer: wait=N wait on the store's key events, at most
+	// IDEM_MAX_WAITERS at once; a shutdown answers them 409 at once.
+	var waiters *idem.Waiters
+	if ev, ok := store.(idem.KeyEvents); ok && cfg.MaxWaiters > 0 {
+		waiters = idem.NewWaiters(ev, cfg.MaxWaiters)
+	}
+	defer waiters.Close()
 	reg := prometheus.NewRegistry() // metrics.New adds the Go and process collectors
 	g, err := gateway.New(gateway.Options{
 		Store: metrics.InstrumentStore(store, metrics.New(reg)), Tenant: tenant, Upstream: upstream, ConfigFile: file,
 		StoreTimeout: cfg.StoreTimeout, TenantCacheTTL: cfg.TenantCacheTTL, Registerer: reg, Logger: logger,
+		Waiters: waiters,
 	})
 	if err != nil {
 		logger.Error("start failed", "err", err)
@@ -119,6 +127,7 @@ log, shutdown, header and idle settings.`)
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
+	srv.RegisterOnShutdown(waiters.Close)
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(ln) }()
 	var msrv *http.Server

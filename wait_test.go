@@ -1,0 +1,68 @@
+package idem_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem"
+)
+
+func TestPreferWait(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		fields []string
+		want   int
+	}{
+		{nil, -1},
+		{[]string{"wait=10"}, 10},
+		{[]string{"respond-async, wait=5"}, 5},
+		{[]string{"handling=lenient", "Wait = 7 ; x=y"}, 7},
+		{[]string{`wait="3"`}, 3},
+		{[]string{"wait=abc"}, -1},
+		{[]string{"wait=-1"}, -1},
+		{[]string{"wait=99999"}, idem.MaxWaitSecondsLimit},
+		{[]string{"wait=2, wait=9"}, 2},
+		{[]string{"return=minimal"}, -1},
+	}
+	for _, tc := range cases {
+		require.Equal(t, tc.want, idem.PreferWait(tc.fields), "%q", tc.fields)
+	}
+}
+
+func TestBroadcast(t *testing.T) {
+	t.Parallel()
+	var b idem.Broadcast
+	a1 := b.Subscribe("acme", "k")
+	a2 := b.Subscribe("acme", "k")
+	other := b.Subscribe("beta", "k")
+	require.Equal(t, 3, b.Len())
+	b.Publish("acme", "k")
+	b.Publish("acme", "k") // coalesced: one pending signal
+	for _, s := range []*idem.Subscription{a1, a2} {
+		<-s.C
+		select {
+		case <-s.C:
+			t.Fatal("signals must coalesce")
+		default:
+		}
+	}
+	select {
+	case <-other.C:
+		t.Fatal("another tenant's key was signalled")
+	default:
+	}
+	a1.Close()
+	a1.Close()
+	require.Equal(t, 2, b.Len())
+	b.PublishTenant("beta")
+	<-other.C
+	b.PublishAll()
+	<-a2.C
+	<-other.C
+	select {
+	case <-a1.C:
+		t.Fatal("a closed subscription was signalled")
+	default:
+	}
+}
