@@ -20,8 +20,13 @@ COPY go.mod go.sum ./
 COPY client/go.mod client/go.sum ./client/
 RUN go mod download
 COPY . .
-# make build = CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o bin/idem ./cmd/server
-RUN make build && mkdir -p /data
+# idem_build_info{version,revision}: .git stays out of the build context, so
+# pass them: docker build --build-arg VERSION=$(git describe --tags --always)
+# --build-arg REVISION=$(git rev-parse HEAD) .
+ARG VERSION=""
+ARG REVISION=""
+# make build = CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X …Version -X …Revision" -o bin/idem ./cmd/server
+RUN make build VERSION="$VERSION" REVISION="$REVISION" && mkdir -p /data
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /src/bin/idem /usr/local/bin/idem

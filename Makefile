@@ -35,6 +35,11 @@ lint: ## go vet (root module and the SDK module client/), gofmt, OpenAPI lint (r
 	scripts/lint-openapi
 	scripts/lint-dockerfile
 
+# idem_build_info's version and revision; empty (no git, e.g. in the image
+# build) falls back to the Go build info.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+
 .PHONY: build
 build: ## Build the static server binary into bin/idem (the Dockerfile's command).
-	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o bin/idem ./cmd/server
+	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X github.com/idem-dev/idem/metrics.Version=$(VERSION) -X github.com/idem-dev/idem/metrics.Revision=$(REVISION)" -o bin/idem ./cmd/server

@@ -256,16 +256,25 @@ func (m *Metrics) tenantLabel(tenant string) string {
 // build).
 var Version string
 
+// Revision is the VCS revision idem_build_info reports, set at build time
+// with -ldflags "-X github.com/idem-dev/idem/metrics.Revision=…" (make build
+// does, and the Dockerfile through --build-arg REVISION, since the image
+// build sees no .git). Empty, the revision Go recorded is used.
+var Revision string
+
 // BuildInfo returns the labels of idem_build_info: the version (Version or
 // the main module's version), the VCS revision the binary was built from
-// (with "-dirty" when the tree had changes; "unknown" without VCS data) and
-// the Go version.
+// (Revision, or Go's vcs.revision with "-dirty" when the tree had changes;
+// "unknown" without either) and the Go version.
 func BuildInfo() (version, revision, goVersion string) {
 	version, revision, goVersion = Version, "unknown", runtime.Version()
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		if version == "" {
 			version = "unknown"
+		}
+		if Revision != "" {
+			revision = Revision
 		}
 		return version, revision, goVersion
 	}
@@ -286,6 +295,9 @@ func BuildInfo() (version, revision, goVersion string) {
 	}
 	if dirty && revision != "unknown" {
 		revision += "-dirty"
+	}
+	if Revision != "" {
+		revision = Revision
 	}
 	if bi.GoVersion != "" {
 		goVersion = bi.GoVersion

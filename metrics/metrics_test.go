@@ -399,3 +399,17 @@ func TestBuildInfo(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, 1.0, v)
 }
+
+// TestBuildInfoFromLdflags: Version and Revision, set by make build's
+// -ldflags -X, win over the Go build info. Not parallel: it sets the
+// package's variables, which the parallel tests read.
+func TestBuildInfoFromLdflags(t *testing.T) {
+	oldV, oldR := metrics.Version, metrics.Revision
+	t.Cleanup(func() { metrics.Version, metrics.Revision = oldV, oldR })
+	metrics.Version, metrics.Revision = "v1.2.3", "0123abcd"
+	reg := prometheus.NewPedanticRegistry()
+	metrics.New(reg)
+	v, ok := seriesValue(t, reg, "idem_build_info", map[string]string{"version": "v1.2.3", "revision": "0123abcd", "go_version": runtime.Version()})
+	require.True(t, ok)
+	require.Equal(t, 1.0, v)
+}
