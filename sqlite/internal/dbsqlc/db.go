@@ -36,8 +36,26 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.createTenantStmt, err = db.PrepareContext(ctx, createTenant); err != nil {
 		return nil, fmt.Errorf("error preparing query CreateTenant: %w", err)
 	}
+	if q.createWebhookEndpointStmt, err = db.PrepareContext(ctx, createWebhookEndpoint); err != nil {
+		return nil, fmt.Errorf("error preparing query CreateWebhookEndpoint: %w", err)
+	}
 	if q.deleteTenantStmt, err = db.PrepareContext(ctx, deleteTenant); err != nil {
 		return nil, fmt.Errorf("error preparing query DeleteTenant: %w", err)
+	}
+	if q.deleteWebhookEndpointStmt, err = db.PrepareContext(ctx, deleteWebhookEndpoint); err != nil {
+		return nil, fmt.Errorf("error preparing query DeleteWebhookEndpoint: %w", err)
+	}
+	if q.dueWebhookDeliveriesStmt, err = db.PrepareContext(ctx, dueWebhookDeliveries); err != nil {
+		return nil, fmt.Errorf("error preparing query DueWebhookDeliveries: %w", err)
+	}
+	if q.enqueueEventStmt, err = db.PrepareContext(ctx, enqueueEvent); err != nil {
+		return nil, fmt.Errorf("error preparing query EnqueueEvent: %w", err)
+	}
+	if q.enqueueTestEventStmt, err = db.PrepareContext(ctx, enqueueTestEvent); err != nil {
+		return nil, fmt.Errorf("error preparing query EnqueueTestEvent: %w", err)
+	}
+	if q.finishWebhookDeliveryStmt, err = db.PrepareContext(ctx, finishWebhookDelivery); err != nil {
+		return nil, fmt.Errorf("error preparing query FinishWebhookDelivery: %w", err)
 	}
 	if q.getKeyStmt, err = db.PrepareContext(ctx, getKey); err != nil {
 		return nil, fmt.Errorf("error preparing query GetKey: %w", err)
@@ -45,8 +63,14 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.getTenantStmt, err = db.PrepareContext(ctx, getTenant); err != nil {
 		return nil, fmt.Errorf("error preparing query GetTenant: %w", err)
 	}
+	if q.getWebhookEndpointStmt, err = db.PrepareContext(ctx, getWebhookEndpoint); err != nil {
+		return nil, fmt.Errorf("error preparing query GetWebhookEndpoint: %w", err)
+	}
 	if q.insertAuditStmt, err = db.PrepareContext(ctx, insertAudit); err != nil {
 		return nil, fmt.Errorf("error preparing query InsertAudit: %w", err)
+	}
+	if q.leaseWebhookDeliveryStmt, err = db.PrepareContext(ctx, leaseWebhookDelivery); err != nil {
+		return nil, fmt.Errorf("error preparing query LeaseWebhookDelivery: %w", err)
 	}
 	if q.listAuditStmt, err = db.PrepareContext(ctx, listAudit); err != nil {
 		return nil, fmt.Errorf("error preparing query ListAudit: %w", err)
@@ -60,14 +84,35 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.listTenantsStmt, err = db.PrepareContext(ctx, listTenants); err != nil {
 		return nil, fmt.Errorf("error preparing query ListTenants: %w", err)
 	}
+	if q.listWebhookDeliveriesStmt, err = db.PrepareContext(ctx, listWebhookDeliveries); err != nil {
+		return nil, fmt.Errorf("error preparing query ListWebhookDeliveries: %w", err)
+	}
+	if q.listWebhookEndpointsStmt, err = db.PrepareContext(ctx, listWebhookEndpoints); err != nil {
+		return nil, fmt.Errorf("error preparing query ListWebhookEndpoints: %w", err)
+	}
+	if q.markOrphanReportedStmt, err = db.PrepareContext(ctx, markOrphanReported); err != nil {
+		return nil, fmt.Errorf("error preparing query MarkOrphanReported: %w", err)
+	}
 	if q.nextFencingTokenStmt, err = db.PrepareContext(ctx, nextFencingToken); err != nil {
 		return nil, fmt.Errorf("error preparing query NextFencingToken: %w", err)
 	}
 	if q.orphanStatsStmt, err = db.PrepareContext(ctx, orphanStats); err != nil {
 		return nil, fmt.Errorf("error preparing query OrphanStats: %w", err)
 	}
+	if q.orphansToReportStmt, err = db.PrepareContext(ctx, orphansToReport); err != nil {
+		return nil, fmt.Errorf("error preparing query OrphansToReport: %w", err)
+	}
+	if q.purgeWebhookDeliveriesStmt, err = db.PrepareContext(ctx, purgeWebhookDeliveries); err != nil {
+		return nil, fmt.Errorf("error preparing query PurgeWebhookDeliveries: %w", err)
+	}
 	if q.reapKeysStmt, err = db.PrepareContext(ctx, reapKeys); err != nil {
 		return nil, fmt.Errorf("error preparing query ReapKeys: %w", err)
+	}
+	if q.recordEndpointFailureStmt, err = db.PrepareContext(ctx, recordEndpointFailure); err != nil {
+		return nil, fmt.Errorf("error preparing query RecordEndpointFailure: %w", err)
+	}
+	if q.recordEndpointSuccessStmt, err = db.PrepareContext(ctx, recordEndpointSuccess); err != nil {
+		return nil, fmt.Errorf("error preparing query RecordEndpointSuccess: %w", err)
 	}
 	if q.releaseKeyStmt, err = db.PrepareContext(ctx, releaseKey); err != nil {
 		return nil, fmt.Errorf("error preparing query ReleaseKey: %w", err)
@@ -86,6 +131,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	}
 	if q.updateTenantStmt, err = db.PrepareContext(ctx, updateTenant); err != nil {
 		return nil, fmt.Errorf("error preparing query UpdateTenant: %w", err)
+	}
+	if q.updateWebhookEndpointStmt, err = db.PrepareContext(ctx, updateWebhookEndpoint); err != nil {
+		return nil, fmt.Errorf("error preparing query UpdateWebhookEndpoint: %w", err)
 	}
 	return &q, nil
 }
@@ -112,9 +160,39 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing createTenantStmt: %w", cerr)
 		}
 	}
+	if q.createWebhookEndpointStmt != nil {
+		if cerr := q.createWebhookEndpointStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing createWebhookEndpointStmt: %w", cerr)
+		}
+	}
 	if q.deleteTenantStmt != nil {
 		if cerr := q.deleteTenantStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing deleteTenantStmt: %w", cerr)
+		}
+	}
+	if q.deleteWebhookEndpointStmt != nil {
+		if cerr := q.deleteWebhookEndpointStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing deleteWebhookEndpointStmt: %w", cerr)
+		}
+	}
+	if q.dueWebhookDeliveriesStmt != nil {
+		if cerr := q.dueWebhookDeliveriesStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing dueWebhookDeliveriesStmt: %w", cerr)
+		}
+	}
+	if q.enqueueEventStmt != nil {
+		if cerr := q.enqueueEventStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing enqueueEventStmt: %w", cerr)
+		}
+	}
+	if q.enqueueTestEventStmt != nil {
+		if cerr := q.enqueueTestEventStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing enqueueTestEventStmt: %w", cerr)
+		}
+	}
+	if q.finishWebhookDeliveryStmt != nil {
+		if cerr := q.finishWebhookDeliveryStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing finishWebhookDeliveryStmt: %w", cerr)
 		}
 	}
 	if q.getKeyStmt != nil {
@@ -127,9 +205,19 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing getTenantStmt: %w", cerr)
 		}
 	}
+	if q.getWebhookEndpointStmt != nil {
+		if cerr := q.getWebhookEndpointStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing getWebhookEndpointStmt: %w", cerr)
+		}
+	}
 	if q.insertAuditStmt != nil {
 		if cerr := q.insertAuditStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing insertAuditStmt: %w", cerr)
+		}
+	}
+	if q.leaseWebhookDeliveryStmt != nil {
+		if cerr := q.leaseWebhookDeliveryStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing leaseWebhookDeliveryStmt: %w", cerr)
 		}
 	}
 	if q.listAuditStmt != nil {
@@ -152,6 +240,21 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing listTenantsStmt: %w", cerr)
 		}
 	}
+	if q.listWebhookDeliveriesStmt != nil {
+		if cerr := q.listWebhookDeliveriesStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing listWebhookDeliveriesStmt: %w", cerr)
+		}
+	}
+	if q.listWebhookEndpointsStmt != nil {
+		if cerr := q.listWebhookEndpointsStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing listWebhookEndpointsStmt: %w", cerr)
+		}
+	}
+	if q.markOrphanReportedStmt != nil {
+		if cerr := q.markOrphanReportedStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing markOrphanReportedStmt: %w", cerr)
+		}
+	}
 	if q.nextFencingTokenStmt != nil {
 		if cerr := q.nextFencingTokenStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing nextFencingTokenStmt: %w", cerr)
@@ -162,9 +265,29 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing orphanStatsStmt: %w", cerr)
 		}
 	}
+	if q.orphansToReportStmt != nil {
+		if cerr := q.orphansToReportStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing orphansToReportStmt: %w", cerr)
+		}
+	}
+	if q.purgeWebhookDeliveriesStmt != nil {
+		if cerr := q.purgeWebhookDeliveriesStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing purgeWebhookDeliveriesStmt: %w", cerr)
+		}
+	}
 	if q.reapKeysStmt != nil {
 		if cerr := q.reapKeysStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing reapKeysStmt: %w", cerr)
+		}
+	}
+	if q.recordEndpointFailureStmt != nil {
+		if cerr := q.recordEndpointFailureStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing recordEndpointFailureStmt: %w", cerr)
+		}
+	}
+	if q.recordEndpointSuccessStmt != nil {
+		if cerr := q.recordEndpointSuccessStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing recordEndpointSuccessStmt: %w", cerr)
 		}
 	}
 	if q.releaseKeyStmt != nil {
@@ -195,6 +318,11 @@ func (q *Queries) Close() error {
 	if q.updateTenantStmt != nil {
 		if cerr := q.updateTenantStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing updateTenantStmt: %w", cerr)
+		}
+	}
+	if q.updateWebhookEndpointStmt != nil {
+		if cerr := q.updateWebhookEndpointStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing updateWebhookEndpointStmt: %w", cerr)
 		}
 	}
 	return err
@@ -234,55 +362,87 @@ func (q *Queries) queryRow(ctx context.Context, stmt *sql.Stmt, query string, ar
 }
 
 type Queries struct {
-	db                     DBTX
-	tx                     *sql.Tx
-	checkpointKeyStmt      *sql.Stmt
-	completeKeyStmt        *sql.Stmt
-	createKeyStmt          *sql.Stmt
-	createTenantStmt       *sql.Stmt
-	deleteTenantStmt       *sql.Stmt
-	getKeyStmt             *sql.Stmt
-	getTenantStmt          *sql.Stmt
-	insertAuditStmt        *sql.Stmt
-	listAuditStmt          *sql.Stmt
-	listKeysStmt           *sql.Stmt
-	listOrphanKeysStmt     *sql.Stmt
-	listTenantsStmt        *sql.Stmt
-	nextFencingTokenStmt   *sql.Stmt
-	orphanStatsStmt        *sql.Stmt
-	reapKeysStmt           *sql.Stmt
-	releaseKeyStmt         *sql.Stmt
-	renewAttemptLeaseStmt  *sql.Stmt
-	resolveCompleteKeyStmt *sql.Stmt
-	reviewKeyStmt          *sql.Stmt
-	takeoverKeyStmt        *sql.Stmt
-	updateTenantStmt       *sql.Stmt
+	db                         DBTX
+	tx                         *sql.Tx
+	checkpointKeyStmt          *sql.Stmt
+	completeKeyStmt            *sql.Stmt
+	createKeyStmt              *sql.Stmt
+	createTenantStmt           *sql.Stmt
+	createWebhookEndpointStmt  *sql.Stmt
+	deleteTenantStmt           *sql.Stmt
+	deleteWebhookEndpointStmt  *sql.Stmt
+	dueWebhookDeliveriesStmt   *sql.Stmt
+	enqueueEventStmt           *sql.Stmt
+	enqueueTestEventStmt       *sql.Stmt
+	finishWebhookDeliveryStmt  *sql.Stmt
+	getKeyStmt                 *sql.Stmt
+	getTenantStmt              *sql.Stmt
+	getWebhookEndpointStmt     *sql.Stmt
+	insertAuditStmt            *sql.Stmt
+	leaseWebhookDeliveryStmt   *sql.Stmt
+	listAuditStmt              *sql.Stmt
+	listKeysStmt               *sql.Stmt
+	listOrphanKeysStmt         *sql.Stmt
+	listTenantsStmt            *sql.Stmt
+	listWebhookDeliveriesStmt  *sql.Stmt
+	listWebhookEndpointsStmt   *sql.Stmt
+	markOrphanReportedStmt     *sql.Stmt
+	nextFencingTokenStmt       *sql.Stmt
+	orphanStatsStmt            *sql.Stmt
+	orphansToReportStmt        *sql.Stmt
+	purgeWebhookDeliveriesStmt *sql.Stmt
+	reapKeysStmt               *sql.Stmt
+	recordEndpointFailureStmt  *sql.Stmt
+	recordEndpointSuccessStmt  *sql.Stmt
+	releaseKeyStmt             *sql.Stmt
+	renewAttemptLeaseStmt      *sql.Stmt
+	resolveCompleteKeyStmt     *sql.Stmt
+	reviewKeyStmt              *sql.Stmt
+	takeoverKeyStmt            *sql.Stmt
+	updateTenantStmt           *sql.Stmt
+	updateWebhookEndpointStmt  *sql.Stmt
 }
 
 func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 	return &Queries{
-		db:                     tx,
-		tx:                     tx,
-		checkpointKeyStmt:      q.checkpointKeyStmt,
-		completeKeyStmt:        q.completeKeyStmt,
-		createKeyStmt:          q.createKeyStmt,
-		createTenantStmt:       q.createTenantStmt,
-		deleteTenantStmt:       q.deleteTenantStmt,
-		getKeyStmt:             q.getKeyStmt,
-		getTenantStmt:          q.getTenantStmt,
-		insertAuditStmt:        q.insertAuditStmt,
-		listAuditStmt:          q.listAuditStmt,
-		listKeysStmt:           q.listKeysStmt,
-		listOrphanKeysStmt:     q.listOrphanKeysStmt,
-		listTenantsStmt:        q.listTenantsStmt,
-		nextFencingTokenStmt:   q.nextFencingTokenStmt,
-		orphanStatsStmt:        q.orphanStatsStmt,
-		reapKeysStmt:           q.reapKeysStmt,
-		releaseKeyStmt:         q.releaseKeyStmt,
-		renewAttemptLeaseStmt:  q.renewAttemptLeaseStmt,
-		resolveCompleteKeyStmt: q.resolveCompleteKeyStmt,
-		reviewKeyStmt:          q.reviewKeyStmt,
-		takeoverKeyStmt:        q.takeoverKeyStmt,
-		updateTenantStmt:       q.updateTenantStmt,
+		db:                         tx,
+		tx:                         tx,
+		checkpointKeyStmt:          q.checkpointKeyStmt,
+		completeKeyStmt:            q.completeKeyStmt,
+		createKeyStmt:              q.createKeyStmt,
+		createTenantStmt:           q.createTenantStmt,
+		createWebhookEndpointStmt:  q.createWebhookEndpointStmt,
+		deleteTenantStmt:           q.deleteTenantStmt,
+		deleteWebhookEndpointStmt:  q.deleteWebhookEndpointStmt,
+		dueWebhookDeliveriesStmt:   q.dueWebhookDeliveriesStmt,
+		enqueueEventStmt:           q.enqueueEventStmt,
+		enqueueTestEventStmt:       q.enqueueTestEventStmt,
+		finishWebhookDeliveryStmt:  q.finishWebhookDeliveryStmt,
+		getKeyStmt:                 q.getKeyStmt,
+		getTenantStmt:              q.getTenantStmt,
+		getWebhookEndpointStmt:     q.getWebhookEndpointStmt,
+		insertAuditStmt:            q.insertAuditStmt,
+		leaseWebhookDeliveryStmt:   q.leaseWebhookDeliveryStmt,
+		listAuditStmt:              q.listAuditStmt,
+		listKeysStmt:               q.listKeysStmt,
+		listOrphanKeysStmt:         q.listOrphanKeysStmt,
+		listTenantsStmt:            q.listTenantsStmt,
+		listWebhookDeliveriesStmt:  q.listWebhookDeliveriesStmt,
+		listWebhookEndpointsStmt:   q.listWebhookEndpointsStmt,
+		markOrphanReportedStmt:     q.markOrphanReportedStmt,
+		nextFencingTokenStmt:       q.nextFencingTokenStmt,
+		orphanStatsStmt:            q.orphanStatsStmt,
+		orphansToReportStmt:        q.orphansToReportStmt,
+		purgeWebhookDeliveriesStmt: q.purgeWebhookDeliveriesStmt,
+		reapKeysStmt:               q.reapKeysStmt,
+		recordEndpointFailureStmt:  q.recordEndpointFailureStmt,
+		recordEndpointSuccessStmt:  q.recordEndpointSuccessStmt,
+		releaseKeyStmt:             q.releaseKeyStmt,
+		renewAttemptLeaseStmt:      q.renewAttemptLeaseStmt,
+		resolveCompleteKeyStmt:     q.resolveCompleteKeyStmt,
+		reviewKeyStmt:              q.reviewKeyStmt,
+		takeoverKeyStmt:            q.takeoverKeyStmt,
+		updateTenantStmt:           q.updateTenantStmt,
+		updateWebhookEndpointStmt:  q.updateWebhookEndpointStmt,
 	}
 }

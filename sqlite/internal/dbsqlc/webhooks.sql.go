@@ -31,7 +31,7 @@ type CreateWebhookEndpointParams struct {
 // store runs every write in the writer slot, inside one BEGIN IMMEDIATE
 // transaction where several statements belong together.
 func (q *Queries) CreateWebhookEndpoint(ctx context.Context, arg CreateWebhookEndpointParams) (WebhookEndpoint, error) {
-	row := q.db.QueryRowContext(ctx, createWebhookEndpoint,
+	row := q.queryRow(ctx, q.createWebhookEndpointStmt, createWebhookEndpoint,
 		arg.TenantID,
 		arg.ID,
 		arg.Url,
@@ -68,7 +68,7 @@ type DeleteWebhookEndpointParams struct {
 }
 
 func (q *Queries) DeleteWebhookEndpoint(ctx context.Context, arg DeleteWebhookEndpointParams) (int64, error) {
-	result, err := q.db.ExecContext(ctx, deleteWebhookEndpoint, arg.TenantID, arg.ID)
+	result, err := q.exec(ctx, q.deleteWebhookEndpointStmt, deleteWebhookEndpoint, arg.TenantID, arg.ID)
 	if err != nil {
 		return 0, err
 	}
@@ -113,7 +113,7 @@ type DueWebhookDeliveriesRow struct {
 // DueWebhookDeliveries lists due pending deliveries of enabled endpoints,
 // oldest first, with the endpoint's URL and secret.
 func (q *Queries) DueWebhookDeliveries(ctx context.Context, arg DueWebhookDeliveriesParams) ([]DueWebhookDeliveriesRow, error) {
-	rows, err := q.db.QueryContext(ctx, dueWebhookDeliveries, arg.Now, arg.RowLimit)
+	rows, err := q.query(ctx, q.dueWebhookDeliveriesStmt, dueWebhookDeliveries, arg.Now, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +172,7 @@ type EnqueueEventParams struct {
 // EnqueueEvent fans one event out to every enabled endpoint of the tenant
 // whose filter takes its type: one outbox row each, due at once.
 func (q *Queries) EnqueueEvent(ctx context.Context, arg EnqueueEventParams) (int64, error) {
-	result, err := q.db.ExecContext(ctx, enqueueEvent,
+	result, err := q.exec(ctx, q.enqueueEventStmt, enqueueEvent,
 		arg.EventID,
 		arg.EventType,
 		arg.Payload,
@@ -206,7 +206,7 @@ type EnqueueTestEventParams struct {
 // EnqueueTestEvent queues an event for one enabled endpoint, whatever its
 // filter.
 func (q *Queries) EnqueueTestEvent(ctx context.Context, arg EnqueueTestEventParams) (WebhookDelivery, error) {
-	row := q.db.QueryRowContext(ctx, enqueueTestEvent,
+	row := q.queryRow(ctx, q.enqueueTestEventStmt, enqueueTestEvent,
 		arg.EventID,
 		arg.EventType,
 		arg.Payload,
@@ -263,7 +263,7 @@ type FinishWebhookDeliveryRow struct {
 // FinishWebhookDelivery records an attempt's outcome, only if the row is
 // still held by that attempt (attempts unchanged).
 func (q *Queries) FinishWebhookDelivery(ctx context.Context, arg FinishWebhookDeliveryParams) (FinishWebhookDeliveryRow, error) {
-	row := q.db.QueryRowContext(ctx, finishWebhookDelivery,
+	row := q.queryRow(ctx, q.finishWebhookDeliveryStmt, finishWebhookDelivery,
 		arg.State,
 		arg.NextAttemptAt,
 		arg.LastStatus,
@@ -288,7 +288,7 @@ type GetWebhookEndpointParams struct {
 }
 
 func (q *Queries) GetWebhookEndpoint(ctx context.Context, arg GetWebhookEndpointParams) (WebhookEndpoint, error) {
-	row := q.db.QueryRowContext(ctx, getWebhookEndpoint, arg.TenantID, arg.ID)
+	row := q.queryRow(ctx, q.getWebhookEndpointStmt, getWebhookEndpoint, arg.TenantID, arg.ID)
 	var i WebhookEndpoint
 	err := row.Scan(
 		&i.TenantID,
@@ -323,7 +323,7 @@ type LeaseWebhookDeliveryParams struct {
 // LeaseWebhookDelivery counts an attempt and moves the delivery's next
 // attempt to the end of the claim's lease.
 func (q *Queries) LeaseWebhookDelivery(ctx context.Context, arg LeaseWebhookDeliveryParams) error {
-	_, err := q.db.ExecContext(ctx, leaseWebhookDelivery, arg.Now, arg.LeaseUntil, arg.ID)
+	_, err := q.exec(ctx, q.leaseWebhookDeliveryStmt, leaseWebhookDelivery, arg.Now, arg.LeaseUntil, arg.ID)
 	return err
 }
 
@@ -361,7 +361,7 @@ type ListWebhookDeliveriesRow struct {
 }
 
 func (q *Queries) ListWebhookDeliveries(ctx context.Context, arg ListWebhookDeliveriesParams) ([]ListWebhookDeliveriesRow, error) {
-	rows, err := q.db.QueryContext(ctx, listWebhookDeliveries,
+	rows, err := q.query(ctx, q.listWebhookDeliveriesStmt, listWebhookDeliveries,
 		arg.TenantID,
 		arg.EndpointID,
 		arg.BeforeID,
@@ -409,7 +409,7 @@ ORDER BY created_at, id
 `
 
 func (q *Queries) ListWebhookEndpoints(ctx context.Context, tenantID string) ([]WebhookEndpoint, error) {
-	rows, err := q.db.QueryContext(ctx, listWebhookEndpoints, tenantID)
+	rows, err := q.query(ctx, q.listWebhookEndpointsStmt, listWebhookEndpoints, tenantID)
 	if err != nil {
 		return nil, err
 	}
@@ -454,7 +454,7 @@ type MarkOrphanReportedParams struct {
 }
 
 func (q *Queries) MarkOrphanReported(ctx context.Context, arg MarkOrphanReportedParams) error {
-	_, err := q.db.ExecContext(ctx, markOrphanReported, arg.TenantID, arg.Key)
+	_, err := q.exec(ctx, q.markOrphanReportedStmt, markOrphanReported, arg.TenantID, arg.Key)
 	return err
 }
 
@@ -500,7 +500,7 @@ type OrphansToReportRow struct {
 // OrphansToReport lists orphans not yet reported for their current token,
 // oldest lease first, from the partial index of in-flight leases.
 func (q *Queries) OrphansToReport(ctx context.Context, arg OrphansToReportParams) ([]OrphansToReportRow, error) {
-	rows, err := q.db.QueryContext(ctx, orphansToReport, arg.Now, arg.RowLimit)
+	rows, err := q.query(ctx, q.orphansToReportStmt, orphansToReport, arg.Now, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}
@@ -556,7 +556,7 @@ type PurgeWebhookDeliveriesParams struct {
 }
 
 func (q *Queries) PurgeWebhookDeliveries(ctx context.Context, arg PurgeWebhookDeliveriesParams) (int64, error) {
-	result, err := q.db.ExecContext(ctx, purgeWebhookDeliveries, arg.Before, arg.RowLimit)
+	result, err := q.exec(ctx, q.purgeWebhookDeliveriesStmt, purgeWebhookDeliveries, arg.Before, arg.RowLimit)
 	if err != nil {
 		return 0, err
 	}
@@ -589,7 +589,7 @@ type RecordEndpointFailureParams struct {
 // endpoint once the streak is both old enough (failing_since at or before
 // disable_before) and min_failures long.
 func (q *Queries) RecordEndpointFailure(ctx context.Context, arg RecordEndpointFailureParams) (int64, error) {
-	row := q.db.QueryRowContext(ctx, recordEndpointFailure,
+	row := q.queryRow(ctx, q.recordEndpointFailureStmt, recordEndpointFailure,
 		arg.Now,
 		arg.MinFailures,
 		arg.DisableBefore,
@@ -612,7 +612,7 @@ type RecordEndpointSuccessParams struct {
 }
 
 func (q *Queries) RecordEndpointSuccess(ctx context.Context, arg RecordEndpointSuccessParams) error {
-	_, err := q.db.ExecContext(ctx, recordEndpointSuccess, arg.TenantID, arg.ID)
+	_, err := q.exec(ctx, q.recordEndpointSuccessStmt, recordEndpointSuccess, arg.TenantID, arg.ID)
 	return err
 }
 
@@ -641,7 +641,7 @@ type UpdateWebhookEndpointParams struct {
 // UpdateWebhookEndpoint replaces url, filter and enabled flag; enabling an
 // endpoint clears its failure streak and the reason it was disabled.
 func (q *Queries) UpdateWebhookEndpoint(ctx context.Context, arg UpdateWebhookEndpointParams) (WebhookEndpoint, error) {
-	row := q.db.QueryRowContext(ctx, updateWebhookEndpoint,
+	row := q.queryRow(ctx, q.updateWebhookEndpointStmt, updateWebhookEndpoint,
 		arg.Url,
 		arg.Events,
 		arg.Enabled,
