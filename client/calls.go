@@ -28,7 +28,7 @@ func (c *Client) Claim(ctx context.Context, key string, req Request) (ClaimResul
 		return ClaimResult{}, fmt.Errorf("claim: %w", err)
 	}
 	body := claimBody{Operation: req.Operation, Fingerprint: req.Fingerprint, Request: req.Payload, LeaseSeconds: leaseSeconds(req.Lease),
-		AttemptID: c.attemptID(req)}
+		AttemptID: c.attemptID(req), WaitSeconds: int(max(req.Wait, 0) / time.Second)}
 	var out ClaimResult
 	res, err := c.do(ctx, apiCall{name: "claim", method: http.MethodPost, path: keyPath(key, "/claim"), body: body, out: &out})
 	if err != nil {

@@ -137,11 +137,15 @@ func (c *Claim) lastRenewed() time.Time {
 //
 //  1. It claims the key. If the key was already completed, Do returns the
 //     stored response with Replayed true and fn does not run.
-//  2. If another caller holds the key (request_in_flight), Do waits the
-//     Retry-After the service sent (plus RetryPolicy.RetryAfterJitter) and
-//     claims again, for at most RetryPolicy.InFlightWait and never past
-//     ctx's deadline; then it returns an error matching ErrRequestInFlight.
-//     req.NoWait skips the waiting.
+//  2. If another caller holds the key (request_in_flight), Do waits for it,
+//     for at most RetryPolicy.InFlightWait and never past ctx's deadline;
+//     then it returns an error matching ErrRequestInFlight. Each claim asks
+//     the server to hold it (wait_seconds: what the deadline, the attempt
+//     timeout less a second and InFlightWait leave), so Do gets the replay
+//     or the key the moment the holder finishes; when the server answers
+//     409 anyway (its wait ran out, it holds too many), Do waits the
+//     Retry-After it sent (plus RetryPolicy.RetryAfterJitter) and claims
+//     again. req.NoWait skips the waiting.
 //  3. It runs fn with a *Claim. After a takeover of a crashed attempt,
 //     claim.Resumed() is true and claim.RecoveryPoint()/RecoveryData() tell
 //     where the earlier attempt got to.
@@ -252,10 +256,15 @@ func (c *Client) claimWaiting(ctx context.Context, key string, req Request) (Cla
 	p := c.policy
 	var waited time.Duration
 	for {
+		if !req.NoWait && p.InFlightWait >= 0 {
+			req.Wait = c.serverWait(ctx, p.InFlightWait-waited)
+		}
+		start := c.clock.Now()
 		cr, err := c.Claim(ctx, key, req)
 		if err == nil {
 			return cr, nil
 		}
+		waited += c.clock.Now().Sub(start) // the server may have held the claim
 		var e *Error
 		if !errors.As(err, &e) || e.Code != CodeRequestInFlight || req.NoWait || p.InFlightWait < 0 {
 			return ClaimResult{}, err
@@ -279,6 +288,21 @@ func (c *Client) claimWaiting(ctx context.Context, key string, req Request) (Cla
 		}
 		waited += wait
 	}
+}
+
+// serverWait returns how long a claim may ask the server to hold it while
+// another request holds the key: what is left of the in-flight budget,
+// within the next attempt's timeout (and so the deadline) less a second for
+// the answer to come back, in whole seconds; 0 when not even one fits.
+func (c *Client) serverWait(ctx context.Context, budget time.Duration) time.Duration {
+	d := budget
+	if at := c.attemptTimeout(ctx); at > 0 {
+		d = min(d, at-time.Second)
+	}
+	if d < time.Second {
+		return 0
+	}
+	return d.Truncate(time.Second)
 }
 
 // leaseLostError is the cancellation cause of fn's context.

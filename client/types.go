@@ -124,6 +124,13 @@ type Request struct {
 	// NoWait makes Do return ErrRequestInFlight at once instead of waiting
 	// for another holder of the key.
 	NoWait bool
+	// Wait asks the server to hold the claim, while another request holds
+	// the key, until that one completes (the replay), releases or loses its
+	// lease (this claim gets the key) — at most Wait, rounded down to whole
+	// seconds and capped by the tenant's max_wait_seconds (wait_seconds).
+	// Claim sends it as set; Do sets it itself, from what its deadline, the
+	// attempt timeout and InFlightWait leave, unless NoWait.
+	Wait time.Duration
 	// AttemptID names this logical claim (1–64 bytes) so that a claim
 	// whose answer was lost gets its own attempt back (same fencing token)
 	// instead of 409 request_in_flight and a wait for its own lease. Empty:
@@ -139,6 +146,7 @@ type claimBody struct {
 	Request      any    `json:"request,omitempty"`
 	LeaseSeconds int    `json:"lease_seconds,omitempty"`
 	AttemptID    string `json:"attempt_id,omitempty"`
+	WaitSeconds  int    `json:"wait_seconds,omitempty"`
 }
 
 func leaseSeconds(d time.Duration) int {

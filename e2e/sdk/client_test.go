@@ -430,3 +430,46 @@ func TestE2ELostClaimAnswerRecovered(t *testing.T) {
 		require.Zero(t, ran.Load())
 	})
 }
+
+// TestE2EDoWaitsOnTheServer: Do on a key another holder has (lease 60 s,
+// so the SDK's own Retry-After wait would take a minute) sends
+// wait_seconds and is answered with the replay as soon as the holder
+// completes: the server held the claim, the SDK did not poll.
+func TestE2EDoWaitsOnTheServer(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, e e2e) {
+		c := e.client(t, e.srv.URL())
+		req := client.Request{Operation: "POST /pay", Payload: map[string]int{"amount": 9}, Lease: time.Minute}
+		holder, err := c.Claim(context.Background(), "pay-9", req)
+		require.NoError(t, err)
+
+		type outcome struct {
+			res client.Result
+			err error
+		}
+		done := make(chan outcome, 1)
+		var ran atomic.Int64
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			res, err := c.Do(ctx, "pay-9", req, func(context.Context, *client.Claim) (client.Response, error) {
+				ran.Add(1)
+				return confirmed, nil
+			})
+			done <- outcome{res, err}
+		}()
+		require.Eventually(t, func() bool { return e.srv.Server().Waiting() == 1 }, 10*time.Second, 5*time.Millisecond,
+			"the SDK's claim is held by the server")
+		_, err = c.Complete(context.Background(), "pay-9", holder.FencingToken, confirmed)
+		require.NoError(t, err)
+		select {
+		case o := <-done:
+			require.NoError(t, o.err)
+			require.True(t, o.res.Replayed)
+			require.Equal(t, confirmed.Body, o.res.Response.Body)
+		case <-time.After(10 * time.Second):
+			require.FailNow(t, "Do was not answered when the holder completed")
+		}
+		require.Zero(t, ran.Load(), "the function never ran")
+	})
+}
