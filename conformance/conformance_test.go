@@ -110,11 +110,13 @@ func TestIdemhttpConformance(t *testing.T) {
 			require.NoError(t, err)
 			upstream := conformance.NewUpstream()
 			mux := http.NewServeMux()
-			mux.Handle("/orders", idemhttp.Middleware(c, idemhttp.Options{})(upstream))
+			// One route pattern: the other_path scenario reuses a key on
+			// /orders/2 of the route that served /orders/1.
+			mux.Handle("/orders/{id}", idemhttp.Middleware(c, idemhttp.Options{})(upstream))
 			mux.Handle("GET /count", upstream)
 			app := httptest.NewServer(mux)
 			t.Cleanup(app.Close)
-			run(t, conformance.Options{Target: app.URL,
+			run(t, conformance.Options{Target: app.URL, Path: "/orders/1", OtherPath: "/orders/2",
 				StoreDown: func(context.Context) (func(), error) { p.Cut(); return p.Restore, nil }})
 		})
 	}

@@ -39,6 +39,10 @@ type Options struct {
 	Target string
 	// Path is the unsafe endpoint (default /orders).
 	Path string
+	// OtherPath is another path the same unsafe method is served on,
+	// ideally of the same route (Path /orders/1, OtherPath /orders/2);
+	// default Path + "/other". The other_path scenario reuses a key there.
+	OtherPath string
 	// Method is its method (default POST).
 	Method string
 	// Counter is the path of the side-effect counter (default /count); ""
@@ -135,6 +139,7 @@ func Scenarios() []Scenario {
 		{"sf_string_key", "the RFC 8941 sf-string \"k\" and the bare k are the same key", scenarioSFString},
 		{"concurrent_request", "the key in flight: 409 problem with Retry-After, then the replay; concurrent duplicates cause one side effect", scenarioConcurrent},
 		{"fingerprint_mismatch", "the key reused with another body or query: 422 problem, no side effect", scenarioMismatch},
+		{"other_path", "the key reused with the same body on another path (/orders/7 vs /orders/8): 422 problem, no side effect, not the other resource's replay", scenarioOtherPath},
 		{"non_ijson_body", "a JSON body that is not I-JSON (duplicate member names, lone surrogate, invalid UTF-8, number out of range): 400 problem, no side effect", scenarioNonIJSON},
 		{"problem_details", "every refusal is RFC 9457 problem+json with type, title, status, detail, code, retryable, instance", scenarioProblems},
 		{"store_unavailable", "the idempotency store failing: 503 problem with Retry-After, the request is not run (fail closed)", scenarioStoreDown},
@@ -148,6 +153,9 @@ func Run(ctx context.Context, opts Options) Report {
 	}
 	if opts.Method == "" {
 		opts.Method = http.MethodPost
+	}
+	if opts.OtherPath == "" {
+		opts.OtherPath = strings.TrimSuffix(opts.Path, "/") + "/other"
 	}
 	if opts.Counter == "" && !opts.NoCounter {
 		opts.Counter = "/count"
@@ -205,7 +213,12 @@ func (a answer) String() string {
 // send sends the unsafe request with the key field values given (nil: no
 // field), the body and the query.
 func (k *kit) send(keys []string, body, query string) (answer, error) {
-	u := k.opts.Target + k.opts.Path
+	return k.sendTo(k.opts.Path, keys, body, query)
+}
+
+// sendTo is send to another path than Options.Path.
+func (k *kit) sendTo(path string, keys []string, body, query string) (answer, error) {
+	u := k.opts.Target + path
 	if query != "" {
 		u += "?" + query
 	}
@@ -591,6 +604,30 @@ func scenarioMismatch(k *kit) error {
 	}
 	if err := k.problem(query, http.StatusUnprocessableEntity, "fingerprint_mismatch"); err != nil {
 		return fmt.Errorf("another query: %w", err)
+	}
+	return k.wantEffects(n, 0)
+}
+
+func scenarioOtherPath(k *kit) error {
+	key := k.key("1")
+	body := `{"scenario":"other_path","status":"cancelled"}`
+	first, err := k.send([]string{key}, body, "")
+	if err != nil {
+		return err
+	}
+	if err := k.check(first.status/100 == 2, "first request: %s", first); err != nil {
+		return err
+	}
+	var other answer
+	n, err := k.effects(func() error {
+		other, err = k.sendTo(k.opts.OtherPath, []string{key}, body, "")
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if err := k.problem(other, http.StatusUnprocessableEntity, "fingerprint_mismatch"); err != nil {
+		return fmt.Errorf("same key and body on %s: %w", k.opts.OtherPath, err)
 	}
 	return k.wantEffects(n, 0)
 }

@@ -208,7 +208,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		return
 	}
 	doc, err := frontdoor.Document(frontdoor.Parts{
-		Query: r.URL.RawQuery, ContentType: r.Header.Get("Content-Type"), Body: body, Header: r.Header,
+		Path: r.URL.EscapedPath(), Query: r.URL.RawQuery, ContentType: r.Header.Get("Content-Type"), Body: body, Header: r.Header,
 	}, rr.rules)
 	if err != nil {
 		g.refuse(w, r, x, err)

@@ -163,6 +163,9 @@ func TestReplayMismatchAndOrdinaryRecords(t *testing.T) {
 		require.Equal(t, http.StatusUnprocessableEntity, mismatch.status)
 		require.Equal(t, "fingerprint_mismatch", mismatch.code(t))
 		require.Equal(t, "urn:idem:problem:fingerprint_mismatch", decode(t, mismatch.body)["type"])
+		otherPath := send(t, http.MethodPost, r.url+"/orders/8?x=1", "order-1", `{"sku":"A","qty":1}`)
+		require.Equal(t, http.StatusUnprocessableEntity, otherPath.status, "the path is fingerprinted: /orders/8 is not /orders/7")
+		require.Equal(t, "fingerprint_mismatch", otherPath.code(t))
 
 		missing := send(t, http.MethodPost, r.url+"/orders/7", "", `{}`)
 		require.Equal(t, http.StatusBadRequest, missing.status)

@@ -24,6 +24,7 @@ func TestFingerprintVectorsMatchTheServer(t *testing.T) {
 	var file struct {
 		Vectors []struct {
 			Name        string              `json:"name"`
+			Path        string              `json:"path"`
 			Query       string              `json:"query"`
 			ContentType string              `json:"content_type"`
 			Body        *string             `json:"body"`
@@ -41,7 +42,7 @@ func TestFingerprintVectorsMatchTheServer(t *testing.T) {
 	require.NotEmpty(t, file.Vectors)
 	for _, v := range file.Vectors {
 		t.Run(v.Name, func(t *testing.T) {
-			p := frontdoor.Parts{Query: v.Query, ContentType: v.ContentType, Header: http.Header(v.Headers)}
+			p := frontdoor.Parts{Path: v.Path, Query: v.Query, ContentType: v.ContentType, Header: http.Header(v.Headers)}
 			if v.Body != nil {
 				p.Body = []byte(*v.Body)
 			} else {

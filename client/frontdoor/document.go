@@ -55,6 +55,10 @@ func Route(r *http.Request) string {
 // Parts are the pieces of a request the fingerprint document is built
 // from.
 type Parts struct {
+	// Path is the request path as received (escaped as on the request
+	// line), without the query: one key used on /orders/7 and on /orders/8
+	// names two different requests.
+	Path string
 	// Query is the raw query string (without "?"), "" when none.
 	Query string
 	// ContentType is the Content-Type header.
@@ -108,11 +112,11 @@ func IsJSON(contentType string) bool {
 
 // Document returns the fingerprint document of a request:
 //
-//	{"query": <raw query or "">, "body": <the JSON value>}
+//	{"path": <path>, "query": <raw query or "">, "body": <the JSON value>}
 //
 // for a non-empty JSON body (see IsJSON), else
 //
-//	{"query": <raw query or "">, "body_sha256": <hex SHA-256 of the body bytes>}
+//	{"path": <path>, "query": <raw query or "">, "body_sha256": <hex SHA-256 of the body bytes>}
 //
 // with the rules applied. Its fingerprint is idem.FingerprintJSON of the
 // result; two requests that differ only in JSON key order, white space or
@@ -126,7 +130,7 @@ func IsJSON(contentType string) bool {
 // I-JSON rule lives there, once. Only JSON that is not well-formed gives
 // CodeInvalidRequest here.
 func Document(p Parts, rules Rules) (json.RawMessage, error) {
-	doc := map[string]any{"query": p.Query}
+	doc := map[string]any{"path": p.Path, "query": p.Query}
 	if len(p.Body) > 0 && IsJSON(p.ContentType) {
 		if !json.Valid(p.Body) {
 			return nil, &Error{Code: CodeInvalidRequest, Detail: "the JSON body is not well-formed JSON",

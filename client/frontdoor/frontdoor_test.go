@@ -95,7 +95,7 @@ func TestRulesValidate(t *testing.T) {
 
 func TestDocumentExclusionKeepsTheRestRaw(t *testing.T) {
 	body := "{ \"a\":1, \"ts\":{\"x\":1}, \"a\":2,\"l\":[ {\"ts\":1,\"k\":\"\\ud800\"}, 2 ], \"n\":1e400 }"
-	doc, err := frontdoor.Document(frontdoor.Parts{ContentType: "application/json", Body: []byte(body)},
+	doc, err := frontdoor.Document(frontdoor.Parts{Path: "/p", ContentType: "application/json", Body: []byte(body)},
 		frontdoor.Rules{Exclude: []string{"/ts", "/l/0/ts", "/l/1", "/missing/x"}})
 	require.NoError(t, err)
 	var got struct {

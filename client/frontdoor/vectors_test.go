@@ -76,6 +76,7 @@ type fingerprintVector struct {
 	Name        string              `json:"name"`
 	Method      string              `json:"method"`
 	Route       string              `json:"route"`
+	Path        string              `json:"path"`
 	Query       string              `json:"query"`
 	ContentType *string             `json:"content_type"`
 	Body        *string             `json:"body"`
@@ -91,7 +92,7 @@ type fingerprintVector struct {
 }
 
 func (v fingerprintVector) parts(t *testing.T) frontdoor.Parts {
-	p := frontdoor.Parts{Query: v.Query, Header: http.Header{}}
+	p := frontdoor.Parts{Path: v.Path, Query: v.Query, Header: http.Header{}}
 	if v.ContentType != nil {
 		p.ContentType = *v.ContentType
 	}

@@ -17,11 +17,12 @@
 //     ServeMux pattern (r.Pattern) when there is one, the path otherwise;
 //     Options.Route supplies the pattern of another router (chi:
 //     chi.RouteContext(r.Context()).RoutePattern()). The request sent with
-//     the claim is the fingerprint document {"query", "body"} (a JSON body
-//     as JSON, so key order and white space do not matter) or {"query",
-//     "body_sha256"}; the server fingerprints it. A JSON body that is not
-//     I-JSON is refused by the server, whose 400 invalid_request is passed
-//     on.
+//     the claim is the fingerprint document {"path", "query", "body"} (a
+//     JSON body as JSON, so key order and white space do not matter) or
+//     {"path", "query", "body_sha256"}; the server fingerprints it. The
+//     path is the request's own, so one key on /orders/7 and /orders/8 is
+//     422, not a replay. A JSON body that is not I-JSON is refused by the
+//     server, whose 400 invalid_request is passed on.
 //   - A fresh claim or a takeover runs the handler once, buffering its
 //     whole response, completes the key with the status, the allowlisted
 //     headers (Options.Headers, default frontdoor.DefaultStoredHeaders;
@@ -179,7 +180,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	_ = r.Body.Close()
 	doc, err := frontdoor.Document(frontdoor.Parts{
-		Query: r.URL.RawQuery, ContentType: r.Header.Get("Content-Type"), Body: body, Header: r.Header,
+		Path: r.URL.EscapedPath(), Query: r.URL.RawQuery, ContentType: r.Header.Get("Content-Type"), Body: body, Header: r.Header,
 	}, m.opts.Fingerprint)
 	if err != nil {
 		writeErr(w, r, err)

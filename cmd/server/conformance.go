@@ -15,6 +15,7 @@ func runConformance(ctx context.Context, e env, args []string) int {
 	fs := flag.NewFlagSet("conformance", flag.ContinueOnError)
 	target := fs.String("target", "", "base URL of the API under test, e.g. http://localhost:8081")
 	path := fs.String("path", "/orders", "unsafe endpoint: performs one side effect per execution, answers 2xx, honours ?delay_ms=N")
+	otherPath := fs.String("other-path", "", "another path the unsafe method is served on, ideally of the same route as --path (default: --path + \"/other\")")
 	method := fs.String("method", "POST", "method of the unsafe endpoint")
 	counter := fs.String("counter", "/count", "side-effect counter: GET answers {\"count\": N}")
 	noCounter := fs.Bool("no-counter", false, "the target has no counter: skip the side-effect checks")
@@ -60,7 +61,7 @@ a scenario fails. Scenarios:
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	rep := conformance.Run(ctx, conformance.Options{
-		Target: *target, Path: *path, Method: strings.ToUpper(*method), Counter: *counter, NoCounter: *noCounter, Scenarios: names,
+		Target: *target, Path: *path, OtherPath: *otherPath, Method: strings.ToUpper(*method), Counter: *counter, NoCounter: *noCounter, Scenarios: names,
 	})
 	rep.Write(e.stdout)
 	if rep.Failed() > 0 {

@@ -95,6 +95,7 @@ export function expressMiddleware(opts) {
         fd.serve({
             method: req.method ?? "GET",
             route,
+            path: (req.originalUrl ?? req.url ?? "/").split("?")[0] || "/",
             query: url.search.slice(1),
             header: (name) => headerValues(req, name),
             body: async (limit) => {

@@ -49,6 +49,7 @@ export function withIdempotency(handler, opts) {
         const outcome = await fd.serve({
             method: req.method,
             route: opts.route ? opts.route(req, ...rest) : url.pathname,
+            path: url.pathname,
             query: url.search.slice(1),
             header: (name) => {
                 const v = req.headers.get(name);

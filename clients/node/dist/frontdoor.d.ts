@@ -66,6 +66,8 @@ export interface FingerprintRules {
 }
 /** The parts of a request the fingerprint document is built from. */
 export interface RequestParts {
+    /** The request path as received, without the query: one key on /orders/7 and /orders/8 is two requests. */
+    path: string;
     /** The raw query string without "?", "" when none. */
     query: string;
     contentType?: string | undefined;
@@ -81,8 +83,8 @@ export interface RequestParts {
  */
 export declare function checkIJSON(text: string): void;
 /**
- * The fingerprint document of a request: {"query", "body": <JSON value>}
- * for a non-empty JSON body, else {"query", "body_sha256": <hex>}, with the
+ * The fingerprint document of a request: {"path", "query", "body": <JSON value>}
+ * for a non-empty JSON body, else {"path", "query", "body_sha256": <hex>}, with the
  * rules applied. Sent as the claim's `request`, the server fingerprints its
  * JCS form. A JSON body that is not I-JSON throws FrontDoorError(invalid_request).
  */
@@ -135,6 +137,8 @@ export interface FrontRequest {
     method: string;
     /** The route pattern when the framework knows it, else the path. */
     route: string;
+    /** The request path as received, without the query. */
+    path: string;
     query: string;
     /** The values of a request header, one per field line. */
     header(name: string): string[];

@@ -406,13 +406,13 @@ function removePointer(v, toks) {
     return v;
 }
 /**
- * The fingerprint document of a request: {"query", "body": <JSON value>}
- * for a non-empty JSON body, else {"query", "body_sha256": <hex>}, with the
+ * The fingerprint document of a request: {"path", "query", "body": <JSON value>}
+ * for a non-empty JSON body, else {"path", "query", "body_sha256": <hex>}, with the
  * rules applied. Sent as the claim's `request`, the server fingerprints its
  * JCS form. A JSON body that is not I-JSON throws FrontDoorError(invalid_request).
  */
 export function fingerprintDocument(p, rules = {}) {
-    const doc = { query: p.query };
+    const doc = { path: p.path, query: p.query };
     if (p.body.length > 0 && isJSON(p.contentType)) {
         let text;
         try {
@@ -542,7 +542,7 @@ export class FrontDoor {
             }
             k = scopedKey(req.scope, k);
             body = await req.body(this.o.maxBodyBytes);
-            doc = fingerprintDocument({ query: req.query, contentType: req.header("Content-Type")[0], body, header: req.header }, this.o.fingerprint);
+            doc = fingerprintDocument({ path: req.path, query: req.query, contentType: req.header("Content-Type")[0], body, header: req.header }, this.o.fingerprint);
         }
         catch (err) {
             if (err instanceof FrontDoorError)

@@ -120,6 +120,7 @@ export function expressMiddleware(opts: ExpressOptions): (req: IncomingMessage, 
     fd.serve({
       method: req.method ?? "GET",
       route,
+      path: (req.originalUrl ?? req.url ?? "/").split("?")[0] || "/",
       query: url.search.slice(1),
       header: (name) => headerValues(req, name),
       body: async (limit) => {

@@ -62,6 +62,7 @@ export function withIdempotency<A extends unknown[]>(
     const outcome = await fd.serve({
       method: req.method,
       route: opts.route ? opts.route(req, ...rest) : url.pathname,
+      path: url.pathname,
       query: url.search.slice(1),
       header: (name) => {
         const v = req.headers.get(name);

@@ -193,6 +193,8 @@ export interface FingerprintRules {
 
 /** The parts of a request the fingerprint document is built from. */
 export interface RequestParts {
+  /** The request path as received, without the query: one key on /orders/7 and /orders/8 is two requests. */
+  path: string;
   /** The raw query string without "?", "" when none. */
   query: string;
   contentType?: string | undefined;
@@ -388,13 +390,13 @@ function removePointer(v: unknown, toks: string[]): unknown {
 }
 
 /**
- * The fingerprint document of a request: {"query", "body": <JSON value>}
- * for a non-empty JSON body, else {"query", "body_sha256": <hex>}, with the
+ * The fingerprint document of a request: {"path", "query", "body": <JSON value>}
+ * for a non-empty JSON body, else {"path", "query", "body_sha256": <hex>}, with the
  * rules applied. Sent as the claim's `request`, the server fingerprints its
  * JCS form. A JSON body that is not I-JSON throws FrontDoorError(invalid_request).
  */
 export function fingerprintDocument(p: RequestParts, rules: FingerprintRules = {}): Record<string, unknown> {
-  const doc: Record<string, unknown> = { query: p.query };
+  const doc: Record<string, unknown> = { path: p.path, query: p.query };
   if (p.body.length > 0 && isJSON(p.contentType)) {
     let text: string;
     try {
@@ -509,6 +511,8 @@ export interface FrontRequest {
   method: string;
   /** The route pattern when the framework knows it, else the path. */
   route: string;
+  /** The request path as received, without the query. */
+  path: string;
   query: string;
   /** The values of a request header, one per field line. */
   header(name: string): string[];
@@ -584,7 +588,7 @@ export class FrontDoor {
       }
       k = scopedKey(req.scope, k);
       body = await req.body(this.o.maxBodyBytes);
-      doc = fingerprintDocument({ query: req.query, contentType: req.header("Content-Type")[0], body, header: req.header }, this.o.fingerprint);
+      doc = fingerprintDocument({ path: req.path, query: req.query, contentType: req.header("Content-Type")[0], body, header: req.header }, this.o.fingerprint);
     } catch (err) {
       if (err instanceof FrontDoorError) return refuse(err);
       throw err;

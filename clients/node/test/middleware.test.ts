@@ -268,6 +268,13 @@ for (const store of stores()) {
         assert.equal(JSON.parse(missing.text).code, "idempotency_key_missing");
         const bad = await post(`${app.url}/orders/${id}/pay`, "a b", { amount: 1 });
         assert.equal(JSON.parse(bad.text).code, "invalid_key");
+        // Same key and body on another order of the same route: the path
+        // is fingerprinted, so 422, not the first order's replay.
+        const other = randomUUID();
+        const otherPath = await post(`${app.url}/orders/${other}/pay`, k, { amount: 1 });
+        assert.equal(otherPath.status, 422);
+        assert.equal(JSON.parse(otherPath.text).code, "fingerprint_mismatch");
+        assert.equal(app.effects.get(other), undefined);
         assert.equal(app.effects.get(id), 1);
       });
 

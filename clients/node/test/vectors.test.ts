@@ -127,7 +127,7 @@ describe("testvectors/frontdoor", () => {
       const hs = new Map<string, string[]>(Object.entries(v.headers ?? {}).map(([k, vals]) => [k.toLowerCase(), vals as string[]]));
       let got: Any;
       try {
-        const doc = fingerprintDocument({ query: v.query ?? "", contentType: v.content_type, body, header: (n) => hs.get(n.toLowerCase()) ?? [] }, v.rules ?? {});
+        const doc = fingerprintDocument({ path: v.path, query: v.query ?? "", contentType: v.content_type, body, header: (n) => hs.get(n.toLowerCase()) ?? [] }, v.rules ?? {});
         got = { operation: operation(v.method, v.route), document: doc };
       } catch (err) {
         assert.ok(err instanceof FrontDoorError, String(err));

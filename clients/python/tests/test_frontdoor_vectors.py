@@ -40,7 +40,7 @@ def test_keys() -> None:
 def _document(tc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     body = base64.b64decode(tc["body_base64"]) if "body_base64" in tc else tc.get("body", "").encode("utf-8")
     rules = tc.get("rules", {})
-    doc = frontdoor.document(tc["query"], tc.get("content_type"), body, exclude=rules.get("exclude", ()),
+    doc = frontdoor.document(tc["query"], tc.get("content_type"), body, path=tc["path"], exclude=rules.get("exclude", ()),
                              header_names=rules.get("headers", ()), headers=tc.get("headers"))
     return frontdoor.operation(tc["method"], tc["route"]), doc
 

@@ -113,6 +113,10 @@ def test_front_door_rules(app: App, server: Server) -> None:
     assert same.status_code == 201 and same.headers["Idempotent-Replayed"] == "true"
     other = post(url, key, body={"amount": 1, "currency": "usd"})
     assert other.status_code == 422 and other.json()["code"] == "fingerprint_mismatch"
+    # The same key and body on another account of the same route: the path is
+    # fingerprinted, so 422, not account 1's charge replayed.
+    elsewhere = post(app.url + "/charges/2", key)
+    assert elsewhere.status_code == 422 and elsewhere.json()["code"] == "fingerprint_mismatch"
     assert len(app.effects.charges) == 1
 
     # A 5xx the handler answered is stored like any status.

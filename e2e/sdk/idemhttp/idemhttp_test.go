@@ -140,10 +140,14 @@ func TestMiddlewareReplayAndErrors(t *testing.T) {
 		mismatch := post(t, url, "k-1", `{"sku":"B"}`)
 		require.Equal(t, http.StatusUnprocessableEntity, mismatch.status)
 		require.Equal(t, "fingerprint_mismatch", problemCode(t, mismatch))
-		// Same key, another path of the same route pattern: the operation
-		// is the pattern and the path is not fingerprinted (front-door rule
-		// 4), so this is the same request and is replayed.
-		require.Equal(t, "true", post(t, a.srv.URL+"/orders/cus_2", "k-1", `{"sku":"A"}`).header.Get(idemhttp.HeaderReplayed))
+		// Same key and body on another path of the same route pattern: the
+		// path is part of the fingerprint document (front-door rule 4), so
+		// this is another request: 422, the handler not run.
+		before := a.orders.Load()
+		other := post(t, a.srv.URL+"/orders/cus_2", "k-1", `{"sku":"A"}`)
+		require.Equal(t, http.StatusUnprocessableEntity, other.status)
+		require.Equal(t, "fingerprint_mismatch", problemCode(t, other))
+		require.Equal(t, before, a.orders.Load())
 
 		// Missing key on POST: 400; malformed key: 400.
 		missing := post(t, url, "", `{}`)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
+from urllib.parse import quote
 
 from . import frontdoor
 from ._errors import IdemError, NoSideEffect, ProblemError
@@ -59,8 +60,18 @@ class Answer:
     body: bytes
 
 
+def request_path(raw: bytes | str | None, decoded: str | bytes) -> str:
+    """The request path as received, without the query (part of the
+    fingerprint document): the server's raw request target when it gives
+    one, else the decoded path escaped back."""
+    if raw:
+        text = raw.decode("latin-1") if isinstance(raw, bytes) else raw
+        return text.split("?", 1)[0]
+    return quote(decoded, safe="/:@!$&'()*+,;=~%")
+
+
 def prepare(opts: Options, method: str, route: str, query: str, headers: list[tuple[str, str]],
-            body: bytes) -> Protected | None:
+            body: bytes, *, path: str) -> Protected | None:
     """Decide about a request: None to pass it through, Protected to run it
     under a claim; FrontDoorError for a refusal."""
     need = frontdoor.requirement(method, opts.required_methods, opts.optional_methods)
@@ -77,7 +88,7 @@ def prepare(opts: Options, method: str, route: str, query: str, headers: list[tu
     if len(body) > opts.max_body_bytes:
         raise FrontDoorError(frontdoor.PAYLOAD_TOO_LARGE, f"the request body is larger than {opts.max_body_bytes} bytes")
     ctype = next((v for k, v in headers if k.lower() == "content-type"), None)
-    doc = frontdoor.document(query, ctype, body)
+    doc = frontdoor.document(query, ctype, body, path=path)
     return Protected(key, frontdoor.operation(method, route), doc)
 
 

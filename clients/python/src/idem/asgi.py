@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, MutableMapping, Sequence
 from . import frontdoor
 from ._async import AsyncClaim, AsyncClient
 from ._errors import IdemError
-from ._middleware import Answer, Options, Protected, Release, caller_request_id, claim_failed, prepare, problem_answer, replay_answer, to_store
+from ._middleware import Answer, Options, Protected, Release, caller_request_id, claim_failed, prepare, problem_answer, request_path, replay_answer, to_store
 from ._types import Response
 from .frontdoor import FrontDoorError
 
@@ -105,7 +105,8 @@ class IdempotencyMiddleware:
         rid = caller_request_id(headers)
         try:
             prot = prepare(self.opts, scope["method"], self.route(scope) or scope.get("root_path", "") + scope["path"],
-                           scope.get("query_string", b"").decode("latin-1"), headers, body)
+                           scope.get("query_string", b"").decode("latin-1"), headers, body,
+                           path=request_path(scope.get("raw_path"), scope.get("root_path", "") + scope["path"]))
         except FrontDoorError as e:
             await self._send(problem_answer(e, rid), send)
             return

@@ -299,14 +299,15 @@ def _remove(v: Any, toks: list[str]) -> Any:
     return v
 
 
-def document(query: str, content_type: str | None, body: bytes, *, exclude: Sequence[str] = (),
+def document(query: str, content_type: str | None, body: bytes, *, path: str, exclude: Sequence[str] = (),
              header_names: Sequence[str] = (), headers: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
-    """The fingerprint document of a request: {"query", "body"} for a
-    non-empty JSON body, else {"query", "body_sha256"}; exclude removes JSON
-    pointers from the body, header_names adds "headers". The middleware send
-    it as the claim's request and the server fingerprints it (JCS +
-    SHA-256)."""
-    doc: dict[str, Any] = {"query": query}
+    """The fingerprint document of a request: {"path", "query", "body"} for
+    a non-empty JSON body, else {"path", "query", "body_sha256"}; path is
+    the request path as received, without the query (one key on /orders/7
+    and /orders/8 is two requests); exclude removes JSON pointers from the
+    body, header_names adds "headers". The middleware send it as the
+    claim's request and the server fingerprints it (JCS + SHA-256)."""
+    doc: dict[str, Any] = {"path": path, "query": query}
     if body and is_json(content_type):
         value = parse_ijson(body)
         for p in exclude:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Sequence
 from . import frontdoor
 from ._client import Claim, Client
 from ._errors import IdemError
-from ._middleware import Answer, Options, Protected, Release, caller_request_id, claim_failed, prepare, problem_answer, replay_answer, to_store
+from ._middleware import Answer, Options, Protected, Release, caller_request_id, claim_failed, prepare, problem_answer, request_path, replay_answer, to_store
 from ._types import Response
 from .frontdoor import FrontDoorError
 
@@ -186,7 +186,8 @@ class IdempotencyMiddleware:
         rid = caller_request_id(headers)
         try:
             prot = prepare(self.opts, method, (self.route(environ) if self.route else None) or path,
-                           str(environ.get("QUERY_STRING", "")), headers, body)
+                           str(environ.get("QUERY_STRING", "")), headers, body,
+                           path=request_path(environ.get("RAW_URI") or environ.get("REQUEST_URI"), path.encode("latin-1")))
         except FrontDoorError as e:
             return self._send(problem_answer(e, rid), start_response)
         if prot is None:
