@@ -165,6 +165,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	if ev, ok := raw.(idem.KeyEvents); ok && cfg.MaxWaiters > 0 && cfg.MaxWait() > 0 {
 		s.waiters = idem.NewWaiters(ev, cfg.MaxWaiters)
 	}
+	s.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idem_claim_waiters",
+		Help: "Claims this replica holds now, waiting for a key in flight (at most IDEM_MAX_WAITERS).",
+	}, func() float64 { return float64(s.waiters.Waiting()) }))
 
 	if devSecret != nil {
 		if _, err := s.tenants.Ensure(ctx, DevTenant, "Demo tenant (development mode)"); err != nil {

@@ -11,6 +11,8 @@
 //	loadgen -url http://127.0.0.1:8080 -token "$QUIET" -mode neighbour \
 //	    -flood-token "$FLOODER" [-flood-concurrency 32] [-concurrency 4]
 //	loadgen -url http://127.0.0.1:8081 -mode frontdoor|frontdoor-replay [-path /orders]
+//	loadgen -url http://127.0.0.1:8080 -token "$IDEM_TOKEN" -mode wait \
+//	    [-url2 http://127.0.0.1:8090] [-waiters 1000] [-rounds 3] [-wait-seconds 20]
 //	loadgen -serve-upstream 127.0.0.1:0
 //
 // Modes:
@@ -36,6 +38,12 @@
 //     it for the baseline of the same run. No token needed.
 //   - frontdoor-replay: first sends -keys keys once (not measured), then
 //     sends them again and again (2xx replays expected through a gateway).
+//   - wait: per round, -waiters claims with wait_seconds are held on one key
+//     in flight (split over -url and -url2, a second replica), then one
+//     complete wakes them all: the report gives the time from the complete
+//     to each waiter's 200 replay (p50/p99/max), beside a baseline of as
+//     many plain replay claims sent at once. It reads each replica's
+//     idem_claim_waiters gauge at /metrics to know every waiter is held.
 //
 // With -serve-upstream ADDR (loopback only) loadgen does not generate load:
 // it serves the conformance kit's reference upstream (POST /orders with a
@@ -96,6 +104,12 @@ type config struct {
 	// neighbour mode: the flooding tenant's token and workers.
 	floodToken       string
 	floodConcurrency int
+	// wait mode: a second replica, the waiters per round, the rounds and
+	// the wait_seconds each waiter sends.
+	baseURL2    *url.URL
+	waiters     int
+	rounds      int
+	waitSeconds int
 }
 
 func main() {
@@ -124,6 +138,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return rep.print(stdout)
 	}
+	if cfg.mode == modeWait {
+		rep, err := runWait(ctx, cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "loadgen: %v\n", err)
+			return 1
+		}
+		return rep.print(stdout)
+	}
 	rep, err := runLoad(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "loadgen: %v\n", err)
@@ -139,7 +161,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	token := fs.String("token", "", "bearer token with keys:write (default: $IDEM_TOKEN)")
 	duration := fs.Duration("duration", 10*time.Second, "how long to run (at most 120s)")
 	concurrency := fs.Int("concurrency", 16, "number of concurrent workers (connections)")
-	mode := fs.String("mode", "claim", "claim | lifecycle | replay | contention | frontdoor | frontdoor-replay | neighbour")
+	mode := fs.String("mode", "claim", "claim | lifecycle | replay | contention | frontdoor | frontdoor-replay | neighbour | wait")
+	rawURL2 := fs.String("url2", "", "wait mode: a second replica on the same database (loopback only); waiters are split over both")
+	waiters := fs.Int("waiters", 1000, "wait mode: claims held on one key per round (at most 4096)")
+	rounds := fs.Int("rounds", 3, "wait mode: rounds (at most 20)")
+	waitSeconds := fs.Int("wait-seconds", 20, "wait mode: wait_seconds of each held claim (1..300; the server caps it)")
 	path := fs.String("path", "/orders", "frontdoor modes: the endpoint POSTed to")
 	requests := fs.Int64("requests", 0, "stop after this many iterations (0 = only -duration bounds the run)")
 	keys := fs.Int("keys", 0, "size of the key set for replay (default 256) and contention (default 8)")
@@ -156,6 +182,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		token: *token, duration: *duration, concurrency: *concurrency,
 		mode: *mode, requests: *requests, keys: *keys, timeout: *timeout, path: *path,
 		floodToken: *floodToken, floodConcurrency: *floodConcurrency,
+		waiters: *waiters, rounds: *rounds, waitSeconds: *waitSeconds,
 	}
 	if cfg.token == "" {
 		cfg.token = os.Getenv("IDEM_TOKEN")
@@ -190,6 +217,23 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		if cfg.floodConcurrency < 1 || cfg.floodConcurrency > maxConcurrency {
 			return config{}, fmt.Errorf("-flood-concurrency must be 1..%d, got %d", maxConcurrency, cfg.floodConcurrency)
 		}
+	case modeWait:
+		if cfg.waiters < 1 || cfg.waiters > maxWaiters {
+			return config{}, fmt.Errorf("-waiters must be 1..%d, got %d", maxWaiters, cfg.waiters)
+		}
+		if cfg.rounds < 1 || cfg.rounds > maxWaitRounds {
+			return config{}, fmt.Errorf("-rounds must be 1..%d, got %d", maxWaitRounds, cfg.rounds)
+		}
+		if cfg.waitSeconds < 1 || cfg.waitSeconds > 300 {
+			return config{}, fmt.Errorf("-wait-seconds must be 1..300, got %d", cfg.waitSeconds)
+		}
+		if *rawURL2 != "" {
+			u2, err := checkLoopbackURL(*rawURL2)
+			if err != nil {
+				return config{}, err
+			}
+			cfg.baseURL2 = u2
+		}
 	case modeReplay, modeContention, modeFrontdoorReplay:
 		if cfg.keys == 0 {
 			cfg.keys = 256
@@ -201,7 +245,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			return config{}, fmt.Errorf("-keys must be 1..%d, got %d", maxKeys, cfg.keys)
 		}
 	default:
-		return config{}, fmt.Errorf("-mode must be claim, lifecycle, replay, contention, frontdoor, frontdoor-replay or neighbour, got %q", cfg.mode)
+		return config{}, fmt.Errorf("-mode must be claim, lifecycle, replay, contention, frontdoor, frontdoor-replay, neighbour or wait, got %q", cfg.mode)
 	}
 	return cfg, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/conformance"
+	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/server/servertest"
 )
 
@@ -181,4 +182,32 @@ func TestNeighbourModeAgainstTheServer(t *testing.T) {
 	require.Positive(t, rep.flood.outcomes["claim 429 rate_limited"], out.String())
 	require.Positive(t, len(rep.alone.latencies[kindClaim]))
 	require.Positive(t, len(rep.beside.latencies[kindClaim]))
+}
+
+// TestWaitModeAgainstTwoReplicas: the wait mode against two real servers on
+// one PostgreSQL schema, small and bounded: every held claim is woken by
+// the one complete with the replay.
+func TestWaitModeAgainstTwoReplicas(t *testing.T) {
+	t.Parallel()
+	var errOut bytes.Buffer
+	_, err := parseFlags([]string{"-token", "t", "-mode", "wait", "-waiters", "5000"}, &errOut)
+	require.ErrorContains(t, err, "-waiters")
+	_, err = parseFlags([]string{"-token", "t", "-mode", "wait", "-url2", "http://10.0.0.1"}, &errOut)
+	require.ErrorContains(t, err, "loopback")
+
+	dsn := pgtest.URL(t)
+	a := servertest.Start(t, servertest.Options{DatabaseURL: dsn, Tenants: []string{"acme"}})
+	b := servertest.Start(t, servertest.Options{DatabaseURL: dsn})
+	cfg, err := parseFlags([]string{
+		"-url", a.URL(), "-url2", b.URL(), "-mode", "wait", "-waiters", "20", "-rounds", "2", "-wait-seconds", "15",
+		"-token", a.Token(t, "acme", "keys:write"),
+	}, &errOut)
+	require.NoError(t, err)
+	rep, err := runWait(context.Background(), cfg)
+	require.NoError(t, err)
+	var out bytes.Buffer
+	require.Equal(t, 0, rep.print(&out), out.String())
+	require.Contains(t, out.String(), "RESULT mode=wait waiters=20 replicas=2 rounds=2")
+	require.Contains(t, out.String(), "waiter 200                         40")
+	require.Contains(t, out.String(), "errors=0")
 }
