@@ -296,6 +296,26 @@ func WebhookNotFound(id string) *Error {
 	return Errorf(CodeWebhookNotFound, "no webhook endpoint %q", id)
 }
 
+// ValidateEventFilter checks an endpoint's event filter: known types, none
+// twice. It returns an invalid_request naming "events".
+func ValidateEventFilter(events []EventType) error {
+	seen := map[EventType]bool{}
+	for _, e := range events {
+		msg := ""
+		switch {
+		case !ValidEventType(e):
+			msg = fmt.Sprintf("has an unknown event type %q (known: %s)", e, EventFilter(EventTypes))
+		case seen[e]:
+			msg = fmt.Sprintf("names %q twice", e)
+		}
+		if msg != "" {
+			return &Error{Code: CodeInvalidRequest, Detail: "events " + msg, Fields: []FieldError{{Field: "events", Message: msg}}}
+		}
+		seen[e] = true
+	}
+	return nil
+}
+
 // EventFilter encodes an endpoint's event filter for storage: the types
 // joined by commas ("" = every type).
 func EventFilter(types []EventType) string {

@@ -86,21 +86,6 @@ func encodeDelivery(d idem.WebhookDelivery) deliveryJSON {
 	return out
 }
 
-// validateEvents checks an event filter: known types, no repeats.
-func validateEvents(events []idem.EventType) error {
-	seen := map[idem.EventType]bool{}
-	for _, e := range events {
-		if !idem.ValidEventType(e) {
-			return fieldError("events", fmt.Sprintf("has an unknown event type %q (known: %s)", e, idem.EventFilter(idem.EventTypes)), nil)
-		}
-		if seen[e] {
-			return fieldError("events", fmt.Sprintf("names %q twice", e), nil)
-		}
-		seen[e] = true
-	}
-	return nil
-}
-
 // createWebhookRequest is the body of POST /v1/webhooks.
 type createWebhookRequest struct {
 	URL     string           `json:"url"`
@@ -109,16 +94,11 @@ type createWebhookRequest struct {
 }
 
 func (s *service) createWebhook(ctx context.Context, req *createWebhookRequest) (reply, error) {
-	if err := webhooks.ValidateURL(req.URL, s.allowPrivateWebhooks); err != nil {
-		return reply{}, fieldError("url", err.Error(), err)
-	}
-	if err := validateEvents(req.Events); err != nil {
+	e, err := webhooks.NewEndpoint(tenantFrom(ctx).ID, req.URL, req.Events, req.Enabled == nil || *req.Enabled, s.allowPrivateWebhooks)
+	if err != nil {
 		return reply{}, err
 	}
-	e, err := s.webhooks.CreateWebhookEndpoint(ctx, idem.WebhookEndpoint{
-		TenantID: tenantFrom(ctx).ID, ID: idem.NewWebhookEndpointID(), URL: req.URL,
-		Secret: idem.NewWebhookSecret(), Events: req.Events, Enabled: req.Enabled == nil || *req.Enabled,
-	})
+	e, err = s.webhooks.CreateWebhookEndpoint(ctx, e)
 	if err != nil {
 		return reply{}, fmt.Errorf("create webhook: %w", err)
 	}
@@ -175,13 +155,13 @@ func (s *service) patchWebhook(ctx context.Context, req *patchWebhookRequest) (w
 		return webhookJSON{}, fmt.Errorf("patch webhook: %w", err)
 	}
 	if req.URL != nil {
-		if err := webhooks.ValidateURL(*req.URL, s.allowPrivateWebhooks); err != nil {
-			return webhookJSON{}, fieldError("url", err.Error(), err)
+		if err := webhooks.CheckURL(*req.URL, s.allowPrivateWebhooks); err != nil {
+			return webhookJSON{}, err
 		}
 		e.URL = *req.URL
 	}
 	if req.Events != nil {
-		if err := validateEvents(*req.Events); err != nil {
+		if err := idem.ValidateEventFilter(*req.Events); err != nil {
 			return webhookJSON{}, err
 		}
 		e.Events = *req.Events

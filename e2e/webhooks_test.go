@@ -3,7 +3,9 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -163,4 +165,51 @@ func TestTwoReplicasDeliverWebhooksOnce(t *testing.T) {
 		require.Equal(t, 1, n, "event %s delivered %d times", ev, n)
 	}
 	require.Len(t, r.Requests(), events)
+}
+
+// The CLI manages endpoints on the store: create prints the secret once,
+// private URLs are refused without IDEM_WEBHOOK_ALLOW_PRIVATE, a test
+// event queued by the CLI is delivered by the running server, signed, and
+// shows in the delivery log.
+func TestCLIWebhooks(t *testing.T) {
+	t.Parallel()
+	env := webhookEnv(t, "sqlite")
+	mustCLI(t, env, "tenant", "create", "acme")
+	r := webhooktest.New(t, webhooktest.Always(200))
+
+	strict := maps.Clone(env)
+	delete(strict, "IDEM_WEBHOOK_ALLOW_PRIVATE")
+	_, errOut, code := runCLI(t, strict, "webhooks", "create", "--tenant", "acme", "--url", r.URL)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "private")
+	_, errOut, code = runCLI(t, env, "webhooks", "create", "--tenant", "acme", "--url", r.URL, "--events", "key.nope")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "unknown event type")
+
+	var ep struct {
+		ID     string   `json:"id"`
+		Secret string   `json:"secret"`
+		Events []string `json:"events"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(mustCLI(t, env, "webhooks", "create", "--tenant", "acme", "--url", r.URL, "--events", "key.orphaned,key.resolved")), &ep))
+	require.True(t, strings.HasPrefix(ep.Secret, "whsec_"))
+	require.Equal(t, []string{"key.orphaned", "key.resolved"}, ep.Events)
+	r.SetSecret(ep.Secret)
+	require.NotContains(t, mustCLI(t, env, "webhooks", "list", "--tenant", "acme"), "whsec_", "list never shows secrets")
+
+	startServer(t, env)
+	mustCLI(t, env, "webhooks", "test", "--tenant", "acme", "--id", ep.ID)
+	require.Eventually(t, func() bool { return len(r.Acked()) == 1 }, 15*time.Second, 50*time.Millisecond)
+	require.Empty(t, r.Bad())
+	require.Eventually(t, func() bool {
+		return strings.Contains(mustCLI(t, env, "webhooks", "deliveries", "--tenant", "acme", "--id", ep.ID), `"state": "delivered"`)
+	}, 10*time.Second, 50*time.Millisecond)
+
+	out := mustCLI(t, env, "webhooks", "set", "--tenant", "acme", "--id", ep.ID, "--enabled=false")
+	require.Contains(t, out, `"enabled": false`)
+	_, errOut, code = runCLI(t, env, "webhooks", "test", "--tenant", "acme", "--id", ep.ID)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "webhook_not_found")
+	mustCLI(t, env, "webhooks", "delete", "--tenant", "acme", "--id", ep.ID)
+	require.Equal(t, "[]", strings.TrimSpace(mustCLI(t, env, "webhooks", "list", "--tenant", "acme")))
 }

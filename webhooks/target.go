@@ -8,6 +8,8 @@ import (
 	"net/url"
 	"strings"
 	"syscall"
+
+	"github.com/idem-dev/idem"
 )
 
 // MaxURLLength bounds an endpoint URL.
@@ -75,6 +77,32 @@ func ValidateURL(raw string, allowPrivate bool) error {
 	}
 	if ip, err := netip.ParseAddr(host); err == nil && !PublicAddr(ip) {
 		return errors.New("must not be a loopback, link-local or private address (private targets are not allowed)")
+	}
+	return nil
+}
+
+// NewEndpoint checks a tenant's new endpoint (URL per ValidateURL, event
+// filter) and returns it enabled or not, with a fresh id and signing
+// secret: the one way the API and the CLI create endpoints. A bad input is
+// an invalid_request naming its field.
+func NewEndpoint(tenantID, rawURL string, events []idem.EventType, enabled, allowPrivate bool) (idem.WebhookEndpoint, error) {
+	if err := CheckURL(rawURL, allowPrivate); err != nil {
+		return idem.WebhookEndpoint{}, err
+	}
+	if err := idem.ValidateEventFilter(events); err != nil {
+		return idem.WebhookEndpoint{}, err
+	}
+	return idem.WebhookEndpoint{
+		TenantID: tenantID, ID: idem.NewWebhookEndpointID(), URL: rawURL,
+		Secret: idem.NewWebhookSecret(), Events: events, Enabled: enabled,
+	}, nil
+}
+
+// CheckURL is ValidateURL as an invalid_request naming "url".
+func CheckURL(rawURL string, allowPrivate bool) error {
+	if err := ValidateURL(rawURL, allowPrivate); err != nil {
+		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "url " + err.Error(),
+			Fields: []idem.FieldError{{Field: "url", Message: err.Error()}}, Err: err}
 	}
 	return nil
 }

@@ -62,6 +62,7 @@ func commands() []command {
 		{"migrate", "run the database migrations and exit", runMigrate},
 		{"token", "mint an HS256 token: token --tenant ID --scope \"keys:write\" --ttl 24h", runToken},
 		{"tenant", "manage tenants in the store: tenant create|list|set|delete", runTenant},
+		{"webhooks", "manage a tenant's signed webhook endpoints: webhooks create|list|set|delete|test|deliveries --tenant ID", runWebhooks},
 		{"keys", "resolve an orphaned key by hand: keys release|complete|review --tenant ID --key KEY --token N", runKeys},
 		{"config", "print the effective configuration with secrets redacted", runConfig},
 		{"healthcheck", "exit 0 when the local service answers GET /healthz (for container HEALTHCHECKs)", runHealthcheck},
