@@ -232,6 +232,11 @@ func pgDropLedger(t *testing.T, url string) {
 	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "DROP TABLE idempotency_keys, tenants, goose_db_version; DROP SEQUENCE fencing_tokens")
+	// Drop the whole schema and make it again empty: every table, trigger,
+	// function and sequence a migration made goes, whatever later
+	// migrations add.
+	var schema string
+	require.NoError(t, conn.QueryRow(ctx, "SELECT current_schema()").Scan(&schema))
+	_, err = conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE; CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
 	require.NoError(t, err)
 }

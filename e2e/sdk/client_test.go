@@ -134,7 +134,7 @@ func TestE2EConcurrentDoOneExecution(t *testing.T) {
 		for i := range callers {
 			wg.Go(func() {
 				<-start
-				results[i], errs[i] = c.Do(context.Background(), "pay-7", client.Request{Operation: "POST /pay", Payload: map[string]int{"amount": 7}, Lease: time.Second},
+				results[i], errs[i] = c.Do(context.Background(), "pay-7", client.Request{Operation: "POST /pay", Payload: map[string]int{"amount": 7}, Lease: 3 * time.Second},
 					func(ctx context.Context, claim *client.Claim) (client.Response, error) {
 						ran.Add(1)
 						time.Sleep(200 * time.Millisecond)
