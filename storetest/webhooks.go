@@ -22,6 +22,7 @@ func webhookGroup() group {
 		{"ClaimLeaseAndFinish", testWebhookClaimLease},
 		{"RetryAndDisableAfterSustainedFailure", testWebhookDisable},
 		{"ClaimRaceTakesEachOnce", testWebhookClaimRace},
+		{"OrphanWatchRaceReportsEachOnce", testWebhookOrphanRace},
 		{"TestSend", testWebhookTestSend},
 		{"ResolvedQueuedWithResolution", testWebhookResolved},
 	}}
@@ -446,4 +447,52 @@ func testWebhookResolved(t *testing.T, s *suite) {
 		actions = append(actions, body.Data.Action)
 	}
 	require.ElementsMatch(t, []string{"review", "complete", "release"}, actions)
+}
+
+// Concurrent orphan watches (replicas) report every orphan exactly once.
+func testWebhookOrphanRace(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	e := b.endpoint(t, "acme", idem.EventKeyOrphaned)
+	ws := b.webhooks(t)
+	const orphans = 30
+	for i := range orphans {
+		b.create(t, "acme", fmt.Sprintf("k%d", i))
+	}
+	b.advance(defaultLease)
+	var mu sync.Mutex
+	total := 0
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Go(func() {
+			for {
+				n, err := ws.EmitOrphanEvents(b.ctx, 4)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				total += n
+				mu.Unlock()
+				if n == 0 {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, orphans, total, "orphans marked")
+	keys := map[string]int{}
+	for _, d := range b.claimAll(t) {
+		var body struct {
+			Data idem.KeyEventData `json:"data"`
+		}
+		require.NoError(t, json.Unmarshal(d.Payload, &body))
+		keys[body.Data.Key]++
+	}
+	require.Len(t, keys, orphans)
+	for k, n := range keys {
+		require.Equal(t, 1, n, "orphan %s reported %d times", k, n)
+	}
+	require.Len(t, b.deliveries(t, e), orphans)
 }
