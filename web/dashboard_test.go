@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem/internal/browsertest"
+	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/server/servertest"
 	"github.com/idem-dev/idem/web"
 )
@@ -250,6 +251,49 @@ func TestDashboardShowsOrphans(t *testing.T) {
 				fmt.Sprint(b.Requests()))
 		})
 	}
+}
+
+// TestDashboardSaysWhenTenantIsBucketed: with IDEM_METRICS_MAX_TENANTS=1
+// the second tenant's claims are counted under tenant="(other)"; its
+// dashboard says so instead of showing silent zeros, and the first
+// tenant's does not.
+func TestDashboardSaysWhenTenantIsBucketed(t *testing.T) {
+	t.Parallel()
+	srv := servertest.Start(t, servertest.Options{Tenants: []string{"acme", "beta"},
+		Configure: func(c *server.Config) { c.MetricsMaxTenants = 1 }})
+	acme := srv.Token(t, "acme", "keys:write")
+	beta := srv.Token(t, "beta", "keys:write")
+	dashClaimKey(t, srv, acme, "a-1", 60)
+	dashClaimKey(t, srv, beta, "b-1", 60)
+	require.Equal(t, "1", dashMetric(t, srv, `idem_claims_total{outcome="created",tenant="acme"}`))
+	require.Equal(t, "1", dashMetric(t, srv, `idem_claims_total{outcome="created",tenant="(other)"}`))
+
+	b := browsertest.New(t)
+	b.Do(chromedp.Navigate(srv.URL() + "/dashboard/"))
+	for i, c := range []struct {
+		token    string
+		bucketed bool
+	}{{beta, true}, {acme, false}} {
+		if i > 0 {
+			b.Do(chromedp.Click(chromedp.CSS("#signout")))
+		}
+		b.Do(
+			chromedp.WaitVisible(chromedp.CSS("#token")),
+			chromedp.SendKeys(chromedp.CSS("#token"), c.token),
+			chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+			chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="tenant"][data-loaded="1"]`)),
+		)
+		browsertest.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`,
+			chromedp.WithPollingTimeout(6*time.Second)))
+		note := browsertest.Run(b, chromedp.Text(chromedp.CSS("#rates-note")))
+		if c.bucketed {
+			require.Contains(t, note, `tenant="(other)"`)
+		} else {
+			require.NotContains(t, note, "(other)")
+		}
+	}
+	b.RequireNoConsoleErrors()
+	b.RequireLoopbackOnly()
 }
 
 // TestDashboardResolvesOrphans clicks through every resolution on both

@@ -20,6 +20,7 @@
   ];
 
   const HISTORY_KEY = "idem.dashboard.history";
+  const OTHER_TENANTS = "(other)"; // metrics.TenantOther
   const HISTORY_MS = 60 * 60 * 1000; // the chart shows the last hour
   const FIRST_GAP_MS = 2000; // second /metrics sample at load, so rates show at once
 
@@ -34,6 +35,7 @@
     skewMs: 0, // server clock minus client clock, from the Date header
     prevClaims: null, // {at: ms, counts: {outcome: n}}
     rates: null,
+    bucketed: false, // this tenant's claims are under "(other)" in /metrics
     history: [], // [{t: ms, orphans: n, rates: {outcome: per min} | null}], last hour, this tab
     orphans: [],
     truncated: false,
@@ -98,6 +100,7 @@
     state.gen++;
     state.prevClaims = null;
     state.rates = null;
+    state.bucketed = false;
     state.history = [];
     state.metricsError = null;
     state.filter = null;
@@ -167,15 +170,21 @@
     const counts = {};
     for (const o of OUTCOMES) counts[o.id] = 0;
     const re = /^idem_claims_total\{([^}]*)\}\s+(\S+)/;
+    let own = false, other = false;
     for (const line of text.split("\n")) {
       const m = re.exec(line);
       if (!m) continue;
       const labels = parseLabels(m[1]);
+      if (labels.tenant === OTHER_TENANTS) other = true;
       if (state.mode === "tenant" && labels.tenant !== state.tenant) continue;
+      own = true;
       const v = Number(m[2]);
       if (!Number.isFinite(v)) continue;
       counts[labels.outcome] = (counts[labels.outcome] || 0) + v;
     }
+    // A tenant past IDEM_METRICS_MAX_TENANTS has no series of its own: its
+    // claims are counted under "(other)" with other tenants'.
+    state.bucketed = state.mode === "tenant" && !own && other;
     return { at: Date.now(), counts };
   }
 
@@ -517,6 +526,8 @@
     $("rates-window").textContent = state.rates ? "per minute, last " + fmtWindow(state.rates.windowMs) : "";
     $("rates-note").textContent = state.metricsError
       ? state.metricsError
+      : state.bucketed
+      ? "This tenant has no claim series of its own in /metrics: the server counts tenants past IDEM_METRICS_MAX_TENANTS under tenant=\"(other)\", so its rates show as 0 here."
       : (state.rates ? "" : "Measuring: a second sample follows in two seconds. ") +
         "Counted by the replica that served /metrics" + (state.mode === "tenant" ? ", for tenant " + state.tenant : ", all tenants") + "; totals since it started.";
   }
