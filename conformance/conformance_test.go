@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +17,6 @@ import (
 	"github.com/idem-dev/idem/conformance"
 	"github.com/idem-dev/idem/gateway"
 	"github.com/idem-dev/idem/internal/cutproxy"
-	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/server/servertest"
 )
 
@@ -41,13 +39,8 @@ func run(t *testing.T, opts conformance.Options) {
 func idemServer(t *testing.T, backend string) (*servertest.Server, func(context.Context) (func(), error)) {
 	t.Helper()
 	if backend == servertest.BackendPostgres {
-		u, err := url.Parse(pgtest.URL(t))
-		require.NoError(t, err)
-		p, err := cutproxy.New(u.Host)
-		require.NoError(t, err)
-		t.Cleanup(p.Close)
-		u.Host = p.Addr()
-		srv := servertest.Start(t, servertest.Options{DatabaseURL: u.String(), Tenants: []string{"conf"}})
+		dbURL, p := cutproxy.Postgres(t)
+		srv := servertest.Start(t, servertest.Options{DatabaseURL: dbURL, Tenants: []string{"conf"}})
 		return srv, func(context.Context) (func(), error) { p.Cut(); return p.Restore, nil }
 	}
 	srv := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"conf"}})

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,7 +21,6 @@ import (
 
 	"github.com/idem-dev/idem/conformance"
 	"github.com/idem-dev/idem/internal/cutproxy"
-	"github.com/idem-dev/idem/postgres/pgtest"
 )
 
 // gatewayRig is `serve` and `gateway` processes of the real binary on one
@@ -206,7 +204,8 @@ func TestGatewayStoreDown(t *testing.T) {
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		dbURL, cut := cuttablePostgres(t)
+		dbURL, proxy := cutproxy.Postgres(t)
+		cut := proxy.Cut
 		r := newGatewayRig(t, "postgres", "", map[string]string{"IDEM_STORE_TIMEOUT": "700ms", "IDEM_DATABASE_URL": dbURL})
 		gw := r.startGateway(t)
 		ok, err := gatewayPost(newClient(false), gw.url+"/orders", "before", `{}`)
@@ -227,19 +226,6 @@ func requireStoreDown(t *testing.T, url string, up *conformance.Upstream, count 
 	require.NotEmpty(t, down.header.Get("Retry-After"))
 	require.Less(t, time.Since(start), 10*time.Second)
 	require.Equal(t, count, up.Count(), "the upstream was not called")
-}
-
-// cuttablePostgres returns a URL of an isolated schema reached through a
-// loopback proxy, and the function that cuts the path to it.
-func cuttablePostgres(t *testing.T) (string, func()) {
-	t.Helper()
-	u, err := url.Parse(pgtest.URL(t))
-	require.NoError(t, err)
-	p, err := cutproxy.New(u.Host)
-	require.NoError(t, err)
-	t.Cleanup(p.Close)
-	u.Host = p.Addr()
-	return u.String(), p.Cut
 }
 
 // TestConformanceCLIAgainstTheGateway runs `server conformance` against a
