@@ -270,12 +270,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 			return
 		}
 		x.outcome = outcomeStoreUnavailable
-		e := frontdoor.Errorf(frontdoor.CodeStoreUnavailable, "the idempotency store is unavailable; the request was not processed, retry later with the same key")
-		var ie *idem.Error
-		if errors.As(err, &ie) {
-			e.RetryAfter = ie.RetryAfter
-		}
-		frontdoor.WriteProblem(w, r, e)
+		frontdoor.WriteProblem(w, r, withRetryAfter(frontdoor.Errorf(frontdoor.CodeStoreUnavailable,
+			"the idempotency store is unavailable; the request was not processed, retry later with the same key"), err))
 		return
 	}
 	rec := res.Record
@@ -328,12 +324,18 @@ func (rr *route) scope(r *http.Request) (string, error) {
 // at once, or after the Prefer: wait=N the request was held for.
 func (g *Gateway) inFlight(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
 	x.outcome = outcomeInFlight
-	e := frontdoor.Errorf(frontdoor.CodeRequestInFlight, "a request with this idempotency key is being processed; retry after Retry-After seconds")
+	frontdoor.WriteProblem(w, r, withRetryAfter(frontdoor.Errorf(frontdoor.CodeRequestInFlight,
+		"a request with this idempotency key is being processed; retry after Retry-After seconds"), err))
+}
+
+// withRetryAfter gives e the Retry-After the store chose for err (the
+// lease left, or its own back-off), if it chose one.
+func withRetryAfter(e *frontdoor.Error, err error) *frontdoor.Error {
 	var ie *idem.Error
 	if errors.As(err, &ie) {
 		e.RetryAfter = ie.RetryAfter
 	}
-	frontdoor.WriteProblem(w, r, e)
+	return e
 }
 
 func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
