@@ -209,11 +209,17 @@ func (d *Deliverer) DeliverOnce(ctx context.Context) (int, error) {
 	return len(batch), errors.Join(errs...)
 }
 
-// deliver makes one attempt and records its outcome. The outcome is
-// recorded even when ctx ends meanwhile (bounded by a few seconds): an
-// attempt that reached the receiver should not be sent again needlessly.
+// deliver makes one attempt and records its outcome. An attempt that was
+// answered is recorded even when ctx ends meanwhile (bounded by
+// StoreTimeout), so it is not sent again needlessly; one that shutting
+// down cut short is not recorded at all.
 func (d *Deliverer) deliver(ctx context.Context, del idem.WebhookDelivery) error {
 	status, attemptErr := d.attempt(ctx, del)
+	if attemptErr != nil && ctx.Err() != nil {
+		// Shutting down cut the attempt short: not the endpoint's fault.
+		// Record nothing; the delivery is sent again once its lease ends.
+		return nil
+	}
 	res := idem.FinishWebhookDeliveryParams{
 		ID: del.ID, Attempts: del.Attempts, Status: status,
 		OK:                 attemptErr == nil,

@@ -234,3 +234,38 @@ func TestTwoReplicasDeliverEachEventOnce(t *testing.T) {
 		require.Equal(t, 1, n)
 	}
 }
+
+// An attempt cut short by shutting down is not the endpoint's failure:
+// nothing is recorded, and the delivery goes out again after its lease.
+func TestShutdownMidAttemptRecordsNoFailure(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
+		s := open(t)
+		r := webhooktest.New(t, func(n int) webhooktest.Answer {
+			if n == 0 {
+				return webhooktest.Answer{Status: 200, Hang: time.Minute}
+			}
+			return webhooktest.Answer{Status: 200}
+		})
+		e := register(t, s, r)
+		id := testEvent(t, s, e)
+		cfg := fastConfig()
+		cfg.Timeout, cfg.Lease = 10*time.Second, 500*time.Millisecond
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { _ = webhooks.New(s, cfg, nil).Run(ctx); close(done) }()
+		require.Eventually(t, func() bool { return len(r.Requests()) == 1 }, 10*time.Second, 10*time.Millisecond)
+		cancel()
+		<-done
+		got, err := s.GetWebhookEndpoint(context.Background(), "acme", e.ID)
+		require.NoError(t, err)
+		require.Zero(t, got.ConsecutiveFailures, "shutting down counted as the endpoint's failure")
+		log := logOf(t, s, e)[0]
+		require.Equal(t, idem.DeliveryPending, log.State)
+		require.Empty(t, log.LastError)
+
+		run(t, webhooks.New(s, cfg, nil))
+		require.Eventually(t, func() bool { return r.Acked()[id] == 1 }, 10*time.Second, 20*time.Millisecond)
+		require.Equal(t, 2, r.ByID()[id], "sent again, same webhook-id")
+	})
+}
