@@ -266,6 +266,7 @@ func TestCLIHelp(t *testing.T) {
 		{[]string{"tenant", "list", "--help"}, []string{"--json", "--database-url"}, []string{"--addr", "--lease-seconds-max"}},
 		{[]string{"migrate", "--help"}, []string{"--database-url"}, []string{"--addr", "--jwt-issuer"}},
 		{[]string{"healthcheck", "--help"}, []string{"--addr", "--timeout"}, []string{"--database-url"}},
+		{[]string{"gateway", "--help"}, []string{"--upstream", "--tenant", "--database-url", "--store-timeout", "--max-waiters"}, []string{"--addr", "--reap-interval", "--jwt-issuer", "--max-body-bytes"}},
 	} {
 		help := mustCLI(t, nil, c.args...)
 		for _, w := range c.want {

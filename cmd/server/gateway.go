@@ -52,8 +52,8 @@ records of the tenant, visible in the API, the dashboard and the metrics
 SIGHUP reloads the config file without dropping requests; SIGTERM or SIGINT
 stop it gracefully within --shutdown-grace. Of the server settings below
 the gateway uses the store (IDEM_DATABASE_URL, IDEM_STORE_TIMEOUT, pool),
-log, shutdown, header and idle settings.`)
-	cfg, done, code := loadConfigNoArgs(e, fs, usage, args)
+log, shutdown, waiting, tenant cache, header and idle settings.`)
+	cfg, done, code := loadConfigNoArgs(e, fs, usage, args, gatewaySettings...)
 	if done {
 		return code
 	}

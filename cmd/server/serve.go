@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +28,11 @@ var (
 	// tokenSettings are what minting a token reads: the key, the claims
 	// checked by the server and where the development secret lives.
 	tokenSettings = []string{"jwt-hs256-secret", "jwt-jwks-file", "jwt-issuer", "jwt-audience", "database-url", "data-dir"}
+	// gatewaySettings are what `gateway` reads beside its own flags: the
+	// store, logs, shutdown, waiting claims, the tenant cache and the HTTP
+	// limits of its listener.
+	gatewaySettings = append(slices.Clone(storeSettings), "log-format", "log-level", "shutdown-grace", "max-waiters",
+		"tenant-cache-ttl", "read-header-timeout", "idle-timeout", "max-header-bytes")
 	// healthcheckSettings name the local service.
 	healthcheckSettings = []string{"addr"}
 )
