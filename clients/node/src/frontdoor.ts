@@ -282,20 +282,37 @@ export function checkIJSON(text: string): void {
     if (!Number.isFinite(Number(m[0]))) throw invalidRequest("number outside the IEEE 754 double range", i);
     i += m[0].length;
   };
+  // items reads the members of an object or the elements of an array (text[i]
+  // is the opening bracket): item reads one, separated by commas, up to close.
+  const items = (close: "}" | "]", item: () => void): void => {
+    i++;
+    ws();
+    if (text[i] === close) {
+      i++;
+      return;
+    }
+    for (;;) {
+      ws();
+      item();
+      ws();
+      if (text[i] === ",") {
+        i++;
+        continue;
+      }
+      if (text[i] === close) {
+        i++;
+        return;
+      }
+      throw invalidRequest(`expected ',' or '${close}'`, i);
+    }
+  };
   const value = (depth: number): void => {
     if (depth > 1000) throw invalidRequest("nesting too deep", i);
     if (i >= n) throw invalidRequest("unexpected end", i);
     const c = text[i]!;
     if (c === "{") {
-      i++;
       const seen = new Set<string>();
-      ws();
-      if (text[i] === "}") {
-        i++;
-        return;
-      }
-      for (;;) {
-        ws();
+      items("}", () => {
         if (text[i] !== '"') throw invalidRequest("expected a member name", i);
         const name = str();
         if (seen.has(name)) throw invalidRequest(`duplicate member name ${JSON.stringify(name)}`, i);
@@ -305,39 +322,12 @@ export function checkIJSON(text: string): void {
         i++;
         ws();
         value(depth + 1);
-        ws();
-        if (text[i] === ",") {
-          i++;
-          continue;
-        }
-        if (text[i] === "}") {
-          i++;
-          return;
-        }
-        throw invalidRequest("expected ',' or '}'", i);
-      }
+      });
+      return;
     }
     if (c === "[") {
-      i++;
-      ws();
-      if (text[i] === "]") {
-        i++;
-        return;
-      }
-      for (;;) {
-        ws();
-        value(depth + 1);
-        ws();
-        if (text[i] === ",") {
-          i++;
-          continue;
-        }
-        if (text[i] === "]") {
-          i++;
-          return;
-        }
-        throw invalidRequest("expected ',' or ']'", i);
-      }
+      items("]", () => value(depth + 1));
+      return;
     }
     if (c === '"') {
       str();
