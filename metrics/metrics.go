@@ -122,6 +122,7 @@ type Metrics struct {
 	reaperOrphansDeleted *prometheus.CounterVec
 	reaperRuns           *prometheus.CounterVec
 	reaperLastSuccess    prometheus.Gauge
+	webhookAttempts      *prometheus.CounterVec
 	httpDuration         *prometheus.HistogramVec
 	storeDuration        *prometheus.HistogramVec
 
@@ -185,6 +186,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:    "Store operation duration by operation and result (ok, rejected, unavailable, canceled, error).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"op", "result"}),
+		webhookAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "webhook_attempts_total",
+			Help: "Webhook delivery attempts by result (delivered, retry, gave_up).",
+		}, []string{"result"}),
 		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "build_info",
 			Help: "Always 1; its labels say which build runs: version, VCS revision and Go version.",
@@ -198,7 +203,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(
 		m.claims, m.writes, m.orphans, m.oldestOrphanAge, m.watchLastSuccess,
 		m.reaperDeleted, m.reaperOrphansDeleted, m.reaperRuns, m.reaperLastSuccess,
-		m.httpDuration, m.storeDuration, m.buildInfo,
+		m.webhookAttempts, m.httpDuration, m.storeDuration, m.buildInfo,
 	)
 	registerOnce(reg, collectors.NewGoCollector())
 	registerOnce(reg, collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -499,6 +504,16 @@ func (m *Metrics) ObserveReaperRun(err error) {
 	}
 	m.reaperRuns.WithLabelValues("ok").Inc()
 	m.reaperLastSuccess.SetToCurrentTime()
+}
+
+// ObserveWebhookAttempt counts one webhook delivery attempt by its result:
+// "delivered", "retry" (failed, tried again later) or "gave_up" (failed
+// past the maximum age).
+func (m *Metrics) ObserveWebhookAttempt(result string) {
+	if m == nil {
+		return
+	}
+	m.webhookAttempts.WithLabelValues(result).Inc()
 }
 
 // Middleware records idem_http_request_duration_seconds. Install it inside

@@ -205,7 +205,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 		DisableMinFailures: cfg.WebhookDisableMinFailures,
 		StoreTimeout:       cfg.StoreTimeout,
 		AllowPrivate:       cfg.WebhookAllowPrivate,
-	}, logger)
+	}, logger, s.metrics)
 
 	s.handler = s.routes(verifier)
 	return s, nil

@@ -90,6 +90,7 @@ func TestWebhooksOverHTTP(t *testing.T) {
 				types = append(types, it.(map[string]any)["event_type"].(string))
 			}
 			require.Equal(t, []string{"webhook.test", "key.lease_lost", "key.orphaned"}, types, "newest first, every event once")
+			waitMetric(t, ts.URL(), `idem_webhook_attempts_total{result="delivered"}`, func(v float64) bool { return v >= 3 })
 
 			// Disabled: nothing more; a test send is refused.
 			status, got, _ = c.call(t, http.MethodPatch, "/v1/webhooks/"+id, admin, `{"enabled":false}`)

@@ -107,19 +107,27 @@ func (c Config) withDefaults() Config {
 
 // Deliverer runs the delivery job.
 type Deliverer struct {
-	store  idem.WebhookStore
-	cfg    Config
-	client *http.Client
-	logger *slog.Logger
+	store    idem.WebhookStore
+	cfg      Config
+	client   *http.Client
+	logger   *slog.Logger
+	observer Observer
 }
 
-// New returns a Deliverer over store. logger nil discards logs.
-func New(store idem.WebhookStore, cfg Config, logger *slog.Logger) *Deliverer {
+// Observer counts attempts by result ("delivered", "retry", "gave_up"),
+// for metrics.
+type Observer interface {
+	ObserveWebhookAttempt(result string)
+}
+
+// New returns a Deliverer over store. logger nil discards logs; observer
+// nil counts nothing.
+func New(store idem.WebhookStore, cfg Config, logger *slog.Logger, observer Observer) *Deliverer {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	cfg = cfg.withDefaults()
-	return &Deliverer{store: store, cfg: cfg, client: NewClient(cfg), logger: logger.With("component", "webhooks")}
+	return &Deliverer{store: store, cfg: cfg, client: NewClient(cfg), logger: logger.With("component", "webhooks"), observer: observer}
 }
 
 // NewClient returns the HTTP client deliveries use: no proxy, no redirects
@@ -226,11 +234,17 @@ func (d *Deliverer) deliver(ctx context.Context, del idem.WebhookDelivery) error
 		DisableAfter:       d.cfg.DisableAfter,
 		DisableMinFailures: d.cfg.DisableMinFailures,
 	}
-	level := slog.LevelInfo
+	level, result := slog.LevelInfo, "delivered"
 	if attemptErr != nil {
-		level = slog.LevelWarn
+		level, result = slog.LevelWarn, "retry"
 		res.Error = attemptErr.Error()
 		res.RetryIn = d.retryIn(del)
+		if res.RetryIn == 0 {
+			result = "gave_up"
+		}
+	}
+	if d.observer != nil {
+		d.observer.ObserveWebhookAttempt(result)
 	}
 	d.logger.LogAttrs(ctx, level, "webhook attempt",
 		slog.String("tenant", del.TenantID),

@@ -118,7 +118,7 @@ func TestDeliveryRetriesUntilReceiverRecovers(t *testing.T) {
 		})
 		e := register(t, s, r)
 		id := testEvent(t, s, e)
-		run(t, webhooks.New(s, fastConfig(), nil))
+		run(t, webhooks.New(s, fastConfig(), nil, nil))
 
 		require.Eventually(t, func() bool { return logOf(t, s, e)[0].State == idem.DeliveryDelivered }, 20*time.Second, 20*time.Millisecond)
 		require.Empty(t, r.Bad(), "every request carries a valid signature")
@@ -143,7 +143,7 @@ func TestDeliveryOfLeaseLost(t *testing.T) {
 		require.NoError(t, err)
 		err = s.Release(ctx, idem.ReleaseParams{TenantID: "acme", Key: "k", FencingToken: rec.Record.FencingToken - 1})
 		require.ErrorIs(t, err, idem.ErrLeaseLost)
-		run(t, webhooks.New(s, fastConfig(), nil))
+		run(t, webhooks.New(s, fastConfig(), nil, nil))
 		require.Eventually(t, func() bool { return logOf(t, s, e)[0].State == idem.DeliveryDelivered }, 10*time.Second, 20*time.Millisecond)
 		require.Empty(t, r.Bad())
 		reqs := r.Requests()
@@ -164,7 +164,7 @@ func TestDeliveryRefusesPrivateTarget(t *testing.T) {
 		testEvent(t, s, e)
 		cfg := fastConfig()
 		cfg.AllowPrivate = false
-		d := webhooks.New(s, cfg, nil)
+		d := webhooks.New(s, cfg, nil, nil)
 		n, err := d.DeliverOnce(context.Background())
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
@@ -187,7 +187,7 @@ func TestDeliveryDisablesFailingEndpoint(t *testing.T) {
 		testEvent(t, s, e)
 		cfg := fastConfig()
 		cfg.DisableAfter, cfg.DisableMinFailures = time.Millisecond, 3
-		run(t, webhooks.New(s, cfg, nil))
+		run(t, webhooks.New(s, cfg, nil, nil))
 		require.Eventually(t, func() bool {
 			got, err := s.GetWebhookEndpoint(context.Background(), "acme", e.ID)
 			require.NoError(t, err)
@@ -224,8 +224,8 @@ func TestTwoReplicasDeliverEachEventOnce(t *testing.T) {
 	}
 	cfg := fastConfig()
 	cfg.BatchSize = 5
-	run(t, webhooks.New(a, cfg, nil))
-	run(t, webhooks.New(b, cfg, nil))
+	run(t, webhooks.New(a, cfg, nil, nil))
+	run(t, webhooks.New(b, cfg, nil, nil))
 	require.Eventually(t, func() bool { return len(r.Acked()) == events }, 30*time.Second, 20*time.Millisecond)
 	require.Empty(t, r.Bad())
 	require.Len(t, r.Requests(), events, "some event was delivered twice")
@@ -253,7 +253,7 @@ func TestShutdownMidAttemptRecordsNoFailure(t *testing.T) {
 		cfg.Timeout, cfg.Lease = 10*time.Second, 500*time.Millisecond
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
-		go func() { _ = webhooks.New(s, cfg, nil).Run(ctx); close(done) }()
+		go func() { _ = webhooks.New(s, cfg, nil, nil).Run(ctx); close(done) }()
 		require.Eventually(t, func() bool { return len(r.Requests()) == 1 }, 10*time.Second, 10*time.Millisecond)
 		cancel()
 		<-done
@@ -264,7 +264,7 @@ func TestShutdownMidAttemptRecordsNoFailure(t *testing.T) {
 		require.Equal(t, idem.DeliveryPending, log.State)
 		require.Empty(t, log.LastError)
 
-		run(t, webhooks.New(s, cfg, nil))
+		run(t, webhooks.New(s, cfg, nil, nil))
 		require.Eventually(t, func() bool { return r.Acked()[id] == 1 }, 10*time.Second, 20*time.Millisecond)
 		require.Equal(t, 2, r.ByID()[id], "sent again, same webhook-id")
 	})
