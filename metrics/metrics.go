@@ -526,7 +526,13 @@ func (m *Metrics) Middleware(next http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+		// Share the wrapper of an outer middleware (the access log's) when
+		// there is one: it sees the same status, and a second costs a
+		// wrapper per request.
+		ww, ok := w.(middleware.WrapResponseWriter)
+		if !ok {
+			ww = middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+		}
 		defer func() {
 			status := ww.Status()
 			if status == 0 {
