@@ -122,6 +122,7 @@ func TestValidateMessages(t *testing.T) {
 		{"store timeout", func(c *Config) { c.StoreTimeout = 0 }, "IDEM_STORE_TIMEOUT must be a positive duration"},
 		{"store timeout past write timeout", func(c *Config) { c.StoreTimeout = 30 * time.Second }, "IDEM_STORE_TIMEOUT (30s) must be shorter than IDEM_WRITE_TIMEOUT (30s)"},
 		{"max conns", func(c *Config) { c.DBMaxConns = 0 }, "IDEM_DB_MAX_CONNS must be between 1 and 1000 (got 0)"},
+		{"max waiters", func(c *Config) { c.MaxWaiters = -1 }, "IDEM_MAX_WAITERS must be between 0 and 1000000 (got -1)"},
 		{"batch", func(c *Config) { c.ReapBatchSize = 0 }, "IDEM_REAP_BATCH_SIZE must be between 1 and 100000 (got 0)"},
 		{"header bytes", func(c *Config) { c.MaxHeaderBytes = 10 }, "IDEM_MAX_HEADER_BYTES must be at least 4096 (got 10)"},
 	}
@@ -136,6 +137,26 @@ func TestValidateMessages(t *testing.T) {
 			require.NotContains(t, err.Error(), "hunter2", "a validation message must not echo a password")
 		})
 	}
+}
+
+// TestMaxWait: every wait stays below IDEM_WRITE_TIMEOUT with room for the
+// last store call and the answer; IDEM_MAX_WAITERS is a flag and a variable.
+func TestMaxWait(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	require.Equal(t, 1000, cfg.MaxWaiters)
+	require.Equal(t, 24*time.Second, cfg.MaxWait(), "30s write timeout - 5s store timeout - 1s")
+	cfg.WriteTimeout, cfg.StoreTimeout = 6*time.Second, 5*time.Second
+	require.Equal(t, time.Duration(0), cfg.MaxWait(), "no room: no waiting")
+	cfg.WriteTimeout, cfg.StoreTimeout = 10500*time.Millisecond, 2*time.Second
+	require.Equal(t, 7*time.Second, cfg.MaxWait(), "whole seconds")
+
+	loaded, err := load([]string{"--max-waiters", "5"}, envOf(map[string]string{"IDEM_MAX_WAITERS": "9"}))
+	require.NoError(t, err)
+	require.Equal(t, 5, loaded.MaxWaiters)
+	loaded, err = load(nil, envOf(map[string]string{"IDEM_MAX_WAITERS": "9"}))
+	require.NoError(t, err)
+	require.Equal(t, 9, loaded.MaxWaiters)
 }
 
 func TestValidateReportsEveryProblem(t *testing.T) {
