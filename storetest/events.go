@@ -100,3 +100,17 @@ func testEventsClose(t *testing.T, s *suite) {
 	requireEvent(t, kept, "a completion")
 	requireNoEvent(t, gone, "a completion (closed subscription)")
 }
+
+// testEventsResolve: an operator's release or completion of an orphan
+// wakes the key's subscriptions like the worker's own would.
+func testEventsResolve(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	for _, action := range []idem.ResolveAction{idem.ResolveRelease, idem.ResolveComplete} {
+		key := "resolved-" + string(action)
+		sub := b.subscribe(t, "acme", key)
+		rec := b.orphan(t, "acme", key)
+		b.resolve(t, resolution("acme", key, action, rec.FencingToken))
+		requireEvent(t, sub, "resolving an orphan ("+string(action)+")")
+	}
+}

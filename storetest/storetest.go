@@ -163,6 +163,7 @@ func groups() []group {
 		{"KeyEvents", []testCase{
 			{"CompleteReleaseReapDeleteWake", testEventsWake},
 			{"Close", testEventsClose},
+			{"ResolveWakes", testEventsResolve},
 		}},
 		{"Isolation", []testCase{
 			{"SameKeyTwoTenants", testIsolationSameKey},
