@@ -134,3 +134,66 @@ func (ds *deadlineStore) Ping(ctx context.Context) error {
 
 // Close closes the wrapped store; it is not bounded.
 func (ds *deadlineStore) Close() error { return ds.s.Close() }
+
+// WebhookWithDeadline is WithDeadline for the webhook side of a store:
+// every call of w gets at most d, and one that ran out of time returns
+// store_unavailable. d <= 0 returns w.
+func WebhookWithDeadline(w WebhookStore, d time.Duration) WebhookStore {
+	if d <= 0 {
+		return w
+	}
+	return &webhookDeadline{ds: &deadlineStore{d: d}, w: w}
+}
+
+type webhookDeadline struct {
+	ds *deadlineStore // only its d is used
+	w  WebhookStore
+}
+
+var _ WebhookStore = (*webhookDeadline)(nil)
+
+func (wd *webhookDeadline) CreateWebhookEndpoint(ctx context.Context, e WebhookEndpoint) (WebhookEndpoint, error) {
+	return bounded(wd.ds, ctx, func(ctx context.Context) (WebhookEndpoint, error) { return wd.w.CreateWebhookEndpoint(ctx, e) })
+}
+
+func (wd *webhookDeadline) GetWebhookEndpoint(ctx context.Context, tenantID, id string) (WebhookEndpoint, error) {
+	return bounded(wd.ds, ctx, func(ctx context.Context) (WebhookEndpoint, error) { return wd.w.GetWebhookEndpoint(ctx, tenantID, id) })
+}
+
+func (wd *webhookDeadline) ListWebhookEndpoints(ctx context.Context, tenantID string) ([]WebhookEndpoint, error) {
+	return bounded(wd.ds, ctx, func(ctx context.Context) ([]WebhookEndpoint, error) { return wd.w.ListWebhookEndpoints(ctx, tenantID) })
+}
+
+func (wd *webhookDeadline) UpdateWebhookEndpoint(ctx context.Context, e WebhookEndpoint) (WebhookEndpoint, error) {
+	return bounded(wd.ds, ctx, func(ctx context.Context) (WebhookEndpoint, error) { return wd.w.UpdateWebhookEndpoint(ctx, e) })
+}
+
+func (wd *webhookDeadline) DeleteWebhookEndpoint(ctx context.Context, tenantID, id string) error {
+	return boundedErr(wd.ds, ctx, func(ctx context.Context) error { return wd.w.DeleteWebhookEndpoint(ctx, tenantID, id) })
+}
+
+func (wd *webhookDeadline) SendTestEvent(ctx context.Context, endpointID string, ev Event) (WebhookDelivery, error) {
+	return bounded(wd.ds, ctx, func(ctx context.Context) (WebhookDelivery, error) { return wd.w.SendTestEvent(ctx, endpointID, ev) })
+}
+
+func (wd *webhookDeadline) ListWebhookDeliveries(ctx context.Context, p ListWebhookDeliveriesParams) ([]WebhookDelivery, error) {
+	return bounded(wd.ds, ctx, func(ctx context.Context) ([]WebhookDelivery, error) { return wd.w.ListWebhookDeliveries(ctx, p) })
+}
+
+func (wd *webhookDeadline) ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.Duration) ([]WebhookDelivery, error) {
+	return bounded(wd.ds, ctx, func(ctx context.Context) ([]WebhookDelivery, error) {
+		return wd.w.ClaimWebhookDeliveries(ctx, limit, lease)
+	})
+}
+
+func (wd *webhookDeadline) FinishWebhookDelivery(ctx context.Context, p FinishWebhookDeliveryParams) error {
+	return boundedErr(wd.ds, ctx, func(ctx context.Context) error { return wd.w.FinishWebhookDelivery(ctx, p) })
+}
+
+func (wd *webhookDeadline) EmitOrphanEvents(ctx context.Context, limit int) (int, error) {
+	return bounded(wd.ds, ctx, func(ctx context.Context) (int, error) { return wd.w.EmitOrphanEvents(ctx, limit) })
+}
+
+func (wd *webhookDeadline) PurgeWebhookDeliveries(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
+	return bounded(wd.ds, ctx, func(ctx context.Context) (int, error) { return wd.w.PurgeWebhookDeliveries(ctx, olderThan, limit) })
+}

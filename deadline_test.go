@@ -61,3 +61,34 @@ func TestWithDeadline(t *testing.T) {
 
 	require.Equal(t, raw, idem.WithDeadline(raw, 0), "no deadline leaves the store as it is")
 }
+
+// TestWebhookWithDeadline: a webhook write held by another connection's
+// write lock is store_unavailable in about the deadline; a domain answer
+// passes through.
+func TestWebhookWithDeadline(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	raw, err := sqlite.Open(ctx, path, sqlite.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = raw.Close() })
+	const d = 300 * time.Millisecond
+	ws := idem.WebhookWithDeadline(raw, d)
+	_, err = ws.GetWebhookEndpoint(ctx, "acme", "ep_none")
+	require.ErrorIs(t, err, idem.ErrWebhookNotFound, "a domain answer passes through")
+
+	holder, err := sql.Open("sqlite", "file:"+path)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Close() })
+	conn, err := holder.Conn(ctx)
+	require.NoError(t, err)
+	_, err = conn.ExecContext(ctx, "BEGIN IMMEDIATE")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = conn.ExecContext(ctx, "ROLLBACK"); _ = conn.Close() })
+
+	start := time.Now()
+	_, err = ws.EmitOrphanEvents(ctx, 10)
+	require.ErrorIs(t, err, idem.ErrStoreUnavailable)
+	require.Less(t, time.Since(start), 5*time.Second, "the deadline, not the busy timeout, ended the call")
+	require.Equal(t, idem.WebhookStore(raw), idem.WebhookWithDeadline(raw, 0))
+}

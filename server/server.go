@@ -188,6 +188,8 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 		_ = raw.Close()
 		return nil, fmt.Errorf("store %s keeps no webhook outbox", s.db)
 	}
+	// The webhook side gets the same store deadline as the rest.
+	ws = idem.WebhookWithDeadline(ws, cfg.StoreTimeout)
 	s.webhooks = ws
 	s.jobs = jobs.New(s.store, jobs.Config{
 		ReapInterval:        cfg.ReapInterval,
