@@ -4,8 +4,11 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"os"
+	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
@@ -75,3 +78,38 @@ func problemCodesOfSpec(t *testing.T) []string {
 	slices.Sort(codes)
 	return codes
 }
+
+// TestPolyglotSDKCodesAreTheSpecs keeps the Python and Node SDKs' code lists
+// identical to the spec's enum too, so a client in any language can name
+// every code the server sends. The SDKs' own extras (unknown: an answer
+// without a code; network: no answer) are not server codes.
+func TestPolyglotSDKCodesAreTheSpecs(t *testing.T) {
+	t.Parallel()
+	for _, sdk := range []struct {
+		file, start, end string
+		line             *regexp.Regexp
+		own              []string
+	}{
+		{"../clients/python/src/idem/_errors.py", "# The error codes", "\nclass ", regexp.MustCompile(`(?m)^[A-Z_]+ = "([a-z_]+)"$`), []string{"unknown"}},
+		{"../clients/node/src/errors.ts", "export const Codes = {", "} as const;", regexp.MustCompile(`(?m)^\s+\w+: "([a-z_]+)",$`), []string{"unknown", "network"}},
+	} {
+		b, err := os.ReadFile(sdk.file)
+		require.NoError(t, err)
+		src := string(b)
+		i := strings.Index(src, sdk.start)
+		require.GreaterOrEqual(t, i, 0, "%s: no %q", sdk.file, sdk.start)
+		src = src[i:]
+		j := strings.Index(src, sdk.end)
+		require.GreaterOrEqual(t, j, 0, "%s: no %q after %q", sdk.file, sdk.end, sdk.start)
+		src = src[:j]
+		var codes []string
+		for _, m := range sdk.line.FindAllStringSubmatch(src, -1) {
+			if !slices.Contains(sdk.own, m[1]) {
+				codes = append(codes, m[1])
+			}
+		}
+		slices.Sort(codes)
+		require.Equal(t, problemCodesOfSpec(t), codes, sdk.file)
+	}
+}
+

@@ -22,6 +22,9 @@ export declare const Codes: {
     readonly rateLimited: "rate_limited";
     readonly storeUnavailable: "store_unavailable";
     readonly serverBusy: "server_busy";
+    readonly webhookNotFound: "webhook_not_found";
+    readonly notFound: "not_found";
+    readonly methodNotAllowed: "method_not_allowed";
     readonly internal: "internal";
     readonly unknown: "unknown";
     readonly network: "network";
