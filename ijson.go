@@ -119,16 +119,45 @@ func (s *ijsonScanner) enter(path string) error {
 	return nil
 }
 
-func (s *ijsonScanner) object(path string) error {
+// open enters an object or array whose opening byte is at s.pos and reports
+// whether it is empty (closer follows at once; then it is already left).
+func (s *ijsonScanner) open(path string, closer byte) (empty bool, err error) {
 	if err := s.enter(path); err != nil {
-		return err
+		return false, err
 	}
-	s.pos++ // {
+	s.pos++ // { or [
 	s.skipSpace()
-	if s.pos < len(s.data) && s.data[s.pos] == '}' {
+	if s.pos < len(s.data) && s.data[s.pos] == closer {
 		s.pos++
 		s.depth--
-		return nil
+		return true, nil
+	}
+	return false, nil
+}
+
+// next reads what follows a member or element: a comma (more to come) or
+// closer (done, and the object or array is left); anything else is a
+// syntax error at path.
+func (s *ijsonScanner) next(path string, closer byte) (done bool, err error) {
+	s.skipSpace()
+	if s.pos >= len(s.data) {
+		return false, s.syntax(path)
+	}
+	switch s.data[s.pos] {
+	case ',':
+		s.pos++
+		return false, nil
+	case closer:
+		s.pos++
+		s.depth--
+		return true, nil
+	}
+	return false, s.syntax(path)
+}
+
+func (s *ijsonScanner) object(path string) error {
+	if empty, err := s.open(path, '}'); empty || err != nil {
+		return err
 	}
 	var seen map[string]struct{}
 	for {
@@ -157,52 +186,23 @@ func (s *ijsonScanner) object(path string) error {
 		if err := s.value(joinPath(path, name)); err != nil {
 			return err
 		}
-		s.skipSpace()
-		if s.pos >= len(s.data) {
-			return s.syntax(path)
-		}
-		switch s.data[s.pos] {
-		case ',':
-			s.pos++
-		case '}':
-			s.pos++
-			s.depth--
-			return nil
-		default:
-			return s.syntax(path)
+		if done, err := s.next(path, '}'); done || err != nil {
+			return err
 		}
 	}
 }
 
 func (s *ijsonScanner) array(path string) error {
-	if err := s.enter(path); err != nil {
+	if empty, err := s.open(path, ']'); empty || err != nil {
 		return err
-	}
-	s.pos++ // [
-	s.skipSpace()
-	if s.pos < len(s.data) && s.data[s.pos] == ']' {
-		s.pos++
-		s.depth--
-		return nil
 	}
 	for i := 0; ; i++ {
 		s.skipSpace()
 		if err := s.value(path + "[" + strconv.Itoa(i) + "]"); err != nil {
 			return err
 		}
-		s.skipSpace()
-		if s.pos >= len(s.data) {
-			return s.syntax(path)
-		}
-		switch s.data[s.pos] {
-		case ',':
-			s.pos++
-		case ']':
-			s.pos++
-			s.depth--
-			return nil
-		default:
-			return s.syntax(path)
+		if done, err := s.next(path, ']'); done || err != nil {
+			return err
 		}
 	}
 }
