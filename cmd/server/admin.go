@@ -197,13 +197,11 @@ func runTenant(ctx context.Context, e env, args []string) int {
 		return 2
 	}
 
-	ctx, cancel := context.WithTimeout(ctx, cfg.DBConnectTimeout+30*time.Second)
-	defer cancel()
-	store, err := server.OpenStore(ctx, cfg)
+	ctx, store, closeStore, err := openCommandStore(ctx, cfg)
 	if err != nil {
 		return fail(e, "%v", err)
 	}
-	defer store.Close()
+	defer closeStore()
 	svc := tenants.NewService(store, 0)
 
 	switch sub {
@@ -307,4 +305,17 @@ func describe(err error) string {
 		fmt.Fprintf(&b, "\n  %s: %s", f.Field, f.Message)
 	}
 	return b.String()
+}
+
+// openCommandStore opens the store for one CLI command (tenant, keys) under
+// one bound: the connect timeout plus 30 s for the command's own work. The
+// returned func closes the store and ends the bound; call it when finished.
+func openCommandStore(ctx context.Context, cfg server.Config) (context.Context, idem.Store, func(), error) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.DBConnectTimeout+30*time.Second)
+	store, err := server.OpenStore(ctx, cfg)
+	if err != nil {
+		cancel()
+		return nil, nil, nil, err
+	}
+	return ctx, store, func() { store.Close(); cancel() }, nil
 }

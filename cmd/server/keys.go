@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/server"
 )
 
 const keysUsage = `Usage:
@@ -93,13 +92,11 @@ func runKeys(ctx context.Context, e env, args []string) int {
 		return fail(e, "keys %s: %s", action, describe(err))
 	}
 
-	ctx, cancel := context.WithTimeout(ctx, cfg.DBConnectTimeout+30*time.Second)
-	defer cancel()
-	store, err := server.OpenStore(ctx, cfg)
+	ctx, store, closeStore, err := openCommandStore(ctx, cfg)
 	if err != nil {
 		return fail(e, "%v", err)
 	}
-	defer store.Close()
+	defer closeStore()
 	t, err := store.GetTenant(ctx, p.TenantID)
 	if err != nil {
 		return fail(e, "keys %s: %s", action, describe(err))
