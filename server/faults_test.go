@@ -472,6 +472,21 @@ func (h *sqliteLockHolder) release() {
 	h.conn = nil
 }
 
+// freezableStore gives a database URL for backend and a freeze/thaw pair
+// that stops its store answering and lets it answer again: PostgreSQL behind
+// a paused network path, SQLite with its write lock held by another
+// connection.
+func freezableStore(t *testing.T, backend string) (dbURL string, freeze, thaw func()) {
+	t.Helper()
+	if backend == servertest.BackendPostgres {
+		u, p := proxiedPostgres(t)
+		return u, p.pause, p.resume
+	}
+	path := filepath.Join(t.TempDir(), "idem.db")
+	var h *sqliteLockHolder
+	return "sqlite:" + path, func() { h = holdSQLiteWriteLock(t, path) }, func() { h.release() }
+}
+
 // TestStoreDeadline freezes the store under a running server: PostgreSQL
 // behind a paused network path (existing connections and new ones hang),
 // SQLite with its write lock held by another connection. Every request
@@ -485,21 +500,7 @@ func TestStoreDeadline(t *testing.T) {
 	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
-			var (
-				freeze, thaw func()
-				dbURL        string
-			)
-			if backend == servertest.BackendPostgres {
-				u, p := proxiedPostgres(t)
-				dbURL = u
-				freeze, thaw = p.pause, p.resume
-			} else {
-				path := filepath.Join(t.TempDir(), "idem.db")
-				dbURL = "sqlite:" + path
-				var h *sqliteLockHolder
-				freeze = func() { h = holdSQLiteWriteLock(t, path) }
-				thaw = func() { h.release() }
-			}
+			dbURL, freeze, thaw := freezableStore(t, backend)
 			srv := servertest.Start(t, servertest.Options{
 				DatabaseURL: dbURL,
 				Tenants:     []string{"acme"},
@@ -552,21 +553,7 @@ func TestClientDisconnect(t *testing.T) {
 	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
-			var (
-				freeze, thaw func()
-				dbURL        string
-			)
-			if backend == servertest.BackendPostgres {
-				u, p := proxiedPostgres(t)
-				dbURL = u
-				freeze, thaw = p.pause, p.resume
-			} else {
-				path := filepath.Join(t.TempDir(), "idem.db")
-				dbURL = "sqlite:" + path
-				var h *sqliteLockHolder
-				freeze = func() { h = holdSQLiteWriteLock(t, path) }
-				thaw = func() { h.release() }
-			}
+			dbURL, freeze, thaw := freezableStore(t, backend)
 			logs := &syncBuffer{}
 			srv := servertest.Start(t, servertest.Options{
 				DatabaseURL: dbURL,
