@@ -10,30 +10,22 @@ from typing import Any, Awaitable, Callable
 import httpx
 
 from ._client import _USER_AGENT, LeaseLost
-from ._core import RENEWAL_POINT, AttemptInfo, Call, Core, TokenSource, is_lease_lost, lease_length, wall_now
-from ._errors import KEY_NOT_FOUND, IdemError, NoSideEffect, ProblemError
+from ._core import (RENEWAL_POINT, AttemptInfo, Call, ClaimState, Core, TokenSource, has_no_side_effect,
+                    is_lease_lost, lease_length, replayed_result, wall_now)
+from ._errors import KEY_NOT_FOUND, IdemError, ProblemError
 from ._keys import validate_key
 from ._retry import RetryPolicy
 from ._types import ClaimResult, KeyPage, Record, Response, RunResult
 
 
-class AsyncClaim:
+class AsyncClaim(ClaimState):
     """The handle the coroutine run by ``AsyncClient.run`` receives; see
     ``Claim``."""
 
     def __init__(self, client: AsyncClient, key: str, cr: ClaimResult, lease: float | None) -> None:
+        super().__init__(key, cr, lease, client._core.monotonic())
         self._client = client
-        self.key = key
-        self.fencing_token = cr.record.fencing_token
-        self.attempt = cr.record.attempt
-        self.resumed = cr.resumed
-        start = cr.record.recovery_point
-        self.recovery_point = "" if start == RENEWAL_POINT else start
-        self.recovery_data: Any = None if start == RENEWAL_POINT else cr.record.recovery_data
-        self._lease = lease
         self._lock = asyncio.Lock()
-        self._point, self._data = start, cr.record.recovery_data
-        self._renewed = client._core.monotonic()
         self.lease_lost = asyncio.Event()
 
     async def checkpoint(self, name: str, data: Any = None) -> None:
@@ -163,12 +155,11 @@ class AsyncClient:
                 await self._sleep(wait)
                 waited += wait
         res = core.claim_result(*cr)
-        rec = res.record
         if res.replayed:
-            return RunResult(rec.response or Response(status=0), True, res.resumed, rec.attempt, rec.fencing_token)
+            return replayed_result(res)
 
         claim = AsyncClaim(self, key, res, lease)
-        length = lease_length(lease, rec, core.now())
+        length = lease_length(lease, res.record, core.now())
         work = asyncio.ensure_future(fn(claim))
         keeper = asyncio.ensure_future(self._keep_lease(claim, length, work))
         try:
@@ -176,7 +167,7 @@ class AsyncClient:
         except BaseException as err:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
-            if isinstance(err, NoSideEffect) or (no_side_effect and isinstance(err, no_side_effect)):
+            if has_no_side_effect(err, no_side_effect):
                 try:
                     await self.release(key, claim.fencing_token, timeout=core.left(core.finish_deadline(deadline)))
                 except ProblemError as rerr:

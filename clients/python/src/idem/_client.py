@@ -9,8 +9,9 @@ from typing import Any, Callable
 
 import httpx
 
-from ._core import RENEWAL_POINT, AttemptInfo, Call, Core, TokenSource, is_lease_lost, lease_length, wall_now
-from ._errors import KEY_NOT_FOUND, IdemError, NoSideEffect, ProblemError
+from ._core import (RENEWAL_POINT, AttemptInfo, Call, ClaimState, Core, TokenSource, has_no_side_effect,
+                    is_lease_lost, lease_length, replayed_result, wall_now)
+from ._errors import KEY_NOT_FOUND, IdemError, ProblemError
 from ._keys import validate_key
 from ._retry import RetryPolicy
 from ._types import ClaimResult, KeyPage, Record, Response, RunResult
@@ -28,27 +29,14 @@ class LeaseLost(IdemError):
         return "lease_lost"
 
 
-class Claim:
+class Claim(ClaimState):
     """The handle the function run by ``Client.run`` receives: the claim's
     identity, the recovery point an earlier attempt left, and checkpoint()."""
 
     def __init__(self, client: Client, key: str, cr: ClaimResult, lease: float | None) -> None:
+        super().__init__(key, cr, lease, client._core.monotonic())
         self._client = client
-        self.key = key
-        self.fencing_token = cr.record.fencing_token
-        #: 1 for a fresh claim, more after takeovers.
-        self.attempt = cr.record.attempt
-        #: True when this claim took over an orphaned one: see recovery_point.
-        self.resumed = cr.resumed
-        start = cr.record.recovery_point
-        #: The last recovery point the earlier attempt saved ("" when none).
-        self.recovery_point = "" if start == RENEWAL_POINT else start
-        #: The JSON saved with recovery_point (None when none).
-        self.recovery_data: Any = None if start == RENEWAL_POINT else cr.record.recovery_data
-        self._lease = lease
         self._lock = threading.Lock()
-        self._point, self._data = start, cr.record.recovery_data
-        self._renewed = client._core.monotonic()
         #: Set when the lease is lost; a long function should check it between steps.
         self.lease_lost = threading.Event()
 
@@ -225,12 +213,11 @@ class Client:
                 self._sleep(wait)
                 waited += wait
         res = core.claim_result(*cr)
-        rec = res.record
         if res.replayed:
-            return RunResult(rec.response or Response(status=0), True, res.resumed, rec.attempt, rec.fencing_token)
+            return replayed_result(res)
 
         claim = Claim(self, key, res, lease)
-        length = lease_length(lease, rec, core.now())
+        length = lease_length(lease, res.record, core.now())
         stop = threading.Event()
         keeper = threading.Thread(target=self._keep_lease, args=(claim, length, stop), name="idem-lease-keeper", daemon=True)
         keeper.start()
@@ -239,7 +226,7 @@ class Client:
         except BaseException as err:
             stop.set()
             keeper.join()
-            if isinstance(err, NoSideEffect) or (no_side_effect and isinstance(err, no_side_effect)):
+            if has_no_side_effect(err, no_side_effect):
                 try:
                     self.release(key, claim.fencing_token, timeout=core.left(core.finish_deadline(deadline)))
                 except ProblemError as rerr:

@@ -17,13 +17,14 @@ import httpx
 from ._errors import (
     REQUEST_IN_FLIGHT,
     IdemError,
+    NoSideEffect,
     ProblemError,
     TokenError,
     TransportError,
 )
 from ._keys import validate_key
 from ._retry import RetryBudget, RetryPolicy, problem_from, transport_error
-from ._types import ClaimResult, KeyPage, Record, Response
+from ._types import ClaimResult, KeyPage, Record, Response, RunResult
 
 log = logging.getLogger("idem")
 
@@ -316,3 +317,37 @@ def is_lease_lost(err: BaseException) -> bool:
 
     return isinstance(err, ProblemError) and err.code in (LEASE_LOST, KEY_NOT_FOUND)
 
+
+
+class ClaimState:
+    """What Claim and AsyncClaim hold alike: the claim's identity, the
+    recovery point an earlier attempt left, and the point the lease keeper
+    renews with. Each adds its own lock, lease_lost event and I/O."""
+
+    def __init__(self, key: str, cr: ClaimResult, lease: float | None, renewed: float) -> None:
+        self.key = key
+        self.fencing_token = cr.record.fencing_token
+        #: 1 for a fresh claim, more after takeovers.
+        self.attempt = cr.record.attempt
+        #: True when this claim took over an orphaned one: see recovery_point.
+        self.resumed = cr.resumed
+        start = cr.record.recovery_point
+        #: The last recovery point the earlier attempt saved ("" when none).
+        self.recovery_point = "" if start == RENEWAL_POINT else start
+        #: The JSON saved with recovery_point (None when none).
+        self.recovery_data: Any = None if start == RENEWAL_POINT else cr.record.recovery_data
+        self._lease = lease
+        self._point, self._data = start, cr.record.recovery_data
+        self._renewed = renewed
+
+
+def replayed_result(res: ClaimResult) -> RunResult:
+    """run()'s answer for a claim that replayed a completed request."""
+    rec = res.record
+    return RunResult(rec.response or Response(status=0), True, res.resumed, rec.attempt, rec.fencing_token)
+
+
+def has_no_side_effect(err: BaseException, types: tuple[type[BaseException], ...]) -> bool:
+    """Whether fn's exception says it left no side effect (NoSideEffect or
+    one of run()'s no_side_effect types), so run() releases the key."""
+    return isinstance(err, NoSideEffect) or bool(types and isinstance(err, types))
