@@ -2,8 +2,6 @@ package api
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/client/frontdoor"
 )
 
 type ctxKey int
@@ -54,34 +53,14 @@ func withState(r *http.Request) (*reqState, *http.Request) {
 // RequestIDHeader carries the request id in both directions.
 const RequestIDHeader = "X-Request-Id"
 
-// validRequestID reports whether a caller's request id may be kept: 1–128
-// characters of [A-Za-z0-9._-].
-func validRequestID(id string) bool {
-	if id == "" || len(id) > 128 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
-
-func newRequestID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
-	return hex.EncodeToString(b[:])
-}
-
-// requestID keeps a well-formed caller X-Request-Id or generates one, stores
-// it in the context and echoes it in the response.
+// requestID keeps a well-formed caller X-Request-Id (1–128 characters of
+// [A-Za-z0-9._-], the rule the SDKs' front door shares, hence its helpers)
+// or generates one, stores it in the context and echoes it in the response.
 func requestID(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get(RequestIDHeader)
-		if !validRequestID(id) {
-			id = newRequestID()
+		if !frontdoor.ValidRequestID(id) {
+			id = frontdoor.NewRequestID()
 		}
 		w.Header().Set(RequestIDHeader, id)
 		st, r := withState(r)
