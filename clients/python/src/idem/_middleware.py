@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 from . import frontdoor
 from ._errors import IdemError, NoSideEffect, ProblemError
-from ._types import Response
+from ._types import Response, RunResult
 from .frontdoor import FrontDoorError
 
 log = logging.getLogger("idem.middleware")
@@ -125,6 +125,23 @@ def replay_answer(resp: Response, rid: str) -> Answer:
     headers = [(k, v) for k, v in resp.headers.items() if k.lower() != "content-length"]
     headers += [(frontdoor.HEADER_REPLAYED, "true"), ("Content-Length", str(len(resp.body)))]
     return Answer(resp.status or 200, headers, resp.body)
+
+
+def run_failed(err: IdemError, ran: list[Answer], rid: str) -> Answer:
+    """The answer when run() raised: the handler's own answer when it ran
+    (storing it failed, so it is sent unstored), else the claim's problem."""
+    if ran:
+        log.error("idem: storing the response failed; sending it unstored: %s", err)
+        return ran[0]
+    return problem_answer(claim_failed(err), rid)
+
+
+def run_answer(res: RunResult, ran: list[Answer], rid: str) -> Answer:
+    """The answer of a finished run(): the stored one for a replay, else
+    the handler's own."""
+    if res.replayed:
+        return replay_answer(res.response, rid)
+    return ran[0]
 
 
 class Release(NoSideEffect):

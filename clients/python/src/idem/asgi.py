@@ -20,17 +20,16 @@ The operation label uses the Starlette route pattern (e.g.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Awaitable, Callable, MutableMapping, Sequence
 
 from . import frontdoor
 from ._async import AsyncClaim, AsyncClient
 from ._errors import IdemError
-from ._middleware import Answer, Options, Protected, Release, caller_request_id, claim_failed, prepare, problem_answer, request_path, replay_answer, to_store
+from ._middleware import (Answer, Options, Protected, Release, caller_request_id, prepare, problem_answer, request_path,
+                          run_answer, run_failed, to_store)
 from ._types import Response
 from .frontdoor import FrontDoorError
 
-log = logging.getLogger("idem.middleware")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -129,13 +128,8 @@ class IdempotencyMiddleware:
         except Release:
             return ran[0]
         except IdemError as err:
-            if ran:  # the handler ran: its answer is sent even though storing it failed
-                log.error("idem: storing the response failed; sending it unstored: %s", err)
-                return ran[0]
-            return problem_answer(claim_failed(err), rid)
-        if res.replayed:
-            return replay_answer(res.response, rid)
-        return ran[0]
+            return run_failed(err, ran, rid)
+        return run_answer(res, ran, rid)
 
     async def _run_app(self, scope: Scope, receive: Receive) -> Answer:
         status = 500
