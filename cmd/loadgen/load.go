@@ -160,34 +160,43 @@ func newLoader(cfg config) (*loader, error) {
 	}, nil
 }
 
-// post sends one POST to /v1/keys/{key}/{op} and reads the whole answer (so
-// the connection is reused).
-func (l *loader) post(ctx context.Context, key, op string, body []byte) result {
+// send POSTs a JSON body to path with one extra header and reads the whole
+// answer (so the connection is reused). A failed read keeps the status.
+func (l *loader) send(ctx context.Context, path string, body []byte, header, value string) (int, []byte, error) {
 	u := *l.cfg.baseURL
-	u.Path += "/v1/keys/" + key + "/" + op
+	u.Path += path
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
 	if err != nil {
-		return result{err: fmt.Errorf("new request: %w", err)}
+		return 0, nil, fmt.Errorf("new request: %w", err)
 	}
-	req.Header.Set("Authorization", "Bearer "+l.cfg.token)
+	req.Header.Set(header, value)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := l.client.Do(req)
 	if err != nil {
-		return result{err: err}
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
 	if err != nil {
-		return result{status: resp.StatusCode, err: fmt.Errorf("read body: %w", err)}
+		return resp.StatusCode, nil, fmt.Errorf("read body: %w", err)
 	}
-	r := result{status: resp.StatusCode}
+	return resp.StatusCode, data, nil
+}
+
+// post sends one POST to /v1/keys/{key}/{op} and reads the whole answer.
+func (l *loader) post(ctx context.Context, key, op string, body []byte) result {
+	status, data, err := l.send(ctx, "/v1/keys/"+key+"/"+op, body, "Authorization", "Bearer "+l.cfg.token)
+	if err != nil {
+		return result{status: status, err: err}
+	}
+	r := result{status: status}
 	var v struct {
 		Code         string `json:"code"`
 		FencingToken int64  `json:"fencing_token"`
 	}
 	if json.Unmarshal(data, &v) == nil {
 		r.code = v.Code
-		if resp.StatusCode == http.StatusCreated {
+		if status == http.StatusCreated {
 			r.token = v.FencingToken
 		}
 	}
@@ -197,25 +206,12 @@ func (l *loader) post(ctx context.Context, key, op string, body []byte) result {
 // postFrontdoor sends one POST to the configured path with key as
 // Idempotency-Key and reads the whole answer.
 func (l *loader) postFrontdoor(ctx context.Context, key string) result {
-	u := *l.cfg.baseURL
-	u.Path += l.cfg.path
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(frontdoorBody))
+	status, data, err := l.send(ctx, l.cfg.path, frontdoorBody, "Idempotency-Key", key)
 	if err != nil {
-		return result{err: fmt.Errorf("new request: %w", err)}
+		return result{status: status, err: err}
 	}
-	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := l.client.Do(req)
-	if err != nil {
-		return result{err: err}
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
-	if err != nil {
-		return result{status: resp.StatusCode, err: fmt.Errorf("read body: %w", err)}
-	}
-	r := result{status: resp.StatusCode}
-	if resp.StatusCode >= 400 {
+	r := result{status: status}
+	if status >= 400 {
 		var v struct {
 			Code string `json:"code"`
 		}
