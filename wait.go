@@ -28,6 +28,16 @@ type KeyEvents interface {
 	// the database. It returns a store_unavailable *Error when the source
 	// cannot listen now (the caller then answers without waiting).
 	Subscribe(ctx context.Context, tenantID, key string) (*Subscription, error)
+
+	// Watch asks that the next completion or deletion of (tenantID, key)
+	// be signalled, and reports whether the key is in flight now. A
+	// waiter calls it after a claim found the key in flight and sleeps
+	// only when it reports true: a change committed after Watch returns
+	// true is signalled to the subscriptions live at that moment. When it
+	// reports false the key changed meanwhile and the waiter claims again
+	// at once. (PostgreSQL flags the row, since it notifies only for
+	// flagged rows; SQLite publishes every change and only reports true.)
+	Watch(ctx context.Context, tenantID, key string) (bool, error)
 }
 
 // Subscription is one waiter's interest in one key. C receives a value
@@ -223,9 +233,12 @@ func (w *Waiters) Claim(ctx context.Context, store Store, p ClaimParams, wait ti
 
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	slept := false // whether the claim has waited at all
 	for {
 		// Claim again now that the subscription is live: a change made
-		// between the first claim and Subscribe is not missed.
+		// between the first claim and Subscribe is not missed. Each round
+		// that finds the key in flight Watches it before sleeping: after
+		// a release the key may be held again, by a row nobody flagged.
 		at := time.Now()
 		res, err = store.Claim(ctx, p)
 		if !isInFlight(err) {
@@ -235,7 +248,20 @@ func (w *Waiters) Claim(ctx context.Context, store Store, p ClaimParams, wait ti
 		if left <= 0 {
 			return res, true, err
 		}
+		inFlight, werr := w.events.Watch(ctx, p.TenantID, p.Key)
+		if werr != nil {
+			if ctx.Err() != nil {
+				return res, true, fmt.Errorf("wait for key: %w", ctx.Err())
+			}
+			// Without the flag a completion may go unheard: answer now
+			// rather than risk sleeping to the lease's end.
+			return res, slept, aged(err, time.Since(at))
+		}
+		if !inFlight {
+			continue // changed since the claim: claim again
+		}
 		timer.Reset(min(left, retryAfterOf(err)+leaseSlack))
+		slept = true
 		select {
 		case <-sub.C:
 		case <-timer.C:

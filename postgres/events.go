@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -10,12 +11,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
 )
 
 var _ idem.KeyEvents = (*Store)(nil)
 
-// eventsChannel is the NOTIFY channel the triggers of migration 00007 send
-// on when a key is completed or deleted.
+// eventsChannel is the NOTIFY channel the triggers of migrations 00007 and
+// 00008 send on when a key flagged waited (Watch) is completed or deleted.
 const eventsChannel = "idem_keys"
 
 // listenTimeout bounds how long Subscribe waits for the listening
@@ -79,6 +81,31 @@ func (s *Store) Subscribe(ctx context.Context, tenantID, key string) (*idem.Subs
 	}
 	sub.Close()
 	return nil, idem.StoreUnavailable("the store's listening connection is not up", nil)
+}
+
+// Watch implements idem.KeyEvents: it flags the key's row waited, so the
+// triggers notify its completion or deletion (a complete or delete of a
+// row nobody waits on notifies nothing: NOTIFY serialises commits). The
+// flag write and the complete or delete both lock the row, so either the
+// flag is set first and the change notifies, or Watch finds the key no
+// longer in flight and reports false. A row already flagged is only read:
+// nothing resets the flag, so a thousand waiters write the row once.
+func (s *Store) Watch(ctx context.Context, tenantID, key string) (bool, error) {
+	row, err := s.q.KeyWaited(ctx, dbsqlc.KeyWaitedParams{TenantID: tenantID, Key: key})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, s.interpretError(err, "watch key")
+	}
+	if !row.InFlight || row.Waited {
+		return row.InFlight, nil
+	}
+	n, err := s.q.MarkKeyWaited(ctx, dbsqlc.MarkKeyWaitedParams{TenantID: tenantID, Key: key})
+	if err != nil {
+		return false, s.interpretError(err, "watch key")
+	}
+	return n > 0, nil
 }
 
 // run keeps a listening connection until the store closes.

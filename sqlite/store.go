@@ -420,6 +420,18 @@ func (s *Store) Subscribe(ctx context.Context, tenantID, key string) (*idem.Subs
 	return s.events.Subscribe(tenantID, key), nil
 }
 
+// Watch implements idem.KeyEvents: it reports whether the key is in flight.
+// Every change this Store commits is published to the key's subscriptions
+// (and the re-check covers other processes), so unlike PostgreSQL, which
+// notifies only for flagged rows, there is nothing to flag.
+func (s *Store) Watch(ctx context.Context, tenantID, key string) (bool, error) {
+	stored, err := getKey(ctx, s.q, tenantID, key, s.clock())
+	if err != nil {
+		return false, s.interpretError(err, "watch key")
+	}
+	return stored != nil && stored.State == idem.StateInFlight, nil
+}
+
 // recheck wakes every subscription each s.fallback while there are any,
 // until the store closes.
 func (s *Store) recheck() {

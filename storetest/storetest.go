@@ -164,6 +164,9 @@ func groups() []group {
 			{"CompleteReleaseReapDeleteWake", testEventsWake},
 			{"Close", testEventsClose},
 			{"ResolveWakes", testEventsResolve},
+			{"Watch", testEventsWatch},
+			{"WaiterRacesComplete", testEventsWaiterRacesComplete},
+			{"WaiterAcrossReclaim", testEventsWaiterAcrossReclaim},
 		}},
 		{"Isolation", []testCase{
 			{"SameKeyTwoTenants", testIsolationSameKey},

@@ -287,3 +287,16 @@ FROM clock
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
     AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
 RETURNING sqlc.embed(k), clock.now AS observed_at;
+
+-- name: KeyWaited :one
+-- KeyWaited reads whether a key is in flight and already flagged waited.
+SELECT state = 'in_flight' AS in_flight, waited
+FROM idempotency_keys
+WHERE tenant_id = sqlc.arg('tenant_id') AND key = sqlc.arg('key');
+
+-- name: MarkKeyWaited :execrows
+-- MarkKeyWaited flags a key in flight as waited on, so the triggers of
+-- migration 00008 notify its completion or deletion. It changes no row when
+-- the key is no longer in flight (completed or gone).
+UPDATE idempotency_keys SET waited = true
+WHERE tenant_id = sqlc.arg('tenant_id') AND key = sqlc.arg('key') AND state = 'in_flight';

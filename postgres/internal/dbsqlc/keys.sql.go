@@ -25,7 +25,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $4 AND k.key = $5
     AND k.fencing_token = $6 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
 `
 
 type CheckpointKeyParams struct {
@@ -83,6 +83,7 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (C
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
+		&i.IdempotencyKey.Waited,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -139,7 +140,7 @@ WHERE
         AND k.operation = excluded.operation AND k.fingerprint = excluded.fingerprint)
     -- a completed record past its replay window counts as absent
     OR (k.state = 'completed' AND k.replay_until <= excluded.created_at)
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.updated_at AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.updated_at AS observed_at
 `
 
 type ClaimKeyParams struct {
@@ -207,6 +208,7 @@ func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
+		&i.IdempotencyKey.Waited,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -232,7 +234,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $5 AND k.key = $6
     AND k.fencing_token = $7 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
 `
 
 type CompleteKeyParams struct {
@@ -292,6 +294,7 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Compl
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
+		&i.IdempotencyKey.Waited,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -301,7 +304,7 @@ const getKey = `-- name: GetKey :one
 WITH clock AS (
     SELECT coalesce($3::timestamptz, now())::timestamptz AS now
 )
-SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, clock.now AS observed_at
+SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = $1 AND k.key = $2
 `
@@ -346,8 +349,33 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
+		&i.IdempotencyKey.Waited,
 		&i.ObservedAt,
 	)
+	return i, err
+}
+
+const keyWaited = `-- name: KeyWaited :one
+SELECT state = 'in_flight' AS in_flight, waited
+FROM idempotency_keys
+WHERE tenant_id = $1 AND key = $2
+`
+
+type KeyWaitedParams struct {
+	TenantID string
+	Key      string
+}
+
+type KeyWaitedRow struct {
+	InFlight bool
+	Waited   bool
+}
+
+// KeyWaited reads whether a key is in flight and already flagged waited.
+func (q *Queries) KeyWaited(ctx context.Context, arg KeyWaitedParams) (KeyWaitedRow, error) {
+	row := q.db.QueryRow(ctx, keyWaited, arg.TenantID, arg.Key)
+	var i KeyWaitedRow
+	err := row.Scan(&i.InFlight, &i.Waited)
 	return i, err
 }
 
@@ -566,7 +594,7 @@ const lockKey = `-- name: LockKey :one
 WITH clock AS (
     SELECT coalesce($3::timestamptz, now())::timestamptz AS now
 )
-SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, clock.now AS observed_at
+SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = $1 AND k.key = $2
 FOR UPDATE OF k
@@ -615,9 +643,31 @@ func (q *Queries) LockKey(ctx context.Context, arg LockKeyParams) (LockKeyRow, e
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
+		&i.IdempotencyKey.Waited,
 		&i.ObservedAt,
 	)
 	return i, err
+}
+
+const markKeyWaited = `-- name: MarkKeyWaited :execrows
+UPDATE idempotency_keys SET waited = true
+WHERE tenant_id = $1 AND key = $2 AND state = 'in_flight'
+`
+
+type MarkKeyWaitedParams struct {
+	TenantID string
+	Key      string
+}
+
+// MarkKeyWaited flags a key in flight as waited on, so the triggers of
+// migration 00008 notify its completion or deletion. It changes no row when
+// the key is no longer in flight (completed or gone).
+func (q *Queries) MarkKeyWaited(ctx context.Context, arg MarkKeyWaitedParams) (int64, error) {
+	result, err := q.db.Exec(ctx, markKeyWaited, arg.TenantID, arg.Key)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const orphanStats = `-- name: OrphanStats :many
@@ -800,7 +850,7 @@ FROM clock
 WHERE k.tenant_id = $2 AND k.key = $3
     AND k.fencing_token = $4 AND k.state = 'in_flight'
     AND k.lease_expires_at > clock.now AND k.attempt_id = $5::text
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
 `
 
 type RenewAttemptLeaseParams struct {
@@ -857,6 +907,7 @@ func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeasePa
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
+		&i.IdempotencyKey.Waited,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -883,7 +934,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $5 AND k.key = $6
     AND k.fencing_token = $7 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
 `
 
 type ResolveCompleteKeyParams struct {
@@ -943,6 +994,7 @@ func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKey
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
+		&i.IdempotencyKey.Waited,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -959,7 +1011,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $2 AND k.key = $3
     AND k.fencing_token = $4 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
 `
 
 type ReviewKeyParams struct {
@@ -1012,6 +1064,7 @@ func (q *Queries) ReviewKey(ctx context.Context, arg ReviewKeyParams) (ReviewKey
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
+		&i.IdempotencyKey.Waited,
 		&i.ObservedAt,
 	)
 	return i, err

@@ -34,6 +34,7 @@ type IdempotencyKey struct {
 	ReviewNote             *string
 	ReviewAt               pgtype.Timestamptz
 	OrphanEventToken       *int64
+	Waited                 bool
 }
 
 type KeyAudit struct {
