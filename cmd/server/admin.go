@@ -307,9 +307,10 @@ func describe(err error) string {
 	return b.String()
 }
 
-// openCommandStore opens the store for one CLI command (tenant, keys) under
-// one bound: the connect timeout plus 30 s for the command's own work. The
-// returned func closes the store and ends the bound; call it when finished.
+// openCommandStore opens the store for one CLI command (tenant, keys,
+// webhooks) under one bound: the connect timeout plus 30 s for the command's
+// own work. The returned func closes the store and ends the bound; call it
+// when finished.
 func openCommandStore(ctx context.Context, cfg server.Config) (context.Context, idem.Store, func(), error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.DBConnectTimeout+30*time.Second)
 	store, err := server.OpenStore(ctx, cfg)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/webhooks"
 )
 
@@ -81,13 +80,11 @@ func runWebhooks(ctx context.Context, e env, args []string) int {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 
-	ctx, cancel := context.WithTimeout(ctx, cfg.DBConnectTimeout+30*time.Second)
-	defer cancel()
-	store, err := server.OpenStore(ctx, cfg)
+	ctx, store, closeStore, err := openCommandStore(ctx, cfg)
 	if err != nil {
 		return fail(e, "%v", err)
 	}
-	defer store.Close()
+	defer closeStore()
 	ws, ok := store.(idem.WebhookStore)
 	if !ok {
 		return fail(e, "the store keeps no webhooks")
