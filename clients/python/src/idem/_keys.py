@@ -11,17 +11,27 @@ MAX_KEY_BYTES = 255
 _SUFFIX = ":sha256="
 
 
+def key_problem(key: str) -> str | None:
+    """Why key is not 1-255 bytes of 0x21-0x7E, the way the service checks
+    it; None when it is. The client and the front door raise their own
+    error with it."""
+    raw = key.encode("utf-8", "surrogatepass")
+    if not raw:
+        return "the key is empty"
+    if len(raw) > MAX_KEY_BYTES:
+        return f"the key is {len(raw)} bytes long; at most {MAX_KEY_BYTES} are allowed"
+    for i, c in enumerate(raw):
+        if c < 0x21 or c > 0x7E:
+            return f"byte {i} of the key (0x{c:02X}) is outside printable ASCII 0x21-0x7E"
+    return None
+
+
 def validate_key(key: str) -> None:
     """Raise InvalidKeyError unless key is 1-255 bytes of 0x21-0x7E, the
     way the service checks it."""
-    raw = key.encode("utf-8", "surrogatepass")
-    if not raw:
-        raise InvalidKeyError("the key is empty")
-    if len(raw) > MAX_KEY_BYTES:
-        raise InvalidKeyError(f"the key is {len(raw)} bytes long; at most {MAX_KEY_BYTES} are allowed")
-    for i, c in enumerate(raw):
-        if c < 0x21 or c > 0x7E:
-            raise InvalidKeyError(f"byte {i} of the key (0x{c:02X}) is outside printable ASCII 0x21-0x7E")
+    problem = key_problem(key)
+    if problem is not None:
+        raise InvalidKeyError(problem)
 
 
 def derive_key(*parts: str) -> str:

@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ._keys import MAX_KEY_BYTES
+from ._keys import key_problem
 
 HEADER_KEY = "Idempotency-Key"
 HEADER_REPLAYED = "Idempotent-Replayed"
@@ -78,14 +78,9 @@ def _invalid_key(detail: str) -> FrontDoorError:
 
 def validate_record_key(key: str) -> None:
     """Raise invalid_key unless key is 1-255 bytes of 0x21-0x7E."""
-    raw = key.encode("utf-8", "surrogatepass")
-    if not raw:
-        raise _invalid_key("the key is empty")
-    if len(raw) > MAX_KEY_BYTES:
-        raise _invalid_key(f"the key is {len(raw)} bytes long; at most {MAX_KEY_BYTES} are allowed")
-    for i, c in enumerate(raw):
-        if c < 0x21 or c > 0x7E:
-            raise _invalid_key(f"byte {i} of the key (0x{c:02X}) is outside printable ASCII 0x21-0x7E")
+    problem = key_problem(key)
+    if problem is not None:
+        raise _invalid_key(problem)
 
 
 def parse_key(values: Sequence[str]) -> str | None:
