@@ -62,6 +62,15 @@ func dashClaimKey(t *testing.T, srv *servertest.Server, token, key string, lease
 	return c
 }
 
+// dashSignIn fills the dashboard's token form with token and submits it.
+func dashSignIn(token string) chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), token),
+		chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+	)
+}
+
 // dashMetric returns the value of one series line of /metrics, or "" when
 // the series is absent.
 func dashMetric(t *testing.T, srv *servertest.Server, series string) string {
@@ -149,9 +158,7 @@ func TestDashboardShowsOrphans(t *testing.T) {
 			b := browsertest.New(t)
 			b.Do(
 				chromedp.Navigate(srv.URL()+"/dashboard/"),
-				chromedp.WaitVisible(chromedp.CSS("#token")),
-				chromedp.SendKeys(chromedp.CSS("#token"), operator),
-				chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+				dashSignIn(operator),
 				chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="operator"][data-loaded="1"]`)),
 				chromedp.WaitVisible(chromedp.CSS(`#keys-body tr[data-key="order-1002"]`)),
 			)
@@ -215,9 +222,7 @@ func TestDashboardShowsOrphans(t *testing.T) {
 			// As tenant beta: only its own orphan.
 			b.Do(
 				chromedp.Click(chromedp.CSS("#signout")),
-				chromedp.WaitVisible(chromedp.CSS("#token")),
-				chromedp.SendKeys(chromedp.CSS("#token"), srv.Token(t, "beta", "keys:read")),
-				chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+				dashSignIn(srv.Token(t, "beta", "keys:read")),
 				chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="tenant"][data-loaded="1"]`)),
 				chromedp.WaitVisible(chromedp.CSS(`#keys-body tr[data-key="invoice-7"]`)),
 			)
@@ -239,9 +244,7 @@ func TestDashboardShowsOrphans(t *testing.T) {
 			forged := strings.Join(append(strings.Split(operator, ".")[:2], "c2lnbmF0dXJl"), ".")
 			b.Do(
 				chromedp.Click(chromedp.CSS("#signout")),
-				chromedp.WaitVisible(chromedp.CSS("#token")),
-				chromedp.SendKeys(chromedp.CSS("#token"), forged),
-				chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+				dashSignIn(forged),
 				chromedp.WaitVisible(chromedp.CSS("#login-error")),
 			)
 			msg := browsertest.Run(b, chromedp.Text(chromedp.CSS("#login-error")))
@@ -278,9 +281,7 @@ func TestDashboardSaysWhenTenantIsBucketed(t *testing.T) {
 			b.Do(chromedp.Click(chromedp.CSS("#signout")))
 		}
 		b.Do(
-			chromedp.WaitVisible(chromedp.CSS("#token")),
-			chromedp.SendKeys(chromedp.CSS("#token"), c.token),
-			chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+			dashSignIn(c.token),
 			chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="tenant"][data-loaded="1"]`)),
 		)
 		browsertest.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`,
@@ -346,9 +347,7 @@ func TestDashboardResolvesOrphans(t *testing.T) {
 			b := browsertest.New(t)
 			b.Do(
 				chromedp.Navigate(srv.URL()+"/dashboard/"),
-				chromedp.WaitVisible(chromedp.CSS("#token")),
-				chromedp.SendKeys(chromedp.CSS("#token"), operator),
-				chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+				dashSignIn(operator),
 				chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="operator"][data-loaded="1"]`)),
 			)
 
@@ -412,9 +411,7 @@ func TestDashboardResolvesOrphans(t *testing.T) {
 			// A tenant admin flags the last orphan for review.
 			b.Do(
 				chromedp.Click(chromedp.CSS("#signout")),
-				chromedp.WaitVisible(chromedp.CSS("#token")),
-				chromedp.SendKeys(chromedp.CSS("#token"), tenantAdmin),
-				chromedp.Click(chromedp.CSS("#login-form button[type=submit]")),
+				dashSignIn(tenantAdmin),
 				chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="tenant"][data-loaded="1"]`)),
 			)
 			openKey(b, "o-review")
