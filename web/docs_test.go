@@ -159,21 +159,7 @@ func TestExamplesRunAgainstLiveServer(t *testing.T) {
 
 	// The retry loops run through a proxy that answers the first claim with
 	// 503 and Retry-After: 1, so that they must retry once to succeed.
-	loops := []struct {
-		name string
-		argv func(t *testing.T) []string
-	}{
-		{"python", func(t *testing.T) []string {
-			return []string{interpreter(t, "python3"), filepath.Join(examplesDir, "retry_loop.py")}
-		}},
-		{"node", func(t *testing.T) []string {
-			return []string{interpreter(t, "node"), filepath.Join(examplesDir, "retry_loop.mjs")}
-		}},
-		{"go", func(t *testing.T) []string {
-			return []string{filepath.Join(runtime.GOROOT(), "bin", "go"), "run", "./" + examplesDir + "/go/retryloop"}
-		}},
-	}
-	for _, tc := range loops {
+	for _, tc := range retryLoops {
 		t.Run("retry-loop-"+tc.name, func(t *testing.T) {
 			t.Parallel()
 			key := "order-confirm-4711-retry-" + tc.name
@@ -225,6 +211,23 @@ func nodeSDK(example string) func(t *testing.T) []string {
 	}
 }
 
+// retryLoops are the docs' example retry loops, one per language: the
+// command line that runs each.
+var retryLoops = []struct {
+	name string
+	argv func(t *testing.T) []string
+}{
+	{"python", func(t *testing.T) []string {
+		return []string{interpreter(t, "python3"), filepath.Join(examplesDir, "retry_loop.py")}
+	}},
+	{"node", func(t *testing.T) []string {
+		return []string{interpreter(t, "node"), filepath.Join(examplesDir, "retry_loop.mjs")}
+	}},
+	{"go", func(t *testing.T) []string {
+		return []string{filepath.Join(runtime.GOROOT(), "bin", "go"), "run", "./" + examplesDir + "/go/retryloop"}
+	}},
+}
+
 // TestRetryLoopsWaitOutInFlight runs the retry loops through a proxy that
 // answers the first claim with 409 request_in_flight and Retry-After: 1:
 // the loop must wait and claim again within its deadline instead of giving
@@ -234,21 +237,7 @@ func TestRetryLoopsWaitOutInFlight(t *testing.T) {
 	srv := servertest.Start(t, servertest.Options{Tenants: []string{"docs"}})
 	token := srv.Token(t, "docs", "keys:write")
 	c := apiClient(t)
-	loops := []struct {
-		name string
-		argv func(t *testing.T) []string
-	}{
-		{"python", func(t *testing.T) []string {
-			return []string{interpreter(t, "python3"), filepath.Join(examplesDir, "retry_loop.py")}
-		}},
-		{"node", func(t *testing.T) []string {
-			return []string{interpreter(t, "node"), filepath.Join(examplesDir, "retry_loop.mjs")}
-		}},
-		{"go", func(t *testing.T) []string {
-			return []string{filepath.Join(runtime.GOROOT(), "bin", "go"), "run", "./" + examplesDir + "/go/retryloop"}
-		}},
-	}
-	for _, tc := range loops {
+	for _, tc := range retryLoops {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			key := "order-confirm-4711-in-flight-" + tc.name
