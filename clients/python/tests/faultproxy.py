@@ -90,3 +90,18 @@ def _read_request(conn: socket.socket) -> tuple[bytes | None, bytes]:
             break
         rest += chunk
     return head, rest
+
+
+def first_answer_to(op: str) -> Callable[[bytes], bool]:
+    """A drop rule: drop the answer to the first request whose request line
+    names /<op> (e.g. "claim", "complete"), and no other."""
+    needle = f"/{op} ".encode()
+    left = [1]
+
+    def drop(head: bytes) -> bool:
+        if needle in head.split(b"\r\n", 1)[0] and left[0]:
+            left[0] -= 1
+            return True
+        return False
+
+    return drop

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from conftest import Server, new_key
-from faultproxy import FaultProxy
+from faultproxy import FaultProxy, first_answer_to
 from idem import AsyncClaim, AsyncClient, LeaseLost, NoSideEffect, ProblemError, Response
 
 
@@ -114,15 +114,7 @@ def test_async_lease_keeper_and_lease_lost(server: Server) -> None:
 
 
 def test_async_retry_after_a_dropped_answer(server: Server) -> None:
-    left = {"complete": 1}
-
-    def drop(head: bytes) -> bool:
-        if b"/complete " in head.split(b"\r\n", 1)[0] and left["complete"]:
-            left["complete"] -= 1
-            return True
-        return False
-
-    proxy = FaultProxy(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), drop)
+    proxy = FaultProxy(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), first_answer_to("complete"))
     waits: list[float] = []
 
     async def no_sleep(d: float) -> None:

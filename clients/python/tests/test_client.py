@@ -11,7 +11,7 @@ import pytest
 
 import idem
 from conftest import Server, new_key
-from faultproxy import FaultProxy
+from faultproxy import FaultProxy, first_answer_to
 from idem import Claim, Client, NoSideEffect, ProblemError, Response
 
 
@@ -152,15 +152,7 @@ def test_fifty_concurrent_runs_one_execution(client: Client) -> None:
 
 
 def test_retry_after_a_dropped_complete_answer(server: Server) -> None:
-    drops = {"complete": 1}
-
-    def drop(head: bytes) -> bool:
-        if b"/complete " in head.split(b"\r\n", 1)[0] and drops["complete"] > 0:
-            drops["complete"] -= 1
-            return True
-        return False
-
-    proxy = FaultProxy(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), drop)
+    proxy = FaultProxy(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), first_answer_to("complete"))
     waits: list[float] = []
     try:
         with Client(proxy.url, token=server.token, sleep=waits.append) as c:
@@ -179,15 +171,7 @@ def test_retry_after_a_dropped_claim_answer(server: Server, attempt_ids: bool) -
     gets the lost claim back at once - same fencing token, attempt 1 - well
     inside a deadline shorter than the 30 s lease; without, run() waits the
     lease out (1 s here) and takes over. The function runs once either way."""
-    dropped = {"claim": 1}
-
-    def drop(head: bytes) -> bool:
-        if b"/claim " in head.split(b"\r\n", 1)[0] and dropped["claim"] > 0:
-            dropped["claim"] -= 1
-            return True
-        return False
-
-    proxy = FaultProxy(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), drop)
+    proxy = FaultProxy(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), first_answer_to("claim"))
     effects = 0
 
     def work(claim: Claim) -> Response:

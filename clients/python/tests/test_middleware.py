@@ -15,7 +15,7 @@ import pytest
 
 from apps import App, serve
 from conftest import Server, new_key
-from faultproxy import FaultProxy
+from faultproxy import FaultProxy, first_answer_to
 from idem import Client, RetryPolicy
 
 BODY = {"amount": 1000, "currency": "usd"}
@@ -161,15 +161,7 @@ def test_lost_claim_answer_between_middleware_and_idem(kind: str, server: Server
     """idem's answer to the middleware's claim is lost (the claim was made):
     the middleware's retry carries the same attempt id and gets the claim
     back, so the caller's first request runs the handler, once."""
-    left = {"n": 1}
-
-    def drop(head: bytes) -> bool:
-        if b"/claim " in head.split(b"\r\n", 1)[0] and left["n"]:
-            left["n"] -= 1
-            return True
-        return False
-
-    proxy = FaultProxy(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), drop)
+    proxy = FaultProxy(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), first_answer_to("claim"))
     try:
         for a in serve(kind, proxy.url, server.token, lease=1):
             key = new_key("lost")
