@@ -112,4 +112,3 @@ func TestPolyglotSDKCodesAreTheSpecs(t *testing.T) {
 		require.Equal(t, problemCodesOfSpec(t), codes, sdk.file)
 	}
 }
-
