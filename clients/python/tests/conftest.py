@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import tempfile
 import threading
+import time
 import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -121,3 +124,21 @@ def server(request: pytest.FixtureRequest, binary: str) -> Iterator[Server]:
 
 def new_key(prefix: str = "py") -> str:
     return f"{prefix}-{secrets.token_hex(8)}"
+
+
+def claim_waiters(server: Server) -> float:
+    """The server's idem_claim_waiters gauge: claims it holds now, waiting
+    for a key in flight."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    m = re.search(r"(?m)^idem_claim_waiters (\S+)$", text)
+    return float(m.group(1)) if m else 0.0
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll cond (every 5 ms) until it holds; fail after timeout seconds."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            pytest.fail("condition not reached in time")
+        time.sleep(0.005)

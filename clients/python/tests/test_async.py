@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import Server, new_key
+from conftest import Server, claim_waiters, new_key
 from faultproxy import FaultProxy, first_answer_to
 from idem import AsyncClaim, AsyncClient, LeaseLost, NoSideEffect, ProblemError, Response
 
@@ -27,6 +27,33 @@ def test_async_calls_and_replay(server: Server) -> None:
             assert ei.value.code == "fingerprint_mismatch"
             page = await c.list_keys(limit=5)
             assert any(r.key == key for r in page.items)
+
+    asyncio.run(main())
+
+
+def test_async_run_waits_on_the_server_for_a_key_in_flight(server: Server) -> None:
+    # As the sync test: a 30 s lease, run() answered with the replay as
+    # soon as the holder completes because the server held its claim.
+    async def main() -> None:
+        async with AsyncClient(server.url, token=server.token) as c:
+            key = new_key()
+            holder = await c.claim(key, operation="POST /pay", request={"amount": 9}, lease=30)
+            ran: list[int] = []
+
+            async def work(claim: AsyncClaim) -> Response:
+                ran.append(1)
+                return Response(201, body=b"not me")
+
+            task = asyncio.ensure_future(c.run(key, work, operation="POST /pay", request={"amount": 9}, timeout=30))
+            end = time.monotonic() + 10
+            while await asyncio.to_thread(claim_waiters, server) != 1:  # the server holds run()'s claim
+                assert time.monotonic() < end and not task.done(), "run()'s claim was not held by the server"
+                await asyncio.sleep(0.005)
+            start = time.monotonic()
+            await c.complete(key, holder.record.fencing_token, Response(201, body=b"paid"))
+            res = await asyncio.wait_for(task, 10)
+            assert res.replayed and res.response.body == b"paid" and ran == []
+            assert time.monotonic() - start < 5
 
     asyncio.run(main())
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import idem
-from conftest import Server, new_key
+from conftest import Server, claim_waiters, new_key, wait_for
 from faultproxy import FaultProxy, first_answer_to
 from idem import Claim, Client, NoSideEffect, ProblemError, Response
 
@@ -149,6 +149,40 @@ def test_fifty_concurrent_runs_one_execution(client: Client) -> None:
     assert effects == 1
     assert sum(not r.replayed for r in results) == 1
     assert all(r.response.body == b"charged once" for r in results)
+
+
+def test_run_waits_on_the_server_for_a_key_in_flight(server: Server, client: Client) -> None:
+    # The holder's lease is 30 s, so waiting out its Retry-After would take
+    # half a minute: run() asks the server to hold its claim instead and is
+    # answered with the replay as soon as the holder completes.
+    key = new_key()
+    holder = client.claim(key, operation="POST /pay", request={"amount": 9}, lease=30)
+    ran: list[int] = []
+
+    def work(claim: Claim) -> Response:
+        ran.append(1)
+        return Response(201, body=b"not me")
+
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(client.run, key, work, operation="POST /pay", request={"amount": 9}, timeout=30)
+        wait_for(lambda: claim_waiters(server) == 1)  # the server holds run()'s claim
+        start = time.monotonic()
+        client.complete(key, holder.record.fencing_token, Response(201, body=b"paid"))
+        res = fut.result(timeout=10)
+    assert res.replayed and res.response.body == b"paid" and ran == []
+    assert time.monotonic() - start < 5
+
+
+def test_run_without_waiting_on_the_server(server: Server, client: Client) -> None:
+    # no_wait: the claim asks for no hold (the server holds nothing) and
+    # run() raises request_in_flight at once.
+    key = new_key()
+    client.claim(key, operation="op", lease=30)
+    start = time.monotonic()
+    with pytest.raises(ProblemError) as ei:
+        client.run(key, lambda c: Response(200), operation="op", no_wait=True)
+    assert ei.value.code == "request_in_flight" and time.monotonic() - start < 5
+    assert claim_waiters(server) == 0
 
 
 def test_retry_after_a_dropped_complete_answer(server: Server) -> None:

@@ -104,9 +104,10 @@ class AsyncClient:
             return resp.status_code, resp.headers, data
 
     async def claim(self, key: str, *, operation: str = "", request: Any = None, fingerprint: str | None = None,
-                    lease: float | None = None, attempt_id: str | None = None, timeout: float | None = None) -> ClaimResult:
+                    lease: float | None = None, attempt_id: str | None = None, wait: float | None = None,
+                    timeout: float | None = None) -> ClaimResult:
         """See Client.claim."""
-        call = self._core.claim_call(key, operation, request, fingerprint, lease, attempt_id or self._core.new_attempt_id())
+        call = self._core.claim_call(key, operation, request, fingerprint, lease, attempt_id or self._core.new_attempt_id(), wait)
         status, headers, data = await self._call(call, self._core.deadline(timeout))
         return self._core.claim_result(status, headers, data)
 
@@ -147,10 +148,14 @@ class AsyncClient:
         attempt_id = core.new_attempt_id()
         waited = 0.0
         while True:
+            start = core.monotonic()
             try:
-                cr = await self._call(core.claim_call(key, operation, request, fingerprint, lease, attempt_id), deadline)
+                call = core.claim_call(key, operation, request, fingerprint, lease, attempt_id,
+                                       core.server_wait(waited, deadline, no_wait))
+                cr = await self._call(call, deadline)
                 break
             except IdemError as err:
+                waited += core.monotonic() - start  # the server may have held the claim
                 wait = core.in_flight_wait(err, waited, deadline, no_wait)
                 await self._sleep(wait)
                 waited += wait

@@ -140,14 +140,20 @@ class Client:
     # -- the calls of the contract ---------------------------------------------
 
     def claim(self, key: str, *, operation: str = "", request: Any = None, fingerprint: str | None = None,
-              lease: float | None = None, attempt_id: str | None = None, timeout: float | None = None) -> ClaimResult:
+              lease: float | None = None, attempt_id: str | None = None, wait: float | None = None,
+              timeout: float | None = None) -> ClaimResult:
         """Claim key for a request (POST /v1/keys/{key}/claim): a fresh claim
         or takeover, or a replay of a completed request (replayed True). A
         held key raises ProblemError request_in_flight (retry_after = the
         lease left); another request under the key fingerprint_mismatch.
+        ``wait`` asks the server to hold the claim while another request
+        holds the key, until it completes (the replay), releases or loses
+        its lease (this claim gets the key): at most ``wait`` seconds,
+        rounded down to whole seconds (under 1: not sent) and capped by the
+        tenant's max_wait_seconds; keep it below the attempt timeout.
         ``request`` is any JSON value the server fingerprints; most callers
         want run() instead."""
-        call = self._core.claim_call(key, operation, request, fingerprint, lease, attempt_id or self._core.new_attempt_id())
+        call = self._core.claim_call(key, operation, request, fingerprint, lease, attempt_id or self._core.new_attempt_id(), wait)
         status, headers, data = self._call(call, self._core.deadline(timeout))
         return self._core.claim_result(status, headers, data)
 
@@ -187,9 +193,15 @@ class Client:
 
         1. Claim the key. Completed already: return the stored response
            (replayed True); fn does not run.
-        2. Another caller holds it (409 request_in_flight): wait its
-           Retry-After and claim again, within ``policy.in_flight_wait`` and
-           the deadline; ``no_wait`` raises at once.
+        2. Another caller holds it (409 request_in_flight): wait for it,
+           within ``policy.in_flight_wait`` and the deadline, then raise
+           request_in_flight; ``no_wait`` raises at once. Each claim asks
+           the server to hold it (wait_seconds: what in_flight_wait, the
+           attempt timeout less a second and the deadline leave, in whole
+           seconds), so run() gets the replay or the key as soon as the
+           holder finishes; when the server answers 409 anyway (its wait ran
+           out, it holds too many), run() waits the Retry-After and claims
+           again.
         3. Run fn(claim). After a takeover claim.resumed is True and
            claim.recovery_point tells where the earlier attempt got to.
         4. Meanwhile a lease keeper renews the lease every third of it; when
@@ -205,10 +217,14 @@ class Client:
         attempt_id = core.new_attempt_id()
         waited = 0.0
         while True:
+            start = core.monotonic()
             try:
-                cr = self._call(core.claim_call(key, operation, request, fingerprint, lease, attempt_id), deadline)
+                call = core.claim_call(key, operation, request, fingerprint, lease, attempt_id,
+                                       core.server_wait(waited, deadline, no_wait))
+                cr = self._call(call, deadline)
                 break
             except IdemError as err:
+                waited += core.monotonic() - start  # the server may have held the claim
                 wait = core.in_flight_wait(err, waited, deadline, no_wait)
                 self._sleep(wait)
                 waited += wait

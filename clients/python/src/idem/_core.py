@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -196,7 +197,7 @@ class Core:
     # -- the calls --------------------------------------------------------
 
     def claim_call(self, key: str, operation: str, request: Any, fingerprint: str | None, lease: float | None,
-                   attempt_id: str | None) -> Call:
+                   attempt_id: str | None, wait: float | None = None) -> Call:
         validate_key(key)
         if request is not None and fingerprint is not None:
             raise ValueError("claim: request and fingerprint are mutually exclusive")
@@ -211,6 +212,8 @@ class Core:
             body["lease_seconds"] = lease_seconds(lease)
         if attempt_id is not None:
             body["attempt_id"] = attempt_id
+        if wait is not None and wait >= 1:
+            body["wait_seconds"] = int(wait)
         return Call("claim", "POST", key_path(key, "/claim"), dumps(body))
 
     def new_attempt_id(self) -> str | None:
@@ -267,11 +270,29 @@ class Core:
 
     # -- the in-flight wait of run() -----------------------------------------
 
+    def server_wait(self, waited: float, deadline: float | None, no_wait: bool) -> float:
+        """How long run()'s next claim asks the server to hold it while
+        another request holds the key (wait_seconds): what is left of
+        policy.in_flight_wait after ``waited``, within the attempt timeout
+        (and so the deadline) less a second for the answer to come back, in
+        whole seconds; 0 (not sent) when not even one second fits, with
+        ``no_wait`` or when in_flight_wait is None."""
+        p = self.policy
+        if no_wait or p.in_flight_wait is None:
+            return 0.0
+        d = p.in_flight_wait - waited
+        at = self.attempt_timeout(deadline)
+        if at is not None:
+            d = min(d, at - 1)
+        return float(math.floor(d)) if d >= 1 else 0.0
+
     def in_flight_wait(self, err: IdemError, waited: float, deadline: float | None, no_wait: bool) -> float:
         """Decide about a failed claim of run(): return the wait before
         claiming again when another holder has the key (409
-        request_in_flight) and the wait fits the in-flight limit and the
-        deadline; else raise err."""
+        request_in_flight: the server did not hold the claim, or its hold
+        ran out) and the wait fits the in-flight limit and the deadline;
+        else raise err. ``waited`` includes the time the server held
+        run()'s claims."""
         p = self.policy
         if not isinstance(err, ProblemError) or err.code != REQUEST_IN_FLIGHT or no_wait or p.in_flight_wait is None:
             raise err
