@@ -259,7 +259,7 @@ type WebhookStore interface {
 	DeleteWebhookEndpoint(ctx context.Context, tenantID, id string) error
 	// SendTestEvent queues ev for one endpoint whatever its filter (it must
 	// be enabled), and returns the queued delivery. It returns
-	// ErrWebhookNotFound.
+	// ErrWebhookNotFound, or ErrWebhookDisabled for a disabled endpoint.
 	SendTestEvent(ctx context.Context, endpointID string, ev Event) (WebhookDelivery, error)
 	// ListWebhookDeliveries pages an endpoint's delivery log, newest first,
 	// without payloads.
@@ -294,6 +294,18 @@ var ErrWebhookNotFound = &Error{Code: CodeWebhookNotFound}
 // WebhookNotFound returns the error of a missing endpoint.
 func WebhookNotFound(id string) *Error {
 	return Errorf(CodeWebhookNotFound, "no webhook endpoint %q", id)
+}
+
+// CodeWebhookDisabled: the endpoint exists but is disabled, so nothing is
+// delivered to it; a test send would wait forever, so it is refused.
+const CodeWebhookDisabled Code = "webhook_disabled"
+
+// ErrWebhookDisabled matches any webhook_disabled *Error with errors.Is.
+var ErrWebhookDisabled = &Error{Code: CodeWebhookDisabled}
+
+// WebhookDisabled is the webhook_disabled error of endpoint id.
+func WebhookDisabled(id string) *Error {
+	return Errorf(CodeWebhookDisabled, "webhook endpoint %q is disabled: enable it (PATCH enabled=true) before a test send", id)
 }
 
 // ValidateEventFilter checks an endpoint's event filter: known types, none

@@ -38,6 +38,7 @@ var problems = map[idem.Code]problemInfo{
 	idem.CodeKeyNotFound:          {http.StatusNotFound, "Key not found", false},
 	idem.CodeTenantNotFound:       {http.StatusNotFound, "Tenant not found", false},
 	idem.CodeWebhookNotFound:      {http.StatusNotFound, "Webhook endpoint not found", false},
+	idem.CodeWebhookDisabled:      {http.StatusConflict, "Webhook endpoint disabled", false},
 	idem.CodeRequestInFlight:      {http.StatusConflict, "Request in flight", true},
 	idem.CodeLeaseLost:            {http.StatusConflict, "Lease lost", false},
 	idem.CodeAlreadyCompleted:     {http.StatusConflict, "Already completed", false},

@@ -23,6 +23,7 @@ const (
 	CodeKeyNotFound          Code = "key_not_found"
 	CodeTenantNotFound       Code = "tenant_not_found"
 	CodeWebhookNotFound      Code = "webhook_not_found"
+	CodeWebhookDisabled      Code = "webhook_disabled"
 	CodeRequestInFlight      Code = "request_in_flight"
 	CodeLeaseLost            Code = "lease_lost"
 	CodeAlreadyCompleted     Code = "already_completed"

@@ -152,12 +152,21 @@ func (s *Store) SendTestEvent(ctx context.Context, endpointID string, ev idem.Ev
 		EndpointID: endpointID, Now: s.clock(),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return idem.WebhookDelivery{}, idem.WebhookNotFound(endpointID)
+		return idem.WebhookDelivery{}, s.testSendRefused(ctx, ev.TenantID, endpointID)
 	}
 	if err != nil {
 		return idem.WebhookDelivery{}, s.interpretError(err, "queue test event")
 	}
 	return deliveryFromRow(row), nil
+}
+
+// testSendRefused says why a test send queued nothing: the endpoint is
+// missing, or it exists but is disabled.
+func (s *Store) testSendRefused(ctx context.Context, tenantID, endpointID string) error {
+	if _, err := s.GetWebhookEndpoint(ctx, tenantID, endpointID); err != nil {
+		return err
+	}
+	return idem.WebhookDisabled(endpointID)
 }
 
 // ListWebhookDeliveries pages an endpoint's delivery log.

@@ -97,7 +97,8 @@ func TestWebhooksOverHTTP(t *testing.T) {
 			require.Equal(t, http.StatusOK, status)
 			require.Equal(t, false, got["enabled"])
 			status, p, _ = c.call(t, http.MethodPost, "/v1/webhooks/"+id+"/test", admin, "")
-			require.Equal(t, http.StatusNotFound, status, "%v", p)
+			require.Equal(t, http.StatusConflict, status, "%v", p)
+			require.Equal(t, "webhook_disabled", p["code"], "the endpoint exists; it is disabled")
 
 			status, _, _ = c.call(t, http.MethodDelete, "/v1/webhooks/"+id, admin, "")
 			require.Equal(t, http.StatusNoContent, status)

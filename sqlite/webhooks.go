@@ -108,12 +108,24 @@ func (s *Store) SendTestEvent(ctx context.Context, endpointID string, ev idem.Ev
 			TenantID: ev.TenantID, EndpointID: endpointID,
 		})
 		if errors.Is(err, sql.ErrNoRows) {
-			return idem.WebhookNotFound(endpointID)
+			return idem.ErrWebhookNotFound
 		}
 		out = deliveryFromRow(row, now)
 		return err
 	})
+	if errors.Is(err, idem.ErrWebhookNotFound) {
+		return out, s.testSendRefused(ctx, ev.TenantID, endpointID)
+	}
 	return out, err
+}
+
+// testSendRefused says why a test send queued nothing: the endpoint is
+// missing, or it exists but is disabled.
+func (s *Store) testSendRefused(ctx context.Context, tenantID, endpointID string) error {
+	if _, err := s.GetWebhookEndpoint(ctx, tenantID, endpointID); err != nil {
+		return err
+	}
+	return idem.WebhookDisabled(endpointID)
 }
 
 // ListWebhookDeliveries pages an endpoint's delivery log.

@@ -416,6 +416,15 @@ func testWebhookTestSend(t *testing.T, s *suite) {
 	require.NoError(t, err)
 	_, err = ws.SendTestEvent(b.ctx, e.ID, other)
 	requireCode(t, err, idem.ErrWebhookNotFound, "another tenant's endpoint")
+
+	// A disabled endpoint is delivered nothing, so a test send to it would
+	// wait forever: it is refused as disabled, not as missing.
+	off := e
+	off.Enabled = false
+	_, err = ws.UpdateWebhookEndpoint(b.ctx, off)
+	require.NoError(t, err)
+	_, err = ws.SendTestEvent(b.ctx, e.ID, ev)
+	requireCode(t, err, idem.ErrWebhookDisabled, "a disabled endpoint")
 }
 
 // Every resolution queues key.resolved in its own transaction; a refused

@@ -23,6 +23,7 @@ export declare const Codes: {
     readonly storeUnavailable: "store_unavailable";
     readonly serverBusy: "server_busy";
     readonly webhookNotFound: "webhook_not_found";
+    readonly webhookDisabled: "webhook_disabled";
     readonly notFound: "not_found";
     readonly methodNotAllowed: "method_not_allowed";
     readonly internal: "internal";

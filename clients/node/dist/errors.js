@@ -23,6 +23,7 @@ export const Codes = {
     storeUnavailable: "store_unavailable",
     serverBusy: "server_busy",
     webhookNotFound: "webhook_not_found",
+    webhookDisabled: "webhook_disabled",
     notFound: "not_found",
     methodNotAllowed: "method_not_allowed",
     internal: "internal",
