@@ -63,6 +63,14 @@ export interface CallOptions {
 export interface ClaimOptions extends CallOptions {
     /** The attempt id of this logical claim (default: a random one when the client sends attempt ids). */
     attemptId?: string;
+    /**
+     * Asks the server to hold the claim while another request holds the key,
+     * until that one completes (the replay), releases or loses its lease (this
+     * claim gets the key): at most this many seconds, rounded down (under 1:
+     * not sent), capped by the tenant's `max_wait_seconds`. Keep it below the
+     * attempt timeout. {@link run} sets it itself.
+     */
+    waitSeconds?: number;
 }
 /** The time bounds of one logical call, resolved once. */
 export interface Bounds {
@@ -114,7 +122,7 @@ export declare class Client {
     /** A fresh attempt id when the client sends them. @internal */
     newAttemptId(): string | undefined;
     /** @internal */
-    claimWithin(key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined): Promise<ClaimResult>;
+    claimWithin(key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, waitSeconds?: number): Promise<ClaimResult>;
     /**
      * Saves a recovery point (a phase name and optional JSON data) on a
      * claimed key and renews its lease (POST /v1/keys/{key}/checkpoint). A
@@ -157,6 +165,8 @@ export declare class Client {
     private call;
     /** Reports whether a wait plus a minimal attempt fits before the deadline. @internal */
     fits(b: Bounds, waitMs: number): boolean;
+    /** The policy's per-attempt timeout cut to the time left before the deadline, in ms (Infinity for none). @internal */
+    attemptTimeoutMs(b: Bounds): number;
     /** Sends one HTTP request and reads the whole answer within the attempt's timeout. */
     private attempt;
     /** Turns a non-2xx answer into an IdemError. */

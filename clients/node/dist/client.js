@@ -73,14 +73,14 @@ export class Client {
      * `fingerprint_mismatch`. Most callers want {@link run} instead.
      */
     async claim(key, req, opts = {}) {
-        return this.claimWithin(key, req, this.bounds(opts), opts.attemptId ?? this.newAttemptId());
+        return this.claimWithin(key, req, this.bounds(opts), opts.attemptId ?? this.newAttemptId(), opts.waitSeconds);
     }
     /** A fresh attempt id when the client sends them. @internal */
     newAttemptId() {
         return this.attemptIds ? randomUUID() : undefined;
     }
     /** @internal */
-    async claimWithin(key, req, b, attemptId) {
+    async claimWithin(key, req, b, attemptId, waitSeconds) {
         checkKey("claim", key);
         const body = {};
         if (req.operation !== undefined)
@@ -93,6 +93,8 @@ export class Client {
             body.lease_seconds = Math.ceil(req.leaseSeconds);
         if (attemptId !== undefined)
             body.attempt_id = attemptId;
+        if (waitSeconds !== undefined && waitSeconds >= 1)
+            body.wait_seconds = Math.floor(waitSeconds);
         const res = await this.call({ name: "claim", method: "POST", path: keyPath(key, "/claim"), body }, b);
         const record = res.data;
         const replayed = res.status === 200 || res.headers.get("Idempotent-Replayed") === "true";
@@ -234,13 +236,17 @@ export class Client {
     fits(b, waitMs) {
         return b.deadline - this.clock.now() >= waitMs + this.policy.minAttemptTimeMs;
     }
+    /** The policy's per-attempt timeout cut to the time left before the deadline, in ms (Infinity for none). @internal */
+    attemptTimeoutMs(b) {
+        const timeout = this.policy.attemptTimeoutMs > 0 ? this.policy.attemptTimeoutMs : Infinity;
+        return Math.min(timeout, b.deadline - this.clock.now());
+    }
     /** Sends one HTTP request and reads the whole answer within the attempt's timeout. */
     async attempt(ac, target, payload, b) {
         if (b.signal?.aborted) {
             return { error: new IdemError({ code: Codes.network, title: "Aborted", detail: "the call was aborted", cause: b.signal.reason }) };
         }
-        let timeout = this.policy.attemptTimeoutMs > 0 ? this.policy.attemptTimeoutMs : Infinity;
-        timeout = Math.min(timeout, b.deadline - this.clock.now());
+        const timeout = this.attemptTimeoutMs(b);
         const signals = [];
         if (b.signal)
             signals.push(b.signal);

@@ -81,9 +81,14 @@ export declare class Claim {
  * 1. It claims the key. A completed key is a replay: the stored response
  *    comes back with `replayed` true and fn does not run.
  * 2. While another caller holds the key (409 request_in_flight) it waits
- *    the Retry-After the service sent (plus the policy's spread) and claims
- *    again, for at most `inFlightWaitMs` and never past the deadline; then
- *    it throws `request_in_flight`. `noWait` skips the waiting.
+ *    for it, for at most `inFlightWaitMs` and never past the deadline; then
+ *    it throws `request_in_flight`. Each claim asks the server to hold it
+ *    (`wait_seconds`: what `inFlightWaitMs`, the attempt timeout less a
+ *    second and the deadline leave, in whole seconds), so run gets the
+ *    replay or the key as soon as the holder finishes; when the server
+ *    answers 409 anyway (its wait ran out, it holds too many), run waits the
+ *    Retry-After it sent (plus the policy's spread) and claims again.
+ *    `noWait` skips the waiting.
  * 3. It runs fn with a {@link Claim}. After a takeover of a crashed
  *    attempt, `claim.resumed` is true and `claim.recoveryPoint` /
  *    `recoveryData` tell where that attempt got to.

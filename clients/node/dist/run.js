@@ -88,9 +88,14 @@ export class Claim {
  * 1. It claims the key. A completed key is a replay: the stored response
  *    comes back with `replayed` true and fn does not run.
  * 2. While another caller holds the key (409 request_in_flight) it waits
- *    the Retry-After the service sent (plus the policy's spread) and claims
- *    again, for at most `inFlightWaitMs` and never past the deadline; then
- *    it throws `request_in_flight`. `noWait` skips the waiting.
+ *    for it, for at most `inFlightWaitMs` and never past the deadline; then
+ *    it throws `request_in_flight`. Each claim asks the server to hold it
+ *    (`wait_seconds`: what `inFlightWaitMs`, the attempt timeout less a
+ *    second and the deadline leave, in whole seconds), so run gets the
+ *    replay or the key as soon as the holder finishes; when the server
+ *    answers 409 anyway (its wait ran out, it holds too many), run waits the
+ *    Retry-After it sent (plus the policy's spread) and claims again.
+ *    `noWait` skips the waiting.
  * 3. It runs fn with a {@link Claim}. After a takeover of a crashed
  *    attempt, `claim.resumed` is true and `claim.recoveryPoint` /
  *    `recoveryData` tell where that attempt got to.
@@ -154,15 +159,22 @@ function finishBounds(client, b) {
         return b;
     return { signal: undefined, deadline: client.clock.now() + (client.policy.attemptTimeoutMs || 10_000) };
 }
-/** Claims key, waiting out request_in_flight answers within the deadline and inFlightWaitMs. */
+/**
+ * Claims key, waiting for another holder within the deadline and
+ * inFlightWaitMs: held by the server (wait_seconds), else by sleeping the
+ * Retry-After of its 409. The time the server held a claim counts as waited.
+ */
 async function claimWaiting(client, key, req, b, attemptId, noWait) {
     const p = client.policy;
     let waited = 0;
     for (;;) {
+        const start = client.clock.now();
         try {
-            return await client.claimWithin(key, req, b, attemptId);
+            const wait = noWait || p.inFlightWaitMs <= 0 ? 0 : serverWaitSeconds(client, b, p.inFlightWaitMs - waited);
+            return await client.claimWithin(key, req, b, attemptId, wait);
         }
         catch (err) {
+            waited += client.clock.now() - start; // the server may have held the claim
             if (!(err instanceof IdemError) || err.code !== Codes.requestInFlight || noWait || p.inFlightWaitMs <= 0)
                 throw err;
             const wait = retryAfterWaitMs(p, err.retryAfterMs > 0 ? err.retryAfterMs : p.baseDelayMs, client.random);
@@ -179,6 +191,16 @@ async function claimWaiting(client, key, req, b, attemptId, noWait) {
             waited += wait;
         }
     }
+}
+/**
+ * How long a claim may ask the server to hold it while another request holds
+ * the key: what is left of the in-flight budget, within the next attempt's
+ * timeout (and so the deadline) less a second for the answer to come back,
+ * in whole seconds; 0 (not sent) when not even one fits.
+ */
+function serverWaitSeconds(client, b, budgetMs) {
+    const ms = Math.min(budgetMs, client.attemptTimeoutMs(b) - 1000);
+    return ms >= 1000 ? Math.floor(ms / 1000) : 0;
 }
 /** Renews the claim's lease every third of it until stopped; on loss aborts the claim's signal. Runs on real time: the lease runs on the service's clock. */
 function keepLease(client, claim, leaseMs, lost) {

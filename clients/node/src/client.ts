@@ -81,6 +81,14 @@ export interface CallOptions {
 export interface ClaimOptions extends CallOptions {
   /** The attempt id of this logical claim (default: a random one when the client sends attempt ids). */
   attemptId?: string;
+  /**
+   * Asks the server to hold the claim while another request holds the key,
+   * until that one completes (the replay), releases or loses its lease (this
+   * claim gets the key): at most this many seconds, rounded down (under 1:
+   * not sent), capped by the tenant's `max_wait_seconds`. Keep it below the
+   * attempt timeout. {@link run} sets it itself.
+   */
+  waitSeconds?: number;
 }
 
 interface ApiCall {
@@ -183,7 +191,7 @@ export class Client {
    * `fingerprint_mismatch`. Most callers want {@link run} instead.
    */
   async claim(key: string, req: ClaimRequest, opts: ClaimOptions = {}): Promise<ClaimResult> {
-    return this.claimWithin(key, req, this.bounds(opts), opts.attemptId ?? this.newAttemptId());
+    return this.claimWithin(key, req, this.bounds(opts), opts.attemptId ?? this.newAttemptId(), opts.waitSeconds);
   }
 
   /** A fresh attempt id when the client sends them. @internal */
@@ -192,7 +200,7 @@ export class Client {
   }
 
   /** @internal */
-  async claimWithin(key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined): Promise<ClaimResult> {
+  async claimWithin(key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, waitSeconds?: number): Promise<ClaimResult> {
     checkKey("claim", key);
     const body: Record<string, unknown> = {};
     if (req.operation !== undefined) body.operation = req.operation;
@@ -200,6 +208,7 @@ export class Client {
     if (req.request !== undefined) body.request = req.request;
     if (req.leaseSeconds !== undefined && req.leaseSeconds > 0) body.lease_seconds = Math.ceil(req.leaseSeconds);
     if (attemptId !== undefined) body.attempt_id = attemptId;
+    if (waitSeconds !== undefined && waitSeconds >= 1) body.wait_seconds = Math.floor(waitSeconds);
     const res = await this.call({ name: "claim", method: "POST", path: keyPath(key, "/claim"), body }, b);
     const record = res.data as KeyRecord & { resumed?: boolean };
     const replayed = res.status === 200 || res.headers.get("Idempotent-Replayed") === "true";
@@ -342,13 +351,18 @@ export class Client {
     return b.deadline - this.clock.now() >= waitMs + this.policy.minAttemptTimeMs;
   }
 
+  /** The policy's per-attempt timeout cut to the time left before the deadline, in ms (Infinity for none). @internal */
+  attemptTimeoutMs(b: Bounds): number {
+    const timeout = this.policy.attemptTimeoutMs > 0 ? this.policy.attemptTimeoutMs : Infinity;
+    return Math.min(timeout, b.deadline - this.clock.now());
+  }
+
   /** Sends one HTTP request and reads the whole answer within the attempt's timeout. */
   private async attempt(ac: ApiCall, target: string, payload: string | undefined, b: Bounds): Promise<{ result?: CallResult; error?: IdemError }> {
     if (b.signal?.aborted) {
       return { error: new IdemError({ code: Codes.network, title: "Aborted", detail: "the call was aborted", cause: b.signal.reason }) };
     }
-    let timeout = this.policy.attemptTimeoutMs > 0 ? this.policy.attemptTimeoutMs : Infinity;
-    timeout = Math.min(timeout, b.deadline - this.clock.now());
+    const timeout = this.attemptTimeoutMs(b);
     const signals: AbortSignal[] = [];
     if (b.signal) signals.push(b.signal);
     if (Number.isFinite(timeout)) signals.push(AbortSignal.timeout(Math.max(1, Math.ceil(timeout))));

@@ -63,6 +63,8 @@ export interface Settings {
   lease_seconds_max: number;
   max_response_bytes: number;
   rate_limit_per_second: number;
+  /** Longest a claim of a key in flight is held waiting for the holder to finish (`waitSeconds`, `Prefer: wait=N`); 0 turns waiting off. */
+  max_wait_seconds: number;
 }
 
 /** An account of the service. */

@@ -55,6 +55,13 @@ async function cuttingProxy(target: string): Promise<{ url: string; cut: (on: bo
   };
 }
 
+/** The server's idem_claim_waiters gauge: claims it holds now, waiting for a key in flight. */
+async function claimWaiters(url: string): Promise<number> {
+  const text = await (await fetch(url + "/metrics")).text();
+  const m = /^idem_claim_waiters (\S+)$/m.exec(text);
+  return m ? Number(m[1]) : 0;
+}
+
 for (const store of stores()) {
   describe(`run on ${store}`, () => {
     let srv: Server;
@@ -171,6 +178,42 @@ for (const store of stores()) {
       await assert.rejects(c.run(k, { operation: "POST /pay" }, () => assert.fail("must not run"), { timeoutMs: 1500 }),
         (err: unknown) => err instanceof IdemError && err.code === "request_in_flight" && err.giveUp === "deadline");
       assert.ok(Date.now() - start < 1500, "gave up without sleeping past the deadline");
+    });
+
+    test("a run on a key in flight is held by the server and replays as soon as the holder completes", async () => {
+      // The holder's lease is 30 s, so waiting out its Retry-After would take
+      // half a minute: run asks the server to hold its claim instead.
+      const c = client();
+      const k = newKey("held");
+      const req = { operation: "POST /pay", request: { amount: 9 } };
+      const holder = await c.claim(k, { ...req, leaseSeconds: 30 });
+      let ran = 0;
+      const pending = c.run(k, req, () => { ran++; return { status: 201, body: "not me" }; }, { timeoutMs: 30_000 });
+      let settled = false;
+      void pending.then(() => { settled = true; }, () => { settled = true; });
+      const until = Date.now() + 10_000;
+      while (await claimWaiters(srv.url) !== 1) { // the server holds run's claim
+        assert.ok(Date.now() < until && !settled, "run's claim was not held by the server");
+        await new Promise((r) => setTimeout(r, 5));
+      }
+      const start = Date.now();
+      await c.complete(k, holder.fencingToken, { status: 201, body: "paid" });
+      const res = await pending;
+      assert.ok(Date.now() - start < 5000, "answered when the holder completed, not at the lease's end");
+      assert.equal(res.replayed, true);
+      assert.equal(res.response.text(), "paid");
+      assert.equal(ran, 0);
+    });
+
+    test("noWait asks for no hold: request_in_flight at once", async () => {
+      const c = client();
+      const k = newKey("nowait");
+      await c.claim(k, { operation: "op", leaseSeconds: 30 });
+      const start = Date.now();
+      await assert.rejects(c.run(k, { operation: "op" }, () => assert.fail("must not run"), { noWait: true }),
+        (err: unknown) => err instanceof IdemError && err.code === "request_in_flight");
+      assert.ok(Date.now() - start < 5000);
+      assert.equal(await claimWaiters(srv.url), 0);
     });
 
     test("the lease keeper renews a slow function's lease; nobody takes it over", async () => {
