@@ -158,6 +158,9 @@ idem is running in DEVELOPMENT MODE (no IDEM_JWT_HS256_SECRET or IDEM_JWT_JWKS_F
   secret file: %s (mode 0600)
   docs:        %s/docs/   dashboard: %s/dashboard/   metrics: %s/metrics
 
+Base URL:
+  export IDEM_URL=%s
+
 Operator token (scope admin, valid %s):
   export IDEM_OPERATOR_TOKEN=%s
 
@@ -168,7 +171,7 @@ Try a claim:
   curl -sS -X POST %s/v1/keys/order-42/claim -H "Authorization: Bearer $IDEM_TOKEN" -H 'Content-Type: application/json' -d '{"operation":"POST /v1/payments","request":{"amount":1000,"currency":"usd"}}'
 
 `, redactURL(s.cfg.DatabaseURL), s.dev.SecretFile, base, base, base,
-		DevTokenTTL, s.dev.OperatorToken, DevTenant, DevTokenTTL, s.dev.DemoToken, base)
+		base, DevTokenTTL, s.dev.OperatorToken, DevTenant, DevTokenTTL, s.dev.DemoToken, base)
 }
 
 // displayAddr turns a bound address into one a local curl can reach.
