@@ -209,7 +209,7 @@ func TestCLIWebhooks(t *testing.T) {
 	require.Contains(t, out, `"enabled": false`)
 	_, errOut, code = runCLI(t, env, "webhooks", "test", "--tenant", "acme", "--id", ep.ID)
 	require.Equal(t, 1, code)
-	require.Contains(t, errOut, "webhook_not_found")
+	require.Contains(t, errOut, "webhook_disabled")
 	mustCLI(t, env, "webhooks", "delete", "--tenant", "acme", "--id", ep.ID)
 	require.Equal(t, "[]", strings.TrimSpace(mustCLI(t, env, "webhooks", "list", "--tenant", "acme")))
 }
