@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -274,28 +272,6 @@ func (w *Waiters) Claim(ctx context.Context, store Store, p ClaimParams, wait ti
 			return res, true, fmt.Errorf("wait for key: %w", ctx.Err())
 		}
 	}
-}
-
-// PreferWait returns N of the first "wait=N" preference in the Prefer
-// header fields (RFC 7240 §4.3), or -1. Preferences are hints: a malformed
-// or unknown one is ignored, never refused. N is at most
-// MaxWaitSecondsLimit. The API and the gateway read it the same way.
-func PreferWait(fields []string) int {
-	for _, f := range fields {
-		for pref := range strings.SplitSeq(f, ",") {
-			pref, _, _ = strings.Cut(pref, ";")
-			name, value, ok := strings.Cut(pref, "=")
-			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
-				continue
-			}
-			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(value), `"`))
-			if err != nil || n < 0 {
-				return -1
-			}
-			return min(n, MaxWaitSecondsLimit)
-		}
-	}
-	return -1
 }
 
 // acquire takes a waiter's place, or reports false at the limit or after

@@ -8,28 +8,6 @@ import (
 	"github.com/idem-dev/idem"
 )
 
-func TestPreferWait(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		fields []string
-		want   int
-	}{
-		{nil, -1},
-		{[]string{"wait=10"}, 10},
-		{[]string{"respond-async, wait=5"}, 5},
-		{[]string{"handling=lenient", "Wait = 7 ; x=y"}, 7},
-		{[]string{`wait="3"`}, 3},
-		{[]string{"wait=abc"}, -1},
-		{[]string{"wait=-1"}, -1},
-		{[]string{"wait=99999"}, idem.MaxWaitSecondsLimit},
-		{[]string{"wait=2, wait=9"}, 2},
-		{[]string{"return=minimal"}, -1},
-	}
-	for _, tc := range cases {
-		require.Equal(t, tc.want, idem.PreferWait(tc.fields), "%q", tc.fields)
-	}
-}
-
 func TestBroadcast(t *testing.T) {
 	t.Parallel()
 	var b idem.Broadcast

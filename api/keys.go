@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/client/frontdoor"
 )
 
 // pathKey returns the unescaped {key} of the route. chi matches on
@@ -72,7 +73,7 @@ type claimRequest struct {
 }
 
 func (c *claimRequest) bind(r *http.Request) error {
-	c.preferWait = idem.PreferWait(r.Header.Values("Prefer"))
+	c.preferWait = frontdoor.PreferWait(r.Header.Values("Prefer"))
 	c.header = responseHeaderFrom(r.Context())
 	return c.keyParam.bind(r)
 }

@@ -35,6 +35,7 @@ func (c *Client) Claim(ctx context.Context, key string, req Request) (ClaimResul
 		return ClaimResult{}, err
 	}
 	out.Replayed = res.status == http.StatusOK || res.header.Get("Idempotent-Replayed") == "true"
+	out.WaitApplied = waitApplied(res.header)
 	return out, nil
 }
 

@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idem-dev/idem/client/frontdoor"
 )
 
 // Client calls one idem service. It is safe for concurrent use; all its
@@ -363,14 +365,21 @@ func (c *Client) attemptTimeout(ctx context.Context) time.Duration {
 	return max(d, 0)
 }
 
+// waitApplied returns the wait the server says it applied to a claim
+// (Preference-Applied: wait=N), zero when it applied none.
+func waitApplied(h http.Header) time.Duration {
+	return time.Duration(max(frontdoor.PreferWait(h.Values(frontdoor.HeaderPreferenceApplied)), 0)) * time.Second
+}
+
 // problem turns a non-2xx answer into *Error.
 func (c *Client) problem(resp *http.Response, data []byte) *Error {
 	e := &Error{
-		Status:     resp.StatusCode,
-		Code:       CodeUnknown,
-		RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), c.clock.Now()),
-		RequestID:  resp.Header.Get("X-Request-Id"),
-		Retryable:  c.policy.retryableStatus(resp.StatusCode),
+		Status:      resp.StatusCode,
+		Code:        CodeUnknown,
+		RetryAfter:  parseRetryAfter(resp.Header.Get("Retry-After"), c.clock.Now()),
+		RequestID:   resp.Header.Get("X-Request-Id"),
+		Retryable:   c.policy.retryableStatus(resp.StatusCode),
+		WaitApplied: waitApplied(resp.Header),
 	}
 	var pd struct {
 		Type      string       `json:"type"`

@@ -27,6 +27,10 @@ type Result struct {
 	// under (of the stored record on a replay).
 	Attempt      int
 	FencingToken int64
+	// WaitApplied is the wait the server applied to the claim that got
+	// this outcome (it held the claim while another request had the key);
+	// zero when none. A front door answers it as Preference-Applied.
+	WaitApplied time.Duration
 }
 
 // Claim is the handle the function run by Do receives: the claim's
@@ -174,7 +178,7 @@ func (c *Client) Do(ctx context.Context, key string, req Request, fn func(ctx co
 	if err != nil {
 		return Result{}, fmt.Errorf("do %q: %w", key, err)
 	}
-	res := Result{Replayed: cr.Replayed, Resumed: cr.Resumed, Attempt: cr.Attempt, FencingToken: cr.FencingToken}
+	res := Result{Replayed: cr.Replayed, Resumed: cr.Resumed, Attempt: cr.Attempt, FencingToken: cr.FencingToken, WaitApplied: cr.WaitApplied}
 	if cr.Replayed {
 		if cr.Response != nil {
 			res.Response = *cr.Response
@@ -256,8 +260,13 @@ func (c *Client) claimWaiting(ctx context.Context, key string, req Request) (Cla
 	p := c.policy
 	var waited time.Duration
 	for {
-		if !req.NoWait && p.InFlightWait >= 0 {
+		switch {
+		case !req.NoWait && p.InFlightWait >= 0:
 			req.Wait = c.serverWait(ctx, p.InFlightWait-waited)
+		case req.NoWait && req.Wait > 0:
+			// The caller's own wait (a front door's Prefer: wait=N), kept
+			// within the attempt timeout so the held answer comes back.
+			req.Wait = c.serverWait(ctx, req.Wait)
 		}
 		start := c.clock.Now()
 		cr, err := c.Claim(ctx, key, req)

@@ -75,6 +75,10 @@ type Error struct {
 	RequestID string
 	// Fields lists the invalid fields of an invalid_request.
 	Fields []FieldError
+	// WaitApplied is how long the server held a claim that asked to wait
+	// (Request.Wait) before this answer, from Preference-Applied; zero
+	// when it held none (it may refuse to: its waiter limit, a shutdown).
+	WaitApplied time.Duration
 }
 
 // Error implements error.

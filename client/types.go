@@ -122,14 +122,17 @@ type Request struct {
 	// the tenant's default.
 	Lease time.Duration
 	// NoWait makes Do return ErrRequestInFlight at once instead of waiting
-	// for another holder of the key.
+	// for another holder of the key (after the server held the claim for
+	// Wait, when set).
 	NoWait bool
 	// Wait asks the server to hold the claim, while another request holds
 	// the key, until that one completes (the replay), releases or loses its
 	// lease (this claim gets the key) — at most Wait, rounded down to whole
 	// seconds and capped by the tenant's max_wait_seconds (wait_seconds).
 	// Claim sends it as set; Do sets it itself, from what its deadline, the
-	// attempt timeout and InFlightWait leave, unless NoWait.
+	// attempt timeout and InFlightWait leave, unless NoWait: then Do sends
+	// Wait within the attempt timeout less a second (a front door passing
+	// on a caller's Prefer: wait=N).
 	Wait time.Duration
 	// AttemptID names this logical claim (1–64 bytes) so that a claim
 	// whose answer was lost gets its own attempt back (same fencing token)
@@ -168,6 +171,9 @@ type ClaimResult struct {
 	// Replayed is true when the key was already completed: Response holds
 	// the stored response.
 	Replayed bool `json:"-"`
+	// WaitApplied is the wait the server applied to this claim
+	// (Preference-Applied, from Request.Wait); zero when none.
+	WaitApplied time.Duration `json:"-"`
 }
 
 // Settings are a tenant's settings.

@@ -232,7 +232,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 			// Prefer: wait=N holds the request while the key is in flight,
 			// capped by the tenant's max_wait_seconds and the route's
 			// max_wait.
-			wait := t.Settings.WaitFor(idem.PreferWait(r.Header.Values("Prefer")))
+			wait := t.Settings.WaitFor(frontdoor.PreferWait(r.Header.Values("Prefer")))
 			if rr.maxWait >= 0 {
 				wait = min(wait, rr.maxWait)
 			}
@@ -242,7 +242,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 				ReplayWindow: t.Settings.ReplayWindow(), ReaperThreshold: t.Settings.ReaperThreshold(),
 			}, wait)
 			if applied {
-				w.Header().Set("Preference-Applied", "wait="+strconv.Itoa(int(wait/time.Second)))
+				w.Header().Set(frontdoor.HeaderPreferenceApplied, "wait="+strconv.Itoa(int(wait/time.Second)))
 			}
 		}
 	}

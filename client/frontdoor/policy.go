@@ -3,6 +3,7 @@ package frontdoor
 import (
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -165,4 +166,30 @@ func WriteReplay(w http.ResponseWriter, r *http.Request, status int, headers map
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// HeaderPreferenceApplied answers a request whose Prefer: wait=N was
+// honoured (RFC 7240): "wait=<seconds applied>".
+const HeaderPreferenceApplied = "Preference-Applied"
+
+// PreferWait returns N of the first "wait=N" preference in the Prefer
+// header fields (RFC 7240 §4.3), or -1. Preferences are hints: a malformed
+// or unknown one is ignored, never refused. The idem API, the gateway and
+// client/idemhttp read it the same way; each caps N by its own limits.
+func PreferWait(fields []string) int {
+	for _, f := range fields {
+		for pref := range strings.SplitSeq(f, ",") {
+			pref, _, _ = strings.Cut(pref, ";")
+			name, value, ok := strings.Cut(pref, "=")
+			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
+				continue
+			}
+			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(value), `"`))
+			if err != nil || n < 0 {
+				return -1
+			}
+			return n
+		}
+	}
+	return -1
 }

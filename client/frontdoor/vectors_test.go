@@ -182,6 +182,10 @@ func TestPolicyVectors(t *testing.T) {
 			Header string `json:"header"`
 			Kept   bool   `json:"kept"`
 		} `json:"request_ids"`
+		PreferWait []struct {
+			Fields []string `json:"fields"`
+			Expect int      `json:"expect"`
+		} `json:"prefer_wait"`
 	}
 	load(t, "policy.json", &file)
 
@@ -225,5 +229,9 @@ func TestPolicyVectors(t *testing.T) {
 	}
 	for _, v := range file.RequestIDs {
 		assert.Equal(t, v.Kept, frontdoor.ValidRequestID(v.Header), "%q", v.Header)
+	}
+	require.NotEmpty(t, file.PreferWait)
+	for _, v := range file.PreferWait {
+		assert.Equal(t, v.Expect, frontdoor.PreferWait(v.Fields), "%q", v.Fields)
 	}
 }

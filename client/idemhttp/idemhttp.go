@@ -36,8 +36,13 @@
 //   - A completed key replays the stored response verbatim with
 //     Idempotent-Replayed: true, without running the handler. Another
 //     request in flight with the key: 409 request_in_flight with
-//     Retry-After. The key used with another request: 422
-//     fingerprint_mismatch.
+//     Retry-After at once — unless the request carries Prefer: wait=N
+//     (RFC 7240): then the claim asks idem to hold it (wait_seconds =
+//     min(N, Options.MaxWait)) and the request gets the replay as soon as
+//     the first one completes (or runs the handler when that one releases
+//     the key or loses its lease; 409 when the wait runs out), with
+//     Preference-Applied: wait=<applied> when idem held it. The key used
+//     with another request: 422 fingerprint_mismatch.
 //   - A handler that panics stores nothing: the claim is left to become an
 //     orphan (a retry after the lease takes it over) and the panic
 //     propagates.
@@ -101,6 +106,12 @@ type Options struct {
 	Fingerprint frontdoor.Rules
 	// Lease is the lease asked for; zero takes the tenant's default.
 	Lease time.Duration
+	// MaxWait caps how long a request with Prefer: wait=N is held while
+	// another request with its key is in flight (the claim's wait_seconds
+	// = min(N, MaxWait)). Zero: no cap of the middleware's own (the
+	// tenant's max_wait_seconds and the client's attempt timeout less a
+	// second still apply); negative: Prefer is ignored, 409 at once.
+	MaxWait time.Duration
 	// MaxBodyBytes bounds the request body read for the fingerprint
 	// (default 8 MiB, under the idem server's default request limit); a
 	// larger body gets 413 payload_too_large.
@@ -192,6 +203,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		Payload:   json.RawMessage(doc),
 		Lease:     m.opts.Lease,
 		NoWait:    true,
+		Wait:      m.preferWait(r),
 	}
 	var rec *recorder
 	res, err := m.c.Do(r.Context(), key, req, func(ctx context.Context, _ *client.Claim) (client.Response, error) {
@@ -205,6 +217,14 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		return m.stored(rec), nil
 	})
+	applied := res.WaitApplied
+	var ce *client.Error
+	if errors.As(err, &ce) && ce.WaitApplied > 0 {
+		applied = ce.WaitApplied
+	}
+	if applied > 0 {
+		w.Header().Set(frontdoor.HeaderPreferenceApplied, "wait="+strconv.Itoa(int(applied/time.Second)))
+	}
 	switch {
 	case rec != nil:
 		if err != nil && !errors.Is(err, errReleased) {
@@ -216,6 +236,21 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	default:
 		m.writeClaimError(w, r, err)
 	}
+}
+
+// preferWait returns the wait to ask the server for: the request's
+// Prefer: wait=N within MaxWait, zero without one or when MaxWait is
+// negative.
+func (m *middleware) preferWait(r *http.Request) time.Duration {
+	n := frontdoor.PreferWait(r.Header.Values("Prefer"))
+	if n <= 0 || m.opts.MaxWait < 0 {
+		return 0
+	}
+	wait := time.Duration(min(n, 24*3600)) * time.Second
+	if m.opts.MaxWait > 0 {
+		wait = min(wait, m.opts.MaxWait)
+	}
+	return wait
 }
 
 // stored is the response to store for rec: the whole of it, or without its

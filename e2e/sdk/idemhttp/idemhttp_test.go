@@ -28,8 +28,9 @@ type app struct {
 	orders  atomic.Int64
 	fail    atomic.Int64 // answer 500 this many times first
 	delay   time.Duration
-	big     int          // answer a body of this many bytes instead
-	entered atomic.Int64 // handler runs that got past the failure injection
+	gate    chan struct{} // when set, the handler waits for it to close
+	big     int           // answer a body of this many bytes instead
+	entered atomic.Int64  // handler runs that got past the failure injection
 	srv     *httptest.Server
 }
 
@@ -45,6 +46,9 @@ func newApp(t *testing.T, c *client.Client, opts idemhttp.Options) *app {
 		}
 		a.entered.Add(1)
 		time.Sleep(a.delay)
+		if a.gate != nil {
+			<-a.gate
+		}
 		n := a.orders.Add(1)
 		body, _ := io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "application/json")
@@ -65,6 +69,15 @@ func newApp(t *testing.T, c *client.Client, opts idemhttp.Options) *app {
 	return a
 }
 
+// hold makes the handler wait until release is called (or the test ends,
+// so a failed test does not hang on the app's server closing).
+func (a *app) hold(t *testing.T) (release func()) {
+	a.gate = make(chan struct{})
+	release = sync.OnceFunc(func() { close(a.gate) })
+	t.Cleanup(release)
+	return release
+}
+
 type reply struct {
 	status int
 	header http.Header
@@ -73,8 +86,17 @@ type reply struct {
 
 func post(t *testing.T, url, key, body string) reply {
 	t.Helper()
+	return postWith(t, url, key, body, nil)
+}
+
+// postWith is post with extra request headers.
+func postWith(t *testing.T, url, key, body string, header http.Header) reply {
+	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	require.NoError(t, err)
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
 		req.Header.Set(idemhttp.HeaderKey, key)
@@ -260,6 +282,62 @@ func TestMiddlewareInFlight(t *testing.T) {
 		require.NotEmpty(t, inflight.header.Get("Retry-After"))
 		require.Equal(t, http.StatusCreated, (<-done).status)
 		require.Equal(t, int64(1), a.orders.Load())
+	})
+}
+
+// TestMiddlewarePreferWait: a duplicate with Prefer: wait=N is held by
+// the idem server while the first request runs (its lease is 30 s, so
+// nothing but the completion can answer it soon) and gets the first one's
+// response replayed the moment it completes, with Preference-Applied; a
+// wait that runs out is the 409 it would have been, with
+// Preference-Applied; MaxWait caps N.
+func TestMiddlewarePreferWait(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, srv *servertest.Server, c *client.Client) {
+		a := newApp(t, c, idemhttp.Options{Lease: 30 * time.Second, MaxWait: 5 * time.Second})
+		release := a.hold(t)
+		url := a.srv.URL + "/orders/cus_1"
+		first := make(chan reply, 1)
+		go func() { first <- post(t, url, "k-held", `{"n":1}`) }()
+		require.Eventually(t, func() bool { return a.entered.Load() == 1 }, 5*time.Second, 5*time.Millisecond)
+
+		short := postWith(t, url, "k-held", `{"n":1}`, http.Header{"Prefer": {"wait=1"}})
+		require.Equal(t, http.StatusConflict, short.status)
+		require.Equal(t, "request_in_flight", problemCode(t, short))
+		require.Equal(t, "wait=1", short.header.Get("Preference-Applied"))
+		require.NotEmpty(t, short.header.Get("Retry-After"))
+
+		held := make(chan reply, 1)
+		go func() {
+			held <- postWith(t, url, "k-held", `{"n":1}`, http.Header{"Prefer": {"respond-async, wait=60"}})
+		}()
+		require.Eventually(t, func() bool { return srv.Server().Waiting() == 1 }, 5*time.Second, 5*time.Millisecond,
+			"the duplicate's claim is held by the idem server")
+		release()
+		r1 := <-first
+		require.Equal(t, http.StatusCreated, r1.status)
+		select {
+		case r2 := <-held:
+			require.Equal(t, http.StatusCreated, r2.status)
+			require.Equal(t, "true", r2.header.Get(idemhttp.HeaderReplayed))
+			require.Equal(t, "wait=5", r2.header.Get("Preference-Applied"), "N capped by MaxWait")
+			require.Equal(t, r1.body, r2.body)
+		case <-time.After(4 * time.Second):
+			require.FailNow(t, "the held duplicate was not answered when the first request completed")
+		}
+		require.Equal(t, int64(1), a.orders.Load())
+
+		// Without the preference: 409 at once, no Preference-Applied.
+		a2 := newApp(t, c, idemhttp.Options{Lease: 30 * time.Second})
+		release2 := a2.hold(t)
+		done := make(chan reply, 1)
+		go func() { done <- post(t, a2.srv.URL+"/orders/cus_2", "k-now", `{}`) }()
+		require.Eventually(t, func() bool { return a2.entered.Load() == 1 }, 5*time.Second, 5*time.Millisecond)
+		now := post(t, a2.srv.URL+"/orders/cus_2", "k-now", `{}`)
+		release2()
+		require.Equal(t, http.StatusConflict, now.status)
+		require.Empty(t, now.header.Get("Preference-Applied"))
+		require.Equal(t, http.StatusCreated, (<-done).status)
 	})
 }
 
