@@ -16,7 +16,7 @@ test: ## Run every test (race detector, real throwaway PostgreSQL via pg_virtual
 	scripts/test
 
 .PHONY: fuzz
-fuzz: ## Fuzz every go test -fuzz target for 5 s from its seed corpus (scripts/fuzz 1m for longer).
+fuzz: ## Fuzz every go test -fuzz target with 20000 inputs from its seed corpus (scripts/fuzz 1m for longer).
 	scripts/fuzz
 
 .PHONY: generate
