@@ -692,7 +692,7 @@ type OrphanStatsRow struct {
 	ObservedAt        pgtype.Timestamptz
 }
 
-// OrphanStats counts orphans per tenant from the partial orphan index only.
+// OrphanStats counts orphans per tenant; the partial orphan index finds them.
 func (q *Queries) OrphanStats(ctx context.Context, now pgtype.Timestamptz) ([]OrphanStatsRow, error) {
 	rows, err := q.db.Query(ctx, orphanStats, now)
 	if err != nil {
@@ -849,7 +849,11 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $2 AND k.key = $3
     AND k.fencing_token = $4 AND k.state = 'in_flight'
-    AND k.lease_expires_at > clock.now AND k.attempt_id = $5::text
+    -- the lease test as a CASE: the planner cannot make it a range scan of
+    -- the orphan index, so the row is found by its primary key (see
+    -- TestSingleRecordStatementsUseThePrimaryKey)
+    AND CASE WHEN k.lease_expires_at > clock.now THEN true ELSE false END
+    AND k.attempt_id = $5::text
 RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
 `
 

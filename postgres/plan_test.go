@@ -1,0 +1,117 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
+	"github.com/idem-dev/idem/postgres/pgtest"
+)
+
+// errRecorded stops a query once sqlRecorder has its text.
+var errRecorded = errors.New("recorded")
+
+// sqlRecorder is a dbsqlc.DBTX that keeps the text of the statement a
+// generated method sends instead of running it, so a test can plan exactly
+// the SQL the store runs.
+type sqlRecorder struct{ sql string }
+
+func (r *sqlRecorder) Exec(_ context.Context, sql string, _ ...any) (pgconn.CommandTag, error) {
+	r.sql = sql
+	return pgconn.CommandTag{}, errRecorded
+}
+
+func (r *sqlRecorder) Query(_ context.Context, sql string, _ ...any) (pgx.Rows, error) {
+	r.sql = sql
+	return nil, errRecorded
+}
+
+func (r *sqlRecorder) QueryRow(_ context.Context, sql string, _ ...any) pgx.Row {
+	r.sql = sql
+	return recordedRow{}
+}
+
+type recordedRow struct{}
+
+func (recordedRow) Scan(...any) error { return errRecorded }
+
+// TestSingleRecordStatementsUseThePrimaryKey plans, as the generic plans of
+// the store's prepared statements, every statement that addresses one
+// record by (tenant_id, key), on a ledger with statistics like a real one
+// (mostly completed records, a few in flight), and requires each to reach
+// the row through the primary key. Before migration 00009 the orphan index
+// held tenant_id and key, and complete, checkpoint, release and the others
+// were planned as a walk over the whole orphan index: every complete cost
+// O(records in flight and dead entries), a quarter of the write rate.
+func TestSingleRecordStatementsUseThePrimaryKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.URL(t)
+	s, err := Open(ctx, dsn, Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	_, err = conn.Exec(ctx, `INSERT INTO tenants (id, name, replay_window_seconds, reaper_threshold_seconds,
+		lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, created_at, updated_at)
+		VALUES ('t', 't', 86400, 259200, 30, 3600, 1048576, 0, now(), now())`)
+	require.NoError(t, err)
+	// 20,000 completed records and 20 in flight, then the statistics
+	// autovacuum would gather.
+	_, err = conn.Exec(ctx, `INSERT INTO idempotency_keys (tenant_id, key, state, operation, fingerprint,
+		fencing_token, attempt, lease_expires_at, response_status, response_headers, response_body,
+		response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at,
+		completed_at, replay_until, purge_after)
+		SELECT 't', 'k-' || i, CASE WHEN i % 1000 = 0 THEN 'in_flight' ELSE 'completed' END, 'POST /p', 'fp',
+			i, 1, CASE WHEN i % 1000 = 0 THEN now() + interval '30 seconds' END,
+			CASE WHEN i % 1000 <> 0 THEN 201 END, CASE WHEN i % 1000 <> 0 THEN '{}'::jsonb END,
+			CASE WHEN i % 1000 <> 0 THEN '\x7b7d'::bytea END, CASE WHEN i % 1000 <> 0 THEN 'utf8' END,
+			86400, 259200, now(), now(), CASE WHEN i % 1000 <> 0 THEN now() END,
+			CASE WHEN i % 1000 <> 0 THEN now() + interval '1 day' END, now() + interval '3 days'
+		FROM generate_series(1, 20020) i`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "ANALYZE idempotency_keys")
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
+	require.NoError(t, err)
+
+	rec := &sqlRecorder{}
+	q := dbsqlc.New(rec)
+	statements := map[string]func(){
+		"GetKey":             func() { _, _ = q.GetKey(ctx, dbsqlc.GetKeyParams{}) },
+		"LockKey":            func() { _, _ = q.LockKey(ctx, dbsqlc.LockKeyParams{}) },
+		"RenewAttemptLease":  func() { _, _ = q.RenewAttemptLease(ctx, dbsqlc.RenewAttemptLeaseParams{}) },
+		"CheckpointKey":      func() { _, _ = q.CheckpointKey(ctx, dbsqlc.CheckpointKeyParams{}) },
+		"CompleteKey":        func() { _, _ = q.CompleteKey(ctx, dbsqlc.CompleteKeyParams{}) },
+		"ReleaseKey":         func() { _, _ = q.ReleaseKey(ctx, dbsqlc.ReleaseKeyParams{}) },
+		"ResolveCompleteKey": func() { _, _ = q.ResolveCompleteKey(ctx, dbsqlc.ResolveCompleteKeyParams{}) },
+		"ReviewKey":          func() { _, _ = q.ReviewKey(ctx, dbsqlc.ReviewKeyParams{}) },
+		"KeyWaited":          func() { _, _ = q.KeyWaited(ctx, dbsqlc.KeyWaitedParams{}) },
+		"MarkKeyWaited":      func() { _, _ = q.MarkKeyWaited(ctx, dbsqlc.MarkKeyWaitedParams{}) },
+	}
+	for name, call := range statements {
+		rec.sql = ""
+		call()
+		require.NotEmpty(t, rec.sql, name)
+		stmt := "plan_" + strings.ToLower(name)
+		sd, err := conn.Prepare(ctx, stmt, rec.sql)
+		require.NoError(t, err, name)
+		args := strings.TrimSuffix(strings.Repeat("NULL,", len(sd.ParamOIDs)), ",")
+		rows, err := conn.Query(ctx, "EXPLAIN EXECUTE "+stmt+"("+args+")", pgx.QueryExecModeSimpleProtocol)
+		require.NoError(t, err, name)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err, name)
+		plan := strings.Join(lines, "\n")
+		assert.Contains(t, plan, "using idempotency_keys_pkey on idempotency_keys", "%s must reach its row by the primary key; its generic plan:\n%s", name, plan)
+		assert.NotContains(t, plan, "Seq Scan on idempotency_keys", "%s: generic plan:\n%s", name, plan)
+	}
+}
