@@ -60,6 +60,44 @@ func recordFromRow(k dbsqlc.IdempotencyKey, observedAt pgtype.Timestamptz) (idem
 	return rec, nil
 }
 
+// writeRow is the shape ClaimKey and CompleteKey return: a record without
+// its response. After a claim the response is NULL; after a complete it is
+// the one the caller just stored, so it is not read back (a large body would
+// cross the wire twice).
+type writeRow = dbsqlc.ClaimKeyRow
+
+// recordFromWriteRow converts a writeRow; the caller adds the response.
+func recordFromWriteRow(r writeRow) idem.Record {
+	rec := recordFromListRow(listRow{
+		TenantID:               r.TenantID,
+		Key:                    r.Key,
+		State:                  r.State,
+		Operation:              r.Operation,
+		Fingerprint:            r.Fingerprint,
+		FencingToken:           r.FencingToken,
+		Attempt:                r.Attempt,
+		LeaseExpiresAt:         r.LeaseExpiresAt,
+		RecoveryPoint:          r.RecoveryPoint,
+		ReplayWindowSeconds:    r.ReplayWindowSeconds,
+		ReaperThresholdSeconds: r.ReaperThresholdSeconds,
+		CreatedAt:              r.CreatedAt,
+		UpdatedAt:              r.UpdatedAt,
+		CompletedAt:            r.CompletedAt,
+		ReplayUntil:            r.ReplayUntil,
+		PurgeAfter:             r.PurgeAfter,
+		ReviewNote:             r.ReviewNote,
+		ReviewAt:               r.ReviewAt,
+		ObservedAt:             r.ObservedAt,
+	})
+	if r.RecoveryData != nil {
+		rec.RecoveryData = json.RawMessage(r.RecoveryData)
+	}
+	if r.AttemptID != nil {
+		rec.AttemptID = *r.AttemptID
+	}
+	return rec
+}
+
 // recordFromListRow converts a record without its response and recovery
 // data.
 func recordFromListRow(r listRow) idem.Record {

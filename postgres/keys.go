@@ -37,10 +37,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		})
 		switch {
 		case err == nil:
-			rec, err := recordFromRow(row.IdempotencyKey, row.ObservedAt)
-			if err != nil {
-				return idem.ClaimResult{}, err
-			}
+			rec := recordFromWriteRow(row)
 			action := idem.ActionTakeover
 			if rec.Attempt == 1 {
 				action = idem.ActionCreate
@@ -157,7 +154,10 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 	if err != nil {
 		return idem.Record{}, s.interpretError(err, "complete key")
 	}
-	return recordFromRow(row.IdempotencyKey, row.ObservedAt)
+	rec := recordFromWriteRow(writeRow(row))
+	resp := p.Response
+	rec.Response = &resp
+	return rec, nil
 }
 
 // Release deletes the in-flight record while the token is current.

@@ -105,6 +105,7 @@ func groups() []group {
 		}},
 		{"Complete", []testCase{
 			{"StoresResponse", testCompleteStoresResponse},
+			{"AnswerIsTheStoredRecord", testCompleteAnswerIsStored},
 			{"AfterLeaseRanOut", testCompleteAfterLeaseRanOut},
 			{"SameResponseIsNoop", testCompleteSameResponseNoop},
 			{"DifferentResponse", testCompleteDifferentResponse},
@@ -280,11 +281,14 @@ func (b *bundle) create(t *testing.T, tenant, key string) idem.Record {
 	return res.Record
 }
 
-// complete completes key with token and requires success.
+// complete completes key with token and requires success, and that the
+// record Complete returned is the one stored (a store may build the answer's
+// response from its input rather than read it back).
 func (b *bundle) complete(t *testing.T, tenant, key string, token int64, resp idem.Response) idem.Record {
 	t.Helper()
 	rec, err := b.store.Complete(b.ctx, idem.CompleteParams{TenantID: tenant, Key: key, FencingToken: token, Response: resp})
 	require.NoError(t, err, "complete %s/%s", tenant, key)
+	requireSameRecord(t, rec, b.get(t, tenant, key))
 	return rec
 }
 

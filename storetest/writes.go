@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -339,4 +340,32 @@ func testReleaseOrphaned(t *testing.T, s *suite) {
 	require.NoError(t, b.store.Release(b.ctx, idem.ReleaseParams{TenantID: "acme", Key: "k", FencingToken: rec.FencingToken}),
 		"the current token releases an orphan nobody took over")
 	b.requireAbsent(t, "acme", "k")
+}
+
+// testCompleteAnswerIsStored: whatever the response holds (no body, an
+// empty one, no headers, base64, a checkpointed record's recovery data), the
+// record Complete answers with is the one a read returns afterwards.
+func testCompleteAnswerIsStored(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	base64Body := response(1)
+	base64Body.Body, base64Body.BodyEncoding = []byte("AAEC/w=="), idem.BodyEncodingBase64
+	for name, resp := range map[string]idem.Response{
+		"nil body":   {Status: 204, Headers: map[string]string{"X-A": "1"}, BodyEncoding: idem.BodyEncodingUTF8},
+		"empty body": {Status: 200, Headers: map[string]string{}, Body: []byte{}, BodyEncoding: idem.BodyEncodingUTF8},
+		"no headers": {Status: 500, Body: []byte(`{"error":"x"}`), BodyEncoding: idem.BodyEncodingUTF8},
+		"base64":     base64Body,
+	} {
+		rec := b.create(t, "acme", name)
+		done := b.complete(t, "acme", name, rec.FencingToken, resp) // compares with a read
+		requireResponse(t, resp, done.Response)
+	}
+	rec := b.create(t, "acme", "checkpointed")
+	b.checkpoint(t, idem.CheckpointParams{
+		TenantID: "acme", Key: "checkpointed", FencingToken: rec.FencingToken,
+		RecoveryPoint: "charged", Data: json.RawMessage(`{"charge":"ch_1"}`), Lease: defaultLease,
+	})
+	done := b.complete(t, "acme", "checkpointed", rec.FencingToken, response(1))
+	require.Equal(t, "charged", done.RecoveryPoint)
+	requireBytes(t, []byte(`{"charge":"ch_1"}`), done.RecoveryData, "recovery data kept by the complete")
 }

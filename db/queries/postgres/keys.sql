@@ -58,7 +58,15 @@ WHERE
         AND k.operation = excluded.operation AND k.fingerprint = excluded.fingerprint)
     -- a completed record past its replay window counts as absent
     OR (k.state = 'completed' AND k.replay_until <= excluded.created_at)
-RETURNING sqlc.embed(k), k.updated_at AS observed_at;
+-- The record without its response, which a claim has just set to NULL
+-- (writeRow in postgres/convert.go; the same columns as CompleteKey's).
+RETURNING
+    k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
+    k.attempt, k.lease_expires_at, k.recovery_point,
+    k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
+    k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at, k.recovery_data, k.attempt_id,
+    k.updated_at AS observed_at;
 
 -- name: GetKey :one
 WITH clock AS (
@@ -133,7 +141,15 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
     AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
-RETURNING sqlc.embed(k), clock.now AS observed_at;
+-- The record without the response it has just stored: the caller holds
+-- that response, and a large body is not sent back (ClaimKey's columns).
+RETURNING
+    k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
+    k.attempt, k.lease_expires_at, k.recovery_point,
+    k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
+    k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at, k.recovery_data, k.attempt_id,
+    clock.now AS observed_at;
 
 -- name: ReleaseKey :execrows
 -- ReleaseKey deletes an in-flight record whose token is current.

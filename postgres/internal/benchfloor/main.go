@@ -148,7 +148,7 @@ func (f *floor) claim(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusInternalServerError, err)
 		return
 	}
-	k := row.IdempotencyKey
+	k := row
 	reply(w, http.StatusCreated, struct {
 		Key            string          `json:"key"`
 		State          string          `json:"state"`
@@ -205,7 +205,7 @@ func (f *floor) complete(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusInternalServerError, err)
 		return
 	}
-	k := row.IdempotencyKey
+	k := row
 	type response struct {
 		Status       int32             `json:"status"`
 		Headers      map[string]string `json:"headers"`

@@ -140,7 +140,13 @@ WHERE
         AND k.operation = excluded.operation AND k.fingerprint = excluded.fingerprint)
     -- a completed record past its replay window counts as absent
     OR (k.state = 'completed' AND k.replay_until <= excluded.created_at)
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.updated_at AS observed_at
+RETURNING
+    k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
+    k.attempt, k.lease_expires_at, k.recovery_point,
+    k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
+    k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at, k.recovery_data, k.attempt_id,
+    k.updated_at AS observed_at
 `
 
 type ClaimKeyParams struct {
@@ -156,8 +162,27 @@ type ClaimKeyParams struct {
 }
 
 type ClaimKeyRow struct {
-	IdempotencyKey IdempotencyKey
-	ObservedAt     pgtype.Timestamptz
+	TenantID               string
+	Key                    string
+	State                  string
+	Operation              string
+	Fingerprint            string
+	FencingToken           int64
+	Attempt                int32
+	LeaseExpiresAt         pgtype.Timestamptz
+	RecoveryPoint          *string
+	ReplayWindowSeconds    int32
+	ReaperThresholdSeconds int32
+	CreatedAt              pgtype.Timestamptz
+	UpdatedAt              pgtype.Timestamptz
+	CompletedAt            pgtype.Timestamptz
+	ReplayUntil            pgtype.Timestamptz
+	PurgeAfter             pgtype.Timestamptz
+	ReviewNote             *string
+	ReviewAt               pgtype.Timestamptz
+	RecoveryData           []byte
+	AttemptID              *string
+	ObservedAt             pgtype.Timestamptz
 }
 
 // Every query takes the clock as the nullable parameter "now": NULL means the
@@ -169,6 +194,8 @@ type ClaimKeyRow struct {
 // window with a fresh record. It returns no row when none of these applies;
 // the caller then reads the stored row to tell why. The nextval of a claim
 // that conflicts and does not apply is lost, which only leaves a gap.
+// The record without its response, which a claim has just set to NULL
+// (writeRow in postgres/convert.go; the same columns as CompleteKey's).
 func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow, error) {
 	row := q.db.QueryRow(ctx, claimKey,
 		arg.TenantID,
@@ -183,32 +210,26 @@ func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow
 	)
 	var i ClaimKeyRow
 	err := row.Scan(
-		&i.IdempotencyKey.TenantID,
-		&i.IdempotencyKey.Key,
-		&i.IdempotencyKey.State,
-		&i.IdempotencyKey.Operation,
-		&i.IdempotencyKey.Fingerprint,
-		&i.IdempotencyKey.FencingToken,
-		&i.IdempotencyKey.Attempt,
-		&i.IdempotencyKey.LeaseExpiresAt,
-		&i.IdempotencyKey.RecoveryPoint,
-		&i.IdempotencyKey.RecoveryData,
-		&i.IdempotencyKey.ResponseStatus,
-		&i.IdempotencyKey.ResponseHeaders,
-		&i.IdempotencyKey.ResponseBody,
-		&i.IdempotencyKey.ResponseBodyEncoding,
-		&i.IdempotencyKey.ReplayWindowSeconds,
-		&i.IdempotencyKey.ReaperThresholdSeconds,
-		&i.IdempotencyKey.CreatedAt,
-		&i.IdempotencyKey.UpdatedAt,
-		&i.IdempotencyKey.CompletedAt,
-		&i.IdempotencyKey.ReplayUntil,
-		&i.IdempotencyKey.PurgeAfter,
-		&i.IdempotencyKey.AttemptID,
-		&i.IdempotencyKey.ReviewNote,
-		&i.IdempotencyKey.ReviewAt,
-		&i.IdempotencyKey.OrphanEventToken,
-		&i.IdempotencyKey.Waited,
+		&i.TenantID,
+		&i.Key,
+		&i.State,
+		&i.Operation,
+		&i.Fingerprint,
+		&i.FencingToken,
+		&i.Attempt,
+		&i.LeaseExpiresAt,
+		&i.RecoveryPoint,
+		&i.ReplayWindowSeconds,
+		&i.ReaperThresholdSeconds,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.CompletedAt,
+		&i.ReplayUntil,
+		&i.PurgeAfter,
+		&i.ReviewNote,
+		&i.ReviewAt,
+		&i.RecoveryData,
+		&i.AttemptID,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -234,7 +255,13 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $5 AND k.key = $6
     AND k.fencing_token = $7 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
+RETURNING
+    k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
+    k.attempt, k.lease_expires_at, k.recovery_point,
+    k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
+    k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at, k.recovery_data, k.attempt_id,
+    clock.now AS observed_at
 `
 
 type CompleteKeyParams struct {
@@ -249,13 +276,34 @@ type CompleteKeyParams struct {
 }
 
 type CompleteKeyRow struct {
-	IdempotencyKey IdempotencyKey
-	ObservedAt     pgtype.Timestamptz
+	TenantID               string
+	Key                    string
+	State                  string
+	Operation              string
+	Fingerprint            string
+	FencingToken           int64
+	Attempt                int32
+	LeaseExpiresAt         pgtype.Timestamptz
+	RecoveryPoint          *string
+	ReplayWindowSeconds    int32
+	ReaperThresholdSeconds int32
+	CreatedAt              pgtype.Timestamptz
+	UpdatedAt              pgtype.Timestamptz
+	CompletedAt            pgtype.Timestamptz
+	ReplayUntil            pgtype.Timestamptz
+	PurgeAfter             pgtype.Timestamptz
+	ReviewNote             *string
+	ReviewAt               pgtype.Timestamptz
+	RecoveryData           []byte
+	AttemptID              *string
+	ObservedAt             pgtype.Timestamptz
 }
 
 // CompleteKey stores the response and starts the replay window, only while
 // the token is current and the record in flight (the lease may have run out).
 // A completion clears the review flag.
+// The record without the response it has just stored: the caller holds
+// that response, and a large body is not sent back (ClaimKey's columns).
 func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (CompleteKeyRow, error) {
 	row := q.db.QueryRow(ctx, completeKey,
 		arg.ResponseStatus,
@@ -269,32 +317,26 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Compl
 	)
 	var i CompleteKeyRow
 	err := row.Scan(
-		&i.IdempotencyKey.TenantID,
-		&i.IdempotencyKey.Key,
-		&i.IdempotencyKey.State,
-		&i.IdempotencyKey.Operation,
-		&i.IdempotencyKey.Fingerprint,
-		&i.IdempotencyKey.FencingToken,
-		&i.IdempotencyKey.Attempt,
-		&i.IdempotencyKey.LeaseExpiresAt,
-		&i.IdempotencyKey.RecoveryPoint,
-		&i.IdempotencyKey.RecoveryData,
-		&i.IdempotencyKey.ResponseStatus,
-		&i.IdempotencyKey.ResponseHeaders,
-		&i.IdempotencyKey.ResponseBody,
-		&i.IdempotencyKey.ResponseBodyEncoding,
-		&i.IdempotencyKey.ReplayWindowSeconds,
-		&i.IdempotencyKey.ReaperThresholdSeconds,
-		&i.IdempotencyKey.CreatedAt,
-		&i.IdempotencyKey.UpdatedAt,
-		&i.IdempotencyKey.CompletedAt,
-		&i.IdempotencyKey.ReplayUntil,
-		&i.IdempotencyKey.PurgeAfter,
-		&i.IdempotencyKey.AttemptID,
-		&i.IdempotencyKey.ReviewNote,
-		&i.IdempotencyKey.ReviewAt,
-		&i.IdempotencyKey.OrphanEventToken,
-		&i.IdempotencyKey.Waited,
+		&i.TenantID,
+		&i.Key,
+		&i.State,
+		&i.Operation,
+		&i.Fingerprint,
+		&i.FencingToken,
+		&i.Attempt,
+		&i.LeaseExpiresAt,
+		&i.RecoveryPoint,
+		&i.ReplayWindowSeconds,
+		&i.ReaperThresholdSeconds,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.CompletedAt,
+		&i.ReplayUntil,
+		&i.PurgeAfter,
+		&i.ReviewNote,
+		&i.ReviewAt,
+		&i.RecoveryData,
+		&i.AttemptID,
 		&i.ObservedAt,
 	)
 	return i, err
