@@ -29,6 +29,8 @@ class Effects:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     charges: list[Any] = field(default_factory=list)
+    #: The /gated handlers charge, then wait for this (at most 30 s, so a failed test does not hang).
+    gate: threading.Event = field(default_factory=threading.Event)
 
     def charge(self, body: Any) -> int:
         with self.lock:
@@ -73,6 +75,12 @@ def flask_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
         effects.charge("fail")
         return {"error": "upstream down"}, 502
 
+    @app.post("/gated")
+    def gated() -> Any:
+        n = effects.charge(request.get_json())
+        effects.gate.wait(30)
+        return {"charge": f"ch_{n}"}, 201
+
     install_flask(app, Client(idem_url, token=token, policy=opts.pop("policy", None)), **opts)
     return app
 
@@ -105,6 +113,12 @@ def fastapi_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any
     async def fail() -> Any:
         effects.charge("fail")
         return JSONResponse({"error": "upstream down"}, status_code=502)
+
+    @app.post("/gated")
+    async def gated(req: Request) -> Any:
+        n = effects.charge(await req.json())
+        await asyncio.to_thread(effects.gate.wait, 30)
+        return JSONResponse({"charge": f"ch_{n}"}, status_code=201)
 
     app.add_middleware(ASGIMiddleware, client=AsyncClient(idem_url, token=token, policy=opts.pop("policy", None)), **opts)
     return app

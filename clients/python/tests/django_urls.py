@@ -33,7 +33,15 @@ def fail(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"error": "upstream down"}, status=502)
 
 
+def gated(request: HttpRequest) -> HttpResponse:
+    effects = request.META["idem_test.effects"]
+    n = effects.charge(json.loads(request.body))
+    effects.gate.wait(30)
+    return JsonResponse({"charge": f"ch_{n}"}, status=201)
+
+
 urlpatterns: list[Any] = [
+    path("gated", gated),
     path("charges/<int:account>", charge),
     path("boom", boom),
     path("fail", fail),

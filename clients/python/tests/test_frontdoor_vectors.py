@@ -100,3 +100,6 @@ def test_policy() -> None:
             assert int(h["Retry-After"]) >= 1
     for tc in v["request_ids"]:
         assert frontdoor.valid_request_id(tc["header"]) == tc["kept"], tc["header"]
+    assert v["prefer_wait"]
+    for tc in v["prefer_wait"]:
+        assert frontdoor.prefer_wait(tc["fields"]) == tc["expect"], tc["fields"]

@@ -14,9 +14,10 @@ import httpx
 import pytest
 
 from apps import App, serve
-from conftest import Server, new_key
+from conftest import Server, claim_waiters, new_key, wait_for
 from faultproxy import FaultProxy, first_answer_to
 from idem import Client, RetryPolicy
+from idem._middleware import Options, prefer_wait
 
 BODY = {"amount": 1000, "currency": "usd"}
 
@@ -220,3 +221,67 @@ def test_complete_failing_after_the_handler_ran(kind: str, server: Server) -> No
             assert len(a.effects.charges) == 1
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("kind", ["flask", "django", "fastapi"])
+def test_prefer_wait_gets_the_replay_not_409(kind: str, server: Server) -> None:
+    """Two requests with one key and Prefer: wait=10: the duplicate's claim
+    is held by the idem server while the first runs (its lease is 30 s, so
+    nothing but the completion answers it soon) and it gets the first one's
+    response replayed, not 409, with Preference-Applied; a wait that runs
+    out is the 409 it would have been, with Preference-Applied; without
+    Prefer the duplicate gets 409 at once, without it."""
+    # The attempt timeout (30 s) leaves room for the whole wait (10 s).
+    for a in serve(kind, server.url, server.token, lease=30, timeout=30, policy=RetryPolicy(attempt_timeout=30)):
+        url, prefer = a.url + "/gated", {"Prefer": "wait=10"}
+        key = new_key("prefer")
+        with ThreadPoolExecutor(2) as pool:
+            try:
+                first = pool.submit(post, url, key, {"n": 1}, prefer)
+                wait_for(lambda: len(a.effects.charges) == 1)
+                short = post(url, key, {"n": 1}, {"Prefer": "respond-async, wait=1"})
+                assert short.status_code == 409 and short.json()["code"] == "request_in_flight", short.text
+                assert short.headers["Preference-Applied"] == "wait=1" and int(short.headers["Retry-After"]) >= 1
+                held = pool.submit(post, url, key, {"n": 1}, prefer)
+                wait_for(lambda: claim_waiters(server) == 1)  # the duplicate's claim is held by idem
+                assert not held.done()
+            finally:
+                a.effects.gate.set()
+            r1, r2 = first.result(), held.result()
+        assert r1.status_code == 201 and "Idempotent-Replayed" not in r1.headers
+        assert r2.status_code == 201 and r2.headers["Idempotent-Replayed"] == "true", r2.text
+        assert r2.json() == r1.json() == {"charge": "ch_1"}
+        assert r2.headers["Preference-Applied"] == "wait=10"
+        # The first claim found the key free: idem says it was willing to wait, and the front door passes that on.
+        assert r1.headers["Preference-Applied"] == "wait=10"
+        assert len(a.effects.charges) == 1, "the handler ran once"
+        wait_for(lambda: claim_waiters(server) == 0)
+
+        # Without the preference: 409 at once, no Preference-Applied.
+        a.effects.gate.clear()
+        k2 = new_key("noprefer")
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                first = pool.submit(post, url, k2, {"n": 2})
+                wait_for(lambda: len(a.effects.charges) == 2)
+                now = post(url, k2, {"n": 2})
+                assert now.status_code == 409 and now.json()["code"] == "request_in_flight"
+                assert "Preference-Applied" not in now.headers
+            finally:
+                a.effects.gate.set()
+            r1 = first.result()
+        assert r1.status_code == 201 and "Preference-Applied" not in r1.headers
+        assert len(a.effects.charges) == 2
+
+
+def test_prefer_wait_cap() -> None:
+    """The claim's wait: Prefer's N within max_wait (None: no cap of the
+    middleware's own; 0 or less: Prefer ignored); malformed: none."""
+    def wait(max_wait: float | None, *values: str) -> float:
+        return prefer_wait(Options(max_wait=max_wait), [("Prefer", v) for v in values])
+    assert wait(None, "wait=10") == 10
+    assert wait(5, "wait=10") == 5 and wait(5, "wait=3") == 3
+    assert wait(0, "wait=10") == 0 and wait(-1, "wait=10") == 0
+    assert wait(None, "wait=abc") == 0 and wait(None) == 0 and wait(None, "wait=0") == 0
+    assert wait(None, "wait=99999") == 24 * 3600
+    assert wait(None, "return=minimal", "Wait = 7 ; x=y") == 7

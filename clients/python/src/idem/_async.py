@@ -139,7 +139,7 @@ class AsyncClient:
 
     async def run(self, key: str, fn: Callable[[AsyncClaim], Awaitable[Response]], *, operation: str = "",
                   request: Any = None, fingerprint: str | None = None, lease: float | None = None, no_wait: bool = False,
-                  no_side_effect: tuple[type[BaseException], ...] = (), timeout: float | None = None) -> RunResult:
+                  wait: float | None = None, no_side_effect: tuple[type[BaseException], ...] = (), timeout: float | None = None) -> RunResult:
         """See Client.run. When the lease is lost while fn runs, fn's task is
         cancelled and LeaseLost is raised."""
         core = self._core
@@ -151,7 +151,7 @@ class AsyncClient:
             start = core.monotonic()
             try:
                 call = core.claim_call(key, operation, request, fingerprint, lease, attempt_id,
-                                       core.server_wait(waited, deadline, no_wait))
+                                       core.server_wait(waited, deadline, no_wait, wait))
                 cr = await self._call(call, deadline)
                 break
             except IdemError as err:
@@ -185,7 +185,7 @@ class AsyncClient:
         keeper.cancel()
         await asyncio.gather(keeper, return_exceptions=True)
         await self.complete(key, claim.fencing_token, resp, timeout=core.left(core.finish_deadline(deadline)))
-        return RunResult(resp, False, res.resumed, claim.attempt, claim.fencing_token)
+        return RunResult(resp, False, res.resumed, claim.attempt, claim.fencing_token, res.wait_applied)
 
     async def _keep_lease(self, claim: AsyncClaim, lease: float, work: asyncio.Future[Response]) -> None:
         interval = max(lease / 3, 0.1)

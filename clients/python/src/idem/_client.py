@@ -187,7 +187,7 @@ class Client:
     # -- the lifecycle helper ----------------------------------------------------
 
     def run(self, key: str, fn: Callable[[Claim], Response], *, operation: str = "", request: Any = None,
-            fingerprint: str | None = None, lease: float | None = None, no_wait: bool = False,
+            fingerprint: str | None = None, lease: float | None = None, no_wait: bool = False, wait: float | None = None,
             no_side_effect: tuple[type[BaseException], ...] = (), timeout: float | None = None) -> RunResult:
         """Run fn under the idempotency protocol for key:
 
@@ -195,7 +195,11 @@ class Client:
            (replayed True); fn does not run.
         2. Another caller holds it (409 request_in_flight): wait for it,
            within ``policy.in_flight_wait`` and the deadline, then raise
-           request_in_flight; ``no_wait`` raises at once. Each claim asks
+           request_in_flight; ``no_wait`` raises at once (with ``wait``,
+           once the server held the claim that long: a front door passing
+           on a caller's Prefer: wait=N; the attempt timeout less a second
+           still bounds it, and RunResult / ProblemError.wait_applied say
+           what the server applied). Each claim asks
            the server to hold it (wait_seconds: what in_flight_wait, the
            attempt timeout less a second and the deadline leave, in whole
            seconds), so run() gets the replay or the key as soon as the
@@ -220,7 +224,7 @@ class Client:
             start = core.monotonic()
             try:
                 call = core.claim_call(key, operation, request, fingerprint, lease, attempt_id,
-                                       core.server_wait(waited, deadline, no_wait))
+                                       core.server_wait(waited, deadline, no_wait, wait))
                 cr = self._call(call, deadline)
                 break
             except IdemError as err:
@@ -255,7 +259,7 @@ class Client:
         stop.set()
         keeper.join()
         self.complete(key, claim.fencing_token, resp, timeout=core.left(core.finish_deadline(deadline)))
-        return RunResult(resp, False, res.resumed, claim.attempt, claim.fencing_token)
+        return RunResult(resp, False, res.resumed, claim.attempt, claim.fencing_token, res.wait_applied)
 
     def _keep_lease(self, claim: Claim, lease: float, stop: threading.Event) -> None:
         interval = max(lease / 3, 0.1)

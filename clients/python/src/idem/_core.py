@@ -26,6 +26,7 @@ from ._errors import (
 from ._keys import validate_key
 from ._retry import RetryBudget, RetryPolicy, problem_from, transport_error
 from ._types import ClaimResult, KeyPage, Record, Response, RunResult
+from .frontdoor import HEADER_PREFERENCE_APPLIED, prefer_wait
 
 log = logging.getLogger("idem")
 
@@ -224,7 +225,8 @@ class Core:
     def claim_result(status: int, headers: httpx.Headers, data: Any) -> ClaimResult:
         d: Mapping[str, Any] = data if isinstance(data, dict) else {}
         replayed = status == 200 or headers.get("Idempotent-Replayed") == "true"
-        return ClaimResult(record=Record.from_json(d), resumed=bool(d.get("resumed")), replayed=replayed)
+        return ClaimResult(record=Record.from_json(d), resumed=bool(d.get("resumed")), replayed=replayed,
+                           wait_applied=max(prefer_wait(headers.get_list(HEADER_PREFERENCE_APPLIED)), 0))
 
     @staticmethod
     def checkpoint_call(key: str, fencing_token: int, recovery_point: str, data: Any, lease: float | None) -> Call:
@@ -270,17 +272,24 @@ class Core:
 
     # -- the in-flight wait of run() -----------------------------------------
 
-    def server_wait(self, waited: float, deadline: float | None, no_wait: bool) -> float:
+    def server_wait(self, waited: float, deadline: float | None, no_wait: bool, wait: float | None = None) -> float:
         """How long run()'s next claim asks the server to hold it while
         another request holds the key (wait_seconds): what is left of
-        policy.in_flight_wait after ``waited``, within the attempt timeout
-        (and so the deadline) less a second for the answer to come back, in
-        whole seconds; 0 (not sent) when not even one second fits, with
-        ``no_wait`` or when in_flight_wait is None."""
+        policy.in_flight_wait after ``waited`` - or with ``no_wait`` the
+        caller's own ``wait`` (a front door passing on Prefer: wait=N) -
+        within the attempt timeout (and so the deadline) less a second for
+        the answer to come back, in whole seconds; 0 (not sent) when not
+        even one second fits, or when in_flight_wait is None (with
+        ``no_wait``: without ``wait``)."""
         p = self.policy
-        if no_wait or p.in_flight_wait is None:
+        if no_wait:
+            if wait is None or wait <= 0:
+                return 0.0
+            d = wait
+        elif p.in_flight_wait is None:
             return 0.0
-        d = p.in_flight_wait - waited
+        else:
+            d = p.in_flight_wait - waited
         at = self.attempt_timeout(deadline)
         if at is not None:
             d = min(d, at - 1)
@@ -365,7 +374,7 @@ class ClaimState:
 def replayed_result(res: ClaimResult) -> RunResult:
     """run()'s answer for a claim that replayed a completed request."""
     rec = res.record
-    return RunResult(rec.response or Response(status=0), True, res.resumed, rec.attempt, rec.fencing_token)
+    return RunResult(rec.response or Response(status=0), True, res.resumed, rec.attempt, rec.fencing_token, res.wait_applied)
 
 
 def has_no_side_effect(err: BaseException, types: tuple[type[BaseException], ...]) -> bool:

@@ -71,6 +71,10 @@ class ProblemError(IdemError):
     request_id: str = ""
     fields: list[FieldError] = field(default_factory=list)
     call: str = ""
+    #: How long, in whole seconds, the server held a claim that asked to wait
+    #: before this answer (its Preference-Applied); 0 when it held none (it
+    #: may refuse to: its waiter limit, a shutdown).
+    wait_applied: int = 0
 
     def __post_init__(self) -> None:
         super().__init__(str(self))

@@ -40,6 +40,11 @@ class Options:
     #: max_response_bytes); a larger one is sent but stored without its body, and its replay answers 409
     #: response_not_replayable instead of running the handler again.
     max_stored_bytes: int = 1 << 20
+    #: Caps how long, in seconds, a request with ``Prefer: wait=N`` is held while another request with its key is
+    #: in flight (the claim's wait_seconds = min(N, max_wait)): it then gets that request's replay instead of 409.
+    #: None: no cap of the middleware's own (the tenant's max_wait_seconds and the attempt timeout less a second
+    #: still apply); 0 or less: Prefer is ignored, 409 at once.
+    max_wait: float | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,8 @@ class Protected:
     key: str
     operation: str
     document: dict[str, Any]
+    #: The wait the claim asks for (the request's Prefer: wait=N within max_wait), seconds; 0 for none.
+    wait: float = 0.0
 
 
 @dataclass
@@ -89,7 +96,30 @@ def prepare(opts: Options, method: str, route: str, query: str, headers: list[tu
         raise FrontDoorError(frontdoor.PAYLOAD_TOO_LARGE, f"the request body is larger than {opts.max_body_bytes} bytes")
     ctype = next((v for k, v in headers if k.lower() == "content-type"), None)
     doc = frontdoor.document(query, ctype, body, path=path)
-    return Protected(key, frontdoor.operation(method, route), doc)
+    return Protected(key, frontdoor.operation(method, route), doc, prefer_wait(opts, headers))
+
+
+def prefer_wait(opts: Options, headers: list[tuple[str, str]]) -> float:
+    """The wait to ask idem for: the request's Prefer: wait=N within
+    max_wait (and a day), 0 without one or when max_wait is 0 or less."""
+    n = frontdoor.prefer_wait([v for k, v in headers if k.lower() == "prefer"])
+    if n <= 0 or (opts.max_wait is not None and opts.max_wait <= 0):
+        return 0.0
+    wait = float(min(n, 24 * 3600))
+    return wait if opts.max_wait is None else min(wait, opts.max_wait)
+
+
+def applied(ans: Answer, wait_applied: int) -> Answer:
+    """ans with Preference-Applied: wait=<applied> when idem held the claim
+    (RFC 7240: only a preference that was honoured is named)."""
+    if wait_applied > 0:
+        ans.headers.append((frontdoor.HEADER_PREFERENCE_APPLIED, f"wait={wait_applied}"))
+    return ans
+
+
+def wait_applied(err: IdemError) -> int:
+    """The wait idem applied to a claim that failed (a 409 after the wait ran out), 0 when none."""
+    return err.wait_applied if isinstance(err, ProblemError) else 0
 
 
 def caller_request_id(headers: list[tuple[str, str]]) -> str:

@@ -164,6 +164,7 @@ def problem_from(status: int, headers: httpx.Headers, body: bytes, now: datetime
     import json
 
     from ._errors import UNKNOWN, _field_errors
+    from .frontdoor import HEADER_PREFERENCE_APPLIED, prefer_wait
 
     code, title, detail, typ = UNKNOWN, "", "", ""
     retryable = policy.retryable_status(status)
@@ -180,7 +181,8 @@ def problem_from(status: int, headers: httpx.Headers, body: bytes, now: datetime
         fields = _field_errors(pd.get("errors"))
     return ProblemError(status=status, problem_code=code, title=title, detail=detail, type=typ, retryable=retryable,
                         retry_after=parse_retry_after(headers.get("Retry-After"), now),
-                        request_id=headers.get("X-Request-Id", ""), fields=fields, call=call)
+                        request_id=headers.get("X-Request-Id", ""), fields=fields, call=call,
+                        wait_applied=max(prefer_wait(headers.get_list(HEADER_PREFERENCE_APPLIED)), 0))
 
 
 __all__ = ["RetryPolicy", "RetryBudget", "parse_retry_after", "IdemError", "TokenError"]

@@ -113,6 +113,10 @@ class ClaimResult:
     resumed: bool = False
     #: True when the key was already completed.
     replayed: bool = False
+    #: The wait, in whole seconds, the server applied to this claim (its
+    #: Preference-Applied answer to ``wait``): it held the claim while another
+    #: request had the key; 0 when none.
+    wait_applied: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,10 @@ class RunResult:
     resumed: bool
     attempt: int
     fencing_token: int
+    #: The wait, in whole seconds, the server applied to the claim that got
+    #: this outcome (see ClaimResult.wait_applied); a front door answers it
+    #: as Preference-Applied.
+    wait_applied: int = 0
 
 
 @dataclass(frozen=True)

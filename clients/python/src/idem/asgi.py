@@ -11,7 +11,12 @@ POST and PATCH need an Idempotency-Key; PUT and DELETE are protected when
 they carry one. The handler of a new key runs once, its answer is buffered,
 stored in idem and then sent; a retry gets the stored answer with
 Idempotent-Replayed: true; a retry while the first runs gets 409
-request_in_flight with Retry-After; the same key with another request 422
+request_in_flight with Retry-After - unless it carries ``Prefer: wait=N``
+(RFC 7240): then the claim asks idem to hold it (wait_seconds = min(N,
+max_wait), within the attempt timeout less a second) and it gets the first
+one's replay as soon as that completes (or runs the handler when that one
+releases the key or loses its lease; 409 when the wait runs out), with
+``Preference-Applied: wait=<applied>`` when idem held it; the same key with another request 422
 fingerprint_mismatch; an unreachable idem 503 store_unavailable without
 running the handler. A handler exception stores nothing and propagates.
 The operation label uses the Starlette route pattern (e.g.
@@ -25,8 +30,8 @@ from typing import Any, Awaitable, Callable, MutableMapping, Sequence
 from . import frontdoor
 from ._async import AsyncClaim, AsyncClient
 from ._errors import IdemError
-from ._middleware import (Answer, Options, Protected, Release, caller_request_id, prepare, problem_answer, request_path,
-                          run_answer, run_failed, to_store)
+from ._middleware import (Answer, Options, Protected, Release, applied, caller_request_id, prepare, problem_answer,
+                          request_path, run_answer, run_failed, to_store, wait_applied)
 from ._types import Response
 from .frontdoor import FrontDoorError
 
@@ -70,12 +75,12 @@ class IdempotencyMiddleware:
                  required_methods: Sequence[str] | None = None, optional_methods: Sequence[str] | None = None,
                  scope_header: str | None = None, store_5xx: bool = True, stored_headers: Sequence[str] | None = None,
                  lease: float | None = None, timeout: float | None = 10.0, max_body_bytes: int = 8 << 20,
-                 max_stored_bytes: int = 1 << 20) -> None:
+                 max_stored_bytes: int = 1 << 20, max_wait: float | None = None) -> None:
         self.app = app
         self.client = client
         self.route = route or starlette_route
         self.opts = Options(required_methods, optional_methods, scope_header, store_5xx, stored_headers, lease, timeout,
-                            max_body_bytes, max_stored_bytes)
+                            max_body_bytes, max_stored_bytes, max_wait)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or frontdoor.requirement(scope["method"], self.opts.required_methods,
@@ -124,12 +129,12 @@ class IdempotencyMiddleware:
 
         try:
             res = await self.client.run(prot.key, handler, operation=prot.operation, request=prot.document,
-                                        lease=self.opts.lease, no_wait=True, timeout=self.opts.timeout)
+                                        lease=self.opts.lease, no_wait=True, wait=prot.wait, timeout=self.opts.timeout)
         except Release:
             return ran[0]
         except IdemError as err:
-            return run_failed(err, ran, rid)
-        return run_answer(res, ran, rid)
+            return applied(run_failed(err, ran, rid), wait_applied(err))
+        return applied(run_answer(res, ran, rid), res.wait_applied)
 
     async def _run_app(self, scope: Scope, receive: Receive) -> Answer:
         status = 500

@@ -2,7 +2,8 @@
 rules as the Go package client/frontdoor, proven by the shared vectors in
 testvectors/frontdoor): Idempotency-Key parsing, which requests need a key,
 key scope, the operation label and fingerprint document, which answers are
-stored and with which headers, and the RFC 9457 problem bodies.
+stored and with which headers, the RFC 9457 problem bodies, and the
+``Prefer: wait=N`` preference (RFC 7240).
 
 The module decides, it does not store or do I/O; ``idem.asgi`` and
 ``idem.wsgi`` build on it."""
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -21,6 +23,8 @@ from ._keys import key_problem
 HEADER_KEY = "Idempotency-Key"
 HEADER_REPLAYED = "Idempotent-Replayed"
 HEADER_REQUEST_ID = "X-Request-Id"
+#: Answers a request whose ``Prefer: wait=N`` idem honoured: "wait=<seconds applied>".
+HEADER_PREFERENCE_APPLIED = "Preference-Applied"
 MAX_OPERATION_BYTES = 128
 
 KEY_MISSING = "idempotency_key_missing"
@@ -342,6 +346,31 @@ def stored_headers(headers: Iterable[tuple[str, str]], allow: Sequence[str] | No
         if name.lower() in values:
             out[name] = ", ".join(values[name.lower()])
     return out
+
+
+# -- rule 5: Prefer: wait=N ----------------------------------------------------------
+
+_INT = re.compile(r"[+-]?[0-9]+")
+_INT_MAX = (1 << 63) - 1
+
+
+def prefer_wait(fields: Sequence[str]) -> int:
+    """N of the first ``wait=N`` preference in the Prefer header fields
+    (RFC 7240 section 4.3), or -1. A preference is a hint: a malformed one
+    is ignored, never refused. The middleware caps N by its own limits
+    (the same parse as the Go front doors, proven by the prefer_wait
+    vectors)."""
+    for f in fields:
+        for pref in f.split(","):
+            name, eq, value = pref.split(";", 1)[0].partition("=")
+            if not eq or name.strip().lower() != "wait":
+                continue
+            v = value.strip().strip('"')
+            if not _INT.fullmatch(v):
+                return -1
+            n = int(v)
+            return n if 0 <= n <= _INT_MAX else -1
+    return -1
 
 
 # -- rule 7: problems -------------------------------------------------------------
