@@ -54,6 +54,7 @@ export interface IdemErrorInit {
     detail?: string;
     retryable?: boolean;
     retryAfterMs?: number;
+    waitAppliedSeconds?: number;
     requestId?: string;
     fields?: FieldError[];
     call?: string;
@@ -79,6 +80,12 @@ export declare class IdemError extends Error {
     readonly retryAfterMs: number;
     /** The `X-Request-Id` of the answer; quote it when reporting a problem. */
     readonly requestId: string;
+    /**
+     * How long, in whole seconds, the server held a claim that asked to wait
+     * before this answer (its `Preference-Applied`); 0 when it held none (it
+     * may refuse to: its waiter limit, a shutdown).
+     */
+    readonly waitAppliedSeconds: number;
     /** The invalid fields of an `invalid_request`. */
     readonly fields: FieldError[];
     /** The call that failed, e.g. `claim`. */

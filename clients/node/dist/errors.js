@@ -50,6 +50,12 @@ export class IdemError extends Error {
     retryAfterMs;
     /** The `X-Request-Id` of the answer; quote it when reporting a problem. */
     requestId;
+    /**
+     * How long, in whole seconds, the server held a claim that asked to wait
+     * before this answer (its `Preference-Applied`); 0 when it held none (it
+     * may refuse to: its waiter limit, a shutdown).
+     */
+    waitAppliedSeconds;
     /** The invalid fields of an `invalid_request`. */
     fields;
     /** The call that failed, e.g. `claim`. */
@@ -69,6 +75,7 @@ export class IdemError extends Error {
         this.retryable = init.retryable ?? false;
         this.retryAfterMs = init.retryAfterMs ?? 0;
         this.requestId = init.requestId ?? "";
+        this.waitAppliedSeconds = init.waitAppliedSeconds ?? 0;
         this.fields = init.fields ?? [];
         this.call = init.call ?? "";
         this.message = this.describe();

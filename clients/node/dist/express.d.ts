@@ -31,7 +31,10 @@ export declare function expressErrorHandler(): (err: unknown, req: IncomingMessa
  * (FRONTDOOR.md): POST and PATCH need a key, PUT and DELETE are protected
  * when they carry one; the handler runs once per key; its answer is stored
  * before it is sent and replayed verbatim with `Idempotent-Replayed: true`;
- * 409 request_in_flight, 422 fingerprint_mismatch, 400 for a bad key; 503
+ * 409 request_in_flight (unless the request carries `Prefer: wait=N`: then
+ * it gets the first one's replay when that completes, see
+ * {@link FrontDoorOptions.maxWaitSeconds}), 422 fingerprint_mismatch, 400
+ * for a bad key; 503
  * store_unavailable when idem cannot be reached (the handler does not run).
  *
  * It reads the raw body itself (keep it before body parsers, or have them

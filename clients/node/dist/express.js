@@ -75,7 +75,10 @@ async function readBody(req, limit) {
  * (FRONTDOOR.md): POST and PATCH need a key, PUT and DELETE are protected
  * when they carry one; the handler runs once per key; its answer is stored
  * before it is sent and replayed verbatim with `Idempotent-Replayed: true`;
- * 409 request_in_flight, 422 fingerprint_mismatch, 400 for a bad key; 503
+ * 409 request_in_flight (unless the request carries `Prefer: wait=N`: then
+ * it gets the first one's replay when that completes, see
+ * {@link FrontDoorOptions.maxWaitSeconds}), 422 fingerprint_mismatch, 400
+ * for a bad key; 503
  * store_unavailable when idem cannot be reached (the handler does not run).
  *
  * It reads the raw body itself (keep it before body parsers, or have them
@@ -119,7 +122,7 @@ export function expressMiddleware(opts) {
                 res.end(a.body);
             }
             else {
-                release(res);
+                release(res, outcome.headers);
             }
         }, (err) => {
             if (handlerFailed.has(res))
@@ -211,11 +214,14 @@ function restore(res) {
     res.end = orig.end;
     return orig;
 }
-/** Restores res and sends what the handler wrote. */
-function release(res) {
+/** Restores res and sends what the handler wrote, with the headers the front door adds. */
+function release(res, headers = []) {
     const orig = restore(res);
     if (!orig || res.writableEnded)
         return;
+    if (!res.headersSent)
+        for (const [k, v] of headers)
+            res.setHeader(k, v);
     const body = Buffer.concat(orig.chunks);
     orig.chunks = [];
     if (!res.headersSent)

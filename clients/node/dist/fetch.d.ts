@@ -10,7 +10,9 @@ export interface FetchOptions<A extends unknown[]> extends FrontDoorOptions {
  * Wraps a fetch-style handler with Stripe-style Idempotency-Key semantics
  * (FRONTDOOR.md): the handler runs once per key, its answer is stored
  * before it is returned and replayed verbatim with `Idempotent-Replayed:
- * true`; 409 request_in_flight, 422 fingerprint_mismatch, 400 for a bad
+ * true`; 409 request_in_flight (unless the request carries `Prefer: wait=N`:
+ * then it gets the first one's replay when that completes, see
+ * {@link FrontDoorOptions.maxWaitSeconds}), 422 fingerprint_mismatch, 400 for a bad
  * key, 503 store_unavailable when idem cannot be reached (the handler does
  * not run). A handler exception stores nothing and propagates.
  *

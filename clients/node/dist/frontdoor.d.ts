@@ -3,6 +3,8 @@ import type { Client } from "./client.js";
 export declare const headerKey = "Idempotency-Key";
 export declare const headerReplayed = "Idempotent-Replayed";
 export declare const headerRequestId = "X-Request-Id";
+/** Answers a request whose `Prefer: wait=N` idem honoured: `wait=<seconds applied>`. */
+export declare const headerPreferenceApplied = "Preference-Applied";
 /** The longest operation label idem accepts; longer labels are cut at a character boundary. */
 export declare const maxOperationBytes = 128;
 /** The codes a front door answers with. */
@@ -44,6 +46,13 @@ export declare class FrontDoorError extends Error {
  * `"k"` and `k` are the same key.
  */
 export declare function parseKey(values: readonly string[]): string | null;
+/**
+ * N of the first `wait=N` preference in the Prefer header fields (RFC 7240
+ * §4.3), or -1. A preference is a hint: a malformed one is ignored, never
+ * refused. The same parse as the Go front doors (the prefer_wait vectors);
+ * the middleware caps N by its own limits.
+ */
+export declare function preferWait(fields: readonly string[]): number;
 /** The record key of key within scope: key itself when scope is empty, else scope + ":" + key (still a valid key). */
 export declare function scopedKey(scope: string | undefined, key: string): string;
 /** What a front door does with a request of a method. */
@@ -131,6 +140,15 @@ export interface FrontDoorOptions {
     unavailableRetryAfterSeconds?: number;
     /** Receives what goes wrong with idem (never a token or a body); default console.error. */
     log?: (message: string, err: unknown) => void;
+    /**
+     * Caps how long, in seconds, a request with `Prefer: wait=N` is held while
+     * another request with its key is in flight (the claim's `wait_seconds` =
+     * min(N, maxWaitSeconds)): it then gets that request's replay instead of
+     * 409. Undefined (default): no cap of the middleware's own (the tenant's
+     * `max_wait_seconds` and the attempt timeout less a second still apply);
+     * 0 or less: Prefer is ignored, 409 at once.
+     */
+    maxWaitSeconds?: number;
 }
 /** What a front door needs of one request, whatever the framework. */
 export interface FrontRequest {
@@ -165,9 +183,10 @@ export type Outcome =
     kind: "answer";
     answer: Answer;
 }
-/** The handler ran; send its answer (it was stored unless logged otherwise). */
+/** The handler ran; send its answer (it was stored unless logged otherwise), with these headers added (Preference-Applied). */
  | {
     kind: "ran";
+    headers: [string, string][];
 };
 /**
  * The framework-independent front door: parses the key, builds the
@@ -185,6 +204,8 @@ export declare class FrontDoor {
      * body and resolves to its buffered answer (or rejects with its exception).
      */
     serve(req: FrontRequest, runHandler: (body: Uint8Array) => Promise<HandlerAnswer>): Promise<Outcome>;
+    /** The wait to ask idem for: the request's Prefer: wait=N within maxWaitSeconds (and a day), 0 without one or when maxWaitSeconds is 0 or less. */
+    preferWait(fields: readonly string[]): number;
     /** The response to store for a handler's answer: the whole of it, or without its body (marked) when it is over maxStoredBytes. */
     private stored;
     /** Maps a claim that did not let the handler run to its refusal. */

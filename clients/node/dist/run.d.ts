@@ -9,8 +9,15 @@ import type { ClaimRequest } from "./types.js";
 export declare const renewalPoint = "idem:lease-renewal";
 /** Options of {@link run}. */
 export interface RunOptions extends CallOptions {
-    /** Throw `request_in_flight` at once instead of waiting for another holder of the key. */
+    /** Throw `request_in_flight` at once instead of waiting for another holder of the key (with `waitSeconds`, once the server held the claim that long). */
     noWait?: boolean;
+    /**
+     * With `noWait`: ask the server to hold the claim this many seconds while
+     * another request holds the key (a front door passing on a caller's
+     * `Prefer: wait=N`), within the attempt timeout less a second.
+     * `RunResult` / `IdemError.waitAppliedSeconds` say what it applied.
+     */
+    waitSeconds?: number;
     /** The attempt id of this logical call (default: a random one when the client sends attempt ids). */
     attemptId?: string;
 }
@@ -25,6 +32,8 @@ export interface RunResult {
     /** The attempt and fencing token of the claim the function ran under (of the stored record on a replay). */
     attempt: number;
     fencingToken: number;
+    /** The wait, in whole seconds, the server applied to the claim that got this outcome; a front door answers it as `Preference-Applied`. */
+    waitAppliedSeconds: number;
 }
 /**
  * The handle the function run by {@link run} receives: the claim's

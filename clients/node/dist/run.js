@@ -119,9 +119,10 @@ export async function run(client, key, req, fn, opts = {}) {
         throw invalid;
     const b = client.bounds(opts);
     const attemptId = opts.attemptId ?? client.newAttemptId();
-    const cr = await claimWaiting(client, key, req, b, attemptId, opts.noWait === true);
+    const cr = await claimWaiting(client, key, req, b, attemptId, opts.noWait === true, opts.waitSeconds ?? 0);
     if (cr.replayed) {
-        return { response: cr.response ?? new StoredResponse(200), replayed: true, resumed: false, attempt: cr.attempt, fencingToken: cr.fencingToken };
+        return { response: cr.response ?? new StoredResponse(200), replayed: true, resumed: false, attempt: cr.attempt, fencingToken: cr.fencingToken,
+            waitAppliedSeconds: cr.waitAppliedSeconds };
     }
     const lost = new AbortController();
     const signal = b.signal ? AbortSignal.any([b.signal, lost.signal]) : lost.signal;
@@ -151,7 +152,7 @@ export async function run(client, key, req, fn, opts = {}) {
     }
     await keeper.stop();
     await client.completeWithin(key, claim.fencingToken, response, finishBounds(client, b));
-    return { response, replayed: false, resumed: cr.resumed, attempt: cr.attempt, fencingToken: cr.fencingToken };
+    return { response, replayed: false, resumed: cr.resumed, attempt: cr.attempt, fencingToken: cr.fencingToken, waitAppliedSeconds: cr.waitAppliedSeconds };
 }
 /** The bounds of complete/release: the call's while it is alive, else a fresh attempt timeout. */
 function finishBounds(client, b) {
@@ -163,14 +164,16 @@ function finishBounds(client, b) {
  * Claims key, waiting for another holder within the deadline and
  * inFlightWaitMs: held by the server (wait_seconds), else by sleeping the
  * Retry-After of its 409. The time the server held a claim counts as waited.
+ * With noWait only the caller's own waitSeconds is asked for, once.
  */
-async function claimWaiting(client, key, req, b, attemptId, noWait) {
+async function claimWaiting(client, key, req, b, attemptId, noWait, ownWaitSeconds) {
     const p = client.policy;
     let waited = 0;
     for (;;) {
         const start = client.clock.now();
         try {
-            const wait = noWait || p.inFlightWaitMs <= 0 ? 0 : serverWaitSeconds(client, b, p.inFlightWaitMs - waited);
+            const wait = noWait ? (ownWaitSeconds > 0 ? serverWaitSeconds(client, b, ownWaitSeconds * 1000) : 0)
+                : p.inFlightWaitMs <= 0 ? 0 : serverWaitSeconds(client, b, p.inFlightWaitMs - waited);
             return await client.claimWithin(key, req, b, attemptId, wait);
         }
         catch (err) {

@@ -31,6 +31,8 @@ export interface ClaimResult {
     attempt: number;
     /** The stored response of a replay. */
     response: StoredResponse | undefined;
+    /** The wait, in whole seconds, the server applied to this claim (its `Preference-Applied` answer to `waitSeconds`); 0 when none. */
+    waitAppliedSeconds: number;
 }
 /** The intent a key stands for, sent with every claim. */
 export interface ClaimRequest {

@@ -1,5 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { Codes, IdemError, type GiveUpReason, type NoSideEffect } from "./errors.js";
+import { headerPreferenceApplied, preferWait } from "./frontdoor.js";
 import { validateKey } from "./keys.js";
 import { StoredResponse, type ResponseInit } from "./response.js";
 import {
@@ -219,6 +220,7 @@ export class Client {
       fencingToken: record.fencing_token,
       attempt: record.attempt,
       response: replayed && record.response ? StoredResponse.fromWire(record.response) : undefined,
+      waitAppliedSeconds: waitApplied(res.headers),
     };
   }
 
@@ -431,6 +433,7 @@ export class Client {
       retryable: typeof pd.retryable === "boolean" ? pd.retryable : retryableStatus(resp.status, this.policy.retry500),
       retryAfterMs: parseRetryAfter(resp.headers.get("Retry-After"), this.clock.now()) ?? 0,
       requestId: resp.headers.get("X-Request-Id") ?? "",
+      waitAppliedSeconds: waitApplied(resp.headers),
       fields: Array.isArray(pd.errors) ? (pd.errors as { field: string; message: string }[]) : [],
     });
   }
@@ -451,6 +454,12 @@ function networkError(err: unknown, b: Bounds): IdemError {
   const retryable = !aborted && retryableTransportError(err);
   const cause = err instanceof Error && err.cause instanceof Error ? err.cause : err;
   return new IdemError({ code: Codes.network, title: "No answer", detail: cause instanceof Error ? cause.message : String(cause), retryable, cause: err });
+}
+
+/** The wait the server says it applied to a claim (`Preference-Applied: wait=N`), 0 when none. */
+function waitApplied(h: Headers): number {
+  const v = h.get(headerPreferenceApplied);
+  return v === null ? 0 : Math.max(preferWait([v]), 0);
 }
 
 function checkKey(call: string, key: string): void {

@@ -58,6 +58,7 @@ export interface IdemErrorInit {
   detail?: string;
   retryable?: boolean;
   retryAfterMs?: number;
+  waitAppliedSeconds?: number;
   requestId?: string;
   fields?: FieldError[];
   call?: string;
@@ -84,6 +85,12 @@ export class IdemError extends Error {
   readonly retryAfterMs: number;
   /** The `X-Request-Id` of the answer; quote it when reporting a problem. */
   readonly requestId: string;
+  /**
+   * How long, in whole seconds, the server held a claim that asked to wait
+   * before this answer (its `Preference-Applied`); 0 when it held none (it
+   * may refuse to: its waiter limit, a shutdown).
+   */
+  readonly waitAppliedSeconds: number;
   /** The invalid fields of an `invalid_request`. */
   readonly fields: FieldError[];
   /** The call that failed, e.g. `claim`. */
@@ -104,6 +111,7 @@ export class IdemError extends Error {
     this.retryable = init.retryable ?? false;
     this.retryAfterMs = init.retryAfterMs ?? 0;
     this.requestId = init.requestId ?? "";
+    this.waitAppliedSeconds = init.waitAppliedSeconds ?? 0;
     this.fields = init.fields ?? [];
     this.call = init.call ?? "";
     this.message = this.describe();

@@ -100,7 +100,10 @@ async function readBody(req: ExpressRequest, limit: number): Promise<Buffer> {
  * (FRONTDOOR.md): POST and PATCH need a key, PUT and DELETE are protected
  * when they carry one; the handler runs once per key; its answer is stored
  * before it is sent and replayed verbatim with `Idempotent-Replayed: true`;
- * 409 request_in_flight, 422 fingerprint_mismatch, 400 for a bad key; 503
+ * 409 request_in_flight (unless the request carries `Prefer: wait=N`: then
+ * it gets the first one's replay when that completes, see
+ * {@link FrontDoorOptions.maxWaitSeconds}), 422 fingerprint_mismatch, 400
+ * for a bad key; 503
  * store_unavailable when idem cannot be reached (the handler does not run).
  *
  * It reads the raw body itself (keep it before body parsers, or have them
@@ -140,7 +143,7 @@ export function expressMiddleware(opts: ExpressOptions): (req: IncomingMessage, 
         for (const [k, v] of a.headers) res.setHeader(k, v);
         res.end(a.body);
       } else {
-        release(res as Tracked);
+        release(res as Tracked, outcome.headers);
       }
     }, (err: unknown) => {
       if (handlerFailed.has(res)) return; // the handler's exception went its own way through Express
@@ -231,10 +234,11 @@ function restore(res: Tracked): Capture | undefined {
   return orig;
 }
 
-/** Restores res and sends what the handler wrote. */
-function release(res: Tracked): void {
+/** Restores res and sends what the handler wrote, with the headers the front door adds. */
+function release(res: Tracked, headers: [string, string][] = []): void {
   const orig = restore(res);
   if (!orig || res.writableEnded) return;
+  if (!res.headersSent) for (const [k, v] of headers) res.setHeader(k, v);
   const body = Buffer.concat(orig.chunks);
   orig.chunks = [];
   if (!res.headersSent) res.setHeader("Content-Length", body.length);

@@ -44,7 +44,9 @@ async function readLimited(req: Request, limit: number): Promise<Uint8Array> {
  * Wraps a fetch-style handler with Stripe-style Idempotency-Key semantics
  * (FRONTDOOR.md): the handler runs once per key, its answer is stored
  * before it is returned and replayed verbatim with `Idempotent-Replayed:
- * true`; 409 request_in_flight, 422 fingerprint_mismatch, 400 for a bad
+ * true`; 409 request_in_flight (unless the request carries `Prefer: wait=N`:
+ * then it gets the first one's replay when that completes, see
+ * {@link FrontDoorOptions.maxWaitSeconds}), 422 fingerprint_mismatch, 400 for a bad
  * key, 503 store_unavailable when idem cannot be reached (the handler does
  * not run). A handler exception stores nothing and propagates.
  *
@@ -90,6 +92,8 @@ export function withIdempotency<A extends unknown[]>(
     if (outcome.kind === "answer") return answer(outcome.answer);
     const r = ran as Response | undefined;
     if (!r) throw new Error("idem: the handler's answer is missing");
-    return toResponse(r.status, new Headers(r.headers), ranBody);
+    const headers = new Headers(r.headers);
+    for (const [k, v] of outcome.headers) headers.set(k, v);
+    return toResponse(r.status, headers, ranBody);
   };
 }

@@ -1,7 +1,8 @@
 // The front-door rules (FRONTDOOR.md, testvectors/frontdoor/) for the Node
 // middleware: Idempotency-Key parsing, method requirements, key scope,
 // operation and fingerprint document, store policy, stored headers and
-// problem bodies, and the framework-independent protocol around a handler.
+// problem bodies, the Prefer: wait=N preference (RFC 7240), and the
+// framework-independent protocol around a handler.
 import { createHash, randomBytes } from "node:crypto";
 import type { Client } from "./client.js";
 import { Codes, IdemError, NoSideEffect } from "./errors.js";
@@ -11,6 +12,8 @@ import { StoredResponse } from "./response.js";
 export const headerKey = "Idempotency-Key";
 export const headerReplayed = "Idempotent-Replayed";
 export const headerRequestId = "X-Request-Id";
+/** Answers a request whose `Prefer: wait=N` idem honoured: `wait=<seconds applied>`. */
+export const headerPreferenceApplied = "Preference-Applied";
 /** The longest operation label idem accepts; longer labels are cut at a character boundary. */
 export const maxOperationBytes = 128;
 
@@ -117,6 +120,30 @@ export function parseKey(values: readonly string[]): string | null {
   const bad = checkRecordKey(key);
   if (bad) throw invalidKey(bad);
   return key;
+}
+
+const int64Max = 9223372036854775807n;
+
+/**
+ * N of the first `wait=N` preference in the Prefer header fields (RFC 7240
+ * §4.3), or -1. A preference is a hint: a malformed one is ignored, never
+ * refused. The same parse as the Go front doors (the prefer_wait vectors);
+ * the middleware caps N by its own limits.
+ */
+export function preferWait(fields: readonly string[]): number {
+  for (const f of fields) {
+    for (const pref of f.split(",")) {
+      const semi = pref.indexOf(";");
+      const p = semi < 0 ? pref : pref.slice(0, semi);
+      const eq = p.indexOf("=");
+      if (eq < 0 || p.slice(0, eq).trim().toLowerCase() !== "wait") continue;
+      const v = p.slice(eq + 1).trim().replace(/^"+|"+$/g, "");
+      if (!/^[+-]?[0-9]+$/.test(v)) return -1;
+      const n = BigInt(v);
+      return n < 0n || n > int64Max ? -1 : Number(n);
+    }
+  }
+  return -1;
 }
 
 /** The record key of key within scope: key itself when scope is empty, else scope + ":" + key (still a valid key). */
@@ -494,6 +521,15 @@ export interface FrontDoorOptions {
   unavailableRetryAfterSeconds?: number;
   /** Receives what goes wrong with idem (never a token or a body); default console.error. */
   log?: (message: string, err: unknown) => void;
+  /**
+   * Caps how long, in seconds, a request with `Prefer: wait=N` is held while
+   * another request with its key is in flight (the claim's `wait_seconds` =
+   * min(N, maxWaitSeconds)): it then gets that request's replay instead of
+   * 409. Undefined (default): no cap of the middleware's own (the tenant's
+   * `max_wait_seconds` and the attempt timeout less a second still apply);
+   * 0 or less: Prefer is ignored, 409 at once.
+   */
+  maxWaitSeconds?: number;
 }
 
 /** What a front door needs of one request, whatever the framework. */
@@ -526,8 +562,13 @@ export type Outcome =
   | { kind: "pass" }
   /** Send this answer (a replay or a refusal); the handler did not run. */
   | { kind: "answer"; answer: Answer }
-  /** The handler ran; send its answer (it was stored unless logged otherwise). */
-  | { kind: "ran" };
+  /** The handler ran; send its answer (it was stored unless logged otherwise), with these headers added (Preference-Applied). */
+  | { kind: "ran"; headers: [string, string][] };
+
+/** Preference-Applied: wait=<seconds> when idem held the claim (RFC 7240: only an honoured preference is named), else nothing. */
+function applied(seconds: number): [string, string][] {
+  return seconds > 0 ? [[headerPreferenceApplied, `wait=${seconds}`]] : [];
+}
 
 /** A 5xx answer released under storeServerErrors: false. */
 class Released extends NoSideEffect {}
@@ -541,7 +582,8 @@ class Released extends NoSideEffect {}
  * into an orphan) and propagates.
  */
 export class FrontDoor {
-  private readonly o: Required<Omit<FrontDoorOptions, "methods" | "leaseSeconds" | "fingerprint">> & Pick<FrontDoorOptions, "methods" | "leaseSeconds" | "fingerprint">;
+  private readonly o: Required<Omit<FrontDoorOptions, "methods" | "leaseSeconds" | "fingerprint" | "maxWaitSeconds">> &
+    Pick<FrontDoorOptions, "methods" | "leaseSeconds" | "fingerprint" | "maxWaitSeconds">;
 
   constructor(opts: FrontDoorOptions) {
     this.o = {
@@ -584,6 +626,7 @@ export class FrontDoor {
       throw err;
     }
 
+    const wait = this.preferWait(req.header("Prefer"));
     let ran = false;
     let result;
     try {
@@ -593,26 +636,37 @@ export class FrontDoor {
           const a = await runHandler(body);
           if (!storeStatus(a.status, this.o.storeServerErrors)) throw new Released("handler answered 5xx; key released");
           return this.stored(a);
-        }, { noWait: true });
+        }, { noWait: true, ...(wait > 0 ? { waitSeconds: wait } : {}) });
     } catch (err) {
       if (ran) {
-        if (err instanceof Released) return { kind: "ran" };
+        if (err instanceof Released) return { kind: "ran", headers: [] };
         if (err instanceof IdemError) {
           this.o.log("the handler ran but its response was not stored", err);
-          return { kind: "ran" };
+          return { kind: "ran", headers: [] };
         }
         throw err; // the handler's exception: the claim is left to expire
       }
-      return refuse(this.claimRefusal(err));
+      const out = refuse(this.claimRefusal(err));
+      if (out.kind === "answer") out.answer.headers.push(...applied(err instanceof IdemError ? err.waitAppliedSeconds : 0));
+      return out;
     }
-    if (!result.replayed) return { kind: "ran" };
+    if (!result.replayed) return { kind: "ran", headers: applied(result.waitAppliedSeconds) };
     const r = result.response;
     if (Object.hasOwn(r.headers, headerNotReplayable)) {
       return refuse(new FrontDoorError("response_not_replayable", "the request was completed, but its response was too large to store and cannot be replayed"));
     }
     const headers: [string, string][] = Object.entries(r.headers);
-    headers.push([headerReplayed, "true"], ["Content-Length", String(r.body.length)]);
+    headers.push([headerReplayed, "true"], ["Content-Length", String(r.body.length)], ...applied(result.waitAppliedSeconds));
     return { kind: "answer", answer: { status: r.status || 200, headers, body: r.body } };
+  }
+
+  /** The wait to ask idem for: the request's Prefer: wait=N within maxWaitSeconds (and a day), 0 without one or when maxWaitSeconds is 0 or less. */
+  preferWait(fields: readonly string[]): number {
+    const n = preferWait(fields);
+    const cap = this.o.maxWaitSeconds;
+    if (n <= 0 || (cap !== undefined && cap <= 0)) return 0;
+    const wait = Math.min(n, 24 * 3600);
+    return cap === undefined ? wait : Math.min(wait, cap);
   }
 
   /** The response to store for a handler's answer: the whole of it, or without its body (marked) when it is over maxStoredBytes. */

@@ -14,8 +14,15 @@ export const renewalPoint = "idem:lease-renewal";
 
 /** Options of {@link run}. */
 export interface RunOptions extends CallOptions {
-  /** Throw `request_in_flight` at once instead of waiting for another holder of the key. */
+  /** Throw `request_in_flight` at once instead of waiting for another holder of the key (with `waitSeconds`, once the server held the claim that long). */
   noWait?: boolean;
+  /**
+   * With `noWait`: ask the server to hold the claim this many seconds while
+   * another request holds the key (a front door passing on a caller's
+   * `Prefer: wait=N`), within the attempt timeout less a second.
+   * `RunResult` / `IdemError.waitAppliedSeconds` say what it applied.
+   */
+  waitSeconds?: number;
   /** The attempt id of this logical call (default: a random one when the client sends attempt ids). */
   attemptId?: string;
 }
@@ -31,6 +38,8 @@ export interface RunResult {
   /** The attempt and fencing token of the claim the function ran under (of the stored record on a replay). */
   attempt: number;
   fencingToken: number;
+  /** The wait, in whole seconds, the server applied to the claim that got this outcome; a front door answers it as `Preference-Applied`. */
+  waitAppliedSeconds: number;
 }
 
 /**
@@ -152,9 +161,10 @@ export async function run(
   if (invalid) throw invalid;
   const b = client.bounds(opts);
   const attemptId = opts.attemptId ?? client.newAttemptId();
-  const cr = await claimWaiting(client, key, req, b, attemptId, opts.noWait === true);
+  const cr = await claimWaiting(client, key, req, b, attemptId, opts.noWait === true, opts.waitSeconds ?? 0);
   if (cr.replayed) {
-    return { response: cr.response ?? new StoredResponse(200), replayed: true, resumed: false, attempt: cr.attempt, fencingToken: cr.fencingToken };
+    return { response: cr.response ?? new StoredResponse(200), replayed: true, resumed: false, attempt: cr.attempt, fencingToken: cr.fencingToken,
+      waitAppliedSeconds: cr.waitAppliedSeconds };
   }
 
   const lost = new AbortController();
@@ -184,7 +194,7 @@ export async function run(
   }
   await keeper.stop();
   await client.completeWithin(key, claim.fencingToken, response, finishBounds(client, b));
-  return { response, replayed: false, resumed: cr.resumed, attempt: cr.attempt, fencingToken: cr.fencingToken };
+  return { response, replayed: false, resumed: cr.resumed, attempt: cr.attempt, fencingToken: cr.fencingToken, waitAppliedSeconds: cr.waitAppliedSeconds };
 }
 
 /** The bounds of complete/release: the call's while it is alive, else a fresh attempt timeout. */
@@ -197,14 +207,17 @@ function finishBounds(client: Client, b: Bounds): Bounds {
  * Claims key, waiting for another holder within the deadline and
  * inFlightWaitMs: held by the server (wait_seconds), else by sleeping the
  * Retry-After of its 409. The time the server held a claim counts as waited.
+ * With noWait only the caller's own waitSeconds is asked for, once.
  */
-async function claimWaiting(client: Client, key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, noWait: boolean): Promise<ClaimResult> {
+async function claimWaiting(client: Client, key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, noWait: boolean,
+  ownWaitSeconds: number): Promise<ClaimResult> {
   const p = client.policy;
   let waited = 0;
   for (;;) {
     const start = client.clock.now();
     try {
-      const wait = noWait || p.inFlightWaitMs <= 0 ? 0 : serverWaitSeconds(client, b, p.inFlightWaitMs - waited);
+      const wait = noWait ? (ownWaitSeconds > 0 ? serverWaitSeconds(client, b, ownWaitSeconds * 1000) : 0)
+        : p.inFlightWaitMs <= 0 ? 0 : serverWaitSeconds(client, b, p.inFlightWaitMs - waited);
       return await client.claimWithin(key, req, b, attemptId, wait);
     } catch (err) {
       waited += client.clock.now() - start; // the server may have held the claim

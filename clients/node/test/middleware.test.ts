@@ -10,7 +10,7 @@ import { randomUUID } from "node:crypto";
 import { createServer, request as httpRequest, type Server as HTTPServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
-import { Client, expressErrorHandler, expressMiddleware, withIdempotency } from "../src/index.js";
+import { Client, FrontDoor, expressErrorHandler, expressMiddleware, withIdempotency } from "../src/index.js";
 import { startServer, stores, type Server } from "./server.js";
 
 /** A response over the default 1 MiB stored for replay. */
@@ -111,8 +111,8 @@ async function droppingProxy(target: string): Promise<{ url: string; dropped: ()
   return { url, dropped: () => dropped, close: () => new Promise((r) => { srv.closeAllConnections(); srv.close(() => r()); }) };
 }
 
-async function post(url: string, key: string | undefined, body: unknown) {
-  const headers: Record<string, string> = { "Content-Type": "application/json" };
+async function post(url: string, key: string | undefined, body: unknown, extra: Record<string, string> = {}) {
+  const headers: Record<string, string> = { "Content-Type": "application/json", ...extra };
   if (key !== undefined) headers["Idempotency-Key"] = key;
   const res = await fetch(url, { method: "POST", headers, body: JSON.stringify(body) });
   return { status: res.status, headers: res.headers, text: await res.text() };
@@ -142,7 +142,151 @@ async function plainExpressApp(client: Client): Promise<App> {
   return { url, effects, close: () => new Promise((r) => { srv.closeAllConnections(); srv.close(() => r()); }) };
 }
 
+/** A handler's gate: handlers wait() on it until open(); reset() closes it again. */
+class Gate {
+  private p!: Promise<void>;
+  private r!: () => void;
+  constructor() {
+    this.reset();
+  }
+  reset(): void {
+    this.p = new Promise((r) => (this.r = r));
+  }
+  open(): void {
+    this.r();
+  }
+  wait(): Promise<void> {
+    return this.p;
+  }
+}
+
+/** An app whose pay handler makes its side effect, then waits for the gate; 30 s leases, so only a completion ends a wait soon. */
+async function gatedApp(kind: "express" | "hono", client: Client, gate: Gate): Promise<App> {
+  const effects = new Map<string, number>();
+  const opts = { client, leaseSeconds: 30, log: () => {} };
+  let srv: HTTPServer;
+  if (kind === "express") {
+    const app = express();
+    app.use(expressMiddleware(opts));
+    app.post("/orders/:id/pay", async (req, res) => {
+      const id = req.params.id;
+      effects.set(id, (effects.get(id) ?? 0) + 1);
+      await gate.wait();
+      res.status(201).json({ order: id, amount: (req.body as { amount: number }).amount });
+    });
+    srv = createServer(app);
+  } else {
+    const app = new Hono();
+    const pay = withIdempotency(async (req: Request, id: string) => {
+      const body = (await req.json()) as { amount: number };
+      effects.set(id, (effects.get(id) ?? 0) + 1);
+      await gate.wait();
+      return Response.json({ order: id, amount: body.amount }, { status: 201 });
+    }, { ...opts, route: () => "/orders/:id/pay" });
+    app.post("/orders/:id/pay", (c) => pay(c.req.raw, c.req.param("id")));
+    srv = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" }) as HTTPServer;
+    await new Promise<void>((r) => (srv.listening ? r() : srv.once("listening", () => r())));
+  }
+  const url = srv.listening ? `http://127.0.0.1:${(srv.address() as AddressInfo).port}` : await listen(srv);
+  return { url, effects, close: () => new Promise((r) => { srv.closeAllConnections(); srv.close(() => r()); }) };
+}
+
+/** The server's idem_claim_waiters gauge: claims it holds now, waiting for a key in flight. */
+async function claimWaiters(srv: Server): Promise<number> {
+  const text = await (await fetch(`${srv.url}/metrics`)).text();
+  const m = /^idem_claim_waiters (\S+)$/m.exec(text);
+  return m ? Number(m[1]) : 0;
+}
+
+/** Polls cond (every 5 ms) until it holds; fails after 10 s. */
+async function waitFor(cond: () => boolean | Promise<boolean>, what: string): Promise<void> {
+  const end = Date.now() + 10_000;
+  while (!(await cond())) {
+    if (Date.now() > end) assert.fail(`not reached in time: ${what}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
 for (const store of stores()) {
+  describe(`Prefer: wait=N on ${store}`, () => {
+    let srv: Server;
+    before(async () => {
+      srv = await startServer(store);
+    });
+    after(async () => {
+      await srv.stop();
+    });
+
+    for (const kind of ["express", "hono"] as const) {
+      test(`${kind}: a duplicate with Prefer: wait=10 gets the first one's replay, not 409; without Prefer 409 at once`, async () => {
+        // The attempt timeout (30 s) leaves room for the whole wait (10 s).
+        const gate = new Gate();
+        const app = await gatedApp(kind, new Client({ baseUrl: srv.url, token: srv.token, retry: { attemptTimeoutMs: 30_000 } }), gate);
+        try {
+          const id = randomUUID();
+          const url = `${app.url}/orders/${id}/pay`;
+          const k = `prefer-${id}`;
+          const prefer = { Prefer: "wait=10" };
+          const first = post(url, k, { amount: 1 }, prefer);
+          await waitFor(() => app.effects.get(id) === 1, "the first request runs the handler");
+          const short = await post(url, k, { amount: 1 }, { Prefer: "respond-async, wait=1" });
+          assert.equal(short.status, 409, short.text);
+          assert.equal(JSON.parse(short.text).code, "request_in_flight");
+          assert.equal(short.headers.get("Preference-Applied"), "wait=1", "the wait ran out: the 409 says it was held");
+          assert.ok(Number(short.headers.get("Retry-After")) >= 1);
+          let heldDone = false;
+          const held = post(url, k, { amount: 1 }, prefer).finally(() => (heldDone = true));
+          await waitFor(async () => (await claimWaiters(srv)) === 1, "idem holds the duplicate's claim");
+          assert.equal(heldDone, false);
+          gate.open();
+          const [r1, r2] = await Promise.all([first, held]);
+          assert.equal(r1.status, 201, r1.text);
+          assert.equal(r1.headers.get("Idempotent-Replayed"), null);
+          // The first claim found the key free: idem says it was willing to wait, and the front door passes that on.
+          assert.equal(r1.headers.get("Preference-Applied"), "wait=10");
+          assert.equal(r2.status, 201, r2.text);
+          assert.equal(r2.headers.get("Idempotent-Replayed"), "true");
+          assert.equal(r2.headers.get("Preference-Applied"), "wait=10");
+          assert.deepEqual(JSON.parse(r2.text), JSON.parse(r1.text));
+          assert.equal(app.effects.get(id), 1, "the handler ran once");
+          await waitFor(async () => (await claimWaiters(srv)) === 0, "no claim is held");
+
+          // Without the preference: 409 at once, no Preference-Applied.
+          gate.reset();
+          const id2 = randomUUID();
+          const url2 = `${app.url}/orders/${id2}/pay`;
+          const first2 = post(url2, `prefer-${id2}`, { amount: 2 });
+          await waitFor(() => app.effects.get(id2) === 1, "the first request runs the handler");
+          const now = await post(url2, `prefer-${id2}`, { amount: 2 });
+          assert.equal(now.status, 409);
+          assert.equal(JSON.parse(now.text).code, "request_in_flight");
+          assert.equal(now.headers.get("Preference-Applied"), null);
+          gate.open();
+          const done = await first2;
+          assert.equal(done.status, 201);
+          assert.equal(done.headers.get("Preference-Applied"), null);
+          assert.equal(app.effects.get(id2), 1);
+        } finally {
+          gate.open();
+          await app.close();
+        }
+      });
+    }
+
+    test("maxWaitSeconds caps N; 0 or less ignores Prefer; a malformed preference is none", () => {
+      const fd = (maxWaitSeconds?: number) => new FrontDoor({ client: new Client({ baseUrl: srv.url }), ...(maxWaitSeconds === undefined ? {} : { maxWaitSeconds }) });
+      assert.equal(fd().preferWait(["wait=10"]), 10);
+      assert.equal(fd(5).preferWait(["wait=10"]), 5);
+      assert.equal(fd(5).preferWait(["wait=3"]), 3);
+      assert.equal(fd(0).preferWait(["wait=10"]), 0);
+      assert.equal(fd(-1).preferWait(["wait=10"]), 0);
+      assert.equal(fd().preferWait(["wait=abc"]), 0);
+      assert.equal(fd().preferWait([]), 0);
+      assert.equal(fd().preferWait(["wait=99999"]), 24 * 3600);
+      assert.equal(fd().preferWait(["return=minimal", "Wait = 7 ; x=y"]), 7);
+    });
+  });
+
   describe(`plain express app on ${store}`, () => {
     let srv: Server;
     let app: App;

@@ -6,7 +6,7 @@ import { describe, test } from "node:test";
 import {
   FrontDoorError, RetryBudget, StoredResponse, backoffCeilingMs, backoffMs, checkIJSON, defaultStoredHeaders, fingerprintDocument,
   key, operation, parseKey, parseRetryAfter, problems, requirement, retryAfterWaitMs, scopedKey, storeStatus, storedHeaders,
-  validRequestId, validateKey, withDefaults,
+  preferWait, validRequestId, validateKey, withDefaults,
 } from "../src/index.js";
 import { repoRoot } from "./server.js";
 
@@ -166,6 +166,8 @@ describe("testvectors/frontdoor", () => {
       assert.equal(a.headers.some(([k]) => k === "Retry-After"), v.retry_after);
     });
   }
+  assert.ok(pol.prefer_wait.length > 0);
+  for (const v of pol.prefer_wait) test(`policy.prefer_wait: ${JSON.stringify(v.fields)}`, () => assert.equal(preferWait(v.fields), v.expect));
   for (const v of pol.request_ids) test(`policy.request_ids: ${JSON.stringify(v.header).slice(0, 30)}`, () => assert.equal(validRequestId(v.header), v.kept));
   test("I-JSON check accepts what JSON.parse accepts minus the I-JSON violations", () => {
     checkIJSON('{"a":[1,2.5e3,-0,"\\ud83d\\ude00"]}');
