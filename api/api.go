@@ -58,11 +58,6 @@ type Options struct {
 	MaxWait time.Duration
 	// Observer receives metrics hooks; nil for none.
 	Observer Observer
-	// Middlewares are installed with r.Use inside the router after the
-	// request id, access log and recoverer middlewares, so
-	// chi.RouteContext(r.Context()).RoutePattern() is set once
-	// next.ServeHTTP returns.
-	Middlewares []func(http.Handler) http.Handler
 	// Webhooks is the store's webhook side; nil serves no /v1/webhooks
 	// routes.
 	Webhooks idem.WebhookStore
@@ -71,8 +66,17 @@ type Options struct {
 	AllowPrivateWebhooks bool
 }
 
-// Observer receives the outcome of claims and writes, for metrics.
+// Observer receives the outcome of requests, claims and writes, for
+// metrics.
 type Observer interface {
+	// ObserveHTTP is called once per request, after its answer, by the
+	// access log middleware with what it logs: the chi route pattern (""
+	// when no route matched), the method, the status written (500 when the
+	// handler panicked before writing; 499 when the client went away) and
+	// the time since the request reached the router. One wrapper of the
+	// response and one route pattern serve both the log line and the
+	// metric.
+	ObserveHTTP(route, method string, status int, d time.Duration)
 	// ObserveClaim is called after every claim that reached the store;
 	// action is 0 when err != nil.
 	ObserveClaim(tenant string, action idem.ClaimAction, err error)
@@ -135,7 +139,6 @@ func New(opts Options) *chi.Mux {
 
 	r := chi.NewRouter()
 	r.Use(requestID, s.accessLog, s.recoverer)
-	r.Use(opts.Middlewares...)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		s.writeProblem(w, r, idem.Errorf(codeNotFound, "no such endpoint"))
 	})

@@ -10,6 +10,7 @@ import (
 	"crypto/rsa"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/big"
@@ -109,6 +110,13 @@ type recordingObserver struct {
 	mu     sync.Mutex
 	claims []idem.ClaimAction
 	writes []string
+	https  []string // "route method status" of each request
+}
+
+func (o *recordingObserver) ObserveHTTP(route, method string, status int, _ time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.https = append(o.https, fmt.Sprintf("%s %s %d", route, method, status))
 }
 
 func (o *recordingObserver) ObserveClaim(_ string, action idem.ClaimAction, _ error) {

@@ -2,6 +2,8 @@ package api_test
 
 import (
 	"encoding/base64"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -68,6 +70,44 @@ func TestRequestID(t *testing.T) {
 	require.Contains(t, logs, `"tenant":"acme"`)
 	require.NotContains(t, logs, tok)
 	require.NotContains(t, logs, "Bearer")
+}
+
+// TestAccessLogAndObserverAgree: the access log line and the HTTP metric
+// come from one observation of each request (one response wrapper, one
+// route pattern), so for every request they name the same route, method
+// and status: a matched route, an unmatched path, a refused token.
+func TestAccessLogAndObserverAgree(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tok := b.token(t, "acme", auth.ScopeKeysWrite)
+	r := b.req(t, http.MethodPost, "/v1/keys/agree-1/claim", tok, map[string]any{"operation": "POST /x"})
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+	r = b.req(t, http.MethodGet, "/no/such/path", "", nil)
+	require.Equal(t, http.StatusNotFound, r.status)
+	r = b.req(t, http.MethodPost, "/v1/keys/agree-1/complete", "not-a-token", map[string]any{})
+	require.Equal(t, http.StatusUnauthorized, r.status)
+
+	b.logMu.Lock()
+	var logged []string
+	for line := range strings.Lines(b.logs.String()) {
+		var l struct {
+			Msg, Route, Method string
+			Status             int
+		}
+		require.NoError(t, json.Unmarshal([]byte(line), &l), line)
+		if l.Msg == "http request" {
+			logged = append(logged, fmt.Sprintf("%s %s %d", l.Route, l.Method, l.Status))
+		}
+	}
+	b.logMu.Unlock()
+	b.obs.mu.Lock()
+	defer b.obs.mu.Unlock()
+	require.Equal(t, []string{
+		"/v1/keys/{key}/claim POST 201",
+		" GET 404",
+		"/v1/* POST 401", // refused before the /v1 router matched a route
+	}, b.obs.https)
+	require.Equal(t, b.obs.https, logged)
 }
 
 func TestClaimCompleteReplay(t *testing.T) {

@@ -50,7 +50,6 @@ import (
 	"runtime"
 	"runtime/debug"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
@@ -126,6 +125,13 @@ type Metrics struct {
 	httpDuration         *prometheus.HistogramVec
 	storeDuration        *prometheus.HistogramVec
 
+	// Children of the hot-path vectors, resolved once per label values.
+	claimsBy  children[prometheus.Counter]
+	writesBy  children[prometheus.Counter]
+	httpBy    children[prometheus.Observer]
+	storeBy   children[prometheus.Observer]
+	tenantsBy sync.Map // tenant id → its label (string), see tenantLabel
+
 	buildInfo *prometheus.GaugeVec
 
 	mu            sync.Mutex
@@ -198,6 +204,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		maxTenants:    DefaultMaxTenants,
 		admitted:      map[string]struct{}{},
 	}
+	m.claimsBy = children[prometheus.Counter]{labels: 2, with: m.claims.WithLabelValues}
+	m.writesBy = children[prometheus.Counter]{labels: 3, with: m.writes.WithLabelValues}
+	m.httpBy = children[prometheus.Observer]{labels: 3, with: m.httpDuration.WithLabelValues}
+	m.storeBy = children[prometheus.Observer]{labels: 2, with: m.storeDuration.WithLabelValues}
 	version, revision, goVersion := BuildInfo()
 	m.buildInfo.WithLabelValues(version, revision, goVersion).Set(1)
 	reg.MustRegister(
@@ -242,7 +252,18 @@ const SeriesPerTenant = 8 + 3*6 + 2 + 1
 
 // tenantLabel returns the tenant label of a counter observation: the tenant
 // itself while it is among the admitted ones, TenantOther past the limit.
+// A tenant's label never changes once given, so it is remembered: tenants
+// are created by the operator, so the memo holds one entry per tenant.
 func (m *Metrics) tenantLabel(tenant string) string {
+	if l, ok := m.tenantsBy.Load(tenant); ok {
+		return l.(string)
+	}
+	l := m.admit(tenant)
+	m.tenantsBy.Store(tenant, l)
+	return l
+}
+
+func (m *Metrics) admit(tenant string) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.admitted[tenant]; ok {
@@ -400,7 +421,7 @@ func (m *Metrics) ObserveClaim(tenant string, action idem.ClaimAction, err error
 	if m == nil {
 		return
 	}
-	m.claims.WithLabelValues(m.tenantLabel(tenant), ClaimOutcome(action, err)).Inc()
+	m.claimsBy.get(m.tenantLabel(tenant), ClaimOutcome(action, err), "").Inc()
 }
 
 // ObserveWrite counts one checkpoint, complete or release (op) of tenant
@@ -415,7 +436,7 @@ func (m *Metrics) ObserveWrite(tenant, op string, err error) {
 	default:
 		op = "other"
 	}
-	m.writes.WithLabelValues(m.tenantLabel(tenant), op, WriteResult(err)).Inc()
+	m.writesBy.get(m.tenantLabel(tenant), op, WriteResult(err)).Inc()
 }
 
 // SetOrphans replaces the orphan gauges with stats, the result of
@@ -516,19 +537,31 @@ func (m *Metrics) ObserveWebhookAttempt(result string) {
 	m.webhookAttempts.WithLabelValues(result).Inc()
 }
 
-// Middleware records idem_http_request_duration_seconds. Install it inside
-// the chi router (r.Use) so the route pattern is known once the handler has
-// run; requests that matched no route, or that ran outside a chi router, are
-// labelled "other".
+// ObserveHTTP records one request in idem_http_request_duration_seconds:
+// route is the chi route pattern ("" or a request that matched no route is
+// labelled "other"), status the status written. It implements
+// api.Observer; the API router calls it from its access log middleware.
+func (m *Metrics) ObserveHTTP(route, method string, status int, d time.Duration) {
+	if m == nil {
+		return
+	}
+	if route == "" {
+		route = RouteOther
+	}
+	m.httpBy.get(route, methodLabel(method), statusClass(status)).Observe(d.Seconds())
+}
+
+// Middleware records idem_http_request_duration_seconds for a chi router
+// other than the API's (which observes from its access log). Install it
+// inside the router (r.Use) so the route pattern is known once the handler
+// has run; requests that matched no route, or that ran outside a chi
+// router, are labelled "other".
 func (m *Metrics) Middleware(next http.Handler) http.Handler {
 	if m == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		// Share the wrapper of an outer middleware (the access log's) when
-		// there is one: it sees the same status, and a second costs a
-		// wrapper per request.
 		ww, ok := w.(middleware.WrapResponseWriter)
 		if !ok {
 			ww = middleware.NewWrapResponseWriter(w, r.ProtoMajor)
@@ -553,14 +586,41 @@ func (m *Metrics) Middleware(next http.Handler) http.Handler {
 }
 
 func (m *Metrics) observeHTTP(r *http.Request, status int, start time.Time) {
-	route := RouteOther
+	route := ""
 	if rc := chi.RouteContext(r.Context()); rc != nil {
-		if p := rc.RoutePattern(); p != "" {
-			route = p
-		}
+		route = rc.RoutePattern()
 	}
-	m.httpDuration.WithLabelValues(route, methodLabel(r.Method), statusClass(status)).
-		Observe(time.Since(start).Seconds())
+	m.ObserveHTTP(route, r.Method, status, time.Since(start))
+}
+
+// children remembers the children of a metric vector by their label values
+// (labels of them, at most three; get's unused arguments are ""), so an observation on the hot path is
+// one map read under a read lock instead of the vector's label checks,
+// hashing and lookup. Every label value it sees comes from a bounded set
+// (see Cardinality), and so does the map.
+type children[T any] struct {
+	labels int
+	with   func(lvs ...string) T // the vector's WithLabelValues
+	mu     sync.RWMutex
+	m      map[[3]string]T
+}
+
+func (c *children[T]) get(a, b, z string) T {
+	k := [3]string{a, b, z}
+	c.mu.RLock()
+	v, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return v
+	}
+	v = c.with([]string{a, b, z}[:c.labels]...)
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = map[[3]string]T{}
+	}
+	c.m[k] = v
+	c.mu.Unlock()
+	return v
 }
 
 func methodLabel(m string) string {
@@ -579,5 +639,7 @@ func statusClass(status int) string {
 	if status < 100 || status > 599 {
 		return "other"
 	}
-	return strconv.Itoa(status/100) + "xx"
+	return statusClasses[status/100-1]
 }
+
+var statusClasses = [...]string{"1xx", "2xx", "3xx", "4xx", "5xx"}

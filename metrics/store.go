@@ -48,7 +48,7 @@ func StoreResult(err error) string {
 }
 
 func (i *instrumentedStore) observe(op string, start time.Time, err error) {
-	i.m.storeDuration.WithLabelValues(op, StoreResult(err)).Observe(time.Since(start).Seconds())
+	i.m.storeBy.get(op, StoreResult(err), "").Observe(time.Since(start).Seconds())
 }
 
 func (i *instrumentedStore) Claim(ctx context.Context, p idem.ClaimParams) (_ idem.ClaimResult, err error) {

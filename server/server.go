@@ -226,7 +226,6 @@ func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 		Waiters:              s.waiters,
 		MaxWait:              s.cfg.MaxWait(),
 		Observer:             s.metrics,
-		Middlewares:          []func(http.Handler) http.Handler{s.metrics.Middleware},
 		Webhooks:             s.webhooks,
 		AllowPrivateWebhooks: s.cfg.WebhookAllowPrivate,
 	})
