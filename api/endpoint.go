@@ -105,8 +105,10 @@ func (s *service) writeJSON(w http.ResponseWriter, r *http.Request, resp any) {
 		}
 	}()
 	buf.Reset()
-	// Encode writes what json.Marshal returns plus a newline.
-	if err := json.NewEncoder(buf).Encode(resp); err != nil {
+	if b, ok := appendBody(buf.AvailableBuffer(), resp); ok {
+		buf.Write(append(b, '\n'))
+	} else if err := json.NewEncoder(buf).Encode(resp); err != nil {
+		// Encode writes what json.Marshal returns plus a newline.
 		s.writeProblem(w, r, fmt.Errorf("encode response: %w", err))
 		return
 	}
