@@ -25,14 +25,16 @@ const stateKey ctxKey = 1
 // reqState is what the middlewares learn about one request, in one context
 // value (one request copy) instead of one context value each: the request id
 // (requestID), the tenant for the access log line, the principal
-// (authenticate) and the tenant (resolveTenant). Each field is set before the
+// (authenticate), the tenant (resolveTenant) and, for the claim, the
+// response's header (exposeResponseHeader). Each field is set before the
 // handlers that read it run; logTenant is atomic because the access log
 // reads it after the handler returned.
 type reqState struct {
-	id        string
-	logTenant atomic.Pointer[string]
-	principal auth.Principal
-	tenant    idem.Tenant
+	id             string
+	logTenant      atomic.Pointer[string]
+	principal      auth.Principal
+	tenant         idem.Tenant
+	responseHeader http.Header
 }
 
 func stateFrom(ctx context.Context) *reqState {
@@ -155,19 +157,21 @@ func (s *service) recoverer(next http.Handler) http.Handler {
 	})
 }
 
-type responseHeaderKey struct{}
-
-// exposeResponseHeader puts the response's header into the request context,
-// for an endpoint whose answer carries a header on success and on error
-// alike (the claim's Preference-Applied).
+// exposeResponseHeader puts the response's header into the request's
+// state, for an endpoint whose answer carries a header on success and on
+// error alike (the claim's Preference-Applied).
 func exposeResponseHeader(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), responseHeaderKey{}, w.Header())))
+		st, r := withState(r)
+		st.responseHeader = w.Header()
+		next.ServeHTTP(w, r)
 	})
 }
 
 // responseHeaderFrom returns the header exposeResponseHeader exposed, or nil.
 func responseHeaderFrom(ctx context.Context) http.Header {
-	h, _ := ctx.Value(responseHeaderKey{}).(http.Header)
-	return h
+	if st := stateFrom(ctx); st != nil {
+		return st.responseHeader
+	}
+	return nil
 }
