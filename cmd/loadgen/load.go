@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -261,13 +262,44 @@ func contentionOK(r result) bool {
 		(r.status == http.StatusConflict && r.code == "request_in_flight"))
 }
 
+// randomUUID returns a random (version 4 layout) UUID. math/rand/v2's
+// generator is enough: the keys need to be spread and unique within a run,
+// not unpredictable.
+func randomUUID() string {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], mrand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], mrand.Uint64())
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var s [36]byte
+	hex.Encode(s[0:8], b[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], b[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], b[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], b[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:], b[10:])
+	return string(s[:])
+}
+
+// freshKey is the key of iteration n of worker w in the claim and
+// lifecycle modes.
+func (l *loader) freshKey(w int, n int64) string {
+	if l.cfg.randomKeys {
+		return randomUUID()
+	}
+	return fmt.Sprintf("%s-w%d-%d", l.prefix, w, n)
+}
+
 // iterate runs one iteration of the mode for worker w.
 func (l *loader) iterate(ctx context.Context, t *tally, w int, n int64) {
 	switch l.cfg.mode {
 	case modeClaim:
-		l.timed(ctx, t, kindClaim, fmt.Sprintf("%s-w%d-%d", l.prefix, w, n), claimBody, is(201))
+		l.timed(ctx, t, kindClaim, l.freshKey(w, n), claimBody, is(201))
 	case modeLifecycle:
-		key := fmt.Sprintf("%s-w%d-%d", l.prefix, w, n)
+		key := l.freshKey(w, n)
 		if r := l.timed(ctx, t, kindClaim, key, claimBody, is(201)); r.err == nil && r.status == http.StatusCreated {
 			l.timed(ctx, t, kindComplete, key, completeBody(r.token), is(200))
 		}

@@ -7,7 +7,7 @@
 //
 //	loadgen -url http://127.0.0.1:8080 -token "$IDEM_TOKEN" \
 //	    [-mode claim|lifecycle|replay|contention] [-duration 10s] \
-//	    [-concurrency 16] [-requests N] [-keys N]
+//	    [-concurrency 16] [-requests N] [-keys N] [-random-keys]
 //	loadgen -url http://127.0.0.1:8080 -token "$QUIET" -mode neighbour \
 //	    -flood-token "$FLOODER" [-flood-concurrency 32] [-concurrency 4]
 //	loadgen -url http://127.0.0.1:8081 -mode frontdoor|frontdoor-replay [-path /orders]
@@ -52,7 +52,11 @@
 // listening on ADDR".
 //
 // The token needs the keys:write scope for a tenant whose rate limit is off.
-// Keys carry a per-run prefix, so runs never see each other's keys.
+// Keys carry a per-run prefix, so runs never see each other's keys. With
+// -random-keys the fresh keys of claim and lifecycle are random UUIDs
+// instead (122 random bits, no shared prefix), as integrations that key by a
+// UUID send them: each insert lands at a random place in the ledger's
+// primary-key index, which is what a large ledger pays for (scripts/bench-scale).
 //
 // It prints a report: requests, responses by status and problem code,
 // throughput, latency p50/p90/p99/max (per request kind), and a final
@@ -101,6 +105,7 @@ type config struct {
 	keys        int
 	timeout     time.Duration
 	path        string // frontdoor modes: the endpoint
+	randomKeys  bool   // claim and lifecycle: random UUID keys instead of prefix-wN-n
 	// neighbour mode: the flooding tenant's token and workers.
 	floodToken       string
 	floodConcurrency int
@@ -169,6 +174,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	path := fs.String("path", "/orders", "frontdoor modes: the endpoint POSTed to")
 	requests := fs.Int64("requests", 0, "stop after this many iterations (0 = only -duration bounds the run)")
 	keys := fs.Int("keys", 0, "size of the key set for replay (default 256) and contention (default 8)")
+	randomKeys := fs.Bool("random-keys", false, "claim and lifecycle: fresh keys are random UUIDs (random places in the ledger's index), not a per-run prefix and a counter")
 	timeout := fs.Duration("timeout", 10*time.Second, "timeout of one HTTP request")
 	floodToken := fs.String("flood-token", "", "neighbour mode: token of the flooding, rate-limited tenant")
 	floodConcurrency := fs.Int("flood-concurrency", 32, "neighbour mode: workers of the flooding tenant")
@@ -180,7 +186,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	cfg := config{
 		token: *token, duration: *duration, concurrency: *concurrency,
-		mode: *mode, requests: *requests, keys: *keys, timeout: *timeout, path: *path,
+		mode: *mode, requests: *requests, keys: *keys, timeout: *timeout, path: *path, randomKeys: *randomKeys,
 		floodToken: *floodToken, floodConcurrency: *floodConcurrency,
 		waiters: *waiters, rounds: *rounds, waitSeconds: *waitSeconds,
 	}
@@ -206,6 +212,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if cfg.timeout <= 0 || cfg.timeout > time.Minute {
 		return config{}, fmt.Errorf("-timeout must be in (0, 1m], got %s", cfg.timeout)
+	}
+	if cfg.randomKeys && cfg.mode != modeClaim && cfg.mode != modeLifecycle {
+		return config{}, fmt.Errorf("-random-keys applies to -mode claim and lifecycle only, not %q", cfg.mode)
 	}
 	switch cfg.mode {
 	case modeClaim, modeLifecycle:

@@ -211,3 +211,34 @@ func TestWaitModeAgainstTwoReplicas(t *testing.T) {
 	require.Contains(t, out.String(), "waiter 200                         40")
 	require.Contains(t, out.String(), "errors=0")
 }
+
+// TestRandomKeys: -random-keys gives UUID-shaped keys that the server
+// accepts, a new one per iteration, and only for the fresh-key modes.
+func TestRandomKeys(t *testing.T) {
+	t.Parallel()
+	var errOut bytes.Buffer
+	_, err := parseFlags([]string{"-token", "t", "-mode", "replay", "-random-keys"}, &errOut)
+	require.ErrorContains(t, err, "-random-keys")
+
+	seen := map[string]bool{}
+	for range 1000 {
+		k := randomUUID()
+		require.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`, k)
+		require.False(t, seen[k], "repeated key %s", k)
+		seen[k] = true
+	}
+
+	ts := servertest.Start(t, servertest.Options{Tenants: []string{"acme"}})
+	cfg, err := parseFlags([]string{
+		"-url", ts.URL(), "-mode", "lifecycle", "-random-keys", "-requests", "20", "-concurrency", "2",
+		"-token", ts.Token(t, "acme", "keys:write"),
+	}, &errOut)
+	require.NoError(t, err)
+	rep, err := runLoad(context.Background(), cfg)
+	require.NoError(t, err)
+	var out bytes.Buffer
+	require.Equal(t, 0, rep.print(&out), out.String())
+	require.Contains(t, out.String(), "claim 201                          20")
+	require.Contains(t, out.String(), "complete 200                       20")
+	require.Regexp(t, `errors=0 violations=0 p99_claim_ms=[0-9.]+ p99_complete_ms=[0-9.]+\n`, out.String())
+}
