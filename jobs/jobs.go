@@ -24,6 +24,7 @@ import (
 const (
 	DefaultReapInterval        = 30 * time.Second
 	DefaultReapBatchSize       = 500
+	DefaultReapPause           = 2.0
 	DefaultOrphanWatchInterval = 15 * time.Second
 )
 
@@ -35,6 +36,15 @@ type Config struct {
 	// a backlog never holds a large lock; a pass repeats batches until one
 	// comes back short.
 	ReapBatchSize int
+	// ReapPause paces a pass through a backlog: after each full batch the
+	// reaper rests ReapPause times as long as that batch took before it
+	// starts the next, so it keeps its database connection (and the
+	// database's CPU and WAL) busy at most 1/(1+ReapPause) of the time and
+	// a large purge cannot crowd out the claims and completes on the hot
+	// path. The pause follows the batch's own time, so it shrinks on a
+	// fast database and grows on a loaded one. 0 takes the default;
+	// negative turns pacing off (batches back to back).
+	ReapPause float64
 	// OrphanWatchInterval is the pause between orphan watches.
 	OrphanWatchInterval time.Duration
 	// Webhooks, when set, makes the orphan watch queue key.orphaned for
@@ -50,6 +60,9 @@ func (c Config) withDefaults() Config {
 	if c.ReapBatchSize <= 0 {
 		c.ReapBatchSize = DefaultReapBatchSize
 	}
+	if c.ReapPause == 0 {
+		c.ReapPause = DefaultReapPause
+	}
 	if c.OrphanWatchInterval <= 0 {
 		c.OrphanWatchInterval = DefaultOrphanWatchInterval
 	}
@@ -62,6 +75,10 @@ type Runner struct {
 	cfg    Config
 	logger *slog.Logger
 	m      *metrics.Metrics
+	// now and sleep time the reaper's batches and pause between them;
+	// tests replace them.
+	now   func() time.Time
+	sleep func(context.Context, time.Duration)
 }
 
 // New returns a Runner over store. logger nil discards logs; m nil records
@@ -75,6 +92,18 @@ func New(store idem.Store, cfg Config, logger *slog.Logger, m *metrics.Metrics) 
 		cfg:    cfg.withDefaults(),
 		logger: logger.With("component", "jobs"),
 		m:      m,
+		now:    time.Now,
+		sleep:  sleepCtx,
+	}
+}
+
+// sleepCtx waits for d or until ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
 	}
 }
 
@@ -134,7 +163,8 @@ type ReapResult struct {
 }
 
 // ReapOnce runs one reaper pass: Store.Reap in batches of ReapBatchSize
-// until a batch comes back short. Every deleted orphan is logged at warn
+// until a batch comes back short, resting after each full batch as
+// Config.ReapPause says. Every deleted orphan is logged at warn
 // level with tenant, key, operation, attempt, recovery_point, age (time
 // since its lease expired) and created_at. It returns what it deleted so
 // far together with any error.
@@ -145,7 +175,9 @@ func (r *Runner) ReapOnce(ctx context.Context) (ReapResult, error) {
 			// Shutting down is not a failed pass.
 			return res, fmt.Errorf("reap: %w", err)
 		}
+		start := r.now()
 		batch, err := r.store.Reap(ctx, idem.ReapParams{Limit: r.cfg.ReapBatchSize})
+		took := r.now().Sub(start)
 		res.Batches++
 		if err != nil {
 			if ctx.Err() == nil {
@@ -165,6 +197,9 @@ func (r *Runner) ReapOnce(ctx context.Context) (ReapResult, error) {
 		}
 		if len(batch) < r.cfg.ReapBatchSize {
 			break
+		}
+		if r.cfg.ReapPause > 0 {
+			r.sleep(ctx, time.Duration(float64(took)*r.cfg.ReapPause))
 		}
 	}
 	r.m.ObserveReaperRun(nil)
