@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/webhooks"
 )
@@ -96,6 +98,11 @@ type Config struct {
 	ReapInterval        time.Duration
 	ReapBatchSize       int
 	OrphanWatchInterval time.Duration
+	// ReapPause paces the reaper through a backlog (IDEM_REAP_PAUSE): after
+	// each full batch it rests this many times as long as the batch took,
+	// so a large purge leaves the database to claims and completes; 0 runs
+	// batches back to back, for draining a backlog fast in a quiet hour.
+	ReapPause float64
 	// TenantCacheTTL is how long tenant settings are cached on the hot
 	// path; other replicas see a settings change after at most this long.
 	TenantCacheTTL time.Duration
@@ -145,6 +152,7 @@ func DefaultConfig() Config {
 		MaxWaiters:          1000,
 		ReapInterval:        30 * time.Second,
 		ReapBatchSize:       500,
+		ReapPause:           jobs.DefaultReapPause,
 		OrphanWatchInterval: 15 * time.Second,
 		TenantCacheTTL:      5 * time.Second,
 		ReadHeaderTimeout:   5 * time.Second,
@@ -217,6 +225,8 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*durationValue)(&c.ReapInterval) }},
 		{"reap-batch-size", "IDEM_REAP_BATCH_SIZE", "most records the reaper deletes per batch", false,
 			func(c *Config) flag.Value { return (*intValue)(&c.ReapBatchSize) }},
+		{"reap-pause", "IDEM_REAP_PAUSE", "after each full batch the reaper rests this many times as long as the batch took (0: batches back to back)", false,
+			func(c *Config) flag.Value { return (*floatValue)(&c.ReapPause) }},
 		{"orphan-watch-interval", "IDEM_ORPHAN_WATCH_INTERVAL", "how often orphan counts and ages are refreshed", false,
 			func(c *Config) flag.Value { return (*durationValue)(&c.OrphanWatchInterval) }},
 		{"tenant-cache-ttl", "IDEM_TENANT_CACHE_TTL", "how long tenant settings are cached on the hot path", false,
@@ -491,6 +501,9 @@ func (c Config) Validate() error {
 	if c.ReapBatchSize < 1 || c.ReapBatchSize > 100000 {
 		bad("IDEM_REAP_BATCH_SIZE must be between 1 and 100000 (got %d)", c.ReapBatchSize)
 	}
+	if !(c.ReapPause >= 0 && c.ReapPause <= 100) {
+		bad("IDEM_REAP_PAUSE must be between 0 and 100 (got %g)", c.ReapPause)
+	}
 	if c.MetricsMaxTenants < 0 || c.MetricsMaxTenants > 100000 {
 		bad("IDEM_METRICS_MAX_TENANTS must be between 0 and 100000 (got %d)", c.MetricsMaxTenants)
 	}
@@ -572,6 +585,18 @@ func (v *intValue) Set(s string) error {
 		return fmt.Errorf("%q is not a whole number", s)
 	}
 	*v = intValue(n)
+	return nil
+}
+
+type floatValue float64
+
+func (v *floatValue) String() string { return strconv.FormatFloat(float64(*v), 'g', -1, 64) }
+func (v *floatValue) Set(s string) error {
+	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return fmt.Errorf("%q is not a number", s)
+	}
+	*v = floatValue(f)
 	return nil
 }
 

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem/jobs"
 )
 
 // load parses args (flags, without the program name) over the environment
@@ -87,6 +89,9 @@ func TestLoadParseErrorsNameTheVariable(t *testing.T) {
 	require.Contains(t, err.Error(), `IDEM_REAP_INTERVAL: "soon" is not a duration`)
 	require.Contains(t, err.Error(), `IDEM_DB_MAX_CONNS: "many" is not a whole number`)
 
+	_, err = load(nil, envOf(map[string]string{"IDEM_REAP_PAUSE": "NaN"}))
+	require.ErrorContains(t, err, `IDEM_REAP_PAUSE: "NaN" is not a number`)
+
 	_, err = load([]string{"--reap-interval", "soon"}, envOf(nil))
 	require.ErrorContains(t, err, "reap-interval")
 
@@ -124,6 +129,7 @@ func TestValidateMessages(t *testing.T) {
 		{"max conns", func(c *Config) { c.DBMaxConns = 0 }, "IDEM_DB_MAX_CONNS must be between 1 and 1000 (got 0)"},
 		{"max waiters", func(c *Config) { c.MaxWaiters = -1 }, "IDEM_MAX_WAITERS must be between 0 and 1000000 (got -1)"},
 		{"batch", func(c *Config) { c.ReapBatchSize = 0 }, "IDEM_REAP_BATCH_SIZE must be between 1 and 100000 (got 0)"},
+		{"reap pause", func(c *Config) { c.ReapPause = -1 }, "IDEM_REAP_PAUSE must be between 0 and 100 (got -1)"},
 		{"header bytes", func(c *Config) { c.MaxHeaderBytes = 10 }, "IDEM_MAX_HEADER_BYTES must be at least 4096 (got 10)"},
 	}
 	for _, tt := range tests {
@@ -266,4 +272,21 @@ func TestDatabasePasswordFile(t *testing.T) {
 		_, err := load(nil, envOf(map[string]string{"IDEM_DATABASE_URL": c.url, "IDEM_DATABASE_PASSWORD_FILE": c.file}))
 		require.ErrorContains(t, err, c.want, c.url)
 	}
+}
+
+// TestReapPause: IDEM_REAP_PAUSE defaults to the jobs' pacing, takes a
+// fraction, and 0 turns pacing off (a negative jobs.Config.ReapPause).
+func TestReapPause(t *testing.T) {
+	t.Parallel()
+	cfg, err := load(nil, envOf(nil))
+	require.NoError(t, err)
+	require.Equal(t, jobs.DefaultReapPause, cfg.ReapPause)
+	require.Equal(t, jobs.DefaultReapPause, reapPause(cfg.ReapPause))
+	cfg, err = load(nil, envOf(map[string]string{"IDEM_REAP_PAUSE": "0.5"}))
+	require.NoError(t, err)
+	require.Equal(t, 0.5, reapPause(cfg.ReapPause))
+	cfg, err = load([]string{"--reap-pause", "0"}, envOf(nil))
+	require.NoError(t, err)
+	require.NoError(t, cfg.Validate())
+	require.Negative(t, reapPause(cfg.ReapPause), "0 must turn pacing off")
 }

@@ -194,6 +194,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	s.jobs = jobs.New(s.store, jobs.Config{
 		ReapInterval:        cfg.ReapInterval,
 		ReapBatchSize:       cfg.ReapBatchSize,
+		ReapPause:           reapPause(cfg.ReapPause),
 		OrphanWatchInterval: cfg.OrphanWatchInterval,
 		Webhooks:            ws,
 	}, logger, s.metrics)
@@ -502,4 +503,13 @@ func (s *Server) Waiting() int { return s.waiters.Waiting() }
 func (s *Server) KeyEvents() idem.KeyEvents {
 	ev, _ := s.rawStore.(idem.KeyEvents)
 	return ev
+}
+
+// reapPause maps IDEM_REAP_PAUSE to jobs.Config.ReapPause, where 0 means
+// the default and a negative value turns pacing off.
+func reapPause(p float64) float64 {
+	if p == 0 {
+		return -1
+	}
+	return p
 }
