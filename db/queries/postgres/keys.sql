@@ -94,7 +94,7 @@ WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
     AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
     -- the lease test as a CASE: the planner cannot make it a range scan of
     -- the orphan index, so the row is found by its primary key (see
-    -- TestSingleRecordStatementsUseThePrimaryKey)
+    -- TestGenericPlans)
     AND CASE WHEN k.lease_expires_at > clock.now THEN true ELSE false END
     AND k.attempt_id = sqlc.arg('attempt_id')::text
 RETURNING sqlc.embed(k), clock.now AS observed_at;
@@ -231,22 +231,25 @@ ORDER BY k.tenant_id;
 -- deleted, whatever its purge_after says: its claimant may still be working.
 -- FOR UPDATE SKIP LOCKED lets concurrent reapers on several replicas each
 -- take different rows without waiting on one another; a row is deleted by
--- one of them only. It returns the records without responses or recovery
+-- one of them only. The batch is deleted by the row addresses (ctid) the
+-- locking scan returned — the rows stay where they are while locked, and a
+-- TID scan is the one plan for them, where a join on the key could be
+-- planned as a scan of the whole table (SQLite's ReapKeys deletes by rowid
+-- the same way). It returns the records without responses or recovery
 -- data.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
-), victims AS (
-    SELECT e.tenant_id, e.key
+)
+DELETE FROM idempotency_keys k
+WHERE k.ctid = ANY (ARRAY(
+    SELECT e.ctid
     FROM idempotency_keys e
     WHERE e.purge_after <= (SELECT clock.now FROM clock)
         AND (e.state <> 'in_flight' OR e.lease_expires_at <= (SELECT clock.now FROM clock))
     ORDER BY e.purge_after
     LIMIT sqlc.arg('row_limit')::integer
     FOR UPDATE OF e SKIP LOCKED
-)
-DELETE FROM idempotency_keys k
-USING victims
-WHERE k.tenant_id = victims.tenant_id AND k.key = victims.key
+))
 RETURNING
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
     k.attempt, k.lease_expires_at, k.recovery_point,

@@ -148,21 +148,21 @@ RETURNING e.enabled;
 -- MarkOrphans sets orphan_event_token on at most row_limit orphans not yet
 -- reported for their current token (from the partial orphan index), and
 -- returns them. SKIP LOCKED: a row being claimed or marked elsewhere waits
--- for the next watch.
+-- for the next watch. The rows are updated by the addresses (ctid) the
+-- locking scan returned, as ReapKeys deletes its batch.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
-), todo AS (
-    SELECT o.tenant_id, o.key
+)
+UPDATE idempotency_keys k SET orphan_event_token = k.fencing_token
+WHERE k.ctid = ANY (ARRAY(
+    SELECT o.ctid
     FROM idempotency_keys o
     WHERE o.state = 'in_flight' AND o.lease_expires_at <= (SELECT clock.now FROM clock)
         AND o.orphan_event_token IS DISTINCT FROM o.fencing_token
     ORDER BY o.lease_expires_at
     LIMIT sqlc.arg('row_limit')::integer
     FOR UPDATE OF o SKIP LOCKED
-)
-UPDATE idempotency_keys k SET orphan_event_token = k.fencing_token
-FROM todo
-WHERE k.tenant_id = todo.tenant_id AND k.key = todo.key
+))
 RETURNING
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
     k.attempt, k.lease_expires_at, k.recovery_point,

@@ -762,19 +762,18 @@ func (q *Queries) OrphanStats(ctx context.Context, now pgtype.Timestamptz) ([]Or
 
 const reapKeys = `-- name: ReapKeys :many
 WITH clock AS (
-    SELECT coalesce($1::timestamptz, now())::timestamptz AS now
-), victims AS (
-    SELECT e.tenant_id, e.key
+    SELECT coalesce($2::timestamptz, now())::timestamptz AS now
+)
+DELETE FROM idempotency_keys k
+WHERE k.ctid = ANY (ARRAY(
+    SELECT e.ctid
     FROM idempotency_keys e
     WHERE e.purge_after <= (SELECT clock.now FROM clock)
         AND (e.state <> 'in_flight' OR e.lease_expires_at <= (SELECT clock.now FROM clock))
     ORDER BY e.purge_after
-    LIMIT $2::integer
+    LIMIT $1::integer
     FOR UPDATE OF e SKIP LOCKED
-)
-DELETE FROM idempotency_keys k
-USING victims
-WHERE k.tenant_id = victims.tenant_id AND k.key = victims.key
+))
 RETURNING
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
     k.attempt, k.lease_expires_at, k.recovery_point,
@@ -785,8 +784,8 @@ RETURNING
 `
 
 type ReapKeysParams struct {
-	Now      pgtype.Timestamptz
 	RowLimit int32
+	Now      pgtype.Timestamptz
 }
 
 type ReapKeysRow struct {
@@ -816,10 +815,14 @@ type ReapKeysRow struct {
 // deleted, whatever its purge_after says: its claimant may still be working.
 // FOR UPDATE SKIP LOCKED lets concurrent reapers on several replicas each
 // take different rows without waiting on one another; a row is deleted by
-// one of them only. It returns the records without responses or recovery
+// one of them only. The batch is deleted by the row addresses (ctid) the
+// locking scan returned — the rows stay where they are while locked, and a
+// TID scan is the one plan for them, where a join on the key could be
+// planned as a scan of the whole table (SQLite's ReapKeys deletes by rowid
+// the same way). It returns the records without responses or recovery
 // data.
 func (q *Queries) ReapKeys(ctx context.Context, arg ReapKeysParams) ([]ReapKeysRow, error) {
-	rows, err := q.db.Query(ctx, reapKeys, arg.Now, arg.RowLimit)
+	rows, err := q.db.Query(ctx, reapKeys, arg.RowLimit, arg.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -893,7 +896,7 @@ WHERE k.tenant_id = $2 AND k.key = $3
     AND k.fencing_token = $4 AND k.state = 'in_flight'
     -- the lease test as a CASE: the planner cannot make it a range scan of
     -- the orphan index, so the row is found by its primary key (see
-    -- TestSingleRecordStatementsUseThePrimaryKey)
+    -- TestGenericPlans)
     AND CASE WHEN k.lease_expires_at > clock.now THEN true ELSE false END
     AND k.attempt_id = $5::text
 RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at

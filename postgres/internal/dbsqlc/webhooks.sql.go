@@ -449,19 +449,18 @@ func (q *Queries) ListWebhookEndpoints(ctx context.Context, tenantID string) ([]
 
 const markOrphans = `-- name: MarkOrphans :many
 WITH clock AS (
-    SELECT coalesce($1::timestamptz, now())::timestamptz AS now
-), todo AS (
-    SELECT o.tenant_id, o.key
+    SELECT coalesce($2::timestamptz, now())::timestamptz AS now
+)
+UPDATE idempotency_keys k SET orphan_event_token = k.fencing_token
+WHERE k.ctid = ANY (ARRAY(
+    SELECT o.ctid
     FROM idempotency_keys o
     WHERE o.state = 'in_flight' AND o.lease_expires_at <= (SELECT clock.now FROM clock)
         AND o.orphan_event_token IS DISTINCT FROM o.fencing_token
     ORDER BY o.lease_expires_at
-    LIMIT $2::integer
+    LIMIT $1::integer
     FOR UPDATE OF o SKIP LOCKED
-)
-UPDATE idempotency_keys k SET orphan_event_token = k.fencing_token
-FROM todo
-WHERE k.tenant_id = todo.tenant_id AND k.key = todo.key
+))
 RETURNING
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
     k.attempt, k.lease_expires_at, k.recovery_point,
@@ -472,8 +471,8 @@ RETURNING
 `
 
 type MarkOrphansParams struct {
-	Now      pgtype.Timestamptz
 	RowLimit int32
+	Now      pgtype.Timestamptz
 }
 
 type MarkOrphansRow struct {
@@ -501,9 +500,10 @@ type MarkOrphansRow struct {
 // MarkOrphans sets orphan_event_token on at most row_limit orphans not yet
 // reported for their current token (from the partial orphan index), and
 // returns them. SKIP LOCKED: a row being claimed or marked elsewhere waits
-// for the next watch.
+// for the next watch. The rows are updated by the addresses (ctid) the
+// locking scan returned, as ReapKeys deletes its batch.
 func (q *Queries) MarkOrphans(ctx context.Context, arg MarkOrphansParams) ([]MarkOrphansRow, error) {
-	rows, err := q.db.Query(ctx, markOrphans, arg.Now, arg.RowLimit)
+	rows, err := q.db.Query(ctx, markOrphans, arg.RowLimit, arg.Now)
 	if err != nil {
 		return nil, err
 	}
