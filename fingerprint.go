@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // FingerprintPrefix starts every fingerprint the server computes.
@@ -106,9 +108,34 @@ func writeCanonical(buf *bytes.Buffer, v any) error {
 }
 
 // compareUTF16 orders strings by their UTF-16 code units, as RFC 8785
-// requires for object member names.
+// requires for object member names, without encoding them: up to the first
+// rune that differs the code units are equal, and there the order of the
+// two runes' first code units decides (utf16Lead), or their code points when
+// those are equal too (both above U+FFFF with one high surrogate, where
+// the low surrogates follow the code points). A string that ends first
+// sorts first.
 func compareUTF16(a, b string) int {
-	return slices.Compare(utf16.Encode([]rune(a)), utf16.Encode([]rune(b)))
+	for a != "" && b != "" {
+		ra, na := utf8.DecodeRuneInString(a)
+		rb, nb := utf8.DecodeRuneInString(b)
+		if ra != rb {
+			if c := cmp.Compare(utf16Lead(ra), utf16Lead(rb)); c != 0 {
+				return c
+			}
+			return cmp.Compare(ra, rb)
+		}
+		a, b = a[na:], b[nb:]
+	}
+	return cmp.Compare(len(a), len(b))
+}
+
+// utf16Lead is the first UTF-16 code unit of r.
+func utf16Lead(r rune) rune {
+	if r < 0x10000 {
+		return r
+	}
+	hi, _ := utf16.EncodeRune(r)
+	return hi
 }
 
 // formatES6Number formats a double as ECMAScript's Number.prototype.toString

@@ -1,8 +1,12 @@
 package idem_test
 
 import (
+	"bytes"
 	"encoding/json"
+	"math/rand/v2"
+	"slices"
 	"testing"
+	"unicode/utf16"
 
 	"github.com/stretchr/testify/require"
 
@@ -62,4 +66,44 @@ func TestFingerprintJSON(t *testing.T) {
 	require.NotEqual(t, a, c)
 	// printf %s '{"amount":1000,"currency":"usd"}' | sha256sum
 	require.Equal(t, "sha256:a223b60dc6adbc2911e7c073889b220df1181c5534fa6be58c3a70981c354c54", a)
+}
+
+// TestCanonicalJSONOrdersByUTF16: object members come out ordered by their
+// UTF-16 code units (RFC 8785 §3.2.3), which differs from code point order
+// where a character above U+FFFF (a surrogate pair, 0xD800..) meets one in
+// U+E000..U+FFFF; checked on random objects whose member names mix such
+// characters, against utf16.Encode.
+func TestCanonicalJSONOrdersByUTF16(t *testing.T) {
+	t.Parallel()
+	alphabet := []rune{'a', 'b', 'é', '\u00ff', '\u0100', '\ud7ff', '\ue000', '\uffef', '\U00010000', '\U0001f600', '\U0010ffff'}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		members := map[string]int{}
+		for i := range 1 + rng.IntN(8) {
+			name := make([]rune, rng.IntN(4))
+			for j := range name {
+				name[j] = alphabet[rng.IntN(len(alphabet))]
+			}
+			members[string(name)] = i
+		}
+		doc, err := json.Marshal(members)
+		require.NoError(t, err)
+		canon, err := idem.CanonicalJSON(doc)
+		require.NoError(t, err)
+		dec := json.NewDecoder(bytes.NewReader(canon))
+		_, err = dec.Token() // {
+		require.NoError(t, err)
+		var names []string
+		for dec.More() {
+			tok, err := dec.Token()
+			require.NoError(t, err)
+			names = append(names, tok.(string))
+			var v any
+			require.NoError(t, dec.Decode(&v))
+		}
+		require.Len(t, names, len(members))
+		require.Truef(t, slices.IsSortedFunc(names, func(a, b string) int {
+			return slices.Compare(utf16.Encode([]rune(a)), utf16.Encode([]rune(b)))
+		}), "members of %s not in UTF-16 order: %q", canon, names)
+	}
 }
