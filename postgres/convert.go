@@ -60,6 +60,15 @@ func recordFromRow(k dbsqlc.IdempotencyKey, observedAt pgtype.Timestamptz) (idem
 	return rec, nil
 }
 
+// cursorNewest and cursorOldest are the keyset cursors of a first page: a
+// newest-first listing starts below +infinity, an oldest-first one above
+// -infinity, so each listing is one statement whose cursor bounds its index
+// scan (SQLite's store passes the largest and smallest integers).
+var (
+	cursorNewest = pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+	cursorOldest = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+)
+
 // writeRow is the shape ClaimKey and CompleteKey return: a record without
 // its response. After a claim the response is NULL; after a complete it is
 // the one the caller just stored, so it is not read back (a large body would

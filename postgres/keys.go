@@ -219,7 +219,7 @@ func (s *Store) getKey(ctx context.Context, tenantID, key string) (*idem.Record,
 
 // ListRecords lists a tenant's records without responses, newest first.
 func (s *Store) ListRecords(ctx context.Context, p idem.ListRecordsParams) ([]idem.Record, error) {
-	arg := dbsqlc.ListKeysParams{TenantID: p.TenantID, StateFilter: string(p.State), RowLimit: int32(p.Limit), Now: s.clock()}
+	arg := dbsqlc.ListKeysParams{TenantID: p.TenantID, StateFilter: string(p.State), AfterTime: cursorNewest, RowLimit: int32(p.Limit), Now: s.clock()}
 	if p.After != nil {
 		arg.AfterTime = pgtype.Timestamptz{Time: p.After.Time, Valid: true}
 		arg.AfterKey = p.After.Key
@@ -233,7 +233,7 @@ func (s *Store) ListRecords(ctx context.Context, p idem.ListRecordsParams) ([]id
 
 // ListOrphans lists orphaned records, oldest lease expiry first.
 func (s *Store) ListOrphans(ctx context.Context, p idem.ListOrphansParams) ([]idem.Record, error) {
-	arg := dbsqlc.ListOrphanKeysParams{TenantFilter: p.TenantID, RowLimit: int32(p.Limit), Now: s.clock()}
+	arg := dbsqlc.ListOrphanKeysParams{TenantFilter: p.TenantID, AfterTime: cursorOldest, RowLimit: int32(p.Limit), Now: s.clock()}
 	if p.After != nil {
 		arg.AfterTime = pgtype.Timestamptz{Time: p.After.Time, Valid: true}
 		arg.AfterTenantID = p.After.TenantID

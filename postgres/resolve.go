@@ -127,7 +127,7 @@ func (s *Store) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolut
 
 // ListAudit lists audit entries newest first.
 func (s *Store) ListAudit(ctx context.Context, p idem.ListAuditParams) ([]idem.AuditEntry, error) {
-	arg := dbsqlc.ListAuditParams{TenantFilter: p.TenantID, KeyFilter: p.Key, RowLimit: int32(p.Limit)}
+	arg := dbsqlc.ListAuditParams{TenantFilter: p.TenantID, KeyFilter: p.Key, AfterTime: cursorNewest, RowLimit: int32(p.Limit)}
 	if p.After != nil {
 		arg.AfterTime = pgtype.Timestamptz{Time: p.After.Time, Valid: true}
 		arg.AfterID = p.After.ID

@@ -20,7 +20,7 @@ SELECT *
 FROM key_audit a
 WHERE (sqlc.arg('tenant_filter')::text = '' OR a.tenant_id = sqlc.arg('tenant_filter')::text)
     AND (sqlc.arg('key_filter')::text = '' OR a.key = sqlc.arg('key_filter')::text)
-    AND (sqlc.narg('after_time')::timestamptz IS NULL
-        OR (a.created_at, a.id) < (sqlc.narg('after_time')::timestamptz, sqlc.arg('after_id')::bigint))
+    -- the first page passes the cursor ('infinity', 0), as ListKeys
+    AND (a.created_at, a.id) < (sqlc.arg('after_time')::timestamptz, sqlc.arg('after_id')::bigint)
 ORDER BY a.created_at DESC, a.id DESC
 LIMIT sqlc.arg('row_limit')::integer;

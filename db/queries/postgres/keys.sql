@@ -182,8 +182,11 @@ WHERE k.tenant_id = sqlc.arg('tenant_id')
         WHEN 'expired' THEN k.state = 'completed' AND k.replay_until <= clock.now
         ELSE false
     END
-    AND (sqlc.narg('after_time')::timestamptz IS NULL
-        OR (k.created_at, k.key) < (sqlc.narg('after_time')::timestamptz, sqlc.arg('after_key')::text))
+    -- the first page passes the cursor ('infinity', ''): one form of the
+    -- statement, whose cursor is a bound of the listing index scan in a
+    -- generic plan too (an "IS NULL OR" made it a filter, and every page
+    -- read the tenant's records from the newest on)
+    AND (k.created_at, k.key) < (sqlc.arg('after_time')::timestamptz, sqlc.arg('after_key')::text)
 ORDER BY k.created_at DESC, k.key DESC
 LIMIT sqlc.arg('row_limit')::integer;
 
@@ -204,9 +207,9 @@ SELECT
 FROM idempotency_keys k, clock
 WHERE k.state = 'in_flight' AND k.lease_expires_at <= clock.now
     AND (sqlc.arg('tenant_filter')::text = '' OR k.tenant_id = sqlc.arg('tenant_filter')::text)
-    AND (sqlc.narg('after_time')::timestamptz IS NULL
-        OR (k.lease_expires_at, k.tenant_id, k.key)
-            > (sqlc.narg('after_time')::timestamptz, sqlc.arg('after_tenant_id')::text, sqlc.arg('after_key')::text))
+    -- the first page passes the cursor ('-infinity', '', ''), as ListKeys
+    AND (k.lease_expires_at, k.tenant_id, k.key)
+        > (sqlc.arg('after_time')::timestamptz, sqlc.arg('after_tenant_id')::text, sqlc.arg('after_key')::text)
 ORDER BY k.lease_expires_at, k.tenant_id, k.key
 LIMIT sqlc.arg('row_limit')::integer;
 

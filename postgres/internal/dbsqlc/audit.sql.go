@@ -75,8 +75,8 @@ SELECT id, tenant_id, key, action, fencing_token, new_fencing_token, note, actor
 FROM key_audit a
 WHERE ($1::text = '' OR a.tenant_id = $1::text)
     AND ($2::text = '' OR a.key = $2::text)
-    AND ($3::timestamptz IS NULL
-        OR (a.created_at, a.id) < ($3::timestamptz, $4::bigint))
+    -- the first page passes the cursor ('infinity', 0), as ListKeys
+    AND (a.created_at, a.id) < ($3::timestamptz, $4::bigint)
 ORDER BY a.created_at DESC, a.id DESC
 LIMIT $5::integer
 `

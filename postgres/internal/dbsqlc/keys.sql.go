@@ -442,8 +442,11 @@ WHERE k.tenant_id = $1
         WHEN 'expired' THEN k.state = 'completed' AND k.replay_until <= clock.now
         ELSE false
     END
-    AND ($3::timestamptz IS NULL
-        OR (k.created_at, k.key) < ($3::timestamptz, $4::text))
+    -- the first page passes the cursor ('infinity', ''): one form of the
+    -- statement, whose cursor is a bound of the listing index scan in a
+    -- generic plan too (an "IS NULL OR" made it a filter, and every page
+    -- read the tenant's records from the newest on)
+    AND (k.created_at, k.key) < ($3::timestamptz, $4::text)
 ORDER BY k.created_at DESC, k.key DESC
 LIMIT $5::integer
 `
@@ -544,9 +547,9 @@ SELECT
 FROM idempotency_keys k, clock
 WHERE k.state = 'in_flight' AND k.lease_expires_at <= clock.now
     AND ($1::text = '' OR k.tenant_id = $1::text)
-    AND ($2::timestamptz IS NULL
-        OR (k.lease_expires_at, k.tenant_id, k.key)
-            > ($2::timestamptz, $3::text, $4::text))
+    -- the first page passes the cursor ('-infinity', '', ''), as ListKeys
+    AND (k.lease_expires_at, k.tenant_id, k.key)
+        > ($2::timestamptz, $3::text, $4::text)
 ORDER BY k.lease_expires_at, k.tenant_id, k.key
 LIMIT $5::integer
 `
