@@ -84,6 +84,10 @@ type Observer interface {
 	// that passed request validation; op is "checkpoint", "complete" or
 	// "release".
 	ObserveWrite(tenant, op string, err error)
+	// InflightBudget is called once, by New, with a reader of the request
+	// body bytes held against the server-wide in-flight budget (each body
+	// times BodyMemoryFactor), for a gauge read at scrape time.
+	InflightBudget(used func() int64)
 }
 
 // service is the HTTP API: the dependencies its handlers share. (Package
@@ -135,6 +139,9 @@ func New(opts Options) *chi.Mux {
 	s.inflight = &inflight{limit: opts.MaxInflightBytes}
 	if s.inflight.limit <= 0 {
 		s.inflight.limit = DefaultMaxInflightBytes
+	}
+	if s.observer != nil {
+		s.observer.InflightBudget(s.inflight.used.Load)
 	}
 
 	r := chi.NewRouter()

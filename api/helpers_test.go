@@ -125,6 +125,8 @@ func (o *recordingObserver) ObserveClaim(_ string, action idem.ClaimAction, _ er
 	o.claims = append(o.claims, action)
 }
 
+func (o *recordingObserver) InflightBudget(func() int64) {}
+
 func (o *recordingObserver) ObserveWrite(_, op string, _ error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -112,6 +112,7 @@ const StatusClientClosedRequest = 499
 // Metrics holds the service's collectors. Its ObserveClaim and ObserveWrite
 // methods satisfy api.Observer. A nil *Metrics is valid and records nothing.
 type Metrics struct {
+	reg                  prometheus.Registerer
 	claims               *prometheus.CounterVec
 	writes               *prometheus.CounterVec
 	orphans              *prometheus.GaugeVec
@@ -146,6 +147,7 @@ type Metrics struct {
 // prometheus.MustRegister.
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
+		reg: reg,
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "claims_total",
 			Help: "Claims by tenant and outcome (created, replayed, in_flight, mismatch, takeover, error, canceled).",
@@ -329,6 +331,20 @@ func BuildInfo() (version, revision, goVersion string) {
 		goVersion = bi.GoVersion
 	}
 	return version, revision, goVersion
+}
+
+// InflightBudget registers idem_request_body_bytes_in_flight, read from used
+// at scrape time: how much of IDEM_MAX_INFLIGHT_BYTES the request bodies in
+// flight hold, so an operator sees 503 server_busy coming. It implements
+// api.Observer; the router calls it once.
+func (m *Metrics) InflightBudget(used func() int64) {
+	if m == nil {
+		return
+	}
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "request_body_bytes_in_flight",
+		Help: "Request body bytes held against the in-flight budget (IDEM_MAX_INFLIGHT_BYTES), each body counted 4 times its size.",
+	}, func() float64 { return float64(used()) }))
 }
 
 // ReadyTimeout bounds the store ping behind idem_ready, like GET /readyz.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -145,6 +146,28 @@ func requireListedWithoutData(t *testing.T, body []byte, n int) {
 	require.Less(t, len(body), n*1024, "a listing must stay small")
 }
 
+// bodyBytesInFlight reads idem_request_body_bytes_in_flight from the
+// server's /metrics, or -1 when it cannot (safe to call from any goroutine).
+func bodyBytesInFlight(ts *servertest.Server) int64 {
+	resp, err := http.Get(ts.URL() + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return -1
+	}
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "idem_request_body_bytes_in_flight "); ok {
+			if n, err := strconv.ParseFloat(v, 64); err == nil {
+				return int64(n)
+			}
+		}
+	}
+	return -1
+}
+
 // storeOps returns how many store operations op the server has run, from
 // its /metrics (every result summed).
 func storeOps(t *testing.T, ts *servertest.Server, op string) int {
@@ -259,14 +282,12 @@ func TestInflightBudgetRefusesBeforeReading(t *testing.T) {
 				"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", tok, len(holderBody), holderBody[:100])
 			require.NoError(t, err)
 
-			// Wait until the server holds the holder's budget: a probe
-			// complete of a key that does not exist (404 if it were read,
-			// nothing changes) is refused once it is held.
-			probe := complete(1)
-			require.Eventually(t, func() bool {
-				resp, _ := do(t, http.MethodPost, ts.URL()+"/v1/keys/probe/complete", tok, probe)
-				return resp.StatusCode == http.StatusServiceUnavailable
-			}, 10*time.Second, 20*time.Millisecond)
+			// Wait until the server holds the holder's budget, as its gauge
+			// says. (Probing with another large body raced: on a loaded
+			// machine the probe could take the budget first, and the holder
+			// was refused instead.)
+			want := int64(len(holderBody)) * api.BodyMemoryFactor
+			require.Eventually(t, func() bool { return bodyBytesInFlight(ts) >= want }, 10*time.Second, 20*time.Millisecond)
 
 			busy := func(req *http.Request) {
 				t.Helper()
@@ -304,6 +325,9 @@ func TestInflightBudgetRefusesBeforeReading(t *testing.T) {
 			require.NoError(t, err)
 			_ = hr.Body.Close()
 			require.Equal(t, http.StatusOK, hr.StatusCode)
+			// The holder's budget is given back once its answer is written,
+			// which its client may see a moment before.
+			require.Eventually(t, func() bool { return bodyBytesInFlight(ts) == 0 }, 10*time.Second, 10*time.Millisecond)
 			resp, body := do(t, http.MethodPost, ts.URL()+"/v1/keys/second/complete", tok, second)
 			require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 			req, err = http.NewRequest(http.MethodPost, ts.URL()+"/v1/keys/chunked/complete", io.MultiReader(strings.NewReader(chunked)))
