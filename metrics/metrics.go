@@ -609,11 +609,12 @@ func (m *Metrics) observeHTTP(r *http.Request, status int, start time.Time) {
 	m.ObserveHTTP(route, r.Method, status, time.Since(start))
 }
 
-// children remembers the children of a metric vector by their label values
-// (labels of them, at most three; get's unused arguments are ""), so an observation on the hot path is
-// one map read under a read lock instead of the vector's label checks,
-// hashing and lookup. Every label value it sees comes from a bounded set
-// (see Cardinality), and so does the map.
+// children remembers the children of a metric vector (of labels label
+// names, at most three; get's unused arguments are "") by their label
+// values, so an observation on the hot path is one map read under a read
+// lock instead of the vector's label checks, hashing and lookup. Every label
+// value it sees comes from a bounded set (see Cardinality), and so does the
+// map.
 type children[T any] struct {
 	labels int
 	with   func(lvs ...string) T // the vector's WithLabelValues

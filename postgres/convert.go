@@ -19,7 +19,7 @@ type listRow = dbsqlc.ListKeysRow
 // recordFromRow converts a whole record, response included, observed at
 // observedAt.
 func recordFromRow(k dbsqlc.IdempotencyKey, observedAt pgtype.Timestamptz) (idem.Record, error) {
-	rec := recordFromListRow(listRow{
+	rec := recordFromWriteRow(writeRow{
 		TenantID:               k.TenantID,
 		Key:                    k.Key,
 		State:                  k.State,
@@ -38,14 +38,10 @@ func recordFromRow(k dbsqlc.IdempotencyKey, observedAt pgtype.Timestamptz) (idem
 		PurgeAfter:             k.PurgeAfter,
 		ReviewNote:             k.ReviewNote,
 		ReviewAt:               k.ReviewAt,
+		RecoveryData:           k.RecoveryData,
+		AttemptID:              k.AttemptID,
 		ObservedAt:             observedAt,
 	})
-	if k.RecoveryData != nil {
-		rec.RecoveryData = json.RawMessage(k.RecoveryData)
-	}
-	if k.AttemptID != nil {
-		rec.AttemptID = *k.AttemptID
-	}
 	if k.ResponseStatus == nil {
 		return rec, nil
 	}
@@ -75,7 +71,8 @@ var (
 // cross the wire twice).
 type writeRow = dbsqlc.ClaimKeyRow
 
-// recordFromWriteRow converts a writeRow; the caller adds the response.
+// recordFromWriteRow converts a record without its response (recordFromRow
+// adds a stored one; a complete, the one it was given).
 func recordFromWriteRow(r writeRow) idem.Record {
 	rec := recordFromListRow(listRow{
 		TenantID:               r.TenantID,
