@@ -14,8 +14,10 @@
 // retry gets the stored response with Idempotent-Replayed: true; the key in
 // flight 409 with Retry-After; the key used with another request 422. A
 // store that fails gives 503 with Retry-After and the upstream is not
-// called (fail closed); an upstream that cannot be reached or does not
-// answer in time releases the key and gives 502 or 504. A response over
+// called (fail closed); a store that fails while the upstream's response
+// is being stored is asked again before the response is sent (complete);
+// an upstream that cannot be reached or does not answer in time releases
+// the key and gives 502 or 504. A response over
 // the route's max_stored_bytes is passed through and recorded as completed
 // without its body; a replay then answers 409 response_not_replayable.
 package gateway
@@ -441,13 +443,39 @@ func bodyEncoding(b []byte) string {
 	return idem.BodyEncodingBase64
 }
 
-// complete stores the response. A failure is logged: the upstream has run,
-// so its response is still sent.
+// completeRetryMin is the shortest time complete keeps asking a store that
+// is unavailable to store a response; it asks for as long as the claim's
+// lease when that is longer.
+const completeRetryMin = 5 * time.Second
+
+// complete stores the response. The upstream has run: a response that is
+// not stored leaves the record in flight, and once its lease runs out a
+// retry takes it over and runs the upstream a second time. So a store
+// that is unavailable (store_unavailable: a lock held elsewhere, a
+// deadline, a lost connection) is asked again, with a growing pause, for
+// as long as the claim's lease and at least completeRetryMin: a complete
+// that landed but whose answer was lost is then a repeat, which the store
+// accepts. Any other refusal (lease_lost: a retry took the key over
+// meanwhile) ends it at once. A response still not stored is logged and
+// sent all the same.
 func (g *Gateway) complete(ctx context.Context, c claim, r *http.Request, resp idem.Response) {
-	if _, err := g.store.Complete(ctx, idem.CompleteParams{TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token, Response: resp}); err != nil {
+	until := time.Now().Add(max(c.lease, completeRetryMin))
+	pause := 50 * time.Millisecond
+	for {
+		_, err := g.store.Complete(ctx, idem.CompleteParams{TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token, Response: resp})
+		if err == nil {
+			return
+		}
 		g.metrics.storeFailures.WithLabelValues("complete").Inc()
-		g.logger.ErrorContext(r.Context(), "gateway: the upstream answered but its response was not stored",
-			"request_id", r.Header.Get(frontdoor.HeaderRequestID), "error", err.Error())
+		if idem.ErrorCode(err) != idem.CodeStoreUnavailable || time.Now().Add(pause).After(until) {
+			g.logger.ErrorContext(r.Context(), "gateway: the upstream answered but its response was not stored",
+				"request_id", r.Header.Get(frontdoor.HeaderRequestID), "error", err.Error())
+			return
+		}
+		g.logger.WarnContext(r.Context(), "gateway: storing the response failed; trying again",
+			"request_id", r.Header.Get(frontdoor.HeaderRequestID), "retry_in", pause, "error", err.Error())
+		time.Sleep(pause)
+		pause = min(2*pause, time.Second)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"database/sql"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
@@ -505,4 +507,99 @@ func TestWaitCappedPerRoute(t *testing.T) {
 		require.Equal(t, "wait=1", capped.header.Get("Preference-Applied"))
 		require.NotEmpty(t, capped.header.Get("Retry-After"))
 	})
+}
+
+// holdKeyLock makes the store stop answering writes of key from another
+// connection, as a lock held elsewhere would, until the returned function
+// is called: the SQLite file's write lock (BEGIN IMMEDIATE), or the
+// record's row lock in PostgreSQL (SELECT … FOR UPDATE). Writes of the
+// key then wait until the gateway's store deadline cancels them.
+func holdKeyLock(t *testing.T, r *rig, backend, key string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	dbURL := r.idem.Config().DatabaseURL
+	var once sync.Once
+	if backend == servertest.BackendSQLite {
+		db, err := sql.Open("sqlite", "file:"+strings.TrimPrefix(dbURL, "sqlite:")+"?_pragma=busy_timeout(5000)")
+		require.NoError(t, err)
+		conn, err := db.Conn(ctx)
+		require.NoError(t, err)
+		_, err = conn.ExecContext(ctx, "BEGIN IMMEDIATE")
+		require.NoError(t, err)
+		release = func() {
+			once.Do(func() {
+				_, _ = conn.ExecContext(ctx, "ROLLBACK")
+				_ = conn.Close()
+				_ = db.Close()
+			})
+		}
+	} else {
+		conn, err := pgx.Connect(ctx, dbURL)
+		require.NoError(t, err)
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		var one int
+		require.NoError(t, tx.QueryRow(ctx, "SELECT 1 FROM idempotency_keys WHERE tenant_id = $1 AND key = $2 FOR UPDATE", tenant, key).Scan(&one))
+		release = func() {
+			once.Do(func() {
+				_ = tx.Rollback(ctx)
+				_ = conn.Close(ctx)
+			})
+		}
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// TestCompleteRetriedWhenTheStoreFails: the upstream has answered, and
+// storing its response fails for a moment (a lock held elsewhere, past
+// the store deadline). The gateway asks again until the response is
+// stored, then sends it: the record is completed, a retry is replayed and
+// the upstream ran once. Before, the one failed complete was only logged:
+// the record stayed in flight, and once its lease ran out the retry took
+// it over and ran the upstream a second time.
+func TestCompleteRetriedWhenTheStoreFails(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		r := newRig(t, backend, "defaults:\n  lease: 1s\n", func(o *gateway.Options) { o.StoreTimeout = time.Second })
+		hold := r.upstream.Hold()
+		done := make(chan reply, 1)
+		go func() { done <- send(t, http.MethodPost, r.url+"/orders", "c-1", `{"amount":1}`) }()
+		require.Eventually(t, func() bool { return r.upstream.Entered() == 1 }, 10*time.Second, 5*time.Millisecond)
+		unlock := holdKeyLock(t, r, backend, "c-1")
+		hold()
+		require.Eventually(t, func() bool { return r.storeFailures(t, "complete") >= 1 }, 15*time.Second, 10*time.Millisecond,
+			"the complete waited for the lock and failed")
+		unlock()
+		first := <-done
+		require.Equal(t, http.StatusCreated, first.status, first.body)
+
+		rec := r.apiRecord(t, "c-1")
+		require.Equal(t, "completed", rec["state"], "the response was stored before it was sent")
+		retry := send(t, http.MethodPost, r.url+"/orders", "c-1", `{"amount":1}`)
+		require.Equal(t, "true", retry.header.Get(frontdoor.HeaderReplayed), "the retry is replayed: %d %s", retry.status, retry.body)
+		require.Equal(t, first.body, retry.body)
+		require.Equal(t, int64(1), r.upstream.Count(), "the upstream ran once")
+	})
+}
+
+// storeFailures reads the gateway's idem_gateway_store_failures_total{op}
+// now (0 before the first failure).
+func (r *rig) storeFailures(t *testing.T, op string) float64 {
+	t.Helper()
+	mfs, err := r.reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "idem_gateway_store_failures_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "op" && l.GetValue() == op {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

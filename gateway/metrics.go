@@ -32,7 +32,7 @@ func newMetrics(reg prometheus.Registerer) *gatewayMetrics {
 		}, []string{"route", "outcome"}),
 		storeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "idem", Subsystem: "gateway", Name: "store_failures_total",
-			Help: "Store writes that failed after the upstream was called (complete, release, renew); complete failures mean a response was sent but not stored.",
+			Help: "Store writes that failed after the upstream was called (complete, release, renew), each attempt counted; a failed complete is tried again while the store is unavailable.",
 		}, []string{"op"}),
 	}
 	if reg != nil {
