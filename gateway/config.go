@@ -67,8 +67,9 @@ type Policy struct {
 	// OptionalMethods are protected when they carry a key (built-in: every
 	// other unsafe method).
 	OptionalMethods []string `yaml:"optional_methods"`
-	// ScopeHeader names a request header whose value scopes the key
-	// (value + ":" + key); a protected request without it gets 400.
+	// ScopeHeader names a request header whose value scopes the key (the
+	// value with "%" and ":" escaped, ":" and the key: frontdoor.ScopedKey);
+	// a protected request without it gets 400.
 	ScopeHeader string `yaml:"scope_header"`
 	// ScopeJWT scopes the key by the sub claim of the caller's bearer
 	// token, verified against a JWKS; a protected request without a valid

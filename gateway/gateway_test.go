@@ -448,7 +448,7 @@ func TestScopeAndReload(t *testing.T) {
 }
 
 // TestScopeFromCallerJWT: with scope_jwt the record key is the sub claim of
-// the caller's verified bearer token + ":" + key; a forged or missing token
+// the caller's verified bearer token, ":" and the key; a forged or missing token
 // cannot pick someone else's scope.
 func TestScopeFromCallerJWT(t *testing.T) {
 	t.Parallel()
@@ -602,4 +602,33 @@ func (r *rig) storeFailures(t *testing.T, op string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestScopesCannotCollide: the record key of a scoped request is the scope
+// and the key side by side, so the scope must end where the key begins.
+// A caller whose scope is "acct" sending the key "b:k1" and one whose
+// scope is "acct:b" sending "k1" are two callers with two keys. Before,
+// both became the record key "acct:b:k1": the second caller got the first
+// one's stored response replayed (its order, its body), on both stores.
+func TestScopesCannotCollide(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		r := newRig(t, backend, "defaults:\n  scope_header: X-Account-Id\n")
+		a := send(t, http.MethodPost, r.url+"/orders", "b:k1", `{"amount":1}`, "X-Account-Id", "acct")
+		require.Equal(t, http.StatusCreated, a.status, a.body)
+		b := send(t, http.MethodPost, r.url+"/orders", "k1", `{"amount":1}`, "X-Account-Id", "acct:b")
+		require.Equal(t, http.StatusCreated, b.status, b.body)
+		require.Empty(t, b.header.Get(frontdoor.HeaderReplayed), "another caller's response was replayed: %s", b.body)
+		require.NotEqual(t, a.body, b.body)
+		require.Equal(t, int64(2), r.upstream.Count(), "each caller's request ran")
+		require.Equal(t, "completed", r.apiRecord(t, "acct:b:k1")["state"])
+		require.Equal(t, "completed", r.apiRecord(t, "acct%3Ab:k1")["state"], "a colon in the scope is escaped")
+
+		pct := send(t, http.MethodPost, r.url+"/orders", "k1", `{"amount":1}`, "X-Account-Id", "acct%3Ab")
+		require.Empty(t, pct.header.Get(frontdoor.HeaderReplayed), "a scope spelling the escape is a third caller: %s", pct.body)
+		require.Equal(t, int64(3), r.upstream.Count())
+		again := send(t, http.MethodPost, r.url+"/orders", "k1", `{"amount":1}`, "X-Account-Id", "acct:b")
+		require.Equal(t, "true", again.header.Get(frontdoor.HeaderReplayed))
+		require.Equal(t, b.body, again.body, "each caller gets its own response back")
+	})
 }

@@ -126,18 +126,30 @@ func ValidateKey(key string) error {
 }
 
 // ScopedKey returns the record key of key within scope: key itself when
-// scope is empty, else scope + ":" + key, which must still be a valid key.
-// A scope (the caller's account, say) keeps the keys of different callers
-// of one API apart inside one idem tenant.
+// scope is empty, else EscapeScope(scope) + ":" + key, which must still be
+// a valid key. A scope (the caller's account, say) keeps the keys of
+// different callers of one API apart inside one idem tenant.
 func ScopedKey(scope, key string) (string, error) {
 	if scope == "" {
 		return key, nil
 	}
-	k := scope + ":" + key
+	k := EscapeScope(scope) + ":" + key
 	if err := ValidateKey(k); err != nil {
 		return "", invalidKey("the key scoped to the caller is invalid: %s", err.(*Error).Detail)
 	}
 	return k, nil
+}
+
+// EscapeScope returns scope with "%" written "%25" and ":" written "%3A",
+// so that the first ":" of a scoped key ends the scope: without it the
+// scope "acct" with the key "b:k1" and the scope "acct:b" with the key
+// "k1" were one record key, and one caller got the other's stored
+// response. A scope with neither character is kept as it is.
+func EscapeScope(scope string) string {
+	if !strings.ContainsAny(scope, "%:") {
+		return scope
+	}
+	return strings.NewReplacer("%", "%25", ":", "%3A").Replace(scope)
 }
 
 func invalidKey(format string, args ...any) *Error {

@@ -53,7 +53,12 @@ export declare function parseKey(values: readonly string[]): string | null;
  * the middleware caps N by its own limits.
  */
 export declare function preferWait(fields: readonly string[]): number;
-/** The record key of key within scope: key itself when scope is empty, else scope + ":" + key (still a valid key). */
+/**
+ * scope with "%" written "%25" and ":" written "%3A", so that the first ":" of a scoped key ends the scope
+ * (the scope "acct" with the key "b:k1" and the scope "acct:b" with the key "k1" must not be one record key).
+ */
+export declare function escapeScope(scope: string): string;
+/** The record key of key within scope: key itself when scope is empty, else escapeScope(scope) + ":" + key (still a valid key). */
 export declare function scopedKey(scope: string | undefined, key: string): string;
 /** What a front door does with a request of a method. */
 export type Requirement = "required" | "optional" | "pass";

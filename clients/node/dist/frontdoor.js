@@ -146,11 +146,18 @@ export function preferWait(fields) {
     }
     return -1;
 }
-/** The record key of key within scope: key itself when scope is empty, else scope + ":" + key (still a valid key). */
+/**
+ * scope with "%" written "%25" and ":" written "%3A", so that the first ":" of a scoped key ends the scope
+ * (the scope "acct" with the key "b:k1" and the scope "acct:b" with the key "k1" must not be one record key).
+ */
+export function escapeScope(scope) {
+    return scope.replace(/%/g, "%25").replace(/:/g, "%3A");
+}
+/** The record key of key within scope: key itself when scope is empty, else escapeScope(scope) + ":" + key (still a valid key). */
 export function scopedKey(scope, key) {
     if (!scope)
         return key;
-    const k = scope + ":" + key;
+    const k = escapeScope(scope) + ":" + key;
     const bad = checkRecordKey(k);
     if (bad)
         throw invalidKey(`the key scoped to the caller is invalid: ${bad}`);

@@ -6,7 +6,7 @@ import { FrontDoor, FrontDoorError, type Answer, type FrontDoorOptions } from ".
 export interface FetchOptions<A extends unknown[]> extends FrontDoorOptions {
   /** The route label (default the URL's path). With Hono: `(req, c) => c.req.routePath`. */
   route?: (req: Request, ...rest: A) => string;
-  /** The caller's key scope (e.g. the authenticated account id); keys become scope + ":" + key. */
+  /** The caller's key scope (e.g. the authenticated account id); keys become escapeScope(scope) + ":" + key. */
   scope?: (req: Request, ...rest: A) => string | undefined;
 }
 

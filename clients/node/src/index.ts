@@ -25,6 +25,7 @@ export {
   FrontDoorError,
   checkIJSON,
   defaultStoredHeaders,
+  escapeScope,
   fingerprintDocument,
   headerNotReplayable,
   headerPreferenceApplied,

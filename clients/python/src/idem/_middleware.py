@@ -24,7 +24,7 @@ class Options:
     #: Methods that require a key (default POST, PATCH) and that are protected when they carry one (None: every other unsafe method).
     required_methods: Sequence[str] | None = None
     optional_methods: Sequence[str] | None = None
-    #: A request header whose value scopes the key (scope + ":" + key), e.g. the caller's account.
+    #: A request header whose value scopes the key (escape_scope(scope) + ":" + key), e.g. the caller's account.
     scope_header: str | None = None
     #: Store 5xx answers too (default, Stripe's behaviour); False releases the key instead.
     store_5xx: bool = True

@@ -151,12 +151,19 @@ def requirement(method: str, required: Sequence[str] | None = None, optional: Se
     return "pass"
 
 
+def escape_scope(scope: str) -> str:
+    """scope with "%" written "%25" and ":" written "%3A", so that the first
+    ":" of a scoped key ends the scope (the scope "acct" with the key "b:k1"
+    and the scope "acct:b" with the key "k1" must not be one record key)."""
+    return scope.replace("%", "%25").replace(":", "%3A")
+
+
 def scoped_key(scope: str | None, key: str) -> str:
     """The record key of key within scope: key itself without a scope,
-    else scope + ":" + key, which must still be a valid key."""
+    else escape_scope(scope) + ":" + key, which must still be a valid key."""
     if not scope:
         return key
-    k = scope + ":" + key
+    k = escape_scope(scope) + ":" + key
     try:
         validate_record_key(k)
     except FrontDoorError as e:
