@@ -11,8 +11,10 @@ type Tenant struct {
 	ID       string
 	Name     string
 	Settings Settings
-	// Disabled tenants are refused (403 tenant_unknown) until re-enabled;
-	// their records stay as they are (only deleting a tenant removes them).
+	// Disabled tenants are refused (403 tenant_unknown) until re-enabled,
+	// except for the checkpoint, complete and release that finish claims
+	// made before; their records stay as they are (only deleting a tenant
+	// removes them).
 	Disabled  bool
 	CreatedAt time.Time
 	UpdatedAt time.Time

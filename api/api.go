@@ -177,11 +177,11 @@ func New(opts Options) *chi.Mux {
 
 		r.Group(func(r chi.Router) {
 			r.Use(s.requireScope(auth.ScopeKeysWrite))
-			r.Use(s.resolveTenant)
-			r.With(exposeResponseHeader).Post("/keys/{key}/claim", handle(s, s.claim))
-			r.Post("/keys/{key}/checkpoint", handle(s, s.checkpoint))
-			r.Post("/keys/{key}/complete", handle(s, s.complete))
-			r.Post("/keys/{key}/release", handle(s, s.release))
+			r.With(s.resolveTenant, exposeResponseHeader).Post("/keys/{key}/claim", handle(s, s.claim))
+			// A suspended tenant still finishes the claims made before.
+			r.With(s.resolveFinishingTenant).Post("/keys/{key}/checkpoint", handle(s, s.checkpoint))
+			r.With(s.resolveFinishingTenant).Post("/keys/{key}/complete", handle(s, s.complete))
+			r.With(s.resolveFinishingTenant).Post("/keys/{key}/release", handle(s, s.release))
 		})
 
 		r.Group(func(r chi.Router) {

@@ -66,33 +66,49 @@ func (s *service) requireScope(scopes ...string) func(http.Handler) http.Handler
 // uses the rate of the tenant's last admitted request, which is at most as
 // old as the tenant cache's entry.
 func (s *service) resolveTenant(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p := principalFrom(r.Context())
-		if p.Tenant == "" {
-			s.writeProblem(w, r, idem.Errorf(idem.CodeTenantUnknown, "the token names no tenant"))
-			return
-		}
-		st, r := withState(r)
-		if wait, limited := s.limiter.limited(p.Tenant); limited {
-			id := p.Tenant
+	return s.tenantResolver(s.tenants.Active)(next)
+}
+
+// resolveFinishingTenant is resolveTenant for the token-guarded writes
+// that finish a claim (checkpoint, complete, release): a suspended
+// (disabled) tenant is let through, so the work its workers had under way
+// is stored or given up rather than refused and run again once the tenant
+// is back. Only a claim starts work, and a suspended tenant makes none.
+func (s *service) resolveFinishingTenant(next http.Handler) http.Handler {
+	return s.tenantResolver(s.tenants.Known)(next)
+}
+
+// tenantResolver is resolveTenant with the tenant lookup lookup.
+func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tenant, error)) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			p := principalFrom(r.Context())
+			if p.Tenant == "" {
+				s.writeProblem(w, r, idem.Errorf(idem.CodeTenantUnknown, "the token names no tenant"))
+				return
+			}
+			st, r := withState(r)
+			if wait, limited := s.limiter.limited(p.Tenant); limited {
+				id := p.Tenant
+				st.logTenant.Store(&id)
+				s.rateLimited(w, r, wait)
+				return
+			}
+			t, err := lookup(r.Context(), p.Tenant)
+			if err != nil {
+				s.writeProblem(w, r, err)
+				return
+			}
+			id := t.ID
 			st.logTenant.Store(&id)
-			s.rateLimited(w, r, wait)
-			return
-		}
-		t, err := s.tenants.Active(r.Context(), p.Tenant)
-		if err != nil {
-			s.writeProblem(w, r, err)
-			return
-		}
-		id := t.ID
-		st.logTenant.Store(&id)
-		if ok, wait := s.limiter.allow(t.ID, t.Settings.RateLimitPerSecond); !ok {
-			s.rateLimited(w, r, wait)
-			return
-		}
-		st.tenant = t
-		next.ServeHTTP(w, r)
-	})
+			if ok, wait := s.limiter.allow(t.ID, t.Settings.RateLimitPerSecond); !ok {
+				s.rateLimited(w, r, wait)
+				return
+			}
+			st.tenant = t
+			next.ServeHTTP(w, r)
+		})
+	}
 }
 
 func (s *service) rateLimited(w http.ResponseWriter, r *http.Request, wait time.Duration) {

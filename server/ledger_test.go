@@ -373,3 +373,62 @@ func TestLostClaimAnswerRecovered(t *testing.T) {
 		})
 	}
 }
+
+// TestSuspendedTenantFinishesClaimedWork: a tenant suspended (disabled)
+// while its workers hold claims refuses new claims and reads, but still
+// takes the token-guarded writes that finish the work already under way:
+// a checkpoint, a complete and a release of claims made before the
+// suspension. Before, they were 403 tenant_unknown: the worker had done
+// the work and could not store its response, and once the tenant was
+// re-enabled and the lease had run out the retry took the key over and
+// ran the request a second time.
+func TestSuspendedTenantFinishesClaimedWork(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ts := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"acme"}})
+			c := newAPIClient(t, ts)
+			op := ts.Token(t, "", "admin")
+			tok := ts.Token(t, "acme", "keys:write", "keys:read")
+			claim := func(key string) (int, map[string]any) {
+				status, body, _ := c.call(t, http.MethodPost, "/v1/keys/"+key+"/claim", tok, `{"operation":"POST /v1/orders","request":{"key":"`+key+`"}}`)
+				return status, body
+			}
+			status, done := claim("order-1")
+			require.Equal(t, http.StatusCreated, status, "%v", done)
+			status, dropped := claim("order-2")
+			require.Equal(t, http.StatusCreated, status, "%v", dropped)
+
+			status, body, _ := c.call(t, http.MethodPatch, "/v1/admin/tenants/acme", op, `{"disabled":true}`)
+			require.Equal(t, http.StatusOK, status, "%v", body)
+			status, problem := claim("order-3")
+			require.Equal(t, http.StatusForbidden, status, "a suspended tenant takes no new claim: %v", problem)
+			require.Equal(t, "tenant_unknown", problem["code"])
+			status, problem, _ = c.call(t, http.MethodGet, "/v1/keys/order-1", tok, "")
+			require.Equal(t, http.StatusForbidden, status, "nor reads: %v", problem)
+
+			status, body, _ = c.call(t, http.MethodPost, "/v1/keys/order-1/checkpoint", tok,
+				fmt.Sprintf(`{"fencing_token":%v,"recovery_point":"charged"}`, done["fencing_token"]))
+			require.Equal(t, http.StatusOK, status, "the worker's checkpoint is taken: %v", body)
+			status, body, _ = c.call(t, http.MethodPost, "/v1/keys/order-1/complete", tok,
+				fmt.Sprintf(`{"fencing_token":%v,"response":{"status":201,"body":"{\"order\":1}"}}`, done["fencing_token"]))
+			require.Equal(t, http.StatusOK, status, "the worker's response is stored: %v", body)
+			status, body, _ = c.call(t, http.MethodPost, "/v1/keys/order-2/release", tok,
+				fmt.Sprintf(`{"fencing_token":%v}`, dropped["fencing_token"]))
+			require.Equal(t, http.StatusNoContent, status, "the worker's release is taken: %v", body)
+			status, problem, _ = c.call(t, http.MethodPost, "/v1/keys/order-3/complete", tok, `{"fencing_token":1,"response":{"status":201}}`)
+			require.Equal(t, http.StatusNotFound, status, "a write finishes only a claim that exists: %v", problem)
+
+			status, body, _ = c.call(t, http.MethodPatch, "/v1/admin/tenants/acme", op, `{"disabled":false}`)
+			require.Equal(t, http.StatusOK, status, "%v", body)
+			status, rec := claim("order-1")
+			require.Equal(t, http.StatusOK, status, "order-1 ran again after the suspension: %v", rec)
+			require.EqualValues(t, 1, rec["attempt"])
+			resp, _ := rec["response"].(map[string]any)
+			require.Equal(t, `{"order":1}`, resp["body"])
+			status, rec = claim("order-2")
+			require.Equal(t, http.StatusCreated, status, "the released key starts afresh: %v", rec)
+		})
+	}
+}

@@ -55,6 +55,19 @@ func NewService(store idem.Store, cacheTTL time.Duration) *Service {
 // as they come. Only existing tenants are cached, so the cache holds at most
 // one entry per tenant.
 func (s *Service) Active(ctx context.Context, id string) (idem.Tenant, error) {
+	t, err := s.Known(ctx, id)
+	if err == nil && t.Disabled {
+		return idem.Tenant{}, unknown(nil)
+	}
+	return t, err
+}
+
+// Known is Active for a tenant that may be disabled: it returns the
+// tenant, disabled or not, and tenant_unknown only when it does not exist.
+// The token-guarded writes that finish a claim made before a suspension
+// (checkpoint, complete, release) use it, so a suspension stores the work
+// under way instead of losing its response to a second run.
+func (s *Service) Known(ctx context.Context, id string) (idem.Tenant, error) {
 	if err := idem.ValidateTenantID(id); err != nil {
 		// No tenant has such an id; do not hand it to the store (a NUL in
 		// it is an error on PostgreSQL, not an absent row).
@@ -71,9 +84,6 @@ func (s *Service) Active(ctx context.Context, id string) (idem.Tenant, error) {
 			return idem.Tenant{}, fmt.Errorf("active tenant: %w", err)
 		}
 		s.put(t)
-	}
-	if t.Disabled {
-		return idem.Tenant{}, unknown(nil)
 	}
 	return t, nil
 }
