@@ -107,3 +107,149 @@ func TestCanonicalJSONOrdersByUTF16(t *testing.T) {
 		}), "members of %s not in UTF-16 order: %q", canon, names)
 	}
 }
+
+// BenchmarkFingerprintJSON is the server's fingerprint of a claim's request
+// (the one cmd/loadgen sends) and of a larger document with nesting,
+// escapes and non-ASCII names. Run with -benchmem.
+func BenchmarkFingerprintJSON(b *testing.B) {
+	for _, bc := range []struct{ name, doc string }{
+		{"loadgen", `{"amount":1000,"currency":"usd"}`},
+		{"nested", `{"order":{"id":"ord_8f2a","lines":[{"sku":"A-1","qty":2,"price":19.99},{"sku":"B-7","qty":1,"price":5}],"note":"gift \"wrap\"\n","tags":["x","y"]},"customer":{"name":"Zoë","email":"z@example.com","vip":true,"ref":null},"amount":4498,"currency":"eur","métadata":{"b":1,"a":2}}`},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			doc := []byte(bc.doc)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := idem.FingerprintJSON(doc); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// checkCanonicalPaths fails t unless CanonicalJSON's answer for doc (canon,
+// err) is the two-pass path's, byte for byte and error for error, and the
+// one-pass path accepted only what the two-pass path accepts, with the same
+// bytes.
+func checkCanonicalPaths(t *testing.T, doc, canon []byte, err error) {
+	t.Helper()
+	want, wantErr := idem.CanonicalTwoPass(doc)
+	if (err == nil) != (wantErr == nil) || err != nil && err.Error() != wantErr.Error() {
+		t.Fatalf("CanonicalJSON(%q): error %v, two-pass path %v", doc, err, wantErr)
+	}
+	if !bytes.Equal(canon, want) {
+		t.Fatalf("CanonicalJSON(%q) = %q, two-pass path %q", doc, canon, want)
+	}
+	if fast, ok := idem.CanonicalOnePass(doc); ok && (wantErr != nil || !bytes.Equal(fast, want)) {
+		t.Fatalf("one-pass path accepted %q as %q; two-pass path: %q, %v", doc, fast, want, wantErr)
+	}
+}
+
+// TestCanonicalOnePassMatches compares CanonicalJSON with its two-pass path
+// (the reference: encoding/json, CheckIJSON, then writing) on random
+// documents — nested values, member names and strings mixing escapes,
+// control characters, non-ASCII and surrogate pairs, numbers in many
+// spellings, random white space, some duplicate names — and on each of
+// them broken at random (a byte changed, inserted or cut off), so both the
+// accepted and the refused side are compared.
+func TestCanonicalOnePassMatches(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(14, 1))
+	accepted := 0
+	for range 4000 {
+		doc := randomJSON(rng, nil, 0)
+		for _, d := range [][]byte{doc, mutateJSON(rng, doc)} {
+			canon, err := idem.CanonicalJSON(d)
+			checkCanonicalPaths(t, d, canon, err)
+			if err == nil {
+				accepted++
+			}
+		}
+	}
+	require.Greater(t, accepted, 2000, "the random documents should mostly be valid")
+}
+
+var (
+	jsonSpace   = []string{"", "", "", " ", "\n", "\t", "\r\n  "}
+	jsonNumbers = []string{"0", "-0", "1", "-1", "1000", "123456789012345", "1234567890123456", "-999999999999999",
+		"9007199254740993", "1.0", "1.5", "-0.0", "0.1", "1e21", "1e20", "1E+2", "1e-7", "0.000001", "5e-324",
+		"1e400", "-1e400", "1e-400", "333333333.33333329", "12.34e5", "100e-2", "0e10", "01", "1.", ".5", "-", "1e"}
+	jsonChars = []string{"a", "z", "A", "0", " ", "é", "\u00ff", "\u20ac", "\ue000", "\uffef", "\U0001f600", "\U0010ffff",
+		`\"`, `\\`, `\/`, `\b`, `\f`, `\n`, `\r`, `\t`, `\u0000`, `\u001f`, `\u0041`, `\u00e9`, `\uffff`,
+		`\ud83d\ude00`, `\uD83D\uDE00`, `\ud800`, `\udc00`, `\ud83dx`, "\x7f", "<", "&", "\xff", "\x01", `\x`}
+)
+
+// randomJSON appends a random JSON value (mostly valid) to b.
+func randomJSON(rng *rand.Rand, b []byte, depth int) []byte {
+	sp := func() { b = append(b, jsonSpace[rng.IntN(len(jsonSpace))]...) }
+	str := func() {
+		b = append(b, '"')
+		for range rng.IntN(5) {
+			b = append(b, jsonChars[rng.IntN(len(jsonChars))]...)
+		}
+		b = append(b, '"')
+	}
+	sp()
+	switch k := rng.IntN(10); {
+	case depth < 4 && k < 3:
+		b = append(b, '{')
+		var names [][]byte
+		for i := range rng.IntN(6) {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			sp()
+			start := len(b)
+			if len(names) > 0 && rng.IntN(20) == 0 {
+				b = append(b, names[rng.IntN(len(names))]...) // a duplicate
+			} else {
+				str()
+			}
+			names = append(names, slices.Clone(b[start:]))
+			sp()
+			b = append(b, ':')
+			b = randomJSON(rng, b, depth+1)
+		}
+		sp()
+		b = append(b, '}')
+	case depth < 4 && k < 5:
+		b = append(b, '[')
+		for i := range rng.IntN(5) {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = randomJSON(rng, b, depth+1)
+		}
+		sp()
+		b = append(b, ']')
+	case k < 7:
+		str()
+	case k < 9:
+		b = append(b, jsonNumbers[rng.IntN(len(jsonNumbers))]...)
+	default:
+		b = append(b, [...]string{"true", "false", "null"}[rng.IntN(3)]...)
+	}
+	sp()
+	return b
+}
+
+// mutateJSON returns a copy of doc with one byte changed, inserted or cut
+// off from there on.
+func mutateJSON(rng *rand.Rand, doc []byte) []byte {
+	d := slices.Clone(doc)
+	if len(d) == 0 {
+		return d
+	}
+	i := rng.IntN(len(d))
+	const bytesToUse = "{}[]\":,\\ 0-.eE+tfnu\x00\x1f\x80\xc3"
+	switch rng.IntN(3) {
+	case 0:
+		d[i] = bytesToUse[rng.IntN(len(bytesToUse))]
+	case 1:
+		d = slices.Insert(d, i, bytesToUse[rng.IntN(len(bytesToUse))])
+	default:
+		d = d[:i]
+	}
+	return d
+}

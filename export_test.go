@@ -1,0 +1,8 @@
+package idem
+
+// CanonicalTwoPass and CanonicalOnePass expose CanonicalJSON's two paths to
+// the tests that compare them.
+var (
+	CanonicalTwoPass = canonicalTwoPass
+	CanonicalOnePass = func(doc []byte) ([]byte, bool) { return canonicalOnePass(nil, doc) }
+)
