@@ -20,6 +20,20 @@ type Tenant struct {
 	UpdatedAt time.Time
 }
 
+// ResponseLimit returns the most bytes a stored response, or checkpoint
+// data, of a record first claimed at claimedAt may take: the tenant's
+// max_response_bytes when the claim came after the tenant's last change,
+// else MaxResponseBytesLimit. A claim is owed the limit in force when it
+// was made, and idem keeps no history of settings: refusing the response
+// of work already done because the tenant lowered its limit meanwhile
+// would lose it, and the retry would run the request again.
+func (t Tenant) ResponseLimit(claimedAt time.Time) int {
+	if claimedAt.After(t.UpdatedAt) {
+		return t.Settings.MaxResponseBytes
+	}
+	return max(t.Settings.MaxResponseBytes, MaxResponseBytesLimit)
+}
+
 // TenantUnknown returns the tenant_unknown error for a claim in tenant id
 // that does not exist; cause is the store's constraint error, for logs.
 func TenantUnknown(id string, cause error) *Error {

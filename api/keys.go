@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -234,13 +235,14 @@ func (s *service) checkpoint(ctx context.Context, req *checkpointRequest) (recor
 	}
 	// Recovery data is returned by every takeover claim and record read:
 	// it is bounded like a stored response.
-	if len(data) > t.Settings.MaxResponseBytes {
-		msg := fmt.Sprintf("must be at most max_response_bytes (%d bytes) of JSON; got %d", t.Settings.MaxResponseBytes, len(data))
-		err := &idem.Error{
+	if err := s.checkSize(ctx, t, req.key, len(data), func(limit int) error {
+		msg := fmt.Sprintf("must be at most max_response_bytes (%d bytes) of JSON; got %d", limit, len(data))
+		return &idem.Error{
 			Code:   idem.CodePayloadTooLarge,
 			Detail: "data " + msg,
 			Fields: []idem.FieldError{{Field: "data", Message: msg}},
 		}
+	}); err != nil {
 		s.observeWrite(t.ID, "checkpoint", err)
 		return recordJSON{}, err
 	}
@@ -253,6 +255,29 @@ func (s *service) checkpoint(ctx context.Context, req *checkpointRequest) (recor
 		return recordJSON{}, fmt.Errorf("checkpoint key: %w", err)
 	}
 	return encodeRecord(rec), nil
+}
+
+// checkSize returns tooLarge(limit) when size bytes of a response or of
+// checkpoint data for key are over the limit its claim was made under
+// (idem.Tenant.ResponseLimit), else nil. The record is read only when size
+// is over the tenant's current max_response_bytes: a claim made before
+// the tenant lowered it keeps the higher limit. A store failure on that
+// read is returned as it is (503, retryable), never as a refusal.
+func (s *service) checkSize(ctx context.Context, t idem.Tenant, key string, size int, tooLarge func(limit int) error) error {
+	if size <= t.Settings.MaxResponseBytes {
+		return nil
+	}
+	rec, err := s.store.GetRecord(ctx, idem.GetRecordParams{TenantID: t.ID, Key: key})
+	switch {
+	case err == nil:
+		if size <= t.ResponseLimit(rec.CreatedAt) {
+			return nil
+		}
+		return tooLarge(t.ResponseLimit(rec.CreatedAt))
+	case errors.Is(err, idem.ErrKeyNotFound):
+		return tooLarge(t.Settings.MaxResponseBytes)
+	}
+	return fmt.Errorf("read the record to size its response: %w", err)
 }
 
 // completeRequest is the body of POST /v1/keys/{key}/complete.
@@ -275,8 +300,10 @@ func (c *completeRequest) validate() error {
 
 func (s *service) complete(ctx context.Context, req *completeRequest) (recordJSON, error) {
 	t := tenantFrom(ctx)
-	if size := req.decoded.Size(); size > t.Settings.MaxResponseBytes {
-		err := idem.Errorf(idem.CodePayloadTooLarge, "the response is %d bytes; the tenant's max_response_bytes is %d", size, t.Settings.MaxResponseBytes)
+	size := req.decoded.Size()
+	if err := s.checkSize(ctx, t, req.key, size, func(limit int) error {
+		return idem.Errorf(idem.CodePayloadTooLarge, "the response is %d bytes; the tenant's max_response_bytes is %d", size, limit)
+	}); err != nil {
 		s.observeWrite(t.ID, "complete", err)
 		return recordJSON{}, err
 	}

@@ -432,3 +432,56 @@ func TestSuspendedTenantFinishesClaimedWork(t *testing.T) {
 		})
 	}
 }
+
+// TestLoweredResponseLimitKeepsClaimsInFlight: a tenant lowers its
+// max_response_bytes while a worker holds a claim. The worker's response,
+// within the limit in force when it claimed, is still stored (and so is
+// its checkpoint data); a claim made after the change is held to the new
+// limit. Before, the complete was 413 payload_too_large: the work was done
+// and its response could not be stored, so once the lease ran out the
+// retry took the key over and ran the request a second time.
+func TestLoweredResponseLimitKeepsClaimsInFlight(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ts := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"acme"}})
+			c := newAPIClient(t, ts)
+			op := ts.Token(t, "", "admin")
+			tok := ts.Token(t, "acme", "keys:write", "keys:read")
+			claim := func(key string) (int, map[string]any) {
+				status, body, _ := c.call(t, http.MethodPost, "/v1/keys/"+key+"/claim", tok, `{"operation":"POST /v1/orders","request":{"key":"`+key+`"}}`)
+				return status, body
+			}
+			big := strings.Repeat("x", 2000)
+			status, before := claim("order-1")
+			require.Equal(t, http.StatusCreated, status, "%v", before)
+
+			status, body, _ := c.call(t, http.MethodPatch, "/v1/admin/tenants/acme", op, `{"settings":{"max_response_bytes":1024}}`)
+			require.Equal(t, http.StatusOK, status, "%v", body)
+			status, after := claim("order-2")
+			require.Equal(t, http.StatusCreated, status, "%v", after)
+
+			status, body, _ = c.call(t, http.MethodPost, "/v1/keys/order-1/checkpoint", tok,
+				fmt.Sprintf(`{"fencing_token":%v,"recovery_point":"charged","data":{"note":%q}}`, before["fencing_token"], big))
+			require.Equal(t, http.StatusOK, status, "checkpoint data within the limit it claimed under: %v", body)
+			status, body, _ = c.call(t, http.MethodPost, "/v1/keys/order-1/complete", tok,
+				fmt.Sprintf(`{"fencing_token":%v,"response":{"status":201,"body":%q}}`, before["fencing_token"], big))
+			require.Equal(t, http.StatusOK, status, "a response within the limit it claimed under is stored: %v", body)
+			status, rec := claim("order-1")
+			require.Equal(t, http.StatusOK, status, "order-1 ran again: %v", rec)
+			resp, _ := rec["response"].(map[string]any)
+			require.Equal(t, big, resp["body"])
+
+			status, problem, _ := c.call(t, http.MethodPost, "/v1/keys/order-2/complete", tok,
+				fmt.Sprintf(`{"fencing_token":%v,"response":{"status":201,"body":%q}}`, after["fencing_token"], big))
+			require.Equal(t, http.StatusRequestEntityTooLarge, status, "a claim made after the change has the new limit: %v", problem)
+			require.Equal(t, "payload_too_large", problem["code"])
+			status, problem, _ = c.call(t, http.MethodPost, "/v1/keys/order-2/checkpoint", tok,
+				fmt.Sprintf(`{"fencing_token":%v,"recovery_point":"charged","data":{"note":%q}}`, after["fencing_token"], big))
+			require.Equal(t, http.StatusRequestEntityTooLarge, status, "%v", problem)
+			status, problem, _ = c.call(t, http.MethodPost, "/v1/keys/order-9/complete", tok, fmt.Sprintf(`{"fencing_token":1,"response":{"status":201,"body":%q}}`, big))
+			require.Equal(t, http.StatusRequestEntityTooLarge, status, "an unknown key is refused for its size first, as before: %v", problem)
+		})
+	}
+}
