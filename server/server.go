@@ -474,7 +474,8 @@ func (s *Server) Close() error {
 }
 
 // NewLogger returns the slog logger cfg asks for, writing to w: JSON or
-// text (text by default in development mode), at cfg.LogLevel.
+// text (text by default in development mode), at cfg.LogLevel. JSON goes
+// through api.NewJSONLogHandler, which writes the access log line itself.
 func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 	var level slog.Level
 	switch strings.ToLower(cfg.LogLevel) {
@@ -491,7 +492,7 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 	if cfg.EffectiveLogFormat() == "text" {
 		return slog.New(slog.NewTextHandler(w, opts))
 	}
-	return slog.New(slog.NewJSONHandler(w, opts))
+	return slog.New(api.NewJSONLogHandler(w, opts))
 }
 
 // Waiting returns how many claims this server holds now waiting for a key
