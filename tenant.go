@@ -34,6 +34,20 @@ func (t Tenant) ResponseLimit(claimedAt time.Time) int {
 	return max(t.Settings.MaxResponseBytes, MaxResponseBytesLimit)
 }
 
+// RenewalLeaseFor is Settings.LeaseFor for a checkpoint of a record first
+// claimed at claimedAt: a claim made before the tenant's last change may
+// renew a lease up to MaxLeaseSeconds, as ResponseLimit does for
+// responses. Refusing a worker the lease it claimed with because the
+// tenant lowered lease_seconds_max meanwhile would let the lease run out
+// under it, and a retry take the key over while it still works.
+func (t Tenant) RenewalLeaseFor(requested int, claimedAt time.Time) (time.Duration, error) {
+	s := t.Settings
+	if !claimedAt.After(t.UpdatedAt) {
+		s.LeaseSecondsMax = max(s.LeaseSecondsMax, MaxLeaseSeconds)
+	}
+	return s.LeaseFor(requested)
+}
+
 // TenantUnknown returns the tenant_unknown error for a claim in tenant id
 // that does not exist; cause is the store's constraint error, for logs.
 func TenantUnknown(id string, cause error) *Error {

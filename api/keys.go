@@ -226,6 +226,18 @@ func (c *checkpointRequest) validate() error {
 func (s *service) checkpoint(ctx context.Context, req *checkpointRequest) (recordJSON, error) {
 	t := tenantFrom(ctx)
 	lease, err := t.Settings.LeaseFor(req.LeaseSeconds)
+	if err != nil && req.LeaseSeconds > t.Settings.LeaseSecondsMax {
+		// A claim made before the tenant lowered lease_seconds_max keeps
+		// renewing the lease it claimed with (idem.Tenant.RenewalLeaseFor);
+		// the record is read only then.
+		rec, rerr := s.store.GetRecord(ctx, idem.GetRecordParams{TenantID: t.ID, Key: req.key})
+		switch {
+		case rerr == nil:
+			lease, err = t.RenewalLeaseFor(req.LeaseSeconds, rec.CreatedAt)
+		case !errors.Is(rerr, idem.ErrKeyNotFound):
+			return recordJSON{}, fmt.Errorf("read the record to check its lease: %w", rerr)
+		}
+	}
 	if err != nil {
 		return recordJSON{}, err
 	}

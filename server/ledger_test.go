@@ -485,3 +485,50 @@ func TestLoweredResponseLimitKeepsClaimsInFlight(t *testing.T) {
 		})
 	}
 }
+
+// TestLoweredLeaseMaxKeepsClaimsInFlight: a tenant lowers its
+// lease_seconds_max while a worker holds a claim with a longer lease. The
+// worker's checkpoints, renewing the lease it claimed with, are still
+// taken; a claim made after the change is held to the new maximum. Before,
+// the checkpoint was 400 invalid_request: the worker could no longer renew
+// its lease, and once it ran out a retry took the key over while the
+// worker was still at it.
+func TestLoweredLeaseMaxKeepsClaimsInFlight(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ts := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"acme"}})
+			c := newAPIClient(t, ts)
+			op := ts.Token(t, "", "admin")
+			tok := ts.Token(t, "acme", "keys:write", "keys:read")
+			claim := func(key string, lease int) (int, map[string]any) {
+				status, body, _ := c.call(t, http.MethodPost, "/v1/keys/"+key+"/claim", tok,
+					fmt.Sprintf(`{"operation":"POST /v1/orders","request":{"key":%q},"lease_seconds":%d}`, key, lease))
+				return status, body
+			}
+			checkpoint := func(key string, rec map[string]any, lease int) (int, map[string]any) {
+				status, body, _ := c.call(t, http.MethodPost, "/v1/keys/"+key+"/checkpoint", tok,
+					fmt.Sprintf(`{"fencing_token":%v,"recovery_point":"charged","lease_seconds":%d}`, rec["fencing_token"], lease))
+				return status, body
+			}
+			status, before := claim("order-1", 600)
+			require.Equal(t, http.StatusCreated, status, "%v", before)
+
+			status, body, _ := c.call(t, http.MethodPatch, "/v1/admin/tenants/acme", op, `{"settings":{"lease_seconds_max":300}}`)
+			require.Equal(t, http.StatusOK, status, "%v", body)
+			status, problem := claim("order-2", 600)
+			require.Equal(t, http.StatusBadRequest, status, "a new claim has the new maximum: %v", problem)
+			status, after := claim("order-2", 300)
+			require.Equal(t, http.StatusCreated, status, "%v", after)
+
+			status, body = checkpoint("order-1", before, 600)
+			require.Equal(t, http.StatusOK, status, "the worker renews the lease it claimed with: %v", body)
+			status, problem = checkpoint("order-2", after, 600)
+			require.Equal(t, http.StatusBadRequest, status, "a claim made after the change has the new maximum: %v", problem)
+			require.Equal(t, "invalid_request", problem["code"])
+			status, problem = checkpoint("order-9", after, 600)
+			require.Equal(t, http.StatusBadRequest, status, "an unknown key is refused for its lease first, as before: %v", problem)
+		})
+	}
+}
