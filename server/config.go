@@ -203,7 +203,7 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*stringValue)(&c.JWTIssuer) }},
 		{"jwt-audience", "IDEM_JWT_AUDIENCE", "expected aud claim", false,
 			func(c *Config) flag.Value { return (*stringValue)(&c.JWTAudience) }},
-		{"max-body-bytes", "IDEM_MAX_BODY_BYTES", "largest request body accepted, in bytes", false,
+		{"max-body-bytes", "IDEM_MAX_BODY_BYTES", "largest request body accepted, in bytes (1 to 1073741824)", false,
 			func(c *Config) flag.Value { return (*int64Value)(&c.MaxBodyBytes) }},
 		{"max-inflight-bytes", "IDEM_MAX_INFLIGHT_BYTES", "budget of request body bytes in flight across all requests, each body counted 4 times its size; past it 503 server_busy with Retry-After", false,
 			func(c *Config) flag.Value { return (*int64Value)(&c.MaxInflightBytes) }},
@@ -419,6 +419,11 @@ func (c Config) EffectiveLogFormat() string {
 	return "json"
 }
 
+// MaxBodyBytesLimit is the largest IDEM_MAX_BODY_BYTES (1 GiB): far above
+// any body idem stores, and far enough below the int64 range that the
+// in-flight budget's arithmetic (BodyMemoryFactor × a body) cannot overflow.
+const MaxBodyBytesLimit = 1 << 30
+
 // Validate checks the configuration and returns every problem found, each
 // naming its environment variable.
 func (c Config) Validate() error {
@@ -444,10 +449,13 @@ func (c Config) Validate() error {
 	if c.JWTAudience == "" {
 		bad("IDEM_JWT_AUDIENCE must not be empty")
 	}
-	if c.MaxBodyBytes < 1 {
-		bad("IDEM_MAX_BODY_BYTES must be at least 1 (got %d)", c.MaxBodyBytes)
+	// The bound keeps BodyMemoryFactor × the limit far from overflowing the
+	// in-flight budget's arithmetic; the largest body idem stores (two
+	// responses of the 8 MiB cap, escaped as JSON) is well below it.
+	if c.MaxBodyBytes < 1 || c.MaxBodyBytes > MaxBodyBytesLimit {
+		bad("IDEM_MAX_BODY_BYTES must be between 1 and %d (got %d)", MaxBodyBytesLimit, c.MaxBodyBytes)
 	}
-	if c.MaxBodyBytes >= 1 && c.MaxInflightBytes < c.MaxBodyBytes*api.BodyMemoryFactor {
+	if c.MaxBodyBytes >= 1 && c.MaxBodyBytes <= MaxBodyBytesLimit && c.MaxInflightBytes < c.MaxBodyBytes*api.BodyMemoryFactor {
 		bad("IDEM_MAX_INFLIGHT_BYTES must be at least %d × IDEM_MAX_BODY_BYTES (%d), or a body of the largest size could never be read (got %d)",
 			api.BodyMemoryFactor, c.MaxBodyBytes*api.BodyMemoryFactor, c.MaxInflightBytes)
 	}

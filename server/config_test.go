@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -114,7 +115,11 @@ func TestValidateMessages(t *testing.T) {
 		{"empty addr", func(c *Config) { c.Addr = "" }, "IDEM_ADDR must not be empty"},
 		{"issuer", func(c *Config) { c.JWTIssuer = "" }, "IDEM_JWT_ISSUER must not be empty"},
 		{"audience", func(c *Config) { c.JWTAudience = "" }, "IDEM_JWT_AUDIENCE must not be empty"},
-		{"body", func(c *Config) { c.MaxBodyBytes = 0 }, "IDEM_MAX_BODY_BYTES must be at least 1"},
+		{"body", func(c *Config) { c.MaxBodyBytes = 0 }, "IDEM_MAX_BODY_BYTES must be between 1 and 1073741824 (got 0)"},
+		// 4 × a body limit this large overflowed: the in-flight budget
+		// check passed, a Content-Length of 3<<61 was charged a negative
+		// amount, and every later body, however large, was read.
+		{"huge body", func(c *Config) { c.MaxBodyBytes = math.MaxInt64; c.MaxInflightBytes = math.MaxInt64 }, "IDEM_MAX_BODY_BYTES must be between 1 and 1073741824 (got 9223372036854775807)"},
 		{"inflight", func(c *Config) { c.MaxInflightBytes = 4*c.MaxBodyBytes - 1 }, "IDEM_MAX_INFLIGHT_BYTES must be at least 4 × IDEM_MAX_BODY_BYTES"},
 		{"log format", func(c *Config) { c.LogFormat = "xml" }, `IDEM_LOG_FORMAT must be json or text (got "xml")`},
 		{"log level", func(c *Config) { c.LogLevel = "loud" }, `IDEM_LOG_LEVEL must be debug, info, warn or error (got "loud")`},
