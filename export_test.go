@@ -6,3 +6,7 @@ var (
 	CanonicalTwoPass = canonicalTwoPass
 	CanonicalOnePass = func(doc []byte) ([]byte, bool) { return canonicalOnePass(nil, doc) }
 )
+
+// CheckIJSONReference is CheckIJSON's earlier scanner, the oracle the
+// current one is compared with.
+var CheckIJSONReference = checkIJSONReference

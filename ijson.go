@@ -1,10 +1,12 @@
 package idem
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -41,31 +43,73 @@ const maxIJSONDepth = 10000
 // is not JSON at all is refused too (Path "", Reason "is not valid JSON"),
 // but callers that must name syntax errors precisely decode first.
 func CheckIJSON(doc []byte) error {
-	s := ijsonScanner{data: doc}
+	s := ijsonScanners.Get().(*ijsonScanner)
+	s.data = doc
 	s.skipSpace()
-	if err := s.value(""); err != nil {
-		return err
+	err := s.value()
+	if err == nil {
+		s.skipSpace()
+		if s.pos != len(s.data) {
+			err = s.syntax()
+		}
 	}
-	s.skipSpace()
-	if s.pos != len(s.data) {
-		return s.syntax("")
+	if cap(s.names) <= maxPooledScratch {
+		*s = ijsonScanner{names: s.names[:0], spans: s.spans[:0], path: s.path[:0]}
+		ijsonScanners.Put(s)
 	}
-	return nil
+	return err
 }
 
+var ijsonScanners = sync.Pool{New: func() any { return new(ijsonScanner) }}
+
 // ijsonScanner is a minimal JSON reader that keeps what encoding/json
-// throws away: the raw bytes of strings and every member name.
+// throws away: the raw bytes of strings and every member name. It knows
+// where it is (path) but writes that out as a dotted path only for an
+// error.
 type ijsonScanner struct {
 	data  []byte
 	pos   int
 	depth int
-	name  strings.Builder
+	// names holds the unescaped member names of the objects being read,
+	// spans where each is in names, innermost object last.
+	names []byte
+	spans []nameSpan
+	// path is where the scanner is: a member (the span of its name) or an
+	// array element per level.
+	path []pathStep
+}
+
+type nameSpan struct{ start, end int }
+
+// pathStep is one level of ijsonScanner.path: the member named by span, or
+// element index when index >= 0.
+type pathStep struct {
+	span  nameSpan
+	index int
 }
 
 var errIJSONSyntax = errors.New("not JSON")
 
-func (s *ijsonScanner) syntax(path string) error {
-	return &IJSONError{Path: path, Reason: "is not valid JSON"}
+// pathString is the dotted path of where the scanner is, e.g. "request.x[2]".
+func (s *ijsonScanner) pathString() string {
+	var b strings.Builder
+	for _, st := range s.path {
+		if st.index >= 0 {
+			b.WriteByte('[')
+			b.WriteString(strconv.Itoa(st.index))
+			b.WriteByte(']')
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.Write(s.names[st.span.start:st.span.end])
+	}
+	return b.String()
+}
+
+func (s *ijsonScanner) syntax() error {
+	return &IJSONError{Path: s.pathString(), Reason: "is not valid JSON"}
 }
 
 func (s *ijsonScanner) skipSpace() {
@@ -79,50 +123,43 @@ func (s *ijsonScanner) skipSpace() {
 	}
 }
 
-func joinPath(path, name string) string {
-	if path == "" {
-		return name
-	}
-	return path + "." + name
-}
-
-func (s *ijsonScanner) value(path string) error {
+func (s *ijsonScanner) value() error {
 	if s.pos >= len(s.data) {
-		return s.syntax(path)
+		return s.syntax()
 	}
 	switch c := s.data[s.pos]; {
 	case c == '{':
-		return s.object(path)
+		return s.object()
 	case c == '[':
-		return s.array(path)
+		return s.array()
 	case c == '"':
 		s.pos++
-		return s.str(path, false)
+		return s.str(false)
 	case c == '-' || c >= '0' && c <= '9':
-		return s.number(path)
+		return s.number()
 	default:
 		for _, lit := range [...]string{"true", "false", "null"} {
-			if strings.HasPrefix(string(s.data[s.pos:min(len(s.data), s.pos+5)]), lit) {
+			if bytes.HasPrefix(s.data[s.pos:], []byte(lit)) {
 				s.pos += len(lit)
 				return nil
 			}
 		}
-		return s.syntax(path)
+		return s.syntax()
 	}
 }
 
-func (s *ijsonScanner) enter(path string) error {
+func (s *ijsonScanner) enter() error {
 	s.depth++
 	if s.depth > maxIJSONDepth {
-		return &IJSONError{Path: path, Reason: fmt.Sprintf("is nested deeper than %d levels", maxIJSONDepth)}
+		return &IJSONError{Path: s.pathString(), Reason: fmt.Sprintf("is nested deeper than %d levels", maxIJSONDepth)}
 	}
 	return nil
 }
 
 // open enters an object or array whose opening byte is at s.pos and reports
 // whether it is empty (closer follows at once; then it is already left).
-func (s *ijsonScanner) open(path string, closer byte) (empty bool, err error) {
-	if err := s.enter(path); err != nil {
+func (s *ijsonScanner) open(closer byte) (empty bool, err error) {
+	if err := s.enter(); err != nil {
 		return false, err
 	}
 	s.pos++ // { or [
@@ -137,11 +174,11 @@ func (s *ijsonScanner) open(path string, closer byte) (empty bool, err error) {
 
 // next reads what follows a member or element: a comma (more to come) or
 // closer (done, and the object or array is left); anything else is a
-// syntax error at path.
-func (s *ijsonScanner) next(path string, closer byte) (done bool, err error) {
+// syntax error.
+func (s *ijsonScanner) next(closer byte) (done bool, err error) {
 	s.skipSpace()
 	if s.pos >= len(s.data) {
-		return false, s.syntax(path)
+		return false, s.syntax()
 	}
 	switch s.data[s.pos] {
 	case ',':
@@ -152,62 +189,91 @@ func (s *ijsonScanner) next(path string, closer byte) (done bool, err error) {
 		s.depth--
 		return true, nil
 	}
-	return false, s.syntax(path)
+	return false, s.syntax()
 }
 
-func (s *ijsonScanner) object(path string) error {
-	if empty, err := s.open(path, '}'); empty || err != nil {
+// maxLinearNames is how many member names an object's duplicate check
+// compares one by one before it puts them in a map.
+const maxLinearNames = 16
+
+func (s *ijsonScanner) object() error {
+	if empty, err := s.open('}'); empty || err != nil {
 		return err
 	}
-	var seen map[string]struct{}
+	base, namesBase := len(s.spans), len(s.names)
+	defer func() { s.spans, s.names = s.spans[:base], s.names[:namesBase] }()
+	var seen map[string]struct{} // once the object has many members
 	for {
 		s.skipSpace()
 		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
-			return s.syntax(path)
+			return s.syntax()
 		}
 		s.pos++
-		if err := s.str(path, true); err != nil {
+		sp := nameSpan{start: len(s.names)}
+		if err := s.str(true); err != nil {
 			return err
 		}
-		name := s.name.String()
-		if seen == nil {
-			seen = make(map[string]struct{})
+		sp.end = len(s.names)
+		name := s.names[sp.start:sp.end]
+		dup := false
+		if seen != nil {
+			_, dup = seen[string(name)]
+			seen[string(name)] = struct{}{}
+		} else {
+			for _, o := range s.spans[base:] {
+				if bytes.Equal(s.names[o.start:o.end], name) {
+					dup = true
+					break
+				}
+			}
+			if len(s.spans)-base == maxLinearNames {
+				seen = make(map[string]struct{}, 2*maxLinearNames)
+				for _, o := range s.spans[base:] {
+					seen[string(s.names[o.start:o.end])] = struct{}{}
+				}
+				seen[string(name)] = struct{}{}
+			}
 		}
-		if _, dup := seen[name]; dup {
-			return &IJSONError{Path: joinPath(path, name), Reason: "is given more than once; duplicate member names are not I-JSON"}
+		s.spans = append(s.spans, sp)
+		s.path = append(s.path, pathStep{span: sp, index: -1})
+		if dup {
+			return &IJSONError{Path: s.pathString(), Reason: "is given more than once; duplicate member names are not I-JSON"}
 		}
-		seen[name] = struct{}{}
 		s.skipSpace()
 		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
-			return s.syntax(path)
+			s.path = s.path[:len(s.path)-1]
+			return s.syntax()
 		}
 		s.pos++
 		s.skipSpace()
-		if err := s.value(joinPath(path, name)); err != nil {
+		if err := s.value(); err != nil {
 			return err
 		}
-		if done, err := s.next(path, '}'); done || err != nil {
+		s.path = s.path[:len(s.path)-1]
+		if done, err := s.next('}'); done || err != nil {
 			return err
 		}
 	}
 }
 
-func (s *ijsonScanner) array(path string) error {
-	if empty, err := s.open(path, ']'); empty || err != nil {
+func (s *ijsonScanner) array() error {
+	if empty, err := s.open(']'); empty || err != nil {
 		return err
 	}
 	for i := 0; ; i++ {
 		s.skipSpace()
-		if err := s.value(path + "[" + strconv.Itoa(i) + "]"); err != nil {
+		s.path = append(s.path, pathStep{index: i})
+		if err := s.value(); err != nil {
 			return err
 		}
-		if done, err := s.next(path, ']'); done || err != nil {
+		s.path = s.path[:len(s.path)-1]
+		if done, err := s.next(']'); done || err != nil {
 			return err
 		}
 	}
 }
 
-func (s *ijsonScanner) number(path string) error {
+func (s *ijsonScanner) number() error {
 	start := s.pos
 	for s.pos < len(s.data) {
 		c := s.data[s.pos]
@@ -218,7 +284,7 @@ func (s *ijsonScanner) number(path string) error {
 		break
 	}
 	if !validJSONNumber(s.data[start:s.pos]) {
-		return s.syntax(path)
+		return s.syntax()
 	}
 	return nil
 }
@@ -263,50 +329,61 @@ func validJSONNumber(b []byte) bool {
 
 // str reads a string whose opening quote was consumed. A member name
 // (isName) is reported against the object's path and its unescaped text is
-// left in s.name; a string value is reported against its own path.
-func (s *ijsonScanner) str(path string, isName bool) error {
-	what := "is a string that"
-	if isName {
-		what = "has a member name that"
-		s.name.Reset()
+// appended to s.names; a string value is reported against its own path.
+func (s *ijsonScanner) str(isName bool) error {
+	bad := func(reason string) error {
+		what := "is a string that"
+		if isName {
+			what = "has a member name that"
+		}
+		return &IJSONError{Path: s.pathString(), Reason: what + " " + reason}
 	}
-	bad := func(reason string) error { return &IJSONError{Path: path, Reason: what + " " + reason} }
 	for s.pos < len(s.data) {
+		// A run of plain ASCII.
+		start := s.pos
+		for s.pos < len(s.data) {
+			c := s.data[s.pos]
+			if c == '"' || c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
+				break
+			}
+			s.pos++
+		}
+		if isName {
+			s.names = append(s.names, s.data[start:s.pos]...)
+		}
+		if s.pos >= len(s.data) {
+			break
+		}
 		c := s.data[s.pos]
 		switch {
 		case c == '"':
 			s.pos++
 			return nil
 		case c < 0x20:
-			return s.syntax(path)
+			return s.syntax()
 		case c == '\\':
 			r, err := s.escape()
 			if err != nil {
-				return s.syntax(path)
+				return s.syntax()
 			}
 			if r < 0 {
 				return bad(fmt.Sprintf("holds the lone UTF-16 surrogate \\u%04x", -r))
 			}
 			if isName {
-				s.name.WriteRune(r)
-			}
-		case c < utf8.RuneSelf:
-			s.pos++
-			if isName {
-				s.name.WriteByte(c)
+				s.names = utf8.AppendRune(s.names, r)
 			}
 		default:
 			r, size := utf8.DecodeRune(s.data[s.pos:])
 			if r == utf8.RuneError && size == 1 {
 				return bad(fmt.Sprintf("is not valid UTF-8 (byte 0x%02x at offset %d)", c, s.pos))
 			}
-			s.pos += size
 			if isName {
-				s.name.WriteRune(r)
+				s.names = append(s.names, s.data[s.pos:s.pos+size]...)
 			}
+			s.pos += size
 		}
 	}
-	return s.syntax(path)
+	return s.syntax()
 }
 
 // escape reads one escape sequence at s.pos (a backslash) and returns the

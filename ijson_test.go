@@ -2,6 +2,8 @@ package idem_test
 
 import (
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -81,5 +83,78 @@ func TestFingerprintsOfDifferentPayloadsDiffer(t *testing.T) {
 		b, errB := idem.FingerprintJSON([]byte(pair[1]))
 		require.False(t, errA == nil && errB == nil && a == b, "%q and %q share fingerprint %s", pair[0], pair[1], a)
 		require.Error(t, errA, "%q is not I-JSON", pair[0])
+	}
+}
+
+// BenchmarkCheckIJSON checks the bodies cmd/loadgen sends (a claim, a
+// complete) and a larger document with nesting, escapes and non-ASCII
+// names. Run with -benchmem.
+func BenchmarkCheckIJSON(b *testing.B) {
+	for _, bc := range []struct{ name, doc string }{
+		{"claim", `{"operation":"POST /v1/payments","request":{"amount":1000,"currency":"usd"}}`},
+		{"complete", `{"fencing_token":42,"response":{"status":201,"headers":{"Content-Type":"application/json"},"body":"{\"id\":\"ord_1\"}"}}`},
+		{"nested", `{"order":{"id":"ord_8f2a","lines":[{"sku":"A-1","qty":2,"price":19.99},{"sku":"B-7","qty":1,"price":5}],"note":"gift \"wrap\"\n","tags":["x","y"]},"customer":{"name":"Zoë","email":"z@example.com","vip":true,"ref":null},"amount":4498,"currency":"eur","métadata":{"b":1,"a":2}}`},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			doc := []byte(bc.doc)
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := idem.CheckIJSON(doc); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// checkIJSONMatches fails t unless CheckIJSON says of doc exactly what the
+// earlier scanner (which built every path as it went) says: no error, or
+// the same path and reason.
+func checkIJSONMatches(t *testing.T, doc []byte) {
+	t.Helper()
+	got, want := idem.CheckIJSON(doc), idem.CheckIJSONReference(doc)
+	if (got == nil) != (want == nil) || got != nil && got.Error() != want.Error() {
+		t.Fatalf("CheckIJSON(%q) = %v, reference %v", doc, got, want)
+	}
+}
+
+// TestCheckIJSONMatchesReference compares CheckIJSON with the earlier
+// scanner on random documents and on each broken at random (see
+// TestCanonicalOnePassMatches), on objects with many members (a duplicate
+// early, late or none) and on nesting too deep.
+func TestCheckIJSONMatchesReference(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(14, 2))
+	refused := 0
+	for range 4000 {
+		doc := randomJSON(rng, nil, 0)
+		for _, d := range [][]byte{doc, mutateJSON(rng, doc)} {
+			checkIJSONMatches(t, d)
+			if idem.CheckIJSON(d) != nil {
+				refused++
+			}
+		}
+	}
+	require.Greater(t, refused, 1000)
+	for _, n := range []int{15, 16, 17, 40} {
+		for _, dup := range []int{-1, 1, n / 2, n - 1} {
+			var b strings.Builder
+			b.WriteString(`{"outer":[{`)
+			for i := range n {
+				if i > 0 {
+					b.WriteByte(',')
+				}
+				name := i
+				if i == dup {
+					name = 0
+				}
+				fmt.Fprintf(&b, `"m%d":{"x":%d}`, name, i)
+			}
+			b.WriteString(`}]}`)
+			checkIJSONMatches(t, []byte(b.String()))
+		}
+	}
+	for _, deep := range []string{strings.Repeat("[", 10001) + strings.Repeat("]", 10001), strings.Repeat(`{"a":`, 10001) + "1" + strings.Repeat("}", 10001)} {
+		checkIJSONMatches(t, []byte(deep))
 	}
 }

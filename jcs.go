@@ -26,8 +26,8 @@ func canonicalOnePass(dst, doc []byte) ([]byte, bool) {
 		j.skipSpace()
 		ok = j.pos == len(j.data)
 	}
-	if cap(j.names)+cap(j.tmp) <= maxPooledScratch {
-		*sc = jcsScratch{names: j.names[:0], members: j.members[:0], tmp: j.tmp[:0]}
+	if cap(j.keys)+cap(j.tmp) <= maxPooledScratch {
+		*sc = jcsScratch{keys: j.keys[:0], members: j.members[:0], tmp: j.tmp[:0]}
 		jcsScratchPool.Put(sc)
 	}
 	return j.out, ok
@@ -44,9 +44,9 @@ type jcs struct {
 // jcsScratch is the one-pass canonicalizer's working memory, kept in a
 // pool between documents.
 type jcsScratch struct {
-	// names holds the unescaped member names of the objects being read;
+	// keys holds the unescaped member names of the objects being read;
 	// members the members of those objects, innermost last.
-	names   []byte
+	keys    []byte
 	members []jcsMember
 	// tmp is where an object's members are copied while they are put in
 	// order.
@@ -60,7 +60,7 @@ var jcsScratchPool = sync.Pool{New: func() any { return new(jcsScratch) }}
 const maxPooledScratch = 64 << 10
 
 // jcsMember is one member of an object being read: its unescaped name in
-// names and its canonical `"name":value` in out.
+// keys and its canonical `"name":value` in out.
 type jcsMember struct {
 	nameStart, nameEnd int
 	start, end         int
@@ -92,7 +92,7 @@ func (j *jcs) value() bool {
 }
 
 func (j *jcs) array() bool {
-	if empty, err := j.open("", ']'); err != nil {
+	if empty, err := j.open(']'); err != nil {
 		return false
 	} else if empty {
 		j.out = append(j.out, "[]"...)
@@ -104,7 +104,7 @@ func (j *jcs) array() bool {
 		if !j.value() {
 			return false
 		}
-		done, err := j.next("", ']')
+		done, err := j.next(']')
 		if err != nil {
 			return false
 		}
@@ -117,7 +117,7 @@ func (j *jcs) array() bool {
 }
 
 func (j *jcs) object() bool {
-	if empty, err := j.open("", '}'); err != nil {
+	if empty, err := j.open('}'); err != nil {
 		return false
 	} else if empty {
 		j.out = append(j.out, "{}"...)
@@ -125,17 +125,17 @@ func (j *jcs) object() bool {
 	}
 	objStart := len(j.out)
 	j.out = append(j.out, '{')
-	base, namesBase := len(j.members), len(j.names)
+	base, namesBase := len(j.members), len(j.keys)
 	for {
 		j.skipSpace()
 		if j.pos >= len(j.data) || j.data[j.pos] != '"' {
 			return false
 		}
-		m := jcsMember{nameStart: len(j.names), start: len(j.out)}
+		m := jcsMember{nameStart: len(j.keys), start: len(j.out)}
 		if !j.str(true) {
 			return false
 		}
-		m.nameEnd = len(j.names)
+		m.nameEnd = len(j.keys)
 		j.skipSpace()
 		if j.pos >= len(j.data) || j.data[j.pos] != ':' {
 			return false
@@ -148,7 +148,7 @@ func (j *jcs) object() bool {
 		}
 		m.end = len(j.out)
 		j.members = append(j.members, m)
-		done, err := j.next("", '}')
+		done, err := j.next('}')
 		if err != nil {
 			return false
 		}
@@ -158,7 +158,7 @@ func (j *jcs) object() bool {
 		j.out = append(j.out, ',')
 	}
 	ms := j.members[base:]
-	name := func(m jcsMember) []byte { return j.names[m.nameStart:m.nameEnd] }
+	name := func(m jcsMember) []byte { return j.keys[m.nameStart:m.nameEnd] }
 	cmpMembers := func(a, b jcsMember) int { return compareUTF16Bytes(name(a), name(b)) }
 	if !slices.IsSortedFunc(ms, cmpMembers) {
 		slices.SortFunc(ms, cmpMembers)
@@ -178,12 +178,12 @@ func (j *jcs) object() bool {
 		}
 	}
 	j.out = append(j.out, '}')
-	j.members, j.names = j.members[:base], j.names[:namesBase]
+	j.members, j.keys = j.members[:base], j.keys[:namesBase]
 	return true
 }
 
 // str reads the string whose opening quote is at j.pos and writes its
-// canonical form; a member name's unescaped text also goes to j.names.
+// canonical form; a member name's unescaped text also goes to j.keys.
 func (j *jcs) str(isName bool) bool {
 	j.pos++
 	j.out = append(j.out, '"')
@@ -199,7 +199,7 @@ func (j *jcs) str(isName bool) bool {
 		}
 		j.out = append(j.out, j.data[start:j.pos]...)
 		if isName {
-			j.names = append(j.names, j.data[start:j.pos]...)
+			j.keys = append(j.keys, j.data[start:j.pos]...)
 		}
 		if j.pos >= len(j.data) {
 			break
@@ -218,7 +218,7 @@ func (j *jcs) str(isName bool) bool {
 			}
 			j.out = appendCanonicalRune(j.out, r)
 			if isName {
-				j.names = utf8.AppendRune(j.names, r)
+				j.keys = utf8.AppendRune(j.keys, r)
 			}
 		default:
 			r, size := utf8.DecodeRune(j.data[j.pos:])
@@ -227,7 +227,7 @@ func (j *jcs) str(isName bool) bool {
 			}
 			j.out = append(j.out, j.data[j.pos:j.pos+size]...)
 			if isName {
-				j.names = append(j.names, j.data[j.pos:j.pos+size]...)
+				j.keys = append(j.keys, j.data[j.pos:j.pos+size]...)
 			}
 			j.pos += size
 		}
