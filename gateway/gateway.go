@@ -69,6 +69,11 @@ type Options struct {
 	// Transport reaches the upstreams; nil uses a clone of
 	// http.DefaultTransport.
 	Transport http.RoundTripper
+	// BodyReadTimeout bounds reading the body of a protected request
+	// (IDEM_READ_TIMEOUT; default 30s): a caller that stops sending its
+	// body mid-way gets 400 instead of holding the connection and the
+	// bytes read so far for good.
+	BodyReadTimeout time.Duration
 }
 
 // Gateway is the front door's http.Handler.
@@ -94,6 +99,9 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if opts.StoreTimeout <= 0 {
 		opts.StoreTimeout = 5 * time.Second
+	}
+	if opts.BodyReadTimeout <= 0 {
+		opts.BodyReadTimeout = DefaultBodyReadTimeout
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -204,7 +212,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		g.refuse(w, r, x, err)
 		return
 	}
-	body, err := frontdoor.ReadBody(w, r, rr.maxBody)
+	body, err := g.readBody(w, r, rr.maxBody)
 	if err != nil {
 		g.refuse(w, r, x, err)
 		return
@@ -295,6 +303,29 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		x.outcome = outcomeTakeover
 	}
 	g.execute(w, r, rr, x, claim{tenant: t, key: key, token: rec.FencingToken, lease: rec.LeaseExpiresAt.Sub(rec.ObservedAt)}, body)
+}
+
+// DefaultBodyReadTimeout is Options.BodyReadTimeout when unset, the
+// server's default IDEM_READ_TIMEOUT.
+const DefaultBodyReadTimeout = 30 * time.Second
+
+// readBody reads the body of a protected request (frontdoor.ReadBody)
+// within Options.BodyReadTimeout. The listener sets no read timeout of its
+// own, since an upstream call may outlast any: the deadline is set on the
+// connection for the body only, and lifted once it is read. A body that
+// could not be read leaves the deadline in place and the connection is
+// closed after the answer: net/http would otherwise wait, before it
+// answers, for the rest of a body that is not coming.
+func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(g.opts.BodyReadTimeout))
+	body, err := frontdoor.ReadBody(w, r, limit)
+	if err != nil {
+		w.Header().Set("Connection", "close")
+		return nil, err
+	}
+	_ = rc.SetReadDeadline(time.Time{})
+	return body, nil
 }
 
 // scope returns the key scope of r under the route's policy: "" without

@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -630,5 +631,32 @@ func TestScopesCannotCollide(t *testing.T) {
 		again := send(t, http.MethodPost, r.url+"/orders", "k1", `{"amount":1}`, "X-Account-Id", "acct:b")
 		require.Equal(t, "true", again.header.Get(frontdoor.HeaderReplayed))
 		require.Equal(t, b.body, again.body, "each caller gets its own response back")
+	})
+}
+
+// TestSlowBodyIsCutOff: a caller that announces a body and stops sending
+// it mid-way is answered 400 once BodyReadTimeout has passed, nothing is
+// claimed and the upstream is not called. Before, the gateway (whose
+// listener has no read timeout, since upstream calls may be long) waited
+// for the rest for good: each such connection held a goroutine and the
+// bytes read so far, without bound.
+func TestSlowBodyIsCutOff(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		r := newRig(t, backend, "", func(o *gateway.Options) { o.BodyReadTimeout = 500 * time.Millisecond })
+		conn, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+		require.NoError(t, err)
+		defer conn.Close()
+		_, err = fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: slow-1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"amount\":")
+		require.NoError(t, err)
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err, "the gateway is still waiting for the rest of the body")
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, string(b))
+		require.Equal(t, "invalid_request", reply{resp.StatusCode, resp.Header, string(b)}.code(t))
+		require.Equal(t, idem.ErrKeyNotFound.Code, r.getRecordErr(t, "slow-1"), "nothing was claimed")
+		require.Equal(t, int64(0), r.upstream.Entered())
 	})
 }

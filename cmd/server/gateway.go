@@ -52,7 +52,8 @@ records of the tenant, visible in the API, the dashboard and the metrics
 SIGHUP reloads the config file without dropping requests; SIGTERM or SIGINT
 stop it gracefully within --shutdown-grace. Of the server settings below
 the gateway uses the store (IDEM_DATABASE_URL, IDEM_STORE_TIMEOUT, pool),
-log, shutdown, waiting, tenant cache, header and idle settings.`)
+log, shutdown, waiting, tenant cache, header, idle and read settings
+(IDEM_READ_TIMEOUT bounds reading a protected request's body).`)
 	cfg, done, code := loadConfigNoArgs(e, fs, usage, args, gatewaySettings...)
 	if done {
 		return code
@@ -100,7 +101,7 @@ log, shutdown, waiting, tenant cache, header and idle settings.`)
 	g, err := gateway.New(gateway.Options{
 		Store: metrics.InstrumentStore(store, metrics.New(reg)), Tenant: tenant, Upstream: upstream, ConfigFile: file,
 		StoreTimeout: cfg.StoreTimeout, TenantCacheTTL: cfg.TenantCacheTTL, Registerer: reg, Logger: logger,
-		Waiters: waiters,
+		Waiters: waiters, BodyReadTimeout: cfg.ReadTimeout,
 	})
 	if err != nil {
 		logger.Error("start failed", "err", err)
