@@ -296,6 +296,9 @@ func (s *service) readBody(w http.ResponseWriter, r *http.Request) (body []byte,
 }
 
 func checkJSONContentType(ct string) error {
+	if ct == "application/json" {
+		return nil // what ParseMediaType would say, without parsing
+	}
 	mt, _, err := mime.ParseMediaType(ct)
 	if err != nil || mt != "application/json" {
 		return idem.Errorf(idem.CodeUnsupportedMediaType, "a request body must be sent as application/json")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"runtime/debug"
 	"sync/atomic"
@@ -99,10 +100,7 @@ func (s *service) accessLog(next http.Handler) http.Handler {
 					status = http.StatusInternalServerError
 				}
 			}
-			pattern := ""
-			if rc := chi.RouteContext(r.Context()); rc != nil {
-				pattern = rc.RoutePattern()
-			}
+			pattern := routePattern(chi.RouteContext(r.Context()))
 			if s.observer != nil {
 				s.observer.ObserveHTTP(pattern, r.Method, status, end.Sub(start))
 			}
@@ -112,6 +110,47 @@ func (s *service) accessLog(next http.Handler) http.Handler {
 		returned = true
 	})
 }
+
+// routePattern is rc.RoutePattern(), remembered per list of the routers'
+// patterns: chi joins them and replaces wildcards anew for every request,
+// a few allocations each time, to arrive at one of a handful of answers.
+func routePattern(rc *chi.Context) string {
+	if rc == nil {
+		return ""
+	}
+	var key routeKey
+	if len(rc.RoutePatterns) > len(key) {
+		return rc.RoutePattern()
+	}
+	copy(key[:], rc.RoutePatterns)
+	cache := routePatterns.Load()
+	if p, ok := (*cache)[key]; ok {
+		return p
+	}
+	p := rc.RoutePattern()
+	if len(*cache) < maxRoutePatterns {
+		// Copy on write: the routes are few, so this happens a few times.
+		next := make(map[routeKey]string, len(*cache)+1)
+		maps.Copy(next, *cache)
+		next[key] = p
+		routePatterns.CompareAndSwap(cache, &next)
+	}
+	return p
+}
+
+// routeKey is the patterns of the routers a request went through (a chi
+// Context's RoutePatterns; at most four: the router, a mounted subrouter,
+// and room for more).
+type routeKey [4]string
+
+// routePatterns maps routeKey to the route pattern, for all servers in
+// the process (a pattern depends on nothing else).
+var routePatterns atomic.Pointer[map[routeKey]string]
+
+// maxRoutePatterns bounds routePatterns (the routes are a few dozen).
+const maxRoutePatterns = 256
+
+func init() { routePatterns.Store(&map[routeKey]string{}) }
 
 // logRequest writes the access log line. A NewJSONLogHandler writes it
 // by itself; to any other handler it hands the record, as
