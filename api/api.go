@@ -22,6 +22,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/internal/budget"
 	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/tenants"
 )
@@ -136,12 +137,13 @@ func New(opts Options) *chi.Mux {
 	if s.maxBody <= 0 {
 		s.maxBody = DefaultMaxBodyBytes
 	}
-	s.inflight = &inflight{limit: opts.MaxInflightBytes}
-	if s.inflight.limit <= 0 {
-		s.inflight.limit = DefaultMaxInflightBytes
+	limit := opts.MaxInflightBytes
+	if limit <= 0 {
+		limit = DefaultMaxInflightBytes
 	}
+	s.inflight = budget.New(limit)
 	if s.observer != nil {
-		s.observer.InflightBudget(s.inflight.used.Load)
+		s.observer.InflightBudget(s.inflight.Used)
 	}
 
 	r := chi.NewRouter()

@@ -55,7 +55,7 @@ func handle[Req any, Resp any](s *service, exec func(ctx context.Context, req *R
 	return func(w http.ResponseWriter, r *http.Request) {
 		req := new(Req)
 		held, err := s.decodeBody(w, r, req)
-		defer s.inflight.release(held)
+		defer s.inflight.Release(held)
 		if err != nil {
 			s.writeProblem(w, r, err)
 			return
@@ -271,7 +271,7 @@ func (s *service) readBody(w http.ResponseWriter, r *http.Request) (body []byte,
 		return nil, 0, tooLarge(s.maxBody)
 	case n > 0:
 		held = n * BodyMemoryFactor
-		if !s.inflight.acquire(held) {
+		if !s.inflight.Acquire(held) {
 			return nil, 0, busy()
 		}
 		body = make([]byte, n)

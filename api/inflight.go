@@ -3,10 +3,10 @@ package api
 import (
 	"errors"
 	"io"
-	"sync/atomic"
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/budget"
 )
 
 // DefaultMaxInflightBytes is the server-wide budget of request body bytes
@@ -34,29 +34,7 @@ const busyRetryAfter = time.Second
 // the budget the request is refused with 503 server_busy and Retry-After:
 // the server answers more requests later instead of running out of memory
 // now.
-type inflight struct {
-	limit int64
-	used  atomic.Int64
-}
-
-// acquire reserves n bytes, or reports false when that would pass the limit.
-func (b *inflight) acquire(n int64) bool {
-	for {
-		cur := b.used.Load()
-		if cur+n > b.limit {
-			return false
-		}
-		if b.used.CompareAndSwap(cur, cur+n) {
-			return true
-		}
-	}
-}
-
-func (b *inflight) release(n int64) {
-	if n > 0 {
-		b.used.Add(-n)
-	}
-}
+type inflight = budget.Bytes
 
 // errBusy ends the read of a body whose next bytes the budget cannot hold.
 var errBusy = errors.New("request body bytes in flight are over the server's budget")
@@ -100,13 +78,13 @@ func (m *meteredBody) Read(p []byte) (int, error) {
 	if m.read >= m.limit {
 		want = 0
 	}
-	if !m.budget.acquire(want) {
+	if !m.budget.Acquire(want) {
 		return 0, errBusy
 	}
 	n, err := m.r.Read(p)
 	m.read += int64(n)
 	used := min(int64(n)*BodyMemoryFactor, want)
-	m.budget.release(want - used)
+	m.budget.Release(want - used)
 	m.held += used
 	return n, err
 }

@@ -361,3 +361,24 @@ func firstBool(a, b *bool, def bool) bool {
 	}
 	return def
 }
+
+// fits returns an error naming the routes whose largest body, charged
+// BodyMemoryFactor times, could never fit a budget of limit bytes: every
+// protected request of such a route would be refused server_busy.
+func (rt *routing) fits(limit int64) error {
+	var errs []error
+	check := func(r *route) {
+		if r != nil && r.maxBody*BodyMemoryFactor > limit {
+			name := r.pattern
+			if name == "" {
+				name = "defaults"
+			}
+			errs = append(errs, fmt.Errorf("%s: max_body_bytes %d × %d is over the in-flight budget (IDEM_MAX_INFLIGHT_BYTES %d)", name, r.maxBody, BodyMemoryFactor, limit))
+		}
+	}
+	for _, r := range rt.routes {
+		check(r)
+	}
+	check(rt.fallback)
+	return errors.Join(errs...)
+}

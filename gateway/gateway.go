@@ -40,6 +40,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/client/frontdoor"
+	"github.com/idem-dev/idem/internal/budget"
 	"github.com/idem-dev/idem/tenants"
 )
 
@@ -69,6 +70,12 @@ type Options struct {
 	// Transport reaches the upstreams; nil uses a clone of
 	// http.DefaultTransport.
 	Transport http.RoundTripper
+	// MaxInflightBytes is the budget of protected request bodies the
+	// gateway holds in memory at once, each charged BodyMemoryFactor times
+	// its size before it is read (IDEM_MAX_INFLIGHT_BYTES; 0 means
+	// DefaultMaxInflightBytes). Past it a protected request is refused
+	// 503 server_busy with Retry-After, unread and unclaimed.
+	MaxInflightBytes int64
 	// BodyReadTimeout bounds reading the body of a protected request
 	// (IDEM_READ_TIMEOUT; default 30s): a caller that stops sending its
 	// body mid-way gets 400 instead of holding the connection and the
@@ -79,6 +86,7 @@ type Options struct {
 // Gateway is the front door's http.Handler.
 type Gateway struct {
 	opts      Options
+	budget    *budget.Bytes
 	store     idem.Store
 	tenants   *tenants.Service
 	routing   atomic.Pointer[routing]
@@ -103,14 +111,18 @@ func New(opts Options) (*Gateway, error) {
 	if opts.BodyReadTimeout <= 0 {
 		opts.BodyReadTimeout = DefaultBodyReadTimeout
 	}
+	if opts.MaxInflightBytes <= 0 {
+		opts.MaxInflightBytes = DefaultMaxInflightBytes
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	store := idem.WithDeadline(opts.Store, opts.StoreTimeout)
 	g := &Gateway{
-		opts: opts, store: store, tenants: tenants.NewService(store, opts.TenantCacheTTL),
-		transport: opts.Transport, logger: opts.Logger, metrics: newMetrics(opts.Registerer),
+		opts: opts, budget: budget.New(opts.MaxInflightBytes), store: store, tenants: tenants.NewService(store, opts.TenantCacheTTL),
+		transport: opts.Transport, logger: opts.Logger,
 	}
+	g.metrics = newMetrics(opts.Registerer, g.budget.Used)
 	if g.transport == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.MaxIdleConnsPerHost = 256
@@ -133,6 +145,9 @@ func (g *Gateway) Reload() error {
 	}
 	rt, err := compile(f, g.opts.Upstream)
 	if err != nil {
+		return fmt.Errorf("gateway config: %w", err)
+	}
+	if err := rt.fits(g.budget.Limit()); err != nil {
 		return fmt.Errorf("gateway config: %w", err)
 	}
 	g.routing.Store(rt)
@@ -166,6 +181,7 @@ const (
 	outcomeUpstreamUnavailable = "upstream_unavailable"
 	outcomeUpstreamTimeout     = "upstream_timeout"
 	outcomeCanceled            = "canceled"
+	outcomeBusy                = "busy"
 )
 
 // ServeHTTP implements http.Handler.
@@ -212,10 +228,24 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		g.refuse(w, r, x, err)
 		return
 	}
+	held, ok := g.reserveBody(r, rr.maxBody)
+	if !ok {
+		x.outcome = outcomeBusy
+		frontdoor.WriteProblem(w, r, &frontdoor.Error{Code: frontdoor.CodeServerBusy, RetryAfter: time.Second,
+			Detail: "the gateway holds as many request bodies as it may; the request was not processed, retry after Retry-After with the same key"})
+		return
+	}
+	defer func() { g.budget.Release(held) }()
 	body, err := g.readBody(w, r, rr.maxBody)
 	if err != nil {
 		g.refuse(w, r, x, err)
 		return
+	}
+	// A body of unknown length was charged the route's limit: keep only
+	// what it holds.
+	if keep := int64(len(body)) * BodyMemoryFactor; keep < held {
+		g.budget.Release(held - keep)
+		held = keep
 	}
 	doc, err := frontdoor.Document(frontdoor.Parts{
 		Path: r.URL.EscapedPath(), Query: r.URL.RawQuery, ContentType: r.Header.Get("Content-Type"), Body: body, Header: r.Header,
@@ -303,6 +333,30 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		x.outcome = outcomeTakeover
 	}
 	g.execute(w, r, rr, x, claim{tenant: t, key: key, token: rec.FencingToken, lease: rec.LeaseExpiresAt.Sub(rec.ObservedAt)}, body)
+}
+
+// DefaultMaxInflightBytes is Options.MaxInflightBytes when unset, the
+// server's default IDEM_MAX_INFLIGHT_BYTES.
+const DefaultMaxInflightBytes = 64 << 20
+
+// BodyMemoryFactor is how many times its size a protected request's body
+// is charged against the budget: it is held as read, in the fingerprint
+// document and in its canonical form while the upstream call runs, and
+// the upstream's answer is buffered beside it.
+const BodyMemoryFactor = 4
+
+// reserveBody charges the budget for the body of a protected request
+// before a byte of it is read: its Content-Length (the route's limit when
+// it announces more: the read stops there with 413), or the route's limit
+// when the length is unknown. It returns the bytes charged, or false when
+// they do not fit; the caller releases them once the answer is written.
+func (g *Gateway) reserveBody(r *http.Request, limit int64) (int64, bool) {
+	n := r.ContentLength
+	if n < 0 || n > limit {
+		n = limit
+	}
+	held := n * BodyMemoryFactor
+	return held, g.budget.Acquire(held)
 }
 
 // DefaultBodyReadTimeout is Options.BodyReadTimeout when unset, the

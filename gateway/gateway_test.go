@@ -660,3 +660,76 @@ func TestSlowBodyIsCutOff(t *testing.T) {
 		require.Equal(t, int64(0), r.upstream.Entered())
 	})
 }
+
+// TestInflightBudgetRefusesBeforeReading: while one caller holds the whole
+// in-flight budget (it announced a body of the route's largest size and
+// sent a few bytes of it), a protected request with a Content-Length and a
+// chunked one are refused 503 server_busy with Retry-After, unread,
+// unclaimed, the upstream not called; once the holder's body is in and
+// answered, both go through. Before, the gateway read every body as it
+// came with nothing to bound how many at once (each up to the route's
+// max_body_bytes, 8 MiB by default).
+func TestInflightBudgetRefusesBeforeReading(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		const maxBody = 64 << 10
+		r := newRig(t, backend, fmt.Sprintf("defaults:\n  max_body_bytes: %d\n", maxBody), func(o *gateway.Options) {
+			o.MaxInflightBytes = maxBody * gateway.BodyMemoryFactor
+		})
+		conn, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+		require.NoError(t, err)
+		defer conn.Close()
+		holder := `{"pad":"` + strings.Repeat("x", maxBody-10) + `"}`
+		_, err = fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: hold-1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(holder), holder[:100])
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			return r.gauge(t, "idem_gateway_request_body_bytes_in_flight") == maxBody*gateway.BodyMemoryFactor
+		},
+			10*time.Second, 5*time.Millisecond, "the holder's body is charged before it is read")
+
+		busy := send(t, http.MethodPost, r.url+"/orders", "b-1", `{"amount":1}`)
+		require.Equal(t, http.StatusServiceUnavailable, busy.status, busy.body)
+		require.Equal(t, "server_busy", busy.code(t))
+		require.Equal(t, "1", busy.header.Get("Retry-After"))
+		// A reader of unknown length: the client sends it chunked.
+		req, err := http.NewRequest(http.MethodPost, r.url+"/orders", io.MultiReader(strings.NewReader(`{"amount":`), strings.NewReader(`2}`)))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(frontdoor.HeaderKey, "b-2")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "a chunked body is charged the route's limit")
+		require.Equal(t, idem.ErrKeyNotFound.Code, r.getRecordErr(t, "b-1"), "nothing claimed")
+		require.Equal(t, idem.ErrKeyNotFound.Code, r.getRecordErr(t, "b-2"))
+		require.Equal(t, int64(0), r.upstream.Entered())
+
+		_, err = io.WriteString(conn, holder[100:])
+		require.NoError(t, err)
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+		held, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err)
+		held.Body.Close()
+		require.Equal(t, http.StatusCreated, held.StatusCode)
+		require.Eventually(t, func() bool { return r.gauge(t, "idem_gateway_request_body_bytes_in_flight") == 0 },
+			10*time.Second, 5*time.Millisecond, "the budget is given back once the answer is written")
+		require.Equal(t, http.StatusCreated, send(t, http.MethodPost, r.url+"/orders", "b-1", `{"amount":1}`).status)
+		require.Equal(t, http.StatusCreated, send(t, http.MethodPost, r.url+"/orders", "b-2", `{"amount":2}`).status)
+		require.Equal(t, int64(3), r.upstream.Count())
+	})
+}
+
+// gauge reads a gateway gauge now.
+func (r *rig) gauge(t *testing.T, name string) float64 {
+	t.Helper()
+	mfs, err := r.reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s", name)
+	return 0
+}

@@ -15,12 +15,14 @@ type gatewayMetrics struct {
 	storeFailures *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer) *gatewayMetrics {
+// newMetrics registers the gateway's metrics on reg (none when nil);
+// inflight reads the request body bytes held against the budget.
+func newMetrics(reg prometheus.Registerer, inflight func() int64) *gatewayMetrics {
 	buckets := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
 	m := &gatewayMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "idem", Subsystem: "gateway", Name: "requests_total",
-			Help: "Requests through the gateway by route pattern, outcome (passthrough, executed, takeover, replayed, not_replayable, in_flight, mismatch, refused, store_unavailable, fail_open, upstream_unavailable, upstream_timeout, canceled) and status class.",
+			Help: "Requests through the gateway by route pattern, outcome (passthrough, executed, takeover, replayed, not_replayable, in_flight, mismatch, refused, busy, store_unavailable, fail_open, upstream_unavailable, upstream_timeout, canceled) and status class.",
 		}, []string{"route", "outcome", "status"}),
 		upstream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "idem", Subsystem: "gateway", Name: "upstream_seconds",
@@ -36,7 +38,11 @@ func newMetrics(reg prometheus.Registerer) *gatewayMetrics {
 		}, []string{"op"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.upstream, m.added, m.storeFailures)
+		reg.MustRegister(m.requests, m.upstream, m.added, m.storeFailures,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Namespace: "idem", Subsystem: "gateway", Name: "request_body_bytes_in_flight",
+				Help: "Protected request body bytes held against the gateway's in-flight budget (IDEM_MAX_INFLIGHT_BYTES), each body counted 4 times its size; past the budget requests get 503 server_busy.",
+			}, func() float64 { return float64(inflight()) }))
 	}
 	return m
 }

@@ -14,7 +14,7 @@ import (
 // Code is the machine-readable name of a front-door refusal.
 type Code string
 
-// The codes a front door answers with. The last three come from the gateway
+// The codes a front door answers with. The last four come from the gateway
 // only.
 const (
 	CodeKeyMissing            Code = "idempotency_key_missing"
@@ -27,6 +27,9 @@ const (
 	CodeUpstreamUnavailable   Code = "upstream_unavailable"
 	CodeUpstreamTimeout       Code = "upstream_timeout"
 	CodeResponseNotReplayable Code = "response_not_replayable"
+	// CodeServerBusy: the gateway holds as many request bodies in memory
+	// as its budget allows; retry after Retry-After.
+	CodeServerBusy Code = "server_busy"
 )
 
 // ProblemInfo is the fixed part of a code's problem body.
@@ -37,8 +40,8 @@ type ProblemInfo struct {
 }
 
 // Problems maps every code to its status, title and retryability. Only
-// request_in_flight and store_unavailable are retryable unchanged (after
-// Retry-After); upstream errors released the key, so the client may retry
+// request_in_flight, store_unavailable and server_busy are retryable
+// unchanged (after Retry-After); upstream errors released the key, so the client may retry
 // them too, but nothing promises the next attempt succeeds.
 var Problems = map[Code]ProblemInfo{
 	CodeKeyMissing:            {http.StatusBadRequest, "Idempotency key missing", false},
@@ -51,6 +54,7 @@ var Problems = map[Code]ProblemInfo{
 	CodeUpstreamUnavailable:   {http.StatusBadGateway, "Upstream unavailable", false},
 	CodeUpstreamTimeout:       {http.StatusGatewayTimeout, "Upstream timeout", false},
 	CodeResponseNotReplayable: {http.StatusConflict, "Response not replayable", false},
+	CodeServerBusy:            {http.StatusServiceUnavailable, "Server busy", true},
 }
 
 // FieldError names one invalid part of a request.

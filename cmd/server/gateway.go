@@ -53,7 +53,8 @@ SIGHUP reloads the config file without dropping requests; SIGTERM or SIGINT
 stop it gracefully within --shutdown-grace. Of the server settings below
 the gateway uses the store (IDEM_DATABASE_URL, IDEM_STORE_TIMEOUT, pool),
 log, shutdown, waiting, tenant cache, header, idle and read settings
-(IDEM_READ_TIMEOUT bounds reading a protected request's body).`)
+(IDEM_READ_TIMEOUT bounds reading a protected request's body), and the
+in-flight budget of protected request bodies (IDEM_MAX_INFLIGHT_BYTES).`)
 	cfg, done, code := loadConfigNoArgs(e, fs, usage, args, gatewaySettings...)
 	if done {
 		return code
@@ -101,7 +102,7 @@ log, shutdown, waiting, tenant cache, header, idle and read settings
 	g, err := gateway.New(gateway.Options{
 		Store: metrics.InstrumentStore(store, metrics.New(reg)), Tenant: tenant, Upstream: upstream, ConfigFile: file,
 		StoreTimeout: cfg.StoreTimeout, TenantCacheTTL: cfg.TenantCacheTTL, Registerer: reg, Logger: logger,
-		Waiters: waiters, BodyReadTimeout: cfg.ReadTimeout,
+		Waiters: waiters, BodyReadTimeout: cfg.ReadTimeout, MaxInflightBytes: cfg.MaxInflightBytes,
 	})
 	if err != nil {
 		logger.Error("start failed", "err", err)
