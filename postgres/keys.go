@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -10,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/jsonenc"
 	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
 )
 
@@ -126,10 +126,7 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 // in flight. Completing again with the current token and an equal response
 // returns the stored record.
 func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Record, error) {
-	headers, err := json.Marshal(p.Response.Headers)
-	if err != nil {
-		return idem.Record{}, fmt.Errorf("complete key: encode response headers: %w", err)
-	}
+	headers := jsonenc.AppendStringMap(nil, p.Response.Headers)
 	row, err := s.q.CompleteKey(ctx, dbsqlc.CompleteKeyParams{
 		TenantID:             p.TenantID,
 		Key:                  p.Key,

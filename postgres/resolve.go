@@ -2,15 +2,14 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/jsonenc"
 	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
 )
 
@@ -24,10 +23,7 @@ import (
 func (s *Store) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolution, error) {
 	var headers []byte
 	if p.Action == idem.ResolveComplete {
-		var err error
-		if headers, err = json.Marshal(p.Response.Headers); err != nil {
-			return idem.Resolution{}, fmt.Errorf("resolve key: encode response headers: %w", err)
-		}
+		headers = jsonenc.AppendStringMap(nil, p.Response.Headers)
 	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {

@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -11,6 +10,7 @@ import (
 	sqlitelib "modernc.org/sqlite/lib"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/jsonenc"
 	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
 )
 
@@ -150,13 +150,10 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 // lease ran out. Completing again with the current token and an equal
 // response returns the stored record.
 func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Record, error) {
-	headers, err := json.Marshal(p.Response.Headers)
-	if err != nil {
-		return idem.Record{}, fmt.Errorf("complete key: encode response headers: %w", err)
-	}
+	headers := jsonenc.AppendStringMap(nil, p.Response.Headers)
 	var rec idem.Record
 	var refusal error
-	err = s.inTx(ctx, "complete key", func(q *dbsqlc.Queries, now time.Time) error {
+	err := s.inTx(ctx, "complete key", func(q *dbsqlc.Queries, now time.Time) error {
 		stored, err := getKey(ctx, q, p.TenantID, p.Key, now)
 		if err != nil {
 			return err

@@ -2,11 +2,11 @@ package sqlite
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/jsonenc"
 	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
 )
 
@@ -17,10 +17,7 @@ import (
 func (s *Store) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolution, error) {
 	var headers []byte
 	if p.Action == idem.ResolveComplete {
-		var err error
-		if headers, err = json.Marshal(p.Response.Headers); err != nil {
-			return idem.Resolution{}, fmt.Errorf("resolve key: encode response headers: %w", err)
-		}
+		headers = jsonenc.AppendStringMap(nil, p.Response.Headers)
 	}
 	var res idem.Resolution
 	err := s.inTx(ctx, "resolve key", func(q *dbsqlc.Queries, now time.Time) error {
