@@ -155,19 +155,37 @@ func (b *Broadcast) Len() int {
 // or by a timer at the end of the holder's lease — never by polling.
 // A nil *Waiters never waits.
 type Waiters struct {
-	events KeyEvents
-	limit  int64
-	n      atomic.Int64
-	closed chan struct{}
-	once   sync.Once
+	events    KeyEvents
+	limit     int64
+	perTenant int64
+	n         atomic.Int64
+	mu        sync.Mutex
+	byTenant  map[string]int64
+	closed    chan struct{}
+	once      sync.Once
 }
 
 // NewWaiters returns Waiters on events that hold at most limit claims at
 // once; past it a claim gets the immediate request_in_flight. events nil or
 // limit <= 0 gives Waiters that never wait.
 func NewWaiters(events KeyEvents, limit int) *Waiters {
-	return &Waiters{events: events, limit: int64(limit), closed: make(chan struct{})}
+	return &Waiters{events: events, limit: int64(limit), perTenant: int64(limit), byTenant: map[string]int64{}, closed: make(chan struct{})}
 }
+
+// NewSharedWaiters is NewWaiters for many tenants: one tenant holds at
+// most TenantShare of limit, so that its held claims — as many as it
+// likes to send — never take every place and leave the other tenants'
+// waits refused at once.
+func NewSharedWaiters(events KeyEvents, limit int) *Waiters {
+	w := NewWaiters(events, limit)
+	w.perTenant = TenantShare(limit)
+	return w
+}
+
+// TenantShare is the most claims one tenant may have held at once by
+// Waiters of limit places shared by many tenants: half of them (rounded
+// up, at least one).
+func TenantShare(limit int) int64 { return int64(max((limit+1)/2, 1)) }
 
 // Waiting returns how many claims are held now.
 func (w *Waiters) Waiting() int {
@@ -219,10 +237,10 @@ func (w *Waiters) Claim(ctx context.Context, store Store, p ClaimParams, wait ti
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	if !w.acquire() {
+	if !w.acquire(p.TenantID) {
 		return res, false, err
 	}
-	defer w.n.Add(-1)
+	defer w.release(p.TenantID)
 	sub, serr := w.events.Subscribe(ctx, p.TenantID, p.Key)
 	if serr != nil {
 		return res, false, err
@@ -274,22 +292,31 @@ func (w *Waiters) Claim(ctx context.Context, store Store, p ClaimParams, wait ti
 	}
 }
 
-// acquire takes a waiter's place, or reports false at the limit or after
-// Close.
-func (w *Waiters) acquire() bool {
+// acquire takes a waiter's place for tenant, or reports false at the
+// limit, at the tenant's share of it, or after Close.
+func (w *Waiters) acquire(tenant string) bool {
 	select {
 	case <-w.closed:
 		return false
 	default:
 	}
-	for {
-		n := w.n.Load()
-		if n >= w.limit {
-			return false
-		}
-		if w.n.CompareAndSwap(n, n+1) {
-			return true
-		}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.n.Load() >= w.limit || w.byTenant[tenant] >= w.perTenant {
+		return false
+	}
+	w.n.Add(1)
+	w.byTenant[tenant]++
+	return true
+}
+
+// release gives back a place acquire took for tenant.
+func (w *Waiters) release(tenant string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.n.Add(-1)
+	if w.byTenant[tenant]--; w.byTenant[tenant] <= 0 {
+		delete(w.byTenant, tenant)
 	}
 }
 

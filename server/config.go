@@ -213,7 +213,7 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*stringValue)(&c.LogLevel) }},
 		{"shutdown-grace", "IDEM_SHUTDOWN_GRACE", "time in-flight requests get to finish after SIGTERM/SIGINT", false,
 			func(c *Config) flag.Value { return (*durationValue)(&c.ShutdownGrace) }},
-		{"max-waiters", "IDEM_MAX_WAITERS", "claims this replica holds at once waiting for a key in flight (wait_seconds, Prefer: wait=N); past it the immediate 409; 0 turns waiting off", false,
+		{"max-waiters", "IDEM_MAX_WAITERS", "claims this replica holds at once waiting for a key in flight (wait_seconds, Prefer: wait=N), one tenant at most half of them; past it the immediate 409; 0 turns waiting off", false,
 			func(c *Config) flag.Value { return (*intValue)(&c.MaxWaiters) }},
 		{"db-max-conns", "IDEM_DB_MAX_CONNS", "PostgreSQL connection pool size", false,
 			func(c *Config) flag.Value { return (*intValue)(&c.DBMaxConns) }},

@@ -163,7 +163,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	// s.store, so each one is bounded by IDEM_STORE_TIMEOUT and the wait
 	// is not.
 	if ev, ok := raw.(idem.KeyEvents); ok && cfg.MaxWaiters > 0 && cfg.MaxWait() > 0 {
-		s.waiters = idem.NewWaiters(ev, cfg.MaxWaiters)
+		s.waiters = idem.NewSharedWaiters(ev, cfg.MaxWaiters)
 	}
 	s.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "idem_claim_waiters",

@@ -379,3 +379,37 @@ func mintToken(t *testing.T, cfg server.Config, tenant string) string {
 	require.NoError(t, err)
 	return tok
 }
+
+// TestWaitersShareAcrossTenants: one tenant may hold at most half of
+// IDEM_MAX_WAITERS; past its share its claims get the immediate 409, and
+// another tenant's claim still waits and gets its replay. Before, one
+// tenant's held claims could take every place, and every other tenant's
+// wait was refused at once.
+func TestWaitersShareAcrossTenants(t *testing.T) {
+	t.Parallel()
+	bothBackends(t, func(t *testing.T, backend string) {
+		f := startWait(t, backend, func(c *server.Config) { c.MaxWaiters = 4 })
+		f.hold(t, "k", `{"fingerprint":"fp"}`)
+		for range 2 {
+			_ = claimAsync(t.Context(), t, f.ts.URL(), f.tok, "k", `{"fingerprint":"fp","wait_seconds":60}`, nil)
+		}
+		waitWaiting(t, f.ts.Server(), 2)
+		over := recv(t, claimAsync(t.Context(), t, f.ts.URL(), f.tok, "k", `{"fingerprint":"fp","wait_seconds":60}`, nil))
+		require.Equal(t, http.StatusConflict, over.status, "past the tenant's share of the waiters: the immediate 409")
+		require.Empty(t, over.header.Get("Preference-Applied"))
+
+		f.ts.CreateTenant(t, "other", idem.SettingsPatch{})
+		tok := f.ts.Token(t, "other", "keys:write")
+		status, claim, _ := f.c.call(t, http.MethodPost, "/v1/keys/k/claim", tok, `{"fingerprint":"fp"}`)
+		require.Equal(t, http.StatusCreated, status, "%v", claim)
+		held := claimAsync(t.Context(), t, f.ts.URL(), tok, "k", `{"fingerprint":"fp","wait_seconds":60}`, nil)
+		waitWaiting(t, f.ts.Server(), 3)
+		requireStillWaiting(t, held)
+		status, _, _ = f.c.call(t, http.MethodPost, "/v1/keys/k/complete", tok,
+			fmt.Sprintf(`{"fencing_token":%v,"response":{"status":200}}`, claim["fencing_token"]))
+		require.Equal(t, http.StatusOK, status)
+		a := recv(t, held)
+		require.Equal(t, http.StatusOK, a.status, "the other tenant's claim waited and got the replay: %v", a.body)
+		require.NotEmpty(t, a.header.Get("Preference-Applied"))
+	})
+}
