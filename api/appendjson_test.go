@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/idem-dev/idem"
 )
@@ -13,7 +14,9 @@ import (
 // byte what json.Encoder writes, on random records and claims whose strings
 // hold every class of character encoding/json treats specially (quotes,
 // backslashes, control characters, <>&, U+2028/2029, invalid UTF-8,
-// multi-byte runes) and whose optional members are present or absent.
+// multi-byte runes), whose times are zero (null) or fall in any year of
+// ±1000 around 1970 in any zone with or without a fraction, and whose
+// optional members are present or absent.
 func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(14, 1))
@@ -35,6 +38,13 @@ func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
 		s := str()
 		return &s
 	}
+	zones := []*time.Location{time.UTC, time.FixedZone("", 2*3600), time.FixedZone("", -(9*3600 + 1800))}
+	optTime := func() jsonTime {
+		if rng.IntN(3) == 0 {
+			return jsonTime{}
+		}
+		return jsonTime(randomTime(rng, zones))
+	}
 	encode := func(v any) []byte {
 		var buf bytes.Buffer
 		if err := json.NewEncoder(&buf).Encode(v); err != nil {
@@ -45,7 +55,7 @@ func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
 	for i := range 5000 {
 		c := claimJSON{
 			Key: str(), State: idem.State(str()), FencingToken: rng.Int64() - rng.Int64(), Attempt: rng.IntN(100) - 1,
-			Resumed: rng.IntN(2) == 0, LeaseExpiresAt: opt(), RecoveryPoint: opt(),
+			Resumed: rng.IntN(2) == 0, LeaseExpiresAt: optTime(), RecoveryPoint: opt(),
 		}
 		got, ok := appendBody(nil, c)
 		if !ok || !bytes.Equal(got, encode(c)) {
@@ -53,9 +63,9 @@ func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
 		}
 		r := recordJSON{
 			Key: str(), State: idem.State(str()), Operation: str(), Fingerprint: str(),
-			FencingToken: rng.Int64(), Attempt: rng.IntN(100), LeaseExpiresAt: opt(), RecoveryPoint: opt(),
+			FencingToken: rng.Int64(), Attempt: rng.IntN(100), LeaseExpiresAt: optTime(), RecoveryPoint: opt(),
 			RecoveryData: recoveryJSON{omitted: rng.IntN(2) == 0},
-			CreatedAt:    opt(), CompletedAt: opt(), ReplayUntil: opt(), PurgeAfter: opt(),
+			CreatedAt:    optTime(), CompletedAt: optTime(), ReplayUntil: optTime(), PurgeAfter: optTime(),
 		}
 		if rng.IntN(4) > 0 {
 			r.Response = &responseJSON{Status: 100 + rng.IntN(500), Body: str(), BodyEncoding: str()}
@@ -67,7 +77,7 @@ func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
 			}
 		}
 		if rng.IntN(3) == 0 {
-			r.Review = &reviewJSON{Note: str(), At: opt()}
+			r.Review = &reviewJSON{Note: str(), At: optTime()}
 		}
 		got, ok = appendBody(nil, r)
 		if !ok || !bytes.Equal(got, encode(r)) {
@@ -86,5 +96,37 @@ func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
 	// Only the exact types: an orphan embeds recordJSON but has a tenant.
 	if _, ok := appendBody(nil, orphanJSON{}); ok {
 		t.Fatal("an orphan was written as a record")
+	}
+}
+
+// randomTime is a time within about a thousand years of 1970 in one of
+// zones, with no fraction or one of up to nine digits.
+func randomTime(rng *rand.Rand, zones []*time.Location) time.Time {
+	nanos := rng.Int64N(int64(time.Second))
+	nanos -= nanos % []int64{1, 1e3, 1e6, 1e8, 1e9}[rng.IntN(5)]
+	return time.Unix(rng.Int64N(1<<36)-1<<35, nanos).In(zones[rng.IntN(len(zones))])
+}
+
+// TestTimeJSONIsRFC3339NanoUTC: a time is written as the string
+// t.UTC().Format(time.RFC3339Nano) was, and the zero time as null, by both
+// appendTime and MarshalJSON.
+func TestTimeJSONIsRFC3339NanoUTC(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(14, 4))
+	zones := []*time.Location{time.UTC, time.FixedZone("", 5*3600+2700), time.FixedZone("", -3600)}
+	for range 3000 {
+		tm := randomTime(rng, zones)
+		s := tm.UTC().Format(time.RFC3339Nano)
+		want, err := json.Marshal(&s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := json.Marshal(timeJSON(tm))
+		if err != nil || string(got) != string(want) || string(appendTime(nil, timeJSON(tm))) != string(want) {
+			t.Fatalf("%v: got %s, %s (%v), want %s", tm, got, appendTime(nil, timeJSON(tm)), err, want)
+		}
+	}
+	if got, err := json.Marshal(timeJSON(time.Time{})); err != nil || string(got) != "null" {
+		t.Fatalf("zero time: %s, %v", got, err)
 	}
 }

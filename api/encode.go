@@ -11,13 +11,27 @@ import (
 	"github.com/idem-dev/idem"
 )
 
-// timeJSON formats t as RFC 3339 in UTC, or null when t is zero.
-func timeJSON(t time.Time) *string {
-	if t.IsZero() {
-		return nil
+// jsonTime is a time as the API writes it: RFC 3339 in UTC with the
+// fraction it has, or null when it is zero. The hand-written bodies append
+// it in place (appendTime), without the string and the pointer a *string
+// member cost per time.
+type jsonTime time.Time
+
+func timeJSON(t time.Time) jsonTime { return jsonTime(t) }
+
+// MarshalJSON writes t for the bodies encoding/json writes.
+func (t jsonTime) MarshalJSON() ([]byte, error) { return appendTime(nil, t), nil }
+
+// appendTime appends t as JSON: a string (RFC 3339 has nothing to escape)
+// or null.
+func appendTime(b []byte, t jsonTime) []byte {
+	tt := time.Time(t)
+	if tt.IsZero() {
+		return append(b, "null"...)
 	}
-	s := t.UTC().Format(time.RFC3339Nano)
-	return &s
+	b = append(b, '"')
+	b = tt.UTC().AppendFormat(b, time.RFC3339Nano)
+	return append(b, '"')
 }
 
 func stringOrNull(s string) *string {
@@ -89,13 +103,13 @@ type recordJSON struct {
 	Fingerprint    string        `json:"fingerprint"`
 	FencingToken   int64         `json:"fencing_token"`
 	Attempt        int           `json:"attempt"`
-	LeaseExpiresAt *string       `json:"lease_expires_at"`
+	LeaseExpiresAt jsonTime      `json:"lease_expires_at"`
 	RecoveryPoint  *string       `json:"recovery_point"`
 	RecoveryData   recoveryJSON  `json:"recovery_data,omitzero"`
-	CreatedAt      *string       `json:"created_at"`
-	CompletedAt    *string       `json:"completed_at"`
-	ReplayUntil    *string       `json:"replay_until"`
-	PurgeAfter     *string       `json:"purge_after"`
+	CreatedAt      jsonTime      `json:"created_at"`
+	CompletedAt    jsonTime      `json:"completed_at"`
+	ReplayUntil    jsonTime      `json:"replay_until"`
+	PurgeAfter     jsonTime      `json:"purge_after"`
 	Response       *responseJSON `json:"response"`
 	// Review is the review flag a person set; null when there is none.
 	Review *reviewJSON `json:"review"`
@@ -103,8 +117,8 @@ type recordJSON struct {
 
 // reviewJSON is the review flag of a record.
 type reviewJSON struct {
-	Note string  `json:"note"`
-	At   *string `json:"at"`
+	Note string   `json:"note"`
+	At   jsonTime `json:"at"`
 }
 
 // orphanJSON is one item of GET /v1/admin/orphans: a listed record (no
@@ -162,7 +176,7 @@ type claimJSON struct {
 	FencingToken   int64           `json:"fencing_token"`
 	Attempt        int             `json:"attempt"`
 	Resumed        bool            `json:"resumed"`
-	LeaseExpiresAt *string         `json:"lease_expires_at"`
+	LeaseExpiresAt jsonTime        `json:"lease_expires_at"`
 	RecoveryPoint  *string         `json:"recovery_point"`
 	RecoveryData   json.RawMessage `json:"recovery_data"`
 }
@@ -173,8 +187,8 @@ type tenantJSON struct {
 	Name      string        `json:"name"`
 	Settings  idem.Settings `json:"settings"`
 	Disabled  bool          `json:"disabled"`
-	CreatedAt *string       `json:"created_at"`
-	UpdatedAt *string       `json:"updated_at"`
+	CreatedAt jsonTime      `json:"created_at"`
+	UpdatedAt jsonTime      `json:"updated_at"`
 }
 
 func encodeTenant(t idem.Tenant) tenantJSON {

@@ -77,7 +77,7 @@ type auditJSON struct {
 	NewFencingToken *int64             `json:"new_fencing_token"`
 	Note            string             `json:"note"`
 	Actor           actorJSON          `json:"actor"`
-	CreatedAt       *string            `json:"created_at"`
+	CreatedAt       jsonTime           `json:"created_at"`
 }
 
 type actorJSON struct {
