@@ -16,8 +16,10 @@ import (
 
 var _ idem.KeyEvents = (*Store)(nil)
 
-// eventsChannel is the NOTIFY channel the triggers of migrations 00007 and
-// 00008 send on when a key flagged waited (Watch) is completed or deleted.
+// eventsChannel is the NOTIFY channel a key flagged waited (Watch) is
+// announced on when it is completed (CompleteKey and ResolveCompleteKey,
+// through idem_notify_key of migration 00010) or deleted (the trigger of
+// migration 00008).
 const eventsChannel = "idem_keys"
 
 // listenTimeout bounds how long Subscribe waits for the listening
@@ -83,8 +85,8 @@ func (s *Store) Subscribe(ctx context.Context, tenantID, key string) (*idem.Subs
 	return nil, idem.StoreUnavailable("the store's listening connection is not up", nil)
 }
 
-// Watch implements idem.KeyEvents: it flags the key's row waited, so the
-// triggers notify its completion or deletion (a complete or delete of a
+// Watch implements idem.KeyEvents: it flags the key's row waited, so its
+// completion or deletion notifies (a complete or delete of a
 // row nobody waits on notifies nothing: NOTIFY serialises commits). The
 // flag write and the complete or delete both lock the row, so either the
 // flag is set first and the change notifies, or Watch finds the key no

@@ -141,6 +141,8 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
     AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
+    -- wakes the key's waiters when this commits (migration 00010)
+    AND CASE WHEN k.waited THEN idem_notify_key(k.tenant_id, k.key) ELSE true END
 -- The record without the response it has just stored: the caller holds
 -- that response, and a large body is not sent back (ClaimKey's columns).
 RETURNING
@@ -297,6 +299,8 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
     AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
+    -- wakes the key's waiters when this commits (migration 00010)
+    AND CASE WHEN k.waited THEN idem_notify_key(k.tenant_id, k.key) ELSE true END
 RETURNING sqlc.embed(k), clock.now AS observed_at;
 
 -- name: ReviewKey :one
@@ -321,8 +325,9 @@ FROM idempotency_keys
 WHERE tenant_id = sqlc.arg('tenant_id') AND key = sqlc.arg('key');
 
 -- name: MarkKeyWaited :execrows
--- MarkKeyWaited flags a key in flight as waited on, so the triggers of
--- migration 00008 notify its completion or deletion. It changes no row when
--- the key is no longer in flight (completed or gone).
+-- MarkKeyWaited flags a key in flight as waited on, so its completion
+-- (CompleteKey, ResolveCompleteKey) or deletion (the trigger of migration
+-- 00008) notifies. It changes no row when the key is no longer in flight
+-- (completed or gone).
 UPDATE idempotency_keys SET waited = true
 WHERE tenant_id = sqlc.arg('tenant_id') AND key = sqlc.arg('key') AND state = 'in_flight';

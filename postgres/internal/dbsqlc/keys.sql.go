@@ -255,6 +255,8 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $5 AND k.key = $6
     AND k.fencing_token = $7 AND k.state = 'in_flight'
+    -- wakes the key's waiters when this commits (migration 00010)
+    AND CASE WHEN k.waited THEN idem_notify_key(k.tenant_id, k.key) ELSE true END
 RETURNING
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
     k.attempt, k.lease_expires_at, k.recovery_point,
@@ -704,9 +706,10 @@ type MarkKeyWaitedParams struct {
 	Key      string
 }
 
-// MarkKeyWaited flags a key in flight as waited on, so the triggers of
-// migration 00008 notify its completion or deletion. It changes no row when
-// the key is no longer in flight (completed or gone).
+// MarkKeyWaited flags a key in flight as waited on, so its completion
+// (CompleteKey, ResolveCompleteKey) or deletion (the trigger of migration
+// 00008) notifies. It changes no row when the key is no longer in flight
+// (completed or gone).
 func (q *Queries) MarkKeyWaited(ctx context.Context, arg MarkKeyWaitedParams) (int64, error) {
 	result, err := q.db.Exec(ctx, markKeyWaited, arg.TenantID, arg.Key)
 	if err != nil {
@@ -986,6 +989,8 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $5 AND k.key = $6
     AND k.fencing_token = $7 AND k.state = 'in_flight'
+    -- wakes the key's waiters when this commits (migration 00010)
+    AND CASE WHEN k.waited THEN idem_notify_key(k.tenant_id, k.key) ELSE true END
 RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
 `
 
