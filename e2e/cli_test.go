@@ -275,6 +275,11 @@ func TestCLIHelp(t *testing.T) {
 		for _, w := range c.notWant {
 			require.False(t, lists(help, w), "%v lists %s:\n%s", c.args, w, help)
 		}
+		if c.args[0] == "gateway" {
+			// A server of its own: it shares serve's limits and timeouts,
+			// so only its lists above say it shows what it uses.
+			continue
+		}
 		require.Less(t, countFlags(help), countFlags(serveHelp)/2+2, "%v lists too many flags:\n%s", c.args, help)
 	}
 	// A setting without its flag still comes from the environment.
