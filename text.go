@@ -106,22 +106,40 @@ func ValidateTenantName(name string) error {
 // CR and LF; a replayed header must be sendable as it was stored). It
 // returns an invalid_request *Error naming "response.headers", or nil.
 func ValidateResponseHeaders(h map[string]string) error {
-	const field = "response.headers"
+	bad := false
+	for name, v := range h {
+		if headerProblem(name, v) != "" {
+			bad = true
+			break
+		}
+	}
+	if !bad {
+		return nil
+	}
+	// Name the first bad header in name order, so the answer does not
+	// depend on the map's order.
 	for _, name := range slices.Sorted(maps.Keys(h)) {
-		if !validHeaderName(name) {
-			return invalidField(field, fmt.Sprintf("%q is not a valid header name", name))
-		}
-		v := h[name]
-		if !utf8.ValidString(v) {
-			return invalidField(field, fmt.Sprintf("the value of %s must be valid UTF-8", name))
-		}
-		for _, r := range v {
-			if r != '\t' && (r < 0x20 || r == 0x7F) {
-				return invalidField(field, fmt.Sprintf("the value of %s must not contain control characters (found U+%04X)", name, r))
-			}
+		if problem := headerProblem(name, h[name]); problem != "" {
+			return invalidField("response.headers", problem)
 		}
 	}
 	return nil
+}
+
+// headerProblem says what is wrong with the header name: v, or "".
+func headerProblem(name, v string) string {
+	if !validHeaderName(name) {
+		return fmt.Sprintf("%q is not a valid header name", name)
+	}
+	if !utf8.ValidString(v) {
+		return fmt.Sprintf("the value of %s must be valid UTF-8", name)
+	}
+	for _, r := range v {
+		if r != '\t' && (r < 0x20 || r == 0x7F) {
+			return fmt.Sprintf("the value of %s must not contain control characters (found U+%04X)", name, r)
+		}
+	}
+	return ""
 }
 
 // validHeaderName reports whether name is an HTTP token: one or more

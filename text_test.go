@@ -55,4 +55,26 @@ func TestResponseHeaderRules(t *testing.T) {
 	} {
 		requireFieldError(t, idem.ValidateResponseHeaders(h), "response.headers")
 	}
+	// Of several bad headers the first in name order is named, whatever
+	// the map's order.
+	several := map[string]string{"Z-Bad": "\x00", "M-Ok": "v", "C-Bad": "\xff", "Bad Name": "v", "D": "\n"}
+	for range 20 {
+		require.ErrorContains(t, idem.ValidateResponseHeaders(several), `"Bad Name" is not a valid header name`)
+	}
+	delete(several, "Bad Name")
+	for range 20 {
+		require.ErrorContains(t, idem.ValidateResponseHeaders(several), "the value of C-Bad must be valid UTF-8")
+	}
+}
+
+// BenchmarkValidateResponseHeaders is the check of loadgen's one stored
+// header.
+func BenchmarkValidateResponseHeaders(b *testing.B) {
+	h := map[string]string{"Content-Type": "application/json"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := idem.ValidateResponseHeaders(h); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
