@@ -244,7 +244,9 @@ type ListWebhookDeliveriesParams struct {
 // after it.
 type WebhookStore interface {
 	// CreateWebhookEndpoint stores e (ID and Secret set by the caller). It
-	// returns ErrTenantUnknown for an unknown tenant.
+	// returns ErrTenantUnknown for an unknown tenant, and
+	// webhook_limit_reached when the tenant has MaxWebhookEndpoints
+	// already; concurrent creates never pass that bound.
 	CreateWebhookEndpoint(ctx context.Context, e WebhookEndpoint) (WebhookEndpoint, error)
 	// GetWebhookEndpoint returns ErrWebhookNotFound.
 	GetWebhookEndpoint(ctx context.Context, tenantID, id string) (WebhookEndpoint, error)
@@ -306,6 +308,22 @@ var ErrWebhookDisabled = &Error{Code: CodeWebhookDisabled}
 // WebhookDisabled is the webhook_disabled error of endpoint id.
 func WebhookDisabled(id string) *Error {
 	return Errorf(CodeWebhookDisabled, "webhook endpoint %q is disabled: enable it (PATCH enabled=true) before a test send", id)
+}
+
+// MaxWebhookEndpoints bounds a tenant's webhook endpoints. Each key event
+// of the tenant is queued once per endpoint inside the transaction of the
+// write it reports (on SQLite under the one write lock all tenants share),
+// and the endpoints are listed whole: without a bound one tenant could make
+// every such write, and its listing, as long as it liked.
+const MaxWebhookEndpoints = 16
+
+// CodeWebhookLimitReached: the tenant has MaxWebhookEndpoints endpoints;
+// delete one first.
+const CodeWebhookLimitReached Code = "webhook_limit_reached"
+
+// WebhookLimitReached is the webhook_limit_reached error.
+func WebhookLimitReached() *Error {
+	return Errorf(CodeWebhookLimitReached, "the tenant has %d webhook endpoints, the most it may have: delete one first", MaxWebhookEndpoints)
 }
 
 // ValidateEventFilter checks an endpoint's event filter: known types, none

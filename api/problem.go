@@ -39,6 +39,7 @@ var problems = map[idem.Code]problemInfo{
 	idem.CodeTenantNotFound:       {http.StatusNotFound, "Tenant not found", false},
 	idem.CodeWebhookNotFound:      {http.StatusNotFound, "Webhook endpoint not found", false},
 	idem.CodeWebhookDisabled:      {http.StatusConflict, "Webhook endpoint disabled", false},
+	idem.CodeWebhookLimitReached:  {http.StatusConflict, "Webhook endpoint limit reached", false},
 	idem.CodeRequestInFlight:      {http.StatusConflict, "Request in flight", true},
 	idem.CodeLeaseLost:            {http.StatusConflict, "Lease lost", false},
 	idem.CodeAlreadyCompleted:     {http.StatusConflict, "Already completed", false},

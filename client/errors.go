@@ -24,6 +24,7 @@ const (
 	CodeTenantNotFound       Code = "tenant_not_found"
 	CodeWebhookNotFound      Code = "webhook_not_found"
 	CodeWebhookDisabled      Code = "webhook_disabled"
+	CodeWebhookLimitReached  Code = "webhook_limit_reached"
 	CodeRequestInFlight      Code = "request_in_flight"
 	CodeLeaseLost            Code = "lease_lost"
 	CodeAlreadyCompleted     Code = "already_completed"

@@ -81,17 +81,30 @@ func (s *Store) queueReaped(ctx context.Context, q *dbsqlc.Queries, reaped []ide
 
 // CreateWebhookEndpoint stores a tenant's endpoint.
 func (s *Store) CreateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoint) (idem.WebhookEndpoint, error) {
-	row, err := s.q.CreateWebhookEndpoint(ctx, dbsqlc.CreateWebhookEndpointParams{
-		TenantID: e.TenantID, ID: e.ID, Url: e.URL, Secret: e.Secret,
-		Events: idem.EventFilter(e.Events), Enabled: e.Enabled, Now: s.clock(),
+	var out idem.WebhookEndpoint
+	err := s.inTx(ctx, "create webhook endpoint", func(q *dbsqlc.Queries) error {
+		// The tenant's row lock puts creates of one tenant one after the
+		// other, so each counts the endpoints the one before created.
+		if _, err := q.LockTenantEndpoints(ctx, e.TenantID); errors.Is(err, pgx.ErrNoRows) {
+			return idem.TenantUnknown(e.TenantID, err)
+		} else if err != nil {
+			return err
+		}
+		row, err := q.CreateWebhookEndpoint(ctx, dbsqlc.CreateWebhookEndpointParams{
+			TenantID: e.TenantID, ID: e.ID, Url: e.URL, Secret: e.Secret,
+			Events: idem.EventFilter(e.Events), Enabled: e.Enabled, Now: s.clock(),
+			MaxEndpoints: idem.MaxWebhookEndpoints,
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return idem.WebhookLimitReached()
+		}
+		if err != nil {
+			return err
+		}
+		out = endpointFromRow(row)
+		return nil
 	})
-	if pgErrorCode(err) == pgForeignKeyViolation {
-		return idem.WebhookEndpoint{}, idem.TenantUnknown(e.TenantID, err)
-	}
-	if err != nil {
-		return idem.WebhookEndpoint{}, s.interpretError(err, "create webhook endpoint")
-	}
-	return endpointFromRow(row), nil
+	return out, err
 }
 
 // GetWebhookEndpoint reads one endpoint.

@@ -131,3 +131,65 @@ func hasType(r *webhooktest.Receiver, typ string) bool {
 	}
 	return false
 }
+
+// TestWebhookEndpointsBounded: a tenant has at most 16 webhook endpoints.
+// Every key event of the tenant (a lease_lost is one refused write with a
+// stale token) is queued once per endpoint inside the write's own
+// transaction — on SQLite under the one write lock every tenant shares —
+// so endpoints without a bound let one tenant make every such write as
+// long as it liked (3,000 endpoints: 18 ms per stale write, all of it
+// holding the lock), and its unbounded listing with it. The 17th is 409
+// webhook_limit_reached; concurrent creates cannot pass the bound either;
+// deleting one makes room. Before, the 17th was 201 on both stores.
+func TestWebhookEndpointsBounded(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ts := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"acme"}, Configure: webhookConfig})
+			c := newAPIClient(t, ts)
+			admin := ts.Token(t, "acme", "tenant:admin")
+			create := func(i int) (int, map[string]any) {
+				status, body, _ := c.call(t, http.MethodPost, "/v1/webhooks", admin, fmt.Sprintf(`{"url":"http://127.0.0.1:9/h%d"}`, i))
+				return status, body
+			}
+			var first string
+			for i := range 15 {
+				status, ep := create(i)
+				require.Equal(t, http.StatusCreated, status, "%v", ep)
+				if i == 0 {
+					first = ep["id"].(string)
+				}
+			}
+			statuses := make(chan int, 8)
+			for i := range 8 {
+				go func() {
+					status, _ := create(100 + i)
+					statuses <- status
+				}()
+			}
+			created := 0
+			for range 8 {
+				switch status := <-statuses; status {
+				case http.StatusCreated:
+					created++
+				case http.StatusConflict:
+				default:
+					t.Fatalf("unexpected status %d", status)
+				}
+			}
+			require.Equal(t, 1, created, "8 concurrent creates for the one place left: one is created")
+			status, p := create(200)
+			require.Equal(t, http.StatusConflict, status, "the 17th endpoint: %v", p)
+			require.Equal(t, "webhook_limit_reached", p["code"])
+			status, list, _ := c.call(t, http.MethodGet, "/v1/webhooks", admin, "")
+			require.Equal(t, http.StatusOK, status)
+			require.Len(t, list["items"], 16)
+
+			status, _, _ = c.call(t, http.MethodDelete, "/v1/webhooks/"+first, admin, "")
+			require.Equal(t, http.StatusNoContent, status)
+			status, p = create(201)
+			require.Equal(t, http.StatusCreated, status, "a deleted endpoint makes room: %v", p)
+		})
+	}
+}

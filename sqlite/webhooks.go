@@ -35,9 +35,13 @@ func (s *Store) CreateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoin
 		row, err := s.q.CreateWebhookEndpoint(ctx, dbsqlc.CreateWebhookEndpointParams{
 			TenantID: e.TenantID, ID: e.ID, Url: e.URL, Secret: e.Secret,
 			Events: idem.EventFilter(e.Events), Enabled: boolInt(e.Enabled), Now: micros(s.clock()),
+			MaxEndpoints: idem.MaxWebhookEndpoints,
 		})
 		if sqliteCode(err) == sqlitelib.SQLITE_CONSTRAINT_FOREIGNKEY {
 			return idem.TenantUnknown(e.TenantID, err)
+		}
+		if errors.Is(err, sql.ErrNoRows) {
+			return idem.WebhookLimitReached()
 		}
 		out = endpointFromRow(row)
 		return err

@@ -24,6 +24,7 @@ export declare const Codes: {
     readonly serverBusy: "server_busy";
     readonly webhookNotFound: "webhook_not_found";
     readonly webhookDisabled: "webhook_disabled";
+    readonly webhookLimitReached: "webhook_limit_reached";
     readonly notFound: "not_found";
     readonly methodNotAllowed: "method_not_allowed";
     readonly internal: "internal";

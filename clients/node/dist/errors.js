@@ -24,6 +24,7 @@ export const Codes = {
     serverBusy: "server_busy",
     webhookNotFound: "webhook_not_found",
     webhookDisabled: "webhook_disabled",
+    webhookLimitReached: "webhook_limit_reached",
     notFound: "not_found",
     methodNotAllowed: "method_not_allowed",
     internal: "internal",

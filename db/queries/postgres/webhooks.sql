@@ -1,4 +1,15 @@
+-- name: LockTenantEndpoints :one
+-- LockTenantEndpoints locks the tenant's row (FOR NO KEY UPDATE: claims,
+-- whose foreign key takes KEY SHARE, go on) until the end of the
+-- transaction, so that endpoint creates of one tenant count one after the
+-- other. It returns no row for an unknown tenant.
+SELECT t.id FROM tenants t WHERE t.id = sqlc.arg('tenant_id') FOR NO KEY UPDATE;
+
 -- name: CreateWebhookEndpoint :one
+-- CreateWebhookEndpoint adds an endpoint while the tenant has fewer than
+-- max_endpoints; it returns no row at the bound. The caller holds
+-- LockTenantEndpoints, so this statement's snapshot, taken after the lock,
+-- counts every endpoint created before it.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 )
@@ -7,6 +18,7 @@ SELECT sqlc.arg('tenant_id')::text, sqlc.arg('id')::text, sqlc.arg('url')::text,
     sqlc.arg('secret')::text, sqlc.arg('events')::text, sqlc.arg('enabled')::boolean,
     clock.now, clock.now
 FROM clock
+WHERE (SELECT count(*) FROM webhook_endpoints e WHERE e.tenant_id = sqlc.arg('tenant_id')::text) < sqlc.arg('max_endpoints')::bigint
 RETURNING *;
 
 -- name: GetWebhookEndpoint :one

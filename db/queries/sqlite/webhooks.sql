@@ -3,9 +3,13 @@
 -- transaction where several statements belong together.
 
 -- name: CreateWebhookEndpoint :one
+-- CreateWebhookEndpoint adds an endpoint while the tenant has fewer than
+-- max_endpoints; it returns no row at the bound. One statement under the
+-- write lock, so concurrent creates cannot pass the bound.
 INSERT INTO webhook_endpoints (tenant_id, id, url, secret, events, enabled, created_at, updated_at)
-VALUES (sqlc.arg(tenant_id), sqlc.arg(id), sqlc.arg(url), sqlc.arg(secret), sqlc.arg(events),
-    sqlc.arg(enabled), sqlc.arg(now), sqlc.arg(now))
+SELECT sqlc.arg(tenant_id), sqlc.arg(id), sqlc.arg(url), sqlc.arg(secret), sqlc.arg(events),
+    sqlc.arg(enabled), sqlc.arg(now), sqlc.arg(now)
+WHERE (SELECT count(*) FROM webhook_endpoints e WHERE e.tenant_id = sqlc.arg(tenant_id)) < CAST(sqlc.arg(max_endpoints) AS INTEGER)
 RETURNING *;
 
 -- name: GetWebhookEndpoint :one

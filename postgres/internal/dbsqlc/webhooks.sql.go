@@ -106,26 +106,32 @@ func (q *Queries) ClaimWebhookDeliveries(ctx context.Context, arg ClaimWebhookDe
 
 const createWebhookEndpoint = `-- name: CreateWebhookEndpoint :one
 WITH clock AS (
-    SELECT coalesce($7::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($8::timestamptz, now())::timestamptz AS now
 )
 INSERT INTO webhook_endpoints (tenant_id, id, url, secret, events, enabled, created_at, updated_at)
 SELECT $1::text, $2::text, $3::text,
     $4::text, $5::text, $6::boolean,
     clock.now, clock.now
 FROM clock
+WHERE (SELECT count(*) FROM webhook_endpoints e WHERE e.tenant_id = $1::text) < $7::bigint
 RETURNING tenant_id, id, url, secret, events, enabled, disabled_reason, consecutive_failures, failing_since, created_at, updated_at
 `
 
 type CreateWebhookEndpointParams struct {
-	TenantID string
-	ID       string
-	Url      string
-	Secret   string
-	Events   string
-	Enabled  bool
-	Now      pgtype.Timestamptz
+	TenantID     string
+	ID           string
+	Url          string
+	Secret       string
+	Events       string
+	Enabled      bool
+	MaxEndpoints int64
+	Now          pgtype.Timestamptz
 }
 
+// CreateWebhookEndpoint adds an endpoint while the tenant has fewer than
+// max_endpoints; it returns no row at the bound. The caller holds
+// LockTenantEndpoints, so this statement's snapshot, taken after the lock,
+// counts every endpoint created before it.
 func (q *Queries) CreateWebhookEndpoint(ctx context.Context, arg CreateWebhookEndpointParams) (WebhookEndpoint, error) {
 	row := q.db.QueryRow(ctx, createWebhookEndpoint,
 		arg.TenantID,
@@ -134,6 +140,7 @@ func (q *Queries) CreateWebhookEndpoint(ctx context.Context, arg CreateWebhookEn
 		arg.Secret,
 		arg.Events,
 		arg.Enabled,
+		arg.MaxEndpoints,
 		arg.Now,
 	)
 	var i WebhookEndpoint
@@ -445,6 +452,21 @@ func (q *Queries) ListWebhookEndpoints(ctx context.Context, tenantID string) ([]
 		return nil, err
 	}
 	return items, nil
+}
+
+const lockTenantEndpoints = `-- name: LockTenantEndpoints :one
+SELECT t.id FROM tenants t WHERE t.id = $1 FOR NO KEY UPDATE
+`
+
+// LockTenantEndpoints locks the tenant's row (FOR NO KEY UPDATE: claims,
+// whose foreign key takes KEY SHARE, go on) until the end of the
+// transaction, so that endpoint creates of one tenant count one after the
+// other. It returns no row for an unknown tenant.
+func (q *Queries) LockTenantEndpoints(ctx context.Context, tenantID string) (string, error) {
+	row := q.db.QueryRow(ctx, lockTenantEndpoints, tenantID)
+	var id string
+	err := row.Scan(&id)
+	return id, err
 }
 
 const markOrphans = `-- name: MarkOrphans :many

@@ -12,24 +12,29 @@ import (
 const createWebhookEndpoint = `-- name: CreateWebhookEndpoint :one
 
 INSERT INTO webhook_endpoints (tenant_id, id, url, secret, events, enabled, created_at, updated_at)
-VALUES (?1, ?2, ?3, ?4, ?5,
-    ?6, ?7, ?7)
+SELECT ?1, ?2, ?3, ?4, ?5,
+    ?6, ?7, ?7
+WHERE (SELECT count(*) FROM webhook_endpoints e WHERE e.tenant_id = ?1) < CAST(?8 AS INTEGER)
 RETURNING tenant_id, id, url, secret, events, enabled, disabled_reason, consecutive_failures, failing_since, created_at, updated_at
 `
 
 type CreateWebhookEndpointParams struct {
-	TenantID string
-	ID       string
-	Url      string
-	Secret   string
-	Events   string
-	Enabled  int64
-	Now      int64
+	TenantID     string
+	ID           string
+	Url          string
+	Secret       string
+	Events       string
+	Enabled      int64
+	Now          int64
+	MaxEndpoints int64
 }
 
 // Queries of the webhook outbox on SQLite. Times are unix microseconds. The
 // store runs every write in the writer slot, inside one BEGIN IMMEDIATE
 // transaction where several statements belong together.
+// CreateWebhookEndpoint adds an endpoint while the tenant has fewer than
+// max_endpoints; it returns no row at the bound. One statement under the
+// write lock, so concurrent creates cannot pass the bound.
 func (q *Queries) CreateWebhookEndpoint(ctx context.Context, arg CreateWebhookEndpointParams) (WebhookEndpoint, error) {
 	row := q.queryRow(ctx, q.createWebhookEndpointStmt, createWebhookEndpoint,
 		arg.TenantID,
@@ -39,6 +44,7 @@ func (q *Queries) CreateWebhookEndpoint(ctx context.Context, arg CreateWebhookEn
 		arg.Events,
 		arg.Enabled,
 		arg.Now,
+		arg.MaxEndpoints,
 	)
 	var i WebhookEndpoint
 	err := row.Scan(
