@@ -15,6 +15,7 @@ import (
 func webhookGroup() group {
 	return group{"Webhooks", []testCase{
 		{"EndpointLifecycle", testWebhookEndpointLifecycle},
+		{"EndpointLimitKeptUnderConcurrency", testWebhookEndpointLimit},
 		{"LeaseLostQueuedWithRefusal", testWebhookLeaseLost},
 		{"ReapedInFlightQueuedByReaper", testWebhookReapedInFlight},
 		{"OrphanedOncePerToken", testWebhookOrphanedOnce},
@@ -108,6 +109,45 @@ func testWebhookEndpointLifecycle(t *testing.T, s *suite) {
 	requireCode(t, ws.DeleteWebhookEndpoint(b.ctx, "acme", e.ID), idem.ErrWebhookNotFound)
 	_, err = ws.UpdateWebhookEndpoint(b.ctx, got)
 	requireCode(t, err, idem.ErrWebhookNotFound)
+}
+
+// A tenant has at most idem.MaxWebhookEndpoints endpoints, whatever the
+// concurrency: of 8 creates racing for the last place one is created and
+// the others get webhook_limit_reached; another tenant is not held to the
+// first one's count; a delete makes room.
+func testWebhookEndpointLimit(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	b.tenant(t, "other")
+	ws := b.webhooks(t)
+	var first idem.WebhookEndpoint
+	for i := range idem.MaxWebhookEndpoints - 1 {
+		e := b.endpoint(t, "acme")
+		if i == 0 {
+			first = e
+		}
+	}
+	var mu sync.Mutex
+	codes := map[idem.Code]int{}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			_, err := ws.CreateWebhookEndpoint(b.ctx, idem.WebhookEndpoint{TenantID: "acme", ID: idem.NewWebhookEndpointID(),
+				URL: "https://hooks.example.com/race", Secret: idem.NewWebhookSecret(), Enabled: true})
+			mu.Lock()
+			codes[idem.ErrorCode(err)]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	require.Equal(t, map[idem.Code]int{"": 1, idem.CodeWebhookLimitReached: 7}, codes)
+	list, err := ws.ListWebhookEndpoints(b.ctx, "acme")
+	require.NoError(t, err)
+	require.Len(t, list, idem.MaxWebhookEndpoints)
+	b.endpoint(t, "other")
+
+	require.NoError(t, ws.DeleteWebhookEndpoint(b.ctx, "acme", first.ID))
+	b.endpoint(t, "acme")
 }
 
 // A write with a stale token is refused and its key.lease_lost event is
