@@ -167,9 +167,9 @@ func (c *Claim) lastRenewed() time.Time {
 //  6. A stale fencing token anywhere (someone took the key over) is
 //     returned as an error matching ErrLeaseLost.
 //
-// Complete and Release still run when ctx is done by the time fn returns,
-// bounded by RetryPolicy.AttemptTimeout: the outcome of work already done
-// is worth recording.
+// Complete and Release run after fn returned even when ctx is done or ends
+// meanwhile, until ctx's deadline or at least RetryPolicy.AttemptTimeout
+// from then: the outcome of work already done is worth recording.
 func (c *Client) Do(ctx context.Context, key string, req Request, fn func(ctx context.Context, claim *Claim) (Response, error)) (Result, error) {
 	if err := ValidateKey(key); err != nil {
 		return Result{}, fmt.Errorf("do: %w", err)
@@ -241,17 +241,22 @@ func (c *Client) Do(ctx context.Context, key string, req Request, fn func(ctx co
 	return res, nil
 }
 
-// finishCtx returns ctx while it is alive, or a detached context bounded by
-// the attempt timeout once it is done.
+// finishCtx returns the context of the complete or release after fn ran:
+// ctx's values without its cancellation, bounded by ctx's deadline or one
+// attempt timeout from now, whichever is later. The outcome of work already
+// done is worth recording: a caller that hangs up while the complete is on
+// its way, or a deadline fn nearly used up, must not leave the key in
+// flight for the next attempt to run fn again.
 func (c *Client) finishCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	if ctx.Err() == nil {
-		return ctx, func() {}
-	}
 	d := c.policy.AttemptTimeout
 	if d <= 0 {
 		d = DefaultAttemptTimeout
 	}
-	return context.WithTimeout(context.WithoutCancel(ctx), d)
+	end := time.Now().Add(d) // a context deadline runs on real time
+	if dl, ok := ctx.Deadline(); ok && dl.After(end) {
+		end = dl
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), end)
 }
 
 // claimWaiting claims key, waiting out request_in_flight answers.

@@ -473,3 +473,82 @@ func TestE2EDoWaitsOnTheServer(t *testing.T) {
 		require.Zero(t, ran.Load(), "the function never ran")
 	})
 }
+
+// cancelOnComplete is a transport to the real server that, when Do sends
+// the complete, first runs cancel (the caller's context ends: its client
+// hung up, its deadline hit) and then forwards the request as it is.
+type cancelOnComplete struct {
+	cancel func()
+	next   http.RoundTripper
+}
+
+func (c cancelOnComplete) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(r.URL.Path, "/complete") {
+		c.cancel()
+	}
+	return c.next.RoundTrip(r)
+}
+
+// TestE2ECompleteOutlivesTheCaller: once fn has run, its response is
+// stored even when the caller's context ends while the complete is on its
+// way (a front door's client hangs up, a deadline hits), or when fn
+// returns with less time left than the complete needs. Before, the
+// complete was cut short: the response was lost, the key stayed in flight
+// and the next Do after the lease ran fn a second time.
+func TestE2ECompleteOutlivesTheCaller(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, e e2e) {
+		t.Run("cancelled during the complete", func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			c := e.client(t, e.srv.URL(), client.WithHTTPClient(&http.Client{Transport: cancelOnComplete{cancel, http.DefaultTransport}}))
+			var ran atomic.Int64
+			fn := func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+				ran.Add(1)
+				return confirmed, nil
+			}
+			key, _ := client.Key("order-confirm", "cancelled-complete")
+			req := client.Request{Operation: "POST /orders", Payload: map[string]any{"order": 7}}
+			res, err := c.Do(ctx, key, req, fn)
+			require.NoError(t, err, "the work ran: its response is stored")
+			require.Equal(t, confirmed.Body, res.Response.Body)
+			rec, err := e.client(t, e.srv.URL()).Get(context.Background(), key)
+			require.NoError(t, err)
+			require.Equal(t, client.StateCompleted, rec.State)
+
+			res, err = e.client(t, e.srv.URL()).Do(context.Background(), key, req, fn)
+			require.NoError(t, err)
+			require.True(t, res.Replayed)
+			require.Equal(t, int64(1), ran.Load(), "fn ran once")
+		})
+
+		t.Run("deadline nearly spent", func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			dl, _ := ctx.Deadline()
+			// The complete meets a slow network: it needs longer than the
+			// time fn leaves.
+			slow := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if strings.HasSuffix(r.URL.Path, "/complete") {
+					time.Sleep(150 * time.Millisecond)
+				}
+				return http.DefaultTransport.RoundTrip(r)
+			})
+			c := e.client(t, e.srv.URL(), client.WithHTTPClient(&http.Client{Transport: slow}))
+			fn := func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+				time.Sleep(time.Until(dl) - 20*time.Millisecond)
+				return confirmed, nil
+			}
+			key, _ := client.Key("order-confirm", "late-complete")
+			_, err := c.Do(ctx, key, client.Request{Operation: "POST /orders", Payload: map[string]any{"order": 8}}, fn)
+			require.NoError(t, err, "the work ran: its response is stored")
+			rec, err := e.client(t, e.srv.URL()).Get(context.Background(), key)
+			require.NoError(t, err)
+			require.Equal(t, client.StateCompleted, rec.State)
+		})
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
