@@ -53,7 +53,8 @@
 //
 // Every refusal is an RFC 9457 problem (frontdoor.WriteProblem). Streaming
 // handlers (http.Flusher, hijacking) are not supported: the response is
-// buffered whole.
+// buffered whole, and informational 1xx answers (103 Early Hints) are
+// dropped, so the first answer and its replays are the same.
 package idemhttp
 
 import (
@@ -331,8 +332,12 @@ func newRecorder() *recorder { return &recorder{header: http.Header{}, status: h
 
 func (rec *recorder) Header() http.Header { return rec.header }
 
+// WriteHeader records the final status. An informational 1xx (103 Early
+// Hints, say; not 101, which is final as in net/http) is dropped: it is not
+// the answer, a replay could not repeat it, and taking it as the status
+// sent and stored a status the handler never answered.
 func (rec *recorder) WriteHeader(status int) {
-	if rec.wrote {
+	if rec.wrote || (status >= 100 && status <= 199 && status != http.StatusSwitchingProtocols) {
 		return
 	}
 	rec.wrote = true

@@ -444,3 +444,38 @@ func TestMiddlewarePanicLeavesTheClaim(t *testing.T) {
 		require.Nil(t, rec.Response)
 	})
 }
+
+// TestMiddlewareInformationalStatus: a handler that sends 103 Early Hints
+// before its answer is stored, sent and replayed with its final status and
+// body. Before, the recorder took the 103 as the status: the caller got a
+// 200 it was never sent, and idem stored 103.
+func TestMiddlewareInformationalStatus(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
+		var runs atomic.Int64
+		h := idemhttp.Middleware(c, idemhttp.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.Header().Set("Link", "</style.css>; rel=preload; as=style")
+			w.WriteHeader(http.StatusEarlyHints)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprint(w, `{"id":"ord_1"}`)
+		}))
+		srv := httptest.NewServer(h)
+		t.Cleanup(srv.Close)
+
+		first := post(t, srv.URL+"/orders", "k-early-hints", `{}`)
+		require.Equal(t, http.StatusCreated, first.status)
+		require.JSONEq(t, `{"id":"ord_1"}`, first.body)
+		rec, err := c.Get(t.Context(), "k-early-hints")
+		require.NoError(t, err)
+		require.Equal(t, client.StateCompleted, rec.State)
+		require.Equal(t, http.StatusCreated, rec.Response.Status, "the final status is stored")
+
+		again := post(t, srv.URL+"/orders", "k-early-hints", `{}`)
+		require.Equal(t, http.StatusCreated, again.status)
+		require.Equal(t, "true", again.header.Get(idemhttp.HeaderReplayed))
+		require.Equal(t, first.body, again.body)
+		require.Equal(t, int64(1), runs.Load())
+	})
+}
