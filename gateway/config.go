@@ -85,11 +85,13 @@ type Policy struct {
 	// only the tenant's max_wait_seconds; 0s turns waiting off. Keep it
 	// below the caller's and any proxy's timeout.
 	MaxWait *Duration `yaml:"max_wait"`
-	// Timeout bounds the upstream call (built-in 30s); past it the key is
-	// released and the caller gets 504.
+	// Timeout bounds the upstream call (built-in 30s); past it the caller
+	// gets 504, stored like a 5xx answer (the upstream had the request and
+	// may have acted), or the key released with Store5xx false.
 	Timeout Duration `yaml:"timeout"`
-	// Store5xx stores and replays 5xx answers (built-in true); false
-	// releases the key on 5xx.
+	// Store5xx stores and replays 5xx answers, and the 504 or 502 of an
+	// upstream that had the request but did not answer (built-in true);
+	// false releases the key on them.
 	Store5xx *bool `yaml:"store_5xx"`
 	// StoredHeaders are the response headers stored with the response
 	// (built-in: frontdoor.DefaultStoredHeaders). Set-Cookie never is.

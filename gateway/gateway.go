@@ -16,8 +16,11 @@
 // store that fails gives 503 with Retry-After and the upstream is not
 // called (fail closed); a store that fails while the upstream's response
 // is being stored is asked again before the response is sent (complete);
-// an upstream that cannot be reached or does not answer in time releases
-// the key and gives 502 or 504. A response over
+// an upstream that cannot be reached gives 502 and releases the key; one
+// that had the request and did not answer (a timeout: 504, a broken
+// connection: 502) may have acted on it, so that answer is stored like a
+// 5xx (released with store_5xx false). The gateway never sends a request
+// to the upstream twice by itself. A response over
 // the route's max_stored_bytes is passed through and recorded as completed
 // without its body; a replay then answers 409 response_not_replayable.
 package gateway
@@ -25,11 +28,13 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -453,18 +458,29 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 	uctx, cancel := context.WithTimeout(ctx, rr.timeout)
 	defer cancel()
 	began := time.Now()
+	// Whether the request reached the upstream: once its headers are
+	// written, the upstream may act on it whatever happens next.
+	var sent atomic.Bool
+	uctx = httptrace.WithClientTrace(uctx, &httptrace.ClientTrace{WroteHeaders: func() { sent.Store(true) }})
 	resp, err := g.roundTrip(uctx, r, rr, io.NopCloser(bytes.NewReader(body)), int64(len(body)))
 	x.upstream = time.Since(began)
 	if err != nil {
 		stopKeeper()
-		g.release(ctx, c, r)
-		if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+		timeout := errors.Is(err, context.DeadlineExceeded) || isTimeout(err)
+		x.outcome = outcomeUpstreamUnavailable
+		if timeout {
 			x.outcome = outcomeUpstreamTimeout
+		}
+		if sent.Load() && rr.store5xx {
+			g.storeFailure(ctx, w, r, c, timeout, rr.timeout)
+			return
+		}
+		g.release(ctx, c, r)
+		if timeout {
 			frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamTimeout,
 				"the upstream did not answer within %s; the key was released, retry with the same key", rr.timeout))
 			return
 		}
-		x.outcome = outcomeUpstreamUnavailable
 		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
 			"the upstream could not be reached; the key was released, retry with the same key"))
 		return
@@ -517,6 +533,29 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(buf.Bytes())
+}
+
+// storeFailure answers a request the upstream received but did not answer
+// (it timed out, or the connection broke before its answer): the upstream
+// may have acted on it, so like a 5xx answer (store_5xx, the default) the
+// gateway's 502 or 504 is stored and sent, and a retry gets it replayed
+// instead of running the request a second time. The caller learns the
+// outcome from the upstream, and sends a new key to try again.
+func (g *Gateway) storeFailure(ctx context.Context, w http.ResponseWriter, r *http.Request, c claim, timeout bool, limit time.Duration) {
+	e := frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
+		"the upstream received the request and the connection broke before it answered; it may have acted on it, so this answer is stored and replayed for this key: check the outcome, and use a new key to try again")
+	if timeout {
+		e = frontdoor.Errorf(frontdoor.CodeUpstreamTimeout,
+			"the upstream received the request and did not answer within %s; it may have acted on it, so this answer is stored and replayed for this key: check the outcome, and use a new key to try again", limit)
+	}
+	body, _ := json.Marshal(frontdoor.NewProblem(e, frontdoor.RequestID(w, r)))
+	g.complete(ctx, c, r, idem.Response{Status: e.Status(), Headers: map[string]string{"Content-Type": "application/problem+json"},
+		Body: body, BodyEncoding: idem.BodyEncodingUTF8})
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(e.Status())
+	_, _ = w.Write(body)
 }
 
 // bodyEncoding is how a stored body travels in JSON: as text when it is

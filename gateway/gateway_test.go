@@ -333,8 +333,13 @@ func TestStoreDownFailsClosed(t *testing.T) {
 	})
 }
 
-// TestUpstreamFailuresReleaseTheKey: an unreachable upstream gives 502, a
-// slow one 504; both release the key, so the retry runs.
+// TestUpstreamFailuresReleaseTheKey: an unreachable upstream (the request
+// never sent) gives 502 and releases the key, so the retry runs. A slow
+// one gives 504: the upstream has the request and may act on it, so by
+// default the 504 is stored like a 5xx and the retry gets it replayed,
+// the upstream not called again; with store_5xx false the key is released
+// and the retry runs. (Before, every 504 released the key: the retry ran
+// the request a second time while the first might have done its work.)
 func TestUpstreamFailuresReleaseTheKey(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, backend string) {
@@ -342,7 +347,7 @@ func TestUpstreamFailuresReleaseTheKey(t *testing.T) {
 		require.NoError(t, err)
 		dead := "http://" + ln.Addr().String()
 		require.NoError(t, ln.Close())
-		r := newRig(t, backend, fmt.Sprintf("upstreams:\n  dead: %s\nroutes:\n  - path: /dead/\n    upstream: dead\n  - path: /orders/slow\n    timeout: 300ms\n", dead))
+		r := newRig(t, backend, fmt.Sprintf("upstreams:\n  dead: %s\nroutes:\n  - path: /dead/\n    upstream: dead\n  - path: /orders/slow\n    timeout: 300ms\n    store_5xx: false\n  - path: /orders/slow-stored\n    timeout: 300ms\n", dead))
 
 		unreachable := send(t, http.MethodPost, r.url+"/dead/x", "u-1", `{}`)
 		require.Equal(t, http.StatusBadGateway, unreachable.status)
@@ -358,6 +363,19 @@ func TestUpstreamFailuresReleaseTheKey(t *testing.T) {
 		require.Eventually(t, func() bool { return r.upstream.Count() == 1 }, 5*time.Second, 5*time.Millisecond)
 		retry := send(t, http.MethodPost, r.url+"/orders/slow", "s-1", `{}`)
 		require.Equal(t, http.StatusCreated, retry.status, "the retry runs")
+
+		release = r.upstream.Hold()
+		stored := send(t, http.MethodPost, r.url+"/orders/slow-stored", "s-2", `{}`)
+		require.Equal(t, http.StatusGatewayTimeout, stored.status)
+		require.Equal(t, "upstream_timeout", stored.code(t))
+		release()
+		require.Eventually(t, func() bool { return r.upstream.Count() == 3 }, 5*time.Second, 5*time.Millisecond)
+		require.Equal(t, "completed", r.apiRecord(t, "s-2")["state"], "the 504 is stored")
+		again := send(t, http.MethodPost, r.url+"/orders/slow-stored", "s-2", `{}`)
+		require.Equal(t, http.StatusGatewayTimeout, again.status)
+		require.Equal(t, "true", again.header.Get(frontdoor.HeaderReplayed))
+		require.Equal(t, stored.body, again.body)
+		require.Equal(t, int64(3), r.upstream.Count(), "the retry did not run the request again")
 	})
 }
 
@@ -732,4 +750,85 @@ func (r *rig) gauge(t *testing.T, name string) float64 {
 	}
 	t.Fatalf("no gauge %s", name)
 	return 0
+}
+
+// flakyUpstream answers the first request of each connection 201 and
+// keeps the connection open; a second request on the same connection is
+// read, counted (its side effect done) and the connection closed without
+// an answer, as an upstream that dies mid-request or closes a kept-alive
+// connection does. It counts requests by path.
+type flakyUpstream struct {
+	url   string
+	mu    sync.Mutex
+	count map[string]int
+}
+
+func newFlakyUpstream(t *testing.T) *flakyUpstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	u := &flakyUpstream{url: "http://" + ln.Addr().String(), count: map[string]int{}}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go u.serve(c)
+		}
+	}()
+	return u
+}
+
+func (u *flakyUpstream) serve(c net.Conn) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for n := 0; ; n++ {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, req.Body)
+		u.mu.Lock()
+		u.count[req.URL.Path]++
+		u.mu.Unlock()
+		if n > 0 {
+			return // done, and gone before answering
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	}
+}
+
+func (u *flakyUpstream) calls(path string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.count[path]
+}
+
+// TestUpstreamNeverSentTwice: the upstream takes a protected request and
+// drops the connection without answering. The gateway must not send it
+// again by itself: Go's transport re-sends a request on a new connection
+// when a reused one fails this way and the request looks replayable — an
+// empty body with an Idempotency-Key header, which the gateway forwards.
+// The upstream had already acted, so it ran twice behind a 201. Now it
+// runs once; the caller gets 502, and since the upstream may have acted
+// the answer is stored like a 5xx (store_5xx, the default): the retry is
+// replayed, not run again.
+func TestUpstreamNeverSentTwice(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		up := newFlakyUpstream(t)
+		r := newRig(t, backend, fmt.Sprintf("upstreams:\n  flaky: %s\nroutes:\n  - path: /flaky/\n    upstream: flaky\n", up.url))
+		first := send(t, http.MethodPost, r.url+"/flaky/a", "k1", "")
+		require.Equal(t, http.StatusCreated, first.status, first.body)
+		second := send(t, http.MethodPost, r.url+"/flaky/b", "k2", "")
+		require.Equal(t, 1, up.calls("/flaky/b"), "the upstream got the request once: %d %s", second.status, second.body)
+		require.Equal(t, http.StatusBadGateway, second.status, second.body)
+		require.Equal(t, "upstream_unavailable", second.code(t))
+		retry := send(t, http.MethodPost, r.url+"/flaky/b", "k2", "")
+		require.Equal(t, "true", retry.header.Get(frontdoor.HeaderReplayed), "the upstream may have acted: its answer is stored, %d %s", retry.status, retry.body)
+		require.Equal(t, http.StatusBadGateway, retry.status)
+		require.Equal(t, 1, up.calls("/flaky/b"), "and the retry does not run it again")
+	})
 }

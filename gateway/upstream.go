@@ -46,6 +46,20 @@ func (g *Gateway) roundTrip(ctx context.Context, r *http.Request, rr *route, bod
 	}
 	out.Header.Set("X-Forwarded-Proto", proto)
 	out.Header.Set("X-Forwarded-Host", r.Host)
+	// Go's Transport sends a request again, on a new connection, when a
+	// reused one fails after the request was written and the request looks
+	// replayable: no body (or a GetBody) and an Idempotency-Key header, which
+	// the gateway forwards. The upstream may have acted on the first send;
+	// only the gateway decides whether a request runs again. The key still
+	// goes out, under a spelling of the name the Transport does not look up
+	// (header names are case-insensitive on the wire; HTTP/2 lowercases
+	// them anyway).
+	for _, name := range []string{"Idempotency-Key", "X-Idempotency-Key"} {
+		if v, ok := out.Header[name]; ok {
+			delete(out.Header, name)
+			out.Header[strings.ToLower(name)] = v
+		}
+	}
 	resp, err := g.transport.RoundTrip(out)
 	if err != nil {
 		return nil, err

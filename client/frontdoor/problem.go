@@ -41,8 +41,10 @@ type ProblemInfo struct {
 
 // Problems maps every code to its status, title and retryability. Only
 // request_in_flight, store_unavailable and server_busy are retryable
-// unchanged (after Retry-After); upstream errors released the key, so the client may retry
-// them too, but nothing promises the next attempt succeeds.
+// unchanged (after Retry-After). An upstream error released the key when
+// the request never reached the upstream (the client may retry it, with
+// no promise that it succeeds); once the upstream had the request, the
+// gateway stores the error like a 5xx and a retry gets it replayed.
 var Problems = map[Code]ProblemInfo{
 	CodeKeyMissing:            {http.StatusBadRequest, "Idempotency key missing", false},
 	CodeInvalidKey:            {http.StatusBadRequest, "Invalid idempotency key", false},
