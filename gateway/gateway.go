@@ -501,12 +501,17 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 	n, err := io.Copy(&buf, io.LimitReader(resp.Body, max(limit, 0)+1))
 	x.upstream = time.Since(began)
 	if err != nil && n <= limit {
-		// The upstream broke off its answer: nothing usable to store or
-		// send. Whether its side effect happened is unknown, so the claim
-		// is left to become an orphan that a retry takes over.
+		// The upstream broke off its answer: nothing of it is usable, and
+		// it had the request, so it may have acted. Like a request it did
+		// not answer: its 502 is stored like a 5xx (store_5xx), or the
+		// claim is left to become an orphan that a retry takes over.
 		stopKeeper()
 		x.outcome = outcomeUpstreamUnavailable
-		g.logger.ErrorContext(r.Context(), "gateway: the upstream response broke off; claim left to expire", "error", err.Error())
+		g.logger.ErrorContext(r.Context(), "gateway: the upstream response broke off", "error", err.Error())
+		if rr.store5xx {
+			g.storeFailure(ctx, w, r, c, false, rr.timeout)
+			return
+		}
 		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable, "the upstream response broke off"))
 		return
 	}
@@ -543,7 +548,7 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 // outcome from the upstream, and sends a new key to try again.
 func (g *Gateway) storeFailure(ctx context.Context, w http.ResponseWriter, r *http.Request, c claim, timeout bool, limit time.Duration) {
 	e := frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
-		"the upstream received the request and the connection broke before it answered; it may have acted on it, so this answer is stored and replayed for this key: check the outcome, and use a new key to try again")
+		"the upstream received the request and the connection broke before its answer was in; it may have acted on it, so this answer is stored and replayed for this key: check the outcome, and use a new key to try again")
 	if timeout {
 		e = frontdoor.Errorf(frontdoor.CodeUpstreamTimeout,
 			"the upstream received the request and did not answer within %s; it may have acted on it, so this answer is stored and replayed for this key: check the outcome, and use a new key to try again", limit)

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -830,5 +831,47 @@ func TestUpstreamNeverSentTwice(t *testing.T) {
 		require.Equal(t, "true", retry.header.Get(frontdoor.HeaderReplayed), "the upstream may have acted: its answer is stored, %d %s", retry.status, retry.body)
 		require.Equal(t, http.StatusBadGateway, retry.status)
 		require.Equal(t, 1, up.calls("/flaky/b"), "and the retry does not run it again")
+	})
+}
+
+// TestBrokenAnswerIsNotRunAgain: the upstream acts on a request, starts
+// its answer and breaks off mid-body. Its side effect happened; the
+// gateway stores its 502 like a 5xx (store_5xx, the default) and the
+// retry gets it replayed. Before, the claim was left in flight: once its
+// lease ran out the retry took it over and the upstream ran again.
+func TestBrokenAnswerIsNotRunAgain(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		var calls atomic.Int64
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					req, err := http.ReadRequest(bufio.NewReader(c))
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					calls.Add(1)
+					_, _ = io.WriteString(c, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":")
+				}()
+			}
+		}()
+		r := newRig(t, backend, fmt.Sprintf("defaults:\n  lease: 1s\nupstreams:\n  broken: http://%s\nroutes:\n  - path: /broken/\n    upstream: broken\n", ln.Addr()))
+		first := send(t, http.MethodPost, r.url+"/broken/x", "k1", `{"amount":1}`)
+		require.Equal(t, http.StatusBadGateway, first.status, first.body)
+		require.Equal(t, "upstream_unavailable", first.code(t))
+		require.Equal(t, "completed", r.apiRecord(t, "k1")["state"], "the answer is stored, not left to be taken over")
+		retry := send(t, http.MethodPost, r.url+"/broken/x", "k1", `{"amount":1}`)
+		require.Equal(t, "true", retry.header.Get(frontdoor.HeaderReplayed), "%d %s", retry.status, retry.body)
+		require.Equal(t, first.body, retry.body)
+		require.Equal(t, int64(1), calls.Load(), "the upstream ran once")
 	})
 }
