@@ -168,7 +168,7 @@ func (c *Claim) lastRenewed() time.Time {
 //     returned as an error matching ErrLeaseLost.
 //
 // Complete and Release run after fn returned even when ctx is done or ends
-// meanwhile, until ctx's deadline or at least RetryPolicy.AttemptTimeout
+// meanwhile, until ctx's deadline but at least RetryPolicy.AttemptTimeout
 // from then: the outcome of work already done is worth recording.
 func (c *Client) Do(ctx context.Context, key string, req Request, fn func(ctx context.Context, claim *Claim) (Response, error)) (Result, error) {
 	if err := ValidateKey(key); err != nil {
@@ -242,21 +242,26 @@ func (c *Client) Do(ctx context.Context, key string, req Request, fn func(ctx co
 }
 
 // finishCtx returns the context of the complete or release after fn ran:
-// ctx's values without its cancellation, bounded by ctx's deadline or one
-// attempt timeout from now, whichever is later. The outcome of work already
-// done is worth recording: a caller that hangs up while the complete is on
-// its way, or a deadline fn nearly used up, must not leave the key in
-// flight for the next attempt to run fn again.
+// ctx's values without its cancellation and, when ctx has a deadline, until
+// that deadline or one attempt timeout from now, whichever is later (without
+// one, the policy's attempt cap bounds it as before). The outcome of work
+// already done is worth recording: a caller that hangs up while the
+// complete is on its way, or a deadline fn nearly used up, must not leave
+// the key in flight for the next attempt to run fn again.
 func (c *Client) finishCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	fctx := context.WithoutCancel(ctx)
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(fctx)
+	}
 	d := c.policy.AttemptTimeout
 	if d <= 0 {
 		d = DefaultAttemptTimeout
 	}
-	end := time.Now().Add(d) // a context deadline runs on real time
-	if dl, ok := ctx.Deadline(); ok && dl.After(end) {
-		end = dl
+	if end := time.Now().Add(d); end.After(dl) { // a context deadline runs on real time
+		dl = end
 	}
-	return context.WithDeadline(context.WithoutCancel(ctx), end)
+	return context.WithDeadline(fctx, dl)
 }
 
 // claimWaiting claims key, waiting out request_in_flight answers.
