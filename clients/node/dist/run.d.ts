@@ -111,8 +111,8 @@ export declare class Claim {
  *    that the next run takes over (resuming from the last checkpoint) and
  *    operators can see; the error is rethrown.
  *
- * Complete and release still run when the caller's signal fired by the
- * time fn returns, bounded by the attempt timeout: the outcome of work
- * already done is worth recording.
+ * Complete and release run after fn returned even when the caller's signal
+ * fired or fires meanwhile, until the deadline but at least one attempt
+ * timeout from then: the outcome of work already done is worth recording.
  */
 export declare function run(client: Client, key: string, req: ClaimRequest, fn: (claim: Claim) => Promise<ResponseInit | StoredResponse> | ResponseInit | StoredResponse, opts?: RunOptions): Promise<RunResult>;

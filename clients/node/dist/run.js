@@ -109,9 +109,9 @@ export class Claim {
  *    that the next run takes over (resuming from the last checkpoint) and
  *    operators can see; the error is rethrown.
  *
- * Complete and release still run when the caller's signal fired by the
- * time fn returns, bounded by the attempt timeout: the outcome of work
- * already done is worth recording.
+ * Complete and release run after fn returned even when the caller's signal
+ * fired or fires meanwhile, until the deadline but at least one attempt
+ * timeout from then: the outcome of work already done is worth recording.
  */
 export async function run(client, key, req, fn, opts = {}) {
     const invalid = validateKey(key);
@@ -154,11 +154,15 @@ export async function run(client, key, req, fn, opts = {}) {
     await client.completeWithin(key, claim.fencingToken, response, finishBounds(client, b));
     return { response, replayed: false, resumed: cr.resumed, attempt: cr.attempt, fencingToken: cr.fencingToken, waitAppliedSeconds: cr.waitAppliedSeconds };
 }
-/** The bounds of complete/release: the call's while it is alive, else a fresh attempt timeout. */
+/**
+ * The bounds of complete/release after fn ran: never the caller's signal
+ * (a caller that hangs up while the complete is on its way must not lose
+ * the outcome of work already done: the key would stay in flight and the
+ * next run would run fn again), and the call's deadline but at least one
+ * attempt timeout from now.
+ */
 function finishBounds(client, b) {
-    if (!b.signal?.aborted && b.deadline > client.clock.now())
-        return b;
-    return { signal: undefined, deadline: client.clock.now() + (client.policy.attemptTimeoutMs || 10_000) };
+    return { signal: undefined, deadline: Math.max(b.deadline, client.clock.now() + (client.policy.attemptTimeoutMs || 10_000)) };
 }
 /**
  * Claims key, waiting for another holder within the deadline and

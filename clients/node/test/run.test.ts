@@ -307,5 +307,37 @@ for (const store of stores()) {
       await assert.rejects(c.checkpoint(k, claim.fencingToken + 1, "p"),
         (err: unknown) => err instanceof IdemError && err.status === 409);
     });
+
+    test("the work ran: its complete outlives a caller that aborts during it, and a deadline fn nearly spent", async () => {
+      // Before, the complete was cut short: the response was lost, the key
+      // stayed in flight, and the next run after the lease ran fn again.
+      const k1 = newKey("abort-complete");
+      const ctl = new AbortController();
+      const aborting = new Client({ baseUrl: srv.url, token: srv.token, fetch: (input, init) => {
+        if (String(input).endsWith("/complete")) ctl.abort(new Error("the caller hung up"));
+        return fetch(input, init);
+      } });
+      let runs = 0;
+      const req = { operation: "POST /orders", request: { n: 7 } };
+      const res = await aborting.run(k1, req, () => { runs++; return { status: 201, body: "done" }; }, { signal: ctl.signal });
+      assert.equal(res.replayed, false);
+      assert.equal((await client().get(k1)).state, "completed");
+      const again = await client().run(k1, req, () => { runs++; return { status: 500 }; });
+      assert.equal(again.replayed, true);
+      assert.equal(again.response.text(), "done");
+      assert.equal(runs, 1);
+
+      const k2 = newKey("late-complete");
+      const slow = new Client({ baseUrl: srv.url, token: srv.token, fetch: async (input, init) => {
+        if (String(input).endsWith("/complete")) await new Promise((r) => setTimeout(r, 150)); // a slow network
+        return fetch(input, init);
+      } });
+      const deadline = Date.now() + 1000;
+      await slow.run(k2, req, async () => {
+        await new Promise((r) => setTimeout(r, deadline - Date.now() - 20));
+        return { status: 201, body: "late" };
+      }, { deadline });
+      assert.equal((await client().get(k2)).state, "completed");
+    });
   });
 }
