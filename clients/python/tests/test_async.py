@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
 import pytest
 
 from conftest import Server, claim_waiters, new_key
@@ -162,3 +163,42 @@ def test_async_retry_after_a_dropped_answer(server: Server) -> None:
         assert proxy.dropped == 1 and len(waits) == 1
     finally:
         proxy.close()
+
+
+def test_async_complete_outlives_a_cancelled_caller(server: Server) -> None:
+    # The caller's task is cancelled (its own timeout, a client hanging up)
+    # while the complete is on its way. Before, the complete was cancelled
+    # with it: the response was lost and the key stayed in flight for the
+    # next run to run fn again. The complete now finishes; the caller still
+    # sees its cancellation.
+    async def main() -> None:
+        outer: list[asyncio.Task[object]] = []
+
+        class CancelOnComplete(httpx.AsyncHTTPTransport):
+            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                if request.url.path.endswith("/complete"):
+                    outer[0].cancel()
+                    await asyncio.sleep(0.05)
+                return await super().handle_async_request(request)
+
+        key = new_key()
+        ran: list[int] = []
+
+        async def work(claim: AsyncClaim) -> Response:
+            ran.append(1)
+            return Response(201, body=b"done")
+
+        async with AsyncClient(server.url, token=server.token, http=httpx.AsyncClient(transport=CancelOnComplete())) as c:
+            task = asyncio.ensure_future(c.run(key, work, operation="POST /orders", request={"n": 7}, timeout=10))
+            outer.append(task)  # type: ignore[arg-type]
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        async with AsyncClient(server.url, token=server.token) as fresh:
+            end = time.monotonic() + 10
+            while (await fresh.get(key)).state != "completed":
+                assert time.monotonic() < end, "the complete was lost with the cancelled caller"
+                await asyncio.sleep(0.02)
+            again = await fresh.run(key, work, operation="POST /orders", request={"n": 7})
+            assert again.replayed and again.response.body == b"done" and ran == [1]
+
+    asyncio.run(main())

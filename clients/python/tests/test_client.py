@@ -7,6 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import pytest
 
 import idem
@@ -257,3 +258,35 @@ def test_budget_stops_retries_against_a_dead_server() -> None:
                 c.get("k")
         assert len(waits) == 10  # 6 calls x 2 retries wanted, the budget paid for 10
         assert c.retry_budget_left < 1
+
+
+class _CompleteFailsOnce(httpx.HTTPTransport):
+    """The real server, but the first complete meets a store hiccup: 503
+    store_unavailable with Retry-After: 1 (the server never sees it)."""
+
+    failed = False
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/complete") and not self.failed:
+            self.failed = True
+            return httpx.Response(503, headers={"Content-Type": "application/problem+json", "Retry-After": "1"},
+                                  json={"code": "store_unavailable", "status": 503, "retryable": True})
+        return super().handle_request(request)
+
+
+def test_complete_outlives_a_deadline_fn_nearly_spent(server: Server) -> None:
+    # fn leaves 0.3 s of a 1.5 s deadline; its complete must be retried after
+    # Retry-After: 1. Before, the retry did not fit the deadline: the response
+    # was lost and the key stayed in flight for the next run to run fn again.
+    key = new_key()
+    with Client(server.url, token=server.token, http=httpx.Client(transport=_CompleteFailsOnce())) as c:
+        end = time.monotonic() + 1.5
+
+        def work(claim: Claim) -> Response:
+            time.sleep(max(end - time.monotonic() - 0.3, 0))
+            return Response(201, body=b"late")
+
+        res = c.run(key, work, operation="POST /orders", request={"n": 8}, timeout=1.5)
+        assert not res.replayed
+    with Client(server.url, token=server.token) as fresh:
+        assert fresh.get(key).state == "completed"

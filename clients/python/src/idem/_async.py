@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from datetime import datetime
 from typing import Any, Awaitable, Callable
@@ -16,6 +17,8 @@ from ._errors import KEY_NOT_FOUND, IdemError, ProblemError
 from ._keys import validate_key
 from ._retry import RetryPolicy
 from ._types import ClaimResult, KeyPage, Record, Response, RunResult
+
+log = logging.getLogger("idem")
 
 
 class AsyncClaim(ClaimState):
@@ -42,6 +45,27 @@ class AsyncClaim(ClaimState):
         await c._call(c._core.checkpoint_call(self.key, self.fencing_token, point, data, self._lease), deadline)
         self._point, self._data = point, data
         self._renewed = c._core.monotonic()
+
+
+async def _outlive_cancellation(aw: Awaitable[None]) -> None:
+    """Runs aw (the complete or release of work that ran) to its end even
+    when the caller's task is cancelled meanwhile (its own timeout, a client
+    hanging up): cancelled with it, the outcome would be lost and the key
+    left in flight for the next run to run the function again. The caller
+    still gets its CancelledError at once; a failure of aw after that is
+    logged."""
+    task = asyncio.ensure_future(aw)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            task.add_done_callback(_log_unrecorded)
+        raise
+
+
+def _log_unrecorded(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("idem: recording the outcome of a cancelled run failed: %s", task.exception())
 
 
 async def _asyncio_sleep(d: float) -> None:
@@ -174,7 +198,8 @@ class AsyncClient:
             await asyncio.gather(keeper, return_exceptions=True)
             if has_no_side_effect(err, no_side_effect):
                 try:
-                    await self.release(key, claim.fencing_token, timeout=core.left(core.finish_deadline(deadline)))
+                    await _outlive_cancellation(self.release(key, claim.fencing_token,
+                                                             timeout=core.left(core.finish_deadline(deadline))))
                 except ProblemError as rerr:
                     if rerr.code != KEY_NOT_FOUND:
                         raise rerr from err
@@ -182,9 +207,13 @@ class AsyncClient:
             if claim.lease_lost.is_set():
                 raise LeaseLost(f"idem: run {key!r}: lease lost while the function ran") from err
             raise
-        keeper.cancel()
-        await asyncio.gather(keeper, return_exceptions=True)
-        await self.complete(key, claim.fencing_token, resp, timeout=core.left(core.finish_deadline(deadline)))
+
+        async def finish() -> None:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+            await self.complete(key, claim.fencing_token, resp, timeout=core.left(core.finish_deadline(deadline)))
+
+        await _outlive_cancellation(finish())
         return RunResult(resp, False, res.resumed, claim.attempt, claim.fencing_token, res.wait_applied)
 
     async def _keep_lease(self, claim: AsyncClaim, lease: float, work: asyncio.Future[Response]) -> None:

@@ -318,12 +318,12 @@ class Core:
 
     def finish_deadline(self, deadline: float | None) -> float | None:
         """The deadline of complete/release after the function ran: the
-        call's while time is left, else a fresh attempt timeout - the outcome
-        of work already done is worth recording."""
-        left = self.left(deadline)
-        if left is not None and left <= self.policy.min_attempt_time:
-            return self.monotonic() + (self.policy.attempt_timeout or 10.0)
-        return deadline
+        call's, but at least a fresh attempt timeout from now - the outcome
+        of work already done is worth recording (lost, it would leave the key
+        in flight for the next run to run the function again)."""
+        if deadline is None:
+            return None
+        return max(deadline, self.monotonic() + (self.policy.attempt_timeout or 10.0))
 
 
 def lease_length(requested: float | None, record: Record, now: datetime) -> float:
