@@ -13,8 +13,8 @@ import (
 	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
 )
 
-// Resolve applies a person's resolution in one transaction: lock the
-// record's row (SELECT … FOR UPDATE), idem.CheckResolve, change it, write
+// Resolve applies a person's resolution in one transaction: share the
+// tenant's row, lock the record's row (SELECT … FOR UPDATE), idem.CheckResolve, change it, write
 // the audit entry. The lock makes a concurrent worker's complete or
 // checkpoint, a takeover and another resolution wait for the commit and
 // then see the new token or the deleted row. It is the one place a
@@ -33,6 +33,11 @@ func (s *Store) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolut
 	q := s.q.WithTx(tx)
 	now := s.clock()
 
+	// The tenant's row before the record's, in the order deleting the
+	// tenant locks them; without the tenant there is no record either.
+	if _, err := q.ShareTenant(ctx, p.TenantID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return idem.Resolution{}, s.interpretError(err, "resolve key: share tenant")
+	}
 	locked, err := q.LockKey(ctx, dbsqlc.LockKeyParams{TenantID: p.TenantID, Key: p.Key, Now: now})
 	var stored *idem.Record
 	switch {

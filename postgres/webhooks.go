@@ -225,9 +225,15 @@ func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit int, lease tim
 }
 
 // FinishWebhookDelivery records an attempt's outcome and the endpoint's
-// failure streak in one transaction.
+// failure streak in one transaction. It locks the endpoint before the
+// delivery, in the order deleting the endpoint or its tenant does.
 func (s *Store) FinishWebhookDelivery(ctx context.Context, p idem.FinishWebhookDeliveryParams) error {
 	return s.inTx(ctx, "finish webhook delivery", func(q *dbsqlc.Queries) error {
+		if _, err := q.LockDeliveryEndpoint(ctx, p.ID); errors.Is(err, pgx.ErrNoRows) {
+			return nil // deleted with its endpoint or tenant
+		} else if err != nil {
+			return fmt.Errorf("lock endpoint: %w", err)
+		}
 		arg := dbsqlc.FinishWebhookDeliveryParams{Ok: p.OK, ID: p.ID, Attempts: int32(p.Attempts), Now: s.clock()}
 		if !p.OK {
 			arg.RetryUs = micros(p.RetryIn)

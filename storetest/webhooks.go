@@ -26,7 +26,34 @@ func webhookGroup() group {
 		{"OrphanWatchRaceReportsEachOnce", testWebhookOrphanRace},
 		{"TestSend", testWebhookTestSend},
 		{"ResolvedQueuedWithResolution", testWebhookResolved},
+		{"FinishAfterTenantDeleted", testWebhookFinishAfterTenantDeleted},
 	}}
+}
+
+// testWebhookFinishAfterTenantDeleted: the outcome of a delivery whose
+// tenant (and so endpoint and delivery) was deleted while it was being
+// sent is dropped without an error, and the tenant's deletion does not wait
+// for it. On PostgreSQL the two racing is TestLockOrderTenantDeleteAndDeliveryFinish.
+func testWebhookFinishAfterTenantDeleted(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	e := b.endpoint(t, "acme")
+	ws := b.webhooks(t)
+	ev, err := idem.NewEvent("acme", idem.EventWebhookTest, b.now(), map[string]string{"hello": "world"})
+	require.NoError(t, err)
+	_, err = ws.SendTestEvent(b.ctx, e.ID, ev)
+	require.NoError(t, err)
+	got := b.claimAll(t)
+	require.Len(t, got, 1)
+	require.NoError(t, b.store.DeleteTenant(b.ctx, "acme"))
+	for _, ok := range []bool{false, true} {
+		require.NoError(t, ws.FinishWebhookDelivery(b.ctx, idem.FinishWebhookDeliveryParams{
+			ID: got[0].ID, Attempts: got[0].Attempts, OK: ok, Status: 500, RetryIn: time.Minute,
+			DisableAfter: time.Hour, DisableMinFailures: 3,
+		}), "finishing (ok=%v) a delivery of a deleted tenant", ok)
+	}
+	b.advance(time.Hour)
+	require.Empty(t, b.claimAll(t), "nothing of the deleted tenant is sent")
 }
 
 // webhooks returns the bundle's store as a WebhookStore: every store must

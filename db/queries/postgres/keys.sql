@@ -263,6 +263,15 @@ RETURNING
     k.review_note, k.review_at,
     (SELECT clock.now FROM clock)::timestamptz AS observed_at;
 
+-- name: ShareTenant :one
+-- ShareTenant takes a share of the tenant's row (FOR KEY SHARE: claims,
+-- settings updates and other resolutions go on) before a resolution locks
+-- its record. Deleting the tenant locks its row, then its records (ON
+-- DELETE CASCADE); a resolution that locked the record first and then
+-- needed the tenant's row for its audit entry's foreign key would deadlock
+-- with it. No row: the tenant is gone.
+SELECT t.id FROM tenants t WHERE t.id = sqlc.arg('tenant_id') FOR KEY SHARE;
+
 -- name: LockKey :one
 -- LockKey reads a record and locks its row until the end of the
 -- transaction: a resolution decides on the row no other writer can change

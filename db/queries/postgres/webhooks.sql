@@ -115,6 +115,18 @@ RETURNING d.id, d.tenant_id, d.endpoint_id, d.event_id, d.event_type, d.payload,
     d.attempts, d.next_attempt_at, d.created_at, d.last_attempt_at, d.last_status,
     d.last_error, d.delivered_at, e.url, e.secret, (SELECT clock.now FROM clock)::timestamptz AS observed_at;
 
+-- name: LockDeliveryEndpoint :one
+-- LockDeliveryEndpoint locks a delivery's endpoint before the delivery is
+-- updated. Deleting an endpoint or its tenant locks the endpoint, then its
+-- deliveries (ON DELETE CASCADE); a transaction that locked a delivery and
+-- then its endpoint could deadlock with it. No row: the delivery or its
+-- endpoint is gone.
+SELECT e.tenant_id, e.id
+FROM webhook_endpoints e
+JOIN webhook_deliveries d ON d.tenant_id = e.tenant_id AND d.endpoint_id = e.id
+WHERE d.id = sqlc.arg('id')
+FOR NO KEY UPDATE OF e;
+
 -- name: FinishWebhookDelivery :one
 -- FinishWebhookDelivery records an attempt's outcome, only if the row is
 -- still held by that attempt (attempts unchanged). retry_us = 0 on failure

@@ -1126,3 +1126,20 @@ func (q *Queries) ReviewKey(ctx context.Context, arg ReviewKeyParams) (ReviewKey
 	)
 	return i, err
 }
+
+const shareTenant = `-- name: ShareTenant :one
+SELECT t.id FROM tenants t WHERE t.id = $1 FOR KEY SHARE
+`
+
+// ShareTenant takes a share of the tenant's row (FOR KEY SHARE: claims,
+// settings updates and other resolutions go on) before a resolution locks
+// its record. Deleting the tenant locks its row, then its records (ON
+// DELETE CASCADE); a resolution that locked the record first and then
+// needed the tenant's row for its audit entry's foreign key would deadlock
+// with it. No row: the tenant is gone.
+func (q *Queries) ShareTenant(ctx context.Context, tenantID string) (string, error) {
+	row := q.db.QueryRow(ctx, shareTenant, tenantID)
+	var id string
+	err := row.Scan(&id)
+	return id, err
+}

@@ -454,6 +454,31 @@ func (q *Queries) ListWebhookEndpoints(ctx context.Context, tenantID string) ([]
 	return items, nil
 }
 
+const lockDeliveryEndpoint = `-- name: LockDeliveryEndpoint :one
+SELECT e.tenant_id, e.id
+FROM webhook_endpoints e
+JOIN webhook_deliveries d ON d.tenant_id = e.tenant_id AND d.endpoint_id = e.id
+WHERE d.id = $1
+FOR NO KEY UPDATE OF e
+`
+
+type LockDeliveryEndpointRow struct {
+	TenantID string
+	ID       string
+}
+
+// LockDeliveryEndpoint locks a delivery's endpoint before the delivery is
+// updated. Deleting an endpoint or its tenant locks the endpoint, then its
+// deliveries (ON DELETE CASCADE); a transaction that locked a delivery and
+// then its endpoint could deadlock with it. No row: the delivery or its
+// endpoint is gone.
+func (q *Queries) LockDeliveryEndpoint(ctx context.Context, id int64) (LockDeliveryEndpointRow, error) {
+	row := q.db.QueryRow(ctx, lockDeliveryEndpoint, id)
+	var i LockDeliveryEndpointRow
+	err := row.Scan(&i.TenantID, &i.ID)
+	return i, err
+}
+
 const lockTenantEndpoints = `-- name: LockTenantEndpoints :one
 SELECT t.id FROM tenants t WHERE t.id = $1 FOR NO KEY UPDATE
 `
