@@ -276,7 +276,7 @@ func (c *Client) fits(ctx context.Context, wait time.Duration) bool {
 	if !ok {
 		return true
 	}
-	return dl.Sub(c.clock.Now()) >= wait+c.policy.MinAttemptTime
+	return dl.Sub(c.clock.Now()) >= addSat(wait, c.policy.MinAttemptTime)
 }
 
 // classify decides whether a failed attempt may be retried and returns the

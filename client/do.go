@@ -293,7 +293,7 @@ func (c *Client) claimWaiting(ctx context.Context, key string, req Request) (Cla
 			ra = p.BaseDelay
 		}
 		wait := p.retryAfterWait(ra)
-		if waited+wait > p.InFlightWait {
+		if wait > p.InFlightWait-waited {
 			return ClaimResult{}, fmt.Errorf("waited %s for the other holder of the key: %w", waited, err)
 		}
 		if !c.fits(ctx, wait) {

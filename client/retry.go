@@ -163,9 +163,19 @@ func (p RetryPolicy) fullJitterCeiling(n int) time.Duration {
 // retryAfterWait returns the wait for a Retry-After answer.
 func (p RetryPolicy) retryAfterWait(ra time.Duration) time.Duration {
 	if p.RetryAfterJitter > 0 {
-		return ra + rand.N(p.RetryAfterJitter)
+		return addSat(ra, rand.N(p.RetryAfterJitter))
 	}
 	return ra
+}
+
+// addSat adds two non-negative durations, saturating at the largest one:
+// a Retry-After near it (a hostile or broken server) plus the spread must
+// not wrap around to a negative wait that is retried at once.
+func addSat(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // retryBudget is the client-wide token bucket of retries.

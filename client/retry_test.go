@@ -486,3 +486,46 @@ func filter[T any](xs []T, keep func(T) bool) []T {
 	}
 	return out
 }
+
+// TestHugeRetryAfterNeverWrapsAround: a Retry-After near the largest
+// time.Duration (a hostile or broken server or proxy) plus the jitter
+// wrapped around to a negative wait: the loop then retried at once instead
+// of giving up on the deadline, and Do's wait for a key in flight claimed
+// again and again without end (its waited time went negative).
+func TestHugeRetryAfterNeverWrapsAround(t *testing.T) {
+	t.Parallel()
+	const huge = "9223372036" // math.MaxInt64 / time.Second
+	t.Run("retry loop", func(t *testing.T) {
+		t.Parallel()
+		srv, n := failingServer(t, 503, huge)
+		c, clock, _ := newTestClient(t, srv.URL, client.RetryPolicy{RetryAfterJitter: time.Hour})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := c.Get(ctx, "k")
+		require.ErrorIs(t, err, client.ErrDeadlineTooClose)
+		require.Equal(t, int64(1), n.Load(), "no retry that the deadline cannot fit")
+		require.Empty(t, clock.Sleeps())
+	})
+	t.Run("waiting for a key in flight", func(t *testing.T) {
+		t.Parallel()
+		var n atomic.Int64
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if n.Add(1) > 20 { // end a runaway loop
+				w.WriteHeader(http.StatusBadRequest)
+				return
+			}
+			w.Header().Set("Retry-After", huge)
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusConflict)
+			fmt.Fprint(w, `{"type":"/docs/errors#request_in_flight","title":"In flight","status":409,"code":"request_in_flight","retryable":true}`)
+		}))
+		t.Cleanup(srv.Close)
+		c, _, _ := newTestClient(t, srv.URL, client.RetryPolicy{RetryAfterJitter: time.Hour})
+		_, err := c.Do(context.Background(), "k", client.Request{}, func(context.Context, *client.Claim) (client.Response, error) {
+			t.Fatal("must not run")
+			return client.Response{}, nil
+		})
+		require.ErrorIs(t, err, client.ErrRequestInFlight)
+		require.Equal(t, int64(1), n.Load(), "the wait does not fit InFlightWait: one claim")
+	})
+}
