@@ -77,7 +77,7 @@ export interface Clock {
     /** Waits ms or until signal aborts; rejects with the signal's reason then. */
     sleep(ms: number, signal?: AbortSignal): Promise<void>;
 }
-/** The real clock. */
+/** The real clock. A wait past a timer's range (a Retry-After of weeks) is slept in steps, never cut to 1 ms. */
 export declare const realClock: Clock;
 /**
  * Reports whether an error of fetch (no HTTP answer, or an answer cut

@@ -124,7 +124,9 @@ export class RetryBudget {
         return this.tokens;
     }
 }
-/** The real clock. */
+/** The longest a Node.js timer waits: a longer one fires after 1 ms. */
+const maxTimerMs = 2 ** 31 - 1;
+/** The real clock. A wait past a timer's range (a Retry-After of weeks) is slept in steps, never cut to 1 ms. */
 export const realClock = {
     now: () => Date.now(),
     sleep(ms, signal) {
@@ -133,14 +135,23 @@ export const realClock = {
                 reject(signal.reason);
                 return;
             }
+            const end = Date.now() + Math.max(0, ms);
+            let timer;
             const onAbort = () => {
                 clearTimeout(timer);
                 reject(signal?.reason);
             };
-            const timer = setTimeout(() => {
-                signal?.removeEventListener("abort", onAbort);
-                resolve();
-            }, Math.max(0, ms));
+            const arm = () => {
+                timer = setTimeout(() => {
+                    if (Date.now() < end) {
+                        arm();
+                        return;
+                    }
+                    signal?.removeEventListener("abort", onAbort);
+                    resolve();
+                }, Math.min(Math.max(0, end - Date.now()), maxTimerMs));
+            };
+            arm();
             signal?.addEventListener("abort", onAbort, { once: true });
         });
     },

@@ -268,3 +268,16 @@ describe("classification vectors through the retry loop", () => {
   }
 });
 
+
+test("a Retry-After past setTimeout's range (24.8 days) is waited, not retried at once", async () => {
+  // Node fires a timer over 2^31-1 ms after 1 ms: the real clock retried
+  // at once what the server said to leave alone for weeks.
+  const srv = await scripted([problem(503, "store_unavailable", { "Retry-After": "3000000" })]);
+  const ctl = new AbortController();
+  const c = new Client({ baseUrl: srv.url, token: "t" }); // the real clock, no deadline
+  const call = c.get("k", { signal: ctl.signal });
+  await new Promise((r) => setTimeout(r, 300));
+  ctl.abort(new Error("test over"));
+  await assert.rejects(call);
+  assert.equal(srv.count(), 1);
+});
