@@ -92,3 +92,41 @@ func TestWebhookWithDeadline(t *testing.T) {
 	require.Less(t, time.Since(start), 5*time.Second, "the deadline, not the busy timeout, ended the call")
 	require.Equal(t, idem.WebhookStore(raw), idem.WebhookWithDeadline(raw, 0))
 }
+
+// BenchmarkDeadlineCall is what WithDeadline adds to one store call made
+// under a request's context (a cancelable context carrying values, as
+// net/http's is), over a store that answers at once after registering
+// with its context as pgx does (context.AfterFunc): "bare" is the same
+// call without WithDeadline.
+func BenchmarkDeadlineCall(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		s    idem.Store
+	}{
+		{"bare", afterFuncStore{}},
+		{"WithDeadline", idem.WithDeadline(afterFuncStore{}, 5*time.Second)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				ctx, cancel := context.WithCancel(context.WithValue(context.Background(), benchKey{}, 1))
+				if _, err := bc.s.GetTenant(ctx, "acme"); err != nil {
+					b.Fatal(err)
+				}
+				cancel()
+			}
+		})
+	}
+}
+
+type benchKey struct{}
+
+// afterFuncStore answers GetTenant at once after watching its context the
+// way pgx does.
+type afterFuncStore struct{ idem.Store }
+
+func (afterFuncStore) GetTenant(ctx context.Context, id string) (idem.Tenant, error) {
+	stop := context.AfterFunc(ctx, func() {})
+	stop()
+	return idem.Tenant{ID: id}, nil
+}
