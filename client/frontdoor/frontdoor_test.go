@@ -108,3 +108,26 @@ func TestDocumentExclusionKeepsTheRestRaw(t *testing.T) {
 	_, err = frontdoor.Document(frontdoor.Parts{ContentType: "application/json", Body: []byte(`{"a":`)}, frontdoor.Rules{Exclude: []string{"/a"}})
 	assert.True(t, errors.Is(err, &frontdoor.Error{Code: frontdoor.CodeInvalidRequest}))
 }
+
+// TestStoredHeadersRoundTripBytes: whatever bytes a header value holds
+// (ASCII, UTF-8, Latin-1 obs-text), the stored text is valid UTF-8 for the
+// contract's JSON and WriteReplay sends the same bytes again; a value
+// stored by other means with characters past Latin-1 is sent as its UTF-8.
+func TestStoredHeadersRoundTripBytes(t *testing.T) {
+	for _, v := range []string{"text/plain", "attachment; filename=\"r\xe9sum\xe9.pdf\"", "inline; filename=\"résumé.pdf\"", "\xff\x80\xc3"} {
+		h := http.Header{}
+		h.Set("Content-Disposition", v)
+		stored := frontdoor.StoredHeaders(h, nil)
+		b, err := json.Marshal(stored)
+		require.NoError(t, err)
+		var back map[string]string
+		require.NoError(t, json.Unmarshal(b, &back))
+		require.Equal(t, stored, back, "the stored text survives JSON")
+		w := httptest.NewRecorder()
+		frontdoor.WriteReplay(w, httptest.NewRequest(http.MethodPost, "/x", nil), 200, back, nil)
+		assert.Equal(t, v, w.Header().Get("Content-Disposition"))
+	}
+	w := httptest.NewRecorder()
+	frontdoor.WriteReplay(w, httptest.NewRequest(http.MethodPost, "/x", nil), 200, map[string]string{"Content-Disposition": "price in €"}, nil)
+	assert.Equal(t, "price in €", w.Header().Get("Content-Disposition"))
+}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Requirement says what a front door does with a request of one method.
@@ -122,7 +123,11 @@ var DefaultStoredHeaders = []string{
 // StoredHeaders returns the headers of h to store: those named in allow
 // (nil means DefaultStoredHeaders), looked up case-insensitively and kept
 // under the name as allow spells it, several values of one name joined
-// with ", ". Set-Cookie is never stored, even when allowed.
+// with ", ". Set-Cookie is never stored, even when allowed. A value's bytes
+// are stored as Latin-1 text (each byte one character, as the Python and
+// Node.js front doors see header values), so that a value that is not
+// UTF-8 (obs-text) survives the JSON of the contract; WriteReplay turns it
+// back into the same bytes.
 func StoredHeaders(h http.Header, allow []string) map[string]string {
 	if allow == nil {
 		allow = DefaultStoredHeaders
@@ -133,10 +138,49 @@ func StoredHeaders(h http.Header, allow []string) map[string]string {
 			continue
 		}
 		if v := h.Values(name); len(v) > 0 {
-			out[name] = strings.Join(v, ", ")
+			out[name] = latin1Text(strings.Join(v, ", "))
 		}
 	}
 	return out
+}
+
+// latin1Text reads the bytes of v as Latin-1: each byte the character of
+// the same number.
+func latin1Text(v string) string {
+	for i := 0; i < len(v); i++ {
+		if v[i] >= utf8.RuneSelf {
+			var b strings.Builder
+			b.Grow(len(v) + len(v) - i)
+			for j := 0; j < len(v); j++ {
+				b.WriteRune(rune(v[j]))
+			}
+			return b.String()
+		}
+	}
+	return v
+}
+
+// latin1Bytes undoes latin1Text: the bytes of a stored header value whose
+// characters are all Latin-1, v itself (its UTF-8) when one is not (a
+// value stored through the API by other means).
+func latin1Bytes(v string) string {
+	ascii := true
+	for _, r := range v {
+		if r > 0xFF {
+			return v
+		}
+		if r >= utf8.RuneSelf {
+			ascii = false
+		}
+	}
+	if ascii {
+		return v
+	}
+	b := make([]byte, 0, len(v))
+	for _, r := range v {
+		b = append(b, byte(r))
+	}
+	return string(b)
 }
 
 // HeaderNotReplayable is the header a front door stores, in place of a
@@ -146,8 +190,8 @@ func StoredHeaders(h http.Header, allow []string) map[string]string {
 // operators ("body of N bytes not stored").
 const HeaderNotReplayable = "Idem-Not-Replayable"
 
-// WriteReplay writes a stored response: its status, stored headers and
-// body verbatim, marked with Idempotent-Replayed: true. A record stored
+// WriteReplay writes a stored response: its status, stored headers (the
+// bytes StoredHeaders stored) and body verbatim, marked with Idempotent-Replayed: true. A record stored
 // without its body (HeaderNotReplayable) answers CodeResponseNotReplayable.
 func WriteReplay(w http.ResponseWriter, r *http.Request, status int, headers map[string]string, body []byte) {
 	if _, ok := headers[HeaderNotReplayable]; ok {
@@ -157,7 +201,7 @@ func WriteReplay(w http.ResponseWriter, r *http.Request, status int, headers map
 	}
 	h := w.Header()
 	for k, v := range headers {
-		h.Set(k, v)
+		h.Set(k, latin1Bytes(v))
 	}
 	h.Set(HeaderReplayed, "true")
 	h.Set("Content-Length", itoa(len(body)))

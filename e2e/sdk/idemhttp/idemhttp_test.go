@@ -479,3 +479,28 @@ func TestMiddlewareInformationalStatus(t *testing.T) {
 		require.Equal(t, int64(1), runs.Load())
 	})
 }
+
+// TestMiddlewareReplaysHeaderBytes: a stored header whose value is not
+// UTF-8 (obs-text, RFC 9110 §5.5: a Latin-1 file name, say) is replayed
+// byte for byte as the handler sent it.
+func TestMiddlewareReplaysHeaderBytes(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
+		const disposition = "attachment; filename=\"r\xe9sum\xe9.pdf\"" // Latin-1 é
+		h := idemhttp.Middleware(c, idemhttp.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Disposition", disposition)
+			w.Header().Set("Content-Type", "application/pdf")
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprint(w, "%PDF-1.7")
+		}))
+		srv := httptest.NewServer(h)
+		t.Cleanup(srv.Close)
+
+		first := post(t, srv.URL+"/files", "k-latin1", `{}`)
+		require.Equal(t, http.StatusCreated, first.status)
+		require.Equal(t, disposition, first.header.Get("Content-Disposition"))
+		again := post(t, srv.URL+"/files", "k-latin1", `{}`)
+		require.Equal(t, "true", again.header.Get(idemhttp.HeaderReplayed))
+		require.Equal(t, disposition, again.header.Get("Content-Disposition"), "the replay sends the bytes the handler sent")
+	})
+}
