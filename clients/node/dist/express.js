@@ -162,14 +162,30 @@ function capture(res, next) {
             const hs = rest.find((x) => x && typeof x === "object");
             if (typeof rest[0] === "string")
                 res.statusMessage = rest[0];
+            // As Node does: the fields given here replace those set before under
+            // their names, and several fields of one name in the raw array form
+            // (flat, or [name, value] pairs) are all sent.
+            const fields = new Map();
+            const add = (name, value) => {
+                const n = String(name);
+                const f = fields.get(n.toLowerCase()) ?? { name: n, values: [] };
+                f.values.push(...(Array.isArray(value) ? value.map(String) : [String(value)]));
+                fields.set(n.toLowerCase(), f);
+            };
             if (Array.isArray(hs)) {
-                for (let i = 0; i + 1 < hs.length; i += 2)
-                    res.setHeader(hs[i], hs[i + 1]);
+                if (hs.length > 0 && Array.isArray(hs[0]))
+                    for (const pair of hs)
+                        add(pair[0], pair[1]);
+                else
+                    for (let i = 0; i + 1 < hs.length; i += 2)
+                        add(hs[i], hs[i + 1]);
             }
             else if (hs) {
                 for (const [k, v] of Object.entries(hs))
-                    res.setHeader(k, v);
+                    add(k, v);
             }
+            for (const f of fields.values())
+                res.setHeader(f.name, f.values.length === 1 ? f.values[0] : f.values);
             return res;
         };
         res.write = function (chunk, encoding, cb) {

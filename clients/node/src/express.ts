@@ -188,11 +188,23 @@ function capture(res: Tracked, next: Next): Promise<HandlerAnswer> {
       res.statusCode = status;
       const hs = rest.find((x) => x && typeof x === "object") as Record<string, string | string[] | number> | string[] | undefined;
       if (typeof rest[0] === "string") res.statusMessage = rest[0];
+      // As Node does: the fields given here replace those set before under
+      // their names, and several fields of one name in the raw array form
+      // (flat, or [name, value] pairs) are all sent.
+      const fields = new Map<string, { name: string; values: string[] }>();
+      const add = (name: unknown, value: unknown) => {
+        const n = String(name);
+        const f = fields.get(n.toLowerCase()) ?? { name: n, values: [] };
+        f.values.push(...(Array.isArray(value) ? value.map(String) : [String(value)]));
+        fields.set(n.toLowerCase(), f);
+      };
       if (Array.isArray(hs)) {
-        for (let i = 0; i + 1 < hs.length; i += 2) res.setHeader(hs[i]!, hs[i + 1]!);
+        if (hs.length > 0 && Array.isArray(hs[0])) for (const pair of hs as unknown as unknown[][]) add(pair[0], pair[1]);
+        else for (let i = 0; i + 1 < hs.length; i += 2) add(hs[i], hs[i + 1]);
       } else if (hs) {
-        for (const [k, v] of Object.entries(hs)) res.setHeader(k, v);
+        for (const [k, v] of Object.entries(hs)) add(k, v);
       }
+      for (const f of fields.values()) res.setHeader(f.name, f.values.length === 1 ? f.values[0]! : f.values);
       return res;
     } as ServerResponse["writeHead"];
     res.write = function (chunk: unknown, encoding?: unknown, cb?: unknown) {

@@ -321,6 +321,56 @@ for (const store of stores()) {
     });
   });
 
+  describe(`express writeHead forms on ${store}`, () => {
+    let srv: Server;
+    let url: string;
+    let close: () => Promise<void>;
+    let runs = 0;
+    before(async () => {
+      srv = await startServer(store);
+      const app = express();
+      app.use(expressMiddleware({ client: new Client({ baseUrl: srv.url, token: srv.token }), log: () => {} }));
+      app.post("/flat", (_req, res) => {
+        runs++;
+        res.writeHead(201, ["Set-Cookie", "a=1", "Set-Cookie", "b=2", "Content-Type", "text/plain", "Link", "</a>", "Link", "</b>"]);
+        res.end("flat");
+      });
+      app.post("/pairs", (_req, res) => {
+        runs++;
+        res.writeHead(201, [["Set-Cookie", "a=1"], ["Set-Cookie", "b=2"], ["Content-Type", "text/plain"]] as unknown as string[]);
+        res.end("pairs");
+      });
+      const h = createServer(app);
+      url = await listen(h);
+      close = () => new Promise((r) => { h.closeAllConnections(); h.close(() => r()); });
+    });
+    after(async () => {
+      await close();
+      await srv.stop();
+    });
+
+    test("writeHead with a raw header array sends every field the handler wrote; the replay stores and sends the same", async () => {
+      // Before, each field of the array replaced the one before of its
+      // name (one cookie of two was sent), and the array-of-pairs form threw.
+      for (const path of ["/flat", "/pairs"]) {
+        const k = `wh-${randomUUID()}`;
+        runs = 0;
+        const res = await fetch(`${url}${path}`, { method: "POST", headers: { "Idempotency-Key": k, "Content-Type": "application/json" }, body: "{}" });
+        assert.equal(res.status, 201, path);
+        assert.deepEqual(res.headers.getSetCookie(), ["a=1", "b=2"], path);
+        assert.equal(res.headers.get("Content-Type"), "text/plain", path);
+        if (path === "/flat") assert.equal(res.headers.get("Link"), "</a>, </b>");
+        await res.text();
+        const again = await fetch(`${url}${path}`, { method: "POST", headers: { "Idempotency-Key": k, "Content-Type": "application/json" }, body: "{}" });
+        assert.equal(again.headers.get("Idempotent-Replayed"), "true", path);
+        assert.equal(again.headers.get("Content-Type"), "text/plain", path);
+        if (path === "/flat") assert.equal(again.headers.get("Link"), null, "Link is not a stored header");
+        assert.equal(await again.text(), path.slice(1));
+        assert.equal(runs, 1, path);
+      }
+    });
+  });
+
   for (const [name, make] of [["express", expressApp], ["hono", honoApp]] as const) {
     describe(`${name} app on ${store}`, () => {
       let srv: Server;
