@@ -268,12 +268,16 @@ type WebhookStore interface {
 	ListWebhookDeliveries(ctx context.Context, p ListWebhookDeliveriesParams) ([]WebhookDelivery, error)
 
 	// ClaimWebhookDeliveries takes at most limit pending deliveries that are
-	// due, of enabled endpoints, oldest first, and pushes their next attempt
-	// lease into the future, counting the attempt: concurrent callers on
-	// several replicas never take the same delivery while its lease runs. A
-	// caller that dies mid-attempt leaves the delivery to be taken again
-	// after the lease: at least once.
-	ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.Duration) ([]WebhookDelivery, error)
+	// due, of enabled endpoints, and pushes their next attempt lease into
+	// the future, counting the attempt: concurrent callers on several
+	// replicas never take the same delivery while its lease runs. A caller
+	// that dies mid-attempt leaves the delivery to be taken again after the
+	// lease: at least once. Each endpoint gives at most perEndpoint of its
+	// oldest due deliveries, and they are taken in turns (every endpoint's
+	// oldest, then every endpoint's second, each turn oldest first) and
+	// returned in that order, so one slow or busy endpoint's backlog cannot
+	// fill a claim and hold back the other endpoints' deliveries.
+	ClaimWebhookDeliveries(ctx context.Context, limit, perEndpoint int, lease time.Duration) ([]WebhookDelivery, error)
 	// FinishWebhookDelivery records the outcome of the attempt claimed with
 	// p.Attempts and updates the endpoint's failure streak; it does nothing
 	// when the delivery was claimed again since.

@@ -23,6 +23,7 @@ func webhookGroup() group {
 		{"ClaimLeaseAndFinish", testWebhookClaimLease},
 		{"RetryAndDisableAfterSustainedFailure", testWebhookDisable},
 		{"ClaimRaceTakesEachOnce", testWebhookClaimRace},
+		{"ClaimTakesEndpointsInTurns", testWebhookClaimTurns},
 		{"OrphanWatchRaceReportsEachOnce", testWebhookOrphanRace},
 		{"TestSend", testWebhookTestSend},
 		{"ResolvedQueuedWithResolution", testWebhookResolved},
@@ -96,7 +97,7 @@ func eventTypes(ds []idem.WebhookDelivery) []idem.EventType {
 // claimAll claims every due delivery with a 1-minute lease.
 func (b *bundle) claimAll(t *testing.T) []idem.WebhookDelivery {
 	t.Helper()
-	ds, err := b.webhooks(t).ClaimWebhookDeliveries(b.ctx, 100, time.Minute)
+	ds, err := b.webhooks(t).ClaimWebhookDeliveries(b.ctx, 100, 100, time.Minute)
 	require.NoError(t, err)
 	return ds
 }
@@ -442,7 +443,7 @@ func testWebhookClaimRace(t *testing.T, s *suite) {
 	for range 8 {
 		wg.Go(func() {
 			for {
-				got, err := ws.ClaimWebhookDeliveries(b.ctx, 3, time.Minute)
+				got, err := ws.ClaimWebhookDeliveries(b.ctx, 3, 2, time.Minute)
 				if err != nil {
 					t.Error(err)
 					return
@@ -463,6 +464,49 @@ func testWebhookClaimRace(t *testing.T, s *suite) {
 	for id, n := range seen {
 		require.Equal(t, 1, n, "delivery %d claimed %d times", id, n)
 	}
+}
+
+// A claim takes at most perEndpoint deliveries of one endpoint, in turns
+// across endpoints (each endpoint's oldest, then each one's second, each
+// turn oldest first), and returns them in that order: an endpoint's older
+// backlog does not fill the claim ahead of another tenant's delivery.
+// Within an endpoint the order stays oldest first, and nothing is skipped.
+func testWebhookClaimTurns(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	b.tenant(t, "beta")
+	a, z := b.endpoint(t, "acme"), b.endpoint(t, "beta")
+	ws := b.webhooks(t)
+	send := func(e idem.WebhookEndpoint) string {
+		ev, err := idem.NewEvent(e.TenantID, idem.EventWebhookTest, b.now(), nil)
+		require.NoError(t, err)
+		_, err = ws.SendTestEvent(b.ctx, e.ID, ev)
+		require.NoError(t, err)
+		b.advance(time.Millisecond)
+		return ev.ID
+	}
+	var as, zs []string
+	for range 5 {
+		as = append(as, send(a))
+	}
+	for range 2 {
+		zs = append(zs, send(z))
+	}
+	claim := func(limit, perEndpoint int) []string {
+		t.Helper()
+		got, err := ws.ClaimWebhookDeliveries(b.ctx, limit, perEndpoint, time.Minute)
+		require.NoError(t, err)
+		ids := []string{}
+		for _, d := range got {
+			require.Equal(t, 1, d.Attempts)
+			ids = append(ids, d.EventID)
+		}
+		return ids
+	}
+	require.Equal(t, []string{as[0], zs[0], as[1]}, claim(3, 2))
+	require.Equal(t, []string{as[2], zs[1], as[3]}, claim(10, 2))
+	require.Equal(t, []string{as[4]}, claim(10, 2))
+	require.Empty(t, claim(10, 2))
 }
 
 func testWebhookTestSend(t *testing.T, s *suite) {

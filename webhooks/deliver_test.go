@@ -3,6 +3,7 @@ package webhooks_test
 import (
 	"context"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,13 +51,19 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, open func(t *testing.T) 
 // register creates tenant "acme" (if needed) and an endpoint at r.
 func register(t *testing.T, s store, r *webhooktest.Receiver) idem.WebhookEndpoint {
 	t.Helper()
+	return registerIn(t, s, "acme", r)
+}
+
+// registerIn creates tenant (if needed) and an endpoint of it at r.
+func registerIn(t *testing.T, s store, tenant string, r *webhooktest.Receiver) idem.WebhookEndpoint {
+	t.Helper()
 	ctx := context.Background()
-	if _, err := s.GetTenant(ctx, "acme"); err != nil {
-		_, err := s.CreateTenant(ctx, idem.CreateTenantParams{ID: "acme", Name: "acme", Settings: idem.DefaultSettings()})
+	if _, err := s.GetTenant(ctx, tenant); err != nil {
+		_, err := s.CreateTenant(ctx, idem.CreateTenantParams{ID: tenant, Name: tenant, Settings: idem.DefaultSettings()})
 		require.NoError(t, err)
 	}
 	e, err := s.CreateWebhookEndpoint(ctx, idem.WebhookEndpoint{
-		TenantID: "acme", ID: idem.NewWebhookEndpointID(), URL: r.URL + "/hook", Secret: idem.NewWebhookSecret(), Enabled: true,
+		TenantID: tenant, ID: idem.NewWebhookEndpointID(), URL: r.URL + "/hook", Secret: idem.NewWebhookSecret(), Enabled: true,
 	})
 	require.NoError(t, err)
 	r.SetSecret(e.Secret)
@@ -267,5 +274,70 @@ func TestShutdownMidAttemptRecordsNoFailure(t *testing.T) {
 		run(t, webhooks.New(s, cfg, nil, nil))
 		require.Eventually(t, func() bool { return r.Acked()[id] == 1 }, 10*time.Second, 20*time.Millisecond)
 		require.Equal(t, 2, r.ByID()[id], "sent again, same webhook-id")
+	})
+}
+
+// One tenant's slow, busy endpoint does not hold back another tenant's
+// delivery: tenant A queues many events to an endpoint that takes a while
+// to answer, then tenant B queues one to an endpoint that answers at once.
+// B's event goes out in the first pass, while A's queue is still pending
+// (at most one pass's share, Concurrency, of A's went before it), and every
+// one of A's events is still delivered, once, with its webhook-id. Before
+// the claim capped one endpoint's share, the claim took the oldest due
+// deliveries whoever they were for and the dispatcher waited for the whole
+// batch: B's event went out only after A's whole queue had.
+func TestSlowEndpointDoesNotHoldBackOtherTenants(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
+		s := open(t)
+		rA := webhooktest.New(t, func(int) webhooktest.Answer {
+			return webhooktest.Answer{Status: 200, Hang: 150 * time.Millisecond}
+		})
+		aAckedAtB := atomic.Int64{}
+		aAckedAtB.Store(-1)
+		rB := webhooktest.New(t, func(n int) webhooktest.Answer {
+			if n == 0 {
+				aAckedAtB.Store(int64(len(rA.Acked())))
+			}
+			return webhooktest.Answer{Status: 204}
+		})
+		eA := registerIn(t, s, "slow-a", rA)
+		eB := registerIn(t, s, "fast-b", rB)
+		const queued = 12
+		idsA := map[string]bool{}
+		for range queued {
+			idsA[testEvent(t, s, eA)] = true
+		}
+		idB := testEvent(t, s, eB)
+
+		cfg := fastConfig()
+		cfg.Timeout, cfg.Concurrency, cfg.BatchSize = time.Second, 2, 4
+		run(t, webhooks.New(s, cfg, nil, nil))
+
+		require.Eventually(t, func() bool { return rB.Acked()[idB] == 1 }, 10*time.Second, 10*time.Millisecond)
+		ahead := aAckedAtB.Load()
+		require.GreaterOrEqual(t, ahead, int64(0))
+		require.LessOrEqual(t, ahead, int64(cfg.Concurrency),
+			"tenant B's delivery waited for %d of tenant A's %d queued deliveries", ahead, queued)
+
+		require.Eventually(t, func() bool { return len(rA.Acked()) == queued }, 20*time.Second, 20*time.Millisecond)
+		require.Empty(t, rA.Bad())
+		require.Empty(t, rB.Bad())
+		require.Len(t, rA.Requests(), queued, "an event of A was sent twice")
+		for id, n := range rA.ByID() {
+			require.True(t, idsA[id])
+			require.Equal(t, 1, n)
+		}
+		require.Eventually(t, func() bool {
+			for _, d := range logOf(t, s, eA) {
+				if d.State != idem.DeliveryDelivered {
+					return false
+				}
+			}
+			return true
+		}, 10*time.Second, 20*time.Millisecond, "the log records every delivery of A")
+		for _, d := range logOf(t, s, eA) {
+			require.Equal(t, 1, d.Attempts)
+		}
 	})
 }

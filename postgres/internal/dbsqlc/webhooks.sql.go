@@ -13,31 +13,48 @@ import (
 
 const claimWebhookDeliveries = `-- name: ClaimWebhookDeliveries :many
 WITH clock AS (
-    SELECT coalesce($2::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($1::timestamptz, now())::timestamptz AS now
 ), due AS (
-    SELECT d.id
-    FROM webhook_deliveries d
-    JOIN webhook_endpoints e ON e.tenant_id = d.tenant_id AND e.id = d.endpoint_id
-    WHERE d.state = 'pending' AND d.next_attempt_at <= (SELECT clock.now FROM clock) AND e.enabled
-    ORDER BY d.next_attempt_at
+    SELECT q.id, q.next_attempt_at AS due_at,
+        row_number() OVER (PARTITION BY e.tenant_id, e.id ORDER BY q.next_attempt_at, q.id) AS turn
+    FROM webhook_endpoints e
+    CROSS JOIN LATERAL (
+        SELECT d.id, d.next_attempt_at
+        FROM webhook_deliveries d
+        WHERE d.tenant_id = e.tenant_id AND d.endpoint_id = e.id
+            AND d.state = 'pending' AND d.next_attempt_at <= (SELECT clock.now FROM clock)
+        ORDER BY d.next_attempt_at, d.id
+        LIMIT $2::integer
+        FOR UPDATE OF d SKIP LOCKED
+    ) q
+    WHERE e.enabled AND (
+        SELECT min(w.next_attempt_at) FROM webhook_deliveries w WHERE w.state = 'pending'
+    ) <= (SELECT clock.now FROM clock)
+    ORDER BY turn, q.next_attempt_at, q.id
     LIMIT $3::integer
-    FOR UPDATE OF d SKIP LOCKED
+), claimed AS (
+    UPDATE webhook_deliveries d SET
+        attempts = d.attempts + 1,
+        last_attempt_at = (SELECT clock.now FROM clock),
+        next_attempt_at = (SELECT clock.now FROM clock) + $4::bigint * interval '1 microsecond'
+    FROM due, webhook_endpoints e
+    WHERE d.id = due.id AND e.tenant_id = d.tenant_id AND e.id = d.endpoint_id
+    RETURNING d.id, d.tenant_id, d.endpoint_id, d.event_id, d.event_type, d.payload, d.state,
+        d.attempts, d.next_attempt_at, d.created_at, d.last_attempt_at, d.last_status,
+        d.last_error, d.delivered_at, e.url, e.secret, due.turn, due.due_at
 )
-UPDATE webhook_deliveries d SET
-    attempts = d.attempts + 1,
-    last_attempt_at = (SELECT clock.now FROM clock),
-    next_attempt_at = (SELECT clock.now FROM clock) + $1::bigint * interval '1 microsecond'
-FROM due, webhook_endpoints e
-WHERE d.id = due.id AND e.tenant_id = d.tenant_id AND e.id = d.endpoint_id
-RETURNING d.id, d.tenant_id, d.endpoint_id, d.event_id, d.event_type, d.payload, d.state,
-    d.attempts, d.next_attempt_at, d.created_at, d.last_attempt_at, d.last_status,
-    d.last_error, d.delivered_at, e.url, e.secret, (SELECT clock.now FROM clock)::timestamptz AS observed_at
+SELECT c.id, c.tenant_id, c.endpoint_id, c.event_id, c.event_type, c.payload, c.state,
+    c.attempts, c.next_attempt_at, c.created_at, c.last_attempt_at, c.last_status,
+    c.last_error, c.delivered_at, c.url, c.secret, (SELECT clock.now FROM clock)::timestamptz AS observed_at
+FROM claimed c
+ORDER BY c.turn, c.due_at, c.id
 `
 
 type ClaimWebhookDeliveriesParams struct {
-	LeaseUs  int64
-	Now      pgtype.Timestamptz
-	RowLimit int32
+	Now         pgtype.Timestamptz
+	PerEndpoint int32
+	RowLimit    int32
+	LeaseUs     int64
 }
 
 type ClaimWebhookDeliveriesRow struct {
@@ -61,13 +78,25 @@ type ClaimWebhookDeliveriesRow struct {
 }
 
 // ClaimWebhookDeliveries takes due pending deliveries of enabled endpoints,
-// oldest first, counts the attempt and moves next_attempt_at to the end of
-// the claim's lease. FOR UPDATE SKIP LOCKED lets several replicas claim at
-// once without taking the same row or waiting on each other; once the
-// statement commits, the moved next_attempt_at keeps the row away from
-// every other claimer until the lease runs out.
+// counts the attempt and moves next_attempt_at to the end of the claim's
+// lease. Each endpoint gives at most per_endpoint of its oldest due
+// deliveries (a LATERAL walk of its webhook_deliveries_endpoint_due queue),
+// and the claim takes them in turns: every endpoint's oldest first, then
+// every endpoint's second, each turn oldest first, up to row_limit. So one
+// endpoint's backlog, however old, cannot fill a claim and hold back the
+// other endpoints' deliveries. The rows come back in that order. FOR
+// UPDATE SKIP LOCKED lets several replicas claim at once without taking the
+// same row or waiting on each other; once the statement commits, the moved
+// next_attempt_at keeps the row away from every other claimer until the
+// lease runs out. When nothing at all is due (the first entry of the due
+// index says so), the endpoints are not walked.
 func (q *Queries) ClaimWebhookDeliveries(ctx context.Context, arg ClaimWebhookDeliveriesParams) ([]ClaimWebhookDeliveriesRow, error) {
-	rows, err := q.db.Query(ctx, claimWebhookDeliveries, arg.LeaseUs, arg.Now, arg.RowLimit)
+	rows, err := q.db.Query(ctx, claimWebhookDeliveries,
+		arg.Now,
+		arg.PerEndpoint,
+		arg.RowLimit,
+		arg.LeaseUs,
+	)
 	if err != nil {
 		return nil, err
 	}
