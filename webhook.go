@@ -272,12 +272,14 @@ type WebhookStore interface {
 	// the future, counting the attempt: concurrent callers on several
 	// replicas never take the same delivery while its lease runs. A caller
 	// that dies mid-attempt leaves the delivery to be taken again after the
-	// lease: at least once. Each endpoint gives at most perEndpoint of its
-	// oldest due deliveries, and they are taken in turns (every endpoint's
-	// oldest, then every endpoint's second, each turn oldest first) and
-	// returned in that order, so one slow or busy endpoint's backlog cannot
-	// fill a claim and hold back the other endpoints' deliveries.
-	ClaimWebhookDeliveries(ctx context.Context, limit, perEndpoint int, lease time.Duration) ([]WebhookDelivery, error)
+	// lease: at least once. One tenant gives at most perTenant deliveries,
+	// spread over its endpoints in turns (each endpoint's oldest due, then
+	// each one's second, ...), and the tenants are taken in turns too
+	// (every tenant's first, then every tenant's second, each turn oldest
+	// first) and returned in that order, so one tenant's slow or busy
+	// endpoints cannot fill a claim and hold back the other tenants'
+	// deliveries, and one endpoint cannot hold back its tenant's others.
+	ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, lease time.Duration) ([]WebhookDelivery, error)
 	// FinishWebhookDelivery records the outcome of the attempt claimed with
 	// p.Attempts and updates the endpoint's failure streak; it does nothing
 	// when the delivery was claimed again since.

@@ -201,11 +201,11 @@ func (s *Store) ListWebhookDeliveries(ctx context.Context, p idem.ListWebhookDel
 	return out, nil
 }
 
-// ClaimWebhookDeliveries takes due deliveries, at most perEndpoint of each
-// endpoint, in one statement with FOR UPDATE SKIP LOCKED (see the query).
-func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit, perEndpoint int, lease time.Duration) ([]idem.WebhookDelivery, error) {
+// ClaimWebhookDeliveries takes due deliveries, at most perTenant of each
+// tenant, in one statement with FOR UPDATE SKIP LOCKED (see the query).
+func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, lease time.Duration) ([]idem.WebhookDelivery, error) {
 	rows, err := s.q.ClaimWebhookDeliveries(ctx, dbsqlc.ClaimWebhookDeliveriesParams{
-		LeaseUs: micros(lease), Now: s.clock(), RowLimit: int32(limit), PerEndpoint: int32(max(perEndpoint, 1)),
+		LeaseUs: micros(lease), Now: s.clock(), RowLimit: int32(limit), PerTenant: int32(max(perTenant, 1)),
 	})
 	if err != nil {
 		return nil, s.interpretError(err, "claim webhook deliveries")

@@ -152,14 +152,14 @@ func (s *Store) ListWebhookDeliveries(ctx context.Context, p idem.ListWebhookDel
 	return out, nil
 }
 
-// ClaimWebhookDeliveries takes due deliveries, at most perEndpoint of each
-// endpoint (see DueWebhookDeliveries), in one transaction in the writer
+// ClaimWebhookDeliveries takes due deliveries, at most perTenant of each
+// tenant (see DueWebhookDeliveries), in one transaction in the writer
 // slot: SQLite has one writer, so two claimers never take one row.
-func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit, perEndpoint int, lease time.Duration) ([]idem.WebhookDelivery, error) {
+func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, lease time.Duration) ([]idem.WebhookDelivery, error) {
 	// An empty outbox is the common case: look without the writer slot
 	// first (a read beside the writer in WAL mode), so an idle poll never
 	// queues behind or delays the ledger's writes.
-	due, err := s.q.DueWebhookDeliveries(ctx, dbsqlc.DueWebhookDeliveriesParams{Now: micros(s.clock()), PerEndpoint: 1, RowLimit: 1})
+	due, err := s.q.DueWebhookDeliveries(ctx, dbsqlc.DueWebhookDeliveriesParams{Now: micros(s.clock()), PerTenant: 1, RowLimit: 1})
 	if err != nil {
 		return nil, s.interpretError(err, "claim webhook deliveries")
 	}
@@ -169,7 +169,7 @@ func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit, perEndpoint i
 	var out []idem.WebhookDelivery
 	err = s.inTx(ctx, "claim webhook deliveries", func(q *dbsqlc.Queries, now time.Time) error {
 		rows, err := q.DueWebhookDeliveries(ctx, dbsqlc.DueWebhookDeliveriesParams{
-			Now: micros(now), PerEndpoint: int64(max(perEndpoint, 1)), RowLimit: int64(limit),
+			Now: micros(now), PerTenant: int64(max(perTenant, 1)), RowLimit: int64(limit),
 		})
 		if err != nil {
 			return fmt.Errorf("read due deliveries: %w", err)

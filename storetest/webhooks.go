@@ -23,7 +23,7 @@ func webhookGroup() group {
 		{"ClaimLeaseAndFinish", testWebhookClaimLease},
 		{"RetryAndDisableAfterSustainedFailure", testWebhookDisable},
 		{"ClaimRaceTakesEachOnce", testWebhookClaimRace},
-		{"ClaimTakesEndpointsInTurns", testWebhookClaimTurns},
+		{"ClaimTakesTenantsAndEndpointsInTurns", testWebhookClaimTurns},
 		{"OrphanWatchRaceReportsEachOnce", testWebhookOrphanRace},
 		{"TestSend", testWebhookTestSend},
 		{"ResolvedQueuedWithResolution", testWebhookResolved},
@@ -466,16 +466,19 @@ func testWebhookClaimRace(t *testing.T, s *suite) {
 	}
 }
 
-// A claim takes at most perEndpoint deliveries of one endpoint, in turns
-// across endpoints (each endpoint's oldest, then each one's second, each
-// turn oldest first), and returns them in that order: an endpoint's older
-// backlog does not fill the claim ahead of another tenant's delivery.
-// Within an endpoint the order stays oldest first, and nothing is skipped.
+// A claim takes at most perTenant deliveries of one tenant, spread over
+// its endpoints in turns, and the tenants in turns (each tenant's first,
+// then each one's second, each turn oldest first), and returns them in
+// that order: one tenant's older backlog, on one endpoint or several, does
+// not fill the claim ahead of another tenant's delivery, nor one endpoint's
+// ahead of its tenant's other endpoint. Within an endpoint the order stays
+// oldest first, and nothing is skipped.
 func testWebhookClaimTurns(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
 	b.tenant(t, "beta")
 	a, z := b.endpoint(t, "acme"), b.endpoint(t, "beta")
+	a2 := b.endpoint(t, "acme")
 	ws := b.webhooks(t)
 	send := func(e idem.WebhookEndpoint) string {
 		ev, err := idem.NewEvent(e.TenantID, idem.EventWebhookTest, b.now(), nil)
@@ -492,9 +495,9 @@ func testWebhookClaimTurns(t *testing.T, s *suite) {
 	for range 2 {
 		zs = append(zs, send(z))
 	}
-	claim := func(limit, perEndpoint int) []string {
+	claim := func(limit, perTenant int) []string {
 		t.Helper()
-		got, err := ws.ClaimWebhookDeliveries(b.ctx, limit, perEndpoint, time.Minute)
+		got, err := ws.ClaimWebhookDeliveries(b.ctx, limit, perTenant, time.Minute)
 		require.NoError(t, err)
 		ids := []string{}
 		for _, d := range got {
@@ -506,6 +509,21 @@ func testWebhookClaimTurns(t *testing.T, s *suite) {
 	require.Equal(t, []string{as[0], zs[0], as[1]}, claim(3, 2))
 	require.Equal(t, []string{as[2], zs[1], as[3]}, claim(10, 2))
 	require.Equal(t, []string{as[4]}, claim(10, 2))
+	require.Empty(t, claim(10, 2))
+
+	// Two endpoints of acme: each one's oldest before either one's second.
+	var a2s []string
+	as = as[:0]
+	for range 3 {
+		as = append(as, send(a))
+	}
+	for range 2 {
+		a2s = append(a2s, send(a2))
+	}
+	zs = append(zs[:0], send(z))
+	require.Equal(t, []string{as[0], zs[0], a2s[0]}, claim(10, 2))
+	require.Equal(t, []string{as[1], a2s[1]}, claim(10, 2))
+	require.Equal(t, []string{as[2]}, claim(10, 2))
 	require.Empty(t, claim(10, 2))
 }
 

@@ -42,9 +42,9 @@ type Config struct {
 	// BatchSize bounds the deliveries one claim takes.
 	BatchSize int
 	// Concurrency bounds the attempts in flight at once on this replica.
-	// It also bounds how many deliveries of one endpoint a claim takes, so
-	// that one slow or busy endpoint takes no more than one round of
-	// attempts per pass and cannot hold back the other endpoints.
+	// It also bounds how many deliveries of one tenant a claim takes, so
+	// that one tenant's slow or busy endpoints take no more than one round
+	// of attempts per pass and cannot hold back the other tenants.
 	Concurrency int
 	// Timeout bounds one attempt: connect, TLS, request and response.
 	Timeout time.Duration
@@ -163,7 +163,7 @@ func (d *Deliverer) Config() Config { return d.cfg }
 
 // Run delivers until ctx is done: a pass right away, then again as soon as
 // a pass took anything (a claim takes only Concurrency deliveries of one
-// endpoint, so a short batch does not mean the outbox is drained), else
+// tenant, so a short batch does not mean the outbox is drained), else
 // after Interval. Finished deliveries past Retention are purged every ten
 // minutes. Failures are logged, never fatal.
 func (d *Deliverer) Run(ctx context.Context) error {
@@ -195,11 +195,12 @@ func (d *Deliverer) Run(ctx context.Context) error {
 
 // DeliverOnce claims one batch of due deliveries, attempts each (at most
 // Concurrency at once) and records the outcomes. It returns how many it
-// claimed. The batch holds at most Concurrency deliveries of one endpoint,
-// in turns across endpoints (see idem.WebhookStore), and is attempted in
-// that order: a slow endpoint's deliveries run side by side with the
-// others' and keep the pass to about one attempt timeout, instead of its
-// backlog filling batch after batch while every other endpoint waits.
+// claimed. The batch holds at most Concurrency deliveries of one tenant,
+// in turns across tenants and, within one, across its endpoints (see
+// idem.WebhookStore), and is attempted in that order: a slow tenant's
+// deliveries run side by side with the others' and keep the pass to about
+// one attempt timeout, instead of its backlog filling batch after batch
+// while every other tenant waits.
 func (d *Deliverer) DeliverOnce(ctx context.Context) (int, error) {
 	cctx, cancel := context.WithTimeout(ctx, d.cfg.StoreTimeout)
 	batch, err := d.store.ClaimWebhookDeliveries(cctx, d.cfg.BatchSize, d.cfg.Concurrency, d.cfg.Lease)

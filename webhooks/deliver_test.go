@@ -288,25 +288,58 @@ func TestShutdownMidAttemptRecordsNoFailure(t *testing.T) {
 // batch: B's event went out only after A's whole queue had.
 func TestSlowEndpointDoesNotHoldBackOtherTenants(t *testing.T) {
 	t.Parallel()
+	testSlowTenant(t, 1, 12)
+}
+
+// The same with tenant A's backlog spread over several slow endpoints:
+// the claim caps one tenant's share, not only one endpoint's. Before, each
+// of A's endpoints gave its own share and A's oldest deliveries filled the
+// batch ahead of B's.
+func TestSlowEndpointsOfOneTenantDoNotHoldBackOtherTenants(t *testing.T) {
+	t.Parallel()
+	testSlowTenant(t, 4, 3)
+}
+
+// testSlowTenant queues perEndpoint events to each of endpoints slow
+// endpoints of tenant A, then one to tenant B's fast endpoint, runs the
+// delivery job (2 attempts at once, batches of 4) and requires B's event to
+// arrive while at most one pass's share of A's had been answered, and every
+// one of A's to be delivered once.
+func testSlowTenant(t *testing.T, endpoints, perEndpoint int) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
 		s := open(t)
-		rA := webhooktest.New(t, func(int) webhooktest.Answer {
-			return webhooktest.Answer{Status: 200, Hang: 150 * time.Millisecond}
-		})
+		// One receiver per endpoint of A: each checks its own secret.
+		var rAs []*webhooktest.Receiver
+		var eAs []idem.WebhookEndpoint
+		for range endpoints {
+			r := webhooktest.New(t, func(int) webhooktest.Answer {
+				return webhooktest.Answer{Status: 200, Hang: 150 * time.Millisecond}
+			})
+			rAs = append(rAs, r)
+			eAs = append(eAs, registerIn(t, s, "slow-a", r))
+		}
+		ackedA := func() int {
+			n := 0
+			for _, r := range rAs {
+				n += len(r.Acked())
+			}
+			return n
+		}
 		aAckedAtB := atomic.Int64{}
 		aAckedAtB.Store(-1)
 		rB := webhooktest.New(t, func(n int) webhooktest.Answer {
 			if n == 0 {
-				aAckedAtB.Store(int64(len(rA.Acked())))
+				aAckedAtB.Store(int64(ackedA()))
 			}
 			return webhooktest.Answer{Status: 204}
 		})
-		eA := registerIn(t, s, "slow-a", rA)
 		eB := registerIn(t, s, "fast-b", rB)
-		const queued = 12
+		queued := endpoints * perEndpoint
 		idsA := map[string]bool{}
-		for range queued {
-			idsA[testEvent(t, s, eA)] = true
+		for _, eA := range eAs {
+			for range perEndpoint {
+				idsA[testEvent(t, s, eA)] = true
+			}
 		}
 		idB := testEvent(t, s, eB)
 
@@ -320,24 +353,30 @@ func TestSlowEndpointDoesNotHoldBackOtherTenants(t *testing.T) {
 		require.LessOrEqual(t, ahead, int64(cfg.Concurrency),
 			"tenant B's delivery waited for %d of tenant A's %d queued deliveries", ahead, queued)
 
-		require.Eventually(t, func() bool { return len(rA.Acked()) == queued }, 20*time.Second, 20*time.Millisecond)
-		require.Empty(t, rA.Bad())
+		require.Eventually(t, func() bool { return ackedA() == queued }, 20*time.Second, 20*time.Millisecond)
 		require.Empty(t, rB.Bad())
-		require.Len(t, rA.Requests(), queued, "an event of A was sent twice")
-		for id, n := range rA.ByID() {
-			require.True(t, idsA[id])
-			require.Equal(t, 1, n)
-		}
-		require.Eventually(t, func() bool {
-			for _, d := range logOf(t, s, eA) {
-				if d.State != idem.DeliveryDelivered {
-					return false
-				}
+		sent := 0
+		for _, r := range rAs {
+			require.Empty(t, r.Bad())
+			sent += len(r.Requests())
+			for id, n := range r.ByID() {
+				require.True(t, idsA[id])
+				require.Equal(t, 1, n, "an event of A was sent twice")
 			}
-			return true
-		}, 10*time.Second, 20*time.Millisecond, "the log records every delivery of A")
-		for _, d := range logOf(t, s, eA) {
-			require.Equal(t, 1, d.Attempts)
+		}
+		require.Equal(t, queued, sent, "an event of A was sent twice")
+		for _, eA := range eAs {
+			require.Eventually(t, func() bool {
+				for _, d := range logOf(t, s, eA) {
+					if d.State != idem.DeliveryDelivered {
+						return false
+					}
+				}
+				return true
+			}, 10*time.Second, 20*time.Millisecond, "the log records every delivery of A")
+			for _, d := range logOf(t, s, eA) {
+				require.Equal(t, 1, d.Attempts)
+			}
 		}
 	})
 }

@@ -14,9 +14,9 @@ import (
 const claimWebhookDeliveries = `-- name: ClaimWebhookDeliveries :many
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now())::timestamptz AS now
-), due AS (
-    SELECT q.id, q.next_attempt_at AS due_at,
-        row_number() OVER (PARTITION BY e.tenant_id, e.id ORDER BY q.next_attempt_at, q.id) AS turn
+), queued AS (
+    SELECT q.id, q.next_attempt_at, e.tenant_id,
+        row_number() OVER (PARTITION BY e.tenant_id, e.id ORDER BY q.next_attempt_at, q.id) AS endpoint_turn
     FROM webhook_endpoints e
     CROSS JOIN LATERAL (
         SELECT d.id, d.next_attempt_at
@@ -30,7 +30,16 @@ WITH clock AS (
     WHERE e.enabled AND (
         SELECT min(w.next_attempt_at) FROM webhook_deliveries w WHERE w.state = 'pending'
     ) <= (SELECT clock.now FROM clock)
-    ORDER BY turn, q.next_attempt_at, q.id
+), due AS (
+    SELECT t.id, t.next_attempt_at AS due_at, t.turn
+    FROM (
+        SELECT queued.id, queued.next_attempt_at,
+            row_number() OVER (PARTITION BY queued.tenant_id
+                ORDER BY queued.endpoint_turn, queued.next_attempt_at, queued.id) AS turn
+        FROM queued
+    ) t
+    WHERE t.turn <= $2::integer
+    ORDER BY t.turn, t.next_attempt_at, t.id
     LIMIT $3::integer
 ), claimed AS (
     UPDATE webhook_deliveries d SET
@@ -51,10 +60,10 @@ ORDER BY c.turn, c.due_at, c.id
 `
 
 type ClaimWebhookDeliveriesParams struct {
-	Now         pgtype.Timestamptz
-	PerEndpoint int32
-	RowLimit    int32
-	LeaseUs     int64
+	Now       pgtype.Timestamptz
+	PerTenant int32
+	RowLimit  int32
+	LeaseUs   int64
 }
 
 type ClaimWebhookDeliveriesRow struct {
@@ -79,21 +88,23 @@ type ClaimWebhookDeliveriesRow struct {
 
 // ClaimWebhookDeliveries takes due pending deliveries of enabled endpoints,
 // counts the attempt and moves next_attempt_at to the end of the claim's
-// lease. Each endpoint gives at most per_endpoint of its oldest due
-// deliveries (a LATERAL walk of its webhook_deliveries_endpoint_due queue),
-// and the claim takes them in turns: every endpoint's oldest first, then
-// every endpoint's second, each turn oldest first, up to row_limit. So one
-// endpoint's backlog, however old, cannot fill a claim and hold back the
-// other endpoints' deliveries. The rows come back in that order. FOR
-// UPDATE SKIP LOCKED lets several replicas claim at once without taking the
-// same row or waiting on each other; once the statement commits, the moved
+// lease. One tenant gives at most per_tenant deliveries, spread over its
+// endpoints in turns (each endpoint's oldest due, then each one's second,
+// ...; a LATERAL walk of each endpoint's webhook_deliveries_endpoint_due
+// queue), and the claim takes the tenants in turns too: every tenant's
+// first, then every tenant's second, each turn oldest first, up to
+// row_limit. So one tenant's backlog, however old and on however many
+// endpoints, cannot fill a claim and hold back the other tenants'
+// deliveries. The rows come back in that order. FOR UPDATE SKIP LOCKED
+// lets several replicas claim at once without taking the same row or
+// waiting on each other; once the statement commits, the moved
 // next_attempt_at keeps the row away from every other claimer until the
 // lease runs out. When nothing at all is due (the first entry of the due
 // index says so), the endpoints are not walked.
 func (q *Queries) ClaimWebhookDeliveries(ctx context.Context, arg ClaimWebhookDeliveriesParams) ([]ClaimWebhookDeliveriesRow, error) {
 	rows, err := q.db.Query(ctx, claimWebhookDeliveries,
 		arg.Now,
-		arg.PerEndpoint,
+		arg.PerTenant,
 		arg.RowLimit,
 		arg.LeaseUs,
 	)

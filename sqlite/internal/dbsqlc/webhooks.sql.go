@@ -86,19 +86,28 @@ SELECT d.id, d.tenant_id, d.endpoint_id, d.event_id, d.event_type, d.payload, d.
     d.attempts, d.next_attempt_at, d.created_at, d.last_attempt_at, d.last_status,
     d.last_error, d.delivered_at, e.url, e.secret
 FROM (
-    SELECT q.id,
-        row_number() OVER (PARTITION BY q.tenant_id, q.endpoint_id ORDER BY q.next_attempt_at, q.id) AS turn
-    FROM webhook_endpoints p
-    JOIN webhook_deliveries q ON q.id IN (
-        SELECT x.id FROM webhook_deliveries x
-        WHERE x.tenant_id = p.tenant_id AND x.endpoint_id = p.id
-            AND x.state = 'pending' AND x.next_attempt_at <= CAST(?1 AS INTEGER)
-        ORDER BY x.next_attempt_at, x.id
-        LIMIT CAST(?2 AS INTEGER)
-    )
-    WHERE p.enabled AND (
-        SELECT min(w.next_attempt_at) FROM webhook_deliveries w WHERE w.state = 'pending'
-    ) <= CAST(?1 AS INTEGER)
+    SELECT t.id, t.turn
+    FROM (
+        SELECT queued.id,
+            row_number() OVER (PARTITION BY queued.tenant_id
+                ORDER BY queued.endpoint_turn, queued.next_attempt_at, queued.id) AS turn
+        FROM (
+            SELECT q.id, q.tenant_id, q.next_attempt_at,
+                row_number() OVER (PARTITION BY q.tenant_id, q.endpoint_id ORDER BY q.next_attempt_at, q.id) AS endpoint_turn
+            FROM webhook_endpoints p
+            JOIN webhook_deliveries q ON q.id IN (
+                SELECT x.id FROM webhook_deliveries x
+                WHERE x.tenant_id = p.tenant_id AND x.endpoint_id = p.id
+                    AND x.state = 'pending' AND x.next_attempt_at <= CAST(?1 AS INTEGER)
+                ORDER BY x.next_attempt_at, x.id
+                LIMIT CAST(?2 AS INTEGER)
+            )
+            WHERE p.enabled AND (
+                SELECT min(w.next_attempt_at) FROM webhook_deliveries w WHERE w.state = 'pending'
+            ) <= CAST(?1 AS INTEGER)
+        ) queued
+    ) t
+    WHERE t.turn <= CAST(?2 AS INTEGER)
 ) due
 JOIN webhook_deliveries d ON d.id = due.id
 JOIN webhook_endpoints e ON e.tenant_id = d.tenant_id AND e.id = d.endpoint_id
@@ -107,9 +116,9 @@ LIMIT CAST(?3 AS INTEGER)
 `
 
 type DueWebhookDeliveriesParams struct {
-	Now         int64
-	PerEndpoint int64
-	RowLimit    int64
+	Now       int64
+	PerTenant int64
+	RowLimit  int64
 }
 
 type DueWebhookDeliveriesRow struct {
@@ -132,15 +141,16 @@ type DueWebhookDeliveriesRow struct {
 }
 
 // DueWebhookDeliveries lists due pending deliveries of enabled endpoints,
-// with the endpoint's URL and secret. Each endpoint gives at most
-// per_endpoint of its oldest due deliveries (from its
-// webhook_deliveries_endpoint_due queue), taken in turns: every endpoint's
-// oldest first, then every endpoint's second, each turn oldest first, up to
-// row_limit, so one endpoint's backlog cannot fill a claim (PostgreSQL's
+// with the endpoint's URL and secret. One tenant gives at most per_tenant
+// deliveries, spread over its endpoints in turns (each endpoint's oldest
+// due from its webhook_deliveries_endpoint_due queue, then each one's
+// second, ...), and the tenants are taken in turns too: every tenant's
+// first, then every tenant's second, each turn oldest first, up to
+// row_limit, so one tenant's backlog cannot fill a claim (PostgreSQL's
 // ClaimWebhookDeliveries). When nothing at all is due (the first entry of
 // the due index says so), the endpoints are not walked.
 func (q *Queries) DueWebhookDeliveries(ctx context.Context, arg DueWebhookDeliveriesParams) ([]DueWebhookDeliveriesRow, error) {
-	rows, err := q.query(ctx, q.dueWebhookDeliveriesStmt, dueWebhookDeliveries, arg.Now, arg.PerEndpoint, arg.RowLimit)
+	rows, err := q.query(ctx, q.dueWebhookDeliveriesStmt, dueWebhookDeliveries, arg.Now, arg.PerTenant, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}
