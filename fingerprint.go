@@ -121,7 +121,7 @@ func writeCanonical(buf *bytes.Buffer, v any) error {
 		for k := range v {
 			keys = append(keys, k)
 		}
-		slices.SortFunc(keys, compareUTF16)
+		slices.SortFunc(keys, func(a, b string) int { return compareUTF16([]byte(a), []byte(b)) })
 		buf.WriteByte('{')
 		for i, k := range keys {
 			if i > 0 {
@@ -140,31 +140,14 @@ func writeCanonical(buf *bytes.Buffer, v any) error {
 	return nil
 }
 
-// compareUTF16 orders strings by their UTF-16 code units, as RFC 8785
+// compareUTF16 orders UTF-8 strings by their UTF-16 code units, as RFC 8785
 // requires for object member names, without encoding them: up to the first
 // rune that differs the code units are equal, and there the order of the
 // two runes' first code units decides (utf16Lead), or their code points when
 // those are equal too (both above U+FFFF with one high surrogate, where
 // the low surrogates follow the code points). A string that ends first
 // sorts first.
-func compareUTF16(a, b string) int {
-	for a != "" && b != "" {
-		ra, na := utf8.DecodeRuneInString(a)
-		rb, nb := utf8.DecodeRuneInString(b)
-		if ra != rb {
-			if c := cmp.Compare(utf16Lead(ra), utf16Lead(rb)); c != 0 {
-				return c
-			}
-			return cmp.Compare(ra, rb)
-		}
-		a, b = a[na:], b[nb:]
-	}
-	return cmp.Compare(len(a), len(b))
-}
-
-// compareUTF16Bytes is compareUTF16 for the []byte names of
-// canonicalOnePass.
-func compareUTF16Bytes(a, b []byte) int {
+func compareUTF16(a, b []byte) int {
 	for len(a) > 0 && len(b) > 0 {
 		if a[0] < utf8.RuneSelf && b[0] < utf8.RuneSelf {
 			// ASCII: one code unit each.

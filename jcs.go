@@ -159,7 +159,7 @@ func (j *jcs) object() bool {
 	}
 	ms := j.members[base:]
 	name := func(m jcsMember) []byte { return j.keys[m.nameStart:m.nameEnd] }
-	cmpMembers := func(a, b jcsMember) int { return compareUTF16Bytes(name(a), name(b)) }
+	cmpMembers := func(a, b jcsMember) int { return compareUTF16(name(a), name(b)) }
 	if !slices.IsSortedFunc(ms, cmpMembers) {
 		slices.SortFunc(ms, cmpMembers)
 		// Write the members again in order, from a copy of the object.
