@@ -130,7 +130,11 @@ func IsJSON(contentType string) bool {
 // I-JSON rule lives there, once. Only JSON that is not well-formed gives
 // CodeInvalidRequest here.
 func Document(p Parts, rules Rules) (json.RawMessage, error) {
-	doc := map[string]any{"path": p.Path, "query": p.Query}
+	// The query and header values are read as Latin-1 (each byte one
+	// character, as the Python front door reads them): as bytes that are
+	// not UTF-8 they would all become U+FFFD in the JSON document, and two
+	// different requests would share a fingerprint.
+	doc := map[string]any{"path": latin1Text(p.Path), "query": latin1Text(p.Query)}
 	if len(p.Body) > 0 && IsJSON(p.ContentType) {
 		if !json.Valid(p.Body) {
 			return nil, &Error{Code: CodeInvalidRequest, Detail: "the JSON body is not well-formed JSON",
@@ -155,7 +159,7 @@ func Document(p Parts, rules Rules) (json.RawMessage, error) {
 		hs := map[string]string{}
 		for _, name := range rules.Headers {
 			if v := p.Header.Values(name); len(v) > 0 {
-				hs[strings.ToLower(name)] = strings.Join(v, ", ")
+				hs[strings.ToLower(name)] = latin1Text(strings.Join(v, ", "))
 			}
 		}
 		doc["headers"] = hs

@@ -1,6 +1,7 @@
 package idemhttp_test
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -502,5 +503,43 @@ func TestMiddlewareReplaysHeaderBytes(t *testing.T) {
 		again := post(t, srv.URL+"/files", "k-latin1", `{}`)
 		require.Equal(t, "true", again.header.Get(idemhttp.HeaderReplayed))
 		require.Equal(t, disposition, again.header.Get("Content-Disposition"), "the replay sends the bytes the handler sent")
+	})
+}
+
+// rawPost sends a POST whose request line is target byte for byte (no
+// escaping by a client library) and returns the status.
+func rawPost(t *testing.T, addr, target, key string) int {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}", target, key)
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode
+}
+
+// TestMiddlewareRawQueryBytesFingerprint: two requests whose raw query
+// differs only in bytes that are not UTF-8 are two requests: the second
+// under the first one's key is 422, not the first one's replay. Before,
+// both bytes became U+FFFD in the fingerprint document.
+func TestMiddlewareRawQueryBytesFingerprint(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
+		var runs atomic.Int64
+		h := idemhttp.Middleware(c, idemhttp.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.WriteHeader(http.StatusCreated)
+		}))
+		srv := httptest.NewServer(h)
+		t.Cleanup(srv.Close)
+		addr := strings.TrimPrefix(srv.URL, "http://")
+		require.Equal(t, http.StatusCreated, rawPost(t, addr, "/orders?name=\xe9", "k-raw-query"))
+		require.Equal(t, http.StatusCreated, rawPost(t, addr, "/orders?name=\xe9", "k-raw-query"), "the same request is replayed")
+		require.Equal(t, http.StatusUnprocessableEntity, rawPost(t, addr, "/orders?name=\xe8", "k-raw-query"), "another request under the key")
+		require.Equal(t, int64(1), runs.Load())
 	})
 }
