@@ -32,7 +32,8 @@
 //     Options.ReleaseServerErrors releases the key on 5xx instead. A
 //     response over Options.MaxStoredBytes is sent but stored without its
 //     body: a replay then answers 409 response_not_replayable instead of
-//     running the handler again.
+//     running the handler again; so is one the tenant's max_response_bytes
+//     refuses (413) when it is under MaxStoredBytes.
 //   - A completed key replays the stored response verbatim with
 //     Idempotent-Replayed: true, without running the handler. Another
 //     request in flight with the key: 409 request_in_flight with
@@ -226,6 +227,15 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if applied > 0 {
 		w.Header().Set(frontdoor.HeaderPreferenceApplied, "wait="+strconv.Itoa(int(applied/time.Second)))
 	}
+	if rec != nil && errors.Is(err, client.ErrPayloadTooLarge) {
+		// The tenant's max_response_bytes is under MaxStoredBytes: store the
+		// answer without its body, as one over MaxStoredBytes, so that the
+		// retry is 409 response_not_replayable instead of a second run
+		// once the claim's lease is over.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
+		_, err = m.c.Complete(ctx, key, res.FencingToken, notReplayable(rec.status, m.size(rec)))
+		cancel()
+	}
 	switch {
 	case rec != nil:
 		if err != nil && !errors.Is(err, errReleased) {
@@ -257,15 +267,25 @@ func (m *middleware) preferWait(r *http.Request) time.Duration {
 // stored is the response to store for rec: the whole of it, or without its
 // body (marked frontdoor.HeaderNotReplayable) when it is over the limit.
 func (m *middleware) stored(rec *recorder) client.Response {
-	headers := frontdoor.StoredHeaders(rec.header, m.opts.Headers)
+	if size := m.size(rec); size > m.opts.MaxStoredBytes {
+		return notReplayable(rec.status, size)
+	}
+	return client.Response{Status: rec.status, Headers: frontdoor.StoredHeaders(rec.header, m.opts.Headers), Body: rec.body.Bytes()}
+}
+
+// size is what storing rec whole takes: its body and stored headers.
+func (m *middleware) size(rec *recorder) int {
 	size := rec.body.Len()
-	for k, v := range headers {
+	for k, v := range frontdoor.StoredHeaders(rec.header, m.opts.Headers) {
 		size += len(k) + len(v)
 	}
-	if size <= m.opts.MaxStoredBytes {
-		return client.Response{Status: rec.status, Headers: headers, Body: rec.body.Bytes()}
-	}
-	return client.Response{Status: rec.status, Headers: map[string]string{
+	return size
+}
+
+// notReplayable is the response stored in place of one too large to keep:
+// its status, no body, marked frontdoor.HeaderNotReplayable.
+func notReplayable(status, size int) client.Response {
+	return client.Response{Status: status, Headers: map[string]string{
 		frontdoor.HeaderNotReplayable: "response of " + strconv.Itoa(size) + " bytes not stored",
 	}}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/client/frontdoor"
 	"github.com/idem-dev/idem/client/idemhttp"
@@ -542,4 +543,48 @@ func TestMiddlewareRawQueryBytesFingerprint(t *testing.T) {
 		require.Equal(t, http.StatusUnprocessableEntity, rawPost(t, addr, "/orders?name=\xe8", "k-raw-query"), "another request under the key")
 		require.Equal(t, int64(1), runs.Load())
 	})
+}
+
+// TestMiddlewareTenantLimitBelowMaxStoredBytes: a tenant whose
+// max_response_bytes is under the middleware's MaxStoredBytes refuses the
+// whole response (413); the middleware then stores it without its body, as
+// for a response over MaxStoredBytes, so the retry is 409
+// response_not_replayable. Before, nothing was stored: the key stayed in
+// flight, and the retry after the lease ran the handler a second time.
+func TestMiddlewareTenantLimitBelowMaxStoredBytes(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			srv := servertest.Start(t, servertest.Options{Backend: backend})
+			limit := 1024
+			srv.CreateTenant(t, "small", idem.SettingsPatch{MaxResponseBytes: &limit})
+			c, err := client.New(srv.URL(), client.WithToken(srv.Token(t, "small", "keys:write")),
+				client.WithRetryPolicy(client.RetryPolicy{BaseDelay: 20 * time.Millisecond, RetryAfterJitter: 50 * time.Millisecond}))
+			require.NoError(t, err)
+			var runs atomic.Int64
+			body := strings.Repeat("x", 4096)
+			h := idemhttp.Middleware(c, idemhttp.Options{Lease: time.Second})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				w.Header().Set("Content-Type", "text/plain")
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprint(w, body)
+			}))
+			app := httptest.NewServer(h)
+			t.Cleanup(app.Close)
+
+			first := post(t, app.URL+"/reports", "k-tenant-limit", `{}`)
+			require.Equal(t, http.StatusCreated, first.status)
+			require.Equal(t, body, first.body, "the answer is sent whole")
+			rec, err := c.Get(t.Context(), "k-tenant-limit")
+			require.NoError(t, err)
+			require.Equal(t, client.StateCompleted, rec.State, "the outcome is recorded, without its body")
+
+			time.Sleep(1100 * time.Millisecond) // past the claim's lease: an in-flight key would be taken over now
+			again := post(t, app.URL+"/reports", "k-tenant-limit", `{}`)
+			require.Equal(t, http.StatusConflict, again.status)
+			require.Equal(t, string(frontdoor.CodeResponseNotReplayable), problemCode(t, again))
+			require.Equal(t, int64(1), runs.Load(), "the handler ran once")
+		})
+	}
 }
