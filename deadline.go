@@ -180,9 +180,9 @@ func (wd *webhookDeadline) ListWebhookDeliveries(ctx context.Context, p ListWebh
 	return bounded(wd.ds, ctx, func(ctx context.Context) ([]WebhookDelivery, error) { return wd.w.ListWebhookDeliveries(ctx, p) })
 }
 
-func (wd *webhookDeadline) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, lease time.Duration) ([]WebhookDelivery, error) {
+func (wd *webhookDeadline) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) ([]WebhookDelivery, error) {
 	return bounded(wd.ds, ctx, func(ctx context.Context) ([]WebhookDelivery, error) {
-		return wd.w.ClaimWebhookDeliveries(ctx, limit, perTenant, lease)
+		return wd.w.ClaimWebhookDeliveries(ctx, limit, perTenant, served, lease)
 	})
 }
 

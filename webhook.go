@@ -279,7 +279,13 @@ type WebhookStore interface {
 	// first) and returned in that order, so one tenant's slow or busy
 	// endpoints cannot fill a claim and hold back the other tenants'
 	// deliveries, and one endpoint cannot hold back its tenant's others.
-	ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, lease time.Duration) ([]WebhookDelivery, error)
+	// Within a turn the tenants go least recently served first, then
+	// oldest first: served maps a tenant to when the caller last took one
+	// of its deliveries (any increasing number, larger is more recent; a
+	// tenant missing from it, or nil, comes first). A caller that claims
+	// one free slot at a time thus goes round the tenants with something
+	// due instead of back to whichever has the oldest backlog.
+	ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) ([]WebhookDelivery, error)
 	// FinishWebhookDelivery records the outcome of the attempt claimed with
 	// p.Attempts and updates the endpoint's failure streak; it does nothing
 	// when the delivery was claimed again since.

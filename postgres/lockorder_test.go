@@ -96,7 +96,7 @@ func TestLockOrderTenantDeleteAndDeliveryFinish(t *testing.T) {
 	require.NoError(t, err)
 	_, err = store.SendTestEvent(ctx, ep.ID, ev)
 	require.NoError(t, err)
-	claimed, err := store.ClaimWebhookDeliveries(ctx, 10, 10, time.Minute)
+	claimed, err := store.ClaimWebhookDeliveries(ctx, 10, 10, nil, time.Minute)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -203,9 +204,18 @@ func (s *Store) ListWebhookDeliveries(ctx context.Context, p idem.ListWebhookDel
 
 // ClaimWebhookDeliveries takes due deliveries, at most perTenant of each
 // tenant, in one statement with FOR UPDATE SKIP LOCKED (see the query).
-func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, lease time.Duration) ([]idem.WebhookDelivery, error) {
+// served goes to the query as a JSON object keyed by tenant id.
+func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) ([]idem.WebhookDelivery, error) {
+	if served == nil {
+		served = map[string]int64{}
+	}
+	servedJSON, err := json.Marshal(served)
+	if err != nil {
+		return nil, err
+	}
 	rows, err := s.q.ClaimWebhookDeliveries(ctx, dbsqlc.ClaimWebhookDeliveriesParams{
 		LeaseUs: micros(lease), Now: s.clock(), RowLimit: int32(limit), PerTenant: int32(max(perTenant, 1)),
+		Served: servedJSON,
 	})
 	if err != nil {
 		return nil, s.interpretError(err, "claim webhook deliveries")

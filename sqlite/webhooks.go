@@ -3,8 +3,11 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	sqlitelib "modernc.org/sqlite/lib"
@@ -155,11 +158,23 @@ func (s *Store) ListWebhookDeliveries(ctx context.Context, p idem.ListWebhookDel
 // ClaimWebhookDeliveries takes due deliveries, at most perTenant of each
 // tenant (see DueWebhookDeliveries), in one transaction in the writer
 // slot: SQLite has one writer, so two claimers never take one row.
-func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, lease time.Duration) ([]idem.WebhookDelivery, error) {
+//
+// served goes to the query as a JSON object keyed by "t" and the tenant
+// id in upper-case hex (as SQLite's hex() spells it): a JSON path label
+// that needs no quoting whatever the id holds.
+func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) ([]idem.WebhookDelivery, error) {
+	byLabel := make(map[string]int64, len(served))
+	for tenant, n := range served {
+		byLabel["t"+strings.ToUpper(hex.EncodeToString([]byte(tenant)))] = n
+	}
+	servedJSON, err := json.Marshal(byLabel)
+	if err != nil {
+		return nil, err
+	}
 	// An empty outbox is the common case: look without the writer slot
 	// first (a read beside the writer in WAL mode), so an idle poll never
 	// queues behind or delays the ledger's writes.
-	due, err := s.q.DueWebhookDeliveries(ctx, dbsqlc.DueWebhookDeliveriesParams{Now: micros(s.clock()), PerTenant: 1, RowLimit: 1})
+	due, err := s.q.DueWebhookDeliveries(ctx, dbsqlc.DueWebhookDeliveriesParams{Now: micros(s.clock()), PerTenant: 1, RowLimit: 1, Served: "{}"})
 	if err != nil {
 		return nil, s.interpretError(err, "claim webhook deliveries")
 	}
@@ -169,7 +184,7 @@ func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int
 	var out []idem.WebhookDelivery
 	err = s.inTx(ctx, "claim webhook deliveries", func(q *dbsqlc.Queries, now time.Time) error {
 		rows, err := q.DueWebhookDeliveries(ctx, dbsqlc.DueWebhookDeliveriesParams{
-			Now: micros(now), PerTenant: int64(max(perTenant, 1)), RowLimit: int64(limit),
+			Now: micros(now), PerTenant: int64(max(perTenant, 1)), RowLimit: int64(limit), Served: string(servedJSON),
 		})
 		if err != nil {
 			return fmt.Errorf("read due deliveries: %w", err)

@@ -24,6 +24,7 @@ func webhookGroup() group {
 		{"RetryAndDisableAfterSustainedFailure", testWebhookDisable},
 		{"ClaimRaceTakesEachOnce", testWebhookClaimRace},
 		{"ClaimTakesTenantsAndEndpointsInTurns", testWebhookClaimTurns},
+		{"ClaimTakesLeastRecentlyServedTenantFirst", testWebhookClaimServed},
 		{"OrphanWatchRaceReportsEachOnce", testWebhookOrphanRace},
 		{"TestSend", testWebhookTestSend},
 		{"ResolvedQueuedWithResolution", testWebhookResolved},
@@ -97,7 +98,7 @@ func eventTypes(ds []idem.WebhookDelivery) []idem.EventType {
 // claimAll claims every due delivery with a 1-minute lease.
 func (b *bundle) claimAll(t *testing.T) []idem.WebhookDelivery {
 	t.Helper()
-	ds, err := b.webhooks(t).ClaimWebhookDeliveries(b.ctx, 100, 100, time.Minute)
+	ds, err := b.webhooks(t).ClaimWebhookDeliveries(b.ctx, 100, 100, nil, time.Minute)
 	require.NoError(t, err)
 	return ds
 }
@@ -443,7 +444,7 @@ func testWebhookClaimRace(t *testing.T, s *suite) {
 	for range 8 {
 		wg.Go(func() {
 			for {
-				got, err := ws.ClaimWebhookDeliveries(b.ctx, 3, 2, time.Minute)
+				got, err := ws.ClaimWebhookDeliveries(b.ctx, 3, 2, nil, time.Minute)
 				if err != nil {
 					t.Error(err)
 					return
@@ -497,7 +498,7 @@ func testWebhookClaimTurns(t *testing.T, s *suite) {
 	}
 	claim := func(limit, perTenant int) []string {
 		t.Helper()
-		got, err := ws.ClaimWebhookDeliveries(b.ctx, limit, perTenant, time.Minute)
+		got, err := ws.ClaimWebhookDeliveries(b.ctx, limit, perTenant, nil, time.Minute)
 		require.NoError(t, err)
 		ids := []string{}
 		for _, d := range got {
@@ -525,6 +526,56 @@ func testWebhookClaimTurns(t *testing.T, s *suite) {
 	require.Equal(t, []string{as[1], a2s[1]}, claim(10, 2))
 	require.Equal(t, []string{as[2]}, claim(10, 2))
 	require.Empty(t, claim(10, 2))
+}
+
+// Within a turn the claim takes the tenants least recently served first
+// (per the caller's served map; a tenant missing from it first), then
+// oldest first: a caller that claims one free slot at a time reaches a
+// tenant with one new delivery before going back to another tenant's
+// older backlog. Tenant ids that need quoting in a JSON path still match.
+func testWebhookClaimServed(t *testing.T, s *suite) {
+	b := s.setup(t)
+	const odd = `a.b"c[0]$ é`
+	b.tenant(t, "acme")
+	b.tenant(t, "beta")
+	b.tenant(t, odd)
+	a, z, o := b.endpoint(t, "acme"), b.endpoint(t, "beta"), b.endpoint(t, odd)
+	ws := b.webhooks(t)
+	send := func(e idem.WebhookEndpoint) string {
+		ev, err := idem.NewEvent(e.TenantID, idem.EventWebhookTest, b.now(), nil)
+		require.NoError(t, err)
+		_, err = ws.SendTestEvent(b.ctx, e.ID, ev)
+		require.NoError(t, err)
+		b.advance(time.Millisecond)
+		return ev.ID
+	}
+	var as, ods []string
+	for range 3 {
+		as = append(as, send(a))
+	}
+	for range 2 {
+		ods = append(ods, send(o))
+	}
+	z0 := send(z)
+	claim := func(limit int, served map[string]int64) []string {
+		t.Helper()
+		got, err := ws.ClaimWebhookDeliveries(b.ctx, limit, 8, served, time.Minute)
+		require.NoError(t, err)
+		ids := []string{}
+		for _, d := range got {
+			ids = append(ids, d.EventID)
+		}
+		return ids
+	}
+	// Nothing served yet: oldest first.
+	require.Equal(t, []string{as[0]}, claim(1, nil))
+	// acme served: the odd tenant's (older than beta's), then beta's.
+	require.Equal(t, []string{ods[0]}, claim(1, map[string]int64{"acme": 1}))
+	require.Equal(t, []string{z0}, claim(1, map[string]int64{"acme": 1, odd: 2}))
+	// Everyone served: least recently first, each tenant's first turn
+	// before anyone's second.
+	require.Equal(t, []string{ods[1], as[1], as[2]}, claim(10, map[string]int64{"acme": 4, "beta": 3, odd: 2}))
+	require.Empty(t, claim(10, nil))
 }
 
 func testWebhookTestSend(t *testing.T, s *suite) {

@@ -39,18 +39,20 @@ const (
 type Config struct {
 	// Interval is the pause between polls of the outbox when it is empty.
 	Interval time.Duration
-	// BatchSize bounds the deliveries one claim takes.
+	// BatchSize bounds the deliveries one claim takes; a claim never
+	// takes more than the free slots (Concurrency) anyway.
 	BatchSize int
-	// Concurrency bounds the attempts in flight at once on this replica.
-	// It also bounds how many deliveries of one tenant a claim takes, so
-	// that one tenant's slow or busy endpoints take no more than one round
-	// of attempts per pass and cannot hold back the other tenants.
+	// Concurrency bounds the attempts in flight at once on this replica:
+	// the job claims only for free slots and starts each attempt as soon
+	// as it is claimed (see Run).
 	Concurrency int
 	// Timeout bounds one attempt: connect, TLS, request and response.
 	Timeout time.Duration
 	// Lease is how long a claimed delivery stays away from other replicas;
 	// a replica that dies mid-attempt leaves it to be taken again after
-	// this. Zero: 2×Timeout + 5 s.
+	// this. Zero: 2×Timeout + 5 s. An attempt starts when it is claimed
+	// and ends within Timeout, then StoreTimeout to record it: keep Lease
+	// above their sum, or another replica may send it again meanwhile.
 	Lease time.Duration
 	// RetryBase and RetryCap shape the full-jitter backoff: the pause after
 	// attempt n is uniform in [0, min(RetryCap, RetryBase×2^(n-1))).
@@ -161,20 +163,47 @@ func NewClient(cfg Config) *http.Client {
 // Config returns the configuration with defaults applied.
 func (d *Deliverer) Config() Config { return d.cfg }
 
-// Run delivers until ctx is done: a pass right away, then again as soon as
-// a pass took anything (a claim takes only Concurrency deliveries of one
-// tenant, so a short batch does not mean the outbox is drained), else
-// after Interval. Finished deliveries past Retention are purged every ten
-// minutes. Failures are logged, never fatal.
+// Run delivers until ctx is done. It is a pool of at most Concurrency
+// attempts in flight: at start, and as soon as an attempt ends, it claims
+// as many due deliveries as there are free slots (at most BatchSize at
+// once) and starts each attempt as soon as it is claimed, so a claimed
+// delivery never waits for a slot and its attempt ends within Timeout
+// (plus StoreTimeout to record it) of its claim, well inside its Lease.
+// The claim takes the least recently served tenant first (see
+// idem.WebhookStore), so a slot that frees up goes round the tenants with
+// something due instead of back to the oldest backlog: a tenant's new
+// delivery waits at most for one attempt of each tenant served less
+// recently, Concurrency at a time (about one attempt timeout while fewer
+// than Concurrency tenants are busy), never for whole backlogs or a whole
+// batch. A tenant may fill every slot while no other has anything due,
+// and the next slot that frees up goes to another tenant that has. When a claim comes back short and slots stay
+// free, the next claim waits for an attempt to end or Interval; after a
+// failed claim, Interval (no tight loop on a store that fails). Finished
+// deliveries past Retention are purged every ten minutes. Failures are
+// logged, never fatal. Once ctx is done it claims nothing more and returns
+// when the attempts in flight have ended (shutting down cuts them short;
+// see deliver).
 func (d *Deliverer) Run(ctx context.Context) error {
-	lastPurge := time.Time{}
-	for ctx.Err() == nil {
-		n, err := d.DeliverOnce(ctx)
-		if err != nil && ctx.Err() == nil {
-			d.logger.Error("webhook delivery pass failed", "err", err)
-		}
-		if time.Since(lastPurge) >= purgeEvery {
+	type ended struct {
+		tenant string
+		err    error
+	}
+	done := make(chan ended, d.cfg.Concurrency)
+	inFlight := 0
+	// served is when this replica last took a delivery of each tenant (a
+	// counter), for the claim's least recently served order. It is
+	// forgotten at each purge, so it holds only the tenants served lately.
+	served := map[string]int64{}
+	var seq int64
+	var lastPurge time.Time
+	claim := true             // claim as soon as a slot is free
+	claimOnEnd := true        // an ended attempt calls for a claim (not while backing off)
+	var tick <-chan time.Time // Interval after a short or failed claim
+	stop := ctx.Done()
+	for {
+		if stop != nil && time.Since(lastPurge) >= purgeEvery {
 			lastPurge = time.Now()
+			clear(served)
 			pctx, cancel := context.WithTimeout(ctx, d.cfg.StoreTimeout)
 			_, err := d.store.PurgeWebhookDeliveries(pctx, d.cfg.Retention, 1000)
 			cancel()
@@ -182,46 +211,83 @@ func (d *Deliverer) Run(ctx context.Context) error {
 				d.logger.Error("webhook delivery purge failed", "err", err)
 			}
 		}
-		if n > 0 && err == nil {
-			continue
+		if claim && stop != nil && inFlight < d.cfg.Concurrency {
+			claim = false
+			limit := min(d.cfg.Concurrency-inFlight, d.cfg.BatchSize)
+			batch, err := d.claim(ctx, limit, served)
+			for _, del := range batch {
+				seq++
+				served[del.TenantID] = seq
+				inFlight++
+				go func() { done <- ended{del.TenantID, d.deliver(ctx, del)} }()
+			}
+			switch {
+			case err != nil:
+				if ctx.Err() == nil {
+					d.logger.Error("webhook delivery claim failed", "err", err)
+				}
+				claimOnEnd, tick = false, time.After(d.cfg.Interval)
+			case len(batch) == limit && inFlight < d.cfg.Concurrency:
+				// BatchSize filled but slots are free: more may be due.
+				claim = true
+				continue
+			case len(batch) == limit:
+				// Every slot taken: claim again when one frees up.
+				claimOnEnd, tick = true, nil
+			default:
+				// Nothing more due now: claim again when a slot frees up
+				// (a new event may have come) or after Interval.
+				claimOnEnd, tick = true, time.After(d.cfg.Interval)
+			}
+		}
+		if stop == nil && inFlight == 0 {
+			return nil
 		}
 		select {
-		case <-ctx.Done():
-		case <-time.After(d.cfg.Interval):
+		case e := <-done:
+			inFlight--
+			if e.err != nil && ctx.Err() == nil {
+				d.logger.Error("webhook delivery failed", "tenant", e.tenant, "err", e.err)
+			}
+			claim = claim || claimOnEnd
+		case <-tick:
+			tick, claim, claimOnEnd = nil, true, true
+		case <-stop:
+			// Claim nothing more; wait for the attempts in flight, which
+			// shutting down cuts short (see deliver).
+			stop, tick = nil, nil
 		}
 	}
-	return nil
 }
 
-// DeliverOnce claims one batch of due deliveries, attempts each (at most
-// Concurrency at once) and records the outcomes. It returns how many it
-// claimed. The batch holds at most Concurrency deliveries of one tenant,
-// in turns across tenants and, within one, across its endpoints (see
-// idem.WebhookStore), and is attempted in that order: a slow tenant's
-// deliveries run side by side with the others' and keep the pass to about
-// one attempt timeout, instead of its backlog filling batch after batch
-// while every other tenant waits.
-func (d *Deliverer) DeliverOnce(ctx context.Context) (int, error) {
+// claim takes up to limit due deliveries for this replica's free slots,
+// least recently served tenant first. A tenant may take up to every slot
+// (Concurrency): a lone tenant with a backlog gets the whole pool, and a
+// tenant whose delivery comes due meanwhile gets the next slot that
+// frees up, since it was served less recently.
+func (d *Deliverer) claim(ctx context.Context, limit int, served map[string]int64) ([]idem.WebhookDelivery, error) {
 	cctx, cancel := context.WithTimeout(ctx, d.cfg.StoreTimeout)
-	batch, err := d.store.ClaimWebhookDeliveries(cctx, d.cfg.BatchSize, d.cfg.Concurrency, d.cfg.Lease)
-	cancel()
+	defer cancel()
+	batch, err := d.store.ClaimWebhookDeliveries(cctx, limit, d.cfg.Concurrency, served, d.cfg.Lease)
 	if err != nil {
-		return 0, fmt.Errorf("claim deliveries: %w", err)
+		return nil, fmt.Errorf("claim deliveries: %w", err)
 	}
-	sem := make(chan struct{}, d.cfg.Concurrency)
+	return batch, nil
+}
+
+// DeliverOnce claims one round of due deliveries (at most Concurrency and
+// BatchSize), attempts them all at once and records the outcomes; it
+// returns how many it claimed. Run is the job; this is one step of it for
+// tests and tools.
+func (d *Deliverer) DeliverOnce(ctx context.Context) (int, error) {
+	batch, err := d.claim(ctx, min(d.cfg.Concurrency, d.cfg.BatchSize), nil)
+	if err != nil {
+		return 0, err
+	}
 	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var errs []error
-	for _, del := range batch {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			if err := d.deliver(ctx, del); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
-		})
+	errs := make([]error, len(batch))
+	for i, del := range batch {
+		wg.Go(func() { errs[i] = d.deliver(ctx, del) })
 	}
 	wg.Wait()
 	return len(batch), errors.Join(errs...)

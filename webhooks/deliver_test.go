@@ -380,3 +380,99 @@ func testSlowTenant(t *testing.T, endpoints, perEndpoint int) {
 		}
 	})
 }
+
+// Several slow tenants do not hold back a fast one for a whole pass: three
+// tenants queue a backlog each to endpoints that answer after a while; once
+// their first attempts are under way tenant B queues one event to an
+// endpoint that answers at once. B's event must go out in one of the first
+// two slots that free up after it was queued (the job runs two attempts at
+// a time: one may go to the slow tenant not yet served), so at most two of
+// the slow tenants' deliveries are answered between B's event being queued
+// and reaching B; every delivery of every tenant is still delivered once,
+// and logged so. Before the job became a pool that claims for each freed
+// slot, least recently served tenant first, it waited for a whole claimed
+// batch (all three backlogs' share) before claiming B's; a pool claiming
+// oldest first would have sent every older slow delivery first.
+func TestSlowTenantsDoNotHoldBackAFastOneForAPass(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
+		s := open(t)
+		const slowTenants, backlog = 3, 3
+		var rs []*webhooktest.Receiver
+		var es []idem.WebhookEndpoint
+		ids := map[string]bool{}
+		for i := range slowTenants {
+			r := webhooktest.New(t, func(int) webhooktest.Answer {
+				return webhooktest.Answer{Status: 200, Hang: 100 * time.Millisecond}
+			})
+			rs = append(rs, r)
+			e := registerIn(t, s, "slow-"+string(rune('a'+i)), r)
+			es = append(es, e)
+		}
+		for range backlog {
+			for _, e := range es {
+				ids[testEvent(t, s, e)] = true
+			}
+		}
+		slowAcked := func() int {
+			n := 0
+			for _, r := range rs {
+				n += len(r.Acked())
+			}
+			return n
+		}
+		slowSent := func() int {
+			n := 0
+			for _, r := range rs {
+				n += len(r.Requests())
+			}
+			return n
+		}
+		atB := atomic.Int64{}
+		atB.Store(-1)
+		rB := webhooktest.New(t, func(n int) webhooktest.Answer {
+			if n == 0 {
+				atB.Store(int64(slowAcked()))
+			}
+			return webhooktest.Answer{Status: 204}
+		})
+		eB := registerIn(t, s, "fast-b", rB)
+
+		cfg := fastConfig()
+		cfg.Timeout, cfg.Concurrency = time.Second, 2
+		run(t, webhooks.New(s, cfg, nil, nil))
+
+		require.Eventually(t, func() bool { return slowSent() > 0 }, 10*time.Second, time.Millisecond)
+		atQueue := slowAcked()
+		idB := testEvent(t, s, eB)
+		require.Eventually(t, func() bool { return rB.Acked()[idB] == 1 }, 10*time.Second, 5*time.Millisecond)
+		ahead := atB.Load() - int64(atQueue)
+		require.GreaterOrEqual(t, atB.Load(), int64(0))
+		require.LessOrEqual(t, ahead, int64(cfg.Concurrency),
+			"tenant B's delivery waited for %d of the slow tenants' deliveries queued before it", ahead)
+
+		require.Eventually(t, func() bool { return slowAcked() == slowTenants*backlog }, 20*time.Second, 10*time.Millisecond)
+		require.Empty(t, rB.Bad())
+		require.Len(t, rB.Requests(), 1, "B's event was sent twice")
+		for i, r := range rs {
+			require.Empty(t, r.Bad())
+			require.Len(t, r.Requests(), backlog, "an event of a slow tenant was sent twice")
+			for id, n := range r.ByID() {
+				require.True(t, ids[id])
+				require.Equal(t, 1, n)
+			}
+			require.Eventually(t, func() bool {
+				for _, d := range logOf(t, s, es[i]) {
+					if d.State != idem.DeliveryDelivered || d.Attempts != 1 {
+						return false
+					}
+				}
+				return true
+			}, 10*time.Second, 10*time.Millisecond, "the log records every delivery once")
+		}
+		require.Eventually(t, func() bool {
+			log := logOf(t, s, eB)
+			return len(log) == 1 && log[0].State == idem.DeliveryDelivered && log[0].Attempts == 1
+		}, 10*time.Second, 10*time.Millisecond)
+	})
+}

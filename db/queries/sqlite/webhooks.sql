@@ -75,16 +75,21 @@ LIMIT sqlc.arg(row_limit);
 -- due from its webhook_deliveries_endpoint_due queue, then each one's
 -- second, ...), and the tenants are taken in turns too: every tenant's
 -- first, then every tenant's second, each turn oldest first, up to
--- row_limit, so one tenant's backlog cannot fill a claim (PostgreSQL's
+-- row_limit, so one tenant's backlog cannot fill a claim; within a turn
+-- least recently served first (served: a JSON object of "t" and the
+-- tenant id's hex(), a path label whatever the id holds, to when the
+-- caller last took one of its deliveries, larger is more recent; a tenant
+-- not in it first), then oldest first (PostgreSQL's
 -- ClaimWebhookDeliveries). When nothing at all is due (the first entry of
 -- the due index says so), the endpoints are not walked.
 SELECT d.id, d.tenant_id, d.endpoint_id, d.event_id, d.event_type, d.payload, d.state,
     d.attempts, d.next_attempt_at, d.created_at, d.last_attempt_at, d.last_status,
     d.last_error, d.delivered_at, e.url, e.secret
 FROM (
-    SELECT t.id, t.turn
+    SELECT t.id, t.turn, t.served
     FROM (
         SELECT queued.id,
+            coalesce(json_extract(CAST(sqlc.arg(served) AS TEXT), '$.t' || hex(queued.tenant_id)), 0) AS served,
             row_number() OVER (PARTITION BY queued.tenant_id
                 ORDER BY queued.endpoint_turn, queued.next_attempt_at, queued.id) AS turn
         FROM (
@@ -107,7 +112,7 @@ FROM (
 ) due
 JOIN webhook_deliveries d ON d.id = due.id
 JOIN webhook_endpoints e ON e.tenant_id = d.tenant_id AND e.id = d.endpoint_id
-ORDER BY due.turn, d.next_attempt_at, d.id
+ORDER BY due.turn, due.served, d.next_attempt_at, d.id
 LIMIT CAST(sqlc.arg(row_limit) AS INTEGER);
 
 -- name: LeaseWebhookDelivery :exec

@@ -31,37 +31,39 @@ WITH clock AS (
         SELECT min(w.next_attempt_at) FROM webhook_deliveries w WHERE w.state = 'pending'
     ) <= (SELECT clock.now FROM clock)
 ), due AS (
-    SELECT t.id, t.next_attempt_at AS due_at, t.turn
+    SELECT t.id, t.next_attempt_at AS due_at, t.turn, t.served
     FROM (
         SELECT queued.id, queued.next_attempt_at,
+            coalesce(($3::jsonb ->> queued.tenant_id)::bigint, 0)::bigint AS served,
             row_number() OVER (PARTITION BY queued.tenant_id
                 ORDER BY queued.endpoint_turn, queued.next_attempt_at, queued.id) AS turn
         FROM queued
     ) t
     WHERE t.turn <= $2::integer
-    ORDER BY t.turn, t.next_attempt_at, t.id
-    LIMIT $3::integer
+    ORDER BY t.turn, t.served, t.next_attempt_at, t.id
+    LIMIT $4::integer
 ), claimed AS (
     UPDATE webhook_deliveries d SET
         attempts = d.attempts + 1,
         last_attempt_at = (SELECT clock.now FROM clock),
-        next_attempt_at = (SELECT clock.now FROM clock) + $4::bigint * interval '1 microsecond'
+        next_attempt_at = (SELECT clock.now FROM clock) + $5::bigint * interval '1 microsecond'
     FROM due, webhook_endpoints e
     WHERE d.id = due.id AND e.tenant_id = d.tenant_id AND e.id = d.endpoint_id
     RETURNING d.id, d.tenant_id, d.endpoint_id, d.event_id, d.event_type, d.payload, d.state,
         d.attempts, d.next_attempt_at, d.created_at, d.last_attempt_at, d.last_status,
-        d.last_error, d.delivered_at, e.url, e.secret, due.turn, due.due_at
+        d.last_error, d.delivered_at, e.url, e.secret, due.turn, due.served, due.due_at
 )
 SELECT c.id, c.tenant_id, c.endpoint_id, c.event_id, c.event_type, c.payload, c.state,
     c.attempts, c.next_attempt_at, c.created_at, c.last_attempt_at, c.last_status,
     c.last_error, c.delivered_at, c.url, c.secret, (SELECT clock.now FROM clock)::timestamptz AS observed_at
 FROM claimed c
-ORDER BY c.turn, c.due_at, c.id
+ORDER BY c.turn, c.served, c.due_at, c.id
 `
 
 type ClaimWebhookDeliveriesParams struct {
 	Now       pgtype.Timestamptz
 	PerTenant int32
+	Served    []byte
 	RowLimit  int32
 	LeaseUs   int64
 }
@@ -95,7 +97,13 @@ type ClaimWebhookDeliveriesRow struct {
 // first, then every tenant's second, each turn oldest first, up to
 // row_limit. So one tenant's backlog, however old and on however many
 // endpoints, cannot fill a claim and hold back the other tenants'
-// deliveries. The rows come back in that order. FOR UPDATE SKIP LOCKED
+// deliveries. Within a turn the tenants go least recently served first:
+// served maps a tenant to when the caller last took one of its
+// deliveries (a JSON object of tenant id to a number, larger is more
+// recent; a tenant not in it comes first), then oldest first; so a caller
+// that claims one free slot at a time still goes round the tenants
+// instead of back to the one with the oldest backlog. The rows come back
+// in that order. FOR UPDATE SKIP LOCKED
 // lets several replicas claim at once without taking the same row or
 // waiting on each other; once the statement commits, the moved
 // next_attempt_at keeps the row away from every other claimer until the
@@ -105,6 +113,7 @@ func (q *Queries) ClaimWebhookDeliveries(ctx context.Context, arg ClaimWebhookDe
 	rows, err := q.db.Query(ctx, claimWebhookDeliveries,
 		arg.Now,
 		arg.PerTenant,
+		arg.Served,
 		arg.RowLimit,
 		arg.LeaseUs,
 	)

@@ -86,9 +86,10 @@ SELECT d.id, d.tenant_id, d.endpoint_id, d.event_id, d.event_type, d.payload, d.
     d.attempts, d.next_attempt_at, d.created_at, d.last_attempt_at, d.last_status,
     d.last_error, d.delivered_at, e.url, e.secret
 FROM (
-    SELECT t.id, t.turn
+    SELECT t.id, t.turn, t.served
     FROM (
         SELECT queued.id,
+            coalesce(json_extract(CAST(?1 AS TEXT), '$.t' || hex(queued.tenant_id)), 0) AS served,
             row_number() OVER (PARTITION BY queued.tenant_id
                 ORDER BY queued.endpoint_turn, queued.next_attempt_at, queued.id) AS turn
         FROM (
@@ -98,24 +99,25 @@ FROM (
             JOIN webhook_deliveries q ON q.id IN (
                 SELECT x.id FROM webhook_deliveries x
                 WHERE x.tenant_id = p.tenant_id AND x.endpoint_id = p.id
-                    AND x.state = 'pending' AND x.next_attempt_at <= CAST(?1 AS INTEGER)
+                    AND x.state = 'pending' AND x.next_attempt_at <= CAST(?2 AS INTEGER)
                 ORDER BY x.next_attempt_at, x.id
-                LIMIT CAST(?2 AS INTEGER)
+                LIMIT CAST(?3 AS INTEGER)
             )
             WHERE p.enabled AND (
                 SELECT min(w.next_attempt_at) FROM webhook_deliveries w WHERE w.state = 'pending'
-            ) <= CAST(?1 AS INTEGER)
+            ) <= CAST(?2 AS INTEGER)
         ) queued
     ) t
-    WHERE t.turn <= CAST(?2 AS INTEGER)
+    WHERE t.turn <= CAST(?3 AS INTEGER)
 ) due
 JOIN webhook_deliveries d ON d.id = due.id
 JOIN webhook_endpoints e ON e.tenant_id = d.tenant_id AND e.id = d.endpoint_id
-ORDER BY due.turn, d.next_attempt_at, d.id
-LIMIT CAST(?3 AS INTEGER)
+ORDER BY due.turn, due.served, d.next_attempt_at, d.id
+LIMIT CAST(?4 AS INTEGER)
 `
 
 type DueWebhookDeliveriesParams struct {
+	Served    string
 	Now       int64
 	PerTenant int64
 	RowLimit  int64
@@ -146,11 +148,20 @@ type DueWebhookDeliveriesRow struct {
 // due from its webhook_deliveries_endpoint_due queue, then each one's
 // second, ...), and the tenants are taken in turns too: every tenant's
 // first, then every tenant's second, each turn oldest first, up to
-// row_limit, so one tenant's backlog cannot fill a claim (PostgreSQL's
+// row_limit, so one tenant's backlog cannot fill a claim; within a turn
+// least recently served first (served: a JSON object of "t" and the
+// tenant id's hex(), a path label whatever the id holds, to when the
+// caller last took one of its deliveries, larger is more recent; a tenant
+// not in it first), then oldest first (PostgreSQL's
 // ClaimWebhookDeliveries). When nothing at all is due (the first entry of
 // the due index says so), the endpoints are not walked.
 func (q *Queries) DueWebhookDeliveries(ctx context.Context, arg DueWebhookDeliveriesParams) ([]DueWebhookDeliveriesRow, error) {
-	rows, err := q.query(ctx, q.dueWebhookDeliveriesStmt, dueWebhookDeliveries, arg.Now, arg.PerTenant, arg.RowLimit)
+	rows, err := q.query(ctx, q.dueWebhookDeliveriesStmt, dueWebhookDeliveries,
+		arg.Served,
+		arg.Now,
+		arg.PerTenant,
+		arg.RowLimit,
+	)
 	if err != nil {
 		return nil, err
 	}
