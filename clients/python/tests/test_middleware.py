@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from apps import App, serve
-from conftest import Server, claim_waiters, new_key, wait_for
+from conftest import Server, _cli, claim_waiters, new_key, wait_for
 from faultproxy import FaultProxy, first_answer_to
 from idem import Client, RetryPolicy
 from idem._middleware import Options, prefer_wait
@@ -285,3 +285,24 @@ def test_prefer_wait_cap() -> None:
     assert wait(None, "wait=abc") == 0 and wait(None) == 0 and wait(None, "wait=0") == 0
     assert wait(None, "wait=99999") == 24 * 3600
     assert wait(None, "return=minimal", "Wait = 7 ; x=y") == 7
+
+
+@pytest.mark.parametrize("kind", ["flask", "fastapi"])
+def test_tenant_limit_below_max_stored_bytes(kind: str, server: Server, binary: str) -> None:
+    """The tenant's max_response_bytes (here 60 bytes) is under the
+    middleware's max_stored_bytes: idem refuses the whole response (413), and
+    the middleware stores it without its body, as one over max_stored_bytes,
+    so that the retry is 409 response_not_replayable. Before, nothing was
+    stored: the key stayed in flight and the retry after the lease ran the
+    handler a second time."""
+    tenant = "small-" + new_key("t")[-8:]
+    _cli(binary, server.env, "tenant", "create", tenant, "--max-response-bytes", "60")
+    token = _cli(binary, server.env, "token", "--tenant", tenant, "--scope", "keys:write", "--ttl", "1h")
+    for a in serve(kind, server.url, token, lease=1):
+        key = new_key("limit")
+        first = post(a.url + "/charges/3", key)
+        assert first.status_code == 201 and first.json()["charge"] == "ch_1"
+        time.sleep(1.1)  # past the claim's lease: an in-flight key would be taken over now
+        again = post(a.url + "/charges/3", key)
+        assert again.status_code == 409 and again.json()["code"] == "response_not_replayable"
+        assert len(a.effects.charges) == 1

@@ -184,7 +184,26 @@ def to_store(opts: Options, ans: Answer) -> Response:
     if not frontdoor.store_status(ans.status, opts.store_5xx):
         raise Release(f"status {ans.status} is not stored")
     headers = frontdoor.stored_headers(ans.headers, opts.stored_headers)
-    size = len(ans.body) + sum(len(k) + len(v) for k, v in headers.items())
-    if size > opts.max_stored_bytes:
-        return Response(ans.status, {frontdoor.HEADER_NOT_REPLAYABLE: f"response of {size} bytes not stored"})
+    if stored_size(headers, ans.body) > opts.max_stored_bytes:
+        return not_replayable(opts, ans)
     return Response(ans.status, headers, ans.body)
+
+
+def stored_size(headers: dict[str, str], body: bytes) -> int:
+    return len(body) + sum(len(k) + len(v) for k, v in headers.items())
+
+
+def not_replayable(opts: Options, ans: Answer) -> Response:
+    """The response stored in place of one too large to keep: its status,
+    no body, marked HEADER_NOT_REPLAYABLE (its replay answers 409
+    response_not_replayable)."""
+    size = stored_size(frontdoor.stored_headers(ans.headers, opts.stored_headers), ans.body)
+    return Response(ans.status, {frontdoor.HEADER_NOT_REPLAYABLE: f"response of {size} bytes not stored"})
+
+
+def refused_as_too_large(err: IdemError, ran: list[Answer]) -> bool:
+    """Whether idem refused a handler's answer as over the tenant's
+    max_response_bytes (a limit under max_stored_bytes): the middleware then
+    stores it without its body, so that the retry is 409
+    response_not_replayable instead of a second run after the lease."""
+    return bool(ran) and isinstance(err, ProblemError) and err.code == frontdoor.PAYLOAD_TOO_LARGE

@@ -31,7 +31,8 @@ from . import frontdoor
 from ._async import AsyncClaim, AsyncClient
 from ._errors import IdemError
 from ._middleware import (Answer, Options, Protected, Release, applied, caller_request_id, prepare, problem_answer,
-                          request_path, run_answer, run_failed, to_store, wait_applied)
+                          not_replayable, refused_as_too_large, request_path, run_answer, run_failed, to_store,
+                          wait_applied)
 from ._types import Response
 from .frontdoor import FrontDoorError
 
@@ -122,7 +123,10 @@ class IdempotencyMiddleware:
     async def _protected(self, prot: Protected, scope: Scope, receive: Receive, rid: str) -> Answer:
         ran: list[Answer] = []
 
+        tokens: list[int] = []
+
         async def handler(claim: AsyncClaim) -> Response:
+            tokens.append(claim.fencing_token)
             ans = await self._run_app(scope, receive)
             ran.append(ans)
             return to_store(self.opts, ans)
@@ -133,6 +137,12 @@ class IdempotencyMiddleware:
         except Release:
             return ran[0]
         except IdemError as err:
+            if refused_as_too_large(err, ran):
+                try:
+                    await self.client.complete(prot.key, tokens[-1], not_replayable(self.opts, ran[0]), timeout=self.opts.timeout)
+                    return ran[0]
+                except IdemError as cerr:
+                    err = cerr
             return applied(run_failed(err, ran, rid), wait_applied(err))
         return applied(run_answer(res, ran, rid), res.wait_applied)
 

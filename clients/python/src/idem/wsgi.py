@@ -35,7 +35,8 @@ from . import frontdoor
 from ._client import Claim, Client
 from ._errors import IdemError
 from ._middleware import (Answer, Options, Protected, Release, applied, caller_request_id, prepare, problem_answer,
-                          request_path, run_answer, run_failed, to_store, wait_applied)
+                          not_replayable, refused_as_too_large, request_path, run_answer, run_failed, to_store,
+                          wait_applied)
 from ._types import Response
 from .frontdoor import FrontDoorError
 
@@ -203,7 +204,10 @@ class IdempotencyMiddleware:
     def _protected(self, prot: Protected, environ: Environ, rid: str) -> Answer:
         ran: list[Answer] = []
 
+        tokens: list[int] = []
+
         def handler(claim: Claim) -> Response:
+            tokens.append(claim.fencing_token)
             ans = self._run_app(environ)
             if environ.get(HANDLER_EXCEPTION) is not None:
                 raise _HandlerFailed(ans)
@@ -219,6 +223,12 @@ class IdempotencyMiddleware:
         except Release:
             return ran[0]
         except IdemError as err:
+            if refused_as_too_large(err, ran):
+                try:
+                    self.client.complete(prot.key, tokens[-1], not_replayable(self.opts, ran[0]), timeout=self.opts.timeout)
+                    return ran[0]
+                except IdemError as cerr:
+                    err = cerr
             return applied(run_failed(err, ran, rid), wait_applied(err))
         return applied(run_answer(res, ran, rid), res.wait_applied)
 
