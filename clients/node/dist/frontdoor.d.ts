@@ -21,7 +21,6 @@ export declare const problems: Readonly<Record<FrontDoorCode, {
  * of running the handler again.
  */
 export declare const headerNotReplayable = "Idem-Not-Replayable";
-/** A refusal of the front door; {@link problemResponse} turns it into an RFC 9457 answer. */
 export declare class FrontDoorError extends Error {
     readonly code: FrontDoorCode;
     readonly detail: string;
@@ -213,6 +212,8 @@ export declare class FrontDoor {
     preferWait(fields: readonly string[]): number;
     /** The response to store for a handler's answer: the whole of it, or without its body (marked) when it is over maxStoredBytes. */
     private stored;
+    /** What storing a handler's answer whole takes: its body and stored headers. */
+    private size;
     /** Maps a claim that did not let the handler run to its refusal. */
     private claimRefusal;
 }

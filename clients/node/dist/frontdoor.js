@@ -4,7 +4,7 @@
 // problem bodies, the Prefer: wait=N preference (RFC 7240), and the
 // framework-independent protocol around a handler.
 import { createHash, randomBytes } from "node:crypto";
-import { Codes, IdemError, NoSideEffect } from "./errors.js";
+import { Codes, IdemError, NoSideEffect, isIdemError } from "./errors.js";
 import { StoredResponse } from "./response.js";
 /** The request header of the key, the replay marker and the request id. */
 export const headerKey = "Idempotency-Key";
@@ -32,6 +32,10 @@ export const problems = {
  */
 export const headerNotReplayable = "Idem-Not-Replayable";
 /** A refusal of the front door; {@link problemResponse} turns it into an RFC 9457 answer. */
+/** The response stored in place of one too large to keep: its status, no body, marked (its replay answers 409 response_not_replayable). */
+function notReplayable(status, size) {
+    return new StoredResponse(status, { [headerNotReplayable]: `response of ${size} bytes not stored` });
+}
 export class FrontDoorError extends Error {
     code;
     detail;
@@ -579,11 +583,15 @@ export class FrontDoor {
         }
         const wait = this.preferWait(req.header("Prefer"));
         let ran = false;
+        let token = 0;
+        let answer;
         let result;
         try {
-            result = await this.o.client.run(k, { operation: operation(req.method, req.route), request: doc, ...(this.o.leaseSeconds ? { leaseSeconds: this.o.leaseSeconds } : {}) }, async () => {
+            result = await this.o.client.run(k, { operation: operation(req.method, req.route), request: doc, ...(this.o.leaseSeconds ? { leaseSeconds: this.o.leaseSeconds } : {}) }, async (claim) => {
                 ran = true;
+                token = claim.fencingToken;
                 const a = await runHandler(body);
+                answer = a;
                 if (!storeStatus(a.status, this.o.storeServerErrors))
                     throw new Released("handler answered 5xx; key released");
                 return this.stored(a);
@@ -593,6 +601,19 @@ export class FrontDoor {
             if (ran) {
                 if (err instanceof Released)
                     return { kind: "ran", headers: [] };
+                if (answer && isIdemError(err, Codes.payloadTooLarge)) {
+                    // The tenant's max_response_bytes is under maxStoredBytes: store
+                    // the answer without its body, as one over maxStoredBytes, so that
+                    // the retry is 409 response_not_replayable instead of a second
+                    // run once the claim's lease is over.
+                    try {
+                        await this.o.client.complete(k, token, notReplayable(answer.status, this.size(answer)));
+                        return { kind: "ran", headers: [] };
+                    }
+                    catch (cerr) {
+                        err = cerr;
+                    }
+                }
                 if (err instanceof IdemError) {
                     this.o.log("the handler ran but its response was not stored", err);
                     return { kind: "ran", headers: [] };
@@ -625,13 +646,17 @@ export class FrontDoor {
     }
     /** The response to store for a handler's answer: the whole of it, or without its body (marked) when it is over maxStoredBytes. */
     stored(a) {
-        const headers = storedHeaders(a.header, this.o.headers);
-        let size = a.body.length;
-        for (const [k, v] of Object.entries(headers))
-            size += Buffer.byteLength(k) + Buffer.byteLength(v);
+        const size = this.size(a);
         if (size <= this.o.maxStoredBytes)
-            return new StoredResponse(a.status, headers, a.body);
-        return new StoredResponse(a.status, { [headerNotReplayable]: `response of ${size} bytes not stored` });
+            return new StoredResponse(a.status, storedHeaders(a.header, this.o.headers), a.body);
+        return notReplayable(a.status, size);
+    }
+    /** What storing a handler's answer whole takes: its body and stored headers. */
+    size(a) {
+        let size = a.body.length;
+        for (const [k, v] of Object.entries(storedHeaders(a.header, this.o.headers)))
+            size += Buffer.byteLength(k) + Buffer.byteLength(v);
+        return size;
     }
     /** Maps a claim that did not let the handler run to its refusal. */
     claimRefusal(err) {

@@ -496,6 +496,28 @@ for (const store of stores()) {
         assert.equal(app.effects.get("big"), before + 1);
       });
 
+      test("a response the tenant's max_response_bytes refuses is stored without its body: its retry is 409, not a second run", async () => {
+        // Before, nothing was stored: the key stayed in flight and the
+        // retry after the 1 s lease ran the handler a second time.
+        const tenant = `small-${randomUUID().slice(0, 8)}`;
+        srv.createTenant(tenant, { "max-response-bytes": 60, "lease-seconds-default": 1 });
+        const small = await make(new Client({ baseUrl: srv.url, token: srv.mint(tenant, "keys:write") }));
+        try {
+          const id = randomUUID();
+          const k = `limit-${id}`;
+          const first = await post(`${small.url}/orders/${id}/pay`, k, { amount: 3 });
+          assert.equal(first.status, 201);
+          assert.equal(JSON.parse(first.text).order, id);
+          await new Promise((r) => setTimeout(r, 1100)); // past the claim's lease: an in-flight key would be taken over now
+          const again = await post(`${small.url}/orders/${id}/pay`, k, { amount: 3 });
+          assert.equal(again.status, 409);
+          assert.equal(JSON.parse(again.text).code, "response_not_replayable");
+          assert.equal(small.effects.get(id), 1);
+        } finally {
+          await small.close();
+        }
+      });
+
       test("idem unreachable: 503 store_unavailable, the handler does not run", async () => {
         // A loopback port nothing listens on.
         const probe = createServer();
