@@ -2,7 +2,9 @@ package webhooks_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -474,5 +476,115 @@ func TestSlowTenantsDoNotHoldBackAFastOneForAPass(t *testing.T) {
 			log := logOf(t, s, eB)
 			return len(log) == 1 && log[0].State == idem.DeliveryDelivered && log[0].Attempts == 1
 		}, 10*time.Second, 10*time.Millisecond)
+	})
+}
+
+// A lone tenant with a backlog gets every slot of the pool, and never more:
+// at most Concurrency of its requests are unanswered at any time, and at
+// some point all Concurrency are (no slot is held back for tenants that
+// have nothing due). Each delivery still goes out once.
+func TestLoneTenantGetsEverySlotAndNoMore(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
+		s := open(t)
+		var r *webhooktest.Receiver
+		var most atomic.Int64
+		r = webhooktest.New(t, func(n int) webhooktest.Answer {
+			// Requests that arrived (this one too) less those answered:
+			// the deliverer frees a slot only after the answer, so its
+			// attempts in flight are at least this many.
+			open := int64(n + 1 - len(r.Acked()))
+			for m := most.Load(); open > m && !most.CompareAndSwap(m, open); m = most.Load() {
+			}
+			return webhooktest.Answer{Status: 200, Hang: 100 * time.Millisecond}
+		})
+		e := register(t, s, r)
+		const events = 12
+		for range events {
+			testEvent(t, s, e)
+		}
+		cfg := fastConfig()
+		// A long Interval: the slots must be filled by the claims made
+		// for free slots, not by a later poll.
+		cfg.Timeout, cfg.Concurrency, cfg.Interval = time.Second, 4, 5*time.Second
+		run(t, webhooks.New(s, cfg, nil, nil))
+		require.Eventually(t, func() bool { return len(r.Acked()) == events }, 20*time.Second, 10*time.Millisecond)
+		require.Equal(t, int64(cfg.Concurrency), most.Load(), "attempts in flight at most")
+		require.Empty(t, r.Bad())
+		require.Len(t, r.Requests(), events, "an event was sent twice")
+	})
+}
+
+// failingClaims fails the first fail claims and records when each claim
+// came and what it returned.
+type failingClaims struct {
+	idem.WebhookStore
+	mu    sync.Mutex
+	fail  int
+	calls []claimCall
+}
+
+type claimCall struct {
+	at  time.Time
+	n   int
+	err error
+}
+
+func (f *failingClaims) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) ([]idem.WebhookDelivery, error) {
+	f.mu.Lock()
+	failing := len(f.calls) < f.fail
+	f.mu.Unlock()
+	var got []idem.WebhookDelivery
+	err := errors.New("store down")
+	if !failing {
+		got, err = f.WebhookStore.ClaimWebhookDeliveries(ctx, limit, perTenant, served, lease)
+	}
+	f.mu.Lock()
+	f.calls = append(f.calls, claimCall{time.Now(), len(got), err})
+	f.mu.Unlock()
+	return got, err
+}
+
+func (f *failingClaims) log() []claimCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]claimCall(nil), f.calls...)
+}
+
+// A failing claim is retried after Interval, not at once (no tight loop on
+// a store that fails), and the delivery goes out once the store answers;
+// with nothing due and nothing in flight the job polls every Interval, not
+// faster.
+func TestClaimBacksOffOnStoreErrorsAndPollsWhenIdle(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
+		s := open(t)
+		r := webhooktest.New(t, webhooktest.Always(200))
+		e := register(t, s, r)
+		id := testEvent(t, s, e)
+		cfg := fastConfig()
+		cfg.Interval = 50 * time.Millisecond
+		fs := &failingClaims{WebhookStore: s, fail: 3}
+		run(t, webhooks.New(fs, cfg, nil, nil))
+		require.Eventually(t, func() bool { return r.Acked()[id] == 1 }, 10*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return logOf(t, s, e)[0].State == idem.DeliveryDelivered }, 10*time.Second, 5*time.Millisecond)
+		recorded := len(fs.log())
+		// The claim right after the attempt ended may come at once; the
+		// idle polls after it each wait Interval.
+		require.Eventually(t, func() bool { return len(fs.log()) >= recorded+4 }, 10*time.Second, 5*time.Millisecond)
+		calls := fs.log()
+		for i := 1; i < len(calls); i++ {
+			prev := calls[i-1]
+			idle := i > recorded && prev.n == 0
+			if prev.err != nil || idle {
+				require.GreaterOrEqual(t, calls[i].at.Sub(prev.at), cfg.Interval-time.Millisecond,
+					"claim %d came %s after claim %d (err %v, took %d)", i, calls[i].at.Sub(prev.at), i-1, prev.err, prev.n)
+			}
+		}
+		for i := range 3 {
+			require.Error(t, calls[i].err)
+		}
+		require.Equal(t, 1, calls[3].n)
+		require.Len(t, r.Requests(), 1)
 	})
 }
