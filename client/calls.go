@@ -36,6 +36,9 @@ func (c *Client) Claim(ctx context.Context, key string, req Request) (ClaimResul
 	}
 	out.Replayed = res.status == http.StatusOK || res.header.Get("Idempotent-Replayed") == "true"
 	out.WaitApplied = waitApplied(res.header)
+	if at, err := http.ParseTime(res.header.Get("Date")); err == nil && !out.LeaseExpiresAt.IsZero() {
+		out.LeaseLeft = max(out.LeaseExpiresAt.Sub(at), 0)
+	}
 	return out, nil
 }
 

@@ -194,7 +194,12 @@ func (c *Client) Do(ctx context.Context, key string, req Request, fn func(ctx co
 	}
 	leaseLen := req.Lease
 	if leaseLen <= 0 {
-		leaseLen = cr.LeaseExpiresAt.Sub(c.clock.Now())
+		// The lease the server granted, on the server's clock (its answer's
+		// Date): this host's clock may be off by more than a lease.
+		leaseLen = cr.LeaseLeft
+		if leaseLen <= 0 {
+			leaseLen = cr.LeaseExpiresAt.Sub(c.clock.Now())
+		}
 		if cr.LeaseExpiresAt.IsZero() || leaseLen <= 0 {
 			leaseLen = 30 * time.Second
 		}

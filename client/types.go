@@ -174,6 +174,12 @@ type ClaimResult struct {
 	// WaitApplied is the wait the server applied to this claim
 	// (Preference-Applied, from Request.Wait); zero when none.
 	WaitApplied time.Duration `json:"-"`
+	// LeaseLeft is the lease the claim had when the server answered:
+	// LeaseExpiresAt less the answer's Date (whole seconds, so up to a
+	// second more). Unlike LeaseExpiresAt less this host's clock, it does
+	// not depend on how far the two clocks are apart. Zero when the answer
+	// had no Date.
+	LeaseLeft time.Duration `json:"-"`
 }
 
 // Settings are a tenant's settings.

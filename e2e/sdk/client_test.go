@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -552,3 +553,66 @@ func TestE2ECompleteOutlivesTheCaller(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// skewedClock is this host's wall clock off the server's by skew; it
+// sleeps on real time.
+type skewedClock struct{ skew time.Duration }
+
+func (s skewedClock) Now() time.Time { return time.Now().Add(s.skew) }
+func (s skewedClock) Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestE2ELeaseKeeperIgnoresClockSkew: the lease keeper of a Do under the
+// tenant's default lease (1 s here) renews it in time even when this host's
+// clock is off the server's. Before, the lease was read as lease_expires_at
+// less this host's time: 10 s behind, a 1 s lease looked like 11 s, the
+// first renewal came after the lease had run out, and another request took
+// the key over and ran the work a second time; 10 s ahead, it looked spent
+// and was taken for 30 s.
+func TestE2ELeaseKeeperIgnoresClockSkew(t *testing.T) {
+	t.Parallel()
+	for _, backend := range backends {
+		for _, skew := range []time.Duration{-10 * time.Second, 10 * time.Second} {
+			t.Run(fmt.Sprintf("%s/%s", backend, skew), func(t *testing.T) {
+				t.Parallel()
+				srv := servertest.Start(t, servertest.Options{Backend: backend})
+				one := 1
+				srv.CreateTenant(t, "brief", idem.SettingsPatch{LeaseSecondsDefault: &one})
+				tok := srv.Token(t, "brief", "keys:write")
+				skewed, err := client.New(srv.URL(), client.WithToken(tok), client.WithRetryPolicy(fastPolicy), client.WithClock(skewedClock{skew}))
+				require.NoError(t, err)
+				other, err := client.New(srv.URL(), client.WithToken(tok), client.WithRetryPolicy(fastPolicy))
+				require.NoError(t, err)
+
+				key, _ := client.Key("report", "skew")
+				req := client.Request{Operation: "POST /reports", Payload: map[string]any{"n": 1}}
+				var runs atomic.Int64
+				started := make(chan struct{})
+				done := make(chan error, 1)
+				go func() {
+					_, err := skewed.Do(context.Background(), key, req, func(ctx context.Context, _ *client.Claim) (client.Response, error) {
+						runs.Add(1)
+						close(started)
+						time.Sleep(2500 * time.Millisecond) // the work outlasts the 1 s lease twice over
+						return confirmed, nil
+					})
+					done <- err
+				}()
+				<-started
+				time.Sleep(1500 * time.Millisecond) // past the lease unless it was renewed
+				_, err = other.Claim(context.Background(), key, client.Request{Operation: req.Operation, Payload: req.Payload, NoWait: true})
+				require.ErrorIs(t, err, client.ErrRequestInFlight, "the keeper renewed the lease: no takeover")
+				require.NoError(t, <-done)
+				require.Equal(t, int64(1), runs.Load())
+			})
+		}
+	}
+}
