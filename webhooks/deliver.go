@@ -245,9 +245,20 @@ func (d *Deliverer) Run(ctx context.Context) error {
 		}
 		select {
 		case e := <-done:
-			inFlight--
-			if e.err != nil && ctx.Err() == nil {
-				d.logger.Error("webhook delivery failed", "tenant", e.tenant, "err", e.err)
+			// Take every attempt that has ended by now, so that one claim
+			// fills all their slots: claims are made one at a time, so
+			// with fast endpoints the job claims at most as often as a
+			// claim takes, not once per attempt.
+			for more := true; more; {
+				inFlight--
+				if e.err != nil && ctx.Err() == nil {
+					d.logger.Error("webhook delivery failed", "tenant", e.tenant, "err", e.err)
+				}
+				select {
+				case e = <-done:
+				default:
+					more = false
+				}
 			}
 			claim = claim || claimOnEnd
 		case <-tick:
