@@ -66,7 +66,9 @@ func TestWebhooksOverHTTP(t *testing.T) {
 			require.Equal(t, http.StatusCreated, status, "%v", rec)
 			stale := rec["fencing_token"].(float64)
 			require.Eventually(t, func() bool { return hasType(r, "key.orphaned") }, 15*time.Second, 50*time.Millisecond)
-			status, _, _ = c.call(t, http.MethodPost, "/v1/keys/k/claim", writer, claim)
+			// The takeover holds a long lease: it must not become an orphan
+			// (a second key.orphaned) before the log is read below.
+			status, _, _ = c.call(t, http.MethodPost, "/v1/keys/k/claim", writer, strings.Replace(claim, `"lease_seconds":1`, `"lease_seconds":120`, 1))
 			require.Equal(t, http.StatusCreated, status)
 			status, p, _ = c.call(t, http.MethodPost, "/v1/keys/k/complete", writer, fmt.Sprintf(`{"fencing_token":%v,"response":{"status":200}}`, stale))
 			require.Equal(t, http.StatusConflict, status)
