@@ -84,7 +84,8 @@ in-flight budget of protected request bodies (IDEM_MAX_INFLIGHT_BYTES).`)
 		return invalidConfig(e, errors.Join(errs...), 2)
 	}
 
-	logger := server.NewLogger(cfg, e.stderr)
+	logger, closeLog := newLogger(cfg, e)
+	defer closeLog()
 	store, err := server.OpenStore(ctx, cfg)
 	if err != nil {
 		logger.Error("start failed", "err", err)

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"runtime/debug"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-dev/idem/internal/logsink"
 	"github.com/idem-dev/idem/server"
 )
 
@@ -121,9 +123,11 @@ or replaced answers 503 on /readyz and on every write until the file is back.`)
 	if e.getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercent)
 	}
-	logger := server.NewLogger(cfg, e.stderr)
+	logger, closeLog := newLogger(cfg, e)
+	defer closeLog()
 	srv, err := server.New(ctx, cfg, logger)
 	if cfgErr := (*server.ConfigError)(nil); errors.As(err, &cfgErr) {
+		closeLog() // its lines before the message written straight to stderr
 		return invalidConfig(e, cfgErr.Err, 2)
 	}
 	if err != nil {
@@ -141,6 +145,17 @@ or replaced answers 503 on /readyz and on every write until the file is back.`)
 		return 1
 	}
 	return 0
+}
+
+// newLogger returns the logger of a long-running command (serve, gateway),
+// writing to e.stderr through a logsink.Writer so that no request waits on
+// the write(2) of its access log line, and the function that flushes and
+// closes that writer. The command defers it right away, so every return
+// after the logger exists (start-up errors, shutdown on a signal) writes
+// every line logged before the process exits; calling it again is harmless.
+func newLogger(cfg server.Config, e env) (*slog.Logger, func()) {
+	sink := logsink.New(e.stderr, 0)
+	return server.NewLogger(cfg, sink), func() { _ = sink.Close() }
 }
 
 func runMigrate(ctx context.Context, e env, args []string) int {
