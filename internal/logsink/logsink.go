@@ -7,6 +7,7 @@ package logsink
 
 import (
 	"io"
+	"runtime"
 	"sync"
 )
 
@@ -133,6 +134,17 @@ func (s *Writer) run() {
 			s.progress.Broadcast()
 			s.mu.Unlock()
 			return
+		}
+		if !s.closing {
+			// Let the goroutines that are already runnable append their
+			// lines first, so that they share this write: without it the
+			// goroutine, woken by one line, wrote it alone almost every
+			// time, and the wake-up cost what the write saved (measured:
+			// 4–7 % more CPU per request than writing in place; with it, the
+			// same). At rest nothing else is runnable and it returns at once.
+			s.mu.Unlock()
+			runtime.Gosched()
+			s.mu.Lock()
 		}
 		batch := s.pending
 		s.pending, s.spare = s.spare[:0], nil
