@@ -196,9 +196,10 @@ func (c *Client) Do(ctx context.Context, key string, req Request, fn func(ctx co
 	if leaseLen <= 0 {
 		// The lease the server granted, on the server's clock (its answer's
 		// Date): this host's clock may be off by more than a lease.
-		// The Date has whole seconds: the lease left may be up to a second
-		// less than LeaseLeft, so the keeper counts on less.
-		leaseLen = max(cr.LeaseLeft-time.Second, cr.LeaseLeft/2)
+		// LeaseLeft may be up to a second more than the truth (the Date
+		// has whole seconds): a third of it still renews in time, and no
+		// renewal for all of it means the lease surely ran out.
+		leaseLen = cr.LeaseLeft
 		if leaseLen <= 0 {
 			leaseLen = cr.LeaseExpiresAt.Sub(c.clock.Now())
 		}
