@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 import idem
-from conftest import Server, claim_waiters, new_key, wait_for
+from conftest import Server, _cli, claim_waiters, new_key, wait_for
 from faultproxy import FaultProxy, first_answer_to
 from idem import Claim, Client, NoSideEffect, ProblemError, Response
 
@@ -290,3 +290,36 @@ def test_complete_outlives_a_deadline_fn_nearly_spent(server: Server) -> None:
         assert not res.replayed
     with Client(server.url, token=server.token) as fresh:
         assert fresh.get(key).state == "completed"
+
+
+@pytest.mark.parametrize("skew", [-10.0, 10.0])
+def test_lease_keeper_ignores_clock_skew(server: Server, binary: str, skew: float) -> None:
+    # The tenant's default lease is 2 s and this host's wall clock is 10 s
+    # off the server's. Before, the keeper read the lease as lease_expires_at
+    # less this host's time (12 s behind, spent and so 30 s ahead): its first
+    # renewal came after the lease had run out and another request took the
+    # key over and ran the work a second time.
+    from datetime import timedelta
+
+    from idem._core import wall_now
+
+    tenant = "brief-" + new_key("t")[-8:]
+    _cli(binary, server.env, "tenant", "create", tenant, "--lease-seconds-default", "2")
+    token = _cli(binary, server.env, "token", "--tenant", tenant, "--scope", "keys:write", "--ttl", "1h")
+    key = new_key("skew")
+    runs: list[int] = []
+
+    def work(claim: Claim) -> Response:
+        runs.append(1)
+        time.sleep(5)  # outlasts the 2 s lease twice over
+        return Response(201, body=b"once")
+
+    with Client(server.url, token=token, now=lambda: wall_now() + timedelta(seconds=skew)) as skewed, \
+            Client(server.url, token=token) as other, ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(skewed.run, key, work, operation="POST /reports", request={"n": 1})
+        time.sleep(3)  # past the lease unless it was renewed
+        with pytest.raises(ProblemError) as ei:
+            other.claim(key, operation="POST /reports", request={"n": 1})
+        assert ei.value.code == "request_in_flight", "the keeper renewed the lease: no takeover"
+        assert not fut.result().replayed
+    assert runs == [1]

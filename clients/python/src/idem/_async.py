@@ -188,7 +188,7 @@ class AsyncClient:
             return replayed_result(res)
 
         claim = AsyncClaim(self, key, res, lease)
-        length = lease_length(lease, res.record, core.now())
+        length = lease_length(lease, res, core.now())
         work = asyncio.ensure_future(fn(claim))
         keeper = asyncio.ensure_future(self._keep_lease(claim, length, work))
         try:

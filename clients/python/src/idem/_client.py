@@ -237,7 +237,7 @@ class Client:
             return replayed_result(res)
 
         claim = Claim(self, key, res, lease)
-        length = lease_length(lease, res.record, core.now())
+        length = lease_length(lease, res, core.now())
         stop = threading.Event()
         keeper = threading.Thread(target=self._keep_lease, args=(claim, length, stop), name="idem-lease-keeper", daemon=True)
         keeper.start()

@@ -4,6 +4,7 @@ clients only do the I/O and the sleeping."""
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
 import math
@@ -225,8 +226,15 @@ class Core:
     def claim_result(status: int, headers: httpx.Headers, data: Any) -> ClaimResult:
         d: Mapping[str, Any] = data if isinstance(data, dict) else {}
         replayed = status == 200 or headers.get("Idempotent-Replayed") == "true"
-        return ClaimResult(record=Record.from_json(d), resumed=bool(d.get("resumed")), replayed=replayed,
-                           wait_applied=max(prefer_wait(headers.get_list(HEADER_PREFERENCE_APPLIED)), 0))
+        record = Record.from_json(d)
+        lease_left = 0.0
+        if record.lease_expires_at is not None and headers.get("Date"):
+            try:
+                lease_left = max((record.lease_expires_at - email.utils.parsedate_to_datetime(headers["Date"])).total_seconds(), 0.0)
+            except (TypeError, ValueError):
+                lease_left = 0.0
+        return ClaimResult(record=record, resumed=bool(d.get("resumed")), replayed=replayed,
+                           wait_applied=max(prefer_wait(headers.get_list(HEADER_PREFERENCE_APPLIED)), 0), lease_left=lease_left)
 
     @staticmethod
     def checkpoint_call(key: str, fencing_token: int, recovery_point: str, data: Any, lease: float | None) -> Call:
@@ -326,11 +334,16 @@ class Core:
         return max(deadline, self.monotonic() + (self.policy.attempt_timeout or 10.0))
 
 
-def lease_length(requested: float | None, record: Record, now: datetime) -> float:
-    """The lease the keeper maintains: the one asked for, else what the
-    claim's answer says is left, else 30 s."""
+def lease_length(requested: float | None, cr: ClaimResult, now: datetime) -> float:
+    """The lease the keeper maintains: the one asked for, else the lease the
+    server granted on its own clock (cr.lease_left: up to a second more than
+    the truth, a third of it still renews in time), else what the record
+    says is left by this host's clock, else 30 s."""
     if requested is not None and requested > 0:
         return requested
+    if cr.lease_left > 0:
+        return cr.lease_left
+    record = cr.record
     if record.lease_expires_at is not None:
         left = (record.lease_expires_at - now).total_seconds()
         if left > 0:

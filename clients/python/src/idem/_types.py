@@ -117,6 +117,11 @@ class ClaimResult:
     #: Preference-Applied answer to ``wait``): it held the claim while another
     #: request had the key; 0 when none.
     wait_applied: int = 0
+    #: The lease the claim had when the server answered, seconds:
+    #: record.lease_expires_at less the answer's Date (whole seconds, so up to
+    #: a second more). Unlike lease_expires_at less this host's clock, it does
+    #: not depend on how far the two clocks are apart. 0 when unknown.
+    lease_left: float = 0.0
 
 
 @dataclass(frozen=True)
