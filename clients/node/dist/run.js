@@ -128,6 +128,12 @@ export async function run(client, key, req, fn, opts = {}) {
     const signal = b.signal ? AbortSignal.any([b.signal, lost.signal]) : lost.signal;
     const claim = new Claim(client, key, cr.fencingToken, cr.attempt, cr.resumed, req.leaseSeconds, cr.record.recovery_point ?? "", cr.record.recovery_data ?? undefined, signal);
     let leaseMs = (req.leaseSeconds ?? 0) * 1000;
+    if (!(leaseMs > 0) && cr.leaseLeftMs > 0) {
+        // The lease the server granted, on its own clock (its answer's Date):
+        // this host's clock may be off by more than a lease. Up to a second
+        // more than the truth, a third of it still renews in time.
+        leaseMs = cr.leaseLeftMs;
+    }
     if (!(leaseMs > 0)) {
         const exp = cr.record.lease_expires_at ? Date.parse(cr.record.lease_expires_at) : NaN;
         leaseMs = Number.isFinite(exp) && exp > Date.now() ? exp - Date.now() : 30_000;

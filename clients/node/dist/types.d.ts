@@ -33,6 +33,13 @@ export interface ClaimResult {
     response: StoredResponse | undefined;
     /** The wait, in whole seconds, the server applied to this claim (its `Preference-Applied` answer to `waitSeconds`); 0 when none. */
     waitAppliedSeconds: number;
+    /**
+     * The lease the claim had when the server answered, in ms:
+     * `record.lease_expires_at` less the answer's `Date` (whole seconds, so up
+     * to a second more). Unlike lease_expires_at less this host's clock, it
+     * does not depend on how far the two clocks are apart. 0 when unknown.
+     */
+    leaseLeftMs: number;
 }
 /** The intent a key stands for, sent with every claim. */
 export interface ClaimRequest {

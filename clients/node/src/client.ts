@@ -221,6 +221,7 @@ export class Client {
       attempt: record.attempt,
       response: replayed && record.response ? StoredResponse.fromWire(record.response) : undefined,
       waitAppliedSeconds: waitApplied(res.headers),
+      leaseLeftMs: leaseLeftMs(record.lease_expires_at, res.headers.get("Date")),
     };
   }
 
@@ -468,4 +469,11 @@ function checkKey(call: string, key: string): void {
     err.call = call;
     throw err.finish(0, undefined);
   }
+}
+
+/** lease_expires_at less the answer's Date, in ms; 0 when either is missing or unreadable. */
+function leaseLeftMs(expires: string | null | undefined, date: string | null): number {
+  const exp = expires ? Date.parse(expires) : NaN;
+  const at = date ? Date.parse(date) : NaN;
+  return Number.isFinite(exp) && Number.isFinite(at) ? Math.max(exp - at, 0) : 0;
 }

@@ -339,5 +339,51 @@ for (const store of stores()) {
       }, { deadline });
       assert.equal((await client().get(k2)).state, "completed");
     });
+
+    for (const skewMs of [-10_000, 10_000]) {
+      test(`the lease keeper renews the tenant's default lease in time with this host's clock ${skewMs / 1000} s off the server's`, async () => {
+        // Before, the lease was read as lease_expires_at less Date.now(): 10 s
+        // behind, a 2 s lease looked like 12 s (10 s ahead, spent: 30 s), the
+        // first renewal came after it had run out, and another request took
+        // the key over and ran the work a second time.
+        const tenant = `brief${skewMs > 0 ? "a" : "b"}${randomUUID().slice(0, 6)}`;
+        srv.createTenant(tenant, { "lease-seconds-default": 2 });
+        const tok = srv.mint(tenant, "keys:write");
+        const k = newKey("skew");
+        const req = { operation: "POST /reports", request: { n: 1 } };
+        let runs = 0;
+        const realNow = Date.now;
+        let result: Promise<unknown>;
+        let started!: () => void;
+        const running = new Promise<void>((r) => { started = r; });
+        Date.now = () => realNow() + skewMs; // this host's clock, off the server's
+        try {
+          result = new Client({ baseUrl: srv.url, token: tok }).run(k, req, async () => {
+            runs++;
+            started();
+            await new Promise((r) => setTimeout(r, 5000)); // outlasts the 2 s lease twice over
+            return { status: 201, body: "once" };
+          });
+          await running;
+        } finally {
+          Date.now = realNow;
+        }
+        Date.now = () => realNow() + skewMs;
+        try {
+          await new Promise((r) => setTimeout(r, 3000)); // past the lease unless it was renewed
+        } finally {
+          Date.now = realNow;
+        }
+        await assert.rejects(new Client({ baseUrl: srv.url, token: tok }).claim(k, req, { attemptId: "someone-else" }),
+          (err: unknown) => err instanceof IdemError && err.code === "request_in_flight", "the keeper renewed the lease: no takeover");
+        Date.now = () => realNow() + skewMs;
+        try {
+          await result;
+        } finally {
+          Date.now = realNow;
+        }
+        assert.equal(runs, 1);
+      });
+    }
   });
 }
