@@ -138,7 +138,7 @@ export interface FrontDoorOptions {
     leaseSeconds?: number;
     /** The largest response (body plus stored headers) stored for replay (default 1 MiB, the tenant's default max_response_bytes); a larger one is sent but stored without its body, and its replay answers 409 response_not_replayable. */
     maxStoredBytes?: number;
-    /** The largest request body read (default 10 MiB); larger gets 413 payload_too_large. */
+    /** The largest request body read (default 8 MiB, under the idem server's default request limit, as the Go and Python middleware); larger gets 413 payload_too_large. */
     maxBodyBytes?: number;
     /** Retry-After of the 503 sent when idem cannot be reached, in seconds (default 1). */
     unavailableRetryAfterSeconds?: number;

@@ -542,7 +542,7 @@ export class FrontDoor {
         this.o = {
             storeServerErrors: true,
             headers: defaultStoredHeaders,
-            maxBodyBytes: 10 << 20,
+            maxBodyBytes: 8 << 20,
             maxStoredBytes: 1 << 20,
             unavailableRetryAfterSeconds: 1,
             log: (message, err) => console.error(`idem: ${message}:`, err instanceof Error ? err.message : err),
@@ -667,6 +667,10 @@ export class FrontDoor {
                 return new FrontDoorError("fingerprint_mismatch", "this idempotency key was used with a different request");
             if (err.code === Codes.invalidKey)
                 return new FrontDoorError("invalid_key", err.detail);
+            if (err.code === Codes.payloadTooLarge) {
+                // The server's request limit (IDEM_MAX_BODY_BYTES) is under maxBodyBytes: a retry cannot succeed.
+                return new FrontDoorError("payload_too_large", "the request body is too large for the idempotency service to fingerprint");
+            }
             if (err.code === Codes.invalidRequest && err.fields[0]?.field === "request") {
                 return new FrontDoorError("invalid_request", `the request body cannot be fingerprinted: ${err.fields[0].message}`);
             }

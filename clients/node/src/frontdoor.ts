@@ -528,7 +528,7 @@ export interface FrontDoorOptions {
   leaseSeconds?: number;
   /** The largest response (body plus stored headers) stored for replay (default 1 MiB, the tenant's default max_response_bytes); a larger one is sent but stored without its body, and its replay answers 409 response_not_replayable. */
   maxStoredBytes?: number;
-  /** The largest request body read (default 10 MiB); larger gets 413 payload_too_large. */
+  /** The largest request body read (default 8 MiB, under the idem server's default request limit, as the Go and Python middleware); larger gets 413 payload_too_large. */
   maxBodyBytes?: number;
   /** Retry-After of the 503 sent when idem cannot be reached, in seconds (default 1). */
   unavailableRetryAfterSeconds?: number;
@@ -602,7 +602,7 @@ export class FrontDoor {
     this.o = {
       storeServerErrors: true,
       headers: defaultStoredHeaders,
-      maxBodyBytes: 10 << 20,
+      maxBodyBytes: 8 << 20,
       maxStoredBytes: 1 << 20,
       unavailableRetryAfterSeconds: 1,
       log: (message, err) => console.error(`idem: ${message}:`, err instanceof Error ? err.message : err),
@@ -718,6 +718,10 @@ export class FrontDoor {
       if (err.code === Codes.requestInFlight) return new FrontDoorError("request_in_flight", "a request with this idempotency key is being processed; retry later", err.retryAfterMs);
       if (err.code === Codes.fingerprintMismatch) return new FrontDoorError("fingerprint_mismatch", "this idempotency key was used with a different request");
       if (err.code === Codes.invalidKey) return new FrontDoorError("invalid_key", err.detail);
+      if (err.code === Codes.payloadTooLarge) {
+        // The server's request limit (IDEM_MAX_BODY_BYTES) is under maxBodyBytes: a retry cannot succeed.
+        return new FrontDoorError("payload_too_large", "the request body is too large for the idempotency service to fingerprint");
+      }
       if (err.code === Codes.invalidRequest && err.fields[0]?.field === "request") {
         return new FrontDoorError("invalid_request", `the request body cannot be fingerprinted: ${err.fields[0].message}`);
       }

@@ -349,6 +349,27 @@ for (const store of stores()) {
       await srv.stop();
     });
 
+    test("a body idem refuses to fingerprint (over its request limit) is 413 payload_too_large, not a 503 to retry for ever", async () => {
+      // maxBodyBytes over the server's IDEM_MAX_BODY_BYTES (10 MiB): the
+      // claim's document is refused 413. Before, the middleware answered 503
+      // store_unavailable with Retry-After: retry later, for ever.
+      const app = express();
+      let ran = 0;
+      app.use(expressMiddleware({ client: new Client({ baseUrl: srv.url, token: srv.token }), log: () => {}, maxBodyBytes: 12 << 20 }));
+      app.post("/upload", (_req, res) => { ran++; res.status(201).end("ok"); });
+      const h = createServer(app);
+      const u = await listen(h);
+      try {
+        const body = JSON.stringify({ pad: "x".repeat((10 << 20) - 20) });
+        const res = await fetch(`${u}/upload`, { method: "POST", headers: { "Idempotency-Key": `huge-${randomUUID()}`, "Content-Type": "application/json" }, body });
+        assert.equal(res.status, 413);
+        assert.equal((await res.json() as { code: string }).code, "payload_too_large");
+        assert.equal(ran, 0);
+      } finally {
+        await new Promise<void>((r) => { h.closeAllConnections(); h.close(() => r()); });
+      }
+    });
+
     test("writeHead with a raw header array sends every field the handler wrote; the replay stores and sends the same", async () => {
       // Before, each field of the array replaced the one before of its
       // name (one cookie of two was sent), and the array-of-pairs form threw.
