@@ -47,6 +47,8 @@
 //   - A handler that panics stores nothing: the claim is left to become an
 //     orphan (a retry after the lease takes it over) and the panic
 //     propagates.
+//   - A body idem refuses as over its request limit (IDEM_MAX_BODY_BYTES
+//     under MaxBodyBytes): 413 payload_too_large, the handler does not run.
 //   - The idem service unreachable or failing: 503 store_unavailable with
 //     Retry-After, and the handler does not run (fail closed). If
 //     completing fails after the handler ran, the handler's response is
@@ -312,6 +314,11 @@ func (m *middleware) writeClaimError(w http.ResponseWriter, r *http.Request, err
 	case errors.Is(err, client.ErrFingerprintMismatch):
 		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeFingerprintMismatch,
 			"this idempotency key was used with a different request"))
+	case errors.Is(err, client.ErrPayloadTooLarge):
+		// idem's request limit (IDEM_MAX_BODY_BYTES) is under MaxBodyBytes:
+		// a retry cannot succeed, so not the retryable 503.
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodePayloadTooLarge,
+			"the request body is too large for the idempotency service to fingerprint"))
 	case errors.Is(err, client.ErrInvalidKey):
 		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeInvalidKey, "%s", ce.Detail))
 	case ce != nil && ce.Code == client.CodeInvalidRequest && len(ce.Fields) > 0 && isDocumentField(ce.Fields[0].Field):

@@ -22,6 +22,7 @@ import (
 	"github.com/idem-dev/idem/client/frontdoor"
 	"github.com/idem-dev/idem/client/idemhttp"
 	"github.com/idem-dev/idem/internal/faultproxy"
+	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/server/servertest"
 )
 
@@ -585,6 +586,34 @@ func TestMiddlewareTenantLimitBelowMaxStoredBytes(t *testing.T) {
 			require.Equal(t, http.StatusConflict, again.status)
 			require.Equal(t, string(frontdoor.CodeResponseNotReplayable), problemCode(t, again))
 			require.Equal(t, int64(1), runs.Load(), "the handler ran once")
+		})
+	}
+}
+
+// TestMiddlewareBodyOverTheServersLimit: idem's request limit
+// (IDEM_MAX_BODY_BYTES, 64 KiB here) is under the middleware's
+// MaxBodyBytes, so idem refuses the claim's document (413): the caller gets
+// 413 payload_too_large and the handler does not run. Before, it got 503
+// store_unavailable with Retry-After: a retry that can never succeed.
+func TestMiddlewareBodyOverTheServersLimit(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			srv := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"shop"},
+				Configure: func(cfg *server.Config) { cfg.MaxBodyBytes = 64 << 10; cfg.MaxInflightBytes = 4 << 20 }})
+			c, err := client.New(srv.URL(), client.WithToken(srv.Token(t, "shop", "keys:write")))
+			require.NoError(t, err)
+			var runs atomic.Int64
+			app := httptest.NewServer(idemhttp.Middleware(c, idemhttp.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				w.WriteHeader(http.StatusCreated)
+			})))
+			t.Cleanup(app.Close)
+			got := post(t, app.URL+"/uploads", "k-too-big", `{"pad":"`+strings.Repeat("x", 100<<10)+`"}`)
+			require.Equal(t, http.StatusRequestEntityTooLarge, got.status)
+			require.Equal(t, string(frontdoor.CodePayloadTooLarge), problemCode(t, got))
+			require.Zero(t, runs.Load())
 		})
 	}
 }
