@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from apps import App, serve
-from conftest import Server, _cli, claim_waiters, new_key, wait_for
+from conftest import Server, _cli, claim_waiters, new_key, start_server, wait_for
 from faultproxy import FaultProxy, first_answer_to
 from idem import Client, RetryPolicy
 from idem._middleware import Options, prefer_wait
@@ -306,3 +306,18 @@ def test_tenant_limit_below_max_stored_bytes(kind: str, server: Server, binary: 
         again = post(a.url + "/charges/3", key)
         assert again.status_code == 409 and again.json()["code"] == "response_not_replayable"
         assert len(a.effects.charges) == 1
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_body_over_the_servers_limit(store: str, binary: str) -> None:
+    """idem's request limit (IDEM_MAX_BODY_BYTES, 64 KiB here) is under the
+    middleware's max_body_bytes, so idem refuses the claim's document (413):
+    the caller gets 413 payload_too_large and the handler does not run.
+    Before, it got 503 store_unavailable with Retry-After: a retry that can
+    never succeed."""
+    for srv in start_server(binary, store, {"IDEM_MAX_BODY_BYTES": str(64 << 10)}):
+        for kind in ("flask", "fastapi"):
+            for a in serve(kind, srv.url, srv.token):
+                got = post(a.url + "/charges/1", new_key("big"), body={"pad": "x" * (100 << 10)})
+                assert got.status_code == 413 and got.json()["code"] == "payload_too_large", got.text
+                assert len(a.effects.charges) == 0

@@ -133,13 +133,17 @@ def problem_answer(err: FrontDoorError, rid: str) -> Answer:
 
 def claim_failed(err: IdemError) -> FrontDoorError:
     """Map an error of the claim to the caller's problem: in flight 409,
-    mismatch 422, and everything else fails closed as 503."""
+    mismatch 422, a document idem refuses as too large 413, and everything
+    else fails closed as 503."""
     if isinstance(err, ProblemError):
         if err.code == frontdoor.REQUEST_IN_FLIGHT:
             return FrontDoorError(frontdoor.REQUEST_IN_FLIGHT, "another request with this idempotency key is in progress; retry after Retry-After",
                                   retry_after=err.retry_after)
         if err.code == frontdoor.FINGERPRINT_MISMATCH:
             return FrontDoorError(frontdoor.FINGERPRINT_MISMATCH, "this idempotency key was used with another request")
+        if err.code == frontdoor.PAYLOAD_TOO_LARGE:
+            # idem's request limit (IDEM_MAX_BODY_BYTES) is under max_body_bytes: a retry cannot succeed.
+            return FrontDoorError(frontdoor.PAYLOAD_TOO_LARGE, "the request body is too large for the idempotency service to fingerprint")
     log.warning("idem unavailable; request refused (fail closed): %s", err)
     ra = err.retry_after if isinstance(err, ProblemError) else 0.0
     return FrontDoorError(frontdoor.STORE_UNAVAILABLE, "the idempotency store cannot be reached; the request was not run",
