@@ -138,9 +138,14 @@ func startCommand(t *testing.T, env map[string]string, command string, args ...s
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
 	require.NoError(t, cmd.Start())
+	// done closes once the process has exited and its last stderr line is
+	// in p.stderr: Wait returns when the scanner has read every byte, not
+	// when it has copied the last lines it holds.
+	scanned := make(chan struct{})
 	go func() {
 		p.err = cmd.Wait()
 		_ = pw.Close()
+		<-scanned
 		close(p.done)
 	}()
 	t.Cleanup(func() {
@@ -157,6 +162,7 @@ func startCommand(t *testing.T, env map[string]string, command string, args ...s
 
 	addr := make(chan string, 1)
 	go func() {
+		defer close(scanned)
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		found := false
