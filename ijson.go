@@ -291,6 +291,14 @@ func (s *ijsonScanner) number() error {
 
 // validJSONNumber reports whether b is a JSON number (RFC 8259 §6).
 func validJSONNumber(b []byte) bool {
+	n := JSONNumberLen(b)
+	return n > 0 && n == len(b)
+}
+
+// JSONNumberLen returns the length of the JSON number (RFC 8259 §6) b
+// starts with, or 0 when it starts with none: the one number grammar of
+// the I-JSON check, the canonical form and the API's claim decoder.
+func JSONNumberLen(b []byte) int {
 	i := 0
 	if i < len(b) && b[i] == '-' {
 		i++
@@ -307,12 +315,12 @@ func validJSONNumber(b []byte) bool {
 	case i < len(b) && b[i] == '0':
 		i++
 	case digits() == 0:
-		return false
+		return 0
 	}
 	if i < len(b) && b[i] == '.' {
 		i++
 		if digits() == 0 {
-			return false
+			return 0
 		}
 	}
 	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
@@ -321,10 +329,10 @@ func validJSONNumber(b []byte) bool {
 			i++
 		}
 		if digits() == 0 {
-			return false
+			return 0
 		}
 	}
-	return i == len(b)
+	return i
 }
 
 // str reads a string whose opening quote was consumed. A member name

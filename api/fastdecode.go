@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/idem-dev/idem"
 )
 
 // The bodies of the two hot-path requests (claim, complete) are read first
@@ -336,38 +338,9 @@ func (r *jreader) skipString() bool {
 
 // skipNumber consumes -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
 func (r *jreader) skipNumber() bool {
-	digits := func() int {
-		n := 0
-		for r.i < len(r.b) && r.b[r.i] >= '0' && r.b[r.i] <= '9' {
-			r.i++
-			n++
-		}
-		return n
-	}
-	if r.b[r.i] == '-' {
-		r.i++
-	}
-	if r.i < len(r.b) && r.b[r.i] == '0' {
-		r.i++
-	} else if digits() == 0 {
-		return false
-	}
-	if r.i < len(r.b) && r.b[r.i] == '.' {
-		r.i++
-		if digits() == 0 {
-			return false
-		}
-	}
-	if r.i < len(r.b) && (r.b[r.i] == 'e' || r.b[r.i] == 'E') {
-		r.i++
-		if r.i < len(r.b) && (r.b[r.i] == '+' || r.b[r.i] == '-') {
-			r.i++
-		}
-		if digits() == 0 {
-			return false
-		}
-	}
-	return true
+	n := idem.JSONNumberLen(r.b[r.i:])
+	r.i += n
+	return n > 0
 }
 
 // plainString decodes a JSON string token whose escapes are among \" \\ \/
