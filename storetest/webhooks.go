@@ -41,10 +41,7 @@ func testWebhookFinishAfterTenantDeleted(t *testing.T, s *suite) {
 	b.tenant(t, "acme")
 	e := b.endpoint(t, "acme")
 	ws := b.webhooks(t)
-	ev, err := idem.NewEvent("acme", idem.EventWebhookTest, b.now(), map[string]string{"hello": "world"})
-	require.NoError(t, err)
-	_, err = ws.SendTestEvent(b.ctx, e.ID, ev)
-	require.NoError(t, err)
+	b.sendTest(t, e)
 	got := b.claimAll(t)
 	require.Len(t, got, 1)
 	require.NoError(t, b.store.DeleteTenant(b.ctx, "acme"))
@@ -76,6 +73,17 @@ func (b *bundle) endpoint(t *testing.T, tenant string, events ...idem.EventType)
 	})
 	require.NoError(t, err)
 	return e
+}
+
+// sendTest queues a webhook.test event for endpoint e (whatever its
+// filter) and returns it.
+func (b *bundle) sendTest(t *testing.T, e idem.WebhookEndpoint) idem.Event {
+	t.Helper()
+	ev, err := idem.NewEvent(e.TenantID, idem.EventWebhookTest, b.now(), nil)
+	require.NoError(t, err)
+	_, err = b.webhooks(t).SendTestEvent(b.ctx, e.ID, ev)
+	require.NoError(t, err)
+	return ev
 }
 
 // deliveries lists an endpoint's delivery log, newest first.
@@ -373,10 +381,7 @@ func testWebhookDisable(t *testing.T, s *suite) {
 	b.tenant(t, "acme")
 	e := b.endpoint(t, "acme")
 	ws := b.webhooks(t)
-	ev, err := idem.NewEvent("acme", idem.EventWebhookTest, b.now(), nil)
-	require.NoError(t, err)
-	_, err = ws.SendTestEvent(b.ctx, e.ID, ev)
-	require.NoError(t, err)
+	b.sendTest(t, e)
 
 	fail := func(retry time.Duration) {
 		t.Helper()
@@ -433,10 +438,7 @@ func testWebhookClaimRace(t *testing.T, s *suite) {
 	ws := b.webhooks(t)
 	const events = 40
 	for range events {
-		ev, err := idem.NewEvent("acme", idem.EventWebhookTest, b.now(), nil)
-		require.NoError(t, err)
-		_, err = ws.SendTestEvent(b.ctx, e.ID, ev)
-		require.NoError(t, err)
+		b.sendTest(t, e)
 	}
 	var mu sync.Mutex
 	seen := map[int64]int{}
@@ -482,12 +484,9 @@ func testWebhookClaimTurns(t *testing.T, s *suite) {
 	a2 := b.endpoint(t, "acme")
 	ws := b.webhooks(t)
 	send := func(e idem.WebhookEndpoint) string {
-		ev, err := idem.NewEvent(e.TenantID, idem.EventWebhookTest, b.now(), nil)
-		require.NoError(t, err)
-		_, err = ws.SendTestEvent(b.ctx, e.ID, ev)
-		require.NoError(t, err)
+		id := b.sendTest(t, e).ID
 		b.advance(time.Millisecond)
-		return ev.ID
+		return id
 	}
 	var as, zs []string
 	for range 5 {
@@ -542,12 +541,9 @@ func testWebhookClaimServed(t *testing.T, s *suite) {
 	a, z, o := b.endpoint(t, "acme"), b.endpoint(t, "beta"), b.endpoint(t, odd)
 	ws := b.webhooks(t)
 	send := func(e idem.WebhookEndpoint) string {
-		ev, err := idem.NewEvent(e.TenantID, idem.EventWebhookTest, b.now(), nil)
-		require.NoError(t, err)
-		_, err = ws.SendTestEvent(b.ctx, e.ID, ev)
-		require.NoError(t, err)
+		id := b.sendTest(t, e).ID
 		b.advance(time.Millisecond)
-		return ev.ID
+		return id
 	}
 	var as, ods []string
 	for range 3 {
