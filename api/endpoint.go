@@ -50,12 +50,18 @@ func (noContent) statusCode() int { return http.StatusNoContent }
 // a non-empty body (415), treats an empty body as {}, decodes with unknown
 // fields refused and no trailing data (400 naming the field when it can),
 // binds path and query parameters, validates, executes and encodes the
-// response. The body's budget is given back once the answer is written.
+// response. The body's budget, and what the answer's stored bytes were
+// charged (holdAnswer), are given back once the answer is written.
 func handle[Req any, Resp any](s *service, exec func(ctx context.Context, req *Req) (Resp, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		req := new(Req)
 		held, err := s.decodeBody(w, r, req)
-		defer s.inflight.Release(held)
+		defer func() {
+			if a, ok := any(req).(answerHolder); ok {
+				held += a.answerHeld()
+			}
+			s.inflight.Release(held)
+		}()
 		if err != nil {
 			s.writeProblem(w, r, err)
 			return

@@ -49,6 +49,53 @@ func busy() error {
 	}
 }
 
+// answerHold is the in-flight budget a request holds for the stored bytes
+// its answer carries (a replayed response, recovery data), charged once the
+// store has read them and given back, like the body's, once the answer is
+// written. Requests whose answers carry stored bytes embed it.
+type answerHold struct{ held int64 }
+
+func (a *answerHold) answerHeld() int64 { return a.held }
+
+// answerHolder is a request that may hold budget for its answer.
+type answerHolder interface{ answerHeld() int64 }
+
+// holdAnswer charges the in-flight budget for the stored bytes rec carries
+// into the answer, BodyMemoryFactor times (the record as read, its JSON
+// text, the buffer the answer is encoded into, and that buffer's growth),
+// before they are copied into the answer. Past the budget it returns
+// 503 server_busy: a stored response can be asked for again and again
+// (replays and reads change nothing), so without the charge many reads of
+// large responses at once would run the server out of memory however small
+// their requests. Refusing is safe for every answer it is called for: a
+// replay or a read decided nothing, and a claim that took over or recovered
+// a key is recovered by the caller's retry with the same attempt id (or,
+// without one, once the new lease runs out), as after a lost answer.
+func (s *service) holdAnswer(a *answerHold, rec idem.Record) error {
+	n := int64(len(rec.RecoveryData))
+	if rec.Response != nil {
+		n += int64(len(rec.Response.Body))
+		for k, v := range rec.Response.Headers {
+			n += int64(len(k) + len(v))
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	n *= BodyMemoryFactor
+	if !s.inflight.Acquire(n) {
+		return &idem.Error{
+			Code: idem.CodeServerBusy,
+			Detail: "the server holds as many request and stored response bodies as it may; nothing was sent: " +
+				"retry after the Retry-After delay (a claim with the same attempt id)",
+			RetryAfter: busyRetryAfter,
+			Err:        errBusy,
+		}
+	}
+	a.held += n
+	return nil
+}
+
 // meteredBody reserves budget for the bytes of a body of unknown length
 // (chunked) before it reads them, and counts what it holds. Each read is
 // bounded by meteredChunk and by what is left up to limit (the body size

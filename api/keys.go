@@ -71,6 +71,7 @@ type claimRequest struct {
 	preferWait int
 	// header is the response's header, for Preference-Applied.
 	header http.Header
+	answerHold
 }
 
 func (c *claimRequest) bind(r *http.Request) error {
@@ -172,6 +173,9 @@ func (s *service) claim(ctx context.Context, req *claimRequest) (reply, error) {
 		return reply{}, fmt.Errorf("claim key: %w", err)
 	}
 	rec := res.Record
+	if err := s.holdAnswer(&req.answerHold, rec); err != nil {
+		return reply{}, err
+	}
 	if res.Action == idem.ActionReplay {
 		return reply{status: http.StatusOK, replayed: true, body: encodeRecord(rec)}, nil
 	}
@@ -350,12 +354,16 @@ func (s *service) release(ctx context.Context, req *releaseRequest) (noContent, 
 // getKeyRequest is GET /v1/keys/{key}.
 type getKeyRequest struct {
 	keyParam
+	answerHold
 }
 
 func (s *service) getKey(ctx context.Context, req *getKeyRequest) (recordJSON, error) {
 	rec, err := s.store.GetRecord(ctx, idem.GetRecordParams{TenantID: tenantFrom(ctx).ID, Key: req.key})
 	if err != nil {
 		return recordJSON{}, fmt.Errorf("get key: %w", err)
+	}
+	if err := s.holdAnswer(&req.answerHold, rec); err != nil {
+		return recordJSON{}, err
 	}
 	return encodeRecord(rec), nil
 }

@@ -142,6 +142,7 @@ func (s *service) resolveAny(ctx context.Context, req *adminResolveRequest) (res
 type adminKeyRequest struct {
 	tenantParam
 	keyParam
+	answerHold
 }
 
 func (r *adminKeyRequest) bind(req *http.Request) error {
@@ -157,6 +158,9 @@ func (s *service) getAnyKey(ctx context.Context, req *adminKeyRequest) (recordJS
 	rec, err := s.store.GetRecord(ctx, idem.GetRecordParams{TenantID: req.id, Key: req.key})
 	if err != nil {
 		return recordJSON{}, fmt.Errorf("get key: %w", err)
+	}
+	if err := s.holdAnswer(&req.answerHold, rec); err != nil {
+		return recordJSON{}, err
 	}
 	return encodeRecord(rec), nil
 }

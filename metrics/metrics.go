@@ -335,7 +335,8 @@ func BuildInfo() (version, revision, goVersion string) {
 
 // InflightBudget registers idem_request_body_bytes_in_flight, read from used
 // at scrape time: how much of IDEM_MAX_INFLIGHT_BYTES the request bodies in
-// flight hold, so an operator sees 503 server_busy coming. It implements
+// flight and the stored bytes of answers being written hold, so an operator
+// sees 503 server_busy coming. It implements
 // api.Observer; the router calls it once.
 func (m *Metrics) InflightBudget(used func() int64) {
 	if m == nil {
@@ -343,7 +344,7 @@ func (m *Metrics) InflightBudget(used func() int64) {
 	}
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "request_body_bytes_in_flight",
-		Help: "Request body bytes held against the in-flight budget (IDEM_MAX_INFLIGHT_BYTES), each body counted 4 times its size.",
+		Help: "Request body bytes, and stored bytes of answers being written, held against the in-flight budget (IDEM_MAX_INFLIGHT_BYTES), each counted 4 times its size.",
 	}, func() float64 { return float64(used()) }))
 }
 

@@ -168,6 +168,47 @@ func bodyBytesInFlight(ts *servertest.Server) int64 {
 	return -1
 }
 
+// budgetHolder is a complete whose client announced its whole body and
+// sent only its first bytes: until finish sends the rest, the server holds
+// that body's in-flight budget.
+type budgetHolder struct {
+	ts   *servertest.Server
+	conn net.Conn
+	body string
+}
+
+// holdBudget sends the headers and the first 100 bytes of a complete of key
+// with body, and returns once the server's gauge shows the body's budget
+// held. (Probing with another large body raced: on a loaded machine the
+// probe could take the budget first, and the holder was refused instead.)
+func holdBudget(t *testing.T, ts *servertest.Server, tok, key, body string) *budgetHolder {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", ts.Addr(), 5*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	require.NoError(t, conn.SetDeadline(time.Now().Add(30*time.Second)))
+	_, err = fmt.Fprintf(conn, "POST /v1/keys/%s/complete HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer %s\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, tok, len(body), body[:100])
+	require.NoError(t, err)
+	want := int64(len(body)) * api.BodyMemoryFactor
+	require.Eventually(t, func() bool { return bodyBytesInFlight(ts) >= want }, 10*time.Second, 20*time.Millisecond)
+	return &budgetHolder{ts: ts, conn: conn, body: body}
+}
+
+// finish sends the rest of the holder's body, requires its 200, and waits
+// until the server has given back every byte of the budget (it does so once
+// the answer is written, which the client may see a moment before).
+func (h *budgetHolder) finish(t *testing.T) {
+	t.Helper()
+	_, err := io.WriteString(h.conn, h.body[100:])
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(h.conn), nil)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Eventually(t, func() bool { return bodyBytesInFlight(h.ts) == 0 }, 10*time.Second, 10*time.Millisecond)
+}
+
 // storeOps returns how many store operations op the server has run, from
 // its /metrics (every result summed).
 func storeOps(t *testing.T, ts *servertest.Server, op string) int {
@@ -273,21 +314,7 @@ func TestInflightBudgetRefusesBeforeReading(t *testing.T) {
 
 			// The holder announces a body of the largest size and sends only
 			// its first bytes: the server holds the whole budget for it.
-			holderBody := complete(rec("holder").FencingToken)
-			conn, err := net.DialTimeout("tcp", ts.Addr(), 5*time.Second)
-			require.NoError(t, err)
-			defer conn.Close()
-			require.NoError(t, conn.SetDeadline(time.Now().Add(30*time.Second)))
-			_, err = fmt.Fprintf(conn, "POST /v1/keys/holder/complete HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer %s\r\n"+
-				"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", tok, len(holderBody), holderBody[:100])
-			require.NoError(t, err)
-
-			// Wait until the server holds the holder's budget, as its gauge
-			// says. (Probing with another large body raced: on a loaded
-			// machine the probe could take the budget first, and the holder
-			// was refused instead.)
-			want := int64(len(holderBody)) * api.BodyMemoryFactor
-			require.Eventually(t, func() bool { return bodyBytesInFlight(ts) >= want }, 10*time.Second, 20*time.Millisecond)
+			holder := holdBudget(t, ts, tok, "holder", complete(rec("holder").FencingToken))
 
 			busy := func(req *http.Request) {
 				t.Helper()
@@ -319,15 +346,7 @@ func TestInflightBudgetRefusesBeforeReading(t *testing.T) {
 
 			// The holder sends the rest and is answered; the budget is free
 			// again and the refused requests go through unchanged.
-			_, err = io.WriteString(conn, holderBody[100:])
-			require.NoError(t, err)
-			hr, err := http.ReadResponse(bufio.NewReader(conn), nil)
-			require.NoError(t, err)
-			_ = hr.Body.Close()
-			require.Equal(t, http.StatusOK, hr.StatusCode)
-			// The holder's budget is given back once its answer is written,
-			// which its client may see a moment before.
-			require.Eventually(t, func() bool { return bodyBytesInFlight(ts) == 0 }, 10*time.Second, 10*time.Millisecond)
+			holder.finish(t)
 			resp, body := do(t, http.MethodPost, ts.URL()+"/v1/keys/second/complete", tok, second)
 			require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 			req, err = http.NewRequest(http.MethodPost, ts.URL()+"/v1/keys/chunked/complete", io.MultiReader(strings.NewReader(chunked)))
@@ -344,6 +363,125 @@ func TestInflightBudgetRefusesBeforeReading(t *testing.T) {
 				require.Equal(t, idem.StateCompleted, r.State, k)
 				require.Len(t, r.Response.Body, maxBody-200, k)
 			}
+		})
+	}
+}
+
+// A stored response can be read again and again: replays and reads decide
+// nothing, so a tenant could ask for one large stored response many times at
+// once, with small requests, and the server held each copy (the record, its
+// JSON, the answer's buffer) outside the in-flight budget. Now the stored
+// bytes an answer carries are charged before they are copied into it: past
+// the budget a replay, a read (tenant and operator) and a takeover's answer
+// are 503 server_busy, while claims whose answers carry nothing still go
+// through; once the budget is free they are answered whole, and the refused
+// takeover is recovered by its retry with the same attempt id.
+func TestInflightBudgetCoversStoredAnswers(t *testing.T) {
+	t.Parallel()
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			const maxBody = 64 << 10
+			ts := servertest.Start(t, servertest.Options{
+				Backend: backend, Tenants: []string{"acme"},
+				Configure: func(c *server.Config) {
+					c.MaxBodyBytes = maxBody
+					c.MaxInflightBytes = maxBody * api.BodyMemoryFactor
+				},
+			})
+			tok := ts.Token(t, "acme", "keys:write keys:read")
+			admin := ts.Token(t, "", "admin")
+			claim := func(key, extra string) (*http.Response, []byte) {
+				return do(t, http.MethodPost, ts.URL()+"/v1/keys/"+key+"/claim", tok, `{"operation":"op","fingerprint":"fp"`+extra+`}`)
+			}
+			token := func(body []byte) int64 {
+				var c struct {
+					FencingToken int64 `json:"fencing_token"`
+				}
+				require.NoError(t, json.Unmarshal(body, &c), string(body))
+				return c.FencingToken
+			}
+			// 24 KiB stored: its answer is charged ~96 KiB, more than the
+			// holder below leaves free.
+			stored := strings.Repeat("s", 24<<10)
+			resp, body := claim("big", "")
+			require.Equal(t, http.StatusCreated, resp.StatusCode, string(body))
+			resp, body = do(t, http.MethodPost, ts.URL()+"/v1/keys/big/complete", tok,
+				fmt.Sprintf(`{"fencing_token":%d,"response":{"status":201,"body":"%s"}}`, token(body), stored))
+			require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+			// An orphan-to-be with 24 KiB of recovery data.
+			resp, body = claim("orphan", `,"lease_seconds":1,"attempt_id":"first"`)
+			require.Equal(t, http.StatusCreated, resp.StatusCode, string(body))
+			resp, body = do(t, http.MethodPost, ts.URL()+"/v1/keys/orphan/checkpoint", tok,
+				fmt.Sprintf(`{"fencing_token":%d,"recovery_point":"half","data":"%s","lease_seconds":1}`, token(body), stored))
+			require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+			leaseEnds := time.Now().Add(time.Second)
+
+			// The holder leaves 16 KiB of the budget free: enough for small
+			// requests, not for the stored bytes of the answers above.
+			holderRec, err := ts.Store().Claim(context.Background(), idem.ClaimParams{TenantID: "acme", Key: "holder", Operation: "op",
+				Fingerprint: "fp", Lease: time.Minute, ReplayWindow: time.Hour, ReaperThreshold: time.Hour})
+			require.NoError(t, err)
+			filler := (maxBody*api.BodyMemoryFactor-16<<10)/api.BodyMemoryFactor - 100
+			holder := holdBudget(t, ts, tok, "holder", fmt.Sprintf(`{"fencing_token":%d,"response":{"status":200,"body":"%s"}}`,
+				holderRec.Record.FencingToken, strings.Repeat("h", filler)))
+
+			requireBusy := func(resp *http.Response, body []byte) {
+				t.Helper()
+				p := decodeProblem(t, resp, body)
+				require.Equal(t, "server_busy", p.Code, string(body))
+				require.True(t, p.Retryable)
+				require.Equal(t, "1", resp.Header.Get("Retry-After"))
+			}
+			requireBusy(claim("big", ""))
+			requireBusy(do(t, http.MethodGet, ts.URL()+"/v1/keys/big", tok, ""))
+			requireBusy(do(t, http.MethodGet, ts.URL()+"/v1/admin/tenants/acme/keys/big", admin, ""))
+			// Work whose answer carries nothing stored still goes through.
+			resp, body = claim("fresh", "")
+			require.Equal(t, http.StatusCreated, resp.StatusCode, string(body))
+			// A takeover of the orphan is decided, and its answer (with the
+			// recovery data) refused.
+			time.Sleep(time.Until(leaseEnds) + 50*time.Millisecond)
+			requireBusy(claim("orphan", `,"attempt_id":"second"`))
+
+			holder.finish(t)
+			resp, body = claim("big", "")
+			require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+			require.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+			for _, url := range []string{ts.URL() + "/v1/keys/big", ts.URL() + "/v1/admin/tenants/acme/keys/big"} {
+				auth := tok
+				if strings.Contains(url, "/admin/") {
+					auth = admin
+				}
+				resp, body = do(t, http.MethodGet, url, auth, "")
+				require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+				var rec struct {
+					Response struct {
+						Status int    `json:"status"`
+						Body   string `json:"body"`
+					} `json:"response"`
+				}
+				require.NoError(t, json.Unmarshal(body, &rec))
+				require.Equal(t, 201, rec.Response.Status)
+				require.Equal(t, stored, rec.Response.Body, "the stored response, whole")
+			}
+			// The refused takeover's retry with its attempt id gets the
+			// attempt it decided, with the recovery data: no second takeover.
+			resp, body = claim("orphan", `,"attempt_id":"second"`)
+			require.Equal(t, http.StatusCreated, resp.StatusCode, string(body))
+			var got struct {
+				Attempt      int    `json:"attempt"`
+				Resumed      bool   `json:"resumed"`
+				RecoveryData string `json:"recovery_data"`
+			}
+			require.NoError(t, json.Unmarshal(body, &got))
+			require.Equal(t, 2, got.Attempt)
+			require.True(t, got.Resumed)
+			require.Equal(t, stored, got.RecoveryData)
+			r, err := ts.Store().GetRecord(context.Background(), idem.GetRecordParams{TenantID: "acme", Key: "orphan"})
+			require.NoError(t, err)
+			require.Equal(t, 2, r.Attempt, "one takeover")
+			require.Equal(t, idem.StateInFlight, r.State)
 		})
 	}
 }
