@@ -13,6 +13,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/auth"
 	"github.com/idem-dev/idem/client/frontdoor"
 )
@@ -365,17 +366,27 @@ func firstBool(a, b *bool, def bool) bool {
 }
 
 // fits returns an error naming the routes whose largest body, charged
-// BodyMemoryFactor times, could never fit a budget of limit bytes: every
-// protected request of such a route would be refused server_busy.
+// BodyMemoryFactor times, and largest stored answer (max_stored_bytes, or
+// the most any tenant may store when the route does not set it) could never
+// fit a budget of limit bytes together: every protected request of such a
+// route would be refused server_busy.
 func (rt *routing) fits(limit int64) error {
 	var errs []error
 	check := func(r *route) {
-		if r != nil && r.maxBody*BodyMemoryFactor > limit {
+		if r == nil {
+			return
+		}
+		answer := int64(idem.MaxResponseBytesLimit)
+		if r.maxStored > 0 {
+			answer = int64(min(r.maxStored, idem.MaxResponseBytesLimit))
+		}
+		if r.maxBody*BodyMemoryFactor+answer > limit {
 			name := r.pattern
 			if name == "" {
 				name = "defaults"
 			}
-			errs = append(errs, fmt.Errorf("%s: max_body_bytes %d × %d is over the in-flight budget (IDEM_MAX_INFLIGHT_BYTES %d)", name, r.maxBody, BodyMemoryFactor, limit))
+			errs = append(errs, fmt.Errorf("%s: max_body_bytes %d × %d plus max_stored_bytes %d is over the in-flight budget (IDEM_MAX_INFLIGHT_BYTES %d)",
+				name, r.maxBody, BodyMemoryFactor, answer, limit))
 		}
 	}
 	for _, r := range rt.routes {

@@ -235,9 +235,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 	}
 	held, ok := g.reserveBody(r, rr.maxBody)
 	if !ok {
-		x.outcome = outcomeBusy
-		frontdoor.WriteProblem(w, r, &frontdoor.Error{Code: frontdoor.CodeServerBusy, RetryAfter: time.Second,
-			Detail: "the gateway holds as many request bodies as it may; the request was not processed, retry after Retry-After with the same key"})
+		g.busy(w, r, x)
 		return
 	}
 	defer func() { g.budget.Release(held) }()
@@ -270,7 +268,17 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 	sctx := r.Context()
 	t, err := g.tenants.Active(sctx, g.opts.Tenant)
 	var res idem.ClaimResult
+	var answer int64
 	if err == nil {
+		// The upstream's answer is buffered up to what may be stored:
+		// reserve that before anything is claimed or sent, so the answer
+		// of a request the upstream ran always has room to be stored.
+		answer = int64(storedLimit(t, rr))
+		if !g.budget.Acquire(answer) {
+			g.busy(w, r, x)
+			return
+		}
+		held += answer
 		var lease time.Duration
 		lease, err = t.Settings.LeaseFor(int(rr.lease / time.Second))
 		if err == nil {
@@ -330,6 +338,15 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		if _, ok := resp.Headers[frontdoor.HeaderNotReplayable]; ok {
 			x.outcome = outcomeNotReplayable
 		}
+		// A response stored while the limit was higher is charged what
+		// it holds beyond the reservation.
+		if more := int64(storedSize(*resp)) - answer; more > 0 {
+			if !g.budget.Acquire(more) {
+				g.busy(w, r, x)
+				return
+			}
+			held += more
+		}
 		frontdoor.WriteReplay(w, r, resp.Status, resp.Headers, resp.Body)
 		return
 	}
@@ -347,7 +364,8 @@ const DefaultMaxInflightBytes = 64 << 20
 // BodyMemoryFactor is how many times its size a protected request's body
 // is charged against the budget: it is held as read, in the fingerprint
 // document and in its canonical form while the upstream call runs, and
-// the upstream's answer is buffered beside it.
+// sent upstream from a copy. The upstream's answer is charged apart (see
+// storedLimit).
 const BodyMemoryFactor = 4
 
 // reserveBody charges the budget for the body of a protected request
@@ -362,6 +380,35 @@ func (g *Gateway) reserveBody(r *http.Request, limit int64) (int64, bool) {
 	}
 	held := n * BodyMemoryFactor
 	return held, g.budget.Acquire(held)
+}
+
+// storedLimit is the largest answer of route rr the gateway stores for
+// tenant t (headers and body): the route's max_stored_bytes capped by the
+// tenant's max_response_bytes. It is also what a protected request reserves
+// of the in-flight budget for the answer before it is claimed.
+func storedLimit(t idem.Tenant, rr *route) int {
+	limit := t.Settings.MaxResponseBytes
+	if rr.maxStored > 0 && rr.maxStored < limit {
+		limit = rr.maxStored
+	}
+	return limit
+}
+
+// storedSize is what a stored response holds: its body and its headers.
+func storedSize(resp idem.Response) int {
+	n := len(resp.Body)
+	for k, v := range resp.Headers {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
+// busy answers a protected request refused for lack of in-flight budget,
+// before anything was claimed or sent upstream.
+func (g *Gateway) busy(w http.ResponseWriter, r *http.Request, x *exchange) {
+	x.outcome = outcomeBusy
+	frontdoor.WriteProblem(w, r, &frontdoor.Error{Code: frontdoor.CodeServerBusy, RetryAfter: time.Second,
+		Detail: "the gateway holds as many request bodies and answers as it may; the request was not processed, retry after Retry-After with the same key"})
 }
 
 // DefaultBodyReadTimeout is Options.BodyReadTimeout when unset, the
@@ -487,10 +534,7 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 	}
 	defer resp.Body.Close()
 
-	maxStored := c.tenant.Settings.MaxResponseBytes
-	if rr.maxStored > 0 && rr.maxStored < maxStored {
-		maxStored = rr.maxStored
-	}
+	maxStored := storedLimit(c.tenant, rr)
 	stored := frontdoor.StoredHeaders(resp.Header, rr.storedHeaders)
 	headerBytes := 0
 	for k, v := range stored {
@@ -498,6 +542,11 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 	}
 	limit := int64(maxStored - headerBytes)
 	var buf bytes.Buffer
+	if n := resp.ContentLength; n >= 0 && n <= limit {
+		// Room for the whole answer and the read that finds its end: the
+		// buffer does not double past the bytes reserved for it.
+		buf.Grow(int(n) + bytes.MinRead)
+	}
 	n, err := io.Copy(&buf, io.LimitReader(resp.Body, max(limit, 0)+1))
 	x.upstream = time.Since(began)
 	if err != nil && n <= limit {

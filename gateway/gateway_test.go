@@ -691,20 +691,11 @@ func TestSlowBodyIsCutOff(t *testing.T) {
 func TestInflightBudgetRefusesBeforeReading(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, backend string) {
-		const maxBody = 64 << 10
-		r := newRig(t, backend, fmt.Sprintf("defaults:\n  max_body_bytes: %d\n", maxBody), func(o *gateway.Options) {
-			o.MaxInflightBytes = maxBody * gateway.BodyMemoryFactor
+		const maxBody, maxStored = 64 << 10, 16 << 10
+		r := newRig(t, backend, fmt.Sprintf("defaults:\n  max_body_bytes: %d\n  max_stored_bytes: %d\n", maxBody, maxStored), func(o *gateway.Options) {
+			o.MaxInflightBytes = maxBody*gateway.BodyMemoryFactor + maxStored
 		})
-		conn, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
-		require.NoError(t, err)
-		defer conn.Close()
-		holder := `{"pad":"` + strings.Repeat("x", maxBody-10) + `"}`
-		_, err = fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: hold-1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(holder), holder[:100])
-		require.NoError(t, err)
-		require.Eventually(t, func() bool {
-			return r.gauge(t, "idem_gateway_request_body_bytes_in_flight") == maxBody*gateway.BodyMemoryFactor
-		},
-			10*time.Second, 5*time.Millisecond, "the holder's body is charged before it is read")
+		finish := holdGatewayBudget(t, r, maxBody)
 
 		busy := send(t, http.MethodPost, r.url+"/orders", "b-1", `{"amount":1}`)
 		require.Equal(t, http.StatusServiceUnavailable, busy.status, busy.body)
@@ -724,7 +715,31 @@ func TestInflightBudgetRefusesBeforeReading(t *testing.T) {
 		require.Equal(t, idem.ErrKeyNotFound.Code, r.getRecordErr(t, "b-2"))
 		require.Equal(t, int64(0), r.upstream.Entered())
 
-		_, err = io.WriteString(conn, holder[100:])
+		finish()
+		require.Equal(t, http.StatusCreated, send(t, http.MethodPost, r.url+"/orders", "b-1", `{"amount":1}`).status)
+		require.Equal(t, http.StatusCreated, send(t, http.MethodPost, r.url+"/orders", "b-2", `{"amount":2}`).status)
+		require.Equal(t, int64(3), r.upstream.Count())
+	})
+}
+
+// holdGatewayBudget starts a protected request whose client announces a
+// body of size bytes and sends only its first 100: the gateway holds the
+// body's budget until the returned finish sends the rest, requires the
+// upstream's 201 and waits until every byte of the budget is given back.
+func holdGatewayBudget(t *testing.T, r *rig, size int) (finish func()) {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	holder := `{"pad":"` + strings.Repeat("x", size-10) + `"}`
+	_, err = fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: hold-1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(holder), holder[:100])
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return r.gauge(t, "idem_gateway_request_body_bytes_in_flight") == float64(len(holder)*gateway.BodyMemoryFactor)
+	}, 10*time.Second, 5*time.Millisecond, "the holder's body is charged before it is read")
+	return func() {
+		t.Helper()
+		_, err := io.WriteString(conn, holder[100:])
 		require.NoError(t, err)
 		require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
 		held, err := http.ReadResponse(bufio.NewReader(conn), nil)
@@ -733,9 +748,46 @@ func TestInflightBudgetRefusesBeforeReading(t *testing.T) {
 		require.Equal(t, http.StatusCreated, held.StatusCode)
 		require.Eventually(t, func() bool { return r.gauge(t, "idem_gateway_request_body_bytes_in_flight") == 0 },
 			10*time.Second, 5*time.Millisecond, "the budget is given back once the answer is written")
+	}
+}
+
+// TestInflightBudgetCoversAnswers: the upstream's answer, which the gateway
+// buffers up to what it may store, and a replayed stored answer are charged
+// against the in-flight budget too. While a holder leaves room for small
+// bodies but not for an answer, a new protected request and a replay are
+// 503 server_busy with Retry-After: nothing claimed, the upstream not
+// called. Before, the answer was buffered outside the budget: small
+// requests whose answers were large ran the gateway out of memory however
+// the bodies were bounded, and so did many replays of a large answer.
+func TestInflightBudgetCoversAnswers(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		const maxBody, maxStored = 64 << 10, 32 << 10
+		r := newRig(t, backend, fmt.Sprintf("defaults:\n  max_body_bytes: %d\n  max_stored_bytes: %d\n", maxBody, maxStored), func(o *gateway.Options) {
+			o.MaxInflightBytes = maxBody*gateway.BodyMemoryFactor + maxStored
+		})
+		stored := send(t, http.MethodPost, r.url+"/orders?size=20000", "r-1", `{"amount":1}`)
+		require.Equal(t, http.StatusOK, stored.status)
+		require.Len(t, stored.body, 20000)
+
+		finish := holdGatewayBudget(t, r, maxBody)
+		// Room for the small bodies, not for an answer besides.
+		for _, c := range []struct{ path, key string }{{"/orders", "b-1"}, {"/orders?size=20000", "r-1"}} {
+			busy := send(t, http.MethodPost, r.url+c.path, c.key, `{"amount":1}`)
+			require.Equal(t, http.StatusServiceUnavailable, busy.status, "%s: %s", c.key, busy.body)
+			require.Equal(t, "server_busy", busy.code(t))
+			require.Equal(t, "1", busy.header.Get("Retry-After"))
+		}
+		require.Equal(t, idem.ErrKeyNotFound.Code, r.getRecordErr(t, "b-1"), "nothing claimed")
+		require.Equal(t, int64(1), r.upstream.Entered(), "the upstream was not called")
+
+		finish()
 		require.Equal(t, http.StatusCreated, send(t, http.MethodPost, r.url+"/orders", "b-1", `{"amount":1}`).status)
-		require.Equal(t, http.StatusCreated, send(t, http.MethodPost, r.url+"/orders", "b-2", `{"amount":2}`).status)
-		require.Equal(t, int64(3), r.upstream.Count())
+		replay := send(t, http.MethodPost, r.url+"/orders?size=20000", "r-1", `{"amount":1}`)
+		require.Equal(t, http.StatusOK, replay.status)
+		require.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
+		require.True(t, stored.body == replay.body, "the stored answer, whole")
+		require.Equal(t, int64(3), r.upstream.Count(), "r-1, the holder and b-1, once each")
 	})
 }
 

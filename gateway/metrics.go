@@ -16,7 +16,7 @@ type gatewayMetrics struct {
 }
 
 // newMetrics registers the gateway's metrics on reg (none when nil);
-// inflight reads the request body bytes held against the budget.
+// inflight reads the request body and answer bytes held against the budget.
 func newMetrics(reg prometheus.Registerer, inflight func() int64) *gatewayMetrics {
 	buckets := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
 	m := &gatewayMetrics{
@@ -41,7 +41,7 @@ func newMetrics(reg prometheus.Registerer, inflight func() int64) *gatewayMetric
 		reg.MustRegister(m.requests, m.upstream, m.added, m.storeFailures,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Namespace: "idem", Subsystem: "gateway", Name: "request_body_bytes_in_flight",
-				Help: "Protected request body bytes held against the gateway's in-flight budget (IDEM_MAX_INFLIGHT_BYTES), each body counted 4 times its size; past the budget requests get 503 server_busy.",
+				Help: "Protected request body bytes (each body counted 4 times its size) and answer bytes (the most each may store) held against the gateway's in-flight budget (IDEM_MAX_INFLIGHT_BYTES); past the budget requests get 503 server_busy.",
 			}, func() float64 { return float64(inflight()) }))
 	}
 	return m
