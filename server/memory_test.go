@@ -168,6 +168,19 @@ func bodyBytesInFlight(ts *servertest.Server) int64 {
 	return -1
 }
 
+// startWithBudget starts a server for tenant acme whose body limit is
+// maxBody and whose in-flight budget holds exactly one body of that size.
+func startWithBudget(t *testing.T, backend string, maxBody int64) *servertest.Server {
+	t.Helper()
+	return servertest.Start(t, servertest.Options{
+		Backend: backend, Tenants: []string{"acme"},
+		Configure: func(c *server.Config) {
+			c.MaxBodyBytes = maxBody
+			c.MaxInflightBytes = maxBody * api.BodyMemoryFactor
+		},
+	})
+}
+
 // budgetHolder is a complete whose client announced its whole body and
 // sent only its first bytes: until finish sends the rest, the server holds
 // that body's in-flight budget.
@@ -291,13 +304,7 @@ func TestInflightBudgetRefusesBeforeReading(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
 			const maxBody = 64 << 10
-			ts := servertest.Start(t, servertest.Options{
-				Backend: backend, Tenants: []string{"acme"},
-				Configure: func(c *server.Config) {
-					c.MaxBodyBytes = maxBody
-					c.MaxInflightBytes = maxBody * api.BodyMemoryFactor
-				},
-			})
+			ts := startWithBudget(t, backend, maxBody)
 			tok := ts.Token(t, "acme", "keys:write")
 			for _, k := range []string{"holder", "second", "chunked"} {
 				resp, body := do(t, http.MethodPost, ts.URL()+"/v1/keys/"+k+"/claim", tok, `{"operation":"op","fingerprint":"fp"}`)
@@ -382,13 +389,7 @@ func TestInflightBudgetCoversStoredAnswers(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
 			const maxBody = 64 << 10
-			ts := servertest.Start(t, servertest.Options{
-				Backend: backend, Tenants: []string{"acme"},
-				Configure: func(c *server.Config) {
-					c.MaxBodyBytes = maxBody
-					c.MaxInflightBytes = maxBody * api.BodyMemoryFactor
-				},
-			})
+			ts := startWithBudget(t, backend, maxBody)
 			tok := ts.Token(t, "acme", "keys:write keys:read")
 			admin := ts.Token(t, "", "admin")
 			claim := func(key, extra string) (*http.Response, []byte) {
