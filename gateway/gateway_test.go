@@ -728,6 +728,10 @@ func TestInflightBudgetRefusesBeforeReading(t *testing.T) {
 // upstream's 201 and waits until every byte of the budget is given back.
 func holdGatewayBudget(t *testing.T, r *rig, size int) (finish func()) {
 	t.Helper()
+	// The requests before it give their budget back once their answers
+	// are written, which their clients may see a moment before.
+	require.Eventually(t, func() bool { return r.gauge(t, "idem_gateway_request_body_bytes_in_flight") == 0 },
+		10*time.Second, 5*time.Millisecond, "the budget is free before the holder starts")
 	conn, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })

@@ -196,6 +196,10 @@ type budgetHolder struct {
 // probe could take the budget first, and the holder was refused instead.)
 func holdBudget(t *testing.T, ts *servertest.Server, tok, key, body string) *budgetHolder {
 	t.Helper()
+	// The requests before it give their budget back once their answers
+	// are written, which their clients may see a moment before.
+	require.Eventually(t, func() bool { return bodyBytesInFlight(ts) == 0 }, 10*time.Second, 10*time.Millisecond,
+		"the budget is free before the holder starts")
 	conn, err := net.DialTimeout("tcp", ts.Addr(), 5*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
