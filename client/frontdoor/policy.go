@@ -112,6 +112,27 @@ func StoreStatus(status int, store5xx bool) bool {
 	return status < 500 || store5xx
 }
 
+// StorableStatus reports whether idem can store an answer of status: its
+// complete takes 100–599 (openapi.yaml, StoredResponse.status), while
+// net/http lets a handler answer anything from 100 to 999 and Node.js and
+// WSGI servers send what they are given. The handler of such an answer
+// has run, whatever it did has happened: a front door sends the answer as
+// it is and stores it as not replayable (HeaderNotReplayable, status
+// UnstorableStatus), as one too large to store, so that a retry is 409
+// response_not_replayable instead of a second run once the claim's lease
+// is over. StoreStatus does not apply to it: released, the key would run
+// the handler again.
+func StorableStatus(status int) bool {
+	return status >= 100 && status <= 599
+}
+
+// UnstorableStatus is the status recorded for an answer whose own status
+// idem cannot store (see StorableStatus): 502, the handler gave an answer
+// that is not valid for the contract. Its replay is 409
+// response_not_replayable all the same; the record's
+// HeaderNotReplayable value names the status that was sent.
+const UnstorableStatus = http.StatusBadGateway
+
 // DefaultStoredHeaders are the response headers stored and replayed by
 // default: the ones that describe the representation. Per-caller headers
 // (Set-Cookie above all) are left out.

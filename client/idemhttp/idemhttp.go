@@ -33,7 +33,10 @@
 //     response over Options.MaxStoredBytes is sent but stored without its
 //     body: a replay then answers 409 response_not_replayable instead of
 //     running the handler again; so is one the tenant's max_response_bytes
-//     refuses (413) when it is under MaxStoredBytes.
+//     refuses (413) when it is under MaxStoredBytes; and so is an answer
+//     whose status idem cannot store (net/http allows 100–999, idem
+//     stores 100–599: frontdoor.StorableStatus), whatever
+//     ReleaseServerErrors says, recorded with status 502.
 //   - A completed key replays the stored response verbatim with
 //     Idempotent-Replayed: true, without running the handler. Another
 //     request in flight with the key: 409 request_in_flight with
@@ -216,6 +219,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		r2.Body = io.NopCloser(bytes.NewReader(body))
 		r2.ContentLength = int64(len(body))
 		next.ServeHTTP(rec, r2)
+		if !frontdoor.StorableStatus(rec.status) {
+			// Sent as it is, stored as not replayable: the handler ran, so
+			// the key must neither be released nor left in flight.
+			return unstorable(rec.status), nil
+		}
 		if !frontdoor.StoreStatus(rec.status, !m.opts.ReleaseServerErrors) {
 			return client.Response{}, fmt.Errorf("%w: %w", client.ErrNoSideEffect, errReleased)
 		}
@@ -229,7 +237,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if applied > 0 {
 		w.Header().Set(frontdoor.HeaderPreferenceApplied, "wait="+strconv.Itoa(int(applied/time.Second)))
 	}
-	if rec != nil && errors.Is(err, client.ErrPayloadTooLarge) {
+	if rec != nil && errors.Is(err, client.ErrPayloadTooLarge) && frontdoor.StorableStatus(rec.status) {
 		// The tenant's max_response_bytes is under MaxStoredBytes: store the
 		// answer without its body, as one over MaxStoredBytes, so that the
 		// retry is 409 response_not_replayable instead of a second run
@@ -289,6 +297,15 @@ func (m *middleware) size(rec *recorder) int {
 func notReplayable(status, size int) client.Response {
 	return client.Response{Status: status, Headers: map[string]string{
 		frontdoor.HeaderNotReplayable: "response of " + strconv.Itoa(size) + " bytes not stored",
+	}}
+}
+
+// unstorable is the response stored in place of one whose status idem
+// cannot store (frontdoor.StorableStatus): frontdoor.UnstorableStatus, no
+// body, marked frontdoor.HeaderNotReplayable with the status sent.
+func unstorable(status int) client.Response {
+	return client.Response{Status: frontdoor.UnstorableStatus, Headers: map[string]string{
+		frontdoor.HeaderNotReplayable: "response of status " + strconv.Itoa(status) + " not stored (outside 100-599)",
 	}}
 }
 

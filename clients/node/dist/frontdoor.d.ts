@@ -104,6 +104,17 @@ export declare function checkIJSON(text: string): void;
 export declare function fingerprintDocument(p: RequestParts, rules?: FingerprintRules): Record<string, unknown>;
 /** Whether an answer of status is stored (and replayed) or the key released: all are stored unless store5xx is false. */
 export declare function storeStatus(status: number, store5xx?: boolean): boolean;
+/**
+ * Whether idem can store an answer of status: its complete takes 100–599,
+ * while Node.js sends any status from 100 to 999. The handler of such an
+ * answer has run: it is sent as it is and stored as not replayable (status
+ * {@link unstorableStatus}, {@link headerNotReplayable}), as one too large to
+ * store, so that a retry is 409 response_not_replayable instead of a second
+ * run; {@link storeStatus} does not apply to it.
+ */
+export declare function storableStatus(status: number): boolean;
+/** The status recorded for an answer whose own status idem cannot store (see {@link storableStatus}). */
+export declare const unstorableStatus = 502;
 /** The response headers stored and replayed by default; Set-Cookie and other per-caller headers never. */
 export declare const defaultStoredHeaders: readonly string[];
 /**

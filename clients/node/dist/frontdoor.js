@@ -32,8 +32,15 @@ export const problems = {
  */
 export const headerNotReplayable = "Idem-Not-Replayable";
 /** A refusal of the front door; {@link problemResponse} turns it into an RFC 9457 answer. */
-/** The response stored in place of one too large to keep: its status, no body, marked (its replay answers 409 response_not_replayable). */
+/**
+ * The response stored in place of one too large to keep: its status, no
+ * body, marked (its replay answers 409 response_not_replayable); for one
+ * whose status idem cannot store, {@link unstorableStatus} and the status sent.
+ */
 function notReplayable(status, size) {
+    if (!storableStatus(status)) {
+        return new StoredResponse(unstorableStatus, { [headerNotReplayable]: `response of status ${status} not stored (outside 100-599)` });
+    }
     return new StoredResponse(status, { [headerNotReplayable]: `response of ${size} bytes not stored` });
 }
 export class FrontDoorError extends Error {
@@ -473,6 +480,19 @@ export function fingerprintDocument(p, rules = {}) {
 export function storeStatus(status, store5xx = true) {
     return status < 500 || store5xx;
 }
+/**
+ * Whether idem can store an answer of status: its complete takes 100–599,
+ * while Node.js sends any status from 100 to 999. The handler of such an
+ * answer has run: it is sent as it is and stored as not replayable (status
+ * {@link unstorableStatus}, {@link headerNotReplayable}), as one too large to
+ * store, so that a retry is 409 response_not_replayable instead of a second
+ * run; {@link storeStatus} does not apply to it.
+ */
+export function storableStatus(status) {
+    return Number.isInteger(status) && status >= 100 && status <= 599;
+}
+/** The status recorded for an answer whose own status idem cannot store (see {@link storableStatus}). */
+export const unstorableStatus = 502;
 /** The response headers stored and replayed by default; Set-Cookie and other per-caller headers never. */
 export const defaultStoredHeaders = Object.freeze([
     "Content-Type", "Content-Language", "Content-Disposition", "Content-Encoding",
@@ -592,6 +612,9 @@ export class FrontDoor {
                 token = claim.fencingToken;
                 const a = await runHandler(body);
                 answer = a;
+                // The handler ran: an answer idem cannot store is recorded as not replayable, never released.
+                if (!storableStatus(a.status))
+                    return notReplayable(a.status, 0);
                 if (!storeStatus(a.status, this.o.storeServerErrors))
                     throw new Released("handler answered 5xx; key released");
                 return this.stored(a);

@@ -37,6 +37,8 @@ export {
   problems,
   requirement,
   scopedKey,
+  storableStatus,
+  unstorableStatus,
   storeStatus,
   storedHeaders,
   validRequestId,

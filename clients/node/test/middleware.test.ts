@@ -370,6 +370,38 @@ for (const store of stores()) {
       }
     });
 
+    test("a status idem cannot store (799: Node.js sends 100-999, idem stores 100-599) is sent, stored as not replayable: its retry is 409, not a second run", async () => {
+      // Before, complete was refused (400): with storeServerErrors the key
+      // stayed in flight and the retry after the 1 s lease ran the handler
+      // again; without it, 799 counted as a 5xx and the key was released.
+      const c = new Client({ baseUrl: srv.url, token: srv.token });
+      for (const storeServerErrors of [true, false]) {
+        const app = express();
+        let ran = 0;
+        app.use(expressMiddleware({ client: c, log: () => {}, leaseSeconds: 1, storeServerErrors }));
+        app.post("/odd", (_req, res) => { ran++; res.status(799).type("text/plain").send("odd"); });
+        const h = createServer(app);
+        const u = await listen(h);
+        try {
+          const k = `odd-${randomUUID()}`;
+          const first = await post(`${u}/odd`, k, {});
+          assert.equal(first.status, 799, "the handler's answer is sent as it is");
+          assert.equal(first.text, "odd");
+          const rec = await c.get(k);
+          assert.equal(rec.state, "completed", "the outcome is recorded, as not replayable");
+          assert.equal(rec.response?.status, 502);
+          assert.ok(rec.response?.headers && "Idem-Not-Replayable" in rec.response.headers);
+          await new Promise((r) => setTimeout(r, 1100)); // past the claim's lease: an in-flight key would be taken over now
+          const again = await post(`${u}/odd`, k, {});
+          assert.equal(again.status, 409);
+          assert.equal(JSON.parse(again.text).code, "response_not_replayable");
+          assert.equal(ran, 1, `the handler ran once (storeServerErrors ${storeServerErrors})`);
+        } finally {
+          await new Promise<void>((r) => { h.closeAllConnections(); h.close(() => r()); });
+        }
+      }
+    });
+
     test("writeHead with a raw header array sends every field the handler wrote; the replay stores and sends the same", async () => {
       // Before, each field of the array replaced the one before of its
       // name (one cookie of two was sent), and the array-of-pairs form threw.

@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { describe, test } from "node:test";
 import {
   FrontDoorError, RetryBudget, StoredResponse, backoffCeilingMs, backoffMs, checkIJSON, defaultStoredHeaders, fingerprintDocument,
-  key, operation, parseKey, parseRetryAfter, problems, requirement, retryAfterWaitMs, scopedKey, storeStatus, storedHeaders,
+  key, operation, parseKey, parseRetryAfter, problems, requirement, retryAfterWaitMs, scopedKey, storableStatus, storeStatus, storedHeaders,
   preferWait, validRequestId, validateKey, withDefaults,
 } from "../src/index.js";
 import { repoRoot } from "./server.js";
@@ -143,7 +143,7 @@ describe("testvectors/frontdoor", () => {
   test("policy: default stored headers", () => assert.deepEqual([...defaultStoredHeaders], pol.default_stored_headers));
   for (const v of pol.requirements) test(`policy.requirements: ${v.method}`, () => assert.equal(requirement(v.method), v.expect));
   for (const v of pol.store) {
-    test(`policy.store: ${v.status} store_5xx=${v.store_5xx}`, () => assert.equal(storeStatus(v.status, v.store_5xx) ? "store" : "release", v.expect));
+    test(`policy.store: ${v.status} store_5xx=${v.store_5xx}`, () => assert.equal(!storableStatus(v.status) ? "not_replayable" : storeStatus(v.status, v.store_5xx) ? "store" : "release", v.expect));
   }
   for (const v of pol.stored_headers) {
     test(`policy.stored_headers: ${v.name}`, () => {

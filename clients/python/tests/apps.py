@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from flask import Flask, request
 from werkzeug.serving import make_server
 
@@ -75,6 +75,11 @@ def flask_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
         effects.charge("fail")
         return {"error": "upstream down"}, 502
 
+    @app.post("/odd")
+    def odd() -> Any:
+        effects.charge("odd")
+        return app.response_class("odd", status=799, mimetype="text/plain")
+
     @app.post("/gated")
     def gated() -> Any:
         n = effects.charge(request.get_json())
@@ -113,6 +118,11 @@ def fastapi_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any
     async def fail() -> Any:
         effects.charge("fail")
         return JSONResponse({"error": "upstream down"}, status_code=502)
+
+    @app.post("/odd")
+    async def odd() -> Any:
+        effects.charge("odd")
+        return PlainTextResponse("odd", status_code=799)
 
     @app.post("/gated")
     async def gated(req: Request) -> Any:

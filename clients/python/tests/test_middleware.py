@@ -308,6 +308,35 @@ def test_tenant_limit_below_max_stored_bytes(kind: str, server: Server, binary: 
         assert len(a.effects.charges) == 1
 
 
+@pytest.mark.parametrize("kind", ["flask", "fastapi"])  # Django refuses a status outside 100-599 itself
+@pytest.mark.parametrize("store_5xx", [True, False])
+def test_unstorable_status(kind: str, store_5xx: bool, server: Server) -> None:
+    """A handler answers 799, which WSGI and ASGI servers send but idem's
+    complete refuses (it stores 100-599): the answer is sent as it is and
+    stored as not replayable (502, Idem-Not-Replayable), with store_5xx off
+    too, so the retry after the claim's lease is 409
+    response_not_replayable, not a second run. Before, complete was refused,
+    the key stayed in flight and the retry after the lease ran the handler a
+    second time."""
+    for a in serve(kind, server.url, server.token, lease=1, store_5xx=store_5xx):
+        key = new_key("odd")
+        if kind == "flask":
+            first = post(a.url + "/odd", key, body={})
+            assert first.status_code == 799 and first.text == "odd"
+        else:
+            # uvicorn cannot send a status it has no reason phrase for: it drops
+            # the connection, after the middleware stored the outcome.
+            with pytest.raises(httpx.RemoteProtocolError):
+                post(a.url + "/odd", key, body={})
+        rec = Client(server.url, token=server.token).get(key)
+        assert rec.state == "completed" and rec.response is not None, rec
+        assert rec.response.status == 502 and "Idem-Not-Replayable" in rec.response.headers
+        time.sleep(1.1)  # past the claim's lease: an in-flight key would be taken over now
+        again = post(a.url + "/odd", key, body={})
+        assert again.status_code == 409 and again.json()["code"] == "response_not_replayable"
+        assert len(a.effects.charges) == 1
+
+
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
 def test_body_over_the_servers_limit(store: str, binary: str) -> None:
     """idem's request limit (IDEM_MAX_BODY_BYTES, 64 KiB here) is under the

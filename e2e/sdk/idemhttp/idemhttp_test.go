@@ -617,3 +617,45 @@ func TestMiddlewareBodyOverTheServersLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestMiddlewareUnstorableStatus: net/http lets a handler answer any
+// status from 100 to 999, idem's complete stores 100–599. An answer
+// outside that range is sent as it is and stored as not replayable, so
+// the retry, even after the claim's lease, is 409 response_not_replayable
+// and the handler runs once — with ReleaseServerErrors too (the handler
+// ran; its status says nothing about side effects). Before, complete was
+// refused (400), the key stayed in flight and the retry after the lease
+// took it over and ran the handler a second time.
+func TestMiddlewareUnstorableStatus(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
+		for _, release := range []bool{false, true} {
+			var runs atomic.Int64
+			h := idemhttp.Middleware(c, idemhttp.Options{Lease: time.Second, ReleaseServerErrors: release})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				w.Header().Set("Content-Type", "text/plain")
+				w.WriteHeader(799)
+				fmt.Fprint(w, "odd")
+			}))
+			app := httptest.NewServer(h)
+			t.Cleanup(app.Close)
+			key := fmt.Sprintf("k-status-799-%v", release)
+
+			first := post(t, app.URL+"/orders", key, `{}`)
+			require.Equal(t, 799, first.status, "the handler's answer is sent as it is")
+			require.Equal(t, "odd", first.body)
+			rec, err := c.Get(t.Context(), key)
+			require.NoError(t, err)
+			require.Equal(t, client.StateCompleted, rec.State, "the outcome is recorded, as not replayable")
+			require.NotNil(t, rec.Response)
+			require.Equal(t, frontdoor.UnstorableStatus, rec.Response.Status)
+			require.Contains(t, rec.Response.Headers, frontdoor.HeaderNotReplayable)
+
+			time.Sleep(1100 * time.Millisecond) // past the claim's lease: an in-flight key would be taken over now
+			again := post(t, app.URL+"/orders", key, `{}`)
+			require.Equal(t, http.StatusConflict, again.status)
+			require.Equal(t, string(frontdoor.CodeResponseNotReplayable), problemCode(t, again))
+			require.Equal(t, int64(1), runs.Load(), "the handler ran once")
+		}
+	})
+}

@@ -184,7 +184,11 @@ class Release(NoSideEffect):
 
 def to_store(opts: Options, ans: Answer) -> Response:
     """The stored form of a handler's answer; raises Release when the
-    answer is not stored (a 5xx with store_5xx off)."""
+    answer is not stored (a 5xx with store_5xx off). An answer whose status
+    idem cannot store is stored as not replayable, whatever store_5xx says:
+    the handler ran."""
+    if not frontdoor.storable_status(ans.status):
+        return not_replayable(opts, ans)
     if not frontdoor.store_status(ans.status, opts.store_5xx):
         raise Release(f"status {ans.status} is not stored")
     headers = frontdoor.stored_headers(ans.headers, opts.stored_headers)
@@ -200,7 +204,11 @@ def stored_size(headers: dict[str, str], body: bytes) -> int:
 def not_replayable(opts: Options, ans: Answer) -> Response:
     """The response stored in place of one too large to keep: its status,
     no body, marked HEADER_NOT_REPLAYABLE (its replay answers 409
-    response_not_replayable)."""
+    response_not_replayable); for one whose status idem cannot store,
+    UNSTORABLE_STATUS and the status sent."""
+    if not frontdoor.storable_status(ans.status):
+        return Response(frontdoor.UNSTORABLE_STATUS,
+                         {frontdoor.HEADER_NOT_REPLAYABLE: f"response of status {ans.status} not stored (outside 100-599)"})
     size = stored_size(frontdoor.stored_headers(ans.headers, opts.stored_headers), ans.body)
     return Response(ans.status, {frontdoor.HEADER_NOT_REPLAYABLE: f"response of {size} bytes not stored"})
 

@@ -339,6 +339,20 @@ def store_status(status: int, store_5xx: bool = True) -> bool:
     return status < 500 or store_5xx
 
 
+#: The status recorded for an answer whose own status idem cannot store (see storable_status).
+UNSTORABLE_STATUS = 502
+
+
+def storable_status(status: int) -> bool:
+    """Whether idem can store an answer of status: its complete takes
+    100-599, while a WSGI or ASGI server sends what it is given. The handler
+    of such an answer has run: it is sent as it is and stored as not
+    replayable (status UNSTORABLE_STATUS, HEADER_NOT_REPLAYABLE), as one too
+    large to store, so that a retry is 409 response_not_replayable instead of
+    a second run; store_status does not apply to it."""
+    return 100 <= status <= 599
+
+
 def stored_headers(headers: Iterable[tuple[str, str]], allow: Sequence[str] | None = None) -> dict[str, str]:
     """The response headers stored with a response: the allowlist (default
     DEFAULT_STORED_HEADERS) looked up case-insensitively and named as
