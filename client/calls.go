@@ -35,11 +35,52 @@ func (c *Client) Claim(ctx context.Context, key string, req Request) (ClaimResul
 		return ClaimResult{}, err
 	}
 	out.Replayed = res.status == http.StatusOK || res.header.Get("Idempotent-Replayed") == "true"
+	if err := checkClaimAnswer(res.status, res.header.Get("Idempotent-Replayed") == "true", out); err != nil {
+		return ClaimResult{}, fmt.Errorf("claim: %w", err)
+	}
 	out.WaitApplied = waitApplied(res.header)
 	if at, err := http.ParseTime(res.header.Get("Date")); err == nil && !out.LeaseExpiresAt.IsZero() {
 		out.LeaseLeft = max(out.LeaseExpiresAt.Sub(at), 0)
 	}
 	return out, nil
+}
+
+// checkClaimAnswer refuses a claim answer the client cannot act on
+// safely: running the function on a claim without a fencing token or
+// state, or replaying a response the server did not send, would do the
+// very thing idempotency prevents. A claim is 201 in_flight with a fencing
+// token and an attempt; a replay is 200 completed with a response whose
+// status idem can have stored; anything else (a broken proxy, a hostile
+// or foreign server) matches ErrInvalidAnswer.
+func checkClaimAnswer(status int, markedReplayed bool, cr ClaimResult) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: the %d answer to a claim %s", ErrInvalidAnswer, status, fmt.Sprintf(format, args...))
+	}
+	switch status {
+	case http.StatusCreated:
+		switch {
+		case markedReplayed:
+			return bad("is marked Idempotent-Replayed")
+		case cr.State != StateInFlight:
+			return bad("has state %q, not in_flight", cr.State)
+		case cr.FencingToken < 1:
+			return bad("has no fencing token")
+		case cr.Attempt < 1:
+			return bad("has no attempt")
+		}
+	case http.StatusOK:
+		switch {
+		case cr.State != StateCompleted:
+			return bad("has state %q, not completed", cr.State)
+		case cr.Response == nil:
+			return bad("replays no stored response")
+		case cr.Response.Status < 100 || cr.Response.Status > 599:
+			return bad("replays a response of status %d", cr.Response.Status)
+		}
+	default:
+		return bad("is neither a claim (201) nor a replay (200)")
+	}
+	return nil
 }
 
 type checkpointBody struct {

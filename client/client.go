@@ -216,7 +216,7 @@ func (c *Client) do(ctx context.Context, ac apiCall) (callResult, error) {
 			c.report(ctx, info)
 			if ac.out != nil && len(body) > 0 {
 				if err := json.Unmarshal(body, ac.out); err != nil {
-					return res, fmt.Errorf("%s: decode answer: %w", ac.name, err)
+					return res, fmt.Errorf("%s: %w: decode answer: %w", ac.name, ErrInvalidAnswer, err)
 				}
 			}
 			return res, nil

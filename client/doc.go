@@ -80,6 +80,12 @@
 // flight and Do waits the lost claim out until the next claim takes it
 // over.
 //
+// A claim answer the client cannot act on — a 2xx that is not JSON, a 201
+// without state in_flight, a fencing token or an attempt, a 200 "replay"
+// without a stored response whose status is 100–599, any other 2xx —
+// matches ErrInvalidAnswer: it is not retried, Do does not run its
+// function and replays nothing (idemhttp answers 503 store_unavailable).
+//
 // # Lifecycle helper
 //
 // Do claims, replays, waits for other holders, hands the recovery point of

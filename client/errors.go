@@ -152,6 +152,15 @@ var ErrRetryBudgetExhausted = errors.New("idem: client retry budget exhausted")
 // wrapped as well.
 var ErrDeadlineTooClose = errors.New("idem: no time left for another attempt before the deadline")
 
+// ErrInvalidAnswer is wrapped into the error of a call whose 2xx answer the
+// client cannot interpret: not JSON, or a claim answer without what acting
+// on it needs (a fencing token and state, a stored response to replay).
+// Such an answer is not retried, and Do does not run its function on it:
+// it comes from something that is not an idem server speaking the
+// contract (a misrouted proxy, say), and guessing could run the work twice
+// or replay a response that was never stored.
+var ErrInvalidAnswer = errors.New("idem: the service's answer cannot be interpreted")
+
 // ErrorCode returns the code of err: the Code of an *Error in its chain,
 // "" for nil, and CodeUnknown for any other error (a network error, say).
 func ErrorCode(err error) Code {

@@ -216,10 +216,11 @@ func TestVectorsReplay(t *testing.T) {
 			BodyEncoding string `json:"body_encoding"`
 		} `json:"encode"`
 		ClaimAnswers []struct {
-			Name     string            `json:"name"`
-			Status   int               `json:"status"`
-			Headers  map[string]string `json:"headers"`
-			Replayed bool              `json:"replayed"`
+			Name    string            `json:"name"`
+			Status  int               `json:"status"`
+			Headers map[string]string `json:"headers"`
+			Body    string            `json:"body"`
+			Expect  string            `json:"expect"`
 		} `json:"claim_answers"`
 	}
 	loadVectors(t, "replay.json", &v)
@@ -252,20 +253,55 @@ func TestVectorsReplay(t *testing.T) {
 	}
 	require.NotEmpty(t, v.ClaimAnswers)
 	for _, tc := range v.ClaimAnswers {
+		// The server answers every claim so; complete and release succeed,
+		// so that only the claim's answer decides.
+		var claims, writes atomic.Int64
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !strings.HasSuffix(r.URL.Path, "/claim") {
+				writes.Add(1)
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(w, `{"key":"k","state":"completed","fencing_token":3,"attempt":1}`)
+				return
+			}
+			claims.Add(1)
 			for k, val := range tc.Headers {
 				w.Header().Set(k, val)
 			}
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(tc.Status)
-			_, _ = io.WriteString(w, `{"key":"k","state":"completed","fencing_token":1,"attempt":1,"response":{"status":201,"body":"x"}}`)
+			_, _ = io.WriteString(w, tc.Body)
 		}))
-		c, err := New(srv.URL)
+		c, err := New(srv.URL, WithRetryPolicy(RetryPolicy{BaseDelay: time.Millisecond}))
 		require.NoError(t, err)
 		cr, err := c.Claim(context.Background(), "k", Request{Operation: "op", Payload: map[string]any{}})
+		ran := false
+		res, derr := c.Do(context.Background(), "k", Request{Operation: "op", Payload: map[string]any{}}, func(context.Context, *Claim) (Response, error) {
+			ran = true
+			return Response{Status: 201, Body: []byte("ran")}, nil
+		})
 		srv.Close()
-		require.NoError(t, err, tc.Name)
-		require.Equal(t, tc.Replayed, cr.Replayed, tc.Name)
+		switch tc.Expect {
+		case "invalid":
+			require.ErrorIs(t, err, ErrInvalidAnswer, tc.Name)
+			require.ErrorIs(t, derr, ErrInvalidAnswer, tc.Name)
+			require.False(t, ran, "%s: the function must not run on an answer the client cannot interpret", tc.Name)
+			require.Zero(t, writes.Load(), "%s: nothing is completed or released", tc.Name)
+			require.Equal(t, int64(2), claims.Load(), "%s: not retried", tc.Name)
+		case "claim":
+			require.NoError(t, err, tc.Name)
+			require.False(t, cr.Replayed, tc.Name)
+			require.NoError(t, derr, tc.Name)
+			require.True(t, ran, tc.Name)
+		case "replay":
+			require.NoError(t, err, tc.Name)
+			require.True(t, cr.Replayed, tc.Name)
+			require.NoError(t, derr, tc.Name)
+			require.False(t, ran, tc.Name)
+			require.True(t, res.Replayed, tc.Name)
+			require.Equal(t, "x", string(res.Response.Body), tc.Name)
+		default:
+			t.Fatalf("%s: unknown expect %q", tc.Name, tc.Expect)
+		}
 	}
 }
 

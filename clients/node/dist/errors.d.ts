@@ -1,8 +1,11 @@
 /**
  * The stable, machine-readable error codes of the idem HTTP contract (the
  * `code` member of a problem+json body), plus the SDK's own `unknown` (an
- * answer without a code, e.g. a proxy's 502 page) and `network` (no answer
- * at all: connection refused or reset, timeout).
+ * answer without a code, e.g. a proxy's 502 page), `network` (no answer
+ * at all: connection refused or reset, timeout) and `invalid_answer` (a 2xx
+ * answer the client cannot interpret: not JSON, or a claim answer without a
+ * fencing token and state, or a "replay" without a stored response; never
+ * retried, and `run` never runs its function on it).
  */
 export declare const Codes: {
     readonly invalidRequest: "invalid_request";
@@ -30,6 +33,7 @@ export declare const Codes: {
     readonly internal: "internal";
     readonly unknown: "unknown";
     readonly network: "network";
+    readonly invalidAnswer: "invalid_answer";
 };
 /** One of {@link Codes}, or a code a newer server sends. */
 export type Code = (typeof Codes)[keyof typeof Codes] | (string & {});

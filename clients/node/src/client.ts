@@ -211,15 +211,25 @@ export class Client {
     if (attemptId !== undefined) body.attempt_id = attemptId;
     if (waitSeconds !== undefined && waitSeconds >= 1) body.wait_seconds = Math.floor(waitSeconds);
     const res = await this.call({ name: "claim", method: "POST", path: keyPath(key, "/claim"), body }, b);
+    checkClaimAnswer(res.status, res.headers, res.data);
     const record = res.data as KeyRecord & { resumed?: boolean };
-    const replayed = res.status === 200 || res.headers.get("Idempotent-Replayed") === "true";
+    const replayed = res.status === 200;
+    let response: StoredResponse | undefined;
+    if (replayed) {
+      try {
+        response = StoredResponse.fromWire(record.response!);
+      } catch (err) {
+        throw new IdemError({ status: res.status, code: Codes.invalidAnswer, title: "Invalid answer", call: "claim",
+          detail: `the replayed response cannot be decoded: ${err instanceof IdemError ? err.detail : String(err)}`, cause: err });
+      }
+    }
     return {
       record,
       replayed,
       resumed: record.resumed === true,
       fencingToken: record.fencing_token,
       attempt: record.attempt,
-      response: replayed && record.response ? StoredResponse.fromWire(record.response) : undefined,
+      response,
       waitAppliedSeconds: waitApplied(res.headers),
       leaseLeftMs: leaseLeftMs(record.lease_expires_at, res.headers.get("Date")),
     };
@@ -407,7 +417,7 @@ export class Client {
         try {
           data = JSON.parse(text);
         } catch (err) {
-          return { error: new IdemError({ status: resp.status, code: Codes.unknown, title: "Invalid answer", detail: "the answer is not JSON", cause: err }) };
+          return { error: new IdemError({ status: resp.status, code: Codes.invalidAnswer, title: "Invalid answer", detail: "the answer is not JSON", cause: err }) };
         }
       }
       return { result: { status: resp.status, headers: resp.headers, data } };
@@ -455,6 +465,38 @@ function networkError(err: unknown, b: Bounds): IdemError {
   const retryable = !aborted && retryableTransportError(err);
   const cause = err instanceof Error && err.cause instanceof Error ? err.cause : err;
   return new IdemError({ code: Codes.network, title: "No answer", detail: cause instanceof Error ? cause.message : String(cause), retryable, cause: err });
+}
+
+function positiveInt(v: unknown): boolean {
+  return typeof v === "number" && Number.isSafeInteger(v) && v >= 1;
+}
+
+/**
+ * Throws IdemError(invalid_answer) unless a claim's answer is one the
+ * client can act on: a claim (201, state in_flight, a fencing token and an
+ * attempt) or a replay (200, state completed, a response whose status idem
+ * can have stored). Running the function on a claim without a fencing
+ * token, or replaying a response the server did not send, would do what
+ * idempotency prevents; such an answer comes from something that is not an
+ * idem server speaking the contract (a misrouted proxy, say).
+ */
+function checkClaimAnswer(status: number, headers: Headers, data: unknown): void {
+  const bad = (why: string) => new IdemError({ status, code: Codes.invalidAnswer, title: "Invalid answer", call: "claim", detail: `the ${status} answer to a claim ${why}` });
+  if (status !== 200 && status !== 201) throw bad("is neither a claim (201) nor a replay (200)");
+  if (data === null || typeof data !== "object" || Array.isArray(data)) throw bad("is not a JSON object");
+  const d = data as Record<string, unknown>;
+  if (status === 201) {
+    if (headers.get("Idempotent-Replayed") === "true") throw bad("is marked Idempotent-Replayed");
+    if (d.state !== "in_flight") throw bad(`has state ${JSON.stringify(d.state)}, not in_flight`);
+    if (!positiveInt(d.fencing_token)) throw bad("has no fencing token");
+    if (!positiveInt(d.attempt)) throw bad("has no attempt");
+    return;
+  }
+  if (d.state !== "completed") throw bad(`has state ${JSON.stringify(d.state)}, not completed`);
+  const r = d.response;
+  if (r === null || typeof r !== "object" || Array.isArray(r)) throw bad("replays no stored response");
+  const st = (r as Record<string, unknown>).status;
+  if (!(typeof st === "number" && Number.isInteger(st) && st >= 100 && st <= 599)) throw bad(`replays a response of status ${JSON.stringify(st)}`);
 }
 
 /** The wait the server says it applied to a claim (`Preference-Applied: wait=N`), 0 when none. */

@@ -2,9 +2,11 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { describe, test } from "node:test";
 import {
-  FrontDoorError, RetryBudget, StoredResponse, backoffCeilingMs, backoffMs, checkIJSON, defaultStoredHeaders, fingerprintDocument,
+  Client, Codes, FrontDoorError, IdemError, RetryBudget, StoredResponse, backoffCeilingMs, backoffMs, checkIJSON, defaultStoredHeaders, fingerprintDocument,
   key, operation, parseKey, parseRetryAfter, problems, requirement, retryAfterWaitMs, scopedKey, storableStatus, storeStatus, storedHeaders,
   preferWait, validRequestId, validateKey, withDefaults,
 } from "../src/index.js";
@@ -98,10 +100,57 @@ describe("testvectors/sdk", () => {
     });
   }
   for (const v of rp.claim_answers) {
-    test(`replay.claim_answers: ${v.name}`, () => {
-      // client.ts: replayed = status 200 or Idempotent-Replayed: true.
-      const replayed = v.status === 200 || new Headers(v.headers).get("Idempotent-Replayed") === "true";
-      assert.equal(replayed, v.replayed);
+    test(`replay.claim_answers: ${v.name}`, async () => {
+      // A loopback server answers every claim as the vector says; completes
+      // and releases succeed and are counted. An answer the client cannot
+      // interpret is invalid_answer: the function never runs, nothing is
+      // completed, released or replayed, the claim is not retried.
+      let claims = 0;
+      let writes = 0;
+      const srv = createServer((req, res) => {
+        req.resume();
+        req.on("end", () => {
+          if (!req.url!.endsWith("/claim")) {
+            writes++;
+            res.writeHead(200, { "Content-Type": "application/json" }).end('{"key":"k","state":"completed","fencing_token":3,"attempt":1}');
+            return;
+          }
+          claims++;
+          res.writeHead(v.status, { ...v.headers, "Content-Type": "application/json" }).end(v.body);
+        });
+      });
+      await new Promise<void>((r) => srv.listen(0, "127.0.0.1", () => r()));
+      const c = new Client({ baseUrl: `http://127.0.0.1:${(srv.address() as AddressInfo).port}`, token: "t" });
+      const ran: string[] = [];
+      const fn = async () => {
+        ran.push("ran");
+        return { status: 201, body: "ran" };
+      };
+      try {
+        if (v.expect === "invalid") {
+          await assert.rejects(c.claim("k", { operation: "op", request: {} }), (e: Any) => e instanceof IdemError && e.code === Codes.invalidAnswer);
+          await assert.rejects(c.run("k", { operation: "op", request: {} }, fn), (e: Any) => e instanceof IdemError && e.code === Codes.invalidAnswer);
+          assert.deepEqual(ran, [], "the function must not run on an answer the client cannot interpret");
+          assert.equal(writes, 0, "nothing is completed or released");
+          assert.equal(claims, 2, "not retried");
+          return;
+        }
+        const cr = await c.claim("k", { operation: "op", request: {} });
+        const res = await c.run("k", { operation: "op", request: {} }, fn);
+        if (v.expect === "claim") {
+          assert.ok(!cr.replayed && cr.fencingToken >= 1);
+          assert.ok(!res.replayed);
+          assert.deepEqual(ran, ["ran"]);
+        } else {
+          assert.equal(v.expect, "replay");
+          assert.ok(cr.replayed && res.replayed);
+          assert.deepEqual(ran, []);
+          assert.equal(res.response.text(), "x");
+        }
+      } finally {
+        srv.closeAllConnections();
+        await new Promise<void>((r) => srv.close(() => r()));
+      }
     });
   }
 });

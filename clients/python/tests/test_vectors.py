@@ -93,9 +93,92 @@ def test_replay() -> None:
     for tc in v["encode"]:
         w = Response(status=200, body=bytes.fromhex(tc["body_hex"])).to_wire()
         assert (w["body"], w["body_encoding"]) == (tc["body"], tc["body_encoding"]), tc["name"]
-    for tc in v["claim_answers"]:
-        cr = idem._core.Core.claim_result(tc["status"], httpx.Headers(tc["headers"]), {"key": "k", "state": "completed"})
-        assert cr.replayed == tc["replayed"], tc["name"]
+
+
+class _ClaimAnswer(BaseHTTPRequestHandler):
+    """Answers every claim as the vector says; completes and releases succeed (and are counted)."""
+
+    vector: dict[str, Any] = {}
+    claims = 0
+    writes = 0
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        cls = type(self)
+        if not self.path.endswith("/claim"):
+            cls.writes += 1
+            body = b'{"key":"k","state":"completed","fencing_token":3,"attempt":1}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+        else:
+            cls.claims += 1
+            tc = cls.vector
+            body = tc["body"].encode()
+            self.send_response(tc["status"])
+            for k, val in tc["headers"].items():
+                self.send_header(k, val)
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.mark.parametrize("tc", load("replay.json")["claim_answers"], ids=lambda tc: tc["name"])
+def test_claim_answers(tc: dict[str, Any]) -> None:
+    """A server's answer to a claim (testvectors/sdk/replay.json
+    claim_answers): a claim runs the function, a replay returns the stored
+    response without running it, and an answer the client cannot interpret
+    is InvalidAnswer - the function never runs, nothing is completed,
+    released or replayed, the claim is not retried - in claim() and run(),
+    sync and asyncio."""
+    import asyncio
+
+    _ClaimAnswer.vector, _ClaimAnswer.claims, _ClaimAnswer.writes = tc, 0, 0
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _ClaimAnswer)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    ran: list[str] = []
+
+    def fn(claim: Any) -> Response:
+        ran.append("sync")
+        return Response(201, body=b"ran")
+
+    async def afn(claim: Any) -> Response:
+        ran.append("async")
+        return Response(201, body=b"ran")
+
+    async def arun() -> Any:
+        async with idem.AsyncClient(url) as ac:
+            return await ac.run("k", afn, operation="op", request={})
+
+    try:
+        with idem.Client(url) as c:
+            if tc["expect"] == "invalid":
+                with pytest.raises(idem.InvalidAnswer):
+                    c.claim("k", operation="op", request={})
+                with pytest.raises(idem.InvalidAnswer):
+                    c.run("k", fn, operation="op", request={})
+                with pytest.raises(idem.InvalidAnswer):
+                    asyncio.run(arun())
+                assert ran == [], "the function must not run on an answer the client cannot interpret"
+                assert _ClaimAnswer.writes == 0, "nothing is completed or released"
+                assert _ClaimAnswer.claims == 3, "not retried"
+                return
+            cr = c.claim("k", operation="op", request={})
+            res, ares = c.run("k", fn, operation="op", request={}), asyncio.run(arun())
+            if tc["expect"] == "claim":
+                assert not cr.replayed and cr.record.fencing_token >= 1
+                assert ran == ["sync", "async"] and not res.replayed and not ares.replayed
+            else:
+                assert tc["expect"] == "replay", tc["expect"]
+                assert cr.replayed and ran == []
+                assert res.replayed and ares.replayed and res.response.body == ares.response.body == b"x"
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 class _Stub(BaseHTTPRequestHandler):

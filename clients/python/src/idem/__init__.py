@@ -20,6 +20,7 @@ from ._core import RENEWAL_POINT, AttemptInfo
 from ._errors import (
     FieldError,
     IdemError,
+    InvalidAnswer,
     InvalidKeyError,
     NoSideEffect,
     ProblemError,
@@ -33,7 +34,7 @@ from ._types import ClaimResult, KeyPage, Record, Response, RunResult
 
 __all__ = [
     "AsyncClaim", "AsyncClient", "AttemptInfo", "Claim", "ClaimResult", "Client", "FieldError", "IdemError",
-    "InvalidKeyError", "KeyPage", "LeaseLost", "MAX_KEY_BYTES", "NoSideEffect", "ProblemError", "RENEWAL_POINT",
+    "InvalidAnswer", "InvalidKeyError", "KeyPage", "LeaseLost", "MAX_KEY_BYTES", "NoSideEffect", "ProblemError", "RENEWAL_POINT",
     "Record", "Response", "RetryBudget", "RetryPolicy", "RunResult", "TokenError", "TransportError", "derive_key",
     "error_code", "parse_retry_after", "validate_key",
 ]

@@ -19,6 +19,7 @@ import httpx
 from ._errors import (
     REQUEST_IN_FLIGHT,
     IdemError,
+    InvalidAnswer,
     NoSideEffect,
     ProblemError,
     TokenError,
@@ -146,7 +147,7 @@ class Core:
             try:
                 return json.loads(resp.content)
             except ValueError as e:
-                raise IdemError(f"idem: {call.name}: decode answer: {e}") from e
+                raise InvalidAnswer(f"idem: {call.name}: decode answer: {e}") from e
         raise problem_from(resp.status_code, resp.headers, resp.content, self.now(), self.policy, call.name)
 
     def transport(self, call: Call, exc: httpx.HTTPError) -> TransportError:
@@ -224,9 +225,19 @@ class Core:
 
     @staticmethod
     def claim_result(status: int, headers: httpx.Headers, data: Any) -> ClaimResult:
-        d: Mapping[str, Any] = data if isinstance(data, dict) else {}
-        replayed = status == 200 or headers.get("Idempotent-Replayed") == "true"
-        record = Record.from_json(d)
+        """Decode a claim's answer; InvalidAnswer for one that is neither a
+        claim (201 in_flight with a fencing token and an attempt) nor a
+        replay (200 completed with a response idem can have stored): running
+        the function on a claim without a fencing token, or replaying a
+        response the server did not send, would do what idempotency
+        prevents."""
+        check_claim_answer(status, headers, data)
+        d: Mapping[str, Any] = data
+        replayed = status == 200
+        try:
+            record = Record.from_json(d)
+        except ValueError as e:
+            raise InvalidAnswer(f"idem: claim: the {status} answer to a claim has a response that cannot be decoded: {e}") from e
         lease_left = 0.0
         if record.lease_expires_at is not None and headers.get("Date"):
             try:
@@ -332,6 +343,40 @@ class Core:
         if deadline is None:
             return None
         return max(deadline, self.monotonic() + (self.policy.attempt_timeout or 10.0))
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def check_claim_answer(status: int, headers: httpx.Headers, data: Any) -> None:
+    """Raise InvalidAnswer unless (status, data) is a claim or a replay the
+    client can act on (see Core.claim_result)."""
+    def bad(why: str) -> InvalidAnswer:
+        return InvalidAnswer(f"idem: claim: the {status} answer to a claim {why}")
+    if status not in (200, 201):
+        raise bad("is neither a claim (201) nor a replay (200)")
+    if not isinstance(data, dict):
+        raise bad("is not a JSON object")
+    state = data.get("state")
+    if status == 201:
+        if headers.get("Idempotent-Replayed") == "true":
+            raise bad("is marked Idempotent-Replayed")
+        if state != "in_flight":
+            raise bad(f"has state {state!r}, not in_flight")
+        if not _positive_int(data.get("fencing_token")):
+            raise bad("has no fencing token")
+        if not _positive_int(data.get("attempt")):
+            raise bad("has no attempt")
+        return
+    if state != "completed":
+        raise bad(f"has state {state!r}, not completed")
+    resp = data.get("response")
+    if not isinstance(resp, dict):
+        raise bad("replays no stored response")
+    st = resp.get("status")
+    if not (isinstance(st, int) and not isinstance(st, bool) and 100 <= st <= 599):
+        raise bad(f"replays a response of status {st!r}")
 
 
 def lease_length(requested: float | None, cr: ClaimResult, now: datetime) -> float:

@@ -102,6 +102,15 @@ class TransportError(IdemError):
         self.retryable = retryable
 
 
+class InvalidAnswer(IdemError):
+    """A 2xx answer the client cannot interpret: not JSON, or a claim answer
+    without what acting on it needs (a fencing token and state, a stored
+    response to replay). Not retried, and run() does not run its function on
+    it: it comes from something that is not an idem server speaking the
+    contract (a misrouted proxy, say), and guessing could run the work twice
+    or replay a response that was never stored."""
+
+
 class TokenError(IdemError):
     """The token source failed; never retried."""
 
