@@ -14,6 +14,7 @@
 //	idem_reaper_last_success_timestamp_seconds             gauge     unix time of the last successful reaper pass
 //	idem_http_request_duration_seconds{route,method,status_class}  histogram status_class 1xx…5xx, or 499 when the client went away
 //	idem_store_operation_duration_seconds{op,result}       histogram result ok|rejected|unavailable|canceled|error
+//	idem_tenant_store_share_waits_total{tenant,result}     counter   store calls that found their tenant's share of the connections in use (IDEM_DB_TENANT_SHARE) and waited: result ok|unavailable|canceled
 //	idem_db_pool_*                                         gauges/counters of the database connection pool (pool.go)
 //	idem_build_info{version,revision,go_version}           gauge     always 1
 //	idem_ready                                             gauge     1 when the store answers a ping at scrape time
@@ -26,8 +27,8 @@
 // operator, not a value a caller can mint. Still, only the first
 // LimitTenants tenants (IDEM_METRICS_MAX_TENANTS, default 100) get their
 // own series; the others share the label TenantOther, "(other)". One
-// tenant label has at most SeriesPerTenant (29) series, so the
-// tenant-labelled series stay below 29 × (limit + 1), 2,929 with the
+// tenant label has at most SeriesPerTenant (32) series, so the
+// tenant-labelled series stay below 32 × (limit + 1), 3,232 with the
 // default, whether there are 100 or 10,000 tenants (TestTenantCardinality
 // counts them). Keys, fingerprints and raw paths never become labels: the
 // HTTP histogram uses the chi route pattern ("/v1/keys/{key}/claim"), and a
@@ -123,12 +124,14 @@ type Metrics struct {
 	reaperRuns           *prometheus.CounterVec
 	reaperLastSuccess    prometheus.Gauge
 	webhookAttempts      *prometheus.CounterVec
+	shareWaits           *prometheus.CounterVec
 	httpDuration         *prometheus.HistogramVec
 	storeDuration        *prometheus.HistogramVec
 
 	// Children of the hot-path vectors, resolved once per label values.
 	claimsBy  children[prometheus.Counter]
 	writesBy  children[prometheus.Counter]
+	sharesBy  children[prometheus.Counter]
 	httpBy    children[prometheus.Observer]
 	storeBy   children[prometheus.Observer]
 	tenantsBy sync.Map // tenant id → its label (string), see tenantLabel
@@ -194,6 +197,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:    "Store operation duration by operation and result (ok, rejected, unavailable, canceled, error).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"op", "result"}),
+		shareWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "tenant_store_share_waits_total",
+			Help: "Store calls of a tenant that found its share of the database connections (IDEM_DB_TENANT_SHARE) in use and waited for one of its own calls to end, by result: ok (got its turn), unavailable (the store deadline ran out: 503 store_unavailable), canceled (the caller went away).",
+		}, []string{"tenant", "result"}),
 		webhookAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "webhook_attempts_total",
 			Help: "Webhook delivery attempts by result (delivered, retry, gave_up).",
@@ -208,6 +215,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	m.claimsBy = children[prometheus.Counter]{labels: 2, with: m.claims.WithLabelValues}
 	m.writesBy = children[prometheus.Counter]{labels: 3, with: m.writes.WithLabelValues}
+	m.sharesBy = children[prometheus.Counter]{labels: 2, with: m.shareWaits.WithLabelValues}
 	m.httpBy = children[prometheus.Observer]{labels: 3, with: m.httpDuration.WithLabelValues}
 	m.storeBy = children[prometheus.Observer]{labels: 2, with: m.storeDuration.WithLabelValues}
 	version, revision, goVersion := BuildInfo()
@@ -215,7 +223,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(
 		m.claims, m.writes, m.orphans, m.oldestOrphanAge, m.watchLastSuccess,
 		m.reaperDeleted, m.reaperOrphansDeleted, m.reaperRuns, m.reaperLastSuccess,
-		m.webhookAttempts, m.httpDuration, m.storeDuration, m.buildInfo,
+		m.webhookAttempts, m.shareWaits, m.httpDuration, m.storeDuration, m.buildInfo,
 	)
 	registerOnce(reg, collectors.NewGoCollector())
 	registerOnce(reg, collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -248,9 +256,9 @@ func (m *Metrics) LimitTenants(n int) {
 }
 
 // SeriesPerTenant is the most series one tenant label can have: 8 claim
-// outcomes, 3 write operations × 6 results, 2 orphan gauges and 1 counter
-// of reaped orphans.
-const SeriesPerTenant = 8 + 3*6 + 2 + 1
+// outcomes, 3 write operations × 6 results, 2 orphan gauges, 1 counter
+// of reaped orphans and 3 results of waits for the tenant's store share.
+const SeriesPerTenant = 8 + 3*6 + 2 + 1 + 3
 
 // tenantLabel returns the tenant label of a counter observation: the tenant
 // itself while it is among the admitted ones, TenantOther past the limit.
@@ -454,6 +462,18 @@ func (m *Metrics) ObserveWrite(tenant, op string, err error) {
 		op = "other"
 	}
 	m.writesBy.get(m.tenantLabel(tenant), op, WriteResult(err)).Inc()
+}
+
+// ObserveShareWait counts a store call of tenant that found its tenant's
+// share of the connections in use and waited (idem.WithTenantShare's
+// observe): err nil once it got its turn, else the error it returned. An
+// operator sees which tenant presses against its share, and whether its
+// requests got 503 for it.
+func (m *Metrics) ObserveShareWait(tenant string, err error) {
+	if m == nil {
+		return
+	}
+	m.sharesBy.get(m.tenantLabel(tenant), StoreResult(err), "").Inc()
 }
 
 // SetOrphans replaces the orphan gauges with stats, the result of

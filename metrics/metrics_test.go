@@ -258,7 +258,7 @@ func label(m *dto.Metric, name string) string {
 }
 
 // TestTenantCardinality drives every claim outcome, every write result,
-// orphans and reaped orphans for 10,000 tenants and counts the
+// every result of a wait for the store share, orphans and reaped orphans for 10,000 tenants and counts the
 // tenant-labelled series: they stay at (limit+1) × SeriesPerTenant, the
 // figure the operating docs give, and the tenants past the limit are
 // counted, not lost, under TenantOther.
@@ -286,6 +286,9 @@ func TestTenantCardinality(t *testing.T) {
 				m.ObserveWrite(id, op, err)
 			}
 		}
+		for _, err := range []error{nil, idem.StoreUnavailable("share", context.DeadlineExceeded), context.Canceled} {
+			m.ObserveShareWait(id, err)
+		}
 		// Tenant i has i+1 orphans: the last ones have the most.
 		stats = append(stats, idem.OrphanStat{TenantID: id, Count: int64(i + 1), OldestLeaseExpiry: now.Add(-time.Duration(i) * time.Second), ObservedAt: now})
 		reaped = append(reaped, idem.Record{TenantID: id, Key: "k", State: idem.StateInFlight, LeaseExpiresAt: now.Add(-time.Hour), ObservedAt: now})
@@ -311,7 +314,7 @@ func TestTenantCardinality(t *testing.T) {
 	}
 	series, labels := count()
 	t.Logf("%d tenants, limit %d: %d tenant-labelled series (%d per tenant label)", tenants, metrics.DefaultMaxTenants, series, metrics.SeriesPerTenant)
-	require.Equal(t, 29, metrics.SeriesPerTenant)
+	require.Equal(t, 32, metrics.SeriesPerTenant)
 	require.Equal(t, (metrics.DefaultMaxTenants+1)*metrics.SeriesPerTenant, series, "every outcome of 100 tenants plus (other)")
 	require.Len(t, labels, 2*metrics.DefaultMaxTenants+1, "the first 100 tenants in the counters, the 100 with most orphans in the gauges, and (other)")
 	require.True(t, labels["t00000"], "the first tenant seen keeps its counters")

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/auth"
 	"github.com/idem-dev/idem/jobs"
@@ -81,6 +82,13 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// DBMaxConns is the PostgreSQL pool size.
 	DBMaxConns int
+	// DBTenantShare is the part of the store's connections one tenant's
+	// store calls may hold at once (IDEM_DB_TENANT_SHARE, 0 < share <= 1):
+	// the pool's size times it, rounded up, at least one call
+	// (idem.WithTenantShare). Past it a tenant's calls wait for one of its
+	// own to end, so one tenant cannot take every connection; 1 lets one
+	// tenant take the whole pool.
+	DBTenantShare float64
 	// DBConnectTimeout bounds connecting to the database at start.
 	DBConnectTimeout time.Duration
 	// StoreTimeout bounds every store call (IDEM_STORE_TIMEOUT), waiting
@@ -147,6 +155,7 @@ func DefaultConfig() Config {
 		LogLevel:            "info",
 		ShutdownGrace:       20 * time.Second,
 		DBMaxConns:          10,
+		DBTenantShare:       idem.DefaultStoreShare,
 		DBConnectTimeout:    10 * time.Second,
 		StoreTimeout:        5 * time.Second,
 		MaxWaiters:          1000,
@@ -217,6 +226,8 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*intValue)(&c.MaxWaiters) }},
 		{"db-max-conns", "IDEM_DB_MAX_CONNS", "PostgreSQL connection pool size", false,
 			func(c *Config) flag.Value { return (*intValue)(&c.DBMaxConns) }},
+		{"db-tenant-share", "IDEM_DB_TENANT_SHARE", "part of the database connections one tenant's store calls may hold at once (0 < share <= 1; rounded up, at least one); past it its calls wait for one of its own, up to IDEM_STORE_TIMEOUT; 1 lets one tenant take the whole pool", false,
+			func(c *Config) flag.Value { return (*floatValue)(&c.DBTenantShare) }},
 		{"db-connect-timeout", "IDEM_DB_CONNECT_TIMEOUT", "time allowed to connect to the database at start", false,
 			func(c *Config) flag.Value { return (*durationValue)(&c.DBConnectTimeout) }},
 		{"store-timeout", "IDEM_STORE_TIMEOUT", "longest a store call (database query, connection wait included) may take; past it the request gets 503 store_unavailable", false,
@@ -502,6 +513,9 @@ func (c Config) Validate() error {
 	}
 	if c.DBMaxConns < 1 || c.DBMaxConns > 1000 {
 		bad("IDEM_DB_MAX_CONNS must be between 1 and 1000 (got %d)", c.DBMaxConns)
+	}
+	if !(c.DBTenantShare > 0 && c.DBTenantShare <= 1) {
+		bad("IDEM_DB_TENANT_SHARE must be above 0 and at most 1 (got %g)", c.DBTenantShare)
 	}
 	if c.MaxWaiters < 0 || c.MaxWaiters > 1000000 {
 		bad("IDEM_MAX_WAITERS must be between 0 and 1000000 (got %d)", c.MaxWaiters)

@@ -135,6 +135,8 @@ func TestValidateMessages(t *testing.T) {
 		{"max waiters", func(c *Config) { c.MaxWaiters = -1 }, "IDEM_MAX_WAITERS must be between 0 and 1000000 (got -1)"},
 		{"batch", func(c *Config) { c.ReapBatchSize = 0 }, "IDEM_REAP_BATCH_SIZE must be between 1 and 100000 (got 0)"},
 		{"reap pause", func(c *Config) { c.ReapPause = -1 }, "IDEM_REAP_PAUSE must be between 0 and 100 (got -1)"},
+		{"tenant share zero", func(c *Config) { c.DBTenantShare = 0 }, "IDEM_DB_TENANT_SHARE must be above 0 and at most 1 (got 0)"},
+		{"tenant share above the pool", func(c *Config) { c.DBTenantShare = 1.5 }, "IDEM_DB_TENANT_SHARE must be above 0 and at most 1 (got 1.5)"},
 		{"header bytes", func(c *Config) { c.MaxHeaderBytes = 10 }, "IDEM_MAX_HEADER_BYTES must be at least 4096 (got 10)"},
 	}
 	for _, tt := range tests {

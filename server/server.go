@@ -156,8 +156,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	}
 	// The deadline sits inside the instrumentation, so a call that ran out
 	// of time is counted as unavailable; every user of s.store — the API,
-	// the tenant service, the background jobs — gets it.
-	s.store = metrics.InstrumentStore(idem.WithDeadline(raw, cfg.StoreTimeout), s.metrics)
+	// the tenant service, the background jobs — gets it. Inside the
+	// deadline each tenant's calls keep to their share of the pool, so
+	// the wait for the share is bounded by the same deadline; the
+	// background jobs name no tenant and are not held to one.
+	s.store = metrics.InstrumentStore(idem.WithDeadline(idem.WithTenantShare(raw, s.storeShare(raw), s.metrics.ObserveShareWait), cfg.StoreTimeout), s.metrics)
 	s.tenants = tenants.NewService(s.store, cfg.TenantCacheTTL)
 	// Claims wait on the raw store's key events; their claims go through
 	// s.store, so each one is bounded by IDEM_STORE_TIMEOUT and the wait
@@ -212,6 +215,18 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 
 	s.handler = s.routes(verifier)
 	return s, nil
+}
+
+// storeShare returns how many store calls one tenant may have in progress
+// at once: IDEM_DB_TENANT_SHARE of the store's pool (PostgreSQL:
+// IDEM_DB_MAX_CONNS; SQLite: its few connections), or 0 (no bound) for a
+// store that reports no pool.
+func (s *Server) storeShare(raw idem.Store) int {
+	p, ok := raw.(idem.PoolReporter)
+	if !ok || p.PoolStats().MaxConns <= 0 {
+		return 0
+	}
+	return idem.StoreShareOf(int(p.PoolStats().MaxConns), s.cfg.DBTenantShare)
 }
 
 // routes builds the handler: the API router plus the operational and

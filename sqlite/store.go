@@ -49,8 +49,9 @@ import (
 )
 
 var (
-	_ idem.Store     = (*Store)(nil)
-	_ idem.KeyEvents = (*Store)(nil)
+	_ idem.Store        = (*Store)(nil)
+	_ idem.KeyEvents    = (*Store)(nil)
+	_ idem.SerialWriter = (*Store)(nil)
 )
 
 // busyTimeout is how long a statement waits for another connection's write
@@ -362,6 +363,12 @@ func (s *Store) lockWriter(ctx context.Context) error {
 
 // unlockWriter gives the writer slot to the next writer in line.
 func (s *Store) unlockWriter() { <-s.writer }
+
+// SerialWrites implements idem.SerialWriter: writers queue for the writer
+// slot before they take a connection, and reads run beside the writer, so
+// a tenant's share of the store (idem.WithTenantShare) counts its writes
+// and its reads apart.
+func (s *Store) SerialWrites() {}
 
 // interpretError is interpretError plus the closed-store case.
 func (s *Store) interpretError(err error, doing string) error {

@@ -1,0 +1,145 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem"
+)
+
+func TestStoreShareOf(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		pool     int
+		fraction float64
+		want     int
+	}{
+		{10, 0.5, 5}, {4, 0.5, 2}, {5, 0.5, 3}, {1, 0.5, 1}, {10, 0.3, 3}, {10, 0.01, 1}, {10, 1, 10}, {3, 0.7, 3},
+	} {
+		require.Equal(t, c.want, idem.StoreShareOf(c.pool, c.fraction), "%d × %g", c.pool, c.fraction)
+	}
+}
+
+// gateStore is a Store whose claims of tenant "slow" block until gate
+// closes; the other calls answer at once. Only the share is under test.
+type gateStore struct {
+	idem.Store
+	gate chan struct{}
+}
+
+func (g *gateStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	if p.TenantID == "slow" {
+		select {
+		case <-g.gate:
+		case <-ctx.Done():
+			return idem.ClaimResult{}, ctx.Err()
+		}
+	}
+	return idem.ClaimResult{}, nil
+}
+
+// TestWithTenantShare: past its share a tenant's call waits for one of its
+// own, not for another tenant's; the wait ends with store_unavailable
+// (retryable) at the caller's deadline, matches context.Canceled when the
+// caller gave up, and is reported to observe either way; a later call
+// gets its turn once the tenant's call ended. (TestTenantStoreShare in
+// server/ shows calls waiting and getting their turn over real HTTP.)
+func TestWithTenantShare(t *testing.T) {
+	t.Parallel()
+	g := &gateStore{gate: make(chan struct{})}
+	var mu sync.Mutex
+	var seen []error
+	s := idem.WithTenantShare(g, 1, func(tenant string, err error) {
+		require.Equal(t, "slow", tenant)
+		mu.Lock()
+		seen = append(seen, err)
+		mu.Unlock()
+	})
+	ctx := t.Context()
+	held := make(chan error, 1)
+	go func() { _, err := s.Claim(ctx, idem.ClaimParams{TenantID: "slow", Key: "k"}); held <- err }()
+	require.Eventually(t, func() bool {
+		short, cancel := context.WithTimeout(ctx, time.Millisecond)
+		defer cancel()
+		_, err := s.Claim(short, idem.ClaimParams{TenantID: "slow", Key: "k2"})
+		return idem.ErrorCode(err) == idem.CodeStoreUnavailable
+	}, 10*time.Second, time.Millisecond, "the second call of the tenant should wait for its share and time out")
+
+	_, err := s.Claim(ctx, idem.ClaimParams{TenantID: "other", Key: "k"})
+	require.NoError(t, err, "another tenant is not held up by the slow one")
+
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = s.Claim(canceled, idem.ClaimParams{TenantID: "slow", Key: "k3"})
+	require.ErrorIs(t, err, context.Canceled)
+
+	waiting := make(chan error, 1)
+	go func() { _, err := s.Claim(ctx, idem.ClaimParams{TenantID: "slow", Key: "k4"}); waiting <- err }()
+	close(g.gate)
+	require.NoError(t, <-held)
+	require.NoError(t, <-waiting, "a later call gets its turn once the first ended")
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, seen)
+	var unavailable, canceledN int
+	for _, err := range seen {
+		switch {
+		case err == nil:
+		case errors.Is(err, context.Canceled):
+			canceledN++
+		default:
+			require.Equal(t, idem.CodeStoreUnavailable, idem.ErrorCode(err))
+			unavailable++
+		}
+	}
+	require.Equal(t, 1, canceledN)
+	require.Positive(t, unavailable)
+}
+
+// TestWithTenantShareNoAlloc: the share costs no allocation per call (it
+// sits on every request's path).
+func TestWithTenantShareNoAlloc(t *testing.T) {
+	s := idem.WithTenantShare(&gateStore{}, 4, nil)
+	ctx := context.Background()
+	p := idem.ClaimParams{TenantID: "acme", Key: "k"}
+	_, _ = s.Claim(ctx, p) // the tenant's slots are made once
+	allocs := testing.AllocsPerRun(1000, func() { _, _ = s.Claim(ctx, p) })
+	require.Zero(t, allocs)
+}
+
+// serialStore is a gateStore that says its writes take turns on one writer.
+type serialStore struct{ gateStore }
+
+func (*serialStore) SerialWrites() {}
+
+func (g *serialStore) GetRecord(context.Context, idem.GetRecordParams) (idem.Record, error) {
+	return idem.Record{}, nil
+}
+
+// TestWithTenantShareSerialWriter: on a store whose writes queue for one
+// writer without a connection (SQLite), a tenant whose writes fill their
+// share still reads: its reads have a share of their own.
+func TestWithTenantShareSerialWriter(t *testing.T) {
+	t.Parallel()
+	g := &serialStore{gateStore{gate: make(chan struct{})}}
+	defer close(g.gate)
+	s := idem.WithTenantShare(g, 1, nil)
+	ctx := t.Context()
+	go func() { _, _ = s.Claim(ctx, idem.ClaimParams{TenantID: "slow", Key: "k"}) }()
+	require.Eventually(t, func() bool {
+		short, cancel := context.WithTimeout(ctx, time.Millisecond)
+		defer cancel()
+		_, err := s.Claim(short, idem.ClaimParams{TenantID: "slow", Key: "k2"})
+		return idem.ErrorCode(err) == idem.CodeStoreUnavailable
+	}, 10*time.Second, time.Millisecond, "the tenant's writes should fill their share")
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err := s.GetRecord(short, idem.GetRecordParams{TenantID: "slow", Key: "k"})
+	require.NoError(t, err, "the tenant's read has its own share")
+}
