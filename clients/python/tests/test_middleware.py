@@ -350,3 +350,99 @@ def test_body_over_the_servers_limit(store: str, binary: str) -> None:
                 got = post(a.url + "/charges/1", new_key("big"), body={"pad": "x" * (100 << 10)})
                 assert got.status_code == 413 and got.json()["code"] == "payload_too_large", got.text
                 assert len(a.effects.charges) == 0
+
+
+def _chunked(*parts: bytes) -> Iterator[bytes]:
+    yield from parts
+
+
+@pytest.mark.parametrize("kind", ["flask", "django"])
+def test_chunked_request_body(kind: str, server: Server) -> None:
+    """A body sent chunked (no Content-Length; werkzeug sets
+    wsgi.input_terminated) is read to its end for the fingerprint and the
+    handler: the same key with another body in its second chunk is 422, not
+    the first one's replay; the same body is replayed; a chunked body over
+    max_body_bytes is 413."""
+    for a in serve(kind, server.url, server.token, max_body_bytes=64):
+        key, h = new_key("chunked"), {"Idempotency-Key": "", "Content-Type": "application/json"}
+        h["Idempotency-Key"] = key
+        first = HTTP.post(a.url + "/charges/4", headers=h, content=_chunked(b'{"amount": 1', b'000, "currency": "usd"}'))
+        assert first.status_code == 201, first.text
+        assert a.effects.charges == [{"amount": 1000, "currency": "usd"}], "the handler got the whole body"
+        same = HTTP.post(a.url + "/charges/4", headers=h, content=_chunked(b'{"amount": 1', b'000, "currency": "usd"}'))
+        assert same.status_code == 201 and same.headers["Idempotent-Replayed"] == "true"
+        other = HTTP.post(a.url + "/charges/4", headers=h, content=_chunked(b'{"amount": 1', b'001, "currency": "usd"}'))
+        assert other.status_code == 422 and other.json()["code"] == "fingerprint_mismatch", other.text
+        h["Idempotency-Key"] = new_key("chunked")
+        big = HTTP.post(a.url + "/charges/4", headers=h, content=_chunked(b'{"pad": "', b"x" * 100, b'"}'))
+        assert big.status_code == 413 and big.json()["code"] == "payload_too_large"
+        assert len(a.effects.charges) == 1
+
+
+def _serve_wsgi(app: Any) -> Iterator[str]:
+    from werkzeug.serving import make_server
+
+    srv = make_server("127.0.0.1", 0, app, threaded=True)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_port}"
+    finally:
+        srv.shutdown()
+
+
+def test_wsgi_start_response_exc_info(server: Server) -> None:
+    """PEP 3333: an app that answered start_response, then failed before any
+    body byte and calls start_response again with exc_info replaces the
+    status and headers (its error page is the answer, stored and replayed);
+    one that calls it so after a body byte (the headers count as sent) gets
+    the exception re-raised, and nothing is stored. A second call without
+    exc_info is an error. Before, the middleware re-raised in the first case
+    too: the app's own 500 page was lost, nothing was stored, and the retry
+    after the lease ran the handler again."""
+    import sys
+
+    from idem.wsgi import IdempotencyMiddleware
+
+    runs: list[str] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        mode = environ["PATH_INFO"].strip("/")
+        runs.append(mode)
+        start_response("201 Created", [("Content-Type", "application/json")])
+        if mode == "twice":
+            start_response("202 Accepted", [])  # no exc_info: a bug of the app
+            return [b"{}"]
+        if mode == "after-body":
+            def body() -> Iterator[bytes]:
+                yield b'{"partial": '
+                try:
+                    raise RuntimeError("failed while streaming")
+                except RuntimeError:
+                    start_response("500 Internal Server Error", [("Content-Type", "text/plain")], sys.exc_info())
+                yield b"unreachable"
+            return body()
+        try:
+            raise RuntimeError("failed before the body")
+        except RuntimeError:
+            start_response("500 Internal Server Error", [("Content-Type", "text/plain")], sys.exc_info())
+        return [b"error page"]
+
+    client = Client(server.url, token=server.token)
+    for url in _serve_wsgi(IdempotencyMiddleware(app, client, lease=1)):
+        key = new_key("excinfo")
+        first = HTTP.post(url + "/before-body", headers={"Idempotency-Key": key}, content=b"{}")
+        assert first.status_code == 500 and first.text == "error page", first.text
+        again = HTTP.post(url + "/before-body", headers={"Idempotency-Key": key}, content=b"{}")
+        assert again.status_code == 500 and again.headers["Idempotent-Replayed"] == "true" and again.text == "error page"
+        assert runs.count("before-body") == 1
+
+        k2 = new_key("excinfo")
+        streamed = HTTP.post(url + "/after-body", headers={"Idempotency-Key": k2}, content=b"{}")
+        assert streamed.status_code == 500 and "partial" not in streamed.text  # werkzeug's own error page
+        assert client.get(k2).state == "in_flight", "the re-raised exception stores nothing"
+
+        k3 = new_key("excinfo")
+        twice = HTTP.post(url + "/twice", headers={"Idempotency-Key": k3}, content=b"{}")
+        assert twice.status_code == 500
+        assert client.get(k3).state == "in_flight"

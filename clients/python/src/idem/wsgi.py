@@ -22,7 +22,12 @@ fingerprint_mismatch; an unreachable idem 503 store_unavailable without
 running the handler. A handler exception stores nothing and propagates.
 
 WSGI joins repeated header fields into one, so two Idempotency-Key fields
-arrive as a list and are refused like one.
+arrive as a list and are refused like one. A body sent chunked (no
+CONTENT_LENGTH) is read to its end when the server sets
+wsgi.input_terminated (gunicorn, werkzeug), within max_body_bytes (413
+beyond); without either, the body is empty for the fingerprint and the app
+alike. start_response follows PEP 3333: a second call with exc_info replaces
+the status and headers until a body byte was produced, then re-raises.
 """
 
 from __future__ import annotations
@@ -237,15 +242,30 @@ class IdempotencyMiddleware:
         chunks: list[bytes] = []
 
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
-            if exc_info is not None and state:
-                raise exc_info[1].with_traceback(exc_info[2])
+            # PEP 3333, as a server does: with exc_info, re-raise once the
+            # headers count as sent (a body byte was written or yielded; the
+            # middleware buffers, but the app must see what a server shows
+            # it), else replace status and headers (the app's error page is
+            # the answer); a second call without exc_info is an error.
+            if exc_info is not None:
+                try:
+                    if chunks:
+                        raise exc_info[1].with_traceback(exc_info[2])
+                finally:
+                    exc_info = None
+            elif state:
+                raise AssertionError("start_response called a second time without exc_info")
             state["status"], state["headers"] = status, list(headers)
-            return chunks.append
+            return write
+
+        def write(data: bytes) -> None:
+            if data:
+                chunks.append(bytes(data))
 
         result = self.app(environ, start)
         try:
             for chunk in result:
-                chunks.append(chunk)
+                write(chunk)
         finally:
             close = getattr(result, "close", None)
             if close is not None:
