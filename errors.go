@@ -31,6 +31,10 @@ const (
 	// CodeServerBusy: the server holds as many request bodies as its
 	// in-flight budget allows; retry after Retry-After.
 	CodeServerBusy Code = "server_busy"
+	// CodeStorageQuotaExceeded: the tenant's records store storage_quota_bytes
+	// or more, so a claim that would create a record is refused before any
+	// work runs; it succeeds again once records are released or purged.
+	CodeStorageQuotaExceeded Code = "storage_quota_exceeded"
 	// CodeInternal is any error without a code of its own; its details are
 	// never shown to callers.
 	CodeInternal Code = "internal"
@@ -91,6 +95,13 @@ func StoreUnavailable(detail string, cause error) *Error {
 	return &Error{Code: CodeStoreUnavailable, Detail: detail, RetryAfter: time.Second, Err: cause}
 }
 
+// StorageQuotaExceeded returns the error of a claim refused because tenant
+// stores used bytes, at or over its storage_quota_bytes limit.
+func StorageQuotaExceeded(tenant string, used, limit int64) *Error {
+	return Errorf(CodeStorageQuotaExceeded,
+		"tenant '%s' stores %d bytes, at or over its storage_quota_bytes (%d): no new key can be claimed until records are released or purged", tenant, used, limit)
+}
+
 // ErrorCode returns the code of err, CodeInternal when err carries none, or
 // "" for a nil error.
 func ErrorCode(err error) Code {
@@ -117,4 +128,5 @@ var (
 	ErrTenantExists        = &Error{Code: CodeTenantExists}
 	ErrFingerprintMismatch = &Error{Code: CodeFingerprintMismatch}
 	ErrStoreUnavailable    = &Error{Code: CodeStoreUnavailable}
+	ErrStorageQuota        = &Error{Code: CodeStorageQuotaExceeded}
 )

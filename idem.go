@@ -126,6 +126,33 @@ func (r Record) LeaseLeft() time.Duration {
 	return max(r.LeaseExpiresAt.Sub(r.ObservedAt), 0)
 }
 
+// StoredBytes is what the record counts against its tenant's
+// storage_quota_bytes: the bytes of it the tenant chose, that is its key,
+// operation, fingerprint, recovery point and recovery data, and its
+// response's Size (body plus header names and values). Row and index
+// overhead, timestamps, tokens, the attempt id and a person's review note
+// are not counted. Stores keep this number on every record and its sum
+// per tenant in the same transaction as every write that changes it.
+func (r Record) StoredBytes() int64 {
+	n := ClaimBytes(r.Key, r.Operation, r.Fingerprint) + RecoveryBytes(r.RecoveryPoint, r.RecoveryData)
+	if r.Response != nil {
+		n += int64(r.Response.Size())
+	}
+	return n
+}
+
+// ClaimBytes is what a record just created by a claim counts (see
+// Record.StoredBytes).
+func ClaimBytes(key, operation, fingerprint string) int64 {
+	return int64(len(key) + len(operation) + len(fingerprint))
+}
+
+// RecoveryBytes is what a checkpoint's recovery point and data count (see
+// Record.StoredBytes).
+func RecoveryBytes(point string, data []byte) int64 {
+	return int64(len(point) + len(data))
+}
+
 // Body encodings of a stored response.
 const (
 	BodyEncodingUTF8   = "utf8"

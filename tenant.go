@@ -18,6 +18,9 @@ type Tenant struct {
 	Disabled  bool
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// StoredBytes is what the tenant's records count against
+	// storage_quota_bytes (Record.StoredBytes summed), as the store read it.
+	StoredBytes int64
 }
 
 // ResponseLimit returns the most bytes a stored response, or checkpoint
@@ -80,6 +83,10 @@ type Settings struct {
 	// waiting for the holder to finish (wait_seconds, Prefer: wait=N);
 	// 0 turns waiting off, so every such claim gets the immediate 409.
 	MaxWaitSeconds int `json:"max_wait_seconds"`
+	// StorageQuotaBytes bounds the bytes the tenant's records store
+	// (Record.StoredBytes summed): a claim that would create a record while
+	// the tenant is at or over it is refused with storage_quota_exceeded.
+	StorageQuotaBytes int64 `json:"storage_quota_bytes"`
 }
 
 // DefaultSettings returns the settings of a tenant created without any.
@@ -92,6 +99,7 @@ func DefaultSettings() Settings {
 		MaxResponseBytes:       1 << 20,
 		RateLimitPerSecond:     0,
 		MaxWaitSeconds:         DefaultMaxWaitSeconds,
+		StorageQuotaBytes:      DefaultStorageQuotaBytes,
 	}
 }
 
@@ -116,6 +124,14 @@ const (
 	// last store call and the answer.
 	DefaultMaxWaitSeconds = 20
 	MaxAttemptIDBytes     = 64
+	// DefaultStorageQuotaBytes is storage_quota_bytes of a tenant created without
+	// it, and of every tenant that existed before the setting: 1 GiB, a
+	// thousand responses of the default max_response_bytes, and a few
+	// minutes of one tenant writing as fast as a server takes it.
+	DefaultStorageQuotaBytes = 1 << 30
+	// StorageQuotaBytesLimit bounds storage_quota_bytes (1 TiB): an operator
+	// gives a tenant as much as the disk holds, never "unlimited".
+	StorageQuotaBytesLimit = 1 << 40
 )
 
 // Validate checks every bound of the settings and returns an
@@ -145,6 +161,10 @@ func (s Settings) Validate() error {
 		"rate_limit_per_second", "must be between 0 and %d", MaxRateLimitPerSecond)
 	check(s.MaxWaitSeconds >= 0 && s.MaxWaitSeconds <= MaxWaitSecondsLimit,
 		"max_wait_seconds", "must be between 0 and %d", MaxWaitSecondsLimit)
+	// One full response must fit: a quota below it would refuse a
+	// tenant's claims while it stores nothing it could shrink.
+	check(s.StorageQuotaBytes >= int64(s.MaxResponseBytes) && s.StorageQuotaBytes <= StorageQuotaBytesLimit,
+		"storage_quota_bytes", "must be at least max_response_bytes (%d) and at most %d", s.MaxResponseBytes, int64(StorageQuotaBytesLimit))
 	if len(fields) > 0 {
 		return &Error{Code: CodeInvalidRequest, Detail: "invalid tenant settings", Fields: fields}
 	}
@@ -153,13 +173,14 @@ func (s Settings) Validate() error {
 
 // SettingsPatch is a partial change of Settings; nil fields stay as they are.
 type SettingsPatch struct {
-	ReplayWindowSeconds    *int `json:"replay_window_seconds"`
-	ReaperThresholdSeconds *int `json:"reaper_threshold_seconds"`
-	LeaseSecondsDefault    *int `json:"lease_seconds_default"`
-	LeaseSecondsMax        *int `json:"lease_seconds_max"`
-	MaxResponseBytes       *int `json:"max_response_bytes"`
-	RateLimitPerSecond     *int `json:"rate_limit_per_second"`
-	MaxWaitSeconds         *int `json:"max_wait_seconds"`
+	ReplayWindowSeconds    *int   `json:"replay_window_seconds"`
+	ReaperThresholdSeconds *int   `json:"reaper_threshold_seconds"`
+	LeaseSecondsDefault    *int   `json:"lease_seconds_default"`
+	LeaseSecondsMax        *int   `json:"lease_seconds_max"`
+	MaxResponseBytes       *int   `json:"max_response_bytes"`
+	RateLimitPerSecond     *int   `json:"rate_limit_per_second"`
+	MaxWaitSeconds         *int   `json:"max_wait_seconds"`
+	StorageQuotaBytes      *int64 `json:"storage_quota_bytes"`
 }
 
 // Apply returns s with the patch's non-nil fields applied. Validate the
@@ -177,6 +198,9 @@ func (s Settings) Apply(p SettingsPatch) Settings {
 	set(&s.MaxResponseBytes, p.MaxResponseBytes)
 	set(&s.RateLimitPerSecond, p.RateLimitPerSecond)
 	set(&s.MaxWaitSeconds, p.MaxWaitSeconds)
+	if p.StorageQuotaBytes != nil {
+		s.StorageQuotaBytes = *p.StorageQuotaBytes
+	}
 	return s
 }
 

@@ -187,13 +187,21 @@ type tenantJSON struct {
 	Name      string        `json:"name"`
 	Settings  idem.Settings `json:"settings"`
 	Disabled  bool          `json:"disabled"`
+	Usage     usageJSON     `json:"usage"`
 	CreatedAt jsonTime      `json:"created_at"`
 	UpdatedAt jsonTime      `json:"updated_at"`
+}
+
+// usageJSON is what a tenant's records take against its quotas.
+type usageJSON struct {
+	// StoredBytes counts against settings.storage_quota_bytes.
+	StoredBytes int64 `json:"stored_bytes"`
 }
 
 func encodeTenant(t idem.Tenant) tenantJSON {
 	return tenantJSON{
 		ID: t.ID, Name: t.Name, Settings: t.Settings, Disabled: t.Disabled,
+		Usage:     usageJSON{StoredBytes: t.StoredBytes},
 		CreatedAt: timeJSON(t.CreatedAt), UpdatedAt: timeJSON(t.UpdatedAt),
 	}
 }

@@ -150,14 +150,15 @@ func (s *service) claim(ctx context.Context, req *claimRequest) (reply, error) {
 	// its write timeout).
 	wait := min(t.Settings.WaitFor(req.waitSeconds()), s.maxWait)
 	res, applied, err := s.waiters.Claim(ctx, s.store, idem.ClaimParams{
-		TenantID:        t.ID,
-		Key:             req.key,
-		Operation:       req.Operation,
-		Fingerprint:     fp,
-		AttemptID:       attemptID,
-		Lease:           lease,
-		ReplayWindow:    t.Settings.ReplayWindow(),
-		ReaperThreshold: t.Settings.ReaperThreshold(),
+		TenantID:          t.ID,
+		Key:               req.key,
+		Operation:         req.Operation,
+		Fingerprint:       fp,
+		AttemptID:         attemptID,
+		Lease:             lease,
+		ReplayWindow:      t.Settings.ReplayWindow(),
+		ReaperThreshold:   t.Settings.ReaperThreshold(),
+		StorageQuotaBytes: t.Settings.StorageQuotaBytes,
 	}, wait)
 	if applied && req.header != nil {
 		req.header.Set("Preference-Applied", "wait="+strconv.Itoa(int(wait/time.Second)))

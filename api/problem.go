@@ -51,6 +51,9 @@ var problems = map[idem.Code]problemInfo{
 	idem.CodeStoreUnavailable:     {http.StatusServiceUnavailable, "Store unavailable", true},
 	idem.CodeServerBusy:           {http.StatusServiceUnavailable, "Server busy", true},
 	idem.CodeInternal:             {http.StatusInternalServerError, "Internal error", false},
+	// Not retryable as such: only releases and the reaper's purge free the
+	// quota, which a retry does not wait for.
+	idem.CodeStorageQuotaExceeded: {http.StatusInsufficientStorage, "Storage quota exceeded", false},
 	codeNotFound:                  {http.StatusNotFound, "Not found", false},
 	codeMethodNotAllowed:          {http.StatusMethodNotAllowed, "Method not allowed", false},
 }

@@ -38,6 +38,11 @@ const (
 	// held as many request bodies as its in-flight budget allows and did
 	// not read this one.
 	CodeServerBusy Code = "server_busy"
+	// CodeStorageQuotaExceeded (507, never retried): the tenant's records
+	// store its storage_quota_bytes or more, so a claim of a new key was
+	// refused before anything ran. Only releases, the reaper's purge or a
+	// higher quota free it; keys already claimed still complete.
+	CodeStorageQuotaExceeded Code = "storage_quota_exceeded"
 	// CodeInternal is a server error without a code of its own.
 	CodeInternal Code = "internal"
 	// CodeUnknown is given to an HTTP error whose body is not a problem+json
@@ -132,6 +137,7 @@ var (
 	ErrRateLimited          = &Error{Code: CodeRateLimited}
 	ErrStoreUnavailable     = &Error{Code: CodeStoreUnavailable}
 	ErrServerBusy           = &Error{Code: CodeServerBusy}
+	ErrStorageQuotaExceeded = &Error{Code: CodeStorageQuotaExceeded}
 	ErrInternal             = &Error{Code: CodeInternal}
 )
 

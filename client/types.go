@@ -192,17 +192,21 @@ type Settings struct {
 	RateLimitPerSecond     int `json:"rate_limit_per_second"`
 	// MaxWaitSeconds caps how long a claim may wait for a key in flight.
 	MaxWaitSeconds int `json:"max_wait_seconds"`
+	// StorageQuotaBytes bounds the bytes the tenant's records store; at or
+	// over it, claims of new keys get ErrStorageQuotaExceeded.
+	StorageQuotaBytes int64 `json:"storage_quota_bytes"`
 }
 
 // SettingsPatch changes some settings; nil fields are left as they are.
 type SettingsPatch struct {
-	ReplayWindowSeconds    *int `json:"replay_window_seconds,omitempty"`
-	ReaperThresholdSeconds *int `json:"reaper_threshold_seconds,omitempty"`
-	LeaseSecondsDefault    *int `json:"lease_seconds_default,omitempty"`
-	LeaseSecondsMax        *int `json:"lease_seconds_max,omitempty"`
-	MaxResponseBytes       *int `json:"max_response_bytes,omitempty"`
-	RateLimitPerSecond     *int `json:"rate_limit_per_second,omitempty"`
-	MaxWaitSeconds         *int `json:"max_wait_seconds,omitempty"`
+	ReplayWindowSeconds    *int   `json:"replay_window_seconds,omitempty"`
+	ReaperThresholdSeconds *int   `json:"reaper_threshold_seconds,omitempty"`
+	LeaseSecondsDefault    *int   `json:"lease_seconds_default,omitempty"`
+	LeaseSecondsMax        *int   `json:"lease_seconds_max,omitempty"`
+	MaxResponseBytes       *int   `json:"max_response_bytes,omitempty"`
+	RateLimitPerSecond     *int   `json:"rate_limit_per_second,omitempty"`
+	MaxWaitSeconds         *int   `json:"max_wait_seconds,omitempty"`
+	StorageQuotaBytes      *int64 `json:"storage_quota_bytes,omitempty"`
 }
 
 // Tenant is an account of the service.
@@ -211,9 +215,17 @@ type Tenant struct {
 	Name     string   `json:"name"`
 	Settings Settings `json:"settings"`
 	// Disabled is reported by the operator endpoints.
-	Disabled  bool      `json:"disabled,omitempty"`
+	Disabled bool `json:"disabled,omitempty"`
+	// Usage is what the tenant's records take against its quotas.
+	Usage     Usage     `json:"usage"`
 	CreatedAt time.Time `json:"created_at,omitzero"`
 	UpdatedAt time.Time `json:"updated_at,omitzero"`
+}
+
+// Usage is what a tenant's records take against its quotas.
+type Usage struct {
+	// StoredBytes counts against Settings.StorageQuotaBytes.
+	StoredBytes int64 `json:"stored_bytes"`
 }
 
 // TenantPatch changes a tenant; nil fields are left as they are. Disabled

@@ -184,8 +184,8 @@ func listRecords[R ~struct {
 	return out
 }
 
-// tenantFromRow converts a tenants row.
-func tenantFromRow(t dbsqlc.Tenant) idem.Tenant {
+// tenantFromRow converts a tenants row and the tenant's usage.
+func tenantFromRow(t dbsqlc.Tenant, storedBytes int64) idem.Tenant {
 	return idem.Tenant{
 		ID:   t.ID,
 		Name: t.Name,
@@ -197,10 +197,12 @@ func tenantFromRow(t dbsqlc.Tenant) idem.Tenant {
 			MaxResponseBytes:       int(t.MaxResponseBytes),
 			RateLimitPerSecond:     int(t.RateLimitPerSecond),
 			MaxWaitSeconds:         int(t.MaxWaitSeconds),
+			StorageQuotaBytes:      t.StorageQuotaBytes,
 		},
-		Disabled:  t.DisabledAt.Valid,
-		CreatedAt: timeOf(t.CreatedAt),
-		UpdatedAt: timeOf(t.UpdatedAt),
+		Disabled:    t.DisabledAt.Valid,
+		CreatedAt:   timeOf(t.CreatedAt),
+		UpdatedAt:   timeOf(t.UpdatedAt),
+		StoredBytes: storedBytes,
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -33,6 +34,8 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			LeaseUs:                micros(p.Lease),
 			ReplayWindowSeconds:    seconds(p.ReplayWindow),
 			ReaperThresholdSeconds: seconds(p.ReaperThreshold),
+			StoredBytes:            idem.ClaimBytes(p.Key, p.Operation, p.Fingerprint),
+			StorageQuotaBytes:      quota(p.StorageQuotaBytes),
 			Now:                    s.clock(),
 		})
 		switch {
@@ -53,11 +56,17 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		if err != nil {
 			return idem.ClaimResult{}, err
 		}
-		if stored == nil {
-			continue // released or reaped in between
+		action := idem.ActionCreate
+		if stored != nil {
+			action = idem.DecideClaim(stored, p, stored.ObservedAt)
 		}
-		action := idem.DecideClaim(stored, p, stored.ObservedAt)
 		switch action {
+		case idem.ActionCreate:
+			// Over the quota, or the row was released, reaped or its window
+			// ran out since the upsert.
+			if err := s.checkQuota(ctx, p); err != nil {
+				return idem.ClaimResult{}, err
+			}
 		case idem.ActionReplay:
 			return idem.ClaimResult{Action: action, Record: *stored}, nil
 		case idem.ActionRecover:
@@ -72,9 +81,32 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		case idem.ActionRejectInFlight, idem.ActionRejectMismatch:
 			return idem.ClaimResult{}, idem.ClaimError(action, stored, stored.ObservedAt)
 		}
-		// Create or takeover: the lease or the window ran out since the upsert.
+		// Takeover: the lease ran out since the upsert.
 	}
 	return idem.ClaimResult{}, fmt.Errorf("claim key: %w", errContention)
+}
+
+// quota returns a claim's storage_quota_bytes for ClaimKey: 0 (none) is the
+// largest usage.
+func quota(maxStoredBytes int64) int64 {
+	if maxStoredBytes <= 0 {
+		return math.MaxInt64
+	}
+	return maxStoredBytes
+}
+
+// checkQuota returns storage_quota_exceeded when the claim's tenant is at or
+// over its quota: why ClaimKey created no record for an absent or expired
+// key. Nil means the key changed since (another round decides).
+func (s *Store) checkQuota(ctx context.Context, p idem.ClaimParams) error {
+	used, err := s.q.TenantStoredBytes(ctx, p.TenantID)
+	if err != nil {
+		return s.interpretError(err, "claim key: read the tenant's usage")
+	}
+	if used >= quota(p.StorageQuotaBytes) {
+		return idem.StorageQuotaExceeded(p.TenantID, used, p.StorageQuotaBytes)
+	}
+	return nil
 }
 
 // renewAttemptLease renews the lease of a recovered attempt from now, while
@@ -106,6 +138,7 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 		FencingToken:  p.FencingToken,
 		RecoveryPoint: p.RecoveryPoint,
 		RecoveryData:  p.Data,
+		RecoveryBytes: idem.RecoveryBytes(p.RecoveryPoint, p.Data),
 		LeaseUs:       micros(p.Lease),
 		Now:           s.clock(),
 	})
@@ -119,7 +152,7 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 	if err != nil {
 		return idem.Record{}, s.interpretError(err, "checkpoint key")
 	}
-	return recordFromRow(row.IdempotencyKey, row.ObservedAt)
+	return recordFromWriteRow(writeRow(row)), nil
 }
 
 // Complete stores the response while the token is current and the record
@@ -135,6 +168,7 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 		ResponseHeaders:      headers,
 		ResponseBody:         p.Response.Body,
 		ResponseBodyEncoding: p.Response.BodyEncoding,
+		ResponseBytes:        int64(p.Response.Size()),
 		Now:                  s.clock(),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {

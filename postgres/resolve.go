@@ -79,14 +79,15 @@ func (s *Store) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolut
 			ResponseHeaders:      headers,
 			ResponseBody:         p.Response.Body,
 			ResponseBodyEncoding: p.Response.BodyEncoding,
+			ResponseBytes:        int64(p.Response.Size()),
 			Now:                  now,
 		})
 		if err != nil {
 			return idem.Resolution{}, s.interpretError(err, "resolve key: complete record")
 		}
-		if res.Record, err = recordFromRow(row.IdempotencyKey, row.ObservedAt); err != nil {
-			return idem.Resolution{}, err
-		}
+		res.Record = recordFromWriteRow(writeRow(row))
+		resp := *p.Response
+		res.Record.Response = &resp
 		newToken = &res.Record.FencingToken
 	case idem.ResolveReview:
 		row, err := q.ReviewKey(ctx, dbsqlc.ReviewKeyParams{TenantID: p.TenantID, Key: p.Key, FencingToken: p.FencingToken, ReviewNote: p.Note, Now: now})

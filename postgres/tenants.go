@@ -22,6 +22,7 @@ func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (id
 		MaxResponseBytes:       int32(p.Settings.MaxResponseBytes),
 		RateLimitPerSecond:     int32(p.Settings.RateLimitPerSecond),
 		MaxWaitSeconds:         int32(p.Settings.MaxWaitSeconds),
+		StorageQuotaBytes:      p.Settings.StorageQuotaBytes,
 		Now:                    s.clock(),
 	})
 	if pgErrorCode(err) == pgUniqueViolation {
@@ -30,7 +31,7 @@ func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (id
 	if err != nil {
 		return idem.Tenant{}, s.interpretError(err, "create tenant")
 	}
-	return tenantFromRow(t), nil
+	return tenantFromRow(t, 0), nil
 }
 
 // GetTenant returns a tenant, disabled or not.
@@ -42,7 +43,7 @@ func (s *Store) GetTenant(ctx context.Context, id string) (idem.Tenant, error) {
 	if err != nil {
 		return idem.Tenant{}, s.interpretError(err, "get tenant")
 	}
-	return tenantFromRow(t), nil
+	return tenantFromRow(t.Tenant, t.StoredBytes), nil
 }
 
 // ListTenants returns every tenant ordered by id.
@@ -53,7 +54,7 @@ func (s *Store) ListTenants(ctx context.Context) ([]idem.Tenant, error) {
 	}
 	out := make([]idem.Tenant, 0, len(rows))
 	for _, t := range rows {
-		out = append(out, tenantFromRow(t))
+		out = append(out, tenantFromRow(t.Tenant, t.StoredBytes))
 	}
 	return out, nil
 }
@@ -70,6 +71,7 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 		MaxResponseBytes:       int32(p.Settings.MaxResponseBytes),
 		RateLimitPerSecond:     int32(p.Settings.RateLimitPerSecond),
 		MaxWaitSeconds:         int32(p.Settings.MaxWaitSeconds),
+		StorageQuotaBytes:      p.Settings.StorageQuotaBytes,
 		Disabled:               p.Disabled,
 		Now:                    s.clock(),
 	})
@@ -79,7 +81,7 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 	if err != nil {
 		return idem.Tenant{}, s.interpretError(err, "update tenant")
 	}
-	return tenantFromRow(t), nil
+	return tenantFromRow(t.Tenant, t.StoredBytes), nil
 }
 
 // DeleteTenant deletes a tenant; its records go with it (ON DELETE

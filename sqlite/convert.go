@@ -139,7 +139,7 @@ func listRecords[R ~struct {
 }
 
 // tenantFromRow converts a tenants row.
-func tenantFromRow(t dbsqlc.Tenant) idem.Tenant {
+func tenantFromRow(t dbsqlc.Tenant, storedBytes int64) idem.Tenant {
 	return idem.Tenant{
 		ID:   t.ID,
 		Name: t.Name,
@@ -151,10 +151,12 @@ func tenantFromRow(t dbsqlc.Tenant) idem.Tenant {
 			MaxResponseBytes:       int(t.MaxResponseBytes),
 			RateLimitPerSecond:     int(t.RateLimitPerSecond),
 			MaxWaitSeconds:         int(t.MaxWaitSeconds),
+			StorageQuotaBytes:      t.StorageQuotaBytes,
 		},
-		Disabled:  t.DisabledAt != nil,
-		CreatedAt: timeOf(t.CreatedAt),
-		UpdatedAt: timeOf(t.UpdatedAt),
+		Disabled:    t.DisabledAt != nil,
+		CreatedAt:   timeOf(t.CreatedAt),
+		UpdatedAt:   timeOf(t.UpdatedAt),
+		StoredBytes: storedBytes,
 	}
 }
 

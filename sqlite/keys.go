@@ -27,6 +27,15 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		if err := idem.ClaimError(action, stored, now); err != nil {
 			return err
 		}
+		if action == idem.ActionCreate && p.StorageQuotaBytes > 0 {
+			used, err := q.TenantStoredBytes(ctx, p.TenantID)
+			if err != nil {
+				return fmt.Errorf("read the tenant's usage: %w", err)
+			}
+			if used >= p.StorageQuotaBytes {
+				return idem.StorageQuotaExceeded(p.TenantID, used, p.StorageQuotaBytes)
+			}
+		}
 		res.Action = action
 		switch action {
 		case idem.ActionReplay:
@@ -62,6 +71,7 @@ func create(ctx context.Context, q *dbsqlc.Queries, p idem.ClaimParams, now time
 		ReaperThresholdSeconds: seconds(p.ReaperThreshold),
 		Now:                    micros(now),
 		PurgeAfter:             micros(idem.InFlightPurgeAfter(time.Time{}, now, p.Lease, p.ReaperThreshold)),
+		StoredBytes:            idem.ClaimBytes(p.Key, p.Operation, p.Fingerprint),
 	})
 	if sqliteCode(err) == sqlitelib.SQLITE_CONSTRAINT_FOREIGNKEY {
 		return idem.Record{}, idem.TenantUnknown(p.TenantID, err)
@@ -130,6 +140,7 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 			Key:            p.Key,
 			RecoveryPoint:  &p.RecoveryPoint,
 			RecoveryData:   p.Data,
+			StoredBytes:    idem.ClaimBytes(stored.Key, stored.Operation, stored.Fingerprint) + idem.RecoveryBytes(p.RecoveryPoint, p.Data),
 			LeaseExpiresAt: microsPtr(now.Add(p.Lease)),
 			Now:            micros(now),
 			PurgeAfter:     micros(idem.InFlightPurgeAfter(stored.PurgeAfter, now, p.Lease, stored.ReaperThreshold)),
@@ -175,6 +186,7 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 			ResponseHeaders:      &headersText,
 			ResponseBody:         p.Response.Body,
 			ResponseBodyEncoding: &p.Response.BodyEncoding,
+			StoredBytes:          stored.StoredBytes() + int64(p.Response.Size()),
 			Now:                  micros(now),
 			ReplayUntil:          microsPtr(now.Add(stored.ReplayWindow)),
 			PurgeAfter:           micros(now.Add(stored.ReaperThreshold)),

@@ -21,7 +21,7 @@ func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (id
 	if err != nil {
 		return idem.Tenant{}, err
 	}
-	return tenantFromRow(row), nil
+	return tenantFromRow(row, 0), nil
 }
 
 func (s *Store) createTenant(ctx context.Context, p idem.CreateTenantParams) (dbsqlc.Tenant, error) {
@@ -35,6 +35,7 @@ func (s *Store) createTenant(ctx context.Context, p idem.CreateTenantParams) (db
 		MaxResponseBytes:       int64(p.Settings.MaxResponseBytes),
 		RateLimitPerSecond:     int64(p.Settings.RateLimitPerSecond),
 		MaxWaitSeconds:         int64(p.Settings.MaxWaitSeconds),
+		StorageQuotaBytes:      p.Settings.StorageQuotaBytes,
 		Now:                    micros(s.clock()),
 	})
 	if code := sqliteCode(err); code == sqlitelib.SQLITE_CONSTRAINT_PRIMARYKEY || code == sqlitelib.SQLITE_CONSTRAINT_UNIQUE {
@@ -52,7 +53,7 @@ func (s *Store) GetTenant(ctx context.Context, id string) (idem.Tenant, error) {
 	if err != nil {
 		return idem.Tenant{}, s.interpretError(err, "get tenant")
 	}
-	return tenantFromRow(row), nil
+	return tenantFromRow(row.Tenant, row.StoredBytes), nil
 }
 
 // ListTenants returns every tenant ordered by id.
@@ -63,7 +64,7 @@ func (s *Store) ListTenants(ctx context.Context) ([]idem.Tenant, error) {
 	}
 	out := make([]idem.Tenant, 0, len(rows))
 	for _, r := range rows {
-		out = append(out, tenantFromRow(r))
+		out = append(out, tenantFromRow(r.Tenant, r.StoredBytes))
 	}
 	return out, nil
 }
@@ -75,6 +76,7 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 		disabled = 1
 	}
 	var row dbsqlc.Tenant
+	var used int64
 	err := s.write(ctx, "update tenant", func() (err error) {
 		row, err = s.q.UpdateTenant(ctx, dbsqlc.UpdateTenantParams{
 			ID:                     p.ID,
@@ -86,18 +88,23 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 			MaxResponseBytes:       int64(p.Settings.MaxResponseBytes),
 			RateLimitPerSecond:     int64(p.Settings.RateLimitPerSecond),
 			MaxWaitSeconds:         int64(p.Settings.MaxWaitSeconds),
+			StorageQuotaBytes:      p.Settings.StorageQuotaBytes,
 			Disabled:               disabled,
 			Now:                    micros(s.clock()),
 		})
 		if errors.Is(err, sql.ErrNoRows) {
 			return idem.TenantNotFound(p.ID)
 		}
+		if err != nil {
+			return err
+		}
+		used, err = s.q.TenantStoredBytes(ctx, p.ID)
 		return err
 	})
 	if err != nil {
 		return idem.Tenant{}, err
 	}
-	return tenantFromRow(row), nil
+	return tenantFromRow(row, used), nil
 }
 
 // DeleteTenant deletes a tenant; its records go with it (ON DELETE

@@ -161,6 +161,13 @@ func groups() []group {
 			{"Delete", testTenantDelete},
 			{"Ping", testPing},
 		}},
+		{"Quota", []testCase{
+			{"CountsEveryWrite", testQuotaCountsEveryWrite},
+			{"ConcurrentWrites", testQuotaConcurrentWrites},
+			{"BackToZero", testQuotaBackToZero},
+			{"RefusesNewRecords", testQuotaRefusesNewRecords},
+			{"Race", testQuotaRace},
+		}},
 		{"KeyEvents", []testCase{
 			{"CompleteReleaseReapDeleteWake", testEventsWake},
 			{"Close", testEventsClose},

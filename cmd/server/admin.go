@@ -83,6 +83,25 @@ Examples:
 	return 0
 }
 
+// optInt64 is an int64 flag that remembers whether it was given.
+type optInt64 struct{ v *int64 }
+
+func (o *optInt64) String() string {
+	if o == nil || o.v == nil {
+		return ""
+	}
+	return strconv.FormatInt(*o.v, 10)
+}
+
+func (o *optInt64) Set(s string) error {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return fmt.Errorf("%q is not a whole number", s)
+	}
+	o.v = &n
+	return nil
+}
+
 // optInt is an int flag that remembers whether it was given.
 type optInt struct{ v *int }
 
@@ -119,6 +138,8 @@ func settingsFlags(fs *flag.FlagSet) func() idem.SettingsPatch {
 	for i := range names {
 		fs.Var(&f[i], names[i], "tenant setting: "+help[i])
 	}
+	var quota optInt64
+	fs.Var(&quota, "storage-quota-bytes", "tenant setting: most bytes the tenant's records may store; at or over it, claims of new keys get 507 (default 1073741824)")
 	return func() idem.SettingsPatch {
 		return idem.SettingsPatch{
 			ReplayWindowSeconds:    f[0].v,
@@ -128,6 +149,7 @@ func settingsFlags(fs *flag.FlagSet) func() idem.SettingsPatch {
 			MaxResponseBytes:       f[4].v,
 			RateLimitPerSecond:     f[5].v,
 			MaxWaitSeconds:         f[6].v,
+			StorageQuotaBytes:      quota.v,
 		}
 	}
 }
@@ -253,11 +275,12 @@ func printTenants(e env, list []idem.Tenant, asJSON bool) int {
 		return printJSON(e, out)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tDISABLED\tREPLAY_WINDOW_S\tREAPER_THRESHOLD_S\tLEASE_DEFAULT_S\tLEASE_MAX_S\tMAX_RESPONSE_BYTES\tRATE_LIMIT\tMAX_WAIT_S")
+	fmt.Fprintln(tw, "ID\tNAME\tDISABLED\tREPLAY_WINDOW_S\tREAPER_THRESHOLD_S\tLEASE_DEFAULT_S\tLEASE_MAX_S\tMAX_RESPONSE_BYTES\tRATE_LIMIT\tMAX_WAIT_S\tSTORAGE_QUOTA_BYTES\tSTORED_BYTES")
 	for _, t := range list {
 		s := t.Settings
-		fmt.Fprintf(tw, "%s\t%s\t%t\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", t.ID, t.Name, t.Disabled,
-			s.ReplayWindowSeconds, s.ReaperThresholdSeconds, s.LeaseSecondsDefault, s.LeaseSecondsMax, s.MaxResponseBytes, s.RateLimitPerSecond, s.MaxWaitSeconds)
+		fmt.Fprintf(tw, "%s\t%s\t%t\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", t.ID, t.Name, t.Disabled,
+			s.ReplayWindowSeconds, s.ReaperThresholdSeconds, s.LeaseSecondsDefault, s.LeaseSecondsMax, s.MaxResponseBytes, s.RateLimitPerSecond, s.MaxWaitSeconds,
+			s.StorageQuotaBytes, t.StoredBytes)
 	}
 	if err := tw.Flush(); err != nil {
 		return fail(e, "write: %v", err)
@@ -270,12 +293,19 @@ type tenantJSON struct {
 	Name      string        `json:"name"`
 	Disabled  bool          `json:"disabled"`
 	Settings  idem.Settings `json:"settings"`
+	Usage     usageJSON     `json:"usage"`
 	CreatedAt time.Time     `json:"created_at"`
 	UpdatedAt time.Time     `json:"updated_at"`
 }
 
+// usageJSON is the tenant's usage, as the API's tenant shows it.
+type usageJSON struct {
+	StoredBytes int64 `json:"stored_bytes"`
+}
+
 func toJSON(t idem.Tenant) tenantJSON {
-	return tenantJSON{ID: t.ID, Name: t.Name, Disabled: t.Disabled, Settings: t.Settings, CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
+	return tenantJSON{ID: t.ID, Name: t.Name, Disabled: t.Disabled, Settings: t.Settings, Usage: usageJSON{StoredBytes: t.StoredBytes},
+		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
 }
 
 func printJSON(e env, v any) int {

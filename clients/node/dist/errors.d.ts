@@ -25,6 +25,8 @@ export declare const Codes: {
     readonly rateLimited: "rate_limited";
     readonly storeUnavailable: "store_unavailable";
     readonly serverBusy: "server_busy";
+    /** 507, never retried: the tenant stores its storage_quota_bytes or more; a claim of a new key was refused before anything ran. */
+    readonly storageQuotaExceeded: "storage_quota_exceeded";
     readonly webhookNotFound: "webhook_not_found";
     readonly webhookDisabled: "webhook_disabled";
     readonly webhookLimitReached: "webhook_limit_reached";

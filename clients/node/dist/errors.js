@@ -25,6 +25,8 @@ export const Codes = {
     rateLimited: "rate_limited",
     storeUnavailable: "store_unavailable",
     serverBusy: "server_busy",
+    /** 507, never retried: the tenant stores its storage_quota_bytes or more; a claim of a new key was refused before anything ran. */
+    storageQuotaExceeded: "storage_quota_exceeded",
     webhookNotFound: "webhook_not_found",
     webhookDisabled: "webhook_disabled",
     webhookLimitReached: "webhook_limit_reached",

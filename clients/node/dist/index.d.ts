@@ -4,7 +4,7 @@ export { key, maxKeyBytes, validateKey } from "./keys.js";
 export { StoredResponse, type ResponseInit, type WireResponse } from "./response.js";
 export { RetryBudget, backoffCeilingMs, backoffMs, defaultRetryPolicy, parseHttpDate, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, withDefaults, type Clock, type EffectivePolicy, type RetryPolicy, } from "./retry.js";
 export { Claim, renewalPoint, run, type RunOptions, type RunResult } from "./run.js";
-export type { ClaimRequest, ClaimResult, KeyPage, KeyRecord, Settings, State, Tenant } from "./types.js";
+export type { ClaimRequest, ClaimResult, KeyPage, KeyRecord, Settings, State, Tenant, Usage } from "./types.js";
 export { FrontDoor, FrontDoorError, checkIJSON, defaultStoredHeaders, escapeScope, fingerprintDocument, headerNotReplayable, headerPreferenceApplied, isJSON, operation, parseKey, preferWait, problemResponse, problems, requirement, scopedKey, storableStatus, unstorableStatus, storeStatus, storedHeaders, validRequestId, type Answer, type FingerprintRules, type FrontDoorCode, type FrontDoorOptions, type FrontRequest, type HandlerAnswer, type MethodRules, type Outcome, type RequestParts, type Requirement, } from "./frontdoor.js";
 export { expressErrorHandler, expressMiddleware, type ExpressOptions, type ExpressRequest } from "./express.js";
 export { withIdempotency, type FetchOptions } from "./fetch.js";

@@ -19,7 +19,7 @@ export {
   type RetryPolicy,
 } from "./retry.js";
 export { Claim, renewalPoint, run, type RunOptions, type RunResult } from "./run.js";
-export type { ClaimRequest, ClaimResult, KeyPage, KeyRecord, Settings, State, Tenant } from "./types.js";
+export type { ClaimRequest, ClaimResult, KeyPage, KeyRecord, Settings, State, Tenant, Usage } from "./types.js";
 export {
   FrontDoor,
   FrontDoorError,

@@ -74,6 +74,14 @@ export interface Settings {
   rate_limit_per_second: number;
   /** Longest a claim of a key in flight is held waiting for the holder to finish (`waitSeconds`, `Prefer: wait=N`); 0 turns waiting off. */
   max_wait_seconds: number;
+  /** Most bytes the tenant's records may store; at or over it, claims of new keys get 507 `storage_quota_exceeded`. */
+  storage_quota_bytes: number;
+}
+
+/** What a tenant's records take against its quotas. */
+export interface Usage {
+  /** Bytes the tenant's records store, as `storage_quota_bytes` counts them. */
+  stored_bytes: number;
 }
 
 /** An account of the service. */
@@ -82,6 +90,7 @@ export interface Tenant {
   name: string;
   settings: Settings;
   disabled?: boolean;
+  usage?: Usage;
   created_at?: string;
   updated_at?: string;
 }

@@ -9,13 +9,21 @@
 -- window with a fresh record. It returns no row when none of these applies;
 -- the caller then reads the stored row to tell why. The nextval of a claim
 -- that conflicts and does not apply is lost, which only leaves a gap.
+-- A record is created (the key absent, or expired) only while the tenant's
+-- usage is below storage_quota_bytes, read in this statement; a takeover
+-- keeps the record and its bytes, so the quota never refuses it. The
+-- claim counts what it stores (stored_bytes) in the same statement.
 WITH clock AS (
-    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
-)
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now,
+        (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
+            WHERE u.tenant_id = sqlc.arg('tenant_id')::text)
+            < sqlc.arg('storage_quota_bytes')::bigint AS room
+),
+w AS (
 INSERT INTO idempotency_keys AS k (
     tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
     attempt_id, lease_expires_at, replay_window_seconds, reaper_threshold_seconds,
-    created_at, updated_at, purge_after
+    created_at, updated_at, purge_after, stored_bytes, stored_bytes_before
 )
 SELECT
     sqlc.arg('tenant_id')::text, sqlc.arg('key')::text, 'in_flight',
@@ -27,8 +35,13 @@ SELECT
     clock.now, clock.now,
     -- kept for the reaper threshold, and never less than the lease
     greatest(clock.now + sqlc.arg('reaper_threshold_seconds')::integer * interval '1 second',
-        clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond')
+        clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond'),
+    sqlc.arg('stored_bytes')::bigint, 0
 FROM clock
+-- over the quota, only a key that exists goes on to ON CONFLICT (takeover)
+WHERE clock.room OR EXISTS (
+    SELECT 1 FROM idempotency_keys e
+    WHERE e.tenant_id = sqlc.arg('tenant_id')::text AND e.key = sqlc.arg('key')::text)
 ON CONFLICT (tenant_id, key) DO UPDATE SET
     state = 'in_flight',
     operation = excluded.operation,
@@ -51,22 +64,42 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     replay_until = NULL,
     purge_after = CASE WHEN k.state = 'completed' THEN excluded.purge_after
         ELSE greatest(excluded.created_at + k.reaper_threshold_seconds * interval '1 second',
-            excluded.lease_expires_at) END
+            excluded.lease_expires_at) END,
+    stored_bytes = CASE WHEN k.state = 'completed' THEN excluded.stored_bytes ELSE k.stored_bytes END,
+    stored_bytes_before = k.stored_bytes
 WHERE
     -- takeover of an orphan by the same request
     (k.state = 'in_flight' AND k.lease_expires_at <= excluded.created_at
         AND k.operation = excluded.operation AND k.fingerprint = excluded.fingerprint)
-    -- a completed record past its replay window counts as absent
-    OR (k.state = 'completed' AND k.replay_until <= excluded.created_at)
--- The record without its response, which a claim has just set to NULL
--- (writeRow in postgres/convert.go; the same columns as CompleteKey's).
+    -- a completed record past its replay window counts as absent (a new
+    -- record: only below the quota)
+    OR (k.state = 'completed' AND k.replay_until <= excluded.created_at
+        AND (SELECT c.room FROM clock c))
 RETURNING
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
     k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     k.review_note, k.review_at, k.recovery_data, k.attempt_id,
-    k.updated_at AS observed_at;
+    k.stored_bytes, k.stored_bytes_before
+),
+-- adds the write's difference to the tenant's usage, in this statement
+counted AS (
+    UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
+    FROM w
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+        AND w.stored_bytes <> w.stored_bytes_before
+)
+-- The record without its response, which a claim has just set to NULL
+-- (writeRow in postgres/convert.go; the same columns as CompleteKey's).
+SELECT
+    w.tenant_id, w.key, w.state, w.operation, w.fingerprint, w.fencing_token,
+    w.attempt, w.lease_expires_at, w.recovery_point,
+    w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
+    w.updated_at, w.completed_at, w.replay_until, w.purge_after,
+    w.review_note, w.review_at, w.recovery_data, w.attempt_id,
+    w.updated_at AS observed_at
+FROM w;
 
 -- name: GetKey :one
 WITH clock AS (
@@ -103,28 +136,59 @@ RETURNING sqlc.embed(k), clock.now AS observed_at;
 -- CheckpointKey saves the recovery point, renews the lease and postpones the
 -- purge (to at least the reaper threshold from now and never before the new
 -- lease ends), only while the token is current and the record in flight.
+-- The new recovery point and data replace the old ones in stored_bytes, and
+-- the difference goes to the tenant's usage in the same statement.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
-)
+),
+w AS (
 UPDATE idempotency_keys k SET
     recovery_point = sqlc.arg('recovery_point')::text,
     recovery_data = sqlc.narg('recovery_data')::bytea,
     lease_expires_at = clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond',
     updated_at = clock.now,
     purge_after = greatest(k.purge_after, clock.now + k.reaper_threshold_seconds * interval '1 second',
-        clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond')
+        clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond'),
+    stored_bytes = k.stored_bytes - coalesce(octet_length(k.recovery_point), 0)
+        - coalesce(octet_length(k.recovery_data), 0) + sqlc.arg('recovery_bytes')::bigint,
+    stored_bytes_before = k.stored_bytes
 FROM clock
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
     AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
-RETURNING sqlc.embed(k), clock.now AS observed_at;
+RETURNING
+    k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
+    k.attempt, k.lease_expires_at, k.recovery_point,
+    k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
+    k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at, k.recovery_data, k.attempt_id,
+    k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
+),
+-- adds the write's difference to the tenant's usage, in this statement
+counted AS (
+    UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
+    FROM w
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+        AND w.stored_bytes <> w.stored_bytes_before
+)
+-- An in-flight record has no response (writeRow's columns).
+SELECT
+    w.tenant_id, w.key, w.state, w.operation, w.fingerprint, w.fencing_token,
+    w.attempt, w.lease_expires_at, w.recovery_point,
+    w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
+    w.updated_at, w.completed_at, w.replay_until, w.purge_after,
+    w.review_note, w.review_at, w.recovery_data, w.attempt_id,
+    w.observed_at
+FROM w;
 
 -- name: CompleteKey :one
 -- CompleteKey stores the response and starts the replay window, only while
 -- the token is current and the record in flight (the lease may have run out).
--- A completion clears the review flag.
+-- A completion clears the review flag. The response's size (idem.Response
+-- Size) goes to stored_bytes and the tenant's usage in the same statement.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
-)
+),
+w AS (
 UPDATE idempotency_keys k SET
     state = 'completed',
     lease_expires_at = NULL,
@@ -137,21 +201,39 @@ UPDATE idempotency_keys k SET
     updated_at = clock.now,
     completed_at = clock.now,
     replay_until = clock.now + k.replay_window_seconds * interval '1 second',
-    purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second'
+    purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second',
+    stored_bytes = k.stored_bytes + sqlc.arg('response_bytes')::bigint,
+    stored_bytes_before = k.stored_bytes
 FROM clock
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
     AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
     -- wakes the key's waiters when this commits (migration 00010)
     AND CASE WHEN k.waited THEN idem_notify_key(k.tenant_id, k.key) ELSE true END
--- The record without the response it has just stored: the caller holds
--- that response, and a large body is not sent back (ClaimKey's columns).
 RETURNING
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
     k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     k.review_note, k.review_at, k.recovery_data, k.attempt_id,
-    clock.now AS observed_at;
+    k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
+),
+-- adds the write's difference to the tenant's usage, in this statement
+counted AS (
+    UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
+    FROM w
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+        AND w.stored_bytes <> w.stored_bytes_before
+)
+-- The record without the response it has just stored: the caller holds
+-- that response, and a large body is not sent back (ClaimKey's columns).
+SELECT
+    w.tenant_id, w.key, w.state, w.operation, w.fingerprint, w.fencing_token,
+    w.attempt, w.lease_expires_at, w.recovery_point,
+    w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
+    w.updated_at, w.completed_at, w.replay_until, w.purge_after,
+    w.review_note, w.review_at, w.recovery_data, w.attempt_id,
+    w.observed_at
+FROM w;
 
 -- name: ReleaseKey :execrows
 -- ReleaseKey deletes an in-flight record whose token is current.
@@ -287,10 +369,12 @@ FOR UPDATE OF k;
 -- name: ResolveCompleteKey :one
 -- ResolveCompleteKey stores the response a person supplied for an orphan,
 -- hands the record a new fencing token (the late worker is fenced off) and
--- clears the review flag. The caller locked the row and checked it.
+-- clears the review flag. The caller locked the row and checked it. The
+-- response is counted as CompleteKey counts it.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
-)
+),
+w AS (
 UPDATE idempotency_keys k SET
     state = 'completed',
     fencing_token = nextval('fencing_tokens'),
@@ -304,13 +388,38 @@ UPDATE idempotency_keys k SET
     updated_at = clock.now,
     completed_at = clock.now,
     replay_until = clock.now + k.replay_window_seconds * interval '1 second',
-    purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second'
+    purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second',
+    stored_bytes = k.stored_bytes + sqlc.arg('response_bytes')::bigint,
+    stored_bytes_before = k.stored_bytes
 FROM clock
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
     AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
     -- wakes the key's waiters when this commits (migration 00010)
     AND CASE WHEN k.waited THEN idem_notify_key(k.tenant_id, k.key) ELSE true END
-RETURNING sqlc.embed(k), clock.now AS observed_at;
+RETURNING
+    k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
+    k.attempt, k.lease_expires_at, k.recovery_point,
+    k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
+    k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at, k.recovery_data, k.attempt_id,
+    k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
+),
+-- adds the write's difference to the tenant's usage, in this statement
+counted AS (
+    UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
+    FROM w
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+        AND w.stored_bytes <> w.stored_bytes_before
+)
+-- The record without the response it has just stored (writeRow's columns).
+SELECT
+    w.tenant_id, w.key, w.state, w.operation, w.fingerprint, w.fencing_token,
+    w.attempt, w.lease_expires_at, w.recovery_point,
+    w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
+    w.updated_at, w.completed_at, w.replay_until, w.purge_after,
+    w.review_note, w.review_at, w.recovery_data, w.attempt_id,
+    w.observed_at
+FROM w;
 
 -- name: ReviewKey :one
 -- ReviewKey flags an in-flight record for review with a note. The caller
@@ -340,3 +449,8 @@ WHERE tenant_id = sqlc.arg('tenant_id') AND key = sqlc.arg('key');
 -- (completed or gone).
 UPDATE idempotency_keys SET waited = true
 WHERE tenant_id = sqlc.arg('tenant_id') AND key = sqlc.arg('key') AND state = 'in_flight';
+
+-- name: TenantStoredBytes :one
+-- TenantStoredBytes is the tenant's usage: the sum of its counter rows.
+SELECT coalesce(sum(stored_bytes), 0)::bigint AS stored_bytes
+FROM tenant_usage WHERE tenant_id = sqlc.arg('tenant_id');

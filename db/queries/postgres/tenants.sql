@@ -5,22 +5,27 @@ WITH clock AS (
 INSERT INTO tenants (
     id, name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, max_wait_seconds, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, created_at, updated_at
 )
 SELECT
     sqlc.arg('id')::text, sqlc.arg('name')::text,
     sqlc.arg('replay_window_seconds')::integer, sqlc.arg('reaper_threshold_seconds')::integer,
     sqlc.arg('lease_seconds_default')::integer, sqlc.arg('lease_seconds_max')::integer,
     sqlc.arg('max_response_bytes')::integer, sqlc.arg('rate_limit_per_second')::integer,
-    sqlc.arg('max_wait_seconds')::integer, clock.now, clock.now
+    sqlc.arg('max_wait_seconds')::integer, sqlc.arg('storage_quota_bytes')::bigint, clock.now, clock.now
 FROM clock
 RETURNING *;
 
 -- name: GetTenant :one
-SELECT * FROM tenants WHERE id = sqlc.arg('id');
+-- GetTenant and ListTenants add the tenant's usage (TenantStoredBytes).
+SELECT sqlc.embed(t),
+    (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = t.id)::bigint AS stored_bytes
+FROM tenants t WHERE t.id = sqlc.arg('id');
 
 -- name: ListTenants :many
-SELECT * FROM tenants ORDER BY id;
+SELECT sqlc.embed(t),
+    (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = t.id)::bigint AS stored_bytes
+FROM tenants t ORDER BY t.id;
 
 -- name: UpdateTenant :one
 -- UpdateTenant replaces name, settings and the disabled flag; disabled_at
@@ -37,12 +42,14 @@ UPDATE tenants t SET
     max_response_bytes = sqlc.arg('max_response_bytes')::integer,
     rate_limit_per_second = sqlc.arg('rate_limit_per_second')::integer,
     max_wait_seconds = sqlc.arg('max_wait_seconds')::integer,
+    storage_quota_bytes = sqlc.arg('storage_quota_bytes')::bigint,
     disabled_at = CASE WHEN sqlc.arg('disabled')::boolean
         THEN coalesce(t.disabled_at, clock.now) ELSE NULL END,
     updated_at = clock.now
 FROM clock
 WHERE t.id = sqlc.arg('id')
-RETURNING t.*;
+RETURNING sqlc.embed(t),
+    (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = t.id)::bigint AS stored_bytes;
 
 -- name: DeleteTenant :execrows
 -- DeleteTenant deletes a tenant; ON DELETE CASCADE deletes its records in

@@ -23,14 +23,14 @@ INSERT INTO idempotency_keys (
     lease_expires_at, recovery_point, recovery_data,
     response_status, response_headers, response_body, response_body_encoding,
     replay_window_seconds, reaper_threshold_seconds,
-    created_at, updated_at, completed_at, replay_until, purge_after
+    created_at, updated_at, completed_at, replay_until, purge_after, stored_bytes
 ) VALUES (
     sqlc.arg(tenant_id), sqlc.arg(key), 'in_flight', sqlc.arg(operation), sqlc.arg(fingerprint),
     sqlc.arg(fencing_token), 1, sqlc.narg(attempt_id),
     sqlc.arg(lease_expires_at), NULL, NULL,
     NULL, NULL, NULL, NULL,
     sqlc.arg(replay_window_seconds), sqlc.arg(reaper_threshold_seconds),
-    sqlc.arg(now), sqlc.arg(now), NULL, NULL, sqlc.arg(purge_after)
+    sqlc.arg(now), sqlc.arg(now), NULL, NULL, sqlc.arg(purge_after), sqlc.arg(stored_bytes)
 )
 ON CONFLICT (tenant_id, key) DO UPDATE SET
     state = excluded.state,
@@ -52,7 +52,8 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     updated_at = excluded.updated_at,
     completed_at = NULL,
     replay_until = NULL,
-    purge_after = excluded.purge_after
+    purge_after = excluded.purge_after,
+    stored_bytes = excluded.stored_bytes
 RETURNING *;
 
 -- name: TakeoverKey :one
@@ -82,6 +83,7 @@ RETURNING *;
 UPDATE idempotency_keys SET
     recovery_point = sqlc.arg(recovery_point),
     recovery_data = sqlc.narg(recovery_data),
+    stored_bytes = sqlc.arg(stored_bytes),
     lease_expires_at = sqlc.arg(lease_expires_at),
     updated_at = sqlc.arg(now),
     purge_after = sqlc.arg(purge_after)
@@ -97,6 +99,7 @@ UPDATE idempotency_keys SET
     response_headers = sqlc.arg(response_headers),
     response_body = sqlc.arg(response_body),
     response_body_encoding = sqlc.arg(response_body_encoding),
+    stored_bytes = sqlc.arg(stored_bytes),
     review_note = NULL,
     review_at = NULL,
     updated_at = sqlc.arg(now),
@@ -194,6 +197,7 @@ UPDATE idempotency_keys SET
     response_headers = sqlc.arg(response_headers),
     response_body = sqlc.arg(response_body),
     response_body_encoding = sqlc.arg(response_body_encoding),
+    stored_bytes = sqlc.arg(stored_bytes),
     review_note = NULL,
     review_at = NULL,
     updated_at = sqlc.arg(now),
@@ -212,3 +216,8 @@ UPDATE idempotency_keys SET
     updated_at = sqlc.arg(now)
 WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
 RETURNING *;
+
+-- name: TenantStoredBytes :one
+-- TenantStoredBytes is the tenant's usage: the sum of its counter rows.
+SELECT CAST(coalesce(sum(stored_bytes), 0) AS INTEGER) AS stored_bytes
+FROM tenant_usage WHERE tenant_id = sqlc.arg(tenant_id);

@@ -2,19 +2,22 @@
 INSERT INTO tenants (
     id, name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, max_wait_seconds, disabled_at, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, disabled_at, created_at, updated_at
 ) VALUES (
     sqlc.arg(id), sqlc.arg(name), sqlc.arg(replay_window_seconds), sqlc.arg(reaper_threshold_seconds),
     sqlc.arg(lease_seconds_default), sqlc.arg(lease_seconds_max), sqlc.arg(max_response_bytes),
-    sqlc.arg(rate_limit_per_second), sqlc.arg(max_wait_seconds), NULL, sqlc.arg(now), sqlc.arg(now)
+    sqlc.arg(rate_limit_per_second), sqlc.arg(max_wait_seconds), sqlc.arg(storage_quota_bytes), NULL, sqlc.arg(now), sqlc.arg(now)
 )
 RETURNING *;
 
 -- name: GetTenant :one
-SELECT * FROM tenants WHERE id = sqlc.arg(id);
+-- GetTenant and ListTenants add the tenant's usage (TenantStoredBytes).
+SELECT sqlc.embed(tenants), CAST((SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = tenants.id) AS INTEGER) AS stored_bytes
+FROM tenants WHERE id = sqlc.arg(id);
 
 -- name: ListTenants :many
-SELECT * FROM tenants ORDER BY id;
+SELECT sqlc.embed(tenants), CAST((SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = tenants.id) AS INTEGER) AS stored_bytes
+FROM tenants ORDER BY id;
 
 -- name: UpdateTenant :one
 -- UpdateTenant keeps the first disabled_at while the tenant stays disabled.
@@ -27,6 +30,7 @@ UPDATE tenants SET
     max_response_bytes = sqlc.arg(max_response_bytes),
     rate_limit_per_second = sqlc.arg(rate_limit_per_second),
     max_wait_seconds = sqlc.arg(max_wait_seconds),
+    storage_quota_bytes = sqlc.arg(storage_quota_bytes),
     disabled_at = CASE WHEN CAST(sqlc.arg(disabled) AS INTEGER) != 0 THEN COALESCE(disabled_at, sqlc.arg(now)) ELSE NULL END,
     updated_at = sqlc.arg(now)
 WHERE id = sqlc.arg(id)

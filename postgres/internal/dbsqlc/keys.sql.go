@@ -13,77 +13,121 @@ import (
 
 const checkpointKey = `-- name: CheckpointKey :one
 WITH clock AS (
-    SELECT coalesce($7::timestamptz, now())::timestamptz AS now
-)
+    SELECT coalesce($1::timestamptz, now())::timestamptz AS now
+),
+w AS (
 UPDATE idempotency_keys k SET
-    recovery_point = $1::text,
-    recovery_data = $2::bytea,
-    lease_expires_at = clock.now + $3::bigint * interval '1 microsecond',
+    recovery_point = $2::text,
+    recovery_data = $3::bytea,
+    lease_expires_at = clock.now + $4::bigint * interval '1 microsecond',
     updated_at = clock.now,
     purge_after = greatest(k.purge_after, clock.now + k.reaper_threshold_seconds * interval '1 second',
-        clock.now + $3::bigint * interval '1 microsecond')
+        clock.now + $4::bigint * interval '1 microsecond'),
+    stored_bytes = k.stored_bytes - coalesce(octet_length(k.recovery_point), 0)
+        - coalesce(octet_length(k.recovery_data), 0) + $5::bigint,
+    stored_bytes_before = k.stored_bytes
 FROM clock
-WHERE k.tenant_id = $4 AND k.key = $5
-    AND k.fencing_token = $6 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
+WHERE k.tenant_id = $6 AND k.key = $7
+    AND k.fencing_token = $8 AND k.state = 'in_flight'
+RETURNING
+    k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
+    k.attempt, k.lease_expires_at, k.recovery_point,
+    k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
+    k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at, k.recovery_data, k.attempt_id,
+    k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
+),
+counted AS (
+    UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
+    FROM w
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+        AND w.stored_bytes <> w.stored_bytes_before
+)
+SELECT
+    w.tenant_id, w.key, w.state, w.operation, w.fingerprint, w.fencing_token,
+    w.attempt, w.lease_expires_at, w.recovery_point,
+    w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
+    w.updated_at, w.completed_at, w.replay_until, w.purge_after,
+    w.review_note, w.review_at, w.recovery_data, w.attempt_id,
+    w.observed_at
+FROM w
 `
 
 type CheckpointKeyParams struct {
+	Now           pgtype.Timestamptz
 	RecoveryPoint string
 	RecoveryData  []byte
 	LeaseUs       int64
+	RecoveryBytes int64
 	TenantID      string
 	Key           string
 	FencingToken  int64
-	Now           pgtype.Timestamptz
 }
 
 type CheckpointKeyRow struct {
-	IdempotencyKey IdempotencyKey
-	ObservedAt     pgtype.Timestamptz
+	TenantID               string
+	Key                    string
+	State                  string
+	Operation              string
+	Fingerprint            string
+	FencingToken           int64
+	Attempt                int32
+	LeaseExpiresAt         pgtype.Timestamptz
+	RecoveryPoint          *string
+	ReplayWindowSeconds    int32
+	ReaperThresholdSeconds int32
+	CreatedAt              pgtype.Timestamptz
+	UpdatedAt              pgtype.Timestamptz
+	CompletedAt            pgtype.Timestamptz
+	ReplayUntil            pgtype.Timestamptz
+	PurgeAfter             pgtype.Timestamptz
+	ReviewNote             *string
+	ReviewAt               pgtype.Timestamptz
+	RecoveryData           []byte
+	AttemptID              *string
+	ObservedAt             pgtype.Timestamptz
 }
 
 // CheckpointKey saves the recovery point, renews the lease and postpones the
 // purge (to at least the reaper threshold from now and never before the new
 // lease ends), only while the token is current and the record in flight.
+// The new recovery point and data replace the old ones in stored_bytes, and
+// the difference goes to the tenant's usage in the same statement.
+// adds the write's difference to the tenant's usage, in this statement
+// An in-flight record has no response (writeRow's columns).
 func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (CheckpointKeyRow, error) {
 	row := q.db.QueryRow(ctx, checkpointKey,
+		arg.Now,
 		arg.RecoveryPoint,
 		arg.RecoveryData,
 		arg.LeaseUs,
+		arg.RecoveryBytes,
 		arg.TenantID,
 		arg.Key,
 		arg.FencingToken,
-		arg.Now,
 	)
 	var i CheckpointKeyRow
 	err := row.Scan(
-		&i.IdempotencyKey.TenantID,
-		&i.IdempotencyKey.Key,
-		&i.IdempotencyKey.State,
-		&i.IdempotencyKey.Operation,
-		&i.IdempotencyKey.Fingerprint,
-		&i.IdempotencyKey.FencingToken,
-		&i.IdempotencyKey.Attempt,
-		&i.IdempotencyKey.LeaseExpiresAt,
-		&i.IdempotencyKey.RecoveryPoint,
-		&i.IdempotencyKey.RecoveryData,
-		&i.IdempotencyKey.ResponseStatus,
-		&i.IdempotencyKey.ResponseHeaders,
-		&i.IdempotencyKey.ResponseBody,
-		&i.IdempotencyKey.ResponseBodyEncoding,
-		&i.IdempotencyKey.ReplayWindowSeconds,
-		&i.IdempotencyKey.ReaperThresholdSeconds,
-		&i.IdempotencyKey.CreatedAt,
-		&i.IdempotencyKey.UpdatedAt,
-		&i.IdempotencyKey.CompletedAt,
-		&i.IdempotencyKey.ReplayUntil,
-		&i.IdempotencyKey.PurgeAfter,
-		&i.IdempotencyKey.AttemptID,
-		&i.IdempotencyKey.ReviewNote,
-		&i.IdempotencyKey.ReviewAt,
-		&i.IdempotencyKey.OrphanEventToken,
-		&i.IdempotencyKey.Waited,
+		&i.TenantID,
+		&i.Key,
+		&i.State,
+		&i.Operation,
+		&i.Fingerprint,
+		&i.FencingToken,
+		&i.Attempt,
+		&i.LeaseExpiresAt,
+		&i.RecoveryPoint,
+		&i.ReplayWindowSeconds,
+		&i.ReaperThresholdSeconds,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.CompletedAt,
+		&i.ReplayUntil,
+		&i.PurgeAfter,
+		&i.ReviewNote,
+		&i.ReviewAt,
+		&i.RecoveryData,
+		&i.AttemptID,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -92,25 +136,33 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (C
 const claimKey = `-- name: ClaimKey :one
 
 WITH clock AS (
-    SELECT coalesce($9::timestamptz, now())::timestamptz AS now
-)
+    SELECT coalesce($1::timestamptz, now())::timestamptz AS now,
+        (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
+            WHERE u.tenant_id = $2::text)
+            < $3::bigint AS room
+),
+w AS (
 INSERT INTO idempotency_keys AS k (
     tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
     attempt_id, lease_expires_at, replay_window_seconds, reaper_threshold_seconds,
-    created_at, updated_at, purge_after
+    created_at, updated_at, purge_after, stored_bytes, stored_bytes_before
 )
 SELECT
-    $1::text, $2::text, 'in_flight',
-    $3::text, $4::text,
-    nextval('fencing_tokens'), 1, $5::text,
-    clock.now + $6::bigint * interval '1 microsecond',
-    $7::integer,
-    $8::integer,
+    $2::text, $4::text, 'in_flight',
+    $5::text, $6::text,
+    nextval('fencing_tokens'), 1, $7::text,
+    clock.now + $8::bigint * interval '1 microsecond',
+    $9::integer,
+    $10::integer,
     clock.now, clock.now,
     -- kept for the reaper threshold, and never less than the lease
-    greatest(clock.now + $8::integer * interval '1 second',
-        clock.now + $6::bigint * interval '1 microsecond')
+    greatest(clock.now + $10::integer * interval '1 second',
+        clock.now + $8::bigint * interval '1 microsecond'),
+    $11::bigint, 0
 FROM clock
+WHERE clock.room OR EXISTS (
+    SELECT 1 FROM idempotency_keys e
+    WHERE e.tenant_id = $2::text AND e.key = $4::text)
 ON CONFLICT (tenant_id, key) DO UPDATE SET
     state = 'in_flight',
     operation = excluded.operation,
@@ -133,24 +185,45 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     replay_until = NULL,
     purge_after = CASE WHEN k.state = 'completed' THEN excluded.purge_after
         ELSE greatest(excluded.created_at + k.reaper_threshold_seconds * interval '1 second',
-            excluded.lease_expires_at) END
+            excluded.lease_expires_at) END,
+    stored_bytes = CASE WHEN k.state = 'completed' THEN excluded.stored_bytes ELSE k.stored_bytes END,
+    stored_bytes_before = k.stored_bytes
 WHERE
     -- takeover of an orphan by the same request
     (k.state = 'in_flight' AND k.lease_expires_at <= excluded.created_at
         AND k.operation = excluded.operation AND k.fingerprint = excluded.fingerprint)
-    -- a completed record past its replay window counts as absent
-    OR (k.state = 'completed' AND k.replay_until <= excluded.created_at)
+    -- a completed record past its replay window counts as absent (a new
+    -- record: only below the quota)
+    OR (k.state = 'completed' AND k.replay_until <= excluded.created_at
+        AND (SELECT c.room FROM clock c))
 RETURNING
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
     k.attempt, k.lease_expires_at, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     k.review_note, k.review_at, k.recovery_data, k.attempt_id,
-    k.updated_at AS observed_at
+    k.stored_bytes, k.stored_bytes_before
+),
+counted AS (
+    UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
+    FROM w
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+        AND w.stored_bytes <> w.stored_bytes_before
+)
+SELECT
+    w.tenant_id, w.key, w.state, w.operation, w.fingerprint, w.fencing_token,
+    w.attempt, w.lease_expires_at, w.recovery_point,
+    w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
+    w.updated_at, w.completed_at, w.replay_until, w.purge_after,
+    w.review_note, w.review_at, w.recovery_data, w.attempt_id,
+    w.updated_at AS observed_at
+FROM w
 `
 
 type ClaimKeyParams struct {
+	Now                    pgtype.Timestamptz
 	TenantID               string
+	StorageQuotaBytes      int64
 	Key                    string
 	Operation              string
 	Fingerprint            string
@@ -158,7 +231,7 @@ type ClaimKeyParams struct {
 	LeaseUs                int64
 	ReplayWindowSeconds    int32
 	ReaperThresholdSeconds int32
-	Now                    pgtype.Timestamptz
+	StoredBytes            int64
 }
 
 type ClaimKeyRow struct {
@@ -194,11 +267,19 @@ type ClaimKeyRow struct {
 // window with a fresh record. It returns no row when none of these applies;
 // the caller then reads the stored row to tell why. The nextval of a claim
 // that conflicts and does not apply is lost, which only leaves a gap.
+// A record is created (the key absent, or expired) only while the tenant's
+// usage is below storage_quota_bytes, read in this statement; a takeover
+// keeps the record and its bytes, so the quota never refuses it. The
+// claim counts what it stores (stored_bytes) in the same statement.
+// over the quota, only a key that exists goes on to ON CONFLICT (takeover)
+// adds the write's difference to the tenant's usage, in this statement
 // The record without its response, which a claim has just set to NULL
 // (writeRow in postgres/convert.go; the same columns as CompleteKey's).
 func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow, error) {
 	row := q.db.QueryRow(ctx, claimKey,
+		arg.Now,
 		arg.TenantID,
+		arg.StorageQuotaBytes,
 		arg.Key,
 		arg.Operation,
 		arg.Fingerprint,
@@ -206,7 +287,7 @@ func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow
 		arg.LeaseUs,
 		arg.ReplayWindowSeconds,
 		arg.ReaperThresholdSeconds,
-		arg.Now,
+		arg.StoredBytes,
 	)
 	var i ClaimKeyRow
 	err := row.Scan(
@@ -237,24 +318,27 @@ func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow
 
 const completeKey = `-- name: CompleteKey :one
 WITH clock AS (
-    SELECT coalesce($8::timestamptz, now())::timestamptz AS now
-)
+    SELECT coalesce($1::timestamptz, now())::timestamptz AS now
+),
+w AS (
 UPDATE idempotency_keys k SET
     state = 'completed',
     lease_expires_at = NULL,
-    response_status = $1::integer,
-    response_headers = $2::jsonb,
-    response_body = $3::bytea,
-    response_body_encoding = $4::text,
+    response_status = $2::integer,
+    response_headers = $3::jsonb,
+    response_body = $4::bytea,
+    response_body_encoding = $5::text,
     review_note = NULL,
     review_at = NULL,
     updated_at = clock.now,
     completed_at = clock.now,
     replay_until = clock.now + k.replay_window_seconds * interval '1 second',
-    purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second'
+    purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second',
+    stored_bytes = k.stored_bytes + $6::bigint,
+    stored_bytes_before = k.stored_bytes
 FROM clock
-WHERE k.tenant_id = $5 AND k.key = $6
-    AND k.fencing_token = $7 AND k.state = 'in_flight'
+WHERE k.tenant_id = $7 AND k.key = $8
+    AND k.fencing_token = $9 AND k.state = 'in_flight'
     -- wakes the key's waiters when this commits (migration 00010)
     AND CASE WHEN k.waited THEN idem_notify_key(k.tenant_id, k.key) ELSE true END
 RETURNING
@@ -263,18 +347,34 @@ RETURNING
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     k.review_note, k.review_at, k.recovery_data, k.attempt_id,
-    clock.now AS observed_at
+    k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
+),
+counted AS (
+    UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
+    FROM w
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+        AND w.stored_bytes <> w.stored_bytes_before
+)
+SELECT
+    w.tenant_id, w.key, w.state, w.operation, w.fingerprint, w.fencing_token,
+    w.attempt, w.lease_expires_at, w.recovery_point,
+    w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
+    w.updated_at, w.completed_at, w.replay_until, w.purge_after,
+    w.review_note, w.review_at, w.recovery_data, w.attempt_id,
+    w.observed_at
+FROM w
 `
 
 type CompleteKeyParams struct {
+	Now                  pgtype.Timestamptz
 	ResponseStatus       int32
 	ResponseHeaders      []byte
 	ResponseBody         []byte
 	ResponseBodyEncoding string
+	ResponseBytes        int64
 	TenantID             string
 	Key                  string
 	FencingToken         int64
-	Now                  pgtype.Timestamptz
 }
 
 type CompleteKeyRow struct {
@@ -303,19 +403,22 @@ type CompleteKeyRow struct {
 
 // CompleteKey stores the response and starts the replay window, only while
 // the token is current and the record in flight (the lease may have run out).
-// A completion clears the review flag.
+// A completion clears the review flag. The response's size (idem.Response
+// Size) goes to stored_bytes and the tenant's usage in the same statement.
+// adds the write's difference to the tenant's usage, in this statement
 // The record without the response it has just stored: the caller holds
 // that response, and a large body is not sent back (ClaimKey's columns).
 func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (CompleteKeyRow, error) {
 	row := q.db.QueryRow(ctx, completeKey,
+		arg.Now,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
 		arg.ResponseBodyEncoding,
+		arg.ResponseBytes,
 		arg.TenantID,
 		arg.Key,
 		arg.FencingToken,
-		arg.Now,
 	)
 	var i CompleteKeyRow
 	err := row.Scan(
@@ -348,7 +451,7 @@ const getKey = `-- name: GetKey :one
 WITH clock AS (
     SELECT coalesce($3::timestamptz, now())::timestamptz AS now
 )
-SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
+SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = $1 AND k.key = $2
 `
@@ -394,6 +497,8 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
 		&i.IdempotencyKey.Waited,
+		&i.IdempotencyKey.StoredBytes,
+		&i.IdempotencyKey.StoredBytesBefore,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -641,7 +746,7 @@ const lockKey = `-- name: LockKey :one
 WITH clock AS (
     SELECT coalesce($3::timestamptz, now())::timestamptz AS now
 )
-SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
+SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = $1 AND k.key = $2
 FOR UPDATE OF k
@@ -691,6 +796,8 @@ func (q *Queries) LockKey(ctx context.Context, arg LockKeyParams) (LockKeyRow, e
 		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
 		&i.IdempotencyKey.Waited,
+		&i.IdempotencyKey.StoredBytes,
+		&i.IdempotencyKey.StoredBytesBefore,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -905,7 +1012,7 @@ WHERE k.tenant_id = $2 AND k.key = $3
     -- TestGenericPlans)
     AND CASE WHEN k.lease_expires_at > clock.now THEN true ELSE false END
     AND k.attempt_id = $5::text
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
 `
 
 type RenewAttemptLeaseParams struct {
@@ -963,6 +1070,8 @@ func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeasePa
 		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
 		&i.IdempotencyKey.Waited,
+		&i.IdempotencyKey.StoredBytes,
+		&i.IdempotencyKey.StoredBytesBefore,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -970,88 +1079,130 @@ func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeasePa
 
 const resolveCompleteKey = `-- name: ResolveCompleteKey :one
 WITH clock AS (
-    SELECT coalesce($8::timestamptz, now())::timestamptz AS now
-)
+    SELECT coalesce($1::timestamptz, now())::timestamptz AS now
+),
+w AS (
 UPDATE idempotency_keys k SET
     state = 'completed',
     fencing_token = nextval('fencing_tokens'),
     lease_expires_at = NULL,
-    response_status = $1::integer,
-    response_headers = $2::jsonb,
-    response_body = $3::bytea,
-    response_body_encoding = $4::text,
+    response_status = $2::integer,
+    response_headers = $3::jsonb,
+    response_body = $4::bytea,
+    response_body_encoding = $5::text,
     review_note = NULL,
     review_at = NULL,
     updated_at = clock.now,
     completed_at = clock.now,
     replay_until = clock.now + k.replay_window_seconds * interval '1 second',
-    purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second'
+    purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second',
+    stored_bytes = k.stored_bytes + $6::bigint,
+    stored_bytes_before = k.stored_bytes
 FROM clock
-WHERE k.tenant_id = $5 AND k.key = $6
-    AND k.fencing_token = $7 AND k.state = 'in_flight'
+WHERE k.tenant_id = $7 AND k.key = $8
+    AND k.fencing_token = $9 AND k.state = 'in_flight'
     -- wakes the key's waiters when this commits (migration 00010)
     AND CASE WHEN k.waited THEN idem_notify_key(k.tenant_id, k.key) ELSE true END
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
+RETURNING
+    k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
+    k.attempt, k.lease_expires_at, k.recovery_point,
+    k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
+    k.updated_at, k.completed_at, k.replay_until, k.purge_after,
+    k.review_note, k.review_at, k.recovery_data, k.attempt_id,
+    k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
+),
+counted AS (
+    UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
+    FROM w
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+        AND w.stored_bytes <> w.stored_bytes_before
+)
+SELECT
+    w.tenant_id, w.key, w.state, w.operation, w.fingerprint, w.fencing_token,
+    w.attempt, w.lease_expires_at, w.recovery_point,
+    w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
+    w.updated_at, w.completed_at, w.replay_until, w.purge_after,
+    w.review_note, w.review_at, w.recovery_data, w.attempt_id,
+    w.observed_at
+FROM w
 `
 
 type ResolveCompleteKeyParams struct {
+	Now                  pgtype.Timestamptz
 	ResponseStatus       int32
 	ResponseHeaders      []byte
 	ResponseBody         []byte
 	ResponseBodyEncoding string
+	ResponseBytes        int64
 	TenantID             string
 	Key                  string
 	FencingToken         int64
-	Now                  pgtype.Timestamptz
 }
 
 type ResolveCompleteKeyRow struct {
-	IdempotencyKey IdempotencyKey
-	ObservedAt     pgtype.Timestamptz
+	TenantID               string
+	Key                    string
+	State                  string
+	Operation              string
+	Fingerprint            string
+	FencingToken           int64
+	Attempt                int32
+	LeaseExpiresAt         pgtype.Timestamptz
+	RecoveryPoint          *string
+	ReplayWindowSeconds    int32
+	ReaperThresholdSeconds int32
+	CreatedAt              pgtype.Timestamptz
+	UpdatedAt              pgtype.Timestamptz
+	CompletedAt            pgtype.Timestamptz
+	ReplayUntil            pgtype.Timestamptz
+	PurgeAfter             pgtype.Timestamptz
+	ReviewNote             *string
+	ReviewAt               pgtype.Timestamptz
+	RecoveryData           []byte
+	AttemptID              *string
+	ObservedAt             pgtype.Timestamptz
 }
 
 // ResolveCompleteKey stores the response a person supplied for an orphan,
 // hands the record a new fencing token (the late worker is fenced off) and
-// clears the review flag. The caller locked the row and checked it.
+// clears the review flag. The caller locked the row and checked it. The
+// response is counted as CompleteKey counts it.
+// adds the write's difference to the tenant's usage, in this statement
+// The record without the response it has just stored (writeRow's columns).
 func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKeyParams) (ResolveCompleteKeyRow, error) {
 	row := q.db.QueryRow(ctx, resolveCompleteKey,
+		arg.Now,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
 		arg.ResponseBodyEncoding,
+		arg.ResponseBytes,
 		arg.TenantID,
 		arg.Key,
 		arg.FencingToken,
-		arg.Now,
 	)
 	var i ResolveCompleteKeyRow
 	err := row.Scan(
-		&i.IdempotencyKey.TenantID,
-		&i.IdempotencyKey.Key,
-		&i.IdempotencyKey.State,
-		&i.IdempotencyKey.Operation,
-		&i.IdempotencyKey.Fingerprint,
-		&i.IdempotencyKey.FencingToken,
-		&i.IdempotencyKey.Attempt,
-		&i.IdempotencyKey.LeaseExpiresAt,
-		&i.IdempotencyKey.RecoveryPoint,
-		&i.IdempotencyKey.RecoveryData,
-		&i.IdempotencyKey.ResponseStatus,
-		&i.IdempotencyKey.ResponseHeaders,
-		&i.IdempotencyKey.ResponseBody,
-		&i.IdempotencyKey.ResponseBodyEncoding,
-		&i.IdempotencyKey.ReplayWindowSeconds,
-		&i.IdempotencyKey.ReaperThresholdSeconds,
-		&i.IdempotencyKey.CreatedAt,
-		&i.IdempotencyKey.UpdatedAt,
-		&i.IdempotencyKey.CompletedAt,
-		&i.IdempotencyKey.ReplayUntil,
-		&i.IdempotencyKey.PurgeAfter,
-		&i.IdempotencyKey.AttemptID,
-		&i.IdempotencyKey.ReviewNote,
-		&i.IdempotencyKey.ReviewAt,
-		&i.IdempotencyKey.OrphanEventToken,
-		&i.IdempotencyKey.Waited,
+		&i.TenantID,
+		&i.Key,
+		&i.State,
+		&i.Operation,
+		&i.Fingerprint,
+		&i.FencingToken,
+		&i.Attempt,
+		&i.LeaseExpiresAt,
+		&i.RecoveryPoint,
+		&i.ReplayWindowSeconds,
+		&i.ReaperThresholdSeconds,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.CompletedAt,
+		&i.ReplayUntil,
+		&i.PurgeAfter,
+		&i.ReviewNote,
+		&i.ReviewAt,
+		&i.RecoveryData,
+		&i.AttemptID,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -1068,7 +1219,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $2 AND k.key = $3
     AND k.fencing_token = $4 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
 `
 
 type ReviewKeyParams struct {
@@ -1122,6 +1273,8 @@ func (q *Queries) ReviewKey(ctx context.Context, arg ReviewKeyParams) (ReviewKey
 		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
 		&i.IdempotencyKey.Waited,
+		&i.IdempotencyKey.StoredBytes,
+		&i.IdempotencyKey.StoredBytesBefore,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -1142,4 +1295,17 @@ func (q *Queries) ShareTenant(ctx context.Context, tenantID string) (string, err
 	var id string
 	err := row.Scan(&id)
 	return id, err
+}
+
+const tenantStoredBytes = `-- name: TenantStoredBytes :one
+SELECT coalesce(sum(stored_bytes), 0)::bigint AS stored_bytes
+FROM tenant_usage WHERE tenant_id = $1
+`
+
+// TenantStoredBytes is the tenant's usage: the sum of its counter rows.
+func (q *Queries) TenantStoredBytes(ctx context.Context, tenantID string) (int64, error) {
+	row := q.db.QueryRow(ctx, tenantStoredBytes, tenantID)
+	var stored_bytes int64
+	err := row.Scan(&stored_bytes)
+	return stored_bytes, err
 }

@@ -35,6 +35,8 @@ type IdempotencyKey struct {
 	ReviewAt               pgtype.Timestamptz
 	OrphanEventToken       *int64
 	Waited                 bool
+	StoredBytes            int64
+	StoredBytesBefore      int64
 }
 
 type KeyAudit struct {
@@ -64,6 +66,13 @@ type Tenant struct {
 	CreatedAt              pgtype.Timestamptz
 	UpdatedAt              pgtype.Timestamptz
 	MaxWaitSeconds         int32
+	StorageQuotaBytes      int64
+}
+
+type TenantUsage struct {
+	TenantID    string
+	Slot        int16
+	StoredBytes int64
 }
 
 type WebhookDelivery struct {

@@ -13,21 +13,21 @@ import (
 
 const createTenant = `-- name: CreateTenant :one
 WITH clock AS (
-    SELECT coalesce($10::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($11::timestamptz, now())::timestamptz AS now
 )
 INSERT INTO tenants (
     id, name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, max_wait_seconds, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, created_at, updated_at
 )
 SELECT
     $1::text, $2::text,
     $3::integer, $4::integer,
     $5::integer, $6::integer,
     $7::integer, $8::integer,
-    $9::integer, clock.now, clock.now
+    $9::integer, $10::bigint, clock.now, clock.now
 FROM clock
-RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds
+RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds, storage_quota_bytes
 `
 
 type CreateTenantParams struct {
@@ -40,6 +40,7 @@ type CreateTenantParams struct {
 	MaxResponseBytes       int32
 	RateLimitPerSecond     int32
 	MaxWaitSeconds         int32
+	StorageQuotaBytes      int64
 	Now                    pgtype.Timestamptz
 }
 
@@ -54,6 +55,7 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		arg.MaxResponseBytes,
 		arg.RateLimitPerSecond,
 		arg.MaxWaitSeconds,
+		arg.StorageQuotaBytes,
 		arg.Now,
 	)
 	var i Tenant
@@ -70,6 +72,7 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.MaxWaitSeconds,
+		&i.StorageQuotaBytes,
 	)
 	return i, err
 }
@@ -89,55 +92,74 @@ func (q *Queries) DeleteTenant(ctx context.Context, id string) (int64, error) {
 }
 
 const getTenant = `-- name: GetTenant :one
-SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds FROM tenants WHERE id = $1
+SELECT t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes,
+    (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = t.id)::bigint AS stored_bytes
+FROM tenants t WHERE t.id = $1
 `
 
-func (q *Queries) GetTenant(ctx context.Context, id string) (Tenant, error) {
+type GetTenantRow struct {
+	Tenant      Tenant
+	StoredBytes int64
+}
+
+// GetTenant and ListTenants add the tenant's usage (TenantStoredBytes).
+func (q *Queries) GetTenant(ctx context.Context, id string) (GetTenantRow, error) {
 	row := q.db.QueryRow(ctx, getTenant, id)
-	var i Tenant
+	var i GetTenantRow
 	err := row.Scan(
-		&i.ID,
-		&i.Name,
-		&i.ReplayWindowSeconds,
-		&i.ReaperThresholdSeconds,
-		&i.LeaseSecondsDefault,
-		&i.LeaseSecondsMax,
-		&i.MaxResponseBytes,
-		&i.RateLimitPerSecond,
-		&i.DisabledAt,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.MaxWaitSeconds,
+		&i.Tenant.ID,
+		&i.Tenant.Name,
+		&i.Tenant.ReplayWindowSeconds,
+		&i.Tenant.ReaperThresholdSeconds,
+		&i.Tenant.LeaseSecondsDefault,
+		&i.Tenant.LeaseSecondsMax,
+		&i.Tenant.MaxResponseBytes,
+		&i.Tenant.RateLimitPerSecond,
+		&i.Tenant.DisabledAt,
+		&i.Tenant.CreatedAt,
+		&i.Tenant.UpdatedAt,
+		&i.Tenant.MaxWaitSeconds,
+		&i.Tenant.StorageQuotaBytes,
+		&i.StoredBytes,
 	)
 	return i, err
 }
 
 const listTenants = `-- name: ListTenants :many
-SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds FROM tenants ORDER BY id
+SELECT t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes,
+    (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = t.id)::bigint AS stored_bytes
+FROM tenants t ORDER BY t.id
 `
 
-func (q *Queries) ListTenants(ctx context.Context) ([]Tenant, error) {
+type ListTenantsRow struct {
+	Tenant      Tenant
+	StoredBytes int64
+}
+
+func (q *Queries) ListTenants(ctx context.Context) ([]ListTenantsRow, error) {
 	rows, err := q.db.Query(ctx, listTenants)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []Tenant
+	var items []ListTenantsRow
 	for rows.Next() {
-		var i Tenant
+		var i ListTenantsRow
 		if err := rows.Scan(
-			&i.ID,
-			&i.Name,
-			&i.ReplayWindowSeconds,
-			&i.ReaperThresholdSeconds,
-			&i.LeaseSecondsDefault,
-			&i.LeaseSecondsMax,
-			&i.MaxResponseBytes,
-			&i.RateLimitPerSecond,
-			&i.DisabledAt,
-			&i.CreatedAt,
-			&i.UpdatedAt,
-			&i.MaxWaitSeconds,
+			&i.Tenant.ID,
+			&i.Tenant.Name,
+			&i.Tenant.ReplayWindowSeconds,
+			&i.Tenant.ReaperThresholdSeconds,
+			&i.Tenant.LeaseSecondsDefault,
+			&i.Tenant.LeaseSecondsMax,
+			&i.Tenant.MaxResponseBytes,
+			&i.Tenant.RateLimitPerSecond,
+			&i.Tenant.DisabledAt,
+			&i.Tenant.CreatedAt,
+			&i.Tenant.UpdatedAt,
+			&i.Tenant.MaxWaitSeconds,
+			&i.Tenant.StorageQuotaBytes,
+			&i.StoredBytes,
 		); err != nil {
 			return nil, err
 		}
@@ -151,7 +173,7 @@ func (q *Queries) ListTenants(ctx context.Context) ([]Tenant, error) {
 
 const updateTenant = `-- name: UpdateTenant :one
 WITH clock AS (
-    SELECT coalesce($11::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($12::timestamptz, now())::timestamptz AS now
 )
 UPDATE tenants t SET
     name = $1::text,
@@ -162,12 +184,14 @@ UPDATE tenants t SET
     max_response_bytes = $6::integer,
     rate_limit_per_second = $7::integer,
     max_wait_seconds = $8::integer,
-    disabled_at = CASE WHEN $9::boolean
+    storage_quota_bytes = $9::bigint,
+    disabled_at = CASE WHEN $10::boolean
         THEN coalesce(t.disabled_at, clock.now) ELSE NULL END,
     updated_at = clock.now
 FROM clock
-WHERE t.id = $10
-RETURNING t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds
+WHERE t.id = $11
+RETURNING t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes,
+    (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = t.id)::bigint AS stored_bytes
 `
 
 type UpdateTenantParams struct {
@@ -179,14 +203,20 @@ type UpdateTenantParams struct {
 	MaxResponseBytes       int32
 	RateLimitPerSecond     int32
 	MaxWaitSeconds         int32
+	StorageQuotaBytes      int64
 	Disabled               bool
 	ID                     string
 	Now                    pgtype.Timestamptz
 }
 
+type UpdateTenantRow struct {
+	Tenant      Tenant
+	StoredBytes int64
+}
+
 // UpdateTenant replaces name, settings and the disabled flag; disabled_at
 // keeps the instant the tenant was first disabled.
-func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (Tenant, error) {
+func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (UpdateTenantRow, error) {
 	row := q.db.QueryRow(ctx, updateTenant,
 		arg.Name,
 		arg.ReplayWindowSeconds,
@@ -196,24 +226,27 @@ func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (Ten
 		arg.MaxResponseBytes,
 		arg.RateLimitPerSecond,
 		arg.MaxWaitSeconds,
+		arg.StorageQuotaBytes,
 		arg.Disabled,
 		arg.ID,
 		arg.Now,
 	)
-	var i Tenant
+	var i UpdateTenantRow
 	err := row.Scan(
-		&i.ID,
-		&i.Name,
-		&i.ReplayWindowSeconds,
-		&i.ReaperThresholdSeconds,
-		&i.LeaseSecondsDefault,
-		&i.LeaseSecondsMax,
-		&i.MaxResponseBytes,
-		&i.RateLimitPerSecond,
-		&i.DisabledAt,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.MaxWaitSeconds,
+		&i.Tenant.ID,
+		&i.Tenant.Name,
+		&i.Tenant.ReplayWindowSeconds,
+		&i.Tenant.ReaperThresholdSeconds,
+		&i.Tenant.LeaseSecondsDefault,
+		&i.Tenant.LeaseSecondsMax,
+		&i.Tenant.MaxResponseBytes,
+		&i.Tenant.RateLimitPerSecond,
+		&i.Tenant.DisabledAt,
+		&i.Tenant.CreatedAt,
+		&i.Tenant.UpdatedAt,
+		&i.Tenant.MaxWaitSeconds,
+		&i.Tenant.StorageQuotaBytes,
+		&i.StoredBytes,
 	)
 	return i, err
 }

@@ -129,6 +129,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.takeoverKeyStmt, err = db.PrepareContext(ctx, takeoverKey); err != nil {
 		return nil, fmt.Errorf("error preparing query TakeoverKey: %w", err)
 	}
+	if q.tenantStoredBytesStmt, err = db.PrepareContext(ctx, tenantStoredBytes); err != nil {
+		return nil, fmt.Errorf("error preparing query TenantStoredBytes: %w", err)
+	}
 	if q.updateTenantStmt, err = db.PrepareContext(ctx, updateTenant); err != nil {
 		return nil, fmt.Errorf("error preparing query UpdateTenant: %w", err)
 	}
@@ -315,6 +318,11 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing takeoverKeyStmt: %w", cerr)
 		}
 	}
+	if q.tenantStoredBytesStmt != nil {
+		if cerr := q.tenantStoredBytesStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing tenantStoredBytesStmt: %w", cerr)
+		}
+	}
 	if q.updateTenantStmt != nil {
 		if cerr := q.updateTenantStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing updateTenantStmt: %w", cerr)
@@ -399,6 +407,7 @@ type Queries struct {
 	resolveCompleteKeyStmt     *sql.Stmt
 	reviewKeyStmt              *sql.Stmt
 	takeoverKeyStmt            *sql.Stmt
+	tenantStoredBytesStmt      *sql.Stmt
 	updateTenantStmt           *sql.Stmt
 	updateWebhookEndpointStmt  *sql.Stmt
 }
@@ -442,6 +451,7 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		resolveCompleteKeyStmt:     q.resolveCompleteKeyStmt,
 		reviewKeyStmt:              q.reviewKeyStmt,
 		takeoverKeyStmt:            q.takeoverKeyStmt,
+		tenantStoredBytesStmt:      q.tenantStoredBytesStmt,
 		updateTenantStmt:           q.updateTenantStmt,
 		updateWebhookEndpointStmt:  q.updateWebhookEndpointStmt,
 	}

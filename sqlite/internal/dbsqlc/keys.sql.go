@@ -13,16 +13,18 @@ const checkpointKey = `-- name: CheckpointKey :one
 UPDATE idempotency_keys SET
     recovery_point = ?1,
     recovery_data = ?2,
-    lease_expires_at = ?3,
-    updated_at = ?4,
-    purge_after = ?5
-WHERE tenant_id = ?6 AND key = ?7
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token
+    stored_bytes = ?3,
+    lease_expires_at = ?4,
+    updated_at = ?5,
+    purge_after = ?6
+WHERE tenant_id = ?7 AND key = ?8
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes
 `
 
 type CheckpointKeyParams struct {
 	RecoveryPoint  *string
 	RecoveryData   []byte
+	StoredBytes    int64
 	LeaseExpiresAt *int64
 	Now            int64
 	PurgeAfter     int64
@@ -34,6 +36,7 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (I
 	row := q.queryRow(ctx, q.checkpointKeyStmt, checkpointKey,
 		arg.RecoveryPoint,
 		arg.RecoveryData,
+		arg.StoredBytes,
 		arg.LeaseExpiresAt,
 		arg.Now,
 		arg.PurgeAfter,
@@ -67,6 +70,7 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (I
 		&i.ReviewNote,
 		&i.ReviewAt,
 		&i.OrphanEventToken,
+		&i.StoredBytes,
 	)
 	return i, err
 }
@@ -79,14 +83,15 @@ UPDATE idempotency_keys SET
     response_headers = ?2,
     response_body = ?3,
     response_body_encoding = ?4,
+    stored_bytes = ?5,
     review_note = NULL,
     review_at = NULL,
-    updated_at = ?5,
-    completed_at = ?5,
-    replay_until = ?6,
-    purge_after = ?7
-WHERE tenant_id = ?8 AND key = ?9
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token
+    updated_at = ?6,
+    completed_at = ?6,
+    replay_until = ?7,
+    purge_after = ?8
+WHERE tenant_id = ?9 AND key = ?10
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes
 `
 
 type CompleteKeyParams struct {
@@ -94,6 +99,7 @@ type CompleteKeyParams struct {
 	ResponseHeaders      *string
 	ResponseBody         []byte
 	ResponseBodyEncoding *string
+	StoredBytes          int64
 	Now                  int64
 	ReplayUntil          *int64
 	PurgeAfter           int64
@@ -108,6 +114,7 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Idemp
 		arg.ResponseHeaders,
 		arg.ResponseBody,
 		arg.ResponseBodyEncoding,
+		arg.StoredBytes,
 		arg.Now,
 		arg.ReplayUntil,
 		arg.PurgeAfter,
@@ -141,6 +148,7 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Idemp
 		&i.ReviewNote,
 		&i.ReviewAt,
 		&i.OrphanEventToken,
+		&i.StoredBytes,
 	)
 	return i, err
 }
@@ -151,14 +159,14 @@ INSERT INTO idempotency_keys (
     lease_expires_at, recovery_point, recovery_data,
     response_status, response_headers, response_body, response_body_encoding,
     replay_window_seconds, reaper_threshold_seconds,
-    created_at, updated_at, completed_at, replay_until, purge_after
+    created_at, updated_at, completed_at, replay_until, purge_after, stored_bytes
 ) VALUES (
     ?1, ?2, 'in_flight', ?3, ?4,
     ?5, 1, ?6,
     ?7, NULL, NULL,
     NULL, NULL, NULL, NULL,
     ?8, ?9,
-    ?10, ?10, NULL, NULL, ?11
+    ?10, ?10, NULL, NULL, ?11, ?12
 )
 ON CONFLICT (tenant_id, key) DO UPDATE SET
     state = excluded.state,
@@ -180,8 +188,9 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     updated_at = excluded.updated_at,
     completed_at = NULL,
     replay_until = NULL,
-    purge_after = excluded.purge_after
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token
+    purge_after = excluded.purge_after,
+    stored_bytes = excluded.stored_bytes
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes
 `
 
 type CreateKeyParams struct {
@@ -196,6 +205,7 @@ type CreateKeyParams struct {
 	ReaperThresholdSeconds int64
 	Now                    int64
 	PurgeAfter             int64
+	StoredBytes            int64
 }
 
 // CreateKey inserts a fresh in-flight record, or overwrites an expired one
@@ -213,6 +223,7 @@ func (q *Queries) CreateKey(ctx context.Context, arg CreateKeyParams) (Idempoten
 		arg.ReaperThresholdSeconds,
 		arg.Now,
 		arg.PurgeAfter,
+		arg.StoredBytes,
 	)
 	var i IdempotencyKey
 	err := row.Scan(
@@ -241,12 +252,13 @@ func (q *Queries) CreateKey(ctx context.Context, arg CreateKeyParams) (Idempoten
 		&i.ReviewNote,
 		&i.ReviewAt,
 		&i.OrphanEventToken,
+		&i.StoredBytes,
 	)
 	return i, err
 }
 
 const getKey = `-- name: GetKey :one
-SELECT idempotency_keys.tenant_id, idempotency_keys."key", idempotency_keys.state, idempotency_keys.operation, idempotency_keys.fingerprint, idempotency_keys.fencing_token, idempotency_keys.attempt, idempotency_keys.lease_expires_at, idempotency_keys.recovery_point, idempotency_keys.recovery_data, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.response_body_encoding, idempotency_keys.replay_window_seconds, idempotency_keys.reaper_threshold_seconds, idempotency_keys.created_at, idempotency_keys.updated_at, idempotency_keys.completed_at, idempotency_keys.replay_until, idempotency_keys.purge_after, idempotency_keys.attempt_id, idempotency_keys.review_note, idempotency_keys.review_at, idempotency_keys.orphan_event_token,
+SELECT idempotency_keys.tenant_id, idempotency_keys."key", idempotency_keys.state, idempotency_keys.operation, idempotency_keys.fingerprint, idempotency_keys.fencing_token, idempotency_keys.attempt, idempotency_keys.lease_expires_at, idempotency_keys.recovery_point, idempotency_keys.recovery_data, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.response_body_encoding, idempotency_keys.replay_window_seconds, idempotency_keys.reaper_threshold_seconds, idempotency_keys.created_at, idempotency_keys.updated_at, idempotency_keys.completed_at, idempotency_keys.replay_until, idempotency_keys.purge_after, idempotency_keys.attempt_id, idempotency_keys.review_note, idempotency_keys.review_at, idempotency_keys.orphan_event_token, idempotency_keys.stored_bytes,
        CAST(response_body IS NOT NULL AS INTEGER) AS has_response_body
 FROM idempotency_keys
 WHERE tenant_id = ?1 AND key = ?2
@@ -293,6 +305,7 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 		&i.IdempotencyKey.ReviewNote,
 		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
+		&i.IdempotencyKey.StoredBytes,
 		&i.HasResponseBody,
 	)
 	return i, err
@@ -670,7 +683,7 @@ UPDATE idempotency_keys SET
     updated_at = ?2,
     purge_after = ?3
 WHERE tenant_id = ?4 AND key = ?5
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes
 `
 
 type RenewAttemptLeaseParams struct {
@@ -718,6 +731,7 @@ func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeasePa
 		&i.ReviewNote,
 		&i.ReviewAt,
 		&i.OrphanEventToken,
+		&i.StoredBytes,
 	)
 	return i, err
 }
@@ -731,14 +745,15 @@ UPDATE idempotency_keys SET
     response_headers = ?3,
     response_body = ?4,
     response_body_encoding = ?5,
+    stored_bytes = ?6,
     review_note = NULL,
     review_at = NULL,
-    updated_at = ?6,
-    completed_at = ?6,
-    replay_until = ?7,
-    purge_after = ?8
-WHERE tenant_id = ?9 AND key = ?10
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token
+    updated_at = ?7,
+    completed_at = ?7,
+    replay_until = ?8,
+    purge_after = ?9
+WHERE tenant_id = ?10 AND key = ?11
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes
 `
 
 type ResolveCompleteKeyParams struct {
@@ -747,6 +762,7 @@ type ResolveCompleteKeyParams struct {
 	ResponseHeaders      *string
 	ResponseBody         []byte
 	ResponseBodyEncoding *string
+	StoredBytes          int64
 	Now                  int64
 	ReplayUntil          *int64
 	PurgeAfter           int64
@@ -765,6 +781,7 @@ func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKey
 		arg.ResponseHeaders,
 		arg.ResponseBody,
 		arg.ResponseBodyEncoding,
+		arg.StoredBytes,
 		arg.Now,
 		arg.ReplayUntil,
 		arg.PurgeAfter,
@@ -798,6 +815,7 @@ func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKey
 		&i.ReviewNote,
 		&i.ReviewAt,
 		&i.OrphanEventToken,
+		&i.StoredBytes,
 	)
 	return i, err
 }
@@ -808,7 +826,7 @@ UPDATE idempotency_keys SET
     review_at = ?2,
     updated_at = ?2
 WHERE tenant_id = ?3 AND key = ?4
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes
 `
 
 type ReviewKeyParams struct {
@@ -854,6 +872,7 @@ func (q *Queries) ReviewKey(ctx context.Context, arg ReviewKeyParams) (Idempoten
 		&i.ReviewNote,
 		&i.ReviewAt,
 		&i.OrphanEventToken,
+		&i.StoredBytes,
 	)
 	return i, err
 }
@@ -867,7 +886,7 @@ UPDATE idempotency_keys SET
     updated_at = ?4,
     purge_after = ?5
 WHERE tenant_id = ?6 AND key = ?7
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes
 `
 
 type TakeoverKeyParams struct {
@@ -919,6 +938,20 @@ func (q *Queries) TakeoverKey(ctx context.Context, arg TakeoverKeyParams) (Idemp
 		&i.ReviewNote,
 		&i.ReviewAt,
 		&i.OrphanEventToken,
+		&i.StoredBytes,
 	)
 	return i, err
+}
+
+const tenantStoredBytes = `-- name: TenantStoredBytes :one
+SELECT CAST(coalesce(sum(stored_bytes), 0) AS INTEGER) AS stored_bytes
+FROM tenant_usage WHERE tenant_id = ?1
+`
+
+// TenantStoredBytes is the tenant's usage: the sum of its counter rows.
+func (q *Queries) TenantStoredBytes(ctx context.Context, tenantID string) (int64, error) {
+	row := q.queryRow(ctx, q.tenantStoredBytesStmt, tenantStoredBytes, tenantID)
+	var stored_bytes int64
+	err := row.Scan(&stored_bytes)
+	return stored_bytes, err
 }

@@ -35,6 +35,7 @@ type IdempotencyKey struct {
 	ReviewNote             *string
 	ReviewAt               *int64
 	OrphanEventToken       *int64
+	StoredBytes            int64
 }
 
 type KeyAudit struct {
@@ -64,6 +65,13 @@ type Tenant struct {
 	CreatedAt              int64
 	UpdatedAt              int64
 	MaxWaitSeconds         int64
+	StorageQuotaBytes      int64
+}
+
+type TenantUsage struct {
+	TenantID    string
+	Slot        int64
+	StoredBytes int64
 }
 
 type WebhookDelivery struct {

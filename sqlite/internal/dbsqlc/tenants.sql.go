@@ -13,13 +13,13 @@ const createTenant = `-- name: CreateTenant :one
 INSERT INTO tenants (
     id, name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, max_wait_seconds, disabled_at, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, disabled_at, created_at, updated_at
 ) VALUES (
     ?1, ?2, ?3, ?4,
     ?5, ?6, ?7,
-    ?8, ?9, NULL, ?10, ?10
+    ?8, ?9, ?10, NULL, ?11, ?11
 )
-RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds
+RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds, storage_quota_bytes
 `
 
 type CreateTenantParams struct {
@@ -32,6 +32,7 @@ type CreateTenantParams struct {
 	MaxResponseBytes       int64
 	RateLimitPerSecond     int64
 	MaxWaitSeconds         int64
+	StorageQuotaBytes      int64
 	Now                    int64
 }
 
@@ -46,6 +47,7 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		arg.MaxResponseBytes,
 		arg.RateLimitPerSecond,
 		arg.MaxWaitSeconds,
+		arg.StorageQuotaBytes,
 		arg.Now,
 	)
 	var i Tenant
@@ -62,6 +64,7 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.MaxWaitSeconds,
+		&i.StorageQuotaBytes,
 	)
 	return i, err
 }
@@ -81,55 +84,72 @@ func (q *Queries) DeleteTenant(ctx context.Context, id string) (int64, error) {
 }
 
 const getTenant = `-- name: GetTenant :one
-SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds FROM tenants WHERE id = ?1
+SELECT tenants.id, tenants.name, tenants.replay_window_seconds, tenants.reaper_threshold_seconds, tenants.lease_seconds_default, tenants.lease_seconds_max, tenants.max_response_bytes, tenants.rate_limit_per_second, tenants.disabled_at, tenants.created_at, tenants.updated_at, tenants.max_wait_seconds, tenants.storage_quota_bytes, CAST((SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = tenants.id) AS INTEGER) AS stored_bytes
+FROM tenants WHERE id = ?1
 `
 
-func (q *Queries) GetTenant(ctx context.Context, id string) (Tenant, error) {
+type GetTenantRow struct {
+	Tenant      Tenant
+	StoredBytes int64
+}
+
+// GetTenant and ListTenants add the tenant's usage (TenantStoredBytes).
+func (q *Queries) GetTenant(ctx context.Context, id string) (GetTenantRow, error) {
 	row := q.queryRow(ctx, q.getTenantStmt, getTenant, id)
-	var i Tenant
+	var i GetTenantRow
 	err := row.Scan(
-		&i.ID,
-		&i.Name,
-		&i.ReplayWindowSeconds,
-		&i.ReaperThresholdSeconds,
-		&i.LeaseSecondsDefault,
-		&i.LeaseSecondsMax,
-		&i.MaxResponseBytes,
-		&i.RateLimitPerSecond,
-		&i.DisabledAt,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.MaxWaitSeconds,
+		&i.Tenant.ID,
+		&i.Tenant.Name,
+		&i.Tenant.ReplayWindowSeconds,
+		&i.Tenant.ReaperThresholdSeconds,
+		&i.Tenant.LeaseSecondsDefault,
+		&i.Tenant.LeaseSecondsMax,
+		&i.Tenant.MaxResponseBytes,
+		&i.Tenant.RateLimitPerSecond,
+		&i.Tenant.DisabledAt,
+		&i.Tenant.CreatedAt,
+		&i.Tenant.UpdatedAt,
+		&i.Tenant.MaxWaitSeconds,
+		&i.Tenant.StorageQuotaBytes,
+		&i.StoredBytes,
 	)
 	return i, err
 }
 
 const listTenants = `-- name: ListTenants :many
-SELECT id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds FROM tenants ORDER BY id
+SELECT tenants.id, tenants.name, tenants.replay_window_seconds, tenants.reaper_threshold_seconds, tenants.lease_seconds_default, tenants.lease_seconds_max, tenants.max_response_bytes, tenants.rate_limit_per_second, tenants.disabled_at, tenants.created_at, tenants.updated_at, tenants.max_wait_seconds, tenants.storage_quota_bytes, CAST((SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = tenants.id) AS INTEGER) AS stored_bytes
+FROM tenants ORDER BY id
 `
 
-func (q *Queries) ListTenants(ctx context.Context) ([]Tenant, error) {
+type ListTenantsRow struct {
+	Tenant      Tenant
+	StoredBytes int64
+}
+
+func (q *Queries) ListTenants(ctx context.Context) ([]ListTenantsRow, error) {
 	rows, err := q.query(ctx, q.listTenantsStmt, listTenants)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []Tenant
+	var items []ListTenantsRow
 	for rows.Next() {
-		var i Tenant
+		var i ListTenantsRow
 		if err := rows.Scan(
-			&i.ID,
-			&i.Name,
-			&i.ReplayWindowSeconds,
-			&i.ReaperThresholdSeconds,
-			&i.LeaseSecondsDefault,
-			&i.LeaseSecondsMax,
-			&i.MaxResponseBytes,
-			&i.RateLimitPerSecond,
-			&i.DisabledAt,
-			&i.CreatedAt,
-			&i.UpdatedAt,
-			&i.MaxWaitSeconds,
+			&i.Tenant.ID,
+			&i.Tenant.Name,
+			&i.Tenant.ReplayWindowSeconds,
+			&i.Tenant.ReaperThresholdSeconds,
+			&i.Tenant.LeaseSecondsDefault,
+			&i.Tenant.LeaseSecondsMax,
+			&i.Tenant.MaxResponseBytes,
+			&i.Tenant.RateLimitPerSecond,
+			&i.Tenant.DisabledAt,
+			&i.Tenant.CreatedAt,
+			&i.Tenant.UpdatedAt,
+			&i.Tenant.MaxWaitSeconds,
+			&i.Tenant.StorageQuotaBytes,
+			&i.StoredBytes,
 		); err != nil {
 			return nil, err
 		}
@@ -154,10 +174,11 @@ UPDATE tenants SET
     max_response_bytes = ?6,
     rate_limit_per_second = ?7,
     max_wait_seconds = ?8,
-    disabled_at = CASE WHEN CAST(?9 AS INTEGER) != 0 THEN COALESCE(disabled_at, ?10) ELSE NULL END,
-    updated_at = ?10
-WHERE id = ?11
-RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds
+    storage_quota_bytes = ?9,
+    disabled_at = CASE WHEN CAST(?10 AS INTEGER) != 0 THEN COALESCE(disabled_at, ?11) ELSE NULL END,
+    updated_at = ?11
+WHERE id = ?12
+RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds, storage_quota_bytes
 `
 
 type UpdateTenantParams struct {
@@ -169,6 +190,7 @@ type UpdateTenantParams struct {
 	MaxResponseBytes       int64
 	RateLimitPerSecond     int64
 	MaxWaitSeconds         int64
+	StorageQuotaBytes      int64
 	Disabled               int64
 	Now                    int64
 	ID                     string
@@ -185,6 +207,7 @@ func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (Ten
 		arg.MaxResponseBytes,
 		arg.RateLimitPerSecond,
 		arg.MaxWaitSeconds,
+		arg.StorageQuotaBytes,
 		arg.Disabled,
 		arg.Now,
 		arg.ID,
@@ -203,6 +226,7 @@ func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (Ten
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.MaxWaitSeconds,
+		&i.StorageQuotaBytes,
 	)
 	return i, err
 }

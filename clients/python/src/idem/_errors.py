@@ -23,6 +23,9 @@ FINGERPRINT_MISMATCH = "fingerprint_mismatch"
 RATE_LIMITED = "rate_limited"
 STORE_UNAVAILABLE = "store_unavailable"
 SERVER_BUSY = "server_busy"
+#: 507, never retried: the tenant stores its storage_quota_bytes or more, so a
+#: claim of a new key was refused before anything ran.
+STORAGE_QUOTA_EXCEEDED = "storage_quota_exceeded"
 WEBHOOK_NOT_FOUND = "webhook_not_found"
 WEBHOOK_DISABLED = "webhook_disabled"
 WEBHOOK_LIMIT_REACHED = "webhook_limit_reached"

@@ -1,0 +1,305 @@
+package storetest
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem"
+)
+
+// The Quota group: a store counts each tenant's stored bytes
+// (idem.Record.StoredBytes summed, Tenant.StoredBytes) exactly, in the
+// transaction of every write that changes them, and refuses a claim that
+// would create a record while the tenant is at or over storage_quota_bytes.
+
+// usage reads tenant's usage from the store.
+func (b *bundle) usage(t *testing.T, tenant string) int64 {
+	t.Helper()
+	ten, err := b.store.GetTenant(b.ctx, tenant)
+	require.NoError(t, err, "get tenant %s", tenant)
+	return ten.StoredBytes
+}
+
+// requireUsage requires tenant's usage to be the sum of StoredBytes of keys
+// as GetRecord reads them, and want.
+func (b *bundle) requireUsage(t *testing.T, tenant string, want int64, keys ...string) {
+	t.Helper()
+	var sum int64
+	for _, k := range keys {
+		sum += b.get(t, tenant, k).StoredBytes()
+	}
+	require.Equal(t, want, sum, "the records of %s store %d bytes by Record.StoredBytes, the test expected %d", tenant, sum, want)
+	require.Equal(t, want, b.usage(t, tenant), "usage of tenant %s", tenant)
+	list, err := b.store.ListTenants(b.ctx)
+	require.NoError(t, err)
+	for _, ten := range list {
+		if ten.ID == tenant {
+			require.Equal(t, want, ten.StoredBytes, "usage of tenant %s in ListTenants", tenant)
+		}
+	}
+}
+
+// recovery returns recovery data of n bytes (a JSON string).
+func recovery(n int) json.RawMessage {
+	return json.RawMessage(`"` + strings.Repeat("r", n-2) + `"`)
+}
+
+// claimBytes is what a record created by ClaimParams(_, key) counts.
+func claimBytes(key string) int64 {
+	return int64(len(key) + len(defaultOperation) + len(defaultFingerprint))
+}
+
+// testQuotaCountsEveryWrite: each write's bytes, one at a time, on exact
+// expected numbers: a claim counts key, operation and fingerprint, a
+// checkpoint replaces the recovery point and data, a complete adds the
+// response, a takeover and a replay change nothing, and a claim of an
+// expired key replaces its record.
+func testQuotaCountsEveryWrite(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	require.Zero(t, b.usage(t, "acme"), "a new tenant stores nothing")
+
+	k := b.create(t, "acme", "k1")
+	base := claimBytes("k1")
+	b.requireUsage(t, "acme", base, "k1")
+
+	cp := idem.CheckpointParams{TenantID: "acme", Key: "k1", FencingToken: k.FencingToken, RecoveryPoint: "charged", Data: recovery(100), Lease: defaultLease}
+	b.checkpoint(t, cp)
+	b.requireUsage(t, "acme", base+7+100, "k1")
+	cp.RecoveryPoint, cp.Data = "shipped", recovery(10)
+	b.checkpoint(t, cp)
+	b.requireUsage(t, "acme", base+7+10, "k1")
+	cp.Data = nil
+	b.checkpoint(t, cp)
+	b.requireUsage(t, "acme", base+7, "k1")
+
+	// a takeover keeps the record and its bytes
+	b.advance(defaultLease)
+	took := b.claim(t, ClaimParams("acme", "k1"))
+	require.Equal(t, idem.ActionTakeover, took.Action)
+	b.requireUsage(t, "acme", base+7, "k1")
+
+	resp := response(1)
+	b.complete(t, "acme", "k1", took.Record.FencingToken, resp)
+	done := base + 7 + int64(resp.Size())
+	b.requireUsage(t, "acme", done, "k1")
+	// completing again with the same response is a no-op
+	b.complete(t, "acme", "k1", took.Record.FencingToken, resp)
+	b.requireUsage(t, "acme", done, "k1")
+	require.Equal(t, idem.ActionReplay, b.claim(t, ClaimParams("acme", "k1")).Action)
+	b.requireUsage(t, "acme", done, "k1")
+
+	// an expired record counts until a claim replaces it with a fresh one
+	b.advance(defaultReplayWindow)
+	require.Equal(t, idem.ActionCreate, b.claim(t, ClaimParams("acme", "k1")).Action)
+	b.requireUsage(t, "acme", base, "k1")
+
+	// an empty response counts nothing more; other tenants are apart
+	b.tenant(t, "other")
+	o := b.create(t, "other", "k1")
+	b.complete(t, "other", "k1", o.FencingToken, idem.Response{Status: 204, Headers: map[string]string{}, BodyEncoding: idem.BodyEncodingUTF8})
+	b.requireUsage(t, "other", base, "k1")
+	b.requireUsage(t, "acme", base, "k1")
+}
+
+// testQuotaConcurrentWrites: racers of one tenant create, checkpoint (twice,
+// several times at once on the same key, replacing the data) and complete
+// their keys at the same time; the usage is then exactly what the records
+// hold. A drift of one write shows.
+func testQuotaConcurrentWrites(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	const n = 32
+	keys := make([]string, n)
+	errs := make([]error, n)
+	race(n, func(i int) {
+		keys[i] = fmt.Sprintf("key-%d", i)
+		errs[i] = func() error {
+			res, err := b.store.Claim(b.ctx, ClaimParams("acme", keys[i]))
+			if err != nil {
+				return err
+			}
+			token := res.Record.FencingToken
+			// the same attempt checkpoints three times at once (a retried
+			// checkpoint): whichever lands last is the stored one
+			cps := make([]error, 3)
+			race(3, func(j int) {
+				_, cps[j] = b.store.Checkpoint(b.ctx, idem.CheckpointParams{TenantID: "acme", Key: keys[i], FencingToken: token,
+					RecoveryPoint: "p", Data: recovery(10 + 50*j + i), Lease: defaultLease})
+			})
+			for _, err := range cps {
+				if err != nil {
+					return err
+				}
+			}
+			if i%4 == 0 {
+				return nil // stays in flight with its recovery data
+			}
+			_, err = b.store.Complete(b.ctx, idem.CompleteParams{TenantID: "acme", Key: keys[i], FencingToken: token, Response: response(i)})
+			return err
+		}()
+	})
+	for i, err := range errs {
+		require.NoError(t, err, "racer %d", i)
+	}
+	var want int64
+	for _, k := range keys {
+		want += b.get(t, "acme", k).StoredBytes()
+	}
+	require.Greater(t, want, int64(n)*claimBytes("key-0"))
+	b.requireUsage(t, "acme", want, keys...)
+}
+
+// testQuotaBackToZero: every way a record goes takes its bytes off its
+// tenant: a release, an operator's release, the reaper's purge (completed
+// and orphaned records), and deleting the tenant, whose usage does not
+// outlive it (the id created again starts at zero).
+func testQuotaBackToZero(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	b.tenant(t, "other")
+	o := b.create(t, "other", "kept")
+	b.complete(t, "other", "kept", o.FencingToken, response(7))
+	otherBytes := b.usage(t, "other")
+	require.Positive(t, otherBytes)
+
+	// release
+	r := b.create(t, "acme", "released")
+	b.checkpoint(t, idem.CheckpointParams{TenantID: "acme", Key: "released", FencingToken: r.FencingToken, RecoveryPoint: "p", Data: recovery(40), Lease: defaultLease})
+	require.NoError(t, b.store.Release(b.ctx, idem.ReleaseParams{TenantID: "acme", Key: "released", FencingToken: r.FencingToken}))
+	b.requireUsage(t, "acme", 0)
+
+	// an operator's release and completion of orphans
+	or := b.orphan(t, "acme", "resolved-release")
+	b.resolve(t, resolution("acme", "resolved-release", idem.ResolveRelease, or.FencingToken))
+	b.requireUsage(t, "acme", 0)
+	oc := b.orphan(t, "acme", "resolved-complete")
+	b.resolve(t, resolution("acme", "resolved-complete", idem.ResolveComplete, oc.FencingToken))
+	r99 := response(99)
+	b.requireUsage(t, "acme", claimBytes("resolved-complete")+int64(r99.Size()), "resolved-complete")
+
+	// the reaper's purge of completed and orphaned records
+	c := b.create(t, "acme", "completed")
+	b.complete(t, "acme", "completed", c.FencingToken, binaryResponse())
+	orph := b.create(t, "acme", "orphaned")
+	b.checkpoint(t, idem.CheckpointParams{TenantID: "acme", Key: "orphaned", FencingToken: orph.FencingToken, RecoveryPoint: "p", Data: recovery(30), Lease: defaultLease})
+	require.Positive(t, b.usage(t, "acme"))
+	b.advance(defaultReaperThreshold + time.Second)
+	gone, err := b.store.Reap(b.ctx, idem.ReapParams{Limit: 100})
+	require.NoError(t, err)
+	require.Len(t, gone, 4, "the reaper purges every record of both tenants")
+	b.requireUsage(t, "acme", 0)
+	b.requireUsage(t, "other", 0)
+
+	// deleting a tenant with records
+	b.create(t, "acme", "a")
+	d := b.create(t, "acme", "b")
+	b.complete(t, "acme", "b", d.FencingToken, response(2))
+	o2 := b.create(t, "other", "kept")
+	b.complete(t, "other", "kept", o2.FencingToken, response(7))
+	require.NoError(t, b.store.DeleteTenant(b.ctx, "acme"))
+	b.requireUsage(t, "other", otherBytes, "kept")
+	b.tenant(t, "acme")
+	b.requireUsage(t, "acme", 0)
+}
+
+// testQuotaRefusesNewRecords: at or over storage_quota_bytes, a claim that
+// would create a record (an absent key, an expired one) is refused with
+// storage_quota_exceeded before anything is stored, while every write that
+// finishes work already claimed, takeovers and replays go on; the quota
+// frees up as records go. Other tenants are not affected.
+func testQuotaRefusesNewRecords(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	b.tenant(t, "other")
+	per := claimBytes("k0")
+	limited := func(key string) idem.ClaimParams {
+		p := ClaimParams("acme", key)
+		p.StorageQuotaBytes = 3 * per
+		return p
+	}
+
+	// three claims fill the quota exactly; two more were in flight
+	var recs []idem.Record
+	for i := range 3 {
+		res := b.claim(t, limited(fmt.Sprintf("k%d", i)))
+		require.Equal(t, idem.ActionCreate, res.Action)
+		recs = append(recs, res.Record)
+	}
+	require.Equal(t, 3*per, b.usage(t, "acme"))
+	_, err := b.store.Claim(b.ctx, limited("k3"))
+	requireCode(t, err, idem.ErrStorageQuota)
+	b.requireAbsent(t, "acme", "k3")
+	require.Equal(t, 3*per, b.usage(t, "acme"), "a refused claim stores nothing")
+
+	// work already claimed finishes over the quota
+	b.checkpoint(t, idem.CheckpointParams{TenantID: "acme", Key: "k0", FencingToken: recs[0].FencingToken, RecoveryPoint: "p", Data: recovery(50), Lease: defaultLease})
+	b.complete(t, "acme", "k1", recs[1].FencingToken, response(1))
+	over := b.usage(t, "acme")
+	require.Greater(t, over, 3*per)
+	// replays and takeovers go on
+	require.Equal(t, idem.ActionReplay, b.claim(t, limited("k1")).Action)
+	b.advance(defaultLease)
+	took := b.claim(t, limited("k0"))
+	require.Equal(t, idem.ActionTakeover, took.Action, "a takeover continues work already claimed")
+	require.Equal(t, "p", took.Record.RecoveryPoint)
+	b.complete(t, "acme", "k0", took.Record.FencingToken, response(0))
+	// another tenant is not affected
+	op := ClaimParams("other", "k3")
+	op.StorageQuotaBytes = 3 * per
+	require.Equal(t, idem.ActionCreate, b.claim(t, op).Action)
+
+	// a key whose window ran out would be a new record: refused too
+	b.advance(defaultReplayWindow)
+	_, err = b.store.Claim(b.ctx, limited("k1"))
+	requireCode(t, err, idem.ErrStorageQuota)
+	_, err = b.store.Claim(b.ctx, limited("k9"))
+	requireCode(t, err, idem.ErrStorageQuota)
+	var e *idem.Error
+	require.ErrorAs(t, err, &e)
+	require.Contains(t, e.Detail, fmt.Sprint(b.usage(t, "acme")), "the refusal says the usage")
+
+	// the purge frees the quota
+	b.advance(defaultReaperThreshold)
+	_, err = b.store.Reap(b.ctx, idem.ReapParams{Limit: 100})
+	require.NoError(t, err)
+	require.Zero(t, b.usage(t, "acme"))
+	require.Equal(t, idem.ActionCreate, b.claim(t, limited("k9")).Action)
+}
+
+// testQuotaRace: racers of one tenant claim new keys at once against a
+// quota that fits some of them: nobody is refused below the quota, and the
+// usage never passes it by more than the claims that raced (every created
+// record counted, every refused one not).
+func testQuotaRace(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	per := claimBytes("key-00")
+	const n, fit = 32, 8
+	errs := make([]error, n)
+	race(n, func(i int) {
+		p := ClaimParams("acme", fmt.Sprintf("key-%02d", i))
+		p.StorageQuotaBytes = fit * per
+		_, errs[i] = b.store.Claim(b.ctx, p)
+	})
+	var created []string
+	for i, err := range errs {
+		if err == nil {
+			created = append(created, fmt.Sprintf("key-%02d", i))
+			continue
+		}
+		requireCode(t, err, idem.ErrStorageQuota, "racer %d", i)
+	}
+	require.GreaterOrEqual(t, len(created), fit, "claims below the quota were refused")
+	b.requireUsage(t, "acme", int64(len(created))*per, created...)
+	for i := range n {
+		if k := fmt.Sprintf("key-%02d", i); errs[i] != nil {
+			b.requireAbsent(t, "acme", k)
+		}
+	}
+}
