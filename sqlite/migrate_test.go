@@ -143,3 +143,59 @@ func TestAttemptIDAfterMigrationsDownAndUp(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "att-1", res.Record.AttemptID)
 }
+
+// TestMigrationCountsStoredBytes: the records stored before the storage
+// quota are counted when the store opens (migration 00012: each record's
+// stored_bytes and its tenant's usage, as Record.StoredBytes counts them,
+// multi-byte text and response headers included), every tenant gets the
+// default quota, and later writes count from there.
+func TestMigrationCountsStoredBytes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	require.NoError(t, os.WriteFile(path, nil, 0o600))
+	db, err := sql.Open("sqlite", dsn(path))
+	require.NoError(t, err)
+	provider, err := goose.NewProvider(goose.DialectSQLite3, db, schema.SQLite())
+	require.NoError(t, err)
+	_, err = provider.UpTo(ctx, 11)
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, `INSERT INTO tenants (id, name, replay_window_seconds, reaper_threshold_seconds,
+		lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, created_at, updated_at)
+		VALUES ('acme', 'acme', 86400, 259200, 30, 3600, 1048576, 0, 0, 0), ('empty', 'empty', 86400, 259200, 30, 3600, 1048576, 0, 0, 0)`)
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, `INSERT INTO idempotency_keys (tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
+		lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding,
+		replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after) VALUES
+		('acme', 'flight-é', 'in_flight', 'POST /v1/payments', 'sha256:aa', 1, 1, 9000000000000000, 'charged', CAST('{"id":"ch_é"}' AS BLOB),
+			NULL, NULL, NULL, NULL, 86400, 259200, 0, 0, NULL, NULL, 9000000000000000),
+		('acme', 'done', 'completed', 'POST /v1/payments', 'sha256:bb', 2, 1, NULL, NULL, NULL,
+			201, '{"Content-Type":"application/json","X-Note":"naïve \"q\""}', X'7b226964223a226f72645f31227d', 'utf8',
+			86400, 259200, 0, 0, 0, 9000000000000000, 9000000000000000)`)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+
+	s := openStore(t, path, nil)
+	var want int64
+	for _, k := range []string{"flight-é", "done"} {
+		rec, err := s.GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: k})
+		require.NoError(t, err)
+		want += rec.StoredBytes()
+	}
+	acme, err := s.GetTenant(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, want, acme.StoredBytes, "the migration counted the records as Record.StoredBytes does")
+	require.Equal(t, int64(idem.DefaultStorageQuotaBytes), acme.Settings.StorageQuotaBytes)
+	empty, err := s.GetTenant(ctx, "empty")
+	require.NoError(t, err)
+	require.Zero(t, empty.StoredBytes)
+
+	flight, err := s.GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: "flight-é"})
+	require.NoError(t, err)
+	resp := idem.Response{Status: 200, Headers: map[string]string{"A": "b"}, Body: []byte("ok"), BodyEncoding: idem.BodyEncodingUTF8}
+	_, err = s.Complete(ctx, idem.CompleteParams{TenantID: "acme", Key: "flight-é", FencingToken: flight.FencingToken, Response: resp})
+	require.NoError(t, err)
+	acme, err = s.GetTenant(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, want+int64(resp.Size()), acme.StoredBytes)
+}
