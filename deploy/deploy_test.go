@@ -59,6 +59,9 @@ func exportedNames(t *testing.T) map[string]bool {
 	now := time.Now()
 	m.SetOrphans([]idem.OrphanStat{{TenantID: "acme", Count: 1, OldestLeaseExpiry: now.Add(-time.Minute), ObservedAt: now}})
 	m.ObserveReaped([]idem.Record{{TenantID: "acme", Key: "o", State: idem.StateInFlight, LeaseExpiresAt: now.Add(-time.Hour), ObservedAt: now}})
+	tenants, err := store.ListTenants(ctx)
+	require.NoError(t, err)
+	m.SetStorage(tenants)
 	m.ObserveReaperRun(nil)
 	m.ObserveReaperRun(errors.New("x"))
 

@@ -225,7 +225,8 @@ func (r *Runner) logOrphan(ctx context.Context, rec idem.Record) {
 // orphanEventBatch bounds the orphans one EmitOrphanEvents call reports.
 const orphanEventBatch = 500
 
-// WatchOnce reads Store.OrphanStats and sets the orphan gauges from it, and
+// WatchOnce reads Store.OrphanStats and sets the orphan gauges from it, the
+// storage gauges from Store.ListTenants, and
 // when Config.Webhooks is set, queues key.orphaned for every orphan not
 // yet reported for its current fencing token (each is reported once: the
 // store marks the record in the transaction that queues the event).
@@ -235,6 +236,13 @@ func (r *Runner) WatchOnce(ctx context.Context) error {
 		return fmt.Errorf("orphan stats: %w", err)
 	}
 	r.m.SetOrphans(stats)
+	// The storage gauges ride on the same watch: one read of every tenant
+	// with its usage (a sum of its counter rows), however many records.
+	tenants, err := r.store.ListTenants(ctx)
+	if err != nil {
+		return fmt.Errorf("list tenants: %w", err)
+	}
+	r.m.SetStorage(tenants)
 	ws := r.cfg.Webhooks
 	if ws == nil {
 		return nil

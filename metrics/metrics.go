@@ -8,6 +8,8 @@
 //	idem_orphans{tenant}                                   gauge     orphaned keys (in_flight, lease expired), from the orphan watch
 //	idem_oldest_orphan_age_seconds{tenant}                 gauge     seconds since the oldest orphan's lease expired
 //	idem_orphan_watch_last_success_timestamp_seconds       gauge     unix time of the last successful orphan watch
+//	idem_tenant_stored_bytes{tenant}                       gauge     bytes the tenant's records store (usage.stored_bytes), from the orphan watch
+//	idem_tenant_storage_quota_bytes{tenant}                gauge     the tenant's storage_quota_bytes, from the orphan watch
 //	idem_reaper_deleted_total{state}                       counter   records deleted by the reaper, by API state at deletion
 //	idem_reaper_orphans_deleted_total{tenant}              counter   orphans deleted by the reaper (each is also logged)
 //	idem_reaper_runs_total{result}                         counter   reaper passes: ok|error
@@ -27,8 +29,8 @@
 // operator, not a value a caller can mint. Still, only the first
 // LimitTenants tenants (IDEM_METRICS_MAX_TENANTS, default 100) get their
 // own series; the others share the label TenantOther, "(other)". One
-// tenant label has at most SeriesPerTenant (32) series, so the
-// tenant-labelled series stay below 32 × (limit + 1), 3,232 with the
+// tenant label has at most SeriesPerTenant (34) series, so the
+// tenant-labelled series stay below 34 × (limit + 1), 3,434 with the
 // default, whether there are 100 or 10,000 tenants (TestTenantCardinality
 // counts them). Keys, fingerprints and raw paths never become labels: the
 // HTTP histogram uses the chi route pattern ("/v1/keys/{key}/claim"), and a
@@ -50,6 +52,7 @@ import (
 	"net/http"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -119,6 +122,8 @@ type Metrics struct {
 	orphans              *prometheus.GaugeVec
 	oldestOrphanAge      *prometheus.GaugeVec
 	watchLastSuccess     prometheus.Gauge
+	storedBytes          *prometheus.GaugeVec
+	storageQuota         *prometheus.GaugeVec
 	reaperDeleted        *prometheus.CounterVec
 	reaperOrphansDeleted *prometheus.CounterVec
 	reaperRuns           *prometheus.CounterVec
@@ -140,6 +145,7 @@ type Metrics struct {
 
 	mu            sync.Mutex
 	orphanTenants map[string]struct{} // tenant labels whose orphan gauges are set
+	usageTenants  map[string]struct{} // tenant labels whose storage gauges are set
 	maxTenants    int                 // tenants with their own series; see LimitTenants
 	admitted      map[string]struct{} // tenants of the counters with their own series
 }
@@ -171,6 +177,14 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: Namespace, Name: "orphan_watch_last_success_timestamp_seconds",
 			Help: "Unix time of the last successful orphan watch.",
 		}),
+		storedBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "tenant_stored_bytes",
+			Help: "Bytes the tenant's records store, as storage_quota_bytes counts them (usage.stored_bytes), as of the last orphan watch.",
+		}, []string{"tenant"}),
+		storageQuota: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "tenant_storage_quota_bytes",
+			Help: "The tenant's storage_quota_bytes: at or over it, claims of new keys get 507 storage_quota_exceeded. As of the last orphan watch.",
+		}, []string{"tenant"}),
 		reaperDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "reaper_deleted_total",
 			Help: "Records deleted by the reaper, by their API state at deletion (orphaned, expired, in_flight, completed).",
@@ -210,6 +224,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Always 1; its labels say which build runs: version, VCS revision and Go version.",
 		}, []string{"version", "revision", "go_version"}),
 		orphanTenants: map[string]struct{}{},
+		usageTenants:  map[string]struct{}{},
 		maxTenants:    DefaultMaxTenants,
 		admitted:      map[string]struct{}{},
 	}
@@ -221,7 +236,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	version, revision, goVersion := BuildInfo()
 	m.buildInfo.WithLabelValues(version, revision, goVersion).Set(1)
 	reg.MustRegister(
-		m.claims, m.writes, m.orphans, m.oldestOrphanAge, m.watchLastSuccess,
+		m.claims, m.writes, m.orphans, m.oldestOrphanAge, m.watchLastSuccess, m.storedBytes, m.storageQuota,
 		m.reaperDeleted, m.reaperOrphansDeleted, m.reaperRuns, m.reaperLastSuccess,
 		m.webhookAttempts, m.shareWaits, m.httpDuration, m.storeDuration, m.buildInfo,
 	)
@@ -244,7 +259,7 @@ const DefaultMaxTenants = 100
 // the first n tenants seen since start keep their series for the life of
 // the process (a counter that changed label would lose its history); the
 // orphan gauges are re-ranked at every orphan watch, the n tenants with the
-// most orphans first. n = 0 puts every tenant in TenantOther. Call it
+// most orphans first, and the storage gauges likewise by stored bytes. n = 0 puts every tenant in TenantOther. Call it
 // before the first observation.
 func (m *Metrics) LimitTenants(n int) {
 	if m == nil {
@@ -257,8 +272,9 @@ func (m *Metrics) LimitTenants(n int) {
 
 // SeriesPerTenant is the most series one tenant label can have: 8 claim
 // outcomes, 3 write operations × 6 results, 2 orphan gauges, 1 counter
-// of reaped orphans and 3 results of waits for the tenant's store share.
-const SeriesPerTenant = 8 + 3*6 + 2 + 1 + 3
+// of reaped orphans, 3 results of waits for the tenant's store share and
+// 2 storage gauges.
+const SeriesPerTenant = 8 + 3*6 + 2 + 1 + 3 + 2
 
 // tenantLabel returns the tenant label of a counter observation: the tenant
 // itself while it is among the admitted ones, TenantOther past the limit.
@@ -524,6 +540,45 @@ func (m *Metrics) SetOrphans(stats []idem.OrphanStat) {
 	}
 	m.orphanTenants = seen
 	m.watchLastSuccess.SetToCurrentTime()
+}
+
+// SetStorage replaces the storage gauges with the usage and quota of
+// tenants (idem.Store.ListTenants). The tenants storing the most get their
+// own series; the rest share TenantOther (usage and quotas summed). Series
+// of tenants no longer listed are deleted.
+func (m *Metrics) SetStorage(tenants []idem.Tenant) {
+	if m == nil {
+		return
+	}
+	byUsage := slices.Clone(tenants)
+	sort.SliceStable(byUsage, func(i, j int) bool { return byUsage[i].StoredBytes > byUsage[j].StoredBytes })
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	type gauge struct{ used, quota int64 }
+	byLabel := make(map[string]gauge, min(len(byUsage), m.maxTenants+1))
+	for i, t := range byUsage {
+		label := t.ID
+		if i >= m.maxTenants {
+			label = TenantOther
+		}
+		g := byLabel[label]
+		g.used += t.StoredBytes
+		g.quota += t.Settings.StorageQuotaBytes
+		byLabel[label] = g
+	}
+	seen := make(map[string]struct{}, len(byLabel))
+	for label, g := range byLabel {
+		seen[label] = struct{}{}
+		m.storedBytes.WithLabelValues(label).Set(float64(g.used))
+		m.storageQuota.WithLabelValues(label).Set(float64(g.quota))
+	}
+	for t := range m.usageTenants {
+		if _, ok := seen[t]; !ok {
+			m.storedBytes.DeleteLabelValues(t)
+			m.storageQuota.DeleteLabelValues(t)
+		}
+	}
+	m.usageTenants = seen
 }
 
 // OrphanTenants returns the tenants whose orphan gauges are currently set.

@@ -258,7 +258,8 @@ func label(m *dto.Metric, name string) string {
 }
 
 // TestTenantCardinality drives every claim outcome, every write result,
-// every result of a wait for the store share, orphans and reaped orphans for 10,000 tenants and counts the
+// every result of a wait for the store share, orphans, reaped orphans and
+// stored bytes for 10,000 tenants and counts the
 // tenant-labelled series: they stay at (limit+1) × SeriesPerTenant, the
 // figure the operating docs give, and the tenants past the limit are
 // counted, not lost, under TenantOther.
@@ -273,6 +274,7 @@ func TestTenantCardinality(t *testing.T) {
 	now := time.Now()
 	var stats []idem.OrphanStat
 	var reaped []idem.Record
+	var listed []idem.Tenant
 	for i := range tenants {
 		id := fmt.Sprintf("t%05d", i)
 		for _, a := range actions {
@@ -292,8 +294,11 @@ func TestTenantCardinality(t *testing.T) {
 		// Tenant i has i+1 orphans: the last ones have the most.
 		stats = append(stats, idem.OrphanStat{TenantID: id, Count: int64(i + 1), OldestLeaseExpiry: now.Add(-time.Duration(i) * time.Second), ObservedAt: now})
 		reaped = append(reaped, idem.Record{TenantID: id, Key: "k", State: idem.StateInFlight, LeaseExpiresAt: now.Add(-time.Hour), ObservedAt: now})
+		// ... and stores i bytes: the same ones store the most.
+		listed = append(listed, idem.Tenant{ID: id, StoredBytes: int64(i), Settings: idem.DefaultSettings()})
 	}
 	m.SetOrphans(stats)
+	m.SetStorage(listed)
 	m.ObserveReaped(reaped)
 
 	count := func() (series int, labels map[string]bool) {
@@ -314,9 +319,9 @@ func TestTenantCardinality(t *testing.T) {
 	}
 	series, labels := count()
 	t.Logf("%d tenants, limit %d: %d tenant-labelled series (%d per tenant label)", tenants, metrics.DefaultMaxTenants, series, metrics.SeriesPerTenant)
-	require.Equal(t, 32, metrics.SeriesPerTenant)
+	require.Equal(t, 34, metrics.SeriesPerTenant)
 	require.Equal(t, (metrics.DefaultMaxTenants+1)*metrics.SeriesPerTenant, series, "every outcome of 100 tenants plus (other)")
-	require.Len(t, labels, 2*metrics.DefaultMaxTenants+1, "the first 100 tenants in the counters, the 100 with most orphans in the gauges, and (other)")
+	require.Len(t, labels, 2*metrics.DefaultMaxTenants+1, "the first 100 tenants in the counters, the 100 with most orphans and stored bytes in the gauges, and (other)")
 	require.True(t, labels["t00000"], "the first tenant seen keeps its counters")
 	require.True(t, labels["t09999"], "the tenant with the most orphans has its own gauges")
 	require.True(t, labels[metrics.TenantOther])

@@ -95,6 +95,11 @@ func TestStorageQuota(t *testing.T) {
 			require.Contains(t, refused["detail"], "storage_quota_bytes (4000)")
 			full := usage()
 			require.GreaterOrEqual(t, full, 4000.0)
+			// The orphan watch exports usage and quota.
+			require.Eventually(t, func() bool {
+				return c.metric(t, `idem_tenant_stored_bytes{tenant="acme"}`) == full &&
+					c.metric(t, `idem_tenant_storage_quota_bytes{tenant="acme"}`) == 4000
+			}, 20*time.Second, 20*time.Millisecond, "the storage gauges")
 
 			// Work already claimed finishes over the quota and replays; so
 			// do completed keys.
