@@ -65,6 +65,12 @@ CREATE TRIGGER tenants_usage_rows AFTER INSERT ON tenants
 -- +goose StatementBegin
 CREATE FUNCTION idem_uncount_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    -- A reaper's batch spans tenants: lock their counter rows in one order
+    -- (tenant id), so two reapers sharing a slot cannot deadlock.
+    PERFORM 1 FROM tenant_usage u
+    WHERE u.slot = pg_backend_pid() % 8 AND u.tenant_id IN (SELECT d.tenant_id FROM deleted d)
+    ORDER BY u.tenant_id
+    FOR UPDATE;
     UPDATE tenant_usage u SET stored_bytes = u.stored_bytes - g.bytes
     FROM (SELECT d.tenant_id, sum(d.stored_bytes) AS bytes FROM deleted d GROUP BY d.tenant_id) g
     WHERE u.tenant_id = g.tenant_id AND u.slot = pg_backend_pid() % 8 AND g.bytes <> 0;
