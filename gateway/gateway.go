@@ -250,8 +250,9 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		g.budget.Release(held - keep)
 		held = keep
 	}
+	path, query := frontdoor.Target(r)
 	doc, err := frontdoor.Document(frontdoor.Parts{
-		Path: r.URL.EscapedPath(), Query: r.URL.RawQuery, ContentType: r.Header.Get("Content-Type"), Body: body, Header: r.Header,
+		Path: path, Query: query, ContentType: r.Header.Get("Content-Type"), Body: body, Header: r.Header,
 	}, rr.rules)
 	if err != nil {
 		g.refuse(w, r, x, err)

@@ -52,11 +52,41 @@ func Route(r *http.Request) string {
 	return p
 }
 
+// Target returns the path and the raw query of r as they arrived on the
+// request line (r.RequestURI): escapes kept as sent, nothing escaped that
+// came raw, bytes outside ASCII as they are (Document reads them as
+// Latin-1), as the Python and Node.js front doors see them
+// (testvectors/frontdoor/targets.json). r.URL.EscapedPath would re-escape
+// what Go's URL rules escape (a raw '{', '|', '"' or byte outside ASCII,
+// and then every other character it escapes): one request would have one
+// fingerprint here and another there, and a raw byte and its escape would
+// look alike. An absolute-form target loses its scheme and authority; a
+// request built in a program (no RequestURI) takes r.URL.
+func Target(r *http.Request) (path, query string) {
+	t := r.RequestURI
+	if t == "" || t == "*" {
+		return r.URL.EscapedPath(), r.URL.RawQuery
+	}
+	if !strings.HasPrefix(t, "/") {
+		if _, rest, ok := strings.Cut(t, "://"); ok {
+			t = "/"
+			if i := strings.IndexAny(rest, "/?"); i >= 0 {
+				t = rest[i:]
+			}
+		}
+	}
+	path, query, _ = strings.Cut(t, "?")
+	if path == "" {
+		path = "/"
+	}
+	return path, query
+}
+
 // Parts are the pieces of a request the fingerprint document is built
 // from.
 type Parts struct {
-	// Path is the request path as received (escaped as on the request
-	// line), without the query: one key used on /orders/7 and on /orders/8
+	// Path is the request path as received (as on the request line, see
+	// Target), without the query: one key used on /orders/7 and on /orders/8
 	// names two different requests.
 	Path string
 	// Query is the raw query string (without "?"), "" when none.

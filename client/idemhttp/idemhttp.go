@@ -21,7 +21,9 @@
 //     JSON body as JSON, so key order and white space do not matter) or
 //     {"path", "query", "body_sha256"}; the server fingerprints it. The
 //     path is the request's own, so one key on /orders/7 and /orders/8 is
-//     422, not a replay. A JSON body that is not I-JSON is refused by the
+//     422, not a replay; path and query are read as they arrived on the
+//     request line (frontdoor.Target), as the Python and Node middleware
+//     read them, so the same bytes have the same fingerprint there. A JSON body that is not I-JSON is refused by the
 //     server, whose 400 invalid_request is passed on.
 //   - A fresh claim or a takeover runs the handler once, buffering its
 //     whole response, completes the key with the status, the allowlisted
@@ -197,8 +199,9 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	_ = r.Body.Close()
+	path, query := frontdoor.Target(r)
 	doc, err := frontdoor.Document(frontdoor.Parts{
-		Path: r.URL.EscapedPath(), Query: r.URL.RawQuery, ContentType: r.Header.Get("Content-Type"), Body: body, Header: r.Header,
+		Path: path, Query: query, ContentType: r.Header.Get("Content-Type"), Body: body, Header: r.Header,
 	}, m.opts.Fingerprint)
 	if err != nil {
 		writeErr(w, r, err)

@@ -1,6 +1,6 @@
 // Express middleware: the front-door rules around Express route handlers.
 import { tracingChannel } from "node:diagnostics_channel";
-import { FrontDoor, FrontDoorError, isJSON } from "./frontdoor.js";
+import { FrontDoor, FrontDoorError, isJSON, splitTarget } from "./frontdoor.js";
 const failed = Symbol("idem.handlerFailed");
 let traced = false;
 /**
@@ -95,11 +95,12 @@ export function expressMiddleware(opts) {
         const route = opts.route ? opts.route(req)
             : typeof req.route?.path === "string" ? (req.baseUrl ?? "") + req.route.path
                 : url.pathname;
+        const target = splitTarget(req.originalUrl ?? req.url ?? "/");
         fd.serve({
             method: req.method ?? "GET",
             route,
-            path: (req.originalUrl ?? req.url ?? "/").split("?")[0] || "/",
-            query: url.search.slice(1),
+            path: target.path,
+            query: target.query,
             header: (name) => headerValues(req, name),
             body: async (limit) => {
                 const b = await readBody(req, limit);

@@ -5,6 +5,15 @@ export interface FetchOptions<A extends unknown[]> extends FrontDoorOptions {
     route?: (req: Request, ...rest: A) => string;
     /** The caller's key scope (e.g. the authenticated account id); keys become escapeScope(scope) + ":" + key. */
     scope?: (req: Request, ...rest: A) => string | undefined;
+    /**
+     * The request-target as it arrived (path and query, e.g. Node.js's
+     * `req.url`), for the fingerprint document. Default: the path and query of
+     * `req.url`, which the Fetch API has normalized (' " < > { } and more
+     * escaped): the same request bytes then fingerprint otherwise than in the
+     * Express, Go and Python front doors. With Hono on @hono/node-server:
+     * `(req, c) => c.env.incoming.url`.
+     */
+    target?: (req: Request, ...rest: A) => string;
 }
 /**
  * Wraps a fetch-style handler with Stripe-style Idempotency-Key semantics

@@ -1,6 +1,6 @@
 // A wrapper for fetch-style handlers (Request → Response): Hono, Next.js
 // route handlers, Bun/Deno-style servers.
-import { FrontDoor, FrontDoorError } from "./frontdoor.js";
+import { FrontDoor, FrontDoorError, splitTarget } from "./frontdoor.js";
 const nullBodyStatus = new Set([101, 204, 205, 304]);
 function toResponse(status, headers, body) {
     return new Response(nullBodyStatus.has(status) || body.length === 0 ? null : body, { status, headers });
@@ -46,13 +46,14 @@ export function withIdempotency(handler, opts) {
     const fd = new FrontDoor(opts);
     return async (req, ...rest) => {
         const url = new URL(req.url);
+        const target = opts.target ? splitTarget(opts.target(req, ...rest)) : { path: url.pathname, query: url.search.slice(1) };
         let ran;
         let ranBody = new Uint8Array();
         const outcome = await fd.serve({
             method: req.method,
             route: opts.route ? opts.route(req, ...rest) : url.pathname,
-            path: url.pathname,
-            query: url.search.slice(1),
+            path: target.path,
+            query: target.query,
             header: (name) => {
                 const v = req.headers.get(name);
                 return v === null ? [] : [v];

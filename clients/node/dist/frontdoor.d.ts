@@ -72,6 +72,19 @@ export declare function requirement(method: string, rules?: MethodRules): Requir
 export declare function operation(method: string, route: string): string;
 /** Reports whether a Content-Type names a JSON body: application/json or any * /*+json, parameters ignored, a malformed media type not. */
 export declare function isJSON(contentType: string | undefined | null): boolean;
+/**
+ * The path and raw query of a request-target as it arrived (Node.js's
+ * `req.url`): escapes kept as sent, nothing escaped that came raw, as the Go
+ * and Python front doors read it (testvectors/frontdoor/targets.json). WHATWG
+ * URL parsing (`new URL(...)`, a fetch `Request.url`) would escape ' " < >
+ * in a query and more in a path, and the same request would have another
+ * fingerprint than there. An absolute-form target loses its scheme and
+ * authority.
+ */
+export declare function splitTarget(target: string): {
+    path: string;
+    query: string;
+};
 /** Per-route fingerprint options: JSON pointers removed from a JSON body, request headers that take part. */
 export interface FingerprintRules {
     exclude?: string[];

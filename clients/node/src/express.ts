@@ -1,7 +1,7 @@
 // Express middleware: the front-door rules around Express route handlers.
 import { tracingChannel } from "node:diagnostics_channel";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { FrontDoor, FrontDoorError, isJSON, type FrontDoorOptions, type HandlerAnswer } from "./frontdoor.js";
+import { FrontDoor, FrontDoorError, isJSON, splitTarget, type FrontDoorOptions, type HandlerAnswer } from "./frontdoor.js";
 
 /** The parts of an Express request the middleware reads (structural, so that no Express types are needed). */
 export interface ExpressRequest extends IncomingMessage {
@@ -120,11 +120,12 @@ export function expressMiddleware(opts: ExpressOptions): (req: IncomingMessage, 
     const route = opts.route ? opts.route(req)
       : typeof req.route?.path === "string" ? (req.baseUrl ?? "") + req.route.path
       : url.pathname;
+    const target = splitTarget(req.originalUrl ?? req.url ?? "/");
     fd.serve({
       method: req.method ?? "GET",
       route,
-      path: (req.originalUrl ?? req.url ?? "/").split("?")[0] || "/",
-      query: url.search.slice(1),
+      path: target.path,
+      query: target.query,
       header: (name) => headerValues(req, name),
       body: async (limit) => {
         const b = await readBody(req, limit);

@@ -1,6 +1,6 @@
 // A wrapper for fetch-style handlers (Request → Response): Hono, Next.js
 // route handlers, Bun/Deno-style servers.
-import { FrontDoor, FrontDoorError, type Answer, type FrontDoorOptions } from "./frontdoor.js";
+import { FrontDoor, FrontDoorError, splitTarget, type Answer, type FrontDoorOptions } from "./frontdoor.js";
 
 /** Options of {@link withIdempotency}; `route` and `scope` see the handler's extra arguments (a Hono context, say). */
 export interface FetchOptions<A extends unknown[]> extends FrontDoorOptions {
@@ -8,6 +8,15 @@ export interface FetchOptions<A extends unknown[]> extends FrontDoorOptions {
   route?: (req: Request, ...rest: A) => string;
   /** The caller's key scope (e.g. the authenticated account id); keys become escapeScope(scope) + ":" + key. */
   scope?: (req: Request, ...rest: A) => string | undefined;
+  /**
+   * The request-target as it arrived (path and query, e.g. Node.js's
+   * `req.url`), for the fingerprint document. Default: the path and query of
+   * `req.url`, which the Fetch API has normalized (' " < > { } and more
+   * escaped): the same request bytes then fingerprint otherwise than in the
+   * Express, Go and Python front doors. With Hono on @hono/node-server:
+   * `(req, c) => c.env.incoming.url`.
+   */
+  target?: (req: Request, ...rest: A) => string;
 }
 
 const nullBodyStatus = new Set([101, 204, 205, 304]);
@@ -59,13 +68,14 @@ export function withIdempotency<A extends unknown[]>(
   const fd = new FrontDoor(opts);
   return async (req, ...rest) => {
     const url = new URL(req.url);
+    const target = opts.target ? splitTarget(opts.target(req, ...rest)) : { path: url.pathname, query: url.search.slice(1) };
     let ran: Response | undefined;
     let ranBody: Uint8Array = new Uint8Array();
     const outcome = await fd.serve({
       method: req.method,
       route: opts.route ? opts.route(req, ...rest) : url.pathname,
-      path: url.pathname,
-      query: url.search.slice(1),
+      path: target.path,
+      query: target.query,
       header: (name) => {
         const v = req.headers.get(name);
         return v === null ? [] : [v];

@@ -232,6 +232,30 @@ export function isJSON(contentType: string | undefined | null): boolean {
   return mt === "application/json" || sub.endsWith("+json");
 }
 
+/**
+ * The path and raw query of a request-target as it arrived (Node.js's
+ * `req.url`): escapes kept as sent, nothing escaped that came raw, as the Go
+ * and Python front doors read it (testvectors/frontdoor/targets.json). WHATWG
+ * URL parsing (`new URL(...)`, a fetch `Request.url`) would escape ' " < >
+ * in a query and more in a path, and the same request would have another
+ * fingerprint than there. An absolute-form target loses its scheme and
+ * authority.
+ */
+export function splitTarget(target: string): { path: string; query: string } {
+  let t = target;
+  if (!t.startsWith("/")) {
+    const i = t.indexOf("://");
+    if (i >= 0) {
+      const rest = t.slice(i + 3);
+      const j = rest.search(/[/?]/);
+      t = j < 0 ? "/" : rest.slice(j);
+    }
+  }
+  const q = t.indexOf("?");
+  const path = q < 0 ? t : t.slice(0, q);
+  return { path: path || "/", query: q < 0 ? "" : t.slice(q + 1) };
+}
+
 /** Per-route fingerprint options: JSON pointers removed from a JSON body, request headers that take part. */
 export interface FingerprintRules {
   exclude?: string[];

@@ -37,6 +37,7 @@ export {
   problems,
   requirement,
   scopedKey,
+  splitTarget,
   storableStatus,
   unstorableStatus,
   storeStatus,

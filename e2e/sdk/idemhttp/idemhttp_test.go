@@ -3,18 +3,21 @@ package idemhttp_test
 import (
 	"bufio"
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
@@ -656,6 +659,52 @@ func TestMiddlewareUnstorableStatus(t *testing.T) {
 			require.Equal(t, http.StatusConflict, again.status)
 			require.Equal(t, string(frontdoor.CodeResponseNotReplayable), problemCode(t, again))
 			require.Equal(t, int64(1), runs.Load(), "the handler ran once")
+		}
+	})
+}
+
+// TestMiddlewareTargetVectors: each request line of
+// testvectors/frontdoor/targets.json, sent byte for byte, gives the record
+// the fingerprint the vector expects — the one the Python and Node front
+// doors give the same bytes. Before, the path was r.URL.EscapedPath(): a
+// raw byte outside ASCII or a raw '{', '|', '"'... came out escaped (and
+// with it every character Go escapes), so the same request had another
+// fingerprint than in the other SDKs.
+func TestMiddlewareTargetVectors(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../../testvectors/frontdoor/targets.json")
+	require.NoError(t, err)
+	var file struct {
+		Vectors []struct {
+			Name         string `json:"name"`
+			Target       string `json:"target"`
+			TargetBase64 string `json:"target_base64"`
+			Expect       struct {
+				Fingerprint string `json:"fingerprint"`
+			} `json:"expect"`
+		} `json:"vectors"`
+	}
+	require.NoError(t, json.Unmarshal(b, &file))
+	require.NotEmpty(t, file.Vectors)
+	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
+		h := idemhttp.Middleware(c, idemhttp.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+		}))
+		srv := httptest.NewServer(h)
+		t.Cleanup(srv.Close)
+		addr := strings.TrimPrefix(srv.URL, "http://")
+		for i, v := range file.Vectors {
+			target := v.Target
+			if v.TargetBase64 != "" {
+				raw, err := base64.StdEncoding.DecodeString(v.TargetBase64)
+				require.NoError(t, err)
+				target = string(raw)
+			}
+			key := fmt.Sprintf("k-target-%d", i)
+			require.Equal(t, http.StatusCreated, rawPost(t, addr, target, key), v.Name)
+			rec, err := c.Get(t.Context(), key)
+			require.NoError(t, err)
+			assert.Equal(t, v.Expect.Fingerprint, rec.Fingerprint, v.Name)
 		}
 	})
 }

@@ -143,6 +143,22 @@ class _HandlerFailed(Exception):
         self.answer = answer
 
 
+def _native(environ: Environ, name: str) -> str:
+    """An environ string as PEP 3333 has it: the bytes that arrived, read
+    as Latin-1. werkzeug's development server hands the request line over
+    as the Latin-1 reading of its UTF-8 encoding instead (http.server reads
+    it as Latin-1, werkzeug encodes that as UTF-8 again): undone here, or a
+    byte outside ASCII would give another fingerprint than under gunicorn
+    or in the Go and Node front doors (testvectors/frontdoor/targets.json)."""
+    value = str(environ.get(name) or "")
+    if str(environ.get("SERVER_SOFTWARE", "")).startswith("Werkzeug/"):
+        try:
+            return value.encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            return value
+    return value
+
+
 def _headers(environ: Environ) -> list[tuple[str, str]]:
     out = []
     for k, v in environ.items():
@@ -194,12 +210,12 @@ class IdempotencyMiddleware:
         else:
             environ["wsgi.input"] = io.BytesIO(body)
             environ["CONTENT_LENGTH"] = str(len(body))
-        path = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
+        path = _native(environ, "SCRIPT_NAME") + _native(environ, "PATH_INFO")
         rid = caller_request_id(headers)
         try:
             prot = prepare(self.opts, method, (self.route(environ) if self.route else None) or path,
-                           str(environ.get("QUERY_STRING", "")), headers, body,
-                           path=request_path(environ.get("RAW_URI") or environ.get("REQUEST_URI"), path.encode("latin-1")))
+                           _native(environ, "QUERY_STRING"), headers, body,
+                           path=request_path(_native(environ, "RAW_URI") or _native(environ, "REQUEST_URI"), path.encode("latin-1")))
         except FrontDoorError as e:
             return self._send(problem_answer(e, rid), start_response)
         if prot is None:
