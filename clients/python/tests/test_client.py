@@ -294,32 +294,37 @@ def test_complete_outlives_a_deadline_fn_nearly_spent(server: Server) -> None:
 
 @pytest.mark.parametrize("skew", [-10.0, 10.0])
 def test_lease_keeper_ignores_clock_skew(server: Server, binary: str, skew: float) -> None:
-    # The tenant's default lease is 2 s and this host's wall clock is 10 s
+    # The tenant's default lease is 1 s and this host's wall clock is 10 s
     # off the server's. Before, the keeper read the lease as lease_expires_at
-    # less this host's time (12 s behind, spent and so 30 s ahead): its first
-    # renewal came after the lease had run out and another request took the
-    # key over and ran the work a second time.
+    # less this host's time (11 s, or spent and so 30 s): its first renewal
+    # came after the lease had run out and another request took the key over
+    # and ran the work a second time. The work waits (at most 3 s) until the
+    # keeper's first renewal reaches the server, which must come while the
+    # lease still runs (a third of it, about 0.5 s), and another claim then
+    # finds the key in flight.
     from datetime import timedelta
 
-    from idem._core import wall_now
+    from idem._core import RENEWAL_POINT, wall_now
 
     tenant = "brief-" + new_key("t")[-8:]
-    _cli(binary, server.env, "tenant", "create", tenant, "--lease-seconds-default", "2")
+    _cli(binary, server.env, "tenant", "create", tenant, "--lease-seconds-default", "1")
     token = _cli(binary, server.env, "token", "--tenant", tenant, "--scope", "keys:write", "--ttl", "1h")
     key = new_key("skew")
     runs: list[int] = []
 
-    def work(claim: Claim) -> Response:
-        runs.append(1)
-        time.sleep(5)  # outlasts the 2 s lease twice over
-        return Response(201, body=b"once")
-
     with Client(server.url, token=token, now=lambda: wall_now() + timedelta(seconds=skew)) as skewed, \
-            Client(server.url, token=token) as other, ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(skewed.run, key, work, operation="POST /reports", request={"n": 1})
-        time.sleep(3)  # past the lease unless it was renewed
-        with pytest.raises(ProblemError) as ei:
-            other.claim(key, operation="POST /reports", request={"n": 1})
-        assert ei.value.code == "request_in_flight", "the keeper renewed the lease: no takeover"
-        assert not fut.result().replayed
+            Client(server.url, token=token) as other:
+        def work(claim: Claim) -> Response:
+            runs.append(1)
+            end = time.monotonic() + 3
+            while (rec := other.get(key)).recovery_point != RENEWAL_POINT:
+                assert time.monotonic() < end, "the keeper did not renew the 1 s lease"
+                time.sleep(0.02)
+            assert rec.state == "in_flight", "renewed before the lease ran out"
+            with pytest.raises(ProblemError) as ei:
+                other.claim(key, operation="POST /reports", request={"n": 1})
+            assert ei.value.code == "request_in_flight", "the keeper renewed the lease: no takeover"
+            return Response(201, body=b"once")
+
+        assert not skewed.run(key, work, operation="POST /reports", request={"n": 1}).replayed
     assert runs == [1]
