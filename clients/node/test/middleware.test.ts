@@ -231,6 +231,42 @@ const targetVectors = (JSON.parse(readFileSync(join(repoRoot, "testvectors", "fr
   vectors: { name: string; target?: string; target_base64?: string; expect: { fingerprint: string } }[];
 }).vectors;
 
+describe("invalid claim answers", () => {
+  // An idem URL that answers claims with something the client cannot
+  // interpret (each "invalid" claim answer of testvectors/sdk/replay.json,
+  // from a loopback fake: a real idem cannot send them) gets the caller 503
+  // store_unavailable; the handler never runs and nothing invented is
+  // replayed. Before, a 201 without a fencing token ran the handler and a 200
+  // without a response replayed an empty answer.
+  const answers = (JSON.parse(readFileSync(join(repoRoot, "testvectors", "sdk", "replay.json"), "utf8")) as {
+    claim_answers: { name: string; status: number; headers: Record<string, string>; body: string; expect: string }[];
+  }).claim_answers.filter((v) => v.expect === "invalid");
+  for (const [name, make] of [["express", expressApp], ["hono", honoApp]] as const) {
+    test(`${name}: 503 store_unavailable, the handler never runs`, async () => {
+      assert.ok(answers.length > 0);
+      let v = answers[0]!;
+      const fake = createServer((req, res) => {
+        req.resume();
+        req.on("end", () => res.writeHead(v.status, { ...v.headers, "Content-Type": "application/json" }).end(v.body));
+      });
+      const app = await make(new Client({ baseUrl: await listen(fake), token: "t" }));
+      try {
+        for (v of answers) {
+          const id = randomUUID();
+          const res = await post(`${app.url}/orders/${id}/pay`, `pay-${id}`, { amount: 1 });
+          assert.equal(res.status, 503, `${v.name}: ${res.text}`);
+          assert.equal(JSON.parse(res.text).code, "store_unavailable", v.name);
+          assert.equal(app.effects.get(id), undefined, `${v.name}: the handler must not run`);
+        }
+      } finally {
+        await app.close();
+        fake.closeAllConnections();
+        await new Promise<void>((r) => fake.close(() => r()));
+      }
+    });
+  }
+});
+
 for (const store of stores()) {
   describe(`request-target vectors on ${store}`, () => {
     let srv: Server;

@@ -492,3 +492,33 @@ def test_target_vectors(kind: str, server: Server) -> None:
                 continue
             assert status < 500, (v["name"], status)
             assert client.get(key).fingerprint == v["expect"]["fingerprint"], v["name"]
+
+
+@pytest.mark.parametrize("kind", ["flask", "fastapi"])  # the sync and the asyncio client; Django shares Flask's
+def test_invalid_claim_answers(kind: str) -> None:
+    """An idem URL that answers claims with something the client cannot
+    interpret (each "invalid" claim answer of testvectors/sdk/replay.json,
+    from a loopback fake: a real idem cannot send them) gets the caller 503
+    store_unavailable; the handler never runs and nothing invented is
+    replayed. Before, a 201 without a fencing token ran the handler and a 200
+    without a response replayed an empty answer."""
+    import json
+    from http.server import ThreadingHTTPServer
+
+    from test_vectors import _ClaimAnswer
+
+    vectors = [v for v in json.loads((Path(__file__).resolve().parents[3] / "testvectors/sdk/replay.json").read_text())["claim_answers"]
+               if v["expect"] == "invalid"]
+    assert vectors
+    fake = ThreadingHTTPServer(("127.0.0.1", 0), _ClaimAnswer)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    try:
+        for a in serve(kind, f"http://127.0.0.1:{fake.server_address[1]}", "t"):
+            for v in vectors:
+                _ClaimAnswer.vector = v
+                r = post(a.url + "/charges/1", new_key("invalid"))
+                assert r.status_code == 503 and r.json()["code"] == "store_unavailable", (v["name"], r.status_code, r.text)
+            assert a.effects.charges == [], "the handler never ran"
+    finally:
+        fake.shutdown()
+        fake.server_close()

@@ -708,3 +708,54 @@ func TestMiddlewareTargetVectors(t *testing.T) {
 		}
 	})
 }
+
+// TestMiddlewareInvalidClaimAnswers: an idem URL that answers claims with
+// something the client cannot interpret (each "invalid" claim answer of
+// testvectors/sdk/replay.json, from a loopback fake: a real idem cannot
+// send them) gets the caller 503 store_unavailable; the handler never runs
+// and nothing invented is replayed. Before, a 201 without a fencing token
+// ran the handler and a 200 without a response replayed an empty 200.
+func TestMiddlewareInvalidClaimAnswers(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../../testvectors/sdk/replay.json")
+	require.NoError(t, err)
+	var file struct {
+		ClaimAnswers []struct {
+			Name    string            `json:"name"`
+			Status  int               `json:"status"`
+			Headers map[string]string `json:"headers"`
+			Body    string            `json:"body"`
+			Expect  string            `json:"expect"`
+		} `json:"claim_answers"`
+	}
+	require.NoError(t, json.Unmarshal(b, &file))
+	n := 0
+	for _, v := range file.ClaimAnswers {
+		if v.Expect != "invalid" {
+			continue
+		}
+		n++
+		fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			for k, val := range v.Headers {
+				w.Header().Set(k, val)
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(v.Status)
+			_, _ = io.WriteString(w, v.Body)
+		}))
+		c, err := client.New(fake.URL)
+		require.NoError(t, err)
+		var runs atomic.Int64
+		app := httptest.NewServer(idemhttp.Middleware(c, idemhttp.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.WriteHeader(http.StatusCreated)
+		})))
+		got := post(t, app.URL+"/orders", "k-invalid", `{}`)
+		app.Close()
+		fake.Close()
+		assert.Equal(t, http.StatusServiceUnavailable, got.status, v.Name)
+		assert.Equal(t, "store_unavailable", problemCode(t, got), v.Name)
+		assert.Zero(t, runs.Load(), "%s: the handler must not run", v.Name)
+	}
+	require.NotZero(t, n)
+}
