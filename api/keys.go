@@ -158,7 +158,7 @@ func (s *service) claim(ctx context.Context, req *claimRequest) (reply, error) {
 		Lease:             lease,
 		ReplayWindow:      t.Settings.ReplayWindow(),
 		ReaperThreshold:   t.Settings.ReaperThreshold(),
-		StorageQuotaBytes: t.Settings.StorageQuotaBytes,
+		StorageQuotaBytes: t.ClaimQuota(),
 	}, wait)
 	if applied && req.header != nil {
 		req.header.Set("Preference-Applied", "wait="+strconv.Itoa(int(wait/time.Second)))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -35,7 +34,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			ReplayWindowSeconds:    seconds(p.ReplayWindow),
 			ReaperThresholdSeconds: seconds(p.ReaperThreshold),
 			StoredBytes:            idem.ClaimBytes(p.Key, p.Operation, p.Fingerprint),
-			StorageQuotaBytes:      quota(p.StorageQuotaBytes),
+			StorageQuotaBytes:      p.StorageQuotaBytes,
 			Now:                    s.clock(),
 		})
 		switch {
@@ -86,24 +85,18 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 	return idem.ClaimResult{}, fmt.Errorf("claim key: %w", errContention)
 }
 
-// quota returns a claim's storage_quota_bytes for ClaimKey: 0 (none) is the
-// largest usage.
-func quota(maxStoredBytes int64) int64 {
-	if maxStoredBytes <= 0 {
-		return math.MaxInt64
-	}
-	return maxStoredBytes
-}
-
 // checkQuota returns storage_quota_exceeded when the claim's tenant is at or
 // over its quota: why ClaimKey created no record for an absent or expired
 // key. Nil means the key changed since (another round decides).
 func (s *Store) checkQuota(ctx context.Context, p idem.ClaimParams) error {
+	if p.StorageQuotaBytes == 0 {
+		return nil
+	}
 	used, err := s.q.TenantStoredBytes(ctx, p.TenantID)
 	if err != nil {
 		return s.interpretError(err, "claim key: read the tenant's usage")
 	}
-	if used >= quota(p.StorageQuotaBytes) {
+	if used >= p.StorageQuotaBytes {
 		return idem.StorageQuotaExceeded(p.TenantID, used, p.StorageQuotaBytes)
 	}
 	return nil

@@ -23,7 +23,7 @@ bind_query() {
         -e "s/sqlc\.arg('response_headers')/'{\"Content-Type\":\"application\/json\"}'/g" \
         -e "s/sqlc\.arg('response_body')/'\\\\x7b226964223a226f72645f31227d'/g" \
         -e "s/sqlc\.arg('response_body_encoding')/'utf8'/g" \
-        -e "s/sqlc\.arg('stored_bytes')/29/g" -e "s/sqlc\.arg('storage_quota_bytes')/1073741824/g" \
+        -e "s/sqlc\.arg('stored_bytes')/29/g" -e "s/sqlc\.arg('storage_quota_bytes')/0/g" \
         -e "s/sqlc\.arg('response_bytes')/44/g" \
         -e 's/sqlc\.embed(k)/k.*/g' |
     tr '\n' ' ' | sed -e 's/  */ /g' -e 's/$/\n/'

@@ -10,14 +10,16 @@
 -- the caller then reads the stored row to tell why. The nextval of a claim
 -- that conflicts and does not apply is lost, which only leaves a gap.
 -- A record is created (the key absent, or expired) only while the tenant's
--- usage is below storage_quota_bytes, read in this statement; a takeover
--- keeps the record and its bytes, so the quota never refuses it. The
--- claim counts what it stores (stored_bytes) in the same statement.
+-- usage is below storage_quota_bytes, read in this statement (0: no check,
+-- and the counters are not read); a takeover keeps the record and its
+-- bytes, so the quota never refuses it. The claim counts what it stores
+-- (stored_bytes) in the same statement.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now,
-        (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
-            WHERE u.tenant_id = sqlc.arg('tenant_id')::text)
-            < sqlc.arg('storage_quota_bytes')::bigint AS room
+        sqlc.arg('storage_quota_bytes')::bigint = 0
+            OR (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
+                WHERE u.tenant_id = sqlc.arg('tenant_id')::text)
+                < sqlc.arg('storage_quota_bytes')::bigint AS room
 ),
 w AS (
 INSERT INTO idempotency_keys AS k (
@@ -87,7 +89,7 @@ RETURNING
 counted AS (
     UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
     FROM w
-    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 64
         AND w.stored_bytes <> w.stored_bytes_before
 )
 -- The record without its response, which a claim has just set to NULL
@@ -167,7 +169,7 @@ RETURNING
 counted AS (
     UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
     FROM w
-    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 64
         AND w.stored_bytes <> w.stored_bytes_before
 )
 -- An in-flight record has no response (writeRow's columns).
@@ -221,7 +223,7 @@ RETURNING
 counted AS (
     UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
     FROM w
-    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 64
         AND w.stored_bytes <> w.stored_bytes_before
 )
 -- The record without the response it has just stored: the caller holds
@@ -408,7 +410,7 @@ RETURNING
 counted AS (
     UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
     FROM w
-    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 64
         AND w.stored_bytes <> w.stored_bytes_before
 )
 -- The record without the response it has just stored (writeRow's columns).

@@ -40,7 +40,7 @@ RETURNING
 counted AS (
     UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
     FROM w
-    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 64
         AND w.stored_bytes <> w.stored_bytes_before
 )
 SELECT
@@ -137,9 +137,10 @@ const claimKey = `-- name: ClaimKey :one
 
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now())::timestamptz AS now,
-        (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
-            WHERE u.tenant_id = $2::text)
-            < $3::bigint AS room
+        $2::bigint = 0
+            OR (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
+                WHERE u.tenant_id = $3::text)
+                < $2::bigint AS room
 ),
 w AS (
 INSERT INTO idempotency_keys AS k (
@@ -148,7 +149,7 @@ INSERT INTO idempotency_keys AS k (
     created_at, updated_at, purge_after, stored_bytes, stored_bytes_before
 )
 SELECT
-    $2::text, $4::text, 'in_flight',
+    $3::text, $4::text, 'in_flight',
     $5::text, $6::text,
     nextval('fencing_tokens'), 1, $7::text,
     clock.now + $8::bigint * interval '1 microsecond',
@@ -162,7 +163,7 @@ SELECT
 FROM clock
 WHERE clock.room OR EXISTS (
     SELECT 1 FROM idempotency_keys e
-    WHERE e.tenant_id = $2::text AND e.key = $4::text)
+    WHERE e.tenant_id = $3::text AND e.key = $4::text)
 ON CONFLICT (tenant_id, key) DO UPDATE SET
     state = 'in_flight',
     operation = excluded.operation,
@@ -207,7 +208,7 @@ RETURNING
 counted AS (
     UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
     FROM w
-    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 64
         AND w.stored_bytes <> w.stored_bytes_before
 )
 SELECT
@@ -222,8 +223,8 @@ FROM w
 
 type ClaimKeyParams struct {
 	Now                    pgtype.Timestamptz
-	TenantID               string
 	StorageQuotaBytes      int64
+	TenantID               string
 	Key                    string
 	Operation              string
 	Fingerprint            string
@@ -268,9 +269,10 @@ type ClaimKeyRow struct {
 // the caller then reads the stored row to tell why. The nextval of a claim
 // that conflicts and does not apply is lost, which only leaves a gap.
 // A record is created (the key absent, or expired) only while the tenant's
-// usage is below storage_quota_bytes, read in this statement; a takeover
-// keeps the record and its bytes, so the quota never refuses it. The
-// claim counts what it stores (stored_bytes) in the same statement.
+// usage is below storage_quota_bytes, read in this statement (0: no check,
+// and the counters are not read); a takeover keeps the record and its
+// bytes, so the quota never refuses it. The claim counts what it stores
+// (stored_bytes) in the same statement.
 // over the quota, only a key that exists goes on to ON CONFLICT (takeover)
 // adds the write's difference to the tenant's usage, in this statement
 // The record without its response, which a claim has just set to NULL
@@ -278,8 +280,8 @@ type ClaimKeyRow struct {
 func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow, error) {
 	row := q.db.QueryRow(ctx, claimKey,
 		arg.Now,
-		arg.TenantID,
 		arg.StorageQuotaBytes,
+		arg.TenantID,
 		arg.Key,
 		arg.Operation,
 		arg.Fingerprint,
@@ -352,7 +354,7 @@ RETURNING
 counted AS (
     UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
     FROM w
-    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 64
         AND w.stored_bytes <> w.stored_bytes_before
 )
 SELECT
@@ -1114,7 +1116,7 @@ RETURNING
 counted AS (
     UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
     FROM w
-    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 8
+    WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 64
         AND w.stored_bytes <> w.stored_bytes_before
 )
 SELECT
