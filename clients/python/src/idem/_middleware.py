@@ -70,10 +70,14 @@ class Answer:
 def request_path(raw: bytes | str | None, decoded: str | bytes) -> str:
     """The request path as received, without the query (part of the
     fingerprint document): the server's raw request target when it gives
-    one, else the decoded path escaped back."""
+    one (an absolute-form target without its scheme and authority, as the Go
+    and Node front doors read it), else the decoded path escaped back."""
     if raw:
-        text = raw.decode("latin-1") if isinstance(raw, bytes) else raw
-        return text.split("?", 1)[0]
+        text = (raw.decode("latin-1") if isinstance(raw, bytes) else raw).split("?", 1)[0]
+        if not text.startswith("/") and "://" in text:
+            rest = text.split("://", 1)[1]
+            text = rest[rest.index("/"):] if "/" in rest else "/"
+        return text or "/"
     return quote(decoded, safe="/:@!$&'()*+,;=~%")
 
 
