@@ -31,9 +31,10 @@ const (
 	// CodeServerBusy: the server holds as many request bodies as its
 	// in-flight budget allows; retry after Retry-After.
 	CodeServerBusy Code = "server_busy"
-	// CodeStorageQuotaExceeded: the tenant's records store storage_quota_bytes
-	// or more, so a claim that would create a record is refused before any
-	// work runs; it succeeds again once records are released or purged.
+	// CodeStorageQuotaExceeded: the tenant's records store its
+	// storage_quota_bytes or more, so a claim that would create a record is
+	// refused before any work runs; it succeeds again once records are
+	// released or purged.
 	CodeStorageQuotaExceeded Code = "storage_quota_exceeded"
 	// CodeInternal is any error without a code of its own; its details are
 	// never shown to callers.
@@ -96,7 +97,7 @@ func StoreUnavailable(detail string, cause error) *Error {
 }
 
 // StorageQuotaExceeded returns the error of a claim refused because tenant
-// stores used bytes, at or over its storage_quota_bytes limit.
+// stores used bytes, at or over its storage_quota_bytes (limit).
 func StorageQuotaExceeded(tenant string, used, limit int64) *Error {
 	return Errorf(CodeStorageQuotaExceeded,
 		"tenant '%s' stores %d bytes, at or over its storage_quota_bytes (%d): no new key can be claimed until records are released or purged", tenant, used, limit)
@@ -117,16 +118,16 @@ func ErrorCode(err error) Code {
 
 // Sentinels for errors.Is. They match any *Error of the same code.
 var (
-	ErrInvalidRequest      = &Error{Code: CodeInvalidRequest}
-	ErrInvalidKey          = &Error{Code: CodeInvalidKey}
-	ErrKeyNotFound         = &Error{Code: CodeKeyNotFound}
-	ErrTenantNotFound      = &Error{Code: CodeTenantNotFound}
-	ErrTenantUnknown       = &Error{Code: CodeTenantUnknown}
-	ErrRequestInFlight     = &Error{Code: CodeRequestInFlight}
-	ErrLeaseLost           = &Error{Code: CodeLeaseLost}
-	ErrAlreadyCompleted    = &Error{Code: CodeAlreadyCompleted}
-	ErrTenantExists        = &Error{Code: CodeTenantExists}
-	ErrFingerprintMismatch = &Error{Code: CodeFingerprintMismatch}
-	ErrStoreUnavailable    = &Error{Code: CodeStoreUnavailable}
-	ErrStorageQuota        = &Error{Code: CodeStorageQuotaExceeded}
+	ErrInvalidRequest       = &Error{Code: CodeInvalidRequest}
+	ErrInvalidKey           = &Error{Code: CodeInvalidKey}
+	ErrKeyNotFound          = &Error{Code: CodeKeyNotFound}
+	ErrTenantNotFound       = &Error{Code: CodeTenantNotFound}
+	ErrTenantUnknown        = &Error{Code: CodeTenantUnknown}
+	ErrRequestInFlight      = &Error{Code: CodeRequestInFlight}
+	ErrLeaseLost            = &Error{Code: CodeLeaseLost}
+	ErrAlreadyCompleted     = &Error{Code: CodeAlreadyCompleted}
+	ErrTenantExists         = &Error{Code: CodeTenantExists}
+	ErrFingerprintMismatch  = &Error{Code: CodeFingerprintMismatch}
+	ErrStoreUnavailable     = &Error{Code: CodeStoreUnavailable}
+	ErrStorageQuotaExceeded = &Error{Code: CodeStorageQuotaExceeded}
 )

@@ -156,11 +156,11 @@ type ClaimParams struct {
 	// ReplayWindow and ReaperThreshold are recorded on a created record.
 	ReplayWindow    time.Duration
 	ReaperThreshold time.Duration
-	// StorageQuotaBytes is the tenant's storage_quota_bytes: a claim that would
-	// create a record (the key absent or expired) while the tenant's
-	// records store that many bytes or more is refused with
-	// storage_quota_exceeded. A takeover, recovery or replay is never
-	// refused for it. 0 applies no quota.
+	// StorageQuotaBytes is the quota the claim is checked against
+	// (Tenant.ClaimQuota): a claim that would create a record (the key
+	// absent or expired) while the tenant's records store that many bytes
+	// or more is refused with storage_quota_exceeded. A takeover, recovery
+	// or replay is never refused for it. 0 checks no quota.
 	StorageQuotaBytes int64
 }
 

@@ -142,10 +142,10 @@ const (
 	// last store call and the answer.
 	DefaultMaxWaitSeconds = 20
 	MaxAttemptIDBytes     = 64
-	// DefaultStorageQuotaBytes is storage_quota_bytes of a tenant created without
-	// it, and of every tenant that existed before the setting: 1 GiB, a
-	// thousand responses of the default max_response_bytes, and a few
-	// minutes of one tenant writing as fast as a server takes it.
+	// DefaultStorageQuotaBytes is storage_quota_bytes of a tenant created
+	// without it, and of every tenant that existed before the setting:
+	// 1 GiB, a thousand responses of the default max_response_bytes or
+	// millions of ordinary ones; an operator raises it per tenant.
 	DefaultStorageQuotaBytes = 1 << 30
 	// StorageQuotaBytesLimit bounds storage_quota_bytes (1 TiB): an operator
 	// gives a tenant as much as the disk holds, never "unlimited".

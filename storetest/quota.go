@@ -233,7 +233,7 @@ func testQuotaRefusesNewRecords(t *testing.T, s *suite) {
 	}
 	require.Equal(t, 3*per, b.usage(t, "acme"))
 	_, err := b.store.Claim(b.ctx, limited("k3"))
-	requireCode(t, err, idem.ErrStorageQuota)
+	requireCode(t, err, idem.ErrStorageQuotaExceeded)
 	b.requireAbsent(t, "acme", "k3")
 	require.Equal(t, 3*per, b.usage(t, "acme"), "a refused claim stores nothing")
 
@@ -257,9 +257,9 @@ func testQuotaRefusesNewRecords(t *testing.T, s *suite) {
 	// a key whose window ran out would be a new record: refused too
 	b.advance(defaultReplayWindow)
 	_, err = b.store.Claim(b.ctx, limited("k1"))
-	requireCode(t, err, idem.ErrStorageQuota)
+	requireCode(t, err, idem.ErrStorageQuotaExceeded)
 	_, err = b.store.Claim(b.ctx, limited("k9"))
-	requireCode(t, err, idem.ErrStorageQuota)
+	requireCode(t, err, idem.ErrStorageQuotaExceeded)
 	var e *idem.Error
 	require.ErrorAs(t, err, &e)
 	require.Contains(t, e.Detail, fmt.Sprint(b.usage(t, "acme")), "the refusal says the usage")
@@ -294,7 +294,7 @@ func testQuotaRace(t *testing.T, s *suite) {
 			created = append(created, fmt.Sprintf("key-%02d", i))
 			continue
 		}
-		requireCode(t, err, idem.ErrStorageQuota, "racer %d", i)
+		requireCode(t, err, idem.ErrStorageQuotaExceeded, "racer %d", i)
 	}
 	require.GreaterOrEqual(t, len(created), fit, "claims below the quota were refused")
 	require.Less(t, len(created), n, "no claim was refused past the quota")
