@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"sync"
+	"sync/atomic"
 )
 
 // DefaultStoreShare is the part of the store's connections one tenant's
@@ -19,63 +20,89 @@ func StoreShareOf(poolSize int, fraction float64) int {
 	return max(int(math.Ceil(float64(poolSize)*fraction-1e-9)), 1)
 }
 
-// WithTenantShare returns a Store on which one tenant has at most perTenant
-// calls in progress at a time: a call past its tenant's share waits, first
-// come first served, for one of that tenant's own calls to end — never for
-// another tenant's — or until ctx ends, and then returns store_unavailable
-// (retryable, Retry-After). Put it inside WithDeadline, so that the wait is
-// bounded by the same store deadline as the call.
+// WithTenantShare returns a Store on which one tenant's calls cannot take
+// the connections the other tenants need. Each tenant may always have
+// perTenant calls in progress, its share of the pool's connections. Past
+// its share a call still starts while the calls in progress of all
+// tenants leave ShareReserve connections free (so a tenant alone uses all
+// of the pool but that, and loses no throughput); otherwise it waits,
+// first come first served, for one of its own tenant's calls within the
+// share to end — never for another tenant's — or until ctx ends, and then
+// returns store_unavailable (retryable, Retry-After). Put it inside
+// WithDeadline, so that the wait is bounded by the same store deadline as
+// the call.
 //
 // Without it one tenant sending many requests that are slow in the store
 // (completes blocked on a row lock, large listings, a long writer queue)
 // holds every connection of the pool, and every other tenant's calls wait
-// for one until their deadline. With perTenant below the pool's size the
-// other tenants always find a connection that no single tenant holds.
+// for one until their deadline. With it, a tenant whose calls are stuck
+// holds at most pool − ShareReserve connections, and the other tenants'
+// calls always find one. Once the calls of all tenants fill the pool but
+// the reserve (the others' calls count as soon as they start, waiting for
+// a connection included), calls past a share no longer start, so as a
+// tenant's calls past its share end, the connections go to the others'
+// calls within theirs: under contention each busy tenant gets its share.
 //
-// The calls that name a tenant count against its share (every call of a
-// key, a record or a tenant); those that name none — the reaper, the
-// orphan watch, listings across tenants, ListTenants — pass through, as do
-// all calls when perTenant <= 0 (which returns s). On a store whose
-// writes take turns on one writer (SerialWriter: SQLite), a tenant's
-// writes and reads have a share each: its writes queue for the writer
-// without a connection, so they must not keep its reads, which run beside
-// the writer, from the connections. observe, when not nil,
-// is told of every call that found its tenant's share in use, once its
-// wait ended: err is nil when it got its turn, else the error it returns.
+// The calls that name a tenant count (every call of a key, a record or a
+// tenant); those that name none — the reaper, the orphan watch, listings
+// across tenants, ListTenants — pass through, as do all calls when
+// perTenant <= 0 or perTenant >= pool (which return s). On a store whose
+// writes take turns on one writer (SerialWriter: SQLite) a tenant's writes
+// have a share of their own, which they never pass: they wait for the
+// writer without a connection, so they must not keep the tenant's reads,
+// which run beside the writer, from the connections, and more of them
+// queued write no faster — they only make every other tenant's writes
+// wait longer. observe, when not nil, is told of every call that found its
+// tenant's share in use and waited, once its wait ended: err is nil when
+// it got its turn, else the error it returns.
 //
 // The hot path takes no lock shared between tenants and allocates nothing:
-// one lookup in a sync.Map and a send on the tenant's buffered channel.
-func WithTenantShare(s Store, perTenant int, observe func(tenant string, err error)) Store {
-	if perTenant <= 0 {
+// one lookup in a sync.Map, a send on the tenant's buffered channel and
+// an atomic count of the calls in progress.
+func WithTenantShare(s Store, pool, perTenant int, observe func(tenant string, err error)) Store {
+	if perTenant <= 0 || perTenant >= pool {
 		return s
 	}
 	_, serial := s.(SerialWriter)
-	return &shareStore{s: s, per: perTenant, serial: serial, observe: observe}
+	return &shareStore{s: s, per: perTenant, borrow: int64(pool - ShareReserve), serial: serial, observe: observe}
 }
+
+// ShareReserve is how many of the pool's connections the calls past their
+// tenants' shares leave free (WithTenantShare): what the other tenants
+// find at once even while one tenant's calls are stuck. One is enough for
+// them to make progress and costs a tenant alone a tenth of the default
+// pool at most (no throughput measurably: docs/benchmarks.md).
+const ShareReserve = 1
 
 // SerialWriter is implemented by a Store whose writes take turns on a
 // single writer and wait for their turn without holding a connection
 // (SQLite), while its reads run beside the writer on the other
-// connections. WithTenantShare then gives a tenant's writes and its reads
-// a share each.
+// connections. WithTenantShare then gives a tenant's writes a share of
+// their own.
 type SerialWriter interface {
 	// SerialWrites only marks the Store.
 	SerialWrites()
 }
 
 type shareStore struct {
-	s       Store
-	per     int
+	s   Store
+	per int
+	// borrow is the most calls in progress (total) at which a call past
+	// its tenant's share may still start.
+	borrow  int64
 	serial  bool
 	observe func(tenant string, err error)
+	// total counts the calls in progress that name a tenant (on a
+	// SerialWriter, its reads).
+	total atomic.Int64
 	// slots maps a tenant id to its *tenantSlots. Tenants are created by
 	// the operator, so it holds one entry per tenant seen.
 	slots sync.Map
 }
 
-// tenantSlots are the semaphores of one tenant, each a chan struct{} of
-// capacity per: a send takes a slot, a receive gives it back, and
-// goroutines blocked sending are woken first in, first out. writes is
+// tenantSlots are the semaphores of one tenant's share, each a chan
+// struct{} of capacity per: a send takes a slot, a receive gives it back,
+// and goroutines blocked sending are woken first in, first out. writes is
 // reads unless the store is a SerialWriter.
 type tenantSlots struct {
 	reads, writes chan struct{}
@@ -89,12 +116,19 @@ const (
 
 var _ Store = (*shareStore)(nil)
 
-// acquire takes one of tenant's slots, waiting for one while ctx lasts.
-// It returns the semaphore to release (nil for a call that names no
-// tenant).
-func (ss *shareStore) acquire(ctx context.Context, tenant string, writes bool) (chan struct{}, error) {
+// slot is what a call holds while it runs: the semaphore to give back
+// (nil past the share), and whether it is counted in total.
+type slot struct {
+	sem     chan struct{}
+	counted bool
+}
+
+// acquire lets a call of tenant start: within its share, past it while
+// the pool has room (see WithTenantShare), or once one of its tenant's
+// slots is free, waiting for one while ctx lasts.
+func (ss *shareStore) acquire(ctx context.Context, tenant string, writes bool) (slot, error) {
 	if tenant == "" {
-		return nil, nil
+		return slot{}, nil
 	}
 	v, ok := ss.slots.Load(tenant)
 	if !ok {
@@ -105,50 +139,68 @@ func (ss *shareStore) acquire(ctx context.Context, tenant string, writes bool) (
 		}
 		v, _ = ss.slots.LoadOrStore(tenant, ts)
 	}
-	sem := v.(*tenantSlots).reads
+	sl := slot{sem: v.(*tenantSlots).reads, counted: !(ss.serial && writes)}
 	if writes {
-		sem = v.(*tenantSlots).writes
+		sl.sem = v.(*tenantSlots).writes
 	}
 	select {
-	case sem <- struct{}{}:
-		return sem, nil
+	case sl.sem <- struct{}{}:
+		if sl.counted {
+			ss.total.Add(1)
+		}
+		return sl, nil
 	default:
+	}
+	if sl.counted {
+		if ss.total.Add(1) <= ss.borrow {
+			return slot{counted: true}, nil
+		}
+		ss.total.Add(-1)
 	}
 	var err error
 	select {
-	case sem <- struct{}{}:
+	case sl.sem <- struct{}{}:
+		if sl.counted {
+			ss.total.Add(1)
+		}
 	case <-ctx.Done():
-		sem = nil
+		sl = slot{}
 		err = StoreUnavailable("this tenant's store calls in progress held its whole share of the database connections until the store deadline", ctx.Err())
 	}
 	if ss.observe != nil {
 		ss.observe(tenant, err)
 	}
-	return sem, err
+	return sl, err
 }
 
-// shared runs f in one of tenant's slots (of its writes or its reads).
+// release ends a call started by acquire.
+func (ss *shareStore) release(sl slot) {
+	if sl.counted {
+		ss.total.Add(-1)
+	}
+	if sl.sem != nil {
+		<-sl.sem
+	}
+}
+
+// shared runs f as a call of tenant (a write or a read).
 func shared[T any](ss *shareStore, ctx context.Context, tenant string, writes bool, f func() (T, error)) (T, error) {
-	sem, err := ss.acquire(ctx, tenant, writes)
+	sl, err := ss.acquire(ctx, tenant, writes)
 	if err != nil {
 		var zero T
 		return zero, err
 	}
-	if sem != nil {
-		defer func() { <-sem }()
-	}
+	defer ss.release(sl)
 	return f()
 }
 
 // sharedErr is shared for calls that return only an error.
 func sharedErr(ss *shareStore, ctx context.Context, tenant string, writes bool, f func() error) error {
-	sem, err := ss.acquire(ctx, tenant, writes)
+	sl, err := ss.acquire(ctx, tenant, writes)
 	if err != nil {
 		return err
 	}
-	if sem != nil {
-		defer func() { <-sem }()
-	}
+	defer ss.release(sl)
 	return f()
 }
 

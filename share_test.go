@@ -3,7 +3,9 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,10 +32,12 @@ func TestStoreShareOf(t *testing.T) {
 type gateStore struct {
 	idem.Store
 	gate chan struct{}
+	in   atomic.Int64 // claims of "slow" that reached the store
 }
 
 func (g *gateStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
 	if p.TenantID == "slow" {
+		g.in.Add(1)
 		select {
 		case <-g.gate:
 		case <-ctx.Done():
@@ -54,7 +58,7 @@ func TestWithTenantShare(t *testing.T) {
 	g := &gateStore{gate: make(chan struct{})}
 	var mu sync.Mutex
 	var seen []error
-	s := idem.WithTenantShare(g, 1, func(tenant string, err error) {
+	s := idem.WithTenantShare(g, 2, 1, func(tenant string, err error) {
 		require.Equal(t, "slow", tenant)
 		mu.Lock()
 		seen = append(seen, err)
@@ -105,7 +109,7 @@ func TestWithTenantShare(t *testing.T) {
 // TestWithTenantShareNoAlloc: the share costs no allocation per call (it
 // sits on every request's path).
 func TestWithTenantShareNoAlloc(t *testing.T) {
-	s := idem.WithTenantShare(&gateStore{}, 4, nil)
+	s := idem.WithTenantShare(&gateStore{}, 10, 4, nil)
 	ctx := context.Background()
 	p := idem.ClaimParams{TenantID: "acme", Key: "k"}
 	_, _ = s.Claim(ctx, p) // the tenant's slots are made once
@@ -129,7 +133,7 @@ func TestWithTenantShareSerialWriter(t *testing.T) {
 	t.Parallel()
 	g := &serialStore{gateStore{gate: make(chan struct{})}}
 	defer close(g.gate)
-	s := idem.WithTenantShare(g, 1, nil)
+	s := idem.WithTenantShare(g, 2, 1, nil)
 	ctx := t.Context()
 	go func() { _, _ = s.Claim(ctx, idem.ClaimParams{TenantID: "slow", Key: "k"}) }()
 	require.Eventually(t, func() bool {
@@ -142,4 +146,29 @@ func TestWithTenantShareSerialWriter(t *testing.T) {
 	defer cancel()
 	_, err := s.GetRecord(short, idem.GetRecordParams{TenantID: "slow", Key: "k"})
 	require.NoError(t, err, "the tenant's read has its own share")
+}
+
+// TestWithTenantShareBorrows: past its share a tenant's calls still start
+// while the pool keeps ShareReserve connections free (a tenant alone uses
+// the pool), no further; another tenant's call within its share starts
+// whatever the first holds.
+func TestWithTenantShareBorrows(t *testing.T) {
+	t.Parallel()
+	const pool = 4
+	g := &gateStore{gate: make(chan struct{})}
+	defer close(g.gate)
+	s := idem.WithTenantShare(g, pool, 1, nil)
+	ctx := t.Context()
+	for i := range pool - idem.ShareReserve {
+		go func() { _, _ = s.Claim(ctx, idem.ClaimParams{TenantID: "slow", Key: fmt.Sprint(i)}) }()
+	}
+	require.Eventually(t, func() bool { return g.in.Load() == pool-idem.ShareReserve }, 10*time.Second, time.Millisecond,
+		"a tenant alone starts calls past its share up to the pool less the reserve")
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, err := s.Claim(short, idem.ClaimParams{TenantID: "slow", Key: "over"})
+	require.Equal(t, idem.CodeStoreUnavailable, idem.ErrorCode(err), "no call past the share takes the reserve")
+	require.Equal(t, int64(pool-idem.ShareReserve), g.in.Load())
+	_, err = s.Claim(ctx, idem.ClaimParams{TenantID: "other", Key: "k"})
+	require.NoError(t, err, "another tenant's call within its share starts")
 }

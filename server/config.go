@@ -82,12 +82,12 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// DBMaxConns is the PostgreSQL pool size.
 	DBMaxConns int
-	// DBTenantShare is the part of the store's connections one tenant's
-	// store calls may hold at once (IDEM_DB_TENANT_SHARE, 0 < share <= 1):
+	// DBTenantShare is the part of the store's connections each tenant's
+	// store calls may always have (IDEM_DB_TENANT_SHARE, 0 < share <= 1):
 	// the pool's size times it, rounded up, at least one call
-	// (idem.WithTenantShare). Past it a tenant's calls wait for one of its
-	// own to end, so one tenant cannot take every connection; 1 lets one
-	// tenant take the whole pool.
+	// (idem.WithTenantShare). Past it a tenant's calls start only while
+	// the pool keeps a connection free, else wait for one of its own, so
+	// one tenant cannot take every connection; 1 turns it off.
 	DBTenantShare float64
 	// DBConnectTimeout bounds connecting to the database at start.
 	DBConnectTimeout time.Duration
@@ -226,7 +226,7 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*intValue)(&c.MaxWaiters) }},
 		{"db-max-conns", "IDEM_DB_MAX_CONNS", "PostgreSQL connection pool size", false,
 			func(c *Config) flag.Value { return (*intValue)(&c.DBMaxConns) }},
-		{"db-tenant-share", "IDEM_DB_TENANT_SHARE", "part of the database connections one tenant's store calls may hold at once (0 < share <= 1; rounded up, at least one); past it its calls wait for one of its own, up to IDEM_STORE_TIMEOUT; 1 lets one tenant take the whole pool", false,
+		{"db-tenant-share", "IDEM_DB_TENANT_SHARE", "part of the database connections each tenant's store calls may always have (0 < share <= 1; rounded up, at least one); past it they start only while one connection stays free, else wait for one of the tenant's own, up to IDEM_STORE_TIMEOUT; 1 turns it off", false,
 			func(c *Config) flag.Value { return (*floatValue)(&c.DBTenantShare) }},
 		{"db-connect-timeout", "IDEM_DB_CONNECT_TIMEOUT", "time allowed to connect to the database at start", false,
 			func(c *Config) flag.Value { return (*durationValue)(&c.DBConnectTimeout) }},

@@ -160,7 +160,8 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	// deadline each tenant's calls keep to their share of the pool, so
 	// the wait for the share is bounded by the same deadline; the
 	// background jobs name no tenant and are not held to one.
-	s.store = metrics.InstrumentStore(idem.WithDeadline(idem.WithTenantShare(raw, s.storeShare(raw), s.metrics.ObserveShareWait), cfg.StoreTimeout), s.metrics)
+	pool, share := s.storeShare(raw)
+	s.store = metrics.InstrumentStore(idem.WithDeadline(idem.WithTenantShare(raw, pool, share, s.metrics.ObserveShareWait), cfg.StoreTimeout), s.metrics)
 	s.tenants = tenants.NewService(s.store, cfg.TenantCacheTTL)
 	// Claims wait on the raw store's key events; their claims go through
 	// s.store, so each one is bounded by IDEM_STORE_TIMEOUT and the wait
@@ -217,16 +218,17 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	return s, nil
 }
 
-// storeShare returns how many store calls one tenant may have in progress
-// at once: IDEM_DB_TENANT_SHARE of the store's pool (PostgreSQL:
-// IDEM_DB_MAX_CONNS; SQLite: its few connections), or 0 (no bound) for a
-// store that reports no pool.
-func (s *Server) storeShare(raw idem.Store) int {
+// storeShare returns the size of the store's pool (PostgreSQL:
+// IDEM_DB_MAX_CONNS; SQLite: its few connections) and how many store calls
+// one tenant keeps as its share of it (IDEM_DB_TENANT_SHARE); 0, 0 (no
+// share) for a store that reports no pool.
+func (s *Server) storeShare(raw idem.Store) (pool, share int) {
 	p, ok := raw.(idem.PoolReporter)
 	if !ok || p.PoolStats().MaxConns <= 0 {
-		return 0
+		return 0, 0
 	}
-	return idem.StoreShareOf(int(p.PoolStats().MaxConns), s.cfg.DBTenantShare)
+	pool = int(p.PoolStats().MaxConns)
+	return pool, idem.StoreShareOf(pool, s.cfg.DBTenantShare)
 }
 
 // routes builds the handler: the API router plus the operational and
