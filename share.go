@@ -48,13 +48,13 @@ func StoreShareOf(poolSize int, fraction float64) int {
 // across tenants, ListTenants — pass through, as do all calls when
 // perTenant <= 0 or perTenant >= pool (which return s). On a store whose
 // writes take turns on one writer (SerialWriter: SQLite) a tenant's writes
-// have a share of their own, which they never pass: they wait for the
-// writer without a connection, so they must not keep the tenant's reads,
-// which run beside the writer, from the connections, and more of them
-// queued write no faster — they only make every other tenant's writes
-// wait longer. observe, when not nil, is told of every call that found its
-// tenant's share in use and waited, once its wait ended: err is nil when
-// it got its turn, else the error it returns.
+// have a share of their own: they wait for the writer without a
+// connection, so they must not keep the tenant's reads, which run beside
+// the writer, from the connections. Reads and writes count alike in the
+// calls in progress, so another tenant's write queues behind at most
+// pool − ShareReserve of one tenant's. observe, when not nil, is told of
+// every call that found its tenant's share in use and waited, once its
+// wait ended: err is nil when it got its turn, else the error it returns.
 //
 // The hot path takes no lock shared between tenants and allocates nothing:
 // one lookup in a sync.Map, a send on the tenant's buffered channel and
@@ -92,8 +92,7 @@ type shareStore struct {
 	borrow  int64
 	serial  bool
 	observe func(tenant string, err error)
-	// total counts the calls in progress that name a tenant (on a
-	// SerialWriter, its reads).
+	// total counts the calls in progress that name a tenant.
 	total atomic.Int64
 	// slots maps a tenant id to its *tenantSlots. Tenants are created by
 	// the operator, so it holds one entry per tenant seen.
@@ -117,7 +116,8 @@ const (
 var _ Store = (*shareStore)(nil)
 
 // slot is what a call holds while it runs: the semaphore to give back
-// (nil past the share), and whether it is counted in total.
+// (nil past the share), and whether it is counted in total (it names a
+// tenant).
 type slot struct {
 	sem     chan struct{}
 	counted bool
@@ -139,30 +139,24 @@ func (ss *shareStore) acquire(ctx context.Context, tenant string, writes bool) (
 		}
 		v, _ = ss.slots.LoadOrStore(tenant, ts)
 	}
-	sl := slot{sem: v.(*tenantSlots).reads, counted: !(ss.serial && writes)}
+	sl := slot{sem: v.(*tenantSlots).reads, counted: true}
 	if writes {
 		sl.sem = v.(*tenantSlots).writes
 	}
 	select {
 	case sl.sem <- struct{}{}:
-		if sl.counted {
-			ss.total.Add(1)
-		}
+		ss.total.Add(1)
 		return sl, nil
 	default:
 	}
-	if sl.counted {
-		if ss.total.Add(1) <= ss.borrow {
-			return slot{counted: true}, nil
-		}
-		ss.total.Add(-1)
+	if ss.total.Add(1) <= ss.borrow {
+		return slot{counted: true}, nil
 	}
+	ss.total.Add(-1)
 	var err error
 	select {
 	case sl.sem <- struct{}{}:
-		if sl.counted {
-			ss.total.Add(1)
-		}
+		ss.total.Add(1)
 	case <-ctx.Done():
 		sl = slot{}
 		err = StoreUnavailable("this tenant's store calls in progress held its whole share of the database connections until the store deadline", ctx.Err())
