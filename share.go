@@ -7,9 +7,10 @@ import (
 	"sync/atomic"
 )
 
-// DefaultStoreShare is the part of the store's connections one tenant's
-// store calls may hold at once unless the operator says otherwise
-// (IDEM_DB_TENANT_SHARE): half, like the waiter places (TenantShare).
+// DefaultStoreShare is the part of the store's connections each tenant's
+// store calls may always have (WithTenantShare) unless the operator says
+// otherwise (IDEM_DB_TENANT_SHARE): half, like the waiter places
+// (TenantShare).
 const DefaultStoreShare = 0.5
 
 // StoreShareOf returns how many store calls one tenant may have in progress
@@ -25,7 +26,7 @@ func StoreShareOf(poolSize int, fraction float64) int {
 // perTenant calls in progress, its share of the pool's connections. Past
 // its share a call still starts while the calls in progress of all
 // tenants leave ShareReserve connections free (so a tenant alone uses all
-// of the pool but that, and loses no throughput); otherwise it waits,
+// of the pool but that, at no measurable cost); otherwise it waits,
 // first come first served, for one of its own tenant's calls within the
 // share to end — never for another tenant's — or until ctx ends, and then
 // returns store_unavailable (retryable, Retry-After). Put it inside
@@ -70,8 +71,8 @@ func WithTenantShare(s Store, pool, perTenant int, observe func(tenant string, e
 // ShareReserve is how many of the pool's connections the calls past their
 // tenants' shares leave free (WithTenantShare): what the other tenants
 // find at once even while one tenant's calls are stuck. One is enough for
-// them to make progress and costs a tenant alone a tenth of the default
-// pool at most (no throughput measurably: docs/benchmarks.md).
+// them to make progress, and a tenant alone, which keeps the rest of the
+// pool, loses nothing measurable (docs/benchmarks.md).
 const ShareReserve = 1
 
 // SerialWriter is implemented by a Store whose writes take turns on a
@@ -87,8 +88,8 @@ type SerialWriter interface {
 type shareStore struct {
 	s   Store
 	per int
-	// borrow is the most calls in progress (total) at which a call past
-	// its tenant's share may still start.
+	// borrow is the most calls in progress (total, the new one included)
+	// with which a call past its tenant's share may still start.
 	borrow  int64
 	serial  bool
 	observe func(tenant string, err error)
