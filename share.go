@@ -44,10 +44,12 @@ func StoreShareOf(poolSize int, fraction float64) int {
 // tenant's calls past its share end, the connections go to the others'
 // calls within theirs: under contention each busy tenant gets its share.
 //
-// The calls that name a tenant count (every call of a key, a record or a
-// tenant); those that name none — the reaper, the orphan watch, listings
-// across tenants, ListTenants — pass through, as do all calls when
-// perTenant <= 0 or perTenant >= pool (which return s). On a store whose
+// The calls made for a tenant count (every call of a key or a record, and
+// GetTenant, the lookup of its settings); those that name none — the
+// reaper, the orphan watch, listings across tenants, ListTenants — and the
+// operator's changes to a tenant (CreateTenant, UpdateTenant,
+// DeleteTenant) pass through, as do all calls when perTenant <= 0 or
+// perTenant >= pool (which return s). On a store whose
 // writes take turns on one writer (SerialWriter: SQLite) a tenant's writes
 // have a share of their own: they wait for the writer without a
 // connection, so they must not keep the tenant's reads, which run beside
@@ -244,7 +246,7 @@ func (ss *shareStore) Reap(ctx context.Context, p ReapParams) ([]Record, error) 
 }
 
 func (ss *shareStore) CreateTenant(ctx context.Context, p CreateTenantParams) (Tenant, error) {
-	return shared(ss, ctx, p.ID, write, func() (Tenant, error) { return ss.s.CreateTenant(ctx, p) })
+	return ss.s.CreateTenant(ctx, p)
 }
 
 func (ss *shareStore) GetTenant(ctx context.Context, id string) (Tenant, error) {
@@ -255,12 +257,16 @@ func (ss *shareStore) ListTenants(ctx context.Context) ([]Tenant, error) {
 	return ss.s.ListTenants(ctx)
 }
 
+// UpdateTenant is the operator's, not the tenant's: it is not held to the
+// tenant's share, so disabling a tenant whose calls fill it does not wait
+// behind them.
 func (ss *shareStore) UpdateTenant(ctx context.Context, p UpdateTenantParams) (Tenant, error) {
-	return shared(ss, ctx, p.ID, write, func() (Tenant, error) { return ss.s.UpdateTenant(ctx, p) })
+	return ss.s.UpdateTenant(ctx, p)
 }
 
+// DeleteTenant is the operator's, like UpdateTenant.
 func (ss *shareStore) DeleteTenant(ctx context.Context, id string) error {
-	return sharedErr(ss, ctx, id, write, func() error { return ss.s.DeleteTenant(ctx, id) })
+	return ss.s.DeleteTenant(ctx, id)
 }
 
 func (ss *shareStore) Ping(ctx context.Context) error { return ss.s.Ping(ctx) }
