@@ -26,10 +26,11 @@ func StoreShareOf(poolSize int, fraction float64) int {
 // perTenant calls in progress, its share of the pool's connections. Past
 // its share a call still starts while the calls in progress of all
 // tenants leave ShareReserve connections free (so a tenant alone uses all
-// of the pool but that, at no measurable cost); otherwise it waits,
-// first come first served, for one of its own tenant's calls within the
-// share to end — never for another tenant's — or until ctx ends, and then
-// returns store_unavailable (retryable, Retry-After). Put it inside
+// of the pool but that: no measurable cost on PostgreSQL, a few percent
+// on SQLite, docs/benchmarks.md); otherwise it waits, first come first
+// served, for one of its own tenant's calls within the share to end —
+// never for another tenant's — or until ctx ends, and then returns
+// store_unavailable (retryable, Retry-After). Put it inside
 // WithDeadline, so that the wait is bounded by the same store deadline as
 // the call.
 //
@@ -73,8 +74,7 @@ func WithTenantShare(s Store, pool, perTenant int, observe func(tenant string, e
 // ShareReserve is how many of the pool's connections the calls past their
 // tenants' shares leave free (WithTenantShare): what the other tenants
 // find at once even while one tenant's calls are stuck. One is enough for
-// them to make progress, and a tenant alone, which keeps the rest of the
-// pool, loses nothing measurable (docs/benchmarks.md).
+// them to make progress, and a tenant alone keeps the rest of the pool.
 const ShareReserve = 1
 
 // SerialWriter is implemented by a Store whose writes take turns on a
