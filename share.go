@@ -5,6 +5,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // DefaultStoreShare is the part of the store's connections each tenant's
@@ -273,3 +274,68 @@ func (ss *shareStore) Ping(ctx context.Context) error { return ss.s.Ping(ctx) }
 
 // Close closes the wrapped store.
 func (ss *shareStore) Close() error { return ss.s.Close() }
+
+// WebhooksWithTenantShare returns w whose calls made for a tenant — its
+// webhook endpoints, test events and delivery listings, the API's — take
+// the tenant's slots of shared, a Store returned by WithTenantShare, and
+// count with its calls: they hold the same connections. The deliverer's
+// and the jobs' calls name no tenant and pass through. It returns w when
+// shared holds no share.
+func WebhooksWithTenantShare(shared Store, w WebhookStore) WebhookStore {
+	ss, ok := shared.(*shareStore)
+	if !ok {
+		return w
+	}
+	return &shareWebhooks{ss: ss, w: w}
+}
+
+type shareWebhooks struct {
+	ss *shareStore
+	w  WebhookStore
+}
+
+var _ WebhookStore = (*shareWebhooks)(nil)
+
+func (sw *shareWebhooks) CreateWebhookEndpoint(ctx context.Context, e WebhookEndpoint) (WebhookEndpoint, error) {
+	return shared(sw.ss, ctx, e.TenantID, write, func() (WebhookEndpoint, error) { return sw.w.CreateWebhookEndpoint(ctx, e) })
+}
+
+func (sw *shareWebhooks) GetWebhookEndpoint(ctx context.Context, tenantID, id string) (WebhookEndpoint, error) {
+	return shared(sw.ss, ctx, tenantID, read, func() (WebhookEndpoint, error) { return sw.w.GetWebhookEndpoint(ctx, tenantID, id) })
+}
+
+func (sw *shareWebhooks) ListWebhookEndpoints(ctx context.Context, tenantID string) ([]WebhookEndpoint, error) {
+	return shared(sw.ss, ctx, tenantID, read, func() ([]WebhookEndpoint, error) { return sw.w.ListWebhookEndpoints(ctx, tenantID) })
+}
+
+func (sw *shareWebhooks) UpdateWebhookEndpoint(ctx context.Context, e WebhookEndpoint) (WebhookEndpoint, error) {
+	return shared(sw.ss, ctx, e.TenantID, write, func() (WebhookEndpoint, error) { return sw.w.UpdateWebhookEndpoint(ctx, e) })
+}
+
+func (sw *shareWebhooks) DeleteWebhookEndpoint(ctx context.Context, tenantID, id string) error {
+	return sharedErr(sw.ss, ctx, tenantID, write, func() error { return sw.w.DeleteWebhookEndpoint(ctx, tenantID, id) })
+}
+
+func (sw *shareWebhooks) SendTestEvent(ctx context.Context, endpointID string, ev Event) (WebhookDelivery, error) {
+	return shared(sw.ss, ctx, ev.TenantID, write, func() (WebhookDelivery, error) { return sw.w.SendTestEvent(ctx, endpointID, ev) })
+}
+
+func (sw *shareWebhooks) ListWebhookDeliveries(ctx context.Context, p ListWebhookDeliveriesParams) ([]WebhookDelivery, error) {
+	return shared(sw.ss, ctx, p.TenantID, read, func() ([]WebhookDelivery, error) { return sw.w.ListWebhookDeliveries(ctx, p) })
+}
+
+func (sw *shareWebhooks) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) ([]WebhookDelivery, error) {
+	return sw.w.ClaimWebhookDeliveries(ctx, limit, perTenant, served, lease)
+}
+
+func (sw *shareWebhooks) FinishWebhookDelivery(ctx context.Context, p FinishWebhookDeliveryParams) error {
+	return sw.w.FinishWebhookDelivery(ctx, p)
+}
+
+func (sw *shareWebhooks) EmitOrphanEvents(ctx context.Context, limit int) (int, error) {
+	return sw.w.EmitOrphanEvents(ctx, limit)
+}
+
+func (sw *shareWebhooks) PurgeWebhookDeliveries(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
+	return sw.w.PurgeWebhookDeliveries(ctx, olderThan, limit)
+}

@@ -172,3 +172,37 @@ func TestWithTenantShareBorrows(t *testing.T) {
 	_, err = s.Claim(ctx, idem.ClaimParams{TenantID: "other", Key: "k"})
 	require.NoError(t, err, "another tenant's call within its share starts")
 }
+
+// gateWebhooks is a WebhookStore whose calls all answer at once.
+type gateWebhooks struct{ idem.WebhookStore }
+
+func (gateWebhooks) ListWebhookEndpoints(context.Context, string) ([]idem.WebhookEndpoint, error) {
+	return nil, nil
+}
+
+func (gateWebhooks) ClaimWebhookDeliveries(context.Context, int, int, map[string]int64, time.Duration) ([]idem.WebhookDelivery, error) {
+	return nil, nil
+}
+
+// TestWebhooksWithTenantShare: a tenant's webhook calls take its slots
+// and count with its store calls (they hold the same connections); the
+// deliverer's calls, which name no tenant, and another tenant's pass.
+func TestWebhooksWithTenantShare(t *testing.T) {
+	t.Parallel()
+	g := &gateStore{gate: make(chan struct{})}
+	defer close(g.gate)
+	s := idem.WithTenantShare(g, 2, 1, nil)
+	w := idem.WebhooksWithTenantShare(s, gateWebhooks{})
+	ctx := t.Context()
+	go func() { _, _ = s.Claim(ctx, idem.ClaimParams{TenantID: "slow", Key: "k"}) }()
+	require.Eventually(t, func() bool { return g.in.Load() == 1 }, 10*time.Second, time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, err := w.ListWebhookEndpoints(short, "slow")
+	require.Equal(t, idem.CodeStoreUnavailable, idem.ErrorCode(err), "the tenant's webhook call waits for its share")
+	_, err = w.ListWebhookEndpoints(ctx, "other")
+	require.NoError(t, err)
+	_, err = w.ClaimWebhookDeliveries(ctx, 8, 8, nil, time.Minute)
+	require.NoError(t, err, "the deliverer is not held to a share")
+	require.Equal(t, gateWebhooks{}, idem.WebhooksWithTenantShare(g, gateWebhooks{}), "no share: the webhook store itself")
+}

@@ -161,7 +161,8 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	// the wait for the share is bounded by the same deadline; the
 	// background jobs name no tenant and are not held to one.
 	pool, share := s.storeShare(raw)
-	s.store = metrics.InstrumentStore(idem.WithDeadline(idem.WithTenantShare(raw, pool, share, s.metrics.ObserveShareWait), cfg.StoreTimeout), s.metrics)
+	shared := idem.WithTenantShare(raw, pool, share, s.metrics.ObserveShareWait)
+	s.store = metrics.InstrumentStore(idem.WithDeadline(shared, cfg.StoreTimeout), s.metrics)
 	s.tenants = tenants.NewService(s.store, cfg.TenantCacheTTL)
 	// Claims wait on the raw store's key events; their claims go through
 	// s.store, so each one is bounded by IDEM_STORE_TIMEOUT and the wait
@@ -192,8 +193,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 		_ = raw.Close()
 		return nil, fmt.Errorf("store %s keeps no webhook outbox", s.db)
 	}
-	// The webhook side gets the same store deadline as the rest.
-	ws = idem.WebhookWithDeadline(ws, cfg.StoreTimeout)
+	// The webhook side gets the same store deadline as the rest, and the
+	// API's calls for a tenant's webhooks take the tenant's share too (the
+	// deliverer's name no tenant).
+	ws = idem.WebhookWithDeadline(idem.WebhooksWithTenantShare(shared, ws), cfg.StoreTimeout)
 	s.webhooks = ws
 	s.jobs = jobs.New(s.store, jobs.Config{
 		ReapInterval:        cfg.ReapInterval,
