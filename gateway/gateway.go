@@ -294,6 +294,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 			res, applied, err = g.opts.Waiters.Claim(sctx, g.store, idem.ClaimParams{
 				TenantID: t.ID, Key: key, Operation: op, Fingerprint: fp, Lease: lease,
 				ReplayWindow: t.Settings.ReplayWindow(), ReaperThreshold: t.Settings.ReaperThreshold(),
+				StorageQuotaBytes: t.ClaimQuota(),
 			}, wait)
 			if applied {
 				w.Header().Set(frontdoor.HeaderPreferenceApplied, "wait="+strconv.Itoa(int(wait/time.Second)))
@@ -308,6 +309,12 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		x.outcome = outcomeMismatch
 		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeFingerprintMismatch,
 			"the idempotency key was first used with a different request (method, route, query or body)"))
+		return
+	case errors.Is(err, idem.ErrStorageQuotaExceeded):
+		// The store is up and refused a new record: not a store failure,
+		// so a fail_open route does not pass the request through either.
+		x.outcome = outcomeRefused
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeStorageQuotaExceeded, "%s", frontdoor.StorageQuotaDetail))
 		return
 	case err != nil && r.Context().Err() != nil:
 		// The caller went away during the claim; nobody reads this answer

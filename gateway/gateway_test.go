@@ -931,3 +931,68 @@ func TestBrokenAnswerIsNotRunAgain(t *testing.T) {
 		require.Equal(t, int64(1), calls.Load(), "the upstream ran once")
 	})
 }
+
+// TestStorageQuotaExceeded: the tenant's records fill its
+// storage_quota_bytes; the next new key through the gateway is refused
+// with 507 storage_quota_exceeded (not retryable, no Retry-After), the
+// upstream not called and nothing stored — also on a fail_open route: the
+// store is up and refused, which is no store failure to pass through
+// unprotected. A completed key still replays. Before, the gateway did not
+// pass the tenant's quota to its claims (it was never checked), and the
+// refusal, had it come, fell into the store-failure branch: 503
+// store_unavailable, or the request sent upstream unprotected.
+func TestStorageQuotaExceeded(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		r := newRig(t, backend, "routes:\n  - path: /orders/open\n    fail_open: true\n")
+		req, err := http.NewRequest(http.MethodPatch, r.idem.URL()+"/v1/admin/tenants/"+tenant,
+			strings.NewReader(`{"settings":{"max_response_bytes":2000,"storage_quota_bytes":4000}}`))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+r.idem.Token(t, "", "admin"))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+
+		var refused reply
+		key := ""
+		filled := 0
+		for i := range 10 {
+			key = fmt.Sprintf("fill-%d", i)
+			got := send(t, http.MethodPost, r.url+"/orders?size=900", key, `{}`)
+			if got.status != http.StatusOK {
+				refused = got
+				break
+			}
+			filled++
+		}
+		require.NotZero(t, refused.status, "the tenant filled its quota and kept claiming new keys")
+		require.EqualValues(t, filled, r.upstream.Count(), "the upstream ran for the stored keys only")
+		assertQuotaRefusal := func(got reply) {
+			t.Helper()
+			require.Equal(t, http.StatusInsufficientStorage, got.status, got.body)
+			require.Equal(t, string(frontdoor.CodeStorageQuotaExceeded), got.code(t))
+			p := decode(t, got.body)
+			require.Equal(t, false, p["retryable"])
+			require.Equal(t, frontdoor.StorageQuotaDetail, p["detail"])
+			require.Empty(t, got.header.Get("Retry-After"))
+		}
+		assertQuotaRefusal(refused)
+		require.Equal(t, idem.CodeKeyNotFound, r.getRecordErr(t, key), "the refused key is not stored")
+
+		// fail_open is for a failing store: a refused one does not pass the
+		// request through unprotected.
+		open := send(t, http.MethodPost, r.url+"/orders/open", "open-1", `{}`)
+		assertQuotaRefusal(open)
+		require.Equal(t, idem.CodeKeyNotFound, r.getRecordErr(t, "open-1"))
+		require.EqualValues(t, filled, r.upstream.Count(), "the upstream was not called")
+
+		replay := send(t, http.MethodPost, r.url+"/orders?size=900", "fill-0", `{}`)
+		require.Equal(t, http.StatusOK, replay.status, replay.body)
+		require.Equal(t, "true", replay.header.Get(frontdoor.HeaderReplayed))
+		require.Equal(t, strings.Repeat("x", 900), replay.body)
+		require.EqualValues(t, filled, r.upstream.Count())
+	})
+}

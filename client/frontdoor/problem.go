@@ -14,8 +14,9 @@ import (
 // Code is the machine-readable name of a front-door refusal.
 type Code string
 
-// The codes a front door answers with. The last four come from the gateway
-// only.
+// The codes a front door answers with. upstream_unavailable,
+// upstream_timeout, response_not_replayable and server_busy come from the
+// gateway only.
 const (
 	CodeKeyMissing            Code = "idempotency_key_missing"
 	CodeInvalidKey            Code = "invalid_key"
@@ -30,6 +31,12 @@ const (
 	// CodeServerBusy: the gateway holds as many request bodies in memory
 	// as its budget allows; retry after Retry-After.
 	CodeServerBusy Code = "server_busy"
+	// CodeStorageQuotaExceeded: idem refused the claim of a new key because
+	// the tenant stores its storage_quota_bytes or more. Nothing was
+	// claimed or run; a retry cannot succeed until the tenant's usage
+	// falls (records purged or released) or its quota is raised, so it is
+	// not retryable and not store_unavailable (the store is up).
+	CodeStorageQuotaExceeded Code = "storage_quota_exceeded"
 )
 
 // ProblemInfo is the fixed part of a code's problem body.
@@ -57,7 +64,13 @@ var Problems = map[Code]ProblemInfo{
 	CodeUpstreamTimeout:       {http.StatusGatewayTimeout, "Upstream timeout", false},
 	CodeResponseNotReplayable: {http.StatusConflict, "Response not replayable", false},
 	CodeServerBusy:            {http.StatusServiceUnavailable, "Server busy", true},
+	CodeStorageQuotaExceeded:  {http.StatusInsufficientStorage, "Storage quota exceeded", false},
 }
+
+// StorageQuotaDetail is the detail of CodeStorageQuotaExceeded, the same
+// in every front door: the caller learns that nothing ran and that a
+// retry with the same key waits on the tenant's usage, not on time.
+const StorageQuotaDetail = "the tenant's storage quota is used up: the request was not processed and nothing was stored; it cannot succeed until the tenant's stored records are purged or its storage quota is raised"
 
 // FieldError names one invalid part of a request.
 type FieldError struct {

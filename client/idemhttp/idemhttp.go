@@ -54,6 +54,10 @@
 //     propagates.
 //   - A body idem refuses as over its request limit (IDEM_MAX_BODY_BYTES
 //     under MaxBodyBytes): 413 payload_too_large, the handler does not run.
+//   - The tenant's storage quota used up (idem refused the claim of a new
+//     key: 507 storage_quota_exceeded): 507 storage_quota_exceeded, not
+//     retryable, and the handler does not run; keys already completed
+//     still replay.
 //   - The idem service unreachable or failing: 503 store_unavailable with
 //     Retry-After, and the handler does not run (fail closed). If
 //     completing fails after the handler ran, the handler's response is
@@ -341,6 +345,11 @@ func (m *middleware) writeClaimError(w http.ResponseWriter, r *http.Request, err
 			"the request body is too large for the idempotency service to fingerprint"))
 	case errors.Is(err, client.ErrInvalidKey):
 		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeInvalidKey, "%s", ce.Detail))
+	case errors.Is(err, client.ErrStorageQuotaExceeded):
+		// idem is up and refused the new key: a 503 store_unavailable
+		// would have the caller retry what cannot succeed until the
+		// tenant's usage falls.
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeStorageQuotaExceeded, "%s", frontdoor.StorageQuotaDetail))
 	case ce != nil && ce.Code == client.CodeInvalidRequest && len(ce.Fields) > 0 && isDocumentField(ce.Fields[0].Field):
 		// The body is not I-JSON: idem refused the fingerprint document
 		// (request.body…), the one place that rule is checked.

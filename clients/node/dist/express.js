@@ -79,7 +79,9 @@ async function readBody(req, limit) {
  * it gets the first one's replay when that completes, see
  * {@link FrontDoorOptions.maxWaitSeconds}), 422 fingerprint_mismatch, 400
  * for a bad key; 503
- * store_unavailable when idem cannot be reached (the handler does not run).
+ * store_unavailable when idem cannot be reached, 507 storage_quota_exceeded
+ * (not retryable) when idem refuses a new key for the tenant's storage quota
+ * (in both cases the handler does not run).
  *
  * It reads the raw body itself (keep it before body parsers, or have them
  * save `req.rawBody`), keeps it as `req.rawBody`, and sets `req.body` to the

@@ -37,8 +37,9 @@ async function readLimited(req, limit) {
  * true`; 409 request_in_flight (unless the request carries `Prefer: wait=N`:
  * then it gets the first one's replay when that completes, see
  * {@link FrontDoorOptions.maxWaitSeconds}), 422 fingerprint_mismatch, 400 for a bad
- * key, 503 store_unavailable when idem cannot be reached (the handler does
- * not run). A handler exception stores nothing and propagates.
+ * key, 503 store_unavailable when idem cannot be reached, 507
+ * storage_quota_exceeded (not retryable) when idem refuses a new key for the
+ * tenant's storage quota (in both cases the handler does not run). A handler exception stores nothing and propagates.
  *
  *     export const POST = withIdempotency(async (req) => Response.json(await pay(await req.json()), { status: 201 }), { client });
  */

@@ -8,13 +8,20 @@ export declare const headerPreferenceApplied = "Preference-Applied";
 /** The longest operation label idem accepts; longer labels are cut at a character boundary. */
 export declare const maxOperationBytes = 128;
 /** The codes a front door answers with. */
-export type FrontDoorCode = "idempotency_key_missing" | "invalid_key" | "invalid_request" | "payload_too_large" | "request_in_flight" | "fingerprint_mismatch" | "store_unavailable" | "response_not_replayable";
+export type FrontDoorCode = "idempotency_key_missing" | "invalid_key" | "invalid_request" | "payload_too_large" | "request_in_flight" | "fingerprint_mismatch" | "store_unavailable" | "response_not_replayable" | "storage_quota_exceeded";
 /** Status, title and retryability of every front-door problem. */
 export declare const problems: Readonly<Record<FrontDoorCode, {
     status: number;
     title: string;
     retryable: boolean;
 }>>;
+/**
+ * The detail of storage_quota_exceeded, the same in every front door: idem
+ * refused the claim of a new key because the tenant stores its
+ * storage_quota_bytes or more. Not retryable, unlike store_unavailable: the
+ * store is up, and only purged records or a higher quota free it.
+ */
+export declare const storageQuotaDetail = "the tenant's storage quota is used up: the request was not processed and nothing was stored; it cannot succeed until the tenant's stored records are purged or its storage quota is raised";
 /**
  * The header stored, in place of a body, on a record whose response was too
  * large to keep: a replay of it answers 409 response_not_replayable instead

@@ -26,7 +26,8 @@ export type FrontDoorCode =
   | "request_in_flight"
   | "fingerprint_mismatch"
   | "store_unavailable"
-  | "response_not_replayable";
+  | "response_not_replayable"
+  | "storage_quota_exceeded";
 
 /** Status, title and retryability of every front-door problem. */
 export const problems: Readonly<Record<FrontDoorCode, { status: number; title: string; retryable: boolean }>> = {
@@ -38,7 +39,17 @@ export const problems: Readonly<Record<FrontDoorCode, { status: number; title: s
   fingerprint_mismatch: { status: 422, title: "Idempotency key reused with another request", retryable: false },
   store_unavailable: { status: 503, title: "Idempotency store unavailable", retryable: true },
   response_not_replayable: { status: 409, title: "Response not replayable", retryable: false },
+  storage_quota_exceeded: { status: 507, title: "Storage quota exceeded", retryable: false },
 };
+
+/**
+ * The detail of storage_quota_exceeded, the same in every front door: idem
+ * refused the claim of a new key because the tenant stores its
+ * storage_quota_bytes or more. Not retryable, unlike store_unavailable: the
+ * store is up, and only purged records or a higher quota free it.
+ */
+export const storageQuotaDetail =
+  "the tenant's storage quota is used up: the request was not processed and nothing was stored; it cannot succeed until the tenant's stored records are purged or its storage quota is raised";
 
 /**
  * The header stored, in place of a body, on a record whose response was too
@@ -770,6 +781,8 @@ export class FrontDoor {
         // The server's request limit (IDEM_MAX_BODY_BYTES) is under maxBodyBytes: a retry cannot succeed.
         return new FrontDoorError("payload_too_large", "the request body is too large for the idempotency service to fingerprint");
       }
+      // idem is up and refused a new record: 503 would have the caller retry what cannot succeed.
+      if (err.code === Codes.storageQuotaExceeded) return new FrontDoorError("storage_quota_exceeded", storageQuotaDetail);
       if (err.code === Codes.invalidRequest && err.fields[0]?.field === "request") {
         return new FrontDoorError("invalid_request", `the request body cannot be fingerprinted: ${err.fields[0].message}`);
       }

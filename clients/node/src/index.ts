@@ -39,6 +39,7 @@ export {
   scopedKey,
   splitTarget,
   storableStatus,
+  storageQuotaDetail,
   unstorableStatus,
   storeStatus,
   storedHeaders,

@@ -12,7 +12,7 @@ import { createServer, request as httpRequest, type IncomingMessage, type Server
 import { connect, type AddressInfo } from "node:net";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { Client, FrontDoor, expressErrorHandler, expressMiddleware, withIdempotency } from "../src/index.js";
+import { Client, FrontDoor, expressErrorHandler, expressMiddleware, storageQuotaDetail, withIdempotency } from "../src/index.js";
 import { repoRoot, startServer, stores, type Server } from "./server.js";
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -538,6 +538,62 @@ for (const store of stores()) {
         assert.equal(runs, 1, path);
       }
     });
+  });
+
+  describe(`storage quota on ${store}`, () => {
+    // The tenant's records fill its storage_quota_bytes (1200 bytes; no
+    // tenant cache, so every claim checks it): idem answers the next new key
+    // 507 storage_quota_exceeded, and so must the front door — not
+    // retryable, no Retry-After, the handler not run, nothing stored — while
+    // a completed key still replays. Before, the refusal fell into the
+    // fail-closed branch: 503 store_unavailable, retryable, for ever.
+    let srv: Server;
+    before(async () => {
+      srv = await startServer(store, {}, { IDEM_TENANT_CACHE_TTL: "0" });
+    });
+    after(async () => {
+      await srv.stop();
+    });
+    for (const [name, make] of [["express", expressApp], ["hono", honoApp]] as const) {
+      test(`${name}: a new key over the quota is 507 storage_quota_exceeded, the handler not run`, async () => {
+        const tenant = `full-${name}`;
+        srv.createTenant(tenant, { "max-response-bytes": 400, "storage-quota-bytes": 1200 });
+        const client = new Client({ baseUrl: srv.url, token: srv.mint(tenant, "keys:write keys:read") });
+        const app = await make(client);
+        try {
+          const id = randomUUID();
+          const stored: string[] = [];
+          let refused: Awaited<ReturnType<typeof post>> | undefined;
+          let key = "";
+          for (let i = 0; i < 40; i++) {
+            key = `fill-${i}`;
+            const got = await post(`${app.url}/orders/${id}/pay`, key, { amount: 1 });
+            if (got.status !== 201) {
+              refused = got;
+              break;
+            }
+            stored.push(key);
+          }
+          assert.ok(refused, "the tenant filled its quota and kept claiming new keys");
+          assert.ok(stored.length > 0);
+          assert.equal(app.effects.get(id), stored.length, "the handler ran for the stored keys only");
+          assert.equal(refused.status, 507, refused.text);
+          assert.equal(refused.headers.get("Content-Type"), "application/problem+json");
+          const p = JSON.parse(refused.text);
+          assert.equal(p.code, "storage_quota_exceeded");
+          assert.equal(p.retryable, false);
+          assert.equal(p.detail, storageQuotaDetail);
+          assert.equal(refused.headers.get("Retry-After"), null);
+          await assert.rejects(client.get(key), (err: Any) => err.code === "key_not_found");
+          const replay = await post(`${app.url}/orders/${id}/pay`, stored[0], { amount: 1 });
+          assert.equal(replay.status, 201, replay.text);
+          assert.equal(replay.headers.get("Idempotent-Replayed"), "true");
+          assert.equal(app.effects.get(id), stored.length);
+        } finally {
+          await app.close();
+        }
+      });
+    }
   });
 
   for (const [name, make] of [["express", expressApp], ["hono", honoApp]] as const) {

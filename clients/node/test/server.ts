@@ -63,9 +63,9 @@ function psql(url: string, sql: string): void {
 /**
  * Starts `idem serve` on 127.0.0.1:0 for store with a tenant "t1" (its
  * settings from tenantSettings, e.g. {"lease-seconds-default": 2}) and
- * waits until it listens.
+ * waits until it listens; serverEnv adds IDEM_* settings of the server.
  */
-export async function startServer(store: Store, tenantSettings: Record<string, number> = {}): Promise<Server> {
+export async function startServer(store: Store, tenantSettings: Record<string, number> = {}, serverEnv: Record<string, string> = {}): Promise<Server> {
   const bin = serverBinary();
   const dir = mkdtempSync(join(tmpdir(), "idem-node-srv-"));
   let dbURL: string;
@@ -97,6 +97,7 @@ export async function startServer(store: Store, tenantSettings: Record<string, n
     IDEM_ADDR: "127.0.0.1:0",
     IDEM_LOG_FORMAT: "json",
     IDEM_LOG_LEVEL: "warn",
+    ...serverEnv,
   });
   const cli = (...args: string[]) => execFileSync(bin, args, { env, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }).trim();
   const createTenant = (id: string, settings: Record<string, number> = {}) => {

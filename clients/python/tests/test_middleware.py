@@ -17,7 +17,7 @@ import pytest
 from apps import App, serve
 from conftest import Server, _cli, claim_waiters, new_key, start_server, wait_for
 from faultproxy import FaultProxy, first_answer_to
-from idem import Client, ProblemError, RetryPolicy
+from idem import Client, ProblemError, RetryPolicy, frontdoor
 from idem._middleware import Options, prefer_wait
 
 BODY = {"amount": 1000, "currency": "usd"}
@@ -522,3 +522,43 @@ def test_invalid_claim_answers(kind: str) -> None:
     finally:
         fake.shutdown()
         fake.server_close()
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_storage_quota_exceeded(store: str, binary: str) -> None:
+    """The tenant's records fill its storage_quota_bytes (1200 bytes here;
+    no tenant cache, so every claim checks it): the next new key gets 507
+    storage_quota_exceeded from idem, and the middleware answers 507
+    storage_quota_exceeded, not retryable, without Retry-After, the handler
+    not run and nothing stored; a completed key still replays. Before, the
+    refusal fell into the fail-closed branch: 503 store_unavailable,
+    retryable, a retry that cannot succeed until the tenant's usage falls."""
+    for srv in start_server(binary, store, {"IDEM_TENANT_CACHE_TTL": "0"}):
+        for kind in ("flask", "django", "fastapi"):
+            tenant = "full-" + kind
+            _cli(binary, srv.env, "tenant", "create", tenant, "--max-response-bytes", "400", "--storage-quota-bytes", "1200")
+            token = _cli(binary, srv.env, "token", "--tenant", tenant, "--scope", "keys:write", "--ttl", "1h")
+            for a in serve(kind, srv.url, token):
+                stored: list[str] = []
+                refused = None
+                for i in range(40):
+                    key = f"fill-{i}"
+                    got = post(a.url + "/charges/1", key)
+                    if got.status_code != 201:
+                        refused = got
+                        break
+                    stored.append(key)
+                assert refused is not None, "the tenant filled its quota and kept claiming new keys"
+                assert stored and len(a.effects.charges) == len(stored), "the handler ran for the stored keys only"
+                assert refused.status_code == 507, refused.text
+                assert refused.headers["Content-Type"] == "application/problem+json"
+                p = refused.json()
+                assert p["code"] == "storage_quota_exceeded" and p["retryable"] is False
+                assert p["detail"] == frontdoor.STORAGE_QUOTA_DETAIL
+                assert "Retry-After" not in refused.headers
+                with pytest.raises(ProblemError) as e:
+                    Client(srv.url, token=token).get(key)
+                assert e.value.code == "key_not_found"
+                replay = post(a.url + "/charges/1", stored[0])
+                assert replay.status_code == 201 and replay.headers["Idempotent-Replayed"] == "true"
+                assert len(a.effects.charges) == len(stored)

@@ -759,3 +759,72 @@ func TestMiddlewareInvalidClaimAnswers(t *testing.T) {
 	}
 	require.NotZero(t, n)
 }
+
+// TestMiddlewareStorageQuotaExceeded: a tenant whose records fill its
+// storage_quota_bytes gets 507 storage_quota_exceeded from idem on the
+// claim of a new key; the middleware answers 507 storage_quota_exceeded,
+// not retryable, without Retry-After, the handler not run and nothing
+// stored, while a completed key still replays. Before, the refusal fell
+// into the default branch: 503 store_unavailable, retryable, telling the
+// caller to retry what cannot succeed until the tenant's usage falls.
+func TestMiddlewareStorageQuotaExceeded(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			// No tenant cache: every claim checks the quota in its statement.
+			srv := servertest.Start(t, servertest.Options{Backend: backend,
+				Configure: func(cfg *server.Config) { cfg.TenantCacheTTL = 0 }})
+			limit, quota := 2000, int64(4000)
+			srv.CreateTenant(t, "full", idem.SettingsPatch{MaxResponseBytes: &limit, StorageQuotaBytes: &quota})
+			c, err := client.New(srv.URL(), client.WithToken(srv.Token(t, "full", "keys:write")),
+				client.WithRetryPolicy(client.RetryPolicy{BaseDelay: 20 * time.Millisecond, RetryAfterJitter: 50 * time.Millisecond}))
+			require.NoError(t, err)
+			var runs atomic.Int64
+			body := strings.Repeat("x", 900)
+			app := httptest.NewServer(idemhttp.Middleware(c, idemhttp.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprint(w, body)
+			})))
+			t.Cleanup(app.Close)
+
+			var refused reply
+			var key string
+			filled := 0
+			for i := range 10 {
+				key = fmt.Sprintf("k-fill-%d", i)
+				got := post(t, app.URL+"/orders", key, `{}`)
+				if got.status != http.StatusCreated {
+					refused = got
+					break
+				}
+				filled++
+			}
+			require.NotZero(t, refused.status, "the tenant filled its quota and kept claiming new keys")
+			require.EqualValues(t, filled, runs.Load(), "the handler ran for the stored keys only")
+			require.Equal(t, http.StatusInsufficientStorage, refused.status, "%s", refused.body)
+			var p frontdoor.Problem
+			require.Equal(t, "application/problem+json", refused.header.Get("Content-Type"))
+			require.NoError(t, json.Unmarshal([]byte(refused.body), &p))
+			require.Equal(t, frontdoor.CodeStorageQuotaExceeded, p.Code)
+			require.False(t, p.Retryable)
+			require.Equal(t, frontdoor.StorageQuotaDetail, p.Detail)
+			require.Empty(t, refused.header.Get("Retry-After"))
+			_, err = c.Get(t.Context(), key)
+			require.ErrorIs(t, err, client.ErrKeyNotFound, "the refused key is not stored")
+
+			// The refusal is final: the same key again is refused again.
+			again := post(t, app.URL+"/orders", key, `{}`)
+			require.Equal(t, http.StatusInsufficientStorage, again.status)
+			require.EqualValues(t, filled, runs.Load())
+
+			// A completed key still replays.
+			replay := post(t, app.URL+"/orders", "k-fill-0", `{}`)
+			require.Equal(t, http.StatusCreated, replay.status)
+			require.Equal(t, "true", replay.header.Get(idemhttp.HeaderReplayed))
+			require.Equal(t, body, replay.body)
+			require.EqualValues(t, filled, runs.Load())
+		})
+	}
+}

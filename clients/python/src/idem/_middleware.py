@@ -137,8 +137,9 @@ def problem_answer(err: FrontDoorError, rid: str) -> Answer:
 
 def claim_failed(err: IdemError) -> FrontDoorError:
     """Map an error of the claim to the caller's problem: in flight 409,
-    mismatch 422, a document idem refuses as too large 413, and everything
-    else fails closed as 503."""
+    mismatch 422, a document idem refuses as too large 413, the tenant's
+    storage quota used up 507 (not retryable), and everything else fails
+    closed as 503."""
     if isinstance(err, ProblemError):
         if err.code == frontdoor.REQUEST_IN_FLIGHT:
             return FrontDoorError(frontdoor.REQUEST_IN_FLIGHT, "another request with this idempotency key is in progress; retry after Retry-After",
@@ -148,6 +149,9 @@ def claim_failed(err: IdemError) -> FrontDoorError:
         if err.code == frontdoor.PAYLOAD_TOO_LARGE:
             # idem's request limit (IDEM_MAX_BODY_BYTES) is under max_body_bytes: a retry cannot succeed.
             return FrontDoorError(frontdoor.PAYLOAD_TOO_LARGE, "the request body is too large for the idempotency service to fingerprint")
+        if err.code == frontdoor.STORAGE_QUOTA_EXCEEDED:
+            # idem is up and refused a new record: 503 would have the caller retry what cannot succeed.
+            return FrontDoorError(frontdoor.STORAGE_QUOTA_EXCEEDED, frontdoor.STORAGE_QUOTA_DETAIL)
     log.warning("idem unavailable; request refused (fail closed): %s", err)
     ra = err.retry_after if isinstance(err, ProblemError) else 0.0
     return FrontDoorError(frontdoor.STORE_UNAVAILABLE, "the idempotency store cannot be reached; the request was not run",

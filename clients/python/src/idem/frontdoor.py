@@ -33,6 +33,13 @@ INVALID_REQUEST = "invalid_request"
 REQUEST_IN_FLIGHT = "request_in_flight"
 FINGERPRINT_MISMATCH = "fingerprint_mismatch"
 STORE_UNAVAILABLE = "store_unavailable"
+#: idem refused the claim of a new key: the tenant stores its
+#: storage_quota_bytes or more. Not retryable (the store is up; only purged
+#: records or a higher quota free it), unlike store_unavailable.
+STORAGE_QUOTA_EXCEEDED = "storage_quota_exceeded"
+#: The detail of storage_quota_exceeded, the same in every front door.
+STORAGE_QUOTA_DETAIL = ("the tenant's storage quota is used up: the request was not processed and nothing was stored; "
+                        "it cannot succeed until the tenant's stored records are purged or its storage quota is raised")
 
 #: code -> (status, title, retryable)
 PROBLEMS: dict[str, tuple[int, str, bool]] = {
@@ -44,6 +51,7 @@ PROBLEMS: dict[str, tuple[int, str, bool]] = {
     FINGERPRINT_MISMATCH: (422, "Idempotency key reused with another request", False),
     STORE_UNAVAILABLE: (503, "Idempotency store unavailable", True),
     "response_not_replayable": (409, "Response not replayable", False),
+    STORAGE_QUOTA_EXCEEDED: (507, "Storage quota exceeded", False),
 }
 
 #: The header stored in place of a response too large to store; a replay of

@@ -19,7 +19,9 @@ one's replay as soon as that completes (or runs the handler when that one
 releases the key or loses its lease; 409 when the wait runs out), with
 ``Preference-Applied: wait=<applied>`` when idem held it; the same key with another request 422
 fingerprint_mismatch; an unreachable idem 503 store_unavailable without
-running the handler. A handler exception stores nothing and propagates.
+running the handler; the tenant's storage quota used up (idem refuses the
+new key) 507 storage_quota_exceeded, not retryable, without running the
+handler. A handler exception stores nothing and propagates.
 
 WSGI joins repeated header fields into one, so two Idempotency-Key fields
 arrive as a list and are refused like one. A body sent chunked (no
