@@ -455,7 +455,12 @@ func TestSlowTenantsDoNotHoldBackAFastOneForAPass(t *testing.T) {
 		require.Eventually(t, func() bool { return rB.Acked()[idB] == 1 }, 10*time.Second, 5*time.Millisecond)
 		ahead := atB.Load() - int64(atQueue)
 		require.GreaterOrEqual(t, atB.Load(), int64(0))
-		require.LessOrEqual(t, ahead, int64(cfg.Concurrency),
+		// The Concurrency attempts in flight when B's event is queued may
+		// end before B's request arrives, and so may one more: a claim that
+		// read the outbox before B's event was committed (a loaded machine
+		// widens that window; CI saw 3). A whole pass of the slow tenants
+		// would be 9 (8 before the fix).
+		require.LessOrEqual(t, ahead, int64(cfg.Concurrency+1),
 			"tenant B's delivery waited for %d of the slow tenants' deliveries queued before it", ahead)
 
 		require.Eventually(t, func() bool { return slowAcked() == slowTenants*backlog }, 20*time.Second, 10*time.Millisecond)
