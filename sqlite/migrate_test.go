@@ -176,26 +176,5 @@ func TestMigrationCountsStoredBytes(t *testing.T) {
 	require.NoError(t, db.Close())
 
 	s := openStore(t, path, nil)
-	var want int64
-	for _, k := range []string{"flight-é", "done"} {
-		rec, err := s.GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: k})
-		require.NoError(t, err)
-		want += rec.StoredBytes()
-	}
-	acme, err := s.GetTenant(ctx, "acme")
-	require.NoError(t, err)
-	require.Equal(t, want, acme.StoredBytes, "the migration counted the records as Record.StoredBytes does")
-	require.Equal(t, int64(idem.DefaultStorageQuotaBytes), acme.Settings.StorageQuotaBytes)
-	empty, err := s.GetTenant(ctx, "empty")
-	require.NoError(t, err)
-	require.Zero(t, empty.StoredBytes)
-
-	flight, err := s.GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: "flight-é"})
-	require.NoError(t, err)
-	resp := idem.Response{Status: 200, Headers: map[string]string{"A": "b"}, Body: []byte("ok"), BodyEncoding: idem.BodyEncodingUTF8}
-	_, err = s.Complete(ctx, idem.CompleteParams{TenantID: "acme", Key: "flight-é", FencingToken: flight.FencingToken, Response: resp})
-	require.NoError(t, err)
-	acme, err = s.GetTenant(ctx, "acme")
-	require.NoError(t, err)
-	require.Equal(t, want+int64(resp.Size()), acme.StoredBytes)
+	storetest.RequireMigratedUsage(t, s)
 }

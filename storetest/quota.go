@@ -17,6 +17,39 @@ import (
 // transaction of every write that changes them, and refuses a claim that
 // would create a record while the tenant is at or over storage_quota_bytes.
 
+// RequireMigratedUsage checks a store just migrated to storage quotas from
+// a ledger holding tenant "acme" with records "flight-é" (in flight) and
+// "done" (completed) and tenant "empty" with none: the migration counted
+// acme's records as Record.StoredBytes does, gave every tenant the default
+// quota, and the next write is counted on top. Both stores' migration
+// tests seed those records in their own SQL and call it.
+func RequireMigratedUsage(t *testing.T, s idem.Store) {
+	t.Helper()
+	ctx := t.Context()
+	var want int64
+	for _, k := range []string{"flight-é", "done"} {
+		rec, err := s.GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: k})
+		require.NoError(t, err)
+		want += rec.StoredBytes()
+	}
+	acme, err := s.GetTenant(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, want, acme.StoredBytes, "the migration counted the records as Record.StoredBytes does")
+	require.Equal(t, int64(idem.DefaultStorageQuotaBytes), acme.Settings.StorageQuotaBytes)
+	empty, err := s.GetTenant(ctx, "empty")
+	require.NoError(t, err)
+	require.Zero(t, empty.StoredBytes)
+
+	flight, err := s.GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: "flight-é"})
+	require.NoError(t, err)
+	resp := idem.Response{Status: 200, Headers: map[string]string{"A": "b"}, Body: []byte("ok"), BodyEncoding: idem.BodyEncodingUTF8}
+	_, err = s.Complete(ctx, idem.CompleteParams{TenantID: "acme", Key: "flight-é", FencingToken: flight.FencingToken, Response: resp})
+	require.NoError(t, err)
+	acme, err = s.GetTenant(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, want+int64(resp.Size()), acme.StoredBytes)
+}
+
 // usage reads tenant's usage from the store.
 func (b *bundle) usage(t *testing.T, tenant string) int64 {
 	t.Helper()
