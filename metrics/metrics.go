@@ -508,38 +508,62 @@ func (m *Metrics) SetOrphans(stats []idem.OrphanStat) {
 			live = append(live, s)
 		}
 	}
-	sort.SliceStable(live, func(i, j int) bool { return live[i].Count > live[j].Count })
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	type gauge struct {
 		count int64
 		age   time.Duration
 	}
-	byLabel := make(map[string]gauge, min(len(live), m.maxTenants+1))
-	for i, s := range live {
-		label := s.TenantID
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.orphanTenants = setTopTenants(m, live,
+		func(s idem.OrphanStat) (string, int64) { return s.TenantID, int64(s.Count) },
+		func(g gauge, s idem.OrphanStat) gauge {
+			return gauge{g.count + int64(s.Count), max(g.age, s.ObservedAt.Sub(s.OldestLeaseExpiry))}
+		},
+		func(label string, g gauge) {
+			m.orphans.WithLabelValues(label).Set(float64(g.count))
+			m.oldestOrphanAge.WithLabelValues(label).Set(max(g.age, 0).Seconds())
+		},
+		func(label string) {
+			m.orphans.DeleteLabelValues(label)
+			m.oldestOrphanAge.DeleteLabelValues(label)
+		},
+		m.orphanTenants)
+	m.watchLastSuccess.SetToCurrentTime()
+}
+
+// setTopTenants sets per-tenant gauges from items, ranked by the rank key
+// says (highest first): the first maxTenants items under their own tenant
+// label, the rest folded into TenantOther with merge; set writes a label's
+// gauges and del deletes the series of a label set last time (prev) and
+// missing now. It returns the labels set, for the next call. The caller
+// holds m.mu.
+func setTopTenants[T, G any](m *Metrics, items []T, key func(T) (tenant string, rank int64),
+	merge func(G, T) G, set func(label string, g G), del func(label string), prev map[string]struct{}) map[string]struct{} {
+	ranked := slices.Clone(items)
+	sort.SliceStable(ranked, func(i, j int) bool {
+		_, a := key(ranked[i])
+		_, b := key(ranked[j])
+		return a > b
+	})
+	byLabel := make(map[string]G, min(len(ranked), m.maxTenants+1))
+	for i, it := range ranked {
+		label, _ := key(it)
 		if i >= m.maxTenants {
 			label = TenantOther
 		}
-		g := byLabel[label]
-		g.count += int64(s.Count)
-		g.age = max(g.age, s.ObservedAt.Sub(s.OldestLeaseExpiry))
-		byLabel[label] = g
+		byLabel[label] = merge(byLabel[label], it)
 	}
 	seen := make(map[string]struct{}, len(byLabel))
 	for label, g := range byLabel {
 		seen[label] = struct{}{}
-		m.orphans.WithLabelValues(label).Set(float64(g.count))
-		m.oldestOrphanAge.WithLabelValues(label).Set(max(g.age, 0).Seconds())
+		set(label, g)
 	}
-	for t := range m.orphanTenants {
-		if _, ok := seen[t]; !ok {
-			m.orphans.DeleteLabelValues(t)
-			m.oldestOrphanAge.DeleteLabelValues(t)
+	for label := range prev {
+		if _, ok := seen[label]; !ok {
+			del(label)
 		}
 	}
-	m.orphanTenants = seen
-	m.watchLastSuccess.SetToCurrentTime()
+	return seen
 }
 
 // SetStorage replaces the storage gauges with the usage and quota of
@@ -550,35 +574,23 @@ func (m *Metrics) SetStorage(tenants []idem.Tenant) {
 	if m == nil {
 		return
 	}
-	byUsage := slices.Clone(tenants)
-	sort.SliceStable(byUsage, func(i, j int) bool { return byUsage[i].StoredBytes > byUsage[j].StoredBytes })
+	type gauge struct{ used, quota int64 }
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	type gauge struct{ used, quota int64 }
-	byLabel := make(map[string]gauge, min(len(byUsage), m.maxTenants+1))
-	for i, t := range byUsage {
-		label := t.ID
-		if i >= m.maxTenants {
-			label = TenantOther
-		}
-		g := byLabel[label]
-		g.used += t.StoredBytes
-		g.quota += t.Settings.StorageQuotaBytes
-		byLabel[label] = g
-	}
-	seen := make(map[string]struct{}, len(byLabel))
-	for label, g := range byLabel {
-		seen[label] = struct{}{}
-		m.storedBytes.WithLabelValues(label).Set(float64(g.used))
-		m.storageQuota.WithLabelValues(label).Set(float64(g.quota))
-	}
-	for t := range m.usageTenants {
-		if _, ok := seen[t]; !ok {
-			m.storedBytes.DeleteLabelValues(t)
-			m.storageQuota.DeleteLabelValues(t)
-		}
-	}
-	m.usageTenants = seen
+	m.usageTenants = setTopTenants(m, tenants,
+		func(t idem.Tenant) (string, int64) { return t.ID, t.StoredBytes },
+		func(g gauge, t idem.Tenant) gauge {
+			return gauge{g.used + t.StoredBytes, g.quota + t.Settings.StorageQuotaBytes}
+		},
+		func(label string, g gauge) {
+			m.storedBytes.WithLabelValues(label).Set(float64(g.used))
+			m.storageQuota.WithLabelValues(label).Set(float64(g.quota))
+		},
+		func(label string) {
+			m.storedBytes.DeleteLabelValues(label)
+			m.storageQuota.DeleteLabelValues(label)
+		},
+		m.usageTenants)
 }
 
 // OrphanTenants returns the tenants whose orphan gauges are currently set.
