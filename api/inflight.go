@@ -74,10 +74,7 @@ type answerHolder interface{ answerHeld() int64 }
 func (s *service) holdAnswer(a *answerHold, rec idem.Record) error {
 	n := int64(len(rec.RecoveryData))
 	if rec.Response != nil {
-		n += int64(len(rec.Response.Body))
-		for k, v := range rec.Response.Headers {
-			n += int64(len(k) + len(v))
-		}
+		n += int64(rec.Response.Size())
 	}
 	if n == 0 {
 		return nil

@@ -348,7 +348,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		}
 		// A response stored while the limit was higher is charged what
 		// it holds beyond the reservation.
-		if more := int64(storedSize(*resp)) - answer; more > 0 {
+		if more := int64(resp.Size()) - answer; more > 0 {
 			if !g.budget.Acquire(more) {
 				g.busy(w, r, x)
 				return
@@ -400,15 +400,6 @@ func storedLimit(t idem.Tenant, rr *route) int {
 		limit = rr.maxStored
 	}
 	return limit
-}
-
-// storedSize is what a stored response holds: its body and its headers.
-func storedSize(resp idem.Response) int {
-	n := len(resp.Body)
-	for k, v := range resp.Headers {
-		n += len(k) + len(v)
-	}
-	return n
 }
 
 // busy answers a protected request refused for lack of in-flight budget,
