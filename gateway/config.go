@@ -306,13 +306,13 @@ func register(mux *http.ServeMux, pattern string) (err error) {
 }
 
 // match returns the route of r and the route string of its operation: the
-// matched pattern, or the path when no route matches.
+// matched pattern, or the path (frontdoor.PathRoute) when no route matches.
 func (rt *routing) match(r *http.Request) (*route, string) {
 	_, pattern := rt.mux.Handler(r)
 	if rr, ok := rt.routes[pattern]; ok {
 		return rr, pattern
 	}
-	return rt.fallback, r.URL.Path
+	return rt.fallback, frontdoor.PathRoute(r)
 }
 
 func first[T comparable](vs ...T) T {

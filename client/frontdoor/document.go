@@ -37,11 +37,11 @@ func Operation(method, route string) string {
 
 // Route returns the route of r for Operation: the net/http ServeMux pattern
 // that matched (r.Pattern, without its method and host) when there is one,
-// the path otherwise.
+// PathRoute otherwise.
 func Route(r *http.Request) string {
 	p := r.Pattern
 	if p == "" {
-		return r.URL.Path
+		return PathRoute(r)
 	}
 	if i := strings.IndexAny(p, " \t"); i >= 0 {
 		p = strings.TrimLeft(p[i:], " \t")
@@ -50,6 +50,61 @@ func Route(r *http.Request) string {
 		p = p[i:] // drop the host
 	}
 	return p
+}
+
+// PathRoute returns the route of a request no route pattern names, for
+// Operation (testvectors/frontdoor/operations.json, the same in every front
+// door): its decoded path (r.URL.Path), the label front doors have always
+// built, as long as that is valid label text; else the path as it arrived
+// on the request line (Target), escapes kept, every byte outside printable
+// ASCII escaped (EscapeLabel). The decoded path of /pay%00, /pay%0A or
+// /pay%FF holds a control character or bytes that are not UTF-8, which idem
+// refuses in an operation (idem.ValidateOperation): such a request would
+// never be served, and the answer used to be a retryable 503. Every path
+// whose label was valid keeps it, so a key claimed before an upgrade still
+// matches its retry after it.
+func PathRoute(r *http.Request) string {
+	if p := r.URL.Path; ValidLabelText(p) {
+		return p
+	}
+	path, _ := Target(r)
+	return EscapeLabel(path)
+}
+
+// ValidLabelText reports whether s may stand in an operation label as it
+// is: valid UTF-8 without control characters (C0, DEL, C1), the rule of
+// idem.ValidateOperation (text.go) but for the length, which Operation
+// cuts.
+func ValidLabelText(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if r < 0x20 || r >= 0x7F && r <= 0x9F {
+			return false
+		}
+	}
+	return true
+}
+
+// EscapeLabel returns a raw path with every byte outside printable ASCII
+// (0x21-0x7E) written as %XX in upper-case hex and every other byte, '%'
+// included, as it is: valid label text for any bytes, and the path a
+// request line carried stays recognisable.
+func EscapeLabel(path string) string {
+	const hexDigits = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := 0; i < len(path); i++ {
+		c := path[i]
+		if c < 0x21 || c > 0x7E {
+			b.WriteByte('%')
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&15])
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
 }
 
 // Target returns the path and the raw query of r as they arrived on the

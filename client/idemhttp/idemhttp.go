@@ -14,7 +14,10 @@
 //     (Options.Methods changes this). Options.Scope keeps the keys of
 //     different callers apart (scope + ":" + key).
 //   - The claim's operation is the method plus the route: the net/http
-//     ServeMux pattern (r.Pattern) when there is one, the path otherwise;
+//     ServeMux pattern (r.Pattern) when there is one, the path otherwise
+//     (frontdoor.PathRoute: the decoded path, or the path as it arrived,
+//     escaped, when the decoded one holds a control character or bytes
+//     that are not UTF-8, which idem refuses in a label);
 //     Options.Route supplies the pattern of another router (chi:
 //     chi.RouteContext(r.Context()).RoutePattern()). The request sent with
 //     the claim is the fingerprint document {"path", "query", "body"} (a
@@ -58,6 +61,10 @@
 //     key: 507 storage_quota_exceeded): 507 storage_quota_exceeded, not
 //     retryable, and the handler does not run; keys already completed
 //     still replay.
+//   - Any other claim idem refuses as invalid (400 invalid_request, an
+//     operation from Options.Route it does not accept, say): 400
+//     invalid_request, not retryable, naming idem's field; the handler does
+//     not run.
 //   - The idem service unreachable or failing: 503 store_unavailable with
 //     Retry-After, and the handler does not run (fail closed). If
 //     completing fails after the handler ran, the handler's response is
@@ -356,6 +363,17 @@ func (m *middleware) writeClaimError(w http.ResponseWriter, r *http.Request, err
 		frontdoor.WriteProblem(w, r, &frontdoor.Error{Code: frontdoor.CodeInvalidRequest,
 			Detail: "the request body cannot be fingerprinted: " + ce.Fields[0].Field + " " + ce.Fields[0].Message,
 			Fields: []frontdoor.FieldError{{Field: "body", Message: ce.Fields[0].Message}}})
+	case errors.Is(err, client.ErrInvalidRequest):
+		// idem refused the claim itself (an operation label from
+		// Options.Route it does not accept, say): the same claim is refused
+		// again, so not the retryable 503, which would have the caller
+		// retry what cannot succeed.
+		m.opts.Logger.ErrorContext(r.Context(), "idem: the idempotency service refused the claim", "error", err)
+		e := frontdoor.Errorf(frontdoor.CodeInvalidRequest, "the idempotency service refused the claim of this request: %s", ce.Detail)
+		for _, f := range ce.Fields {
+			e.Fields = append(e.Fields, frontdoor.FieldError{Field: f.Field, Message: f.Message})
+		}
+		frontdoor.WriteProblem(w, r, e)
 	default:
 		if r.Context().Err() == nil {
 			m.opts.Logger.ErrorContext(r.Context(), "idem: the idempotency service is unavailable; failing closed", "error", err)

@@ -828,3 +828,93 @@ func TestMiddlewareStorageQuotaExceeded(t *testing.T) {
 		})
 	}
 }
+
+// operationVectors are the cases of testvectors/frontdoor/operations.json:
+// the operation label of a request no route pattern names.
+type operationVectors struct {
+	Vectors []struct {
+		Name         string `json:"name"`
+		Target       string `json:"target"`
+		TargetBase64 string `json:"target_base64"`
+		Expect       struct {
+			Operation string `json:"operation"`
+		} `json:"expect"`
+	} `json:"vectors"`
+}
+
+// TestMiddlewareOperationVectors: each request line of
+// testvectors/frontdoor/operations.json, sent byte for byte to a handler no
+// ServeMux pattern names, is served and claimed with the operation the
+// vector expects — the one the gateway, the Python and the Node front doors
+// give the same bytes. Before, a path that decodes to a control character
+// (/pay%00x, /pay%0A, /pay%7F, /pay%C2%85) made a label idem refuses (400),
+// answered as a retryable 503 store_unavailable no retry could get past, and
+// one that decodes to bytes that are not UTF-8 (/pay%FF) was sent as U+FFFD.
+func TestMiddlewareOperationVectors(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../../testvectors/frontdoor/operations.json")
+	require.NoError(t, err)
+	var file operationVectors
+	require.NoError(t, json.Unmarshal(b, &file))
+	require.NotEmpty(t, file.Vectors)
+	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
+		var runs atomic.Int64
+		h := idemhttp.Middleware(c, idemhttp.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.WriteHeader(http.StatusCreated)
+		}))
+		srv := httptest.NewServer(h)
+		t.Cleanup(srv.Close)
+		addr := strings.TrimPrefix(srv.URL, "http://")
+		for i, v := range file.Vectors {
+			target := v.Target
+			if v.TargetBase64 != "" {
+				raw, err := base64.StdEncoding.DecodeString(v.TargetBase64)
+				require.NoError(t, err)
+				target = string(raw)
+			}
+			key := fmt.Sprintf("k-operation-%d", i)
+			before := runs.Load()
+			require.Equal(t, http.StatusCreated, rawPost(t, addr, target, key), v.Name)
+			require.Equal(t, before+1, runs.Load(), "%s: the handler ran once", v.Name)
+			rec, err := c.Get(t.Context(), key)
+			require.NoError(t, err)
+			assert.Equal(t, client.StateCompleted, rec.State, v.Name)
+			assert.Equal(t, v.Expect.Operation, rec.Operation, v.Name)
+			// The retry matches its claim: the stored answer, not a second run.
+			require.Equal(t, http.StatusCreated, rawPost(t, addr, target, key), v.Name)
+			require.Equal(t, before+1, runs.Load(), "%s: the retry is a replay", v.Name)
+		}
+	})
+}
+
+// TestMiddlewareClaimRefusedAsInvalid: an operation idem refuses (here from
+// an Options.Route that names a control character) answers the caller 400
+// invalid_request, not retryable, naming idem's field, without running the
+// handler or claiming anything. Before, it was 503 store_unavailable with
+// Retry-After: a retry that could never succeed.
+func TestMiddlewareClaimRefusedAsInvalid(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
+		var runs atomic.Int64
+		h := idemhttp.Middleware(c, idemhttp.Options{Route: func(*http.Request) string { return "/orders/\x01" }})(
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				w.WriteHeader(http.StatusCreated)
+			}))
+		srv := httptest.NewServer(h)
+		t.Cleanup(srv.Close)
+		got := post(t, srv.URL+"/orders", "k-refused", `{}`)
+		require.Equal(t, http.StatusBadRequest, got.status, got.body)
+		require.Equal(t, string(frontdoor.CodeInvalidRequest), problemCode(t, got))
+		var p frontdoor.Problem
+		require.NoError(t, json.Unmarshal([]byte(got.body), &p))
+		assert.False(t, p.Retryable)
+		assert.Empty(t, got.header.Get("Retry-After"))
+		require.NotEmpty(t, p.Errors)
+		assert.Equal(t, "operation", p.Errors[0].Field)
+		assert.Zero(t, runs.Load(), "the handler must not run")
+		_, err := c.Get(t.Context(), "k-refused")
+		require.ErrorIs(t, err, client.ErrKeyNotFound)
+	})
+}
