@@ -464,6 +464,79 @@ def _raw_post(url: str, target: bytes, key: str) -> int:
     return int(data.split(b" ", 2)[1])
 
 
+def _raw_answer(url: str, target: bytes, key: str) -> tuple[int, bytes]:
+    """POST {} with a request line that is target byte for byte; the
+    answer's status and its head (status line and headers)."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST " + target + b" HTTP/1.1\r\nHost: x\r\nIdempotency-Key: " + key.encode()
+                  + b"\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head = data.split(b"\r\n\r\n", 1)[0]
+    return int(head.split(b" ", 2)[1]), head
+
+
+@pytest.mark.parametrize("kind", ["flask", "django", "fastapi"])
+def test_operation_vectors(kind: str, server: Server) -> None:
+    """Each request line of testvectors/frontdoor/operations.json, sent
+    byte for byte to a path no route pattern names, is served by the app
+    (its own 404) and claimed with the operation the vector expects - the
+    one client/idemhttp, the gateway and the Node middleware give the same
+    bytes - and its retry is the replay. Before, a path that decodes to a
+    control character (/pay%00x, /pay%0A, /pay%7F, /pay%C2%85) made a label
+    idem refuses (400), answered as a retryable 503 store_unavailable no
+    retry could get past; /pay%FF was U+FFFD under uvicorn and a 500 under
+    werkzeug (the middleware's own exception)."""
+    import base64
+    import json
+
+    vectors = json.loads((Path(__file__).resolve().parents[3] / "testvectors/frontdoor/operations.json").read_text())["vectors"]
+    assert vectors
+    client = Client(server.url, token=server.token)
+    for a in serve(kind, server.url, server.token):
+        for v in vectors:
+            target = base64.b64decode(v["target_base64"]) if "target_base64" in v else v["target"].encode("latin-1")
+            key = new_key("operation")
+            status, _ = _raw_answer(a.url, target, key)
+            if kind == "fastapi" and "uvicorn" in v["expect"].get("refused_by", []):
+                assert status == 400, (v["name"], status)
+                with pytest.raises(ProblemError):
+                    client.get(key)
+                continue
+            assert status == 404, (v["name"], status)  # the app's own answer: no route matches
+            rec = client.get(key)
+            assert rec.state == "completed", v["name"]
+            assert rec.operation == v["expect"].get("legacy", {}).get("python", v["expect"]["operation"]), v["name"]
+            again, head = _raw_answer(a.url, target, key)
+            assert again == 404 and b"Idempotent-Replayed: true" in head, (v["name"], head)
+
+
+@pytest.mark.parametrize("kind", ["django", "fastapi"])  # the sync and the asyncio client
+def test_claim_refused_as_invalid(kind: str, server: Server) -> None:
+    """An operation idem refuses (here from a route function that names a
+    control character) answers the caller 400 invalid_request, not
+    retryable, naming idem's field, without running the handler or claiming
+    anything. Before, it was 503 store_unavailable with Retry-After: a retry
+    that could never succeed."""
+    client = Client(server.url, token=server.token)
+    for a in serve(kind, server.url, server.token, route=lambda _: "/charges/\x01"):
+        key = new_key("refused")
+        r = post(a.url + "/charges/1", key)
+        assert r.status_code == 400, r.text
+        p = r.json()
+        assert p["code"] == "invalid_request" and p["retryable"] is False, p
+        assert "Retry-After" not in r.headers
+        assert p["errors"][0]["field"] == "operation", p
+        assert a.effects.charges == [], "the handler must not run"
+        with pytest.raises(ProblemError) as e:
+            client.get(key)
+        assert e.value.code == "key_not_found"
+
+
 @pytest.mark.parametrize("kind", ["flask", "django", "fastapi"])
 def test_target_vectors(kind: str, server: Server) -> None:
     """Each request line of testvectors/frontdoor/targets.json, sent byte

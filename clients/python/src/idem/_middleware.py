@@ -138,7 +138,8 @@ def problem_answer(err: FrontDoorError, rid: str) -> Answer:
 def claim_failed(err: IdemError) -> FrontDoorError:
     """Map an error of the claim to the caller's problem: in flight 409,
     mismatch 422, a document idem refuses as too large 413, the tenant's
-    storage quota used up 507 (not retryable), and everything else fails
+    storage quota used up 507 (not retryable), a claim idem refuses as
+    invalid 400 invalid_request (not retryable), and everything else fails
     closed as 503."""
     if isinstance(err, ProblemError):
         if err.code == frontdoor.REQUEST_IN_FLIGHT:
@@ -152,6 +153,12 @@ def claim_failed(err: IdemError) -> FrontDoorError:
         if err.code == frontdoor.STORAGE_QUOTA_EXCEEDED:
             # idem is up and refused a new record: 503 would have the caller retry what cannot succeed.
             return FrontDoorError(frontdoor.STORAGE_QUOTA_EXCEEDED, frontdoor.STORAGE_QUOTA_DETAIL)
+        if err.code == frontdoor.INVALID_REQUEST:
+            # idem refused the claim itself (an operation from a route function it does not accept, say):
+            # the same claim is refused again, so not the retryable 503.
+            log.error("idem refused the claim: %s", err)
+            return FrontDoorError(frontdoor.INVALID_REQUEST, f"the idempotency service refused the claim of this request: {err.detail}",
+                                  fields=[{"field": f.field, "message": f.message} for f in err.fields])
     log.warning("idem unavailable; request refused (fail closed): %s", err)
     ra = err.retry_after if isinstance(err, ProblemError) else 0.0
     return FrontDoorError(frontdoor.STORE_UNAVAILABLE, "the idempotency store cannot be reached; the request was not run",

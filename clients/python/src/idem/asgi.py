@@ -22,7 +22,11 @@ running the handler; the tenant's storage quota used up (idem refuses the
 new key) 507 storage_quota_exceeded, not retryable, without running the
 handler. A handler exception stores nothing and propagates.
 The operation label uses the Starlette route pattern (e.g.
-"POST /orders/{order_id}") when the app is a Starlette app, else the path.
+"POST /orders/{order_id}") when the app is a Starlette app, else the path
+(frontdoor.path_route: the path as it arrived, escaped, when its decoding
+holds a control character or bytes that are not UTF-8, as /pay%00 or
+/pay%FF do; idem refuses those in a label). A claim idem refuses as
+invalid (400 invalid_request) is 400 invalid_request, not retryable.
 """
 
 from __future__ import annotations
@@ -110,10 +114,11 @@ class IdempotencyMiddleware:
             return await receive()
 
         rid = caller_request_id(headers)
+        decoded = scope.get("root_path", "") + scope["path"]
+        path = request_path(scope.get("raw_path"), decoded)
         try:
-            prot = prepare(self.opts, scope["method"], self.route(scope) or scope.get("root_path", "") + scope["path"],
-                           scope.get("query_string", b"").decode("latin-1"), headers, body,
-                           path=request_path(scope.get("raw_path"), scope.get("root_path", "") + scope["path"]))
+            prot = prepare(self.opts, scope["method"], self.route(scope) or frontdoor.path_route(decoded, path),
+                           scope.get("query_string", b"").decode("latin-1"), headers, body, path=path)
         except FrontDoorError as e:
             await self._send(problem_answer(e, rid), send)
             return

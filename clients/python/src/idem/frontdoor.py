@@ -15,6 +15,7 @@ import json
 import math
 import re
 import secrets
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -189,6 +190,53 @@ def operation(method: str, route: str) -> str:
     if len(raw) <= MAX_OPERATION_BYTES:
         return op
     return raw[:MAX_OPERATION_BYTES].decode("utf-8", "ignore")
+
+
+def valid_label_text(s: str) -> bool:
+    """Whether s may stand in an operation label as it is: no control
+    character (C0, DEL, C1) and no lone surrogate (a str always is UTF-8
+    otherwise), the rule of idem's ValidateOperation but for the length,
+    which operation() cuts."""
+    return not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or 0xD800 <= ord(c) <= 0xDFFF for c in s)
+
+
+def escape_label(raw_path: str) -> str:
+    """A raw path (one character per byte, as read from the request line)
+    with every byte outside printable ASCII 0x21-0x7E written as %XX in
+    upper-case hex and every other byte, '%' included, as it is."""
+    out = []
+    for c in raw_path:
+        if 0x21 <= ord(c) <= 0x7E:
+            out.append(c)
+        else:
+            out.extend(f"%{b:02X}" for b in (c.encode("latin-1") if ord(c) <= 0xFF else c.encode("utf-8")))
+    return "".join(out)
+
+
+def path_route(decoded: str, raw_path: str) -> str:
+    """The route of a request no route pattern names, for operation()
+    (testvectors/frontdoor/operations.json, the same in every front door):
+    the decoded path the framework gives, the label front doors have always
+    built, as long as that is valid label text and so is the raw path's
+    own decoding (its percent-escapes to bytes, then UTF-8); else the path
+    as it arrived on the request line (raw_path, as request_path reads it),
+    every byte outside printable ASCII escaped. /pay%00, /pay%0A or /pay%FF
+    decode to a control character or bytes that are not UTF-8, which idem
+    refuses in an operation: such a request could never be served (the
+    answer used to be a retryable 503), and a server's lossy decoding
+    (U+FFFD) must not decide the label. Every path whose label was valid
+    keeps it, so a key claimed before an upgrade matches its retry after."""
+    try:
+        raw = raw_path.encode("latin-1")
+    except UnicodeEncodeError:
+        raw = raw_path.encode("utf-8")
+    try:
+        canonical = urllib.parse.unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        canonical = None
+    if canonical is not None and valid_label_text(canonical) and valid_label_text(decoded):
+        return decoded
+    return escape_label(raw_path)
 
 
 _TSPECIALS = set('()<>@,;:\\"/[]?=')

@@ -212,12 +212,16 @@ class IdempotencyMiddleware:
         else:
             environ["wsgi.input"] = io.BytesIO(body)
             environ["CONTENT_LENGTH"] = str(len(body))
-        path = _native(environ, "SCRIPT_NAME") + _native(environ, "PATH_INFO")
+        decoded = _native(environ, "SCRIPT_NAME") + _native(environ, "PATH_INFO")
+        # The decoded path as bytes for a server without a raw target: PEP
+        # 3333's Latin-1 reading; werkzeug's, undone by _native, is real
+        # text, which may hold U+FFFD for bytes that were not UTF-8.
+        path = request_path(_native(environ, "RAW_URI") or _native(environ, "REQUEST_URI"),
+                            decoded.encode("latin-1") if all(ord(c) <= 0xFF for c in decoded) else decoded.encode("utf-8"))
         rid = caller_request_id(headers)
         try:
-            prot = prepare(self.opts, method, (self.route(environ) if self.route else None) or path,
-                           _native(environ, "QUERY_STRING"), headers, body,
-                           path=request_path(_native(environ, "RAW_URI") or _native(environ, "REQUEST_URI"), path.encode("latin-1")))
+            prot = prepare(self.opts, method, (self.route(environ) if self.route else None) or frontdoor.path_route(decoded, path),
+                           _native(environ, "QUERY_STRING"), headers, body, path=path)
         except FrontDoorError as e:
             return self._send(problem_answer(e, rid), start_response)
         if prot is None:
