@@ -15,7 +15,7 @@ export interface ExpressRequest extends IncomingMessage {
 export interface ExpressOptions extends FrontDoorOptions {
     /** The caller's key scope (e.g. the authenticated account id); keys become escapeScope(scope) + ":" + key. */
     scope?: (req: ExpressRequest) => string | undefined;
-    /** The route label of a request (default: the route pattern when Express matched one — the middleware used on a route — else the path). */
+    /** The route label of a request (default: the route pattern when Express matched one — the middleware used on a route — else the path, {@link pathRoute}). */
     route?: (req: ExpressRequest) => string;
 }
 type Next = (err?: unknown) => void;

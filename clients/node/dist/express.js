@@ -1,6 +1,6 @@
 // Express middleware: the front-door rules around Express route handlers.
 import { tracingChannel } from "node:diagnostics_channel";
-import { FrontDoor, FrontDoorError, isJSON, splitTarget } from "./frontdoor.js";
+import { FrontDoor, FrontDoorError, isJSON, pathRoute, splitTarget } from "./frontdoor.js";
 const failed = Symbol("idem.handlerFailed");
 let traced = false;
 /**
@@ -94,10 +94,10 @@ export function expressMiddleware(opts) {
     return (rq, res, next) => {
         const req = rq;
         const url = new URL(req.originalUrl ?? req.url ?? "/", "http://localhost");
+        const target = splitTarget(req.originalUrl ?? req.url ?? "/");
         const route = opts.route ? opts.route(req)
             : typeof req.route?.path === "string" ? (req.baseUrl ?? "") + req.route.path
-                : url.pathname;
-        const target = splitTarget(req.originalUrl ?? req.url ?? "/");
+                : pathRoute(url.pathname, target.path);
         fd.serve({
             method: req.method ?? "GET",
             route,

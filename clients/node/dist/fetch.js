@@ -1,6 +1,6 @@
 // A wrapper for fetch-style handlers (Request → Response): Hono, Next.js
 // route handlers, Bun/Deno-style servers.
-import { FrontDoor, FrontDoorError, splitTarget } from "./frontdoor.js";
+import { FrontDoor, FrontDoorError, pathRoute, splitTarget } from "./frontdoor.js";
 const nullBodyStatus = new Set([101, 204, 205, 304]);
 function toResponse(status, headers, body) {
     return new Response(nullBodyStatus.has(status) || body.length === 0 ? null : body, { status, headers });
@@ -37,7 +37,8 @@ async function readLimited(req, limit) {
  * true`; 409 request_in_flight (unless the request carries `Prefer: wait=N`:
  * then it gets the first one's replay when that completes, see
  * {@link FrontDoorOptions.maxWaitSeconds}), 422 fingerprint_mismatch, 400 for a bad
- * key, 503 store_unavailable when idem cannot be reached, 507
+ * key (and 400 invalid_request, not retryable, for a claim idem refuses as
+ * invalid), 503 store_unavailable when idem cannot be reached, 507
  * storage_quota_exceeded (not retryable) when idem refuses a new key for the
  * tenant's storage quota (in both cases the handler does not run). A handler exception stores nothing and propagates.
  *
@@ -52,7 +53,7 @@ export function withIdempotency(handler, opts) {
         let ranBody = new Uint8Array();
         const outcome = await fd.serve({
             method: req.method,
-            route: opts.route ? opts.route(req, ...rest) : url.pathname,
+            route: opts.route ? opts.route(req, ...rest) : pathRoute(url.pathname, target.path),
             path: target.path,
             query: target.query,
             header: (name) => {

@@ -77,6 +77,31 @@ export interface MethodRules {
 export declare function requirement(method: string, rules?: MethodRules): Requirement;
 /** The operation label: METHOD + " " + route (the route pattern when known, else the path), cut at 128 bytes on a character boundary. */
 export declare function operation(method: string, route: string): string;
+/**
+ * Reports whether s may stand in an operation label as it is: no control
+ * character (C0, DEL, C1) and no lone surrogate, the rule of idem's
+ * ValidateOperation but for the length, which {@link operation} cuts.
+ */
+export declare function validLabelText(s: string): boolean;
+/**
+ * A raw path with every byte outside printable ASCII 0x21-0x7E written as
+ * %XX in upper-case hex and every other byte, '%' included, as it is.
+ */
+export declare function escapeLabel(rawPath: string): string;
+/**
+ * The route of a request no route pattern names, for {@link operation}
+ * (testvectors/frontdoor/operations.json, the same in every front door):
+ * path, the label this front door has always built (WHATWG URL's pathname),
+ * as long as the raw path's own decoding (its percent-escapes to bytes, then
+ * UTF-8) is valid label text; else the path as it arrived on the request
+ * line (rawPath, as {@link splitTarget} reads it), every byte outside
+ * printable ASCII escaped. /pay%00 or /pay%FF decode to a control character
+ * or bytes that are not UTF-8; the Go and Python front doors, which label
+ * the decoded path, take the raw path there too, so all agree. Every path
+ * whose label was valid keeps it, so a key claimed before an upgrade
+ * matches its retry after.
+ */
+export declare function pathRoute(path: string, rawPath: string): string;
 /** Reports whether a Content-Type names a JSON body: application/json or any * /*+json, parameters ignored, a malformed media type not. */
 export declare function isJSON(contentType: string | undefined | null): boolean;
 /**

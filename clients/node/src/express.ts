@@ -1,7 +1,7 @@
 // Express middleware: the front-door rules around Express route handlers.
 import { tracingChannel } from "node:diagnostics_channel";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { FrontDoor, FrontDoorError, isJSON, splitTarget, type FrontDoorOptions, type HandlerAnswer } from "./frontdoor.js";
+import { FrontDoor, FrontDoorError, isJSON, pathRoute, splitTarget, type FrontDoorOptions, type HandlerAnswer } from "./frontdoor.js";
 
 /** The parts of an Express request the middleware reads (structural, so that no Express types are needed). */
 export interface ExpressRequest extends IncomingMessage {
@@ -17,7 +17,7 @@ export interface ExpressRequest extends IncomingMessage {
 export interface ExpressOptions extends FrontDoorOptions {
   /** The caller's key scope (e.g. the authenticated account id); keys become escapeScope(scope) + ":" + key. */
   scope?: (req: ExpressRequest) => string | undefined;
-  /** The route label of a request (default: the route pattern when Express matched one — the middleware used on a route — else the path). */
+  /** The route label of a request (default: the route pattern when Express matched one — the middleware used on a route — else the path, {@link pathRoute}). */
   route?: (req: ExpressRequest) => string;
 }
 
@@ -119,10 +119,10 @@ export function expressMiddleware(opts: ExpressOptions): (req: IncomingMessage, 
   return (rq, res, next) => {
     const req = rq as ExpressRequest;
     const url = new URL(req.originalUrl ?? req.url ?? "/", "http://localhost");
+    const target = splitTarget(req.originalUrl ?? req.url ?? "/");
     const route = opts.route ? opts.route(req)
       : typeof req.route?.path === "string" ? (req.baseUrl ?? "") + req.route.path
-      : url.pathname;
-    const target = splitTarget(req.originalUrl ?? req.url ?? "/");
+      : pathRoute(url.pathname, target.path);
     fd.serve({
       method: req.method ?? "GET",
       route,

@@ -1,10 +1,10 @@
 // A wrapper for fetch-style handlers (Request → Response): Hono, Next.js
 // route handlers, Bun/Deno-style servers.
-import { FrontDoor, FrontDoorError, splitTarget, type Answer, type FrontDoorOptions } from "./frontdoor.js";
+import { FrontDoor, FrontDoorError, pathRoute, splitTarget, type Answer, type FrontDoorOptions } from "./frontdoor.js";
 
 /** Options of {@link withIdempotency}; `route` and `scope` see the handler's extra arguments (a Hono context, say). */
 export interface FetchOptions<A extends unknown[]> extends FrontDoorOptions {
-  /** The route label (default the URL's path). With Hono: `(req, c) => c.req.routePath`. */
+  /** The route label (default the URL's path, {@link pathRoute}). With Hono: `(req, c) => c.req.routePath`. */
   route?: (req: Request, ...rest: A) => string;
   /** The caller's key scope (e.g. the authenticated account id); keys become escapeScope(scope) + ":" + key. */
   scope?: (req: Request, ...rest: A) => string | undefined;
@@ -56,7 +56,8 @@ async function readLimited(req: Request, limit: number): Promise<Uint8Array> {
  * true`; 409 request_in_flight (unless the request carries `Prefer: wait=N`:
  * then it gets the first one's replay when that completes, see
  * {@link FrontDoorOptions.maxWaitSeconds}), 422 fingerprint_mismatch, 400 for a bad
- * key, 503 store_unavailable when idem cannot be reached, 507
+ * key (and 400 invalid_request, not retryable, for a claim idem refuses as
+ * invalid), 503 store_unavailable when idem cannot be reached, 507
  * storage_quota_exceeded (not retryable) when idem refuses a new key for the
  * tenant's storage quota (in both cases the handler does not run). A handler exception stores nothing and propagates.
  *
@@ -74,7 +75,7 @@ export function withIdempotency<A extends unknown[]>(
     let ranBody: Uint8Array = new Uint8Array();
     const outcome = await fd.serve({
       method: req.method,
-      route: opts.route ? opts.route(req, ...rest) : url.pathname,
+      route: opts.route ? opts.route(req, ...rest) : pathRoute(url.pathname, target.path),
       path: target.path,
       query: target.query,
       header: (name) => {

@@ -217,6 +217,77 @@ export function operation(method: string, route: string): string {
   return bytes.subarray(0, cut).toString("utf8");
 }
 
+/**
+ * Reports whether s may stand in an operation label as it is: no control
+ * character (C0, DEL, C1) and no lone surrogate, the rule of idem's
+ * ValidateOperation but for the length, which {@link operation} cuts.
+ */
+export function validLabelText(s: string): boolean {
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c < 0x20 || (c >= 0x7f && c <= 0x9f)) return false;
+    if (c >= 0xd800 && c <= 0xdbff) {
+      const d = s.charCodeAt(i + 1);
+      if (!(d >= 0xdc00 && d <= 0xdfff)) return false;
+      i++;
+    } else if (c >= 0xdc00 && c <= 0xdfff) return false;
+  }
+  return true;
+}
+
+/** The bytes of a raw path (one character per byte, as on the request line; UTF-8 when it holds more). */
+function rawBytes(rawPath: string): Buffer {
+  return /[^\u0000-\u00ff]/.test(rawPath) ? Buffer.from(rawPath, "utf8") : Buffer.from(rawPath, "latin1");
+}
+
+/**
+ * A raw path with every byte outside printable ASCII 0x21-0x7E written as
+ * %XX in upper-case hex and every other byte, '%' included, as it is.
+ */
+export function escapeLabel(rawPath: string): string {
+  let out = "";
+  for (const b of rawBytes(rawPath)) {
+    out += b >= 0x21 && b <= 0x7e ? String.fromCharCode(b) : "%" + b.toString(16).toUpperCase().padStart(2, "0");
+  }
+  return out;
+}
+
+const hexDigit = (b: number | undefined): number =>
+  b === undefined ? -1 : b >= 0x30 && b <= 0x39 ? b - 0x30 : b >= 0x41 && b <= 0x46 ? b - 0x37 : b >= 0x61 && b <= 0x66 ? b - 0x57 : -1;
+
+/**
+ * The route of a request no route pattern names, for {@link operation}
+ * (testvectors/frontdoor/operations.json, the same in every front door):
+ * path, the label this front door has always built (WHATWG URL's pathname),
+ * as long as the raw path's own decoding (its percent-escapes to bytes, then
+ * UTF-8) is valid label text; else the path as it arrived on the request
+ * line (rawPath, as {@link splitTarget} reads it), every byte outside
+ * printable ASCII escaped. /pay%00 or /pay%FF decode to a control character
+ * or bytes that are not UTF-8; the Go and Python front doors, which label
+ * the decoded path, take the raw path there too, so all agree. Every path
+ * whose label was valid keeps it, so a key claimed before an upgrade
+ * matches its retry after.
+ */
+export function pathRoute(path: string, rawPath: string): string {
+  const raw = rawBytes(rawPath);
+  const decoded: number[] = [];
+  for (let i = 0; i < raw.length; i++) {
+    const hi = raw[i] === 0x25 ? hexDigit(raw[i + 1]) : -1;
+    const lo = hi >= 0 ? hexDigit(raw[i + 2]) : -1;
+    if (lo >= 0) {
+      decoded.push(hi * 16 + lo);
+      i += 2;
+    } else decoded.push(raw[i]!);
+  }
+  let text: string;
+  try {
+    text = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(Uint8Array.from(decoded));
+  } catch {
+    return escapeLabel(rawPath);
+  }
+  return validLabelText(text) && validLabelText(path) ? path : escapeLabel(rawPath);
+}
+
 const tokenRe = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 
 /** Reports whether a Content-Type names a JSON body: application/json or any * /*+json, parameters ignored, a malformed media type not. */
@@ -785,6 +856,14 @@ export class FrontDoor {
       if (err.code === Codes.storageQuotaExceeded) return new FrontDoorError("storage_quota_exceeded", storageQuotaDetail);
       if (err.code === Codes.invalidRequest && err.fields[0]?.field === "request") {
         return new FrontDoorError("invalid_request", `the request body cannot be fingerprinted: ${err.fields[0].message}`);
+      }
+      if (err.code === Codes.invalidRequest) {
+        // idem refused the claim itself (an operation from a route function
+        // it does not accept, say): the same claim is refused again, so not
+        // the retryable 503.
+        this.o.log("the idempotency service refused the claim", err);
+        return new FrontDoorError("invalid_request", `the idempotency service refused the claim of this request: ${err.detail}`, 0,
+          err.fields.map((f) => ({ field: f.field, message: f.message })));
       }
     }
     this.o.log("the idempotency service is unavailable; failing closed", err);
