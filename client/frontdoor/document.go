@@ -61,8 +61,9 @@ func Route(r *http.Request) string {
 // /pay%FF holds a control character or bytes that are not UTF-8, which idem
 // refuses in an operation (idem.ValidateOperation): such a request would
 // never be served, and the answer used to be a retryable 503. Every path
-// whose label was valid keeps it, so a key claimed before an upgrade still
-// matches its retry after it.
+// whose decoding is valid label text keeps its label, so a key claimed
+// before an upgrade still matches its retry after it (one on /pay%FF, sent
+// as U+FFFD before, answers 422 instead: never a second run).
 func PathRoute(r *http.Request) string {
 	if p := r.URL.Path; ValidLabelText(p) {
 		return p

@@ -265,8 +265,10 @@ const hexDigit = (b: number | undefined): number =>
  * printable ASCII escaped. /pay%00 or /pay%FF decode to a control character
  * or bytes that are not UTF-8; the Go and Python front doors, which label
  * the decoded path, take the raw path there too, so all agree. Every path
- * whose label was valid keeps it, so a key claimed before an upgrade
- * matches its retry after.
+ * whose decoding is valid label text keeps its label, so a key claimed
+ * before an upgrade matches its retry after (one on such a path with a
+ * character sent raw, labelled in WHATWG's escaping before, answers 422
+ * instead: never a second run).
  */
 export function pathRoute(path: string, rawPath: string): string {
   const raw = rawBytes(rawPath);

@@ -224,8 +224,10 @@ def path_route(decoded: str, raw_path: str) -> str:
     decode to a control character or bytes that are not UTF-8, which idem
     refuses in an operation: such a request could never be served (the
     answer used to be a retryable 503), and a server's lossy decoding
-    (U+FFFD) must not decide the label. Every path whose label was valid
-    keeps it, so a key claimed before an upgrade matches its retry after."""
+    (U+FFFD) must not decide the label. Every path whose decoding is valid
+    label text keeps its label, so a key claimed before an upgrade matches
+    its retry after (one on /pay%FF, labelled with U+FFFD by uvicorn
+    before, answers 422 instead: never a second run)."""
     try:
         raw = raw_path.encode("latin-1")
     except UnicodeEncodeError:
