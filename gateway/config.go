@@ -279,6 +279,12 @@ func compile(f File, defaultUpstream string) (*routing, error) {
 			bad("%s: path must be a ServeMux path pattern starting with '/'", where)
 			continue
 		}
+		if !frontdoor.ValidLabelText(rc.Path) {
+			// The pattern names the route in the operation label, which idem
+			// refuses with a control character: every claim would fail.
+			bad("%s: path must not contain control characters", where)
+			continue
+		}
 		if _, dup := rt.routes[rc.Path]; dup {
 			bad("%s: path is listed twice", where)
 			continue

@@ -1061,3 +1061,17 @@ func rawStatus(t *testing.T, addr, target, key string) int {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	return resp.StatusCode
 }
+
+// TestConfigRefusesAPatternWithAControlCharacter: a route's pattern names
+// it in the operation label, which idem refuses with a control character;
+// such a configuration is refused when it is loaded, not claim by claim.
+// Before, it loaded, and every claim on the route reached the store with
+// the label unchecked (PostgreSQL: 503 store_unavailable for ever).
+func TestConfigRefusesAPatternWithAControlCharacter(t *testing.T) {
+	t.Parallel()
+	srv := servertest.Start(t, servertest.Options{Backend: servertest.BackendSQLite, Tenants: []string{tenant}})
+	config := filepath.Join(t.TempDir(), "gateway.yaml")
+	require.NoError(t, os.WriteFile(config, []byte("routes:\n  - path: \"/orders/\\x01\"\n"), 0o600))
+	_, err := gateway.New(gateway.Options{Store: srv.Store(), Tenant: tenant, Upstream: "http://127.0.0.1:1", ConfigFile: config})
+	require.ErrorContains(t, err, "control characters")
+}
