@@ -1,6 +1,7 @@
 package frontdoor_test
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -239,5 +241,36 @@ func TestPolicyVectors(t *testing.T) {
 	require.NotEmpty(t, file.PreferWait)
 	for _, v := range file.PreferWait {
 		assert.Equal(t, v.Expect, frontdoor.PreferWait(v.Fields), "%q", v.Fields)
+	}
+}
+
+// TestOperationVectors: Operation(method, Route(r)) of each request line of
+// operations.json, read by net/http's own request parser with no route
+// pattern, is the label the vector expects (the end-to-end tests send the
+// same lines to idemhttp and the gateway over loopback).
+func TestOperationVectors(t *testing.T) {
+	var file struct {
+		Vectors []struct {
+			Name         string `json:"name"`
+			Target       string `json:"target"`
+			TargetBase64 string `json:"target_base64"`
+			Expect       struct {
+				Operation string `json:"operation"`
+			} `json:"expect"`
+		} `json:"vectors"`
+	}
+	load(t, "operations.json", &file)
+	require.NotEmpty(t, file.Vectors)
+	for _, v := range file.Vectors {
+		target := v.Target
+		if v.TargetBase64 != "" {
+			raw, err := base64.StdEncoding.DecodeString(v.TargetBase64)
+			require.NoError(t, err)
+			target = string(raw)
+		}
+		r, err := http.ReadRequest(bufio.NewReader(strings.NewReader("POST " + target + " HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")))
+		require.NoError(t, err, v.Name)
+		assert.Equal(t, v.Expect.Operation, frontdoor.Operation(r.Method, frontdoor.Route(r)), v.Name)
+		assert.True(t, frontdoor.ValidLabelText(frontdoor.Operation(r.Method, frontdoor.Route(r))), v.Name)
 	}
 }
