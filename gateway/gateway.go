@@ -1,10 +1,11 @@
 // Package gateway is idem's front door for any HTTP API: a reverse proxy
 // that gives the routes of its upstreams Stripe-style Idempotency-Key
 // semantics (draft-ietf-httpapi-idempotency-key-header) by configuration
-// alone. It follows the front-door rules of client/frontdoor, the package
-// client/idemhttp uses too, and talks to the idem.Store directly: the
-// records it writes are ordinary records of one tenant, so the API
-// (GET /v1/keys/{key}), the dashboard, the metrics and the reaper see them.
+// alone. It follows the front-door rules of client/frontdoor
+// (docs/frontdoor.md), the package client/idemhttp uses too, and talks to
+// the idem.Store directly: the records it writes are ordinary records of
+// one tenant, so the API (GET /v1/keys/{key}), the dashboard, the metrics
+// and the reaper see them.
 //
 // A protected request (POST and PATCH by default; PUT and DELETE when they
 // carry a key) is claimed under its key with operation METHOD + route

@@ -4,7 +4,8 @@
 // (`server gateway`) and the net/http middleware client/idemhttp both use
 // it, so the two cannot drift; the Python and Node middleware follow the
 // same rules, proven by the shared vectors in testvectors/frontdoor/ of the
-// repository.
+// repository. The rules are written down, numbered, in docs/frontdoor.md of
+// the repository.
 //
 // The package decides, it does not store: parsing the Idempotency-Key
 // header (RFC 8941 sf-string or the bare Stripe form), which requests need

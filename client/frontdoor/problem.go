@@ -14,8 +14,8 @@ import (
 // Code is the machine-readable name of a front-door refusal.
 type Code string
 
-// The codes a front door answers with. upstream_unavailable,
-// upstream_timeout, response_not_replayable and server_busy come from the
+// The codes a front door answers with (docs/frontdoor.md rule 7).
+// upstream_unavailable, upstream_timeout and server_busy come from the
 // gateway only.
 const (
 	CodeKeyMissing            Code = "idempotency_key_missing"

@@ -2,8 +2,8 @@
 // API Stripe-style Idempotency-Key semantics
 // (draft-ietf-httpapi-idempotency-key-header) by calling the idem service
 // through a *client.Client. It follows the front-door rules of package
-// client/frontdoor, the same package the idem gateway uses, so the two
-// cannot drift:
+// client/frontdoor (docs/frontdoor.md of the repository), the same package
+// the idem gateway uses, so the two cannot drift:
 //
 //   - The key is the Idempotency-Key header, as an RFC 8941 sf-string
 //     ("k") or bare (k); both are the same key. Two fields, an empty value,

@@ -32,7 +32,7 @@ async function readLimited(req, limit) {
 }
 /**
  * Wraps a fetch-style handler with Stripe-style Idempotency-Key semantics
- * (FRONTDOOR.md): the handler runs once per key, its answer is stored
+ * (docs/frontdoor.md): the handler runs once per key, its answer is stored
  * before it is returned and replayed verbatim with `Idempotent-Replayed:
  * true`; 409 request_in_flight (unless the request carries `Prefer: wait=N`:
  * then it gets the first one's replay when that completes, see

@@ -97,7 +97,7 @@ async function readBody(req: ExpressRequest, limit: number): Promise<Buffer> {
 
 /**
  * Express middleware with Stripe-style Idempotency-Key semantics
- * (FRONTDOOR.md): POST and PATCH need a key, PUT and DELETE are protected
+ * (docs/frontdoor.md): POST and PATCH need a key, PUT and DELETE are protected
  * when they carry one; the handler runs once per key; its answer is stored
  * before it is sent and replayed verbatim with `Idempotent-Replayed: true`;
  * 409 request_in_flight (unless the request carries `Prefer: wait=N`: then

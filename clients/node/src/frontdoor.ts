@@ -1,4 +1,4 @@
-// The front-door rules (FRONTDOOR.md, testvectors/frontdoor/) for the Node
+// The front-door rules (docs/frontdoor.md, testvectors/frontdoor/) for the Node
 // middleware: Idempotency-Key parsing, method requirements, key scope,
 // operation and fingerprint document, store policy, stored headers and
 // problem bodies, the Prefer: wait=N preference (RFC 7240), and the

@@ -1,5 +1,5 @@
 """Idempotency-Key middleware for ASGI apps (Starlette, FastAPI, any ASGI
-app), following the front-door rules (FRONTDOOR.md):
+app), following the front-door rules (docs/frontdoor.md):
 
     from idem import AsyncClient
     from idem.asgi import IdempotencyMiddleware

@@ -1,4 +1,4 @@
-"""The front-door rules the idem middleware follow (FRONTDOOR.md; the same
+"""The front-door rules the idem middleware follow (docs/frontdoor.md; the same
 rules as the Go package client/frontdoor, proven by the shared vectors in
 testvectors/frontdoor): Idempotency-Key parsing, which requests need a key,
 key scope, the operation label and fingerprint document, which answers are

@@ -1,5 +1,5 @@
 """Idempotency-Key middleware for WSGI apps (Flask, Django, any WSGI app),
-following the front-door rules (FRONTDOOR.md):
+following the front-door rules (docs/frontdoor.md):
 
     from idem import Client
     from idem.wsgi import IdempotencyMiddleware, flask_route
@@ -75,7 +75,7 @@ def install_flask(app: Any, client: Client, **options: Any) -> IdempotencyMiddle
     as the operation label. Flask turns a view's exception into a 500 page
     before the middleware sees it; a got_request_exception receiver marks
     the request, so that such a 500 is not stored and the claim is left to
-    expire like any handler exception (FRONTDOOR.md rule 5)."""
+    expire like any handler exception (docs/frontdoor.md rule 5)."""
     from flask import got_request_exception, request
 
     def mark(sender: Any, exception: BaseException, **extra: Any) -> None:
@@ -106,7 +106,7 @@ def install_django(application: WSGIApp, client: Client, **options: Any) -> Idem
 
     Django turns a view's exception into a 500 page; a
     got_request_exception receiver marks the request so that such a 500 is
-    not stored and the claim is left to expire (FRONTDOOR.md rule 5)."""
+    not stored and the claim is left to expire (docs/frontdoor.md rule 5)."""
     from django.core.signals import got_request_exception
 
     def mark(sender: Any, request: Any = None, **extra: Any) -> None:
