@@ -105,7 +105,7 @@ func TestAccessLogAndObserverAgree(t *testing.T) {
 	require.Equal(t, []string{
 		"/v1/keys/{key}/claim POST 201",
 		" GET 404",
-		"/v1/* POST 401", // refused before the /v1 router matched a route
+		"/v1/keys/{key}/complete POST 401", // refused after the route matched
 	}, b.obs.https)
 	require.Equal(t, b.obs.https, logged)
 }
