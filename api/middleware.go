@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/auth"
@@ -36,7 +35,37 @@ type reqState struct {
 	principal      auth.Principal
 	tenant         idem.Tenant
 	responseHeader http.Header
+	writer         statusWriter
 }
+
+// statusWriter is the access log's view of the response: the final status
+// the handler sent (0 until it writes). It lives in reqState, so watching
+// the status costs the request no allocation; Unwrap lets
+// http.ResponseController reach the server's writer underneath.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+// WriteHeader records the first final status (an informational 1xx other
+// than 101 is not one) and passes code on.
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && (code < 100 || code > 199 || code == http.StatusSwitchingProtocols) {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Write records the implicit 200 of a body written without a header.
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap returns the writer underneath, for http.ResponseController.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func stateFrom(ctx context.Context) *reqState {
 	st, _ := ctx.Value(stateKey).(*reqState)
@@ -87,11 +116,12 @@ func (s *service) accessLog(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		st, r := withState(r)
-		ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+		ww := &st.writer
+		ww.ResponseWriter = w
 		returned := false
 		defer func() {
 			end := time.Now()
-			status := ww.Status()
+			status := ww.status
 			if status == 0 {
 				status = http.StatusOK
 				if !returned {
