@@ -133,6 +133,17 @@ func StorableStatus(status int) bool {
 // HeaderNotReplayable value names the status that was sent.
 const UnstorableStatus = http.StatusBadGateway
 
+// Unstorable returns what a front door stores, with no body, in place of
+// an answer whose status idem cannot store (see StorableStatus):
+// UnstorableStatus and the HeaderNotReplayable header naming the status
+// sent, so that a replay answers CodeResponseNotReplayable. Every Go front
+// door records such an answer with it, whatever its size.
+func Unstorable(status int) (int, map[string]string) {
+	return UnstorableStatus, map[string]string{
+		HeaderNotReplayable: "response of status " + strconv.Itoa(status) + " not stored (outside 100-599)",
+	}
+}
+
 // DefaultStoredHeaders are the response headers stored and replayed by
 // default: the ones that describe the representation. Per-caller headers
 // (Set-Cookie above all) are left out.
@@ -205,10 +216,10 @@ func latin1Bytes(v string) string {
 }
 
 // HeaderNotReplayable is the header a front door stores, in place of a
-// body, on a record whose response was too large to keep: a replay of such
-// a record answers CodeResponseNotReplayable instead of running the
-// request again. Its value is the response's status line reason for
-// operators ("body of N bytes not stored").
+// body, on a record whose response it sent but could not keep (too large,
+// or a status idem cannot store: Unstorable): a replay of such a record
+// answers CodeResponseNotReplayable instead of running the request again.
+// Its value says why, for operators ("response of N bytes not stored").
 const HeaderNotReplayable = "Idem-Not-Replayable"
 
 // WriteReplay writes a stored response: its status, stored headers (the
@@ -217,7 +228,7 @@ const HeaderNotReplayable = "Idem-Not-Replayable"
 func WriteReplay(w http.ResponseWriter, r *http.Request, status int, headers map[string]string, body []byte) {
 	if _, ok := headers[HeaderNotReplayable]; ok {
 		WriteProblem(w, r, &Error{Code: CodeResponseNotReplayable,
-			Detail: "the request was completed, but its response was too large to store and cannot be replayed"})
+			Detail: "the request was completed, but its response could not be stored (too large, or a status outside 100-599) and cannot be replayed"})
 		return
 	}
 	h := w.Header()

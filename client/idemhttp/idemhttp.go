@@ -315,12 +315,10 @@ func notReplayable(status, size int) client.Response {
 }
 
 // unstorable is the response stored in place of one whose status idem
-// cannot store (frontdoor.StorableStatus): frontdoor.UnstorableStatus, no
-// body, marked frontdoor.HeaderNotReplayable with the status sent.
+// cannot store (frontdoor.StorableStatus, frontdoor.Unstorable).
 func unstorable(status int) client.Response {
-	return client.Response{Status: frontdoor.UnstorableStatus, Headers: map[string]string{
-		frontdoor.HeaderNotReplayable: "response of status " + strconv.Itoa(status) + " not stored (outside 100-599)",
-	}}
+	s, h := frontdoor.Unstorable(status)
+	return client.Response{Status: s, Headers: h}
 }
 
 func writeErr(w http.ResponseWriter, r *http.Request, err error) {
