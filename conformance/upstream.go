@@ -19,8 +19,10 @@ import (
 //	POST|PUT|PATCH|DELETE /orders[/...]  one side effect: answers 201 with
 //	    {"order": N, "echo": <the JSON body or null>}, Location /orders/N,
 //	    an ETag and a Set-Cookie. Query parameters: delay_ms=N holds the
-//	    answer N ms (N ≤ 60000); status=N answers that status instead;
-//	    size=N answers N bytes of text instead.
+//	    answer N ms (N ≤ 60000); status=N answers that status instead
+//	    (200–999: net/http lets a handler answer up to 999, beyond the
+//	    100–599 idem stores); size=N answers N bytes of text instead (200,
+//	    or status=N).
 //	GET /count  {"count": N}, the side effects so far.
 //	GET /orders  [] (a safe read).
 type Upstream struct {
@@ -97,9 +99,14 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(time.Duration(min(ms, 60000)) * time.Millisecond)
 	}
 	n := u.count.Add(1)
+	status, err := strconv.Atoi(q.Get("status"))
+	custom := err == nil && status >= 200 && status <= 999
 	if size, err := strconv.Atoi(q.Get("size")); err == nil && size > 0 {
 		w.Header().Set("Content-Type", "text/plain")
 		w.Header().Set("Content-Length", strconv.Itoa(size))
+		if custom {
+			w.WriteHeader(status)
+		}
 		chunk := []byte(strings.Repeat("x", 32<<10))
 		for size > 0 {
 			k := min(size, len(chunk))
@@ -108,9 +115,8 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	status := http.StatusCreated
-	if s, err := strconv.Atoi(q.Get("status")); err == nil && s >= 200 && s <= 599 {
-		status = s
+	if !custom {
+		status = http.StatusCreated
 	}
 	echo := json.RawMessage("null")
 	if json.Valid(body) && len(body) > 0 {

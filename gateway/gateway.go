@@ -21,9 +21,11 @@
 // that had the request and did not answer (a timeout: 504, a broken
 // connection: 502) may have acted on it, so that answer is stored like a
 // 5xx (released with store_5xx false). The gateway never sends a request
-// to the upstream twice by itself. A response over
-// the route's max_stored_bytes is passed through and recorded as completed
-// without its body; a replay then answers 409 response_not_replayable.
+// to the upstream twice by itself. A response over the route's
+// max_stored_bytes, or of a status idem cannot store (outside 100–599:
+// frontdoor.StorableStatus, whatever store_5xx says), is passed through and
+// recorded as completed without its body; a replay then answers 409
+// response_not_replayable.
 package gateway
 
 import (
@@ -564,26 +566,33 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable, "the upstream response broke off"))
 		return
 	}
-	if n > limit {
-		// Too large to store: record the completion without the body,
-		// then stream the response through.
-		stopKeeper()
+	stopKeeper()
+	switch {
+	case !frontdoor.StorableStatus(resp.StatusCode):
+		// A status idem cannot store (net/http lets the upstream answer up
+		// to 999): sent as it is, recorded as not replayable whatever
+		// store_5xx says. The upstream ran; released, the key would run it
+		// again.
+		status, headers := frontdoor.Unstorable(resp.StatusCode)
+		g.complete(ctx, c, r, idem.Response{Status: status, Headers: headers})
+	case n > limit:
+		// Too large to store: the completion is recorded without the body.
 		g.complete(ctx, c, r, idem.Response{Status: resp.StatusCode, Headers: map[string]string{
 			frontdoor.HeaderNotReplayable: "response larger than " + strconv.Itoa(maxStored) + " bytes not stored",
 		}})
-		copyHeader(w.Header(), resp.Header)
+	case frontdoor.StoreStatus(resp.StatusCode, rr.store5xx):
+		g.complete(ctx, c, r, idem.Response{Status: resp.StatusCode, Headers: stored, Body: buf.Bytes(), BodyEncoding: bodyEncoding(buf.Bytes())})
+	default:
+		g.release(ctx, c, r)
+	}
+	copyHeader(w.Header(), resp.Header)
+	if n > limit {
+		// Streamed through: what was read, then the rest.
 		w.WriteHeader(resp.StatusCode)
 		_, _ = w.Write(buf.Bytes())
 		_, _ = io.Copy(w, resp.Body)
 		return
 	}
-	stopKeeper()
-	if frontdoor.StoreStatus(resp.StatusCode, rr.store5xx) {
-		g.complete(ctx, c, r, idem.Response{Status: resp.StatusCode, Headers: stored, Body: buf.Bytes(), BodyEncoding: bodyEncoding(buf.Bytes())})
-	} else {
-		g.release(ctx, c, r)
-	}
-	copyHeader(w.Header(), resp.Header)
 	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(buf.Bytes())

@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -103,13 +104,17 @@ func send(t *testing.T, method, url, key, body string, header ...string) reply {
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := noRedirects.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return reply{resp.StatusCode, resp.Header, string(b)}
 }
+
+// noRedirects is the client of send: the gateway's answer is what a test
+// asserts, a 3xx included, not the page it points to.
+var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 
 func forEachBackend(t *testing.T, test func(t *testing.T, backend string)) {
 	for _, b := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
@@ -414,6 +419,122 @@ func TestLargeResponsesAndServerErrors(t *testing.T) {
 		require.Equal(t, idem.ErrKeyNotFound.Code, r.getRecordErr(t, "5xx-2"), "store_5xx false released the key")
 		require.Equal(t, int64(3), r.upstream.Count())
 	})
+}
+
+// TestStoreVectors runs the store member of
+// testvectors/frontdoor/policy.json through the gateway, over loopback, on
+// both stores: an upstream answering each status, on a route with
+// store_5xx on (the default) and off, then the retry. "store": the retry
+// is the first answer replayed; "release": the key is released and the
+// retry calls the upstream again; "not_replayable" (a status outside
+// 100–599, which net/http lets the upstream answer up to 999): the first
+// answer is the upstream's as sent, the record is completed as
+// frontdoor.Unstorable says (502, no body, only Idem-Not-Replayable) and
+// the retry is 409 response_not_replayable, the upstream called once,
+// whatever store_5xx says. Before, the gateway stored such a status as it
+// was and replayed it (GET /v1/keys/{key} showed a status outside the
+// API's 100–599), and with store_5xx false released the key: the retry
+// called the upstream a second time. A status an upstream cannot send as
+// its final answer over HTTP/1.1 (a 1xx is informational to the gateway's
+// transport; 99 is not a three-digit status) is not run here.
+func TestStoreVectors(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../testvectors/frontdoor/policy.json")
+	require.NoError(t, err)
+	var file struct {
+		Store []struct {
+			Status   int    `json:"status"`
+			Store5xx bool   `json:"store_5xx"`
+			Expect   string `json:"expect"`
+		} `json:"store"`
+	}
+	require.NoError(t, json.Unmarshal(b, &file))
+	seen := map[string]int{}
+	for _, v := range file.Store {
+		if v.Status >= 200 {
+			seen[v.Expect]++
+		}
+	}
+	require.Positive(t, seen["store"])
+	require.Positive(t, seen["release"])
+	require.Positive(t, seen["not_replayable"])
+	forEachBackend(t, func(t *testing.T, backend string) {
+		r := newRig(t, backend, "defaults:\n  max_stored_bytes: 4096\nroutes:\n  - path: /orders/release\n    store_5xx: false\n")
+		for _, v := range file.Store {
+			if v.Status < 200 {
+				continue
+			}
+			name := fmt.Sprintf("status %d store_5xx %v", v.Status, v.Store5xx)
+			path := "/orders?status=" + strconv.Itoa(v.Status)
+			if !v.Store5xx {
+				path = "/orders/release?status=" + strconv.Itoa(v.Status)
+			}
+			key := fmt.Sprintf("k-store-%d-%v", v.Status, v.Store5xx)
+			before := r.upstream.Count()
+			first := send(t, http.MethodPost, r.url+path, key, `{}`)
+			require.Equal(t, v.Status, first.status, name)
+			require.Empty(t, first.header.Get(frontdoor.HeaderReplayed), name)
+			require.Equal(t, before+1, r.upstream.Count(), name)
+			if v.Status != http.StatusNoContent {
+				require.Contains(t, first.body, `"order":`, "%s: the upstream's answer as sent", name)
+			}
+			retry := send(t, http.MethodPost, r.url+path, key, `{}`)
+			switch v.Expect {
+			case "store":
+				require.Equal(t, v.Status, retry.status, name)
+				require.Equal(t, "true", retry.header.Get(frontdoor.HeaderReplayed), name)
+				require.Equal(t, first.body, retry.body, name)
+				require.Equal(t, before+1, r.upstream.Count(), "%s: the upstream called once", name)
+			case "release":
+				require.Equal(t, v.Status, retry.status, name)
+				require.Empty(t, retry.header.Get(frontdoor.HeaderReplayed), name)
+				require.Equal(t, before+2, r.upstream.Count(), "%s: the key was released, the retry called the upstream", name)
+				require.Equal(t, idem.ErrKeyNotFound.Code, r.getRecordErr(t, key), name)
+			case "not_replayable":
+				require.Equal(t, http.StatusConflict, retry.status, "%s: %s", name, retry.body)
+				require.Equal(t, string(frontdoor.CodeResponseNotReplayable), retry.code(t), name)
+				require.Equal(t, before+1, r.upstream.Count(), "%s: the upstream called once", name)
+				requireUnstorableRecord(t, r, key, v.Status)
+			default:
+				t.Fatalf("%s: unknown expectation %q", name, v.Expect)
+			}
+		}
+
+		// An answer too large to store and of a status idem cannot store
+		// either: sent in full, recorded as not replayable for its status.
+		for i, path := range []string{"/orders?size=10000&status=799", "/orders/release?size=10000&status=799"} {
+			key := fmt.Sprintf("k-large-%d", i)
+			before := r.upstream.Count()
+			first := send(t, http.MethodPost, r.url+path, key, `{}`)
+			require.Equal(t, 799, first.status, path)
+			require.Len(t, first.body, 10000, path)
+			retry := send(t, http.MethodPost, r.url+path, key, `{}`)
+			require.Equal(t, http.StatusConflict, retry.status, path)
+			require.Equal(t, string(frontdoor.CodeResponseNotReplayable), retry.code(t), path)
+			require.Equal(t, before+1, r.upstream.Count(), "%s: the upstream called once", path)
+			requireUnstorableRecord(t, r, key, 799)
+		}
+	})
+}
+
+// requireUnstorableRecord requires key to be completed as not replayable
+// for an answer of status (frontdoor.Unstorable): the API shows status 502,
+// no body and only the Idem-Not-Replayable header.
+func requireUnstorableRecord(t *testing.T, r *rig, key string, status int) {
+	t.Helper()
+	rec := r.apiRecord(t, key)
+	require.Equal(t, "completed", rec["state"], key)
+	resp, ok := rec["response"].(map[string]any)
+	require.True(t, ok, "%s: %v", key, rec)
+	require.Equal(t, float64(frontdoor.UnstorableStatus), resp["status"], key)
+	wantStatus, wantHeaders := frontdoor.Unstorable(status)
+	require.Equal(t, float64(wantStatus), resp["status"], key)
+	headers := map[string]string{}
+	for k, v := range resp["headers"].(map[string]any) {
+		headers[k] = v.(string)
+	}
+	require.Equal(t, wantHeaders, headers, key)
+	require.Empty(t, resp["body"], key)
 }
 
 // TestLeaseKeptAliveDuringLongUpstreamCalls: with a one-second lease, an
