@@ -141,7 +141,9 @@ func ValidateNote(note string) error {
 }
 
 // Validate checks what a store trusts: a known action, a note, a response
-// for a completion. It returns an invalid_request *Error, or nil.
+// for a completion, with a status idem can replay
+// (ValidateResponseStatus). It returns an invalid_request *Error, or nil.
+// Both stores call it before they touch the record.
 func (p ResolveParams) Validate() error {
 	if !p.Action.Valid() {
 		return invalidField("action", `must be "release", "complete" or "review"`)
@@ -157,6 +159,9 @@ func (p ResolveParams) Validate() error {
 	}
 	if p.Action != ResolveComplete && p.Response != nil {
 		return invalidField("response", "is only sent to complete a record")
+	}
+	if p.Response != nil {
+		return ValidateResponseStatus(p.Response.Status)
 	}
 	return nil
 }

@@ -36,7 +36,8 @@ type Store interface {
 	// even after the lease ran out. Completing again with the same token and
 	// an equal response is a no-op that returns the stored record. It returns
 	// ErrKeyNotFound, ErrLeaseLost, or ErrAlreadyCompleted when the stored
-	// response differs.
+	// response differs; invalid_request, the record untouched, for params
+	// CompleteParams.Validate refuses (a status outside 100–599).
 	Complete(ctx context.Context, p CompleteParams) (Record, error)
 
 	// Release deletes an in-flight record whose token is current, so the next
@@ -50,7 +51,8 @@ type Store interface {
 	// a resolution is never stored without its audit entry, nor the other
 	// way round. It returns CheckResolve's errors. Concurrent resolutions
 	// and writes of one record are decided one after the other: at most one
-	// release or completion applies.
+	// release or completion applies. Params ResolveParams.Validate refuses
+	// are invalid_request, the record untouched.
 	Resolve(ctx context.Context, p ResolveParams) (Resolution, error)
 
 	// ListAudit returns audit entries, newest first by (CreatedAt, ID), for
@@ -189,6 +191,13 @@ type CompleteParams struct {
 	Key          string
 	FencingToken int64
 	Response     Response
+}
+
+// Validate checks what every store refuses in a completion, whoever sent
+// it: a status outside 100–599 (ValidateResponseStatus). It returns an
+// invalid_request *Error, or nil; the record is left as it was.
+func (p CompleteParams) Validate() error {
+	return ValidateResponseStatus(p.Response.Status)
 }
 
 // ReleaseParams are the inputs of Store.Release.

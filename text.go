@@ -100,6 +100,20 @@ func ValidateTenantName(name string) error {
 	return checkLabel("name", name, MaxTenantNameBytes)
 }
 
+// ValidateResponseStatus checks the status of a response to store:
+// 100–599 (openapi.yaml, StoredResponse.status), the statuses a replay can
+// send and the API can show. It returns an invalid_request *Error naming
+// "response.status", or nil. The API and the CLI check it first; both
+// stores check it again on every completion (CompleteParams.Validate,
+// ResolveParams.Validate), so no caller that talks to a store directly
+// (the gateway) can store a status the API would not serve.
+func ValidateResponseStatus(status int) error {
+	if status < 100 || status > 599 {
+		return invalidField("response.status", "must be between 100 and 599")
+	}
+	return nil
+}
+
 // ValidateResponseHeaders checks the headers of a response to store: every
 // name an HTTP token (RFC 9110 §5.1), every value valid UTF-8 without
 // control characters other than horizontal tab (RFC 9110 §5.5 forbids NUL,

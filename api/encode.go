@@ -223,8 +223,8 @@ func (in *responseInput) decode() (idem.Response, error) {
 	if in.Status == nil {
 		return idem.Response{}, fieldError("response.status", "is required", nil)
 	}
-	if *in.Status < 100 || *in.Status > 599 {
-		return idem.Response{}, fieldError("response.status", "must be between 100 and 599", nil)
+	if err := idem.ValidateResponseStatus(*in.Status); err != nil {
+		return idem.Response{}, err
 	}
 	if err := idem.ValidateResponseHeaders(in.Headers); err != nil {
 		return idem.Response{}, err

@@ -21,6 +21,9 @@ import (
 // resolution is written: whatever else must be stored with it (an outbox
 // event) belongs in this transaction.
 func (s *Store) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolution, error) {
+	if err := p.Validate(); err != nil {
+		return idem.Resolution{}, err
+	}
 	var headers []byte
 	if p.Action == idem.ResolveComplete {
 		headers = jsonenc.AppendStringMap(nil, p.Response.Headers)

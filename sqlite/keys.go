@@ -161,6 +161,9 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 // lease ran out. Completing again with the current token and an equal
 // response returns the stored record.
 func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Record, error) {
+	if err := p.Validate(); err != nil {
+		return idem.Record{}, err
+	}
 	headers := jsonenc.AppendStringMap(nil, p.Response.Headers)
 	var rec idem.Record
 	var refusal error

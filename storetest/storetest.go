@@ -106,6 +106,7 @@ func groups() []group {
 		{"Complete", []testCase{
 			{"StoresResponse", testCompleteStoresResponse},
 			{"AnswerIsTheStoredRecord", testCompleteAnswerIsStored},
+			{"StatusOutsideTheAPIRefused", testCompleteStatusRange},
 			{"AfterLeaseRanOut", testCompleteAfterLeaseRanOut},
 			{"SameResponseIsNoop", testCompleteSameResponseNoop},
 			{"DifferentResponse", testCompleteDifferentResponse},

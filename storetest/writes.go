@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -368,4 +369,43 @@ func testCompleteAnswerIsStored(t *testing.T, s *suite) {
 	done := b.complete(t, "acme", "checkpointed", rec.FencingToken, response(1))
 	require.Equal(t, "charged", done.RecoveryPoint)
 	requireBytes(t, []byte(`{"charge":"ch_1"}`), done.RecoveryData, "recovery data kept by the complete")
+}
+
+// testCompleteStatusRange: a completion (a worker's or a person's) whose
+// status is outside 100–599, which a replay cannot send and the API cannot
+// show, is refused invalid_request naming response.status, the record left
+// as it was, no audit entry written; 100 and 599 are stored. The API checks
+// the range first; the store checks it again for callers that reach it
+// directly (the gateway stored an upstream's 799 as it was).
+func testCompleteStatusRange(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	rec := b.create(t, "acme", "k")
+	for _, status := range []int{0, 99, 600, 799, 1000, -1} {
+		resp := response(1)
+		resp.Status = status
+		_, err := b.store.Complete(b.ctx, idem.CompleteParams{TenantID: "acme", Key: "k", FencingToken: rec.FencingToken, Response: resp})
+		requireCode(t, err, idem.ErrInvalidRequest, "status %d", status)
+		var ie *idem.Error
+		require.ErrorAs(t, err, &ie)
+		require.Equal(t, []idem.FieldError{{Field: "response.status", Message: "must be between 100 and 599"}}, ie.Fields)
+	}
+	requireSameRecord(t, rec, b.get(t, "acme", "k"))
+
+	b.advance(defaultLease)
+	p := resolution("acme", "k", idem.ResolveComplete, rec.FencingToken)
+	p.Response.Status = 799
+	_, err := b.store.Resolve(b.ctx, p)
+	requireCode(t, err, idem.ErrInvalidRequest, "a completion by hand")
+	requireSameRecord(t, rec, b.get(t, "acme", "k"))
+	require.Empty(t, b.audit(t, "acme", ""), "a refused resolution writes no audit entry")
+
+	for _, status := range []int{100, 599} {
+		key := fmt.Sprintf("k-%d", status)
+		r := b.create(t, "acme", key)
+		resp := response(1)
+		resp.Status = status
+		done := b.complete(t, "acme", key, r.FencingToken, resp)
+		require.Equal(t, status, done.Response.Status)
+	}
 }

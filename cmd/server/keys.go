@@ -75,7 +75,7 @@ func runKeys(ctx context.Context, e env, args []string) int {
 	p := idem.ResolveParams{TenantID: *tenant, Key: *key, Action: action, FencingToken: *token, Note: *note,
 		Actor: idem.Actor{Subject: "cli", Scope: "admin"}}
 	if action == idem.ResolveComplete {
-		if *status < 100 || *status > 599 {
+		if idem.ValidateResponseStatus(*status) != nil {
 			fmt.Fprintf(e.stderr, "%s: keys complete needs --status between 100 and 599\n", e.prog)
 			return 2
 		}
