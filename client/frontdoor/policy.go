@@ -227,8 +227,7 @@ const HeaderNotReplayable = "Idem-Not-Replayable"
 // without its body (HeaderNotReplayable) answers CodeResponseNotReplayable.
 func WriteReplay(w http.ResponseWriter, r *http.Request, status int, headers map[string]string, body []byte) {
 	if _, ok := headers[HeaderNotReplayable]; ok {
-		WriteProblem(w, r, &Error{Code: CodeResponseNotReplayable,
-			Detail: "the request was completed, but its response could not be stored (too large, or a status outside 100-599) and cannot be replayed"})
+		WriteProblem(w, r, &Error{Code: CodeResponseNotReplayable, Detail: NotReplayableDetail})
 		return
 	}
 	h := w.Header()

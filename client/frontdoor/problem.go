@@ -72,6 +72,13 @@ var Problems = map[Code]ProblemInfo{
 // retry with the same key waits on the tenant's usage, not on time.
 const StorageQuotaDetail = "the tenant's storage quota is used up: the request was not processed and nothing was stored; it cannot succeed until the tenant's stored records are purged or its storage quota is raised"
 
+// NotReplayableDetail is the detail of CodeResponseNotReplayable, the same
+// in every front door and for either reason a record is not replayable (a
+// response too large to store, or a status outside 100-599: Unstorable):
+// it names both, so it never says "too large" of an answer that was not.
+// The record's HeaderNotReplayable value says which, for operators.
+const NotReplayableDetail = "the request was completed, but its response could not be stored (too large, or a status outside 100-599) and cannot be replayed"
+
 // FieldError names one invalid part of a request.
 type FieldError struct {
 	Field   string `json:"field"`

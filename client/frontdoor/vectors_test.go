@@ -179,6 +179,7 @@ func TestPolicyVectors(t *testing.T) {
 			Retryable  bool   `json:"retryable"`
 			Type       string `json:"type"`
 			RetryAfter bool   `json:"retry_after"`
+			Detail     string `json:"detail"`
 		} `json:"problems"`
 		RequestIDs []struct {
 			Header string `json:"header"`
@@ -218,6 +219,15 @@ func TestPolicyVectors(t *testing.T) {
 		assert.Equal(t, v.Expect, frontdoor.StoredHeaders(h, v.Allow), v.Name)
 	}
 	require.Len(t, file.Problems, len(frontdoor.Problems))
+	// The codes whose detail is fixed: the vectors hold it once, every
+	// front door's constant must say the same.
+	fixed := map[string]string{
+		string(frontdoor.CodeResponseNotReplayable): frontdoor.NotReplayableDetail,
+		string(frontdoor.CodeStorageQuotaExceeded):  frontdoor.StorageQuotaDetail,
+	}
+	for _, v := range file.Problems {
+		assert.Equal(t, v.Detail, fixed[v.Code], "detail of %s", v.Code)
+	}
 	for _, v := range file.Problems {
 		t.Run(v.Code, func(t *testing.T) {
 			r := httptest.NewRequest(http.MethodPost, "/x", nil)

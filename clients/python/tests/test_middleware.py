@@ -5,6 +5,8 @@ idem middleware talking to the real server, on both stores."""
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +31,12 @@ def app(request: pytest.FixtureRequest, server: Server) -> Iterator[App]:
 
 
 HTTP = httpx.Client(timeout=30, limits=httpx.Limits(max_connections=100))
+
+#: The detail of 409 response_not_replayable, for either reason a record is
+#: not replayable: the shared vectors hold it once (docs/frontdoor.md rule 7).
+NOT_REPLAYABLE_DETAIL = next(p["detail"] for p in json.loads(
+    (Path(__file__).resolve().parents[3] / "testvectors/frontdoor/policy.json").read_text())["problems"]
+    if p["code"] == "response_not_replayable")
 
 
 def post(url: str, key: str | None, body: Any = BODY, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -184,16 +192,22 @@ def test_lost_claim_answer_between_middleware_and_idem(kind: str, server: Server
 
 @pytest.mark.parametrize("kind", ["flask", "fastapi"])
 def test_too_large_to_store_or_to_protect(kind: str, server: Server) -> None:
-    """A response over max_stored_bytes is sent, stored without its body,
-    and its retry answers 409 response_not_replayable instead of running
-    the handler again; a request body over max_body_bytes is refused 413."""
+    """A response over max_stored_bytes is sent, stored without its body
+    (Idem-Not-Replayable naming its size), and its retry answers 409
+    response_not_replayable, with the shared detail, instead of running the
+    handler again; a request body over max_body_bytes is refused 413."""
     for a in serve(kind, server.url, server.token, max_stored_bytes=50, max_body_bytes=64):
         key = new_key()
         first = post(a.url + "/charges/1", key)
         assert first.status_code == 201 and first.json()["charge"] == "ch_1"
+        rec = Client(server.url, token=server.token).get(key)
+        assert rec.state == "completed" and rec.response is not None and rec.response.status == 201, rec
+        why = re.fullmatch(r"response of (\d+) bytes not stored", rec.response.headers["Idem-Not-Replayable"])
+        assert why and int(why[1]) > 50, rec.response.headers
         again = post(a.url + "/charges/1", key)
         assert again.status_code == 409 and again.json()["code"] == "response_not_replayable"
         assert again.json()["retryable"] is False and "Retry-After" not in again.headers
+        assert again.json()["detail"] == NOT_REPLAYABLE_DETAIL
         big = post(a.url + "/charges/1", new_key(), body={"pad": "x" * 100})
         assert big.status_code == 413 and big.json()["code"] == "payload_too_large"
         assert len(a.effects.charges) == 1
@@ -306,6 +320,7 @@ def test_tenant_limit_below_max_stored_bytes(kind: str, server: Server, binary: 
         time.sleep(1.1)  # past the claim's lease: an in-flight key would be taken over now
         again = post(a.url + "/charges/3", key)
         assert again.status_code == 409 and again.json()["code"] == "response_not_replayable"
+        assert again.json()["detail"] == NOT_REPLAYABLE_DETAIL
         assert len(a.effects.charges) == 1
 
 
@@ -318,7 +333,9 @@ def test_unstorable_status(kind: str, store_5xx: bool, server: Server) -> None:
     too, so the retry after the claim's lease is 409
     response_not_replayable, not a second run. Before, complete was refused,
     the key stayed in flight and the retry after the lease ran the handler a
-    second time."""
+    second time. The record's Idem-Not-Replayable names the status sent, and
+    the retry's detail is the shared one, which does not say "too large"
+    (it did)."""
     for a in serve(kind, server.url, server.token, lease=1, store_5xx=store_5xx):
         key = new_key("odd")
         if kind == "flask":
@@ -331,10 +348,12 @@ def test_unstorable_status(kind: str, store_5xx: bool, server: Server) -> None:
                 post(a.url + "/odd", key, body={})
         rec = Client(server.url, token=server.token).get(key)
         assert rec.state == "completed" and rec.response is not None, rec
-        assert rec.response.status == 502 and "Idem-Not-Replayable" in rec.response.headers
+        assert rec.response.status == 502 and rec.response.body == b""
+        assert rec.response.headers["Idem-Not-Replayable"] == "response of status 799 not stored (outside 100-599)"
         time.sleep(1.1)  # past the claim's lease: an in-flight key would be taken over now
         again = post(a.url + "/odd", key, body={})
         assert again.status_code == 409 and again.json()["code"] == "response_not_replayable"
+        assert again.json()["detail"] == NOT_REPLAYABLE_DETAIL, "the detail does not say too large of a 799"
         assert len(a.effects.charges) == 1
 
 
@@ -492,7 +511,6 @@ def test_operation_vectors(kind: str, server: Server) -> None:
     retry could get past; /pay%FF was U+FFFD under uvicorn and a 500 under
     werkzeug (the middleware's own exception)."""
     import base64
-    import json
 
     vectors = json.loads((Path(__file__).resolve().parents[3] / "testvectors/frontdoor/operations.json").read_text())["vectors"]
     assert vectors
@@ -546,7 +564,6 @@ def test_target_vectors(kind: str, server: Server) -> None:
     Latin-1 reading of their UTF-8 encoding, so a byte outside ASCII gave
     another fingerprint than in the other SDKs."""
     import base64
-    import json
 
     vectors = json.loads((Path(__file__).resolve().parents[3] / "testvectors/frontdoor/targets.json").read_text())["vectors"]
     assert vectors
@@ -575,7 +592,6 @@ def test_invalid_claim_answers(kind: str) -> None:
     store_unavailable; the handler never runs and nothing invented is
     replayed. Before, a 201 without a fencing token ran the handler and a 200
     without a response replayed an empty answer."""
-    import json
     from http.server import ThreadingHTTPServer
 
     from test_vectors import _ClaimAnswer

@@ -167,10 +167,10 @@ def claim_failed(err: IdemError) -> FrontDoorError:
 
 def replay_answer(resp: Response, rid: str) -> Answer:
     """The answer of a replay: the stored status, headers and body; 409
-    response_not_replayable for a response that was too large to store."""
+    response_not_replayable for a record stored as not replayable (too
+    large, or a status idem cannot store)."""
     if frontdoor.HEADER_NOT_REPLAYABLE in resp.headers:
-        return problem_answer(FrontDoorError(frontdoor.RESPONSE_NOT_REPLAYABLE,
-                                             "the request was completed, but its response was too large to store and cannot be replayed"), rid)
+        return problem_answer(FrontDoorError(frontdoor.RESPONSE_NOT_REPLAYABLE, frontdoor.NOT_REPLAYABLE_DETAIL), rid)
     headers = [(k, v) for k, v in resp.headers.items() if k.lower() != "content-length"]
     headers += [(frontdoor.HEADER_REPLAYED, "true"), ("Content-Length", str(len(resp.body)))]
     return Answer(resp.status or 200, headers, resp.body)

@@ -55,12 +55,19 @@ PROBLEMS: dict[str, tuple[int, str, bool]] = {
     STORAGE_QUOTA_EXCEEDED: (507, "Storage quota exceeded", False),
 }
 
-#: The header stored in place of a response too large to store; a replay of
-#: such a record answers 409 response_not_replayable instead of running the
-#: handler again.
+#: The header stored, in place of a body, on a record whose response was sent
+#: but could not be kept (too large, or a status idem cannot store); a replay
+#: of such a record answers 409 response_not_replayable instead of running
+#: the handler again. Its value says why, for operators ("response of N
+#: bytes not stored", "response of status N not stored (outside 100-599)").
 HEADER_NOT_REPLAYABLE = "Idem-Not-Replayable"
 PAYLOAD_TOO_LARGE = "payload_too_large"
 RESPONSE_NOT_REPLAYABLE = "response_not_replayable"
+#: The detail of response_not_replayable, the same in every front door and
+#: for either reason a record is not replayable: it names both, so it never
+#: says "too large" of an answer whose status was the reason.
+NOT_REPLAYABLE_DETAIL = ("the request was completed, but its response could not be stored "
+                         "(too large, or a status outside 100-599) and cannot be replayed")
 
 #: The response headers stored with a response unless configured otherwise; never Set-Cookie.
 DEFAULT_STORED_HEADERS = ("Content-Type", "Content-Language", "Content-Disposition", "Content-Encoding",
