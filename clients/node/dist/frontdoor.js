@@ -34,9 +34,18 @@ export const problems = {
  */
 export const storageQuotaDetail = "the tenant's storage quota is used up: the request was not processed and nothing was stored; it cannot succeed until the tenant's stored records are purged or its storage quota is raised";
 /**
- * The header stored, in place of a body, on a record whose response was too
- * large to keep: a replay of it answers 409 response_not_replayable instead
- * of running the handler again.
+ * The detail of response_not_replayable, the same in every front door and
+ * for either reason a record is not replayable (a response too large to
+ * store, or a status idem cannot store): it names both, so it never says
+ * "too large" of an answer whose status was the reason.
+ */
+export const notReplayableDetail = "the request was completed, but its response could not be stored (too large, or a status outside 100-599) and cannot be replayed";
+/**
+ * The header stored, in place of a body, on a record whose response was sent
+ * but could not be kept (too large, or a status idem cannot store): a replay
+ * of it answers 409 response_not_replayable instead of running the handler
+ * again. Its value says why, for operators ("response of N bytes not
+ * stored", "response of status N not stored (outside 100-599)").
  */
 export const headerNotReplayable = "Idem-Not-Replayable";
 /** A refusal of the front door; {@link problemResponse} turns it into an RFC 9457 answer. */
@@ -757,7 +766,7 @@ export class FrontDoor {
             return { kind: "ran", headers: applied(result.waitAppliedSeconds) };
         const r = result.response;
         if (Object.hasOwn(r.headers, headerNotReplayable)) {
-            return refuse(new FrontDoorError("response_not_replayable", "the request was completed, but its response was too large to store and cannot be replayed"));
+            return refuse(new FrontDoorError("response_not_replayable", notReplayableDetail));
         }
         const headers = Object.entries(r.headers);
         headers.push([headerReplayed, "true"], ["Content-Length", String(r.body.length)], ...applied(result.waitAppliedSeconds));

@@ -29,6 +29,7 @@ export {
   escapeScope,
   fingerprintDocument,
   headerNotReplayable,
+  notReplayableDetail,
   headerPreferenceApplied,
   isJSON,
   operation,

@@ -231,6 +231,14 @@ const targetVectors = (JSON.parse(readFileSync(join(repoRoot, "testvectors", "fr
   vectors: { name: string; target?: string; target_base64?: string; expect: { fingerprint: string } }[];
 }).vectors;
 
+/**
+ * The detail of 409 response_not_replayable, for either reason a record is
+ * not replayable: the shared vectors hold it once (docs/frontdoor.md rule 7).
+ */
+const notReplayableDetail = (JSON.parse(readFileSync(join(repoRoot, "testvectors", "frontdoor", "policy.json"), "utf8")) as {
+  problems: { code: string; detail?: string }[];
+}).problems.find((p) => p.code === "response_not_replayable")?.detail;
+
 const operationVectors = (JSON.parse(readFileSync(join(repoRoot, "testvectors", "frontdoor", "operations.json"), "utf8")) as {
   vectors: { name: string; target?: string; target_base64?: string; expect: { operation: string; refused_by?: string[]; legacy?: { node?: string } } }[];
 }).vectors;
@@ -638,11 +646,14 @@ for (const store of stores()) {
           const rec = await c.get(k);
           assert.equal(rec.state, "completed", "the outcome is recorded, as not replayable");
           assert.equal(rec.response?.status, 502);
-          assert.ok(rec.response?.headers && "Idem-Not-Replayable" in rec.response.headers);
+          assert.equal(rec.response?.headers?.["Idem-Not-Replayable"], "response of status 799 not stored (outside 100-599)");
+          assert.equal(rec.response?.body.length, 0);
           await new Promise((r) => setTimeout(r, 1100)); // past the claim's lease: an in-flight key would be taken over now
           const again = await post(`${u}/odd`, k, {});
           assert.equal(again.status, 409);
           assert.equal(JSON.parse(again.text).code, "response_not_replayable");
+          // Before, the detail said the response was too large to store.
+          assert.equal(JSON.parse(again.text).detail, notReplayableDetail);
           assert.equal(ran, 1, `the handler ran once (storeServerErrors ${storeServerErrors})`);
         } finally {
           await new Promise<void>((r) => { h.closeAllConnections(); h.close(() => r()); });
@@ -847,9 +858,14 @@ for (const store of stores()) {
         const first = await post(`${app.url}/big`, k, {});
         assert.equal(first.status, 200);
         assert.equal(first.text.length, BIG);
+        const rec = await new Client({ baseUrl: srv.url, token: srv.token }).get(k);
+        assert.equal(rec.response?.status, 200);
+        const why = /^response of (\d+) bytes not stored$/.exec(rec.response?.headers?.["Idem-Not-Replayable"] ?? "");
+        assert.ok(why && Number(why[1]) > BIG, JSON.stringify(rec.response?.headers));
         const again = await post(`${app.url}/big`, k, {});
         assert.equal(again.status, 409);
         assert.equal(JSON.parse(again.text).code, "response_not_replayable");
+        assert.equal(JSON.parse(again.text).detail, notReplayableDetail);
         assert.equal(app.effects.get("big"), before + 1);
       });
 
@@ -869,6 +885,7 @@ for (const store of stores()) {
           const again = await post(`${small.url}/orders/${id}/pay`, k, { amount: 3 });
           assert.equal(again.status, 409);
           assert.equal(JSON.parse(again.text).code, "response_not_replayable");
+          assert.equal(JSON.parse(again.text).detail, notReplayableDetail);
           assert.equal(small.effects.get(id), 1);
         } finally {
           await small.close();

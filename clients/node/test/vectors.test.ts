@@ -8,7 +8,7 @@ import { describe, test } from "node:test";
 import {
   Client, Codes, FrontDoorError, IdemError, RetryBudget, StoredResponse, backoffCeilingMs, backoffMs, checkIJSON, defaultStoredHeaders, fingerprintDocument,
   key, operation, parseKey, parseRetryAfter, problems, requirement, retryAfterWaitMs, scopedKey, storableStatus, storeStatus, storedHeaders,
-  preferWait, validRequestId, validateKey, withDefaults,
+  notReplayableDetail, preferWait, storageQuotaDetail, validRequestId, validateKey, withDefaults,
 } from "../src/index.js";
 import { repoRoot } from "./server.js";
 
@@ -200,6 +200,11 @@ describe("testvectors/frontdoor", () => {
       assert.deepEqual(storedHeaders((n) => h.get(n.toLowerCase()) ?? [], v.allow ?? undefined), v.expect);
     });
   }
+  test("policy.problems: the fixed details are the vectors'", () => {
+    // The vectors hold each fixed detail once; the constants must say the same.
+    const fixed = Object.fromEntries(pol.problems.filter((v: { detail?: string }) => v.detail !== undefined).map((v: { code: string; detail: string }) => [v.code, v.detail]));
+    assert.deepEqual(fixed, { response_not_replayable: notReplayableDetail, storage_quota_exceeded: storageQuotaDetail });
+  });
   for (const v of pol.problems) {
     const known = (problems as Record<string, { status: number; title: string; retryable: boolean }>)[v.code];
     if (!known) {
