@@ -125,6 +125,16 @@ func problemCode(t *testing.T, r reply) string {
 	return p.Code
 }
 
+// problemDetail is the detail of a problem answer.
+func problemDetail(t *testing.T, r reply) string {
+	t.Helper()
+	var p struct {
+		Detail string `json:"detail"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.body), &p))
+	return p.Detail
+}
+
 func idemClient(t *testing.T, backend string) (*servertest.Server, *client.Client) {
 	t.Helper()
 	srv := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"shop"}})
@@ -269,6 +279,7 @@ func TestMiddlewareFrontDoorRules(t *testing.T) {
 		replay := post(t, url, "k-big", `{}`)
 		require.Equal(t, http.StatusConflict, replay.status)
 		require.Equal(t, "response_not_replayable", problemCode(t, replay))
+		require.Equal(t, frontdoor.NotReplayableDetail, problemDetail(t, replay))
 		require.Equal(t, int64(2), a.orders.Load(), "not run again")
 	})
 }
@@ -588,6 +599,7 @@ func TestMiddlewareTenantLimitBelowMaxStoredBytes(t *testing.T) {
 			again := post(t, app.URL+"/reports", "k-tenant-limit", `{}`)
 			require.Equal(t, http.StatusConflict, again.status)
 			require.Equal(t, string(frontdoor.CodeResponseNotReplayable), problemCode(t, again))
+			require.Equal(t, frontdoor.NotReplayableDetail, problemDetail(t, again))
 			require.Equal(t, int64(1), runs.Load(), "the handler ran once")
 		})
 	}
@@ -652,12 +664,13 @@ func TestMiddlewareUnstorableStatus(t *testing.T) {
 			require.Equal(t, client.StateCompleted, rec.State, "the outcome is recorded, as not replayable")
 			require.NotNil(t, rec.Response)
 			require.Equal(t, frontdoor.UnstorableStatus, rec.Response.Status)
-			require.Contains(t, rec.Response.Headers, frontdoor.HeaderNotReplayable)
+			require.Equal(t, "response of status 799 not stored (outside 100-599)", rec.Response.Headers[frontdoor.HeaderNotReplayable])
 
 			time.Sleep(1100 * time.Millisecond) // past the claim's lease: an in-flight key would be taken over now
 			again := post(t, app.URL+"/orders", key, `{}`)
 			require.Equal(t, http.StatusConflict, again.status)
 			require.Equal(t, string(frontdoor.CodeResponseNotReplayable), problemCode(t, again))
+			require.Equal(t, frontdoor.NotReplayableDetail, problemDetail(t, again), "not 'too large' of a 799")
 			require.Equal(t, int64(1), runs.Load(), "the handler ran once")
 		}
 	})
