@@ -35,6 +35,7 @@ import (
 	"github.com/idem-dev/idem/gateway"
 	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testvectors"
 )
 
 const tenant = "gw"
@@ -1129,58 +1130,23 @@ func TestStorageQuotaExceeded(t *testing.T) {
 // (/pay%FF) were stored as they came.
 func TestOperationVectors(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("../testvectors/frontdoor/operations.json")
-	require.NoError(t, err)
-	var file struct {
-		Vectors []struct {
-			Name         string `json:"name"`
-			Target       string `json:"target"`
-			TargetBase64 string `json:"target_base64"`
-			Expect       struct {
-				Operation string `json:"operation"`
-			} `json:"expect"`
-		} `json:"vectors"`
-	}
-	require.NoError(t, json.Unmarshal(b, &file))
-	require.NotEmpty(t, file.Vectors)
+	vectors := testvectors.Operations(t)
 	forEachBackend(t, func(t *testing.T, backend string) {
 		r := newRig(t, backend, "routes:\n  - path: /orders/open\n")
 		addr := strings.TrimPrefix(r.url, "http://")
-		for i, v := range file.Vectors {
-			target := v.Target
-			if v.TargetBase64 != "" {
-				raw, err := base64.StdEncoding.DecodeString(v.TargetBase64)
-				require.NoError(t, err)
-				target = string(raw)
-			}
+		for i, v := range vectors {
 			key := fmt.Sprintf("k-operation-%d", i)
 			before := r.upstream.Count()
-			status := rawStatus(t, addr, target, key)
+			status := testvectors.Post(t, addr, v.Target, key)
 			require.Less(t, status, 500, v.Name)
 			require.Equal(t, before+1, r.upstream.Count(), "%s: sent upstream once", v.Name)
 			rec := r.apiRecord(t, key)
 			assert.Equal(t, "completed", rec["state"], v.Name)
 			assert.Equal(t, v.Expect.Operation, rec["operation"], v.Name)
-			require.Equal(t, status, rawStatus(t, addr, target, key), v.Name)
+			require.Equal(t, status, testvectors.Post(t, addr, v.Target, key), v.Name)
 			require.Equal(t, before+1, r.upstream.Count(), "%s: the retry is a replay", v.Name)
 		}
 	})
-}
-
-// rawStatus POSTs {} with a request line that is target byte for byte (no
-// client library escaping it) and returns the answer's status.
-func rawStatus(t *testing.T, addr, target, key string) int {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	defer c.Close()
-	_, err = fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}", target, key)
-	require.NoError(t, err)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode
 }
 
 // TestConfigRefusesAPatternWithAControlCharacter: a route's pattern names

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/client/frontdoor"
+	"github.com/idem-dev/idem/testvectors"
 )
 
 func TestFingerprintVectorsMatchTheServer(t *testing.T) {
@@ -83,31 +84,9 @@ func TestFingerprintVectorsMatchTheServer(t *testing.T) {
 // builds from the expected path and query, and frontdoor.Target reads that
 // path and query from the request line.
 func TestTargetVectorsMatchTheServer(t *testing.T) {
-	b, err := os.ReadFile("frontdoor/targets.json")
-	require.NoError(t, err)
-	var file struct {
-		Vectors []struct {
-			Name         string `json:"name"`
-			Target       string `json:"target"`
-			TargetBase64 string `json:"target_base64"`
-			Expect       struct {
-				Path        string `json:"path"`
-				Query       string `json:"query"`
-				Fingerprint string `json:"fingerprint"`
-			} `json:"expect"`
-		} `json:"vectors"`
-	}
-	require.NoError(t, json.Unmarshal(b, &file))
-	require.NotEmpty(t, file.Vectors)
-	for _, v := range file.Vectors {
+	for _, v := range testvectors.Targets(t) {
 		t.Run(v.Name, func(t *testing.T) {
-			target := v.Target
-			if v.TargetBase64 != "" {
-				raw, err := base64.StdEncoding.DecodeString(v.TargetBase64)
-				require.NoError(t, err)
-				target = string(raw)
-			}
-			r := &http.Request{Method: http.MethodPost, RequestURI: target}
+			r := &http.Request{Method: http.MethodPost, RequestURI: v.Target}
 			path, query := frontdoor.Target(r)
 			doc, err := frontdoor.Document(frontdoor.Parts{Path: path, Query: query, ContentType: "application/json", Body: []byte("{}"), Header: http.Header{}}, frontdoor.Rules{})
 			require.NoError(t, err)

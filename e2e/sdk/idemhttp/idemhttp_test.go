@@ -1,9 +1,7 @@
 package idemhttp_test
 
 import (
-	"bufio"
 	"bytes"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -27,6 +25,7 @@ import (
 	"github.com/idem-dev/idem/internal/faultproxy"
 	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testvectors"
 )
 
 // app is a sample API whose POST /orders has a side effect it counts.
@@ -522,20 +521,21 @@ func TestMiddlewareReplaysHeaderBytes(t *testing.T) {
 	})
 }
 
-// rawPost sends a POST whose request line is target byte for byte (no
-// escaping by a client library) and returns the status.
-func rawPost(t *testing.T, addr, target, key string) int {
+// rawApp serves, behind the middleware with default options, a handler
+// that answers 201 at every path (no ServeMux pattern, so the route is the
+// path), for tests that send request lines byte for byte
+// (testvectors.Post); it returns the app's host:port and the count of the
+// handler's runs.
+func rawApp(t *testing.T, c *client.Client) (addr string, runs *atomic.Int64) {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	defer c.Close()
-	_, err = fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}", target, key)
-	require.NoError(t, err)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode
+	runs = new(atomic.Int64)
+	h := idemhttp.Middleware(c, idemhttp.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://"), runs
 }
 
 // TestMiddlewareRawQueryBytesFingerprint: two requests whose raw query
@@ -545,17 +545,10 @@ func rawPost(t *testing.T, addr, target, key string) int {
 func TestMiddlewareRawQueryBytesFingerprint(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
-		var runs atomic.Int64
-		h := idemhttp.Middleware(c, idemhttp.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			runs.Add(1)
-			w.WriteHeader(http.StatusCreated)
-		}))
-		srv := httptest.NewServer(h)
-		t.Cleanup(srv.Close)
-		addr := strings.TrimPrefix(srv.URL, "http://")
-		require.Equal(t, http.StatusCreated, rawPost(t, addr, "/orders?name=\xe9", "k-raw-query"))
-		require.Equal(t, http.StatusCreated, rawPost(t, addr, "/orders?name=\xe9", "k-raw-query"), "the same request is replayed")
-		require.Equal(t, http.StatusUnprocessableEntity, rawPost(t, addr, "/orders?name=\xe8", "k-raw-query"), "another request under the key")
+		addr, runs := rawApp(t, c)
+		require.Equal(t, http.StatusCreated, testvectors.Post(t, addr, "/orders?name=\xe9", "k-raw-query"))
+		require.Equal(t, http.StatusCreated, testvectors.Post(t, addr, "/orders?name=\xe9", "k-raw-query"), "the same request is replayed")
+		require.Equal(t, http.StatusUnprocessableEntity, testvectors.Post(t, addr, "/orders?name=\xe8", "k-raw-query"), "another request under the key")
 		require.Equal(t, int64(1), runs.Load())
 	})
 }
@@ -685,36 +678,12 @@ func TestMiddlewareUnstorableStatus(t *testing.T) {
 // fingerprint than in the other SDKs.
 func TestMiddlewareTargetVectors(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("../../../testvectors/frontdoor/targets.json")
-	require.NoError(t, err)
-	var file struct {
-		Vectors []struct {
-			Name         string `json:"name"`
-			Target       string `json:"target"`
-			TargetBase64 string `json:"target_base64"`
-			Expect       struct {
-				Fingerprint string `json:"fingerprint"`
-			} `json:"expect"`
-		} `json:"vectors"`
-	}
-	require.NoError(t, json.Unmarshal(b, &file))
-	require.NotEmpty(t, file.Vectors)
+	vectors := testvectors.Targets(t)
 	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
-		h := idemhttp.Middleware(c, idemhttp.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			w.WriteHeader(http.StatusCreated)
-		}))
-		srv := httptest.NewServer(h)
-		t.Cleanup(srv.Close)
-		addr := strings.TrimPrefix(srv.URL, "http://")
-		for i, v := range file.Vectors {
-			target := v.Target
-			if v.TargetBase64 != "" {
-				raw, err := base64.StdEncoding.DecodeString(v.TargetBase64)
-				require.NoError(t, err)
-				target = string(raw)
-			}
+		addr, _ := rawApp(t, c)
+		for i, v := range vectors {
 			key := fmt.Sprintf("k-target-%d", i)
-			require.Equal(t, http.StatusCreated, rawPost(t, addr, target, key), v.Name)
+			require.Equal(t, http.StatusCreated, testvectors.Post(t, addr, v.Target, key), v.Name)
 			rec, err := c.Get(t.Context(), key)
 			require.NoError(t, err)
 			assert.Equal(t, v.Expect.Fingerprint, rec.Fingerprint, v.Name)
@@ -842,19 +811,6 @@ func TestMiddlewareStorageQuotaExceeded(t *testing.T) {
 	}
 }
 
-// operationVectors are the cases of testvectors/frontdoor/operations.json:
-// the operation label of a request no route pattern names.
-type operationVectors struct {
-	Vectors []struct {
-		Name         string `json:"name"`
-		Target       string `json:"target"`
-		TargetBase64 string `json:"target_base64"`
-		Expect       struct {
-			Operation string `json:"operation"`
-		} `json:"expect"`
-	} `json:"vectors"`
-}
-
 // TestMiddlewareOperationVectors: each request line of
 // testvectors/frontdoor/operations.json, sent byte for byte to a handler no
 // ServeMux pattern names, is served and claimed with the operation the
@@ -865,37 +821,20 @@ type operationVectors struct {
 // one that decodes to bytes that are not UTF-8 (/pay%FF) was sent as U+FFFD.
 func TestMiddlewareOperationVectors(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("../../../testvectors/frontdoor/operations.json")
-	require.NoError(t, err)
-	var file operationVectors
-	require.NoError(t, json.Unmarshal(b, &file))
-	require.NotEmpty(t, file.Vectors)
+	vectors := testvectors.Operations(t)
 	forEachBackend(t, func(t *testing.T, _ *servertest.Server, c *client.Client) {
-		var runs atomic.Int64
-		h := idemhttp.Middleware(c, idemhttp.Options{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			runs.Add(1)
-			w.WriteHeader(http.StatusCreated)
-		}))
-		srv := httptest.NewServer(h)
-		t.Cleanup(srv.Close)
-		addr := strings.TrimPrefix(srv.URL, "http://")
-		for i, v := range file.Vectors {
-			target := v.Target
-			if v.TargetBase64 != "" {
-				raw, err := base64.StdEncoding.DecodeString(v.TargetBase64)
-				require.NoError(t, err)
-				target = string(raw)
-			}
+		addr, runs := rawApp(t, c)
+		for i, v := range vectors {
 			key := fmt.Sprintf("k-operation-%d", i)
 			before := runs.Load()
-			require.Equal(t, http.StatusCreated, rawPost(t, addr, target, key), v.Name)
+			require.Equal(t, http.StatusCreated, testvectors.Post(t, addr, v.Target, key), v.Name)
 			require.Equal(t, before+1, runs.Load(), "%s: the handler ran once", v.Name)
 			rec, err := c.Get(t.Context(), key)
 			require.NoError(t, err)
 			assert.Equal(t, client.StateCompleted, rec.State, v.Name)
 			assert.Equal(t, v.Expect.Operation, rec.Operation, v.Name)
 			// The retry matches its claim: the stored answer, not a second run.
-			require.Equal(t, http.StatusCreated, rawPost(t, addr, target, key), v.Name)
+			require.Equal(t, http.StatusCreated, testvectors.Post(t, addr, v.Target, key), v.Name)
 			require.Equal(t, before+1, runs.Load(), "%s: the retry is a replay", v.Name)
 		}
 	})
