@@ -15,6 +15,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/auth"
 	"github.com/idem-dev/idem/client/frontdoor"
+	"github.com/idem-dev/idem/internal/statuswriter"
 )
 
 type ctxKey int
@@ -35,37 +36,8 @@ type reqState struct {
 	principal      auth.Principal
 	tenant         idem.Tenant
 	responseHeader http.Header
-	writer         statusWriter
+	writer         statuswriter.Writer // the access log's view of the status, kept here: no allocation
 }
-
-// statusWriter is the access log's view of the response: the final status
-// the handler sent (0 until it writes). It lives in reqState, so watching
-// the status costs the request no allocation; Unwrap lets
-// http.ResponseController reach the server's writer underneath.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-// WriteHeader records the first final status (an informational 1xx other
-// than 101 is not one) and passes code on.
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 && (code < 100 || code > 199 || code == http.StatusSwitchingProtocols) {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-// Write records the implicit 200 of a body written without a header.
-func (w *statusWriter) Write(p []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(p)
-}
-
-// Unwrap returns the writer underneath, for http.ResponseController.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func stateFrom(ctx context.Context) *reqState {
 	st, _ := ctx.Value(stateKey).(*reqState)
@@ -121,7 +93,7 @@ func (s *service) accessLog(next http.Handler) http.Handler {
 		returned := false
 		defer func() {
 			end := time.Now()
-			status := ww.status
+			status := ww.Status
 			if status == 0 {
 				status = http.StatusOK
 				if !returned {

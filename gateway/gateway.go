@@ -49,6 +49,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/client/frontdoor"
 	"github.com/idem-dev/idem/internal/budget"
+	"github.com/idem-dev/idem/internal/statuswriter"
 	"github.com/idem-dev/idem/tenants"
 )
 
@@ -196,9 +197,9 @@ const (
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	x := &exchange{start: time.Now()}
 	rid := frontdoor.RequestID(w, r)
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &statuswriter.Writer{ResponseWriter: w}
 	g.serve(sw, r, x)
-	x.status = sw.status
+	x.status = sw.Status
 	g.metrics.observe(x)
 	g.logger.LogAttrs(r.Context(), slog.LevelInfo, "gateway request",
 		slog.String("request_id", rid),
@@ -734,26 +735,3 @@ func (g *Gateway) passThrough(w http.ResponseWriter, r *http.Request, rr *route,
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, resp.Body)
 }
-
-// statusWriter remembers the status sent.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusWriter) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusWriter) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the connection.
-func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
