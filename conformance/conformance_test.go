@@ -45,7 +45,10 @@ func idemServer(t *testing.T, backend string) (*servertest.Server, func(context.
 	}
 	srv := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"conf"}})
 	return srv, func(ctx context.Context) (func(), error) {
-		db, err := sql.Open("sqlite", srv.Config().SQLitePath())
+		// The server's own writes hold the file's write lock for moments
+		// at a time: wait for it (busy_timeout) instead of failing with
+		// SQLITE_BUSY when the kit's store-down hook lands on one.
+		db, err := sql.Open("sqlite", "file:"+srv.Config().SQLitePath()+"?_pragma=busy_timeout(10000)")
 		if err != nil {
 			return nil, err
 		}

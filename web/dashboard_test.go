@@ -173,8 +173,7 @@ func TestDashboardShowsOrphans(t *testing.T) {
 
 			// Claim rates show from the first refresh (a second sample two
 			// seconds after the first), well before the 10 s auto-refresh.
-			browsertest.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`,
-				chromedp.WithPollingTimeout(6*time.Second)))
+			browsertest.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`))
 			require.Contains(t, browsertest.Run(b, chromedp.Text(chromedp.CSS("#stat-rate-note"))), "over the last")
 			require.Len(t, browsertest.Run(b, chromedp.Evaluate[[]string](
 				`[...document.querySelectorAll("#rates .rate-val")].map(n => n.textContent).filter(v => v.startsWith("–"))`)), 0,
@@ -195,10 +194,8 @@ func TestDashboardShowsOrphans(t *testing.T) {
 			// A claim between two refreshes shows up as a created rate.
 			dashClaimKey(t, srv, acme, "order-between", 60)
 			b.Do(chromedp.Click(chromedp.CSS("#refresh")))
-			browsertest.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`,
-				chromedp.WithPollingTimeout(10*time.Second)))
-			browsertest.Run(b, chromedp.Poll[bool](`document.querySelector('#chart svg path[data-series="created"]').dataset.points === "2"`,
-				chromedp.WithPollingTimeout(10*time.Second)))
+			browsertest.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`))
+			browsertest.Run(b, chromedp.Poll[bool](`document.querySelector('#chart svg path[data-series="created"]').dataset.points === "2"`))
 			created := browsertest.Run(b, chromedp.Text(chromedp.CSS(`#rates li[data-outcome="created"] .rate-val`)))
 			require.NotRegexp(t, `^(–|0/min)`, created, "created rate after a claim between refreshes")
 			// The chart grew by the refresh: two samples of each line, the
@@ -208,8 +205,7 @@ func TestDashboardShowsOrphans(t *testing.T) {
 				`document.querySelector('#chart svg path[data-series="created"] + circle title').textContent`)))
 			// A reload keeps this tab's history.
 			b.Do(chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="operator"][data-loaded="1"]`)))
-			browsertest.Run(b, chromedp.Poll[bool](`Number(document.querySelector('#chart svg path[data-series="orphans"]')?.dataset.points) >= 3`,
-				chromedp.WithPollingTimeout(10*time.Second)))
+			browsertest.Run(b, chromedp.Poll[bool](`Number(document.querySelector('#chart svg path[data-series="orphans"]')?.dataset.points) >= 3`))
 			b.Screenshot("operator")
 
 			// Filter by tenant by clicking its row.
@@ -284,8 +280,7 @@ func TestDashboardSaysWhenTenantIsBucketed(t *testing.T) {
 			dashSignIn(c.token),
 			chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="tenant"][data-loaded="1"]`)),
 		)
-		browsertest.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`,
-			chromedp.WithPollingTimeout(6*time.Second)))
+		browsertest.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`))
 		note := browsertest.Run(b, chromedp.Text(chromedp.CSS("#rates-note")))
 		if c.bucketed {
 			require.Contains(t, note, `tenant="(other)"`)

@@ -121,13 +121,19 @@ func TestDeliveryRetriesUntilReceiverRecovers(t *testing.T) {
 			case 1:
 				return webhooktest.Answer{Status: 503}
 			case 2:
-				return webhooktest.Answer{Status: 200, Hang: 2 * time.Second} // past the 300 ms timeout
+				return webhooktest.Answer{Status: 200, Hang: 6 * time.Second} // past the 2 s timeout
 			}
 			return webhooktest.Answer{Status: 204}
 		})
 		e := register(t, s, r)
 		id := testEvent(t, s, e)
-		run(t, webhooks.New(s, fastConfig(), nil, nil))
+		// Exactly four attempts: the timeout is far above a loopback answer
+		// even on a loaded machine (with 300 ms, a loaded run saw the 204
+		// itself time out and a fifth attempt, rightly), and far below the
+		// third answer's hang.
+		cfg := fastConfig()
+		cfg.Timeout, cfg.Lease = 2*time.Second, 10*time.Second
+		run(t, webhooks.New(s, cfg, nil, nil))
 
 		require.Eventually(t, func() bool { return logOf(t, s, e)[0].State == idem.DeliveryDelivered }, 20*time.Second, 20*time.Millisecond)
 		require.Empty(t, r.Bad(), "every request carries a valid signature")

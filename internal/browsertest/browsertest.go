@@ -59,6 +59,13 @@ const EnvArtifacts = "IDEM_ARTIFACTS_DIR"
 // tens of seconds to parse and render the Redoc bundle.
 const DefaultTimeout = 90 * time.Second
 
+// one lets a single Chromium run at a time in a test process: parallel page
+// tests on a 2-core machine that is also running the race-enabled Go
+// suite made each other miss their waits; one at a time, each gets the
+// machine's spare core. A test holds it from New until its cleanup, so a
+// test must not start a second browser while it holds one.
+var one = make(chan struct{}, 1)
+
 // Browser is one headless Chromium tab with request and console recording.
 type Browser struct {
 	t   testing.TB
@@ -81,6 +88,9 @@ func New(t testing.TB) *Browser {
 		}
 		t.Skipf("browsertest: chromium not found at %s; skipping browser test (apt-get install -y chromium)", ChromiumPath)
 	}
+
+	one <- struct{}{}
+	t.Cleanup(func() { <-one })
 
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(path),
