@@ -8,8 +8,10 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: run
-run: ## Start the service on embedded SQLite in development mode (tokens printed).
-	go run ./cmd/server
+run: ## Build bin/idem and start it on embedded SQLite in development mode (tokens printed).
+	@test -x bin/idem || echo "building bin/idem: the first build downloads and compiles the modules (about 2 minutes on 2 cores)"
+	go build -o bin/idem ./cmd/server
+	bin/idem serve
 
 .PHONY: test
 test: ## Run every test (race detector, real throwaway PostgreSQL via pg_virtualenv, SQLite, browser).
