@@ -311,8 +311,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		return
 	case errors.Is(err, idem.ErrFingerprintMismatch):
 		x.outcome = outcomeMismatch
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeFingerprintMismatch,
-			"the idempotency key was first used with a different request (method, route, query or body)"))
+		frontdoor.WriteProblem(w, r, &frontdoor.Error{Code: frontdoor.CodeFingerprintMismatch, Detail: frontdoor.MismatchDetail})
 		return
 	case errors.Is(err, idem.ErrStorageQuotaExceeded):
 		// The store is up and refused a new record: not a store failure,

@@ -79,6 +79,11 @@ const StorageQuotaDetail = "the tenant's storage quota is used up: the request w
 // The record's HeaderNotReplayable value says which, for operators.
 const NotReplayableDetail = "the request was completed, but its response could not be stored (too large, or a status outside 100-599) and cannot be replayed"
 
+// MismatchDetail is the detail of CodeFingerprintMismatch, the same in
+// every front door: it names what the fingerprint covers, so a caller can
+// find what changed between its first request and this one.
+const MismatchDetail = "the idempotency key was first used with a different request (method, route, query or body)"
+
 // FieldError names one invalid part of a request.
 type FieldError struct {
 	Field   string `json:"field"`

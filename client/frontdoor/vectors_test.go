@@ -223,6 +223,7 @@ func TestPolicyVectors(t *testing.T) {
 	// front door's constant must say the same.
 	fixed := map[string]string{
 		string(frontdoor.CodeResponseNotReplayable): frontdoor.NotReplayableDetail,
+		string(frontdoor.CodeFingerprintMismatch):   frontdoor.MismatchDetail,
 		string(frontdoor.CodeStorageQuotaExceeded):  frontdoor.StorageQuotaDetail,
 	}
 	for _, v := range file.Problems {

@@ -341,8 +341,7 @@ func (m *middleware) writeClaimError(w http.ResponseWriter, r *http.Request, err
 		}
 		frontdoor.WriteProblem(w, r, e)
 	case errors.Is(err, client.ErrFingerprintMismatch):
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeFingerprintMismatch,
-			"this idempotency key was used with a different request"))
+		frontdoor.WriteProblem(w, r, &frontdoor.Error{Code: frontdoor.CodeFingerprintMismatch, Detail: frontdoor.MismatchDetail})
 	case errors.Is(err, client.ErrPayloadTooLarge):
 		// idem's request limit (IDEM_MAX_BODY_BYTES) is under MaxBodyBytes:
 		// a retry cannot succeed, so not the retryable 503.

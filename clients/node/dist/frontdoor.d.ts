@@ -30,6 +30,11 @@ export declare const storageQuotaDetail = "the tenant's storage quota is used up
  */
 export declare const notReplayableDetail = "the request was completed, but its response could not be stored (too large, or a status outside 100-599) and cannot be replayed";
 /**
+ * The detail of fingerprint_mismatch, the same in every front door: it names
+ * what the fingerprint covers, so a caller can find what changed.
+ */
+export declare const mismatchDetail = "the idempotency key was first used with a different request (method, route, query or body)";
+/**
  * The header stored, in place of a body, on a record whose response was sent
  * but could not be kept (too large, or a status idem cannot store): a replay
  * of it answers 409 response_not_replayable instead of running the handler

@@ -41,6 +41,11 @@ export const storageQuotaDetail = "the tenant's storage quota is used up: the re
  */
 export const notReplayableDetail = "the request was completed, but its response could not be stored (too large, or a status outside 100-599) and cannot be replayed";
 /**
+ * The detail of fingerprint_mismatch, the same in every front door: it names
+ * what the fingerprint covers, so a caller can find what changed.
+ */
+export const mismatchDetail = "the idempotency key was first used with a different request (method, route, query or body)";
+/**
  * The header stored, in place of a body, on a record whose response was sent
  * but could not be kept (too large, or a status idem cannot store): a replay
  * of it answers 409 response_not_replayable instead of running the handler
@@ -801,7 +806,7 @@ export class FrontDoor {
             if (err.code === Codes.requestInFlight)
                 return new FrontDoorError("request_in_flight", "a request with this idempotency key is being processed; retry later", err.retryAfterMs);
             if (err.code === Codes.fingerprintMismatch)
-                return new FrontDoorError("fingerprint_mismatch", "this idempotency key was used with a different request");
+                return new FrontDoorError("fingerprint_mismatch", mismatchDetail);
             if (err.code === Codes.invalidKey)
                 return new FrontDoorError("invalid_key", err.detail);
             if (err.code === Codes.payloadTooLarge) {

@@ -30,6 +30,7 @@ export {
   fingerprintDocument,
   headerNotReplayable,
   notReplayableDetail,
+  mismatchDetail,
   headerPreferenceApplied,
   isJSON,
   operation,

@@ -87,6 +87,7 @@ def test_policy() -> None:
         assert frontdoor.stored_headers(items, tc["allow"]) == tc["expect"], tc["name"]
     # The codes whose detail is fixed: the vectors hold it once, the constants must say the same.
     fixed = {frontdoor.RESPONSE_NOT_REPLAYABLE: frontdoor.NOT_REPLAYABLE_DETAIL,
+             frontdoor.FINGERPRINT_MISMATCH: frontdoor.MISMATCH_DETAIL,
              frontdoor.STORAGE_QUOTA_EXCEEDED: frontdoor.STORAGE_QUOTA_DETAIL}
     assert {tc["code"]: tc["detail"] for tc in v["problems"] if "detail" in tc} == fixed
     gateway_only = {"upstream_unavailable", "upstream_timeout", "server_busy"}

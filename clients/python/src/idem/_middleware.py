@@ -146,7 +146,7 @@ def claim_failed(err: IdemError) -> FrontDoorError:
             return FrontDoorError(frontdoor.REQUEST_IN_FLIGHT, "another request with this idempotency key is in progress; retry after Retry-After",
                                   retry_after=err.retry_after)
         if err.code == frontdoor.FINGERPRINT_MISMATCH:
-            return FrontDoorError(frontdoor.FINGERPRINT_MISMATCH, "this idempotency key was used with another request")
+            return FrontDoorError(frontdoor.FINGERPRINT_MISMATCH, frontdoor.MISMATCH_DETAIL)
         if err.code == frontdoor.PAYLOAD_TOO_LARGE:
             # idem's request limit (IDEM_MAX_BODY_BYTES) is under max_body_bytes: a retry cannot succeed.
             return FrontDoorError(frontdoor.PAYLOAD_TOO_LARGE, "the request body is too large for the idempotency service to fingerprint")

@@ -69,6 +69,10 @@ RESPONSE_NOT_REPLAYABLE = "response_not_replayable"
 NOT_REPLAYABLE_DETAIL = ("the request was completed, but its response could not be stored "
                          "(too large, or a status outside 100-599) and cannot be replayed")
 
+#: The detail of fingerprint_mismatch, the same in every front door: it names
+#: what the fingerprint covers, so a caller can find what changed.
+MISMATCH_DETAIL = "the idempotency key was first used with a different request (method, route, query or body)"
+
 #: The response headers stored with a response unless configured otherwise; never Set-Cookie.
 DEFAULT_STORED_HEADERS = ("Content-Type", "Content-Language", "Content-Disposition", "Content-Encoding",
                           "Location", "ETag", "Last-Modified", "Cache-Control")
