@@ -145,11 +145,16 @@ func Unstorable(status int) (int, map[string]string) {
 }
 
 // DefaultStoredHeaders are the response headers stored and replayed by
-// default: the ones that describe the representation. Per-caller headers
-// (Set-Cookie above all) are left out.
+// default: the ones that describe the representation, and the CORS
+// answer headers with Vary, without which a browser refuses to hand a
+// replay to the page that sent the retry (the origin is the caller's, and
+// the stored record is only ever replayed to a request with the same key
+// and fingerprint in the same scope). Per-caller headers (Set-Cookie above
+// all) are left out.
 var DefaultStoredHeaders = []string{
 	"Content-Type", "Content-Language", "Content-Disposition", "Content-Encoding",
 	"Location", "ETag", "Last-Modified", "Cache-Control",
+	"Access-Control-Allow-Origin", "Access-Control-Allow-Credentials", "Access-Control-Expose-Headers", "Vary",
 }
 
 // StoredHeaders returns the headers of h to store: those named in allow

@@ -616,6 +616,7 @@ export const unstorableStatus = 502;
 export const defaultStoredHeaders = Object.freeze([
     "Content-Type", "Content-Language", "Content-Disposition", "Content-Encoding",
     "Location", "ETag", "Last-Modified", "Cache-Control",
+    "Access-Control-Allow-Origin", "Access-Control-Allow-Credentials", "Access-Control-Expose-Headers", "Vary",
 ]);
 /**
  * The headers to store: those named in allow (default

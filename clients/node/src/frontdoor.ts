@@ -609,6 +609,7 @@ export const unstorableStatus = 502;
 export const defaultStoredHeaders: readonly string[] = Object.freeze([
   "Content-Type", "Content-Language", "Content-Disposition", "Content-Encoding",
   "Location", "ETag", "Last-Modified", "Cache-Control",
+  "Access-Control-Allow-Origin", "Access-Control-Allow-Credentials", "Access-Control-Expose-Headers", "Vary",
 ]);
 
 /**

@@ -73,9 +73,13 @@ NOT_REPLAYABLE_DETAIL = ("the request was completed, but its response could not 
 #: what the fingerprint covers, so a caller can find what changed.
 MISMATCH_DETAIL = "the idempotency key was first used with a different request (method, route, query or body)"
 
-#: The response headers stored with a response unless configured otherwise; never Set-Cookie.
+#: The response headers stored with a response unless configured otherwise: those that describe the
+#: representation, and the CORS answer headers with Vary (a browser refuses a replay without them);
+#: never Set-Cookie.
 DEFAULT_STORED_HEADERS = ("Content-Type", "Content-Language", "Content-Disposition", "Content-Encoding",
-                          "Location", "ETag", "Last-Modified", "Cache-Control")
+                          "Location", "ETag", "Last-Modified", "Cache-Control",
+                          "Access-Control-Allow-Origin", "Access-Control-Allow-Credentials",
+                          "Access-Control-Expose-Headers", "Vary")
 
 DEFAULT_REQUIRED = ("POST", "PATCH")
 _SAFE = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
