@@ -360,7 +360,7 @@ func TestDocsLinksResolve(t *testing.T) {
 	docs := web.Docs()
 	pages := loadPages(t, docs)
 	for _, want := range []string{"index.html", "quickstart/index.html", "keys/index.html", "retries/index.html",
-		"errors/index.html", "api/index.html", "operating/index.html", "gateway/index.html"} {
+		"errors/index.html", "api/index.html", "operating/index.html", "gateway/index.html", "frameworks/index.html"} {
 		require.Contains(t, pages, want, "the docs must have this page")
 	}
 	checked := 0
@@ -436,6 +436,9 @@ func TestDocsInBrowser(t *testing.T) {
 
 	b.Do(chromedp.Navigate(base+"/docs/quickstart/"), chromedp.WaitVisible(chromedp.CSS(`pre[data-src] code.loaded`)))
 	b.Screenshot("quickstart")
+
+	b.Do(chromedp.Navigate(base+"/docs/frameworks/"), chromedp.WaitVisible(chromedp.CSS(`pre[data-src] code.loaded`)))
+	b.Screenshot("frameworks")
 
 	b.Do(chromedp.Navigate(base+"/docs/retries/"), chromedp.WaitVisible(chromedp.CSS(`#timeline`)))
 	b.Screenshot("retries")
