@@ -125,7 +125,7 @@ func TestMissingLedgerIsNotRecreated(t *testing.T) {
 }
 
 // TestSQLiteDevModeCreatesItsFile: development mode (no key, sqlite:)
-// creates its file: the README's `go run ./cmd/server` on a fresh clone.
+// creates its file: the README's `make run` (bin/idem serve) on a fresh clone.
 func TestSQLiteDevModeCreatesItsFile(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "data", "idem.db")
