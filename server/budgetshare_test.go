@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -200,6 +201,84 @@ func TestLargeBodyReadDeadline(t *testing.T) {
 			r, err := ts.Store().GetRecord(t.Context(), idem.GetRecordParams{TenantID: "acme", Key: "slow"})
 			require.NoError(t, err)
 			require.Equal(t, idem.StateInFlight, r.State, "a cut-off complete stores nothing")
+		})
+	}
+}
+
+// startUnreadAnswer sends GET path with tok on a raw connection whose
+// receive buffer is small, and reads the answer's status line and headers
+// only: once the server's writes of a large body fill the socket buffers
+// its handler blocks, holding what it charged for the answer, until the
+// connection ends. answer receives the status.
+func startUnreadAnswer(t *testing.T, ts *servertest.Server, tok, path string) *slowBody {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", ts.Addr(), 5*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	require.NoError(t, conn.(*net.TCPConn).SetReadBuffer(16<<10))
+	require.NoError(t, conn.SetDeadline(time.Now().Add(2*time.Minute)))
+	_, err = fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer %s\r\n\r\n", path, tok)
+	require.NoError(t, err)
+	sb := &slowBody{conn: conn, answer: make(chan int, 1)}
+	go func() {
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			sb.answer <- -1
+			return
+		}
+		sb.answer <- resp.StatusCode // the body is left unread
+	}()
+	return sb
+}
+
+// The same hole through answers: two clients of one tenant that asked for
+// a stored record of 8 MiB (the largest max_response_bytes) and never read
+// the answer held 2 × 4 × 8 MiB, the whole default budget, until the write
+// timeout, and every other tenant's requests were 503 server_busy. Now the
+// first unread answer holds the hog's share and the second is refused 503
+// at once; the quiet tenant's pairs all succeed (both stores).
+func TestInflightShareBoundsUnreadAnswers(t *testing.T) {
+	t.Parallel()
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			ts := servertest.Start(t, servertest.Options{
+				Backend: backend, Tenants: []string{"quiet", "hog"},
+				Configure: func(c *server.Config) { c.WriteTimeout = 2 * time.Minute },
+			})
+			limit := server.DefaultConfig().MaxInflightBytes
+			admin := ts.Token(t, "", "admin")
+			resp, body := do(t, http.MethodPatch, ts.URL()+"/v1/admin/tenants/hog", admin, `{"settings":{"max_response_bytes":8388608}}`)
+			require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+			hog := ts.Token(t, "hog", "keys:write keys:read")
+			quiet := ts.Token(t, "quiet", "keys:write")
+			resp, body = do(t, http.MethodPost, ts.URL()+"/v1/keys/big/claim", hog, `{"operation":"op","fingerprint":"fp"}`)
+			require.Equal(t, http.StatusCreated, resp.StatusCode, string(body))
+			var c struct {
+				FencingToken int64 `json:"fencing_token"`
+			}
+			require.NoError(t, json.Unmarshal(body, &c))
+			const stored = 8 << 20 // no headers: Response.Size is the body's
+			resp, body = do(t, http.MethodPost, ts.URL()+"/v1/keys/big/complete", hog,
+				fmt.Sprintf(`{"fencing_token":%d,"response":{"status":200,"body":"%s"}}`, c.FencingToken, strings.Repeat("b", stored)))
+			require.Equal(t, http.StatusOK, resp.StatusCode, "%.300s", body)
+			require.Eventually(t, func() bool { return bodyBytesInFlight(ts) == 0 }, 10*time.Second, 10*time.Millisecond)
+
+			answer := int64(stored) * api.BodyMemoryFactor
+			first := startUnreadAnswer(t, ts, hog, "/v1/keys/big")
+			require.Equal(t, http.StatusOK, <-first.answer)
+			require.Eventually(t, func() bool { return bodyBytesInFlight(ts) >= answer }, 20*time.Second, 10*time.Millisecond,
+				"the first unread answer holds its charge")
+			second := startUnreadAnswer(t, ts, hog, "/v1/keys/big")
+			code := <-second.answer
+
+			// Every pair of the quiet tenant succeeds (before the share, the
+			// second unread answer left it no room: 503 server_busy).
+			during := quietPairs(t, ts, quiet, "during", 50)
+			require.Equal(t, http.StatusServiceUnavailable, code, "a second answer past the hog's share, leaving no share free, is refused")
+			require.GreaterOrEqual(t, bodyBytesInFlight(ts), answer, "the unread answer is still held")
+			t.Logf("%s: quiet tenant's claim→complete p99 %v while the hog's unread answer holds %d bytes of %d",
+				t.Name(), p99(during), answer, limit)
 		})
 	}
 }
