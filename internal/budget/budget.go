@@ -43,12 +43,21 @@ type Bytes struct {
 	// section is a map lookup, so the lock is held for tens of
 	// nanoseconds.
 	mu sync.Mutex
-	// owners maps an owner to the bytes it holds, only while it holds
-	// some: at the gateway owners are client addresses, which must not
-	// pile up. Deleting and adding the same key back reuses the map's
-	// room, so a steady load allocates nothing.
-	owners map[string]int64
+	// owners maps an owner to the bytes it holds. An owner that holds
+	// nothing keeps its entry (deleting and adding it back on every
+	// request cost more than the rest of a reservation) until the map
+	// reaches sweepAt entries; then those holding nothing are dropped and
+	// sweepAt doubles past what is left, so owners the gateway sees once
+	// (client addresses) do not pile up, and the sweeps cost O(1) per
+	// reservation over time.
+	owners  map[string]int64
+	sweepAt int
 }
+
+// minSweep is the fewest entries at which owners holding nothing are
+// dropped: far more tenants than a server has, few enough to scan in
+// microseconds.
+const minSweep = 1024
 
 // New returns a budget of limit bytes without shares.
 func New(limit int64) *Bytes { return &Bytes{limit: limit} }
@@ -57,7 +66,7 @@ func New(limit int64) *Bytes { return &Bytes{limit: limit} }
 // hold share bytes (see Bytes). share <= 0 or share >= limit gives a
 // budget without shares.
 func NewShared(limit, share int64) *Bytes {
-	b := &Bytes{limit: limit, owners: make(map[string]int64)}
+	b := &Bytes{limit: limit, owners: make(map[string]int64), sweepAt: minSweep}
 	b.SetShare(share)
 	return b
 }
@@ -128,13 +137,15 @@ func (b *Bytes) Acquire(owner string, n int64) bool {
 		return false
 	}
 	if b.share > 0 && owner != "" {
-		held := b.owners[owner] + n
+		cur, known := b.owners[owner]
+		held := cur + n
 		if held > b.share && total > b.borrow {
 			return false
 		}
-		if n > 0 {
-			b.owners[owner] = held
+		if !known && len(b.owners) >= b.sweepAt {
+			b.sweep()
 		}
+		b.owners[owner] = held
 	}
 	b.used.Add(n)
 	return true
@@ -153,12 +164,19 @@ func (b *Bytes) Release(owner string, n int64) {
 	defer b.mu.Unlock()
 	b.used.Add(-n)
 	if held, ok := b.owners[owner]; ok {
-		if held -= n; held > 0 {
-			b.owners[owner] = held
-		} else {
-			delete(b.owners, owner)
+		b.owners[owner] = max(held-n, 0)
+	}
+}
+
+// sweep drops the owners holding nothing and sets the size of the next
+// sweep; mu is held.
+func (b *Bytes) sweep() {
+	for o, held := range b.owners {
+		if held == 0 {
+			delete(b.owners, o)
 		}
 	}
+	b.sweepAt = max(2*len(b.owners), minSweep)
 }
 
 // Held returns the bytes owner holds now (0 on a budget without shares).
