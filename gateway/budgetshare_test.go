@@ -21,7 +21,9 @@ import (
 func fromAddr(ip string) *http.Client {
 	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
 	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return d.DialContext(ctx, network, addr) },
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return d.DialContext(ctx, network, addr)
+		},
 	}}
 }
 
@@ -32,29 +34,48 @@ func fromAddr(ip string) *http.Client {
 // (the route's scope, else the client's address) holds at most its share
 // while the budget keeps no share free for the others: the hog at
 // 127.0.0.2 holds one largest body, its second is refused, and a caller at
-// 127.0.0.3 gets every request through (both stores).
+// 127.0.0.3 gets every request through; on a route scoped by a header,
+// the same from one address with X-Account-Id hog and quiet (both stores).
 func TestInflightShareKeepsOtherCallers(t *testing.T) {
 	t.Parallel()
+	for _, c := range []struct {
+		name, scope, hogIP, quietIP, hogScope, quietScope string
+	}{
+		{"address", "", "127.0.0.2", "127.0.0.3", "", ""},
+		{"scope", "  scope_header: X-Account-Id\n", "127.0.0.1", "127.0.0.1", "hog", "quiet"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			testInflightShareKeepsOtherCallers(t, c.scope, c.hogIP, c.quietIP, c.hogScope, c.quietScope)
+		})
+	}
+}
+
+func testInflightShareKeepsOtherCallers(t *testing.T, scope, hogIP, quietIP, hogScope, quietScope string) {
 	forEachBackend(t, func(t *testing.T, backend string) {
 		const maxBody, maxStored = 1 << 20, 64 << 10
-		r := newRig(t, backend, fmt.Sprintf("defaults:\n  max_body_bytes: %d\n  max_stored_bytes: %d\n", maxBody, maxStored), func(o *gateway.Options) {
+		r := newRig(t, backend, fmt.Sprintf("defaults:\n  max_body_bytes: %d\n  max_stored_bytes: %d\n%s", maxBody, maxStored, scope), func(o *gateway.Options) {
 			o.MaxInflightBytes = 8 << 20
 			o.BodyReadTimeout = 2 * time.Minute
 		})
 		inFlight := func() int64 { return int64(r.gauge(t, "idem_gateway_request_body_bytes_in_flight")) }
 		addr := strings.TrimPrefix(r.url, "http://")
 
-		// hold announces a body of n bytes from 127.0.0.2 and sends one
+		// hold announces a body of n bytes from hogIP and sends one
 		// byte: true once the gateway holds it, false when it answers.
 		hold := func(key string, n int64) (bool, int) {
 			t.Helper()
 			before := inFlight()
-			d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}, Timeout: 5 * time.Second}
+			d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(hogIP)}, Timeout: 5 * time.Second}
 			conn, err := d.Dial("tcp", addr)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = conn.Close() })
 			require.NoError(t, conn.SetDeadline(time.Now().Add(2*time.Minute)))
-			_, err = fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", key, n)
+			scoped := ""
+			if hogScope != "" {
+				scoped = "X-Account-Id: " + hogScope + "\r\n"
+			}
+			_, err = fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: %s\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", key, scoped, n)
 			require.NoError(t, err)
 			answer := make(chan int, 1)
 			go func() {
@@ -87,12 +108,15 @@ func TestInflightShareKeepsOtherCallers(t *testing.T) {
 
 		// Every request of the other caller goes through (before the
 		// share, the first was 503 server_busy).
-		quiet := fromAddr("127.0.0.3")
+		quiet := fromAddr(quietIP)
 		for i := range 20 {
 			req, err := http.NewRequest(http.MethodPost, r.url+"/orders", strings.NewReader(`{"amount":1}`))
 			require.NoError(t, err)
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set("Idempotency-Key", fmt.Sprintf("quiet-%d", i))
+			if quietScope != "" {
+				req.Header.Set("X-Account-Id", quietScope)
+			}
 			resp, err := quiet.Do(req)
 			require.NoError(t, err)
 			body, _ := io.ReadAll(resp.Body)
