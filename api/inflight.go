@@ -79,7 +79,7 @@ var errBusy = errors.New("request body bytes in flight are over the server's bud
 func busy() error {
 	return &idem.Error{
 		Code:       idem.CodeServerBusy,
-		Detail:     "the server holds as many request bodies as it may; retry after the Retry-After delay",
+		Detail:     "the server holds as many request bodies as it may (for this tenant or in all); retry after the Retry-After delay",
 		RetryAfter: busyRetryAfter,
 		Err:        errBusy,
 	}
