@@ -50,6 +50,19 @@ type Options struct {
 	// request is refused with 503 server_busy before its body is read. Zero
 	// or less means DefaultMaxInflightBytes.
 	MaxInflightBytes int64
+	// InflightShare is the part of the in-flight budget each tenant may
+	// always hold, and at least one body of the largest size (budget
+	// NewShared, ShareOf); past it a tenant's request is still admitted
+	// while a whole share stays free for the other tenants. Zero means
+	// budget.DefaultShare; 1 or more turns the shares off.
+	InflightShare float64
+	// MinBodyRate is the slowest a body above largeBody bytes may arrive,
+	// in bytes per second: its read must end within bodyReadGrace plus
+	// its Content-Length at this rate (when that is sooner than the
+	// server's read timeout), so that a body announced large and sent one
+	// byte at a time holds its reservation for seconds, not for the read
+	// timeout. Zero means DefaultMinBodyRate; less than zero, no bound.
+	MinBodyRate int64
 	// Waiters hold claims that asked to wait (wait_seconds, Prefer:
 	// wait=N) while their key is in flight; nil never waits.
 	Waiters *idem.Waiters
@@ -100,6 +113,7 @@ type service struct {
 	logger   *slog.Logger
 	maxBody  int64
 	inflight *inflight
+	minRate  int64
 	observer Observer
 	waiters  *idem.Waiters
 	maxWait  time.Duration
@@ -141,7 +155,15 @@ func New(opts Options) *chi.Mux {
 	if limit <= 0 {
 		limit = DefaultMaxInflightBytes
 	}
-	s.inflight = budget.New(limit)
+	share := opts.InflightShare
+	if share <= 0 {
+		share = budget.DefaultShare
+	}
+	s.inflight = budget.NewShared(limit, budget.ShareOf(limit, share, s.maxBody*BodyMemoryFactor))
+	s.minRate = opts.MinBodyRate
+	if s.minRate == 0 {
+		s.minRate = DefaultMinBodyRate
+	}
 	if s.observer != nil {
 		s.observer.InflightBudget(s.inflight.Used)
 	}

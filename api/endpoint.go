@@ -55,13 +55,18 @@ func (noContent) statusCode() int { return http.StatusNoContent }
 func handle[Req any, Resp any](s *service, exec func(ctx context.Context, req *Req) (Resp, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		req := new(Req)
-		held, err := s.decodeBody(w, r, req)
+		// The bytes held for the request count in its tenant's share.
+		owner := principalFrom(r.Context()).Tenant
+		held, err := s.decodeBody(w, r, owner, req)
 		defer func() {
+			s.inflight.Release(owner, held)
 			if a, ok := any(req).(answerHolder); ok {
-				held += a.answerHeld()
+				s.inflight.Release(a.answerHeld())
 			}
-			s.inflight.Release(held)
 		}()
+		if a, ok := any(req).(answerHolder); ok {
+			a.setAnswerOwner(owner)
+		}
 		if err != nil {
 			s.writeProblem(w, r, err)
 			return
@@ -136,8 +141,8 @@ type bodyWrapper interface {
 // decodeBody reads at most MaxBodyBytes of the body and decodes it into dst.
 // It returns the in-flight budget it holds for the body, to be released by
 // the caller once the request is answered (also on error).
-func (s *service) decodeBody(w http.ResponseWriter, r *http.Request, dst any) (held int64, err error) {
-	body, held, err := s.readBody(w, r)
+func (s *service) decodeBody(w http.ResponseWriter, r *http.Request, owner string, dst any) (held int64, err error) {
+	body, held, err := s.readBody(w, r, owner)
 	if err != nil {
 		return held, err
 	}
@@ -260,10 +265,12 @@ func ijsonError(err error) error {
 }
 
 // readBody reads the whole body within MaxBodyBytes and the in-flight
-// budget. A declared Content-Length is checked and reserved before a byte is
-// read and read into a buffer of exactly that size; a body of unknown length
-// is reserved chunk by chunk as it is read.
-func (s *service) readBody(w http.ResponseWriter, r *http.Request) (body []byte, held int64, err error) {
+// budget, in owner's share. A declared Content-Length is checked and
+// reserved before a byte is read and read into a buffer of exactly that
+// size, within a read deadline proportional to it when it is large
+// (bodyDeadline); a body of unknown length is reserved chunk by chunk as it
+// is read.
+func (s *service) readBody(w http.ResponseWriter, r *http.Request, owner string) (body []byte, held int64, err error) {
 	tooLarge := func(limit int64) error {
 		return idem.Errorf(idem.CodePayloadTooLarge, "the request body is larger than %d bytes", limit)
 	}
@@ -277,16 +284,17 @@ func (s *service) readBody(w http.ResponseWriter, r *http.Request) (body []byte,
 		return nil, 0, tooLarge(s.maxBody)
 	case n > 0:
 		held = n * BodyMemoryFactor
-		if !s.inflight.Acquire(held) {
+		if !s.inflight.Acquire(owner, held) {
 			return nil, 0, busy()
 		}
+		s.bodyDeadline(w, n)
 		body = make([]byte, n)
 		if _, err := io.ReadFull(r.Body, body); err != nil {
 			return nil, held, unreadable(err)
 		}
 		return body, held, nil
 	}
-	mb := &meteredBody{r: r.Body, budget: s.inflight, limit: s.maxBody}
+	mb := &meteredBody{r: r.Body, budget: s.inflight, owner: owner, limit: s.maxBody}
 	body, err = io.ReadAll(http.MaxBytesReader(w, io.NopCloser(mb), s.maxBody))
 	held = mb.held
 	var mbe *http.MaxBytesError

@@ -3,6 +3,7 @@ package api
 import (
 	"errors"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -27,13 +28,48 @@ const BodyMemoryFactor = 4
 // budget: bodies in flight drain within a second on a healthy server.
 const busyRetryAfter = time.Second
 
+// DefaultMinBodyRate is Options.MinBodyRate when unset, the server's
+// default IDEM_MIN_BODY_RATE: 1 MiB/s, so a body of the default 10 MiB
+// limit must arrive within 15 s, one of 1 MiB within 6 s.
+const DefaultMinBodyRate = 1 << 20
+
+// largeBody is the declared size from which a body's read gets a deadline
+// of its own (bodyDeadline). Below it a body holds at most 4 × 64 KiB of
+// the budget, which the tenant's share bounds; the claims and completes of
+// the hot path stay free of the deadline's cost.
+const largeBody = 64 << 10
+
+// bodyReadGrace is the part of a large body's read deadline that does not
+// depend on its size: a client's first bytes after the headers, a pause
+// of the network.
+const bodyReadGrace = 5 * time.Second
+
+// bodyDeadline bounds the read of a body of n declared bytes, reserved in
+// full before it is read, by its size: bodyReadGrace plus n at the
+// minimum rate. Without it a client that announces the largest body and
+// sends one byte holds BodyMemoryFactor times it until the server's read
+// timeout (30 s by default). The server's read timeout still applies when
+// it is sooner; a body that misses the deadline is answered 400 and its
+// reservation given back.
+func (s *service) bodyDeadline(w http.ResponseWriter, n int64) {
+	if n < largeBody || s.minRate <= 0 {
+		return
+	}
+	d := bodyReadGrace + time.Duration(float64(n)/float64(s.minRate)*float64(time.Second))
+	// ErrNotSupported (a writer that cannot set it) leaves the read timeout.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d))
+}
+
 // inflight is the server-wide budget of request body bytes in flight. A
 // request reserves its body (times BodyMemoryFactor) before a byte of it is
 // read, from Content-Length when the client sends one, or chunk by chunk as
 // it is read otherwise, and gives it back when its answer is written. Past
 // the budget the request is refused with 503 server_busy and Retry-After:
 // the server answers more requests later instead of running out of memory
-// now.
+// now. The bytes count in the share of the request's tenant
+// (Options.InflightShare): past its share a tenant's request is refused
+// unless a whole share stays free for the others, so one tenant's slow or
+// large bodies and unread answers cannot refuse every other tenant.
 type inflight = budget.Bytes
 
 // errBusy ends the read of a body whose next bytes the budget cannot hold.
@@ -43,7 +79,7 @@ var errBusy = errors.New("request body bytes in flight are over the server's bud
 func busy() error {
 	return &idem.Error{
 		Code:       idem.CodeServerBusy,
-		Detail:     "the server holds as many request bodies as it may; retry after the Retry-After delay",
+		Detail:     "the server holds as many request bodies as it may (for this tenant or in all); retry after the Retry-After delay",
 		RetryAfter: busyRetryAfter,
 		Err:        errBusy,
 	}
@@ -52,25 +88,37 @@ func busy() error {
 // answerHold is the in-flight budget a request holds for the stored bytes
 // its answer carries (a replayed response, recovery data), charged once the
 // store has read them and given back, like the body's, once the answer is
-// written. Requests whose answers carry stored bytes embed it.
-type answerHold struct{ held int64 }
+// written. Requests whose answers carry stored bytes embed it. owner is
+// whose share the bytes count in: the request's tenant (handle sets it).
+type answerHold struct {
+	owner string
+	held  int64
+}
 
-func (a *answerHold) answerHeld() int64 { return a.held }
+func (a *answerHold) answerHeld() (string, int64) { return a.owner, a.held }
+func (a *answerHold) setAnswerOwner(owner string) { a.owner = owner }
 
 // answerHolder is a request that may hold budget for its answer.
-type answerHolder interface{ answerHeld() int64 }
+type answerHolder interface {
+	answerHeld() (owner string, n int64)
+	setAnswerOwner(owner string)
+}
 
 // holdAnswer charges the in-flight budget for the stored bytes rec carries
 // into the answer, BodyMemoryFactor times (the record as read, its JSON
 // text, the buffer the answer is encoded into, and that buffer's growth),
-// before they are copied into the answer. Past the budget it returns
-// 503 server_busy: a stored response can be asked for again and again
-// (replays and reads change nothing), so without the charge many reads of
-// large responses at once would run the server out of memory however small
-// their requests. Refusing is safe for every answer it is called for: a
-// replay or a read decided nothing, and a claim that took over or recovered
-// a key is recovered by the caller's retry with the same attempt id (or,
-// without one, once the new lease runs out), as after a lost answer.
+// before they are copied into the answer, in the share of the request's
+// tenant. Past the budget, or past the tenant's share while the budget
+// keeps no share free for the others, it returns 503 server_busy: a stored
+// response can be asked for again and again (replays and reads change
+// nothing), so without the charge many reads of large responses at once
+// would run the server out of memory however small their requests, and
+// without the share one tenant's clients that never read their large
+// answers would hold the whole budget until the write timeout. Refusing
+// is safe for every answer it is called for: a replay or a read decided
+// nothing, and a claim that took over or recovered a key is recovered by
+// the caller's retry with the same attempt id (or, without one, once the
+// new lease runs out), as after a lost answer.
 func (s *service) holdAnswer(a *answerHold, rec idem.Record) error {
 	n := int64(len(rec.RecoveryData))
 	if rec.Response != nil {
@@ -80,10 +128,10 @@ func (s *service) holdAnswer(a *answerHold, rec idem.Record) error {
 		return nil
 	}
 	n *= BodyMemoryFactor
-	if !s.inflight.Acquire(n) {
+	if !s.inflight.Acquire(a.owner, n) {
 		return &idem.Error{
 			Code: idem.CodeServerBusy,
-			Detail: "the server holds as many request and stored response bodies as it may; nothing was sent: " +
+			Detail: "the server holds as many request and stored response bodies as it may (for this tenant or in all); nothing was sent: " +
 				"retry after the Retry-After delay (a claim with the same attempt id)",
 			RetryAfter: busyRetryAfter,
 			Err:        errBusy,
@@ -101,6 +149,7 @@ func (s *service) holdAnswer(a *answerHold, rec idem.Record) error {
 type meteredBody struct {
 	r      io.Reader
 	budget *inflight
+	owner  string
 	limit  int64
 	read   int64
 	held   int64 // charged bytes, released by the request when it ends
@@ -122,13 +171,13 @@ func (m *meteredBody) Read(p []byte) (int, error) {
 	if m.read >= m.limit {
 		want = 0
 	}
-	if !m.budget.Acquire(want) {
+	if !m.budget.Acquire(m.owner, want) {
 		return 0, errBusy
 	}
 	n, err := m.r.Read(p)
 	m.read += int64(n)
 	used := min(int64(n)*BodyMemoryFactor, want)
-	m.budget.Release(want - used)
+	m.budget.Release(m.owner, want-used)
 	m.held += used
 	return n, err
 }

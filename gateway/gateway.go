@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
@@ -85,6 +86,13 @@ type Options struct {
 	// DefaultMaxInflightBytes). Past it a protected request is refused
 	// 503 server_busy with Retry-After, unread and unclaimed.
 	MaxInflightBytes int64
+	// InflightShare is the part of the budget each caller — the route's
+	// scope when it has one, else the client's address — may always hold,
+	// and at least the largest request of any route; past it a caller's
+	// request is still admitted while a whole share stays free for the
+	// others (IDEM_INFLIGHT_SHARE; 0 means budget.DefaultShare, 1 or more
+	// turns the shares off).
+	InflightShare float64
 	// BodyReadTimeout bounds reading the body of a protected request
 	// (IDEM_READ_TIMEOUT; default 30s): a caller that stops sending its
 	// body mid-way gets 400 instead of holding the connection and the
@@ -128,7 +136,7 @@ func New(opts Options) (*Gateway, error) {
 	}
 	store := idem.WithDeadline(opts.Store, opts.StoreTimeout)
 	g := &Gateway{
-		opts: opts, budget: budget.New(opts.MaxInflightBytes), store: store, tenants: tenants.NewService(store, opts.TenantCacheTTL),
+		opts: opts, budget: budget.NewShared(opts.MaxInflightBytes, 0), store: store, tenants: tenants.NewService(store, opts.TenantCacheTTL),
 		transport: opts.Transport, logger: opts.Logger,
 	}
 	g.metrics = newMetrics(opts.Registerer, g.budget.Used)
@@ -159,6 +167,7 @@ func (g *Gateway) Reload() error {
 	if err := rt.fits(g.budget.Limit()); err != nil {
 		return fmt.Errorf("gateway config: %w", err)
 	}
+	g.budget.SetShare(g.shareOf(rt))
 	g.routing.Store(rt)
 	return nil
 }
@@ -230,19 +239,21 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		g.passThrough(w, r, rr, x, r.Body)
 		return
 	}
-	if scope, err := rr.scope(r); err != nil {
+	scope, err := rr.scope(r)
+	if err != nil {
 		g.refuse(w, r, x, err)
 		return
 	} else if key, err = frontdoor.ScopedKey(scope, key); err != nil {
 		g.refuse(w, r, x, err)
 		return
 	}
-	held, ok := g.reserveBody(r, rr.maxBody)
+	owner := budgetOwner(r, scope)
+	held, ok := g.reserveBody(r, owner, rr.maxBody)
 	if !ok {
 		g.busy(w, r, x)
 		return
 	}
-	defer func() { g.budget.Release(held) }()
+	defer func() { g.budget.Release(owner, held) }()
 	body, err := g.readBody(w, r, rr.maxBody)
 	if err != nil {
 		g.refuse(w, r, x, err)
@@ -251,7 +262,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 	// A body of unknown length was charged the route's limit: keep only
 	// what it holds.
 	if keep := int64(len(body)) * BodyMemoryFactor; keep < held {
-		g.budget.Release(held - keep)
+		g.budget.Release(owner, held-keep)
 		held = keep
 	}
 	path, query := frontdoor.Target(r)
@@ -279,7 +290,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		// reserve that before anything is claimed or sent, so the answer
 		// of a request the upstream ran always has room to be stored.
 		answer = int64(storedLimit(t, rr))
-		if !g.budget.Acquire(answer) {
+		if !g.budget.Acquire(owner, answer) {
 			g.busy(w, r, x)
 			return
 		}
@@ -352,7 +363,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		// A response stored while the limit was higher is charged what
 		// it holds beyond the reservation.
 		if more := int64(resp.Size()) - answer; more > 0 {
-			if !g.budget.Acquire(more) {
+			if !g.budget.Acquire(owner, more) {
 				g.busy(w, r, x)
 				return
 			}
@@ -382,15 +393,60 @@ const BodyMemoryFactor = 4
 // reserveBody charges the budget for the body of a protected request
 // before a byte of it is read: its Content-Length (the route's limit when
 // it announces more: the read stops there with 413), or the route's limit
-// when the length is unknown. It returns the bytes charged, or false when
-// they do not fit; the caller releases them once the answer is written.
-func (g *Gateway) reserveBody(r *http.Request, limit int64) (int64, bool) {
+// when the length is unknown, in owner's share. It returns the bytes
+// charged, or false when they do not fit; the caller releases them once the
+// answer is written.
+func (g *Gateway) reserveBody(r *http.Request, owner string, limit int64) (int64, bool) {
 	n := r.ContentLength
 	if n < 0 || n > limit {
 		n = limit
 	}
 	held := n * BodyMemoryFactor
-	return held, g.budget.Acquire(held)
+	return held, g.budget.Acquire(owner, held)
+}
+
+// budgetOwner is whose share of the budget a protected request counts in:
+// the caller the route scopes keys by (a header's value, a bearer token's
+// subject) when it has a scope, else the client's address. The gateway
+// serves one tenant, so without it one anonymous client announcing large
+// bodies and sending them slowly refused every other caller until the body
+// read timeout. (The address is a substring of RemoteAddr: no allocation.)
+func budgetOwner(r *http.Request, scope string) string {
+	if scope != "" {
+		return scope
+	}
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
+}
+
+// shareOf is the share of each caller in the budget for the routes of rt:
+// Options.InflightShare of it, and at least what the largest request of a
+// route holds (its largest body BodyMemoryFactor times and its largest
+// stored answer, as fits counts them), so that such a request is never
+// refused to a caller holding nothing while the budget has room.
+func (g *Gateway) shareOf(rt *routing) int64 {
+	var largest int64
+	check := func(r *route) {
+		if r == nil {
+			return
+		}
+		answer := int64(idem.MaxResponseBytesLimit)
+		if r.maxStored > 0 {
+			answer = int64(min(r.maxStored, idem.MaxResponseBytesLimit))
+		}
+		largest = max(largest, r.maxBody*BodyMemoryFactor+answer)
+	}
+	for _, r := range rt.routes {
+		check(r)
+	}
+	check(rt.fallback)
+	share := g.opts.InflightShare
+	if share <= 0 {
+		share = budget.DefaultShare
+	}
+	return budget.ShareOf(g.budget.Limit(), share, largest)
 }
 
 // storedLimit is the largest answer of route rr the gateway stores for

@@ -15,6 +15,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/internal/budget"
 	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/webhooks"
@@ -72,6 +73,20 @@ type Config struct {
 	// request is answered 503 server_busy before its body is read, so many
 	// large bodies at once cannot run the process out of memory.
 	MaxInflightBytes int64
+	// InflightShare is the part of that budget each owner of requests — a
+	// tenant at the API, a caller (the route's scope, else the client's
+	// address) at the gateway — may always hold, and at least the largest
+	// request (IDEM_INFLIGHT_SHARE, 0 < share <= 1; budget.ShareOf). Past
+	// it an owner's request is admitted only while a whole share stays
+	// free for the others, so one tenant's slow bodies or unread answers
+	// cannot refuse everyone else; 1 turns it off.
+	InflightShare float64
+	// MinBodyRate is the slowest a request body above 64 KiB may arrive,
+	// in bytes per second (IDEM_MIN_BODY_RATE): its read must end within
+	// 5 s plus its Content-Length at this rate, when that is sooner than
+	// IDEM_READ_TIMEOUT, so a large body sent one byte at a time gives its
+	// reservation back in seconds. 0 leaves the read timeout alone.
+	MinBodyRate int64
 	// LogFormat is "json" or "text"; "" picks text in development mode and
 	// json otherwise.
 	LogFormat string
@@ -152,6 +167,8 @@ func DefaultConfig() Config {
 		JWTAudience:         "idem",
 		MaxBodyBytes:        10 << 20,
 		MaxInflightBytes:    64 << 20,
+		InflightShare:       budget.DefaultShare,
+		MinBodyRate:         api.DefaultMinBodyRate,
 		LogLevel:            "info",
 		ShutdownGrace:       20 * time.Second,
 		DBMaxConns:          10,
@@ -216,6 +233,10 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*int64Value)(&c.MaxBodyBytes) }},
 		{"max-inflight-bytes", "IDEM_MAX_INFLIGHT_BYTES", "budget of request body bytes in flight across all requests, each body counted 4 times its size; past it 503 server_busy with Retry-After", false,
 			func(c *Config) flag.Value { return (*int64Value)(&c.MaxInflightBytes) }},
+		{"inflight-share", "IDEM_INFLIGHT_SHARE", "part of the in-flight budget each tenant (at the gateway: each caller, the route's scope or else the client address) may always hold, and at least one request of the largest size (0 < share <= 1); past it a request is admitted only while a whole share stays free for the others, else 503 server_busy; 1 turns it off", false,
+			func(c *Config) flag.Value { return (*floatValue)(&c.InflightShare) }},
+		{"min-body-rate", "IDEM_MIN_BODY_RATE", "slowest a request body above 64 KiB may arrive at the API, in bytes per second: its read ends within 5s plus its Content-Length at this rate (when sooner than IDEM_READ_TIMEOUT), else 400; 0 leaves only the read timeout", false,
+			func(c *Config) flag.Value { return (*int64Value)(&c.MinBodyRate) }},
 		{"log-format", "IDEM_LOG_FORMAT", "log format: json or text (default: text in development mode, json otherwise)", false,
 			func(c *Config) flag.Value { return (*stringValue)(&c.LogFormat) }},
 		{"log-level", "IDEM_LOG_LEVEL", "log level: debug, info, warn or error", false,
@@ -513,6 +534,12 @@ func (c Config) Validate() error {
 	}
 	if c.DBMaxConns < 1 || c.DBMaxConns > 1000 {
 		bad("IDEM_DB_MAX_CONNS must be between 1 and 1000 (got %d)", c.DBMaxConns)
+	}
+	if !(c.InflightShare > 0 && c.InflightShare <= 1) {
+		bad("IDEM_INFLIGHT_SHARE must be above 0 and at most 1 (got %g)", c.InflightShare)
+	}
+	if c.MinBodyRate < 0 {
+		bad("IDEM_MIN_BODY_RATE must not be negative (got %d)", c.MinBodyRate)
 	}
 	if !(c.DBTenantShare > 0 && c.DBTenantShare <= 1) {
 		bad("IDEM_DB_TENANT_SHARE must be above 0 and at most 1 (got %g)", c.DBTenantShare)

@@ -136,6 +136,9 @@ func TestValidateMessages(t *testing.T) {
 		{"batch", func(c *Config) { c.ReapBatchSize = 0 }, "IDEM_REAP_BATCH_SIZE must be between 1 and 100000 (got 0)"},
 		{"reap pause", func(c *Config) { c.ReapPause = -1 }, "IDEM_REAP_PAUSE must be between 0 and 100 (got -1)"},
 		{"tenant share zero", func(c *Config) { c.DBTenantShare = 0 }, "IDEM_DB_TENANT_SHARE must be above 0 and at most 1 (got 0)"},
+		{"inflight share zero", func(c *Config) { c.InflightShare = 0 }, "IDEM_INFLIGHT_SHARE must be above 0 and at most 1 (got 0)"},
+		{"inflight share above the budget", func(c *Config) { c.InflightShare = 1.5 }, "IDEM_INFLIGHT_SHARE must be above 0 and at most 1 (got 1.5)"},
+		{"negative body rate", func(c *Config) { c.MinBodyRate = -1 }, "IDEM_MIN_BODY_RATE must not be negative (got -1)"},
 		{"tenant share above the pool", func(c *Config) { c.DBTenantShare = 1.5 }, "IDEM_DB_TENANT_SHARE must be above 0 and at most 1 (got 1.5)"},
 		{"header bytes", func(c *Config) { c.MaxHeaderBytes = 10 }, "IDEM_MAX_HEADER_BYTES must be at least 4096 (got 10)"},
 	}

@@ -244,6 +244,8 @@ func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 		Logger:               s.logger,
 		MaxBodyBytes:         s.cfg.MaxBodyBytes,
 		MaxInflightBytes:     s.cfg.MaxInflightBytes,
+		InflightShare:        s.cfg.InflightShare,
+		MinBodyRate:          minBodyRate(s.cfg.MinBodyRate),
 		Waiters:              s.waiters,
 		MaxWait:              s.cfg.MaxWait(),
 		Observer:             s.metrics,
@@ -533,4 +535,13 @@ func reapPause(p float64) float64 {
 		return -1
 	}
 	return p
+}
+
+// minBodyRate is api.Options.MinBodyRate for IDEM_MIN_BODY_RATE: 0 there
+// turns the bound off, which the option spells below zero.
+func minBodyRate(rate int64) int64 {
+	if rate == 0 {
+		return -1
+	}
+	return rate
 }

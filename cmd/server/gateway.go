@@ -103,7 +103,7 @@ in-flight budget of protected request bodies (IDEM_MAX_INFLIGHT_BYTES).`)
 	g, err := gateway.New(gateway.Options{
 		Store: metrics.InstrumentStore(store, metrics.New(reg)), Tenant: tenant, Upstream: upstream, ConfigFile: file,
 		StoreTimeout: cfg.StoreTimeout, TenantCacheTTL: cfg.TenantCacheTTL, Registerer: reg, Logger: logger,
-		Waiters: waiters, BodyReadTimeout: cfg.ReadTimeout, MaxInflightBytes: cfg.MaxInflightBytes,
+		Waiters: waiters, BodyReadTimeout: cfg.ReadTimeout, MaxInflightBytes: cfg.MaxInflightBytes, InflightShare: cfg.InflightShare,
 	})
 	if err != nil {
 		logger.Error("start failed", "err", err)

@@ -34,7 +34,7 @@ var (
 	// store, logs, shutdown, waiting claims, the tenant cache and the HTTP
 	// limits of its listener.
 	gatewaySettings = append(slices.Clone(storeSettings), "log-format", "log-level", "shutdown-grace", "max-waiters",
-		"tenant-cache-ttl", "read-header-timeout", "read-timeout", "idle-timeout", "max-header-bytes", "max-inflight-bytes")
+		"tenant-cache-ttl", "read-header-timeout", "read-timeout", "idle-timeout", "max-header-bytes", "max-inflight-bytes", "inflight-share")
 	// healthcheckSettings name the local service.
 	healthcheckSettings = []string{"addr"}
 )
