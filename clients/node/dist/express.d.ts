@@ -42,7 +42,11 @@ export declare function expressErrorHandler(): (err: unknown, req: IncomingMessa
  * It reads the raw body itself (keep it before body parsers, or have them
  * save `req.rawBody`), keeps it as `req.rawBody`, and sets `req.body` to the
  * parsed value of a JSON body. A handler exception stores nothing; see
- * {@link expressErrorHandler}.
+ * {@link expressErrorHandler}. So does a handler that destroys its response
+ * (`res.destroy()`) before ending it. An answer the handler had not ended when
+ * the caller went away (the response's `close` before `end`: a handler sees it
+ * and may have stopped writing) is stored as not replayable, never as the
+ * whole: its retry is 409 response_not_replayable (docs/frontdoor.md rule 5).
  */
 export declare function expressMiddleware(opts: ExpressOptions): (req: IncomingMessage, res: ServerResponse, next: Next) => void;
 export {};

@@ -86,7 +86,11 @@ async function readBody(req, limit) {
  * It reads the raw body itself (keep it before body parsers, or have them
  * save `req.rawBody`), keeps it as `req.rawBody`, and sets `req.body` to the
  * parsed value of a JSON body. A handler exception stores nothing; see
- * {@link expressErrorHandler}.
+ * {@link expressErrorHandler}. So does a handler that destroys its response
+ * (`res.destroy()`) before ending it. An answer the handler had not ended when
+ * the caller went away (the response's `close` before `end`: a handler sees it
+ * and may have stopped writing) is stored as not replayable, never as the
+ * whole: its retry is 409 response_not_replayable (docs/frontdoor.md rule 5).
  */
 export function expressMiddleware(opts) {
     const fd = new FrontDoor(opts);
@@ -148,17 +152,51 @@ function toBuffer(chunk, encoding) {
 /**
  * Runs the rest of the Express chain with res buffered: writeHead, write
  * and end are held back until the answer is stored. Resolves with the
- * buffered answer when the handler ends it; rejects when a handler throws.
+ * buffered answer when the handler ends it, marked cut when the caller went
+ * away first; rejects when a handler throws or destroys its response before
+ * ending it.
  */
 function capture(res, next) {
     return new Promise((resolve, reject) => {
-        const orig = { writeHead: res.writeHead, write: res.write, end: res.end, chunks: [] };
+        const orig = { writeHead: res.writeHead, write: res.write, end: res.end, destroy: res.destroy, chunks: [] };
         captured.set(res, orig);
+        let settled = false;
+        const answer = (cut) => ({
+            status: res.statusCode,
+            header: (name) => {
+                const v = res.getHeader(name);
+                return v === undefined ? [] : Array.isArray(v) ? v.map(String) : [String(v)];
+            },
+            body: Buffer.concat(orig.chunks),
+            cut,
+        });
         res[failed] = (err) => {
             res[failed] = undefined;
+            if (settled)
+                return;
+            settled = true;
             handlerFailed.add(res);
             restore(res); // the error handlers answer as usual
             reject(err);
+        };
+        // The connection closed before the handler ended its answer: the caller
+        // went away, and the handler can see it (this close event, req's,
+        // res.destroyed) and stop writing. Node.js gives no way to hide it, so
+        // what the handler wrote, or will write, is not taken for the whole
+        // answer: it is stored as not replayable, now (a handler that stopped
+        // may never end its answer).
+        res.once("close", () => {
+            if (settled)
+                return;
+            settled = true;
+            res[failed] = undefined;
+            resolve(answer(true));
+        });
+        // The handler destroying its response before ending it broke off its
+        // answer: a handler that failed, as one that throws.
+        res.destroy = function (err) {
+            res[failed]?.(err ?? new Error("idem: the handler destroyed its response before ending it"));
+            return orig.destroy.call(res, err);
         };
         res.writeHead = function (status, ...rest) {
             res.statusCode = status;
@@ -208,15 +246,10 @@ function capture(res, next) {
             if (typeof done === "function")
                 res.once("finish", done);
             res[failed] = undefined;
-            const body = Buffer.concat(orig.chunks);
-            resolve({
-                status: res.statusCode,
-                header: (name) => {
-                    const v = res.getHeader(name);
-                    return v === undefined ? [] : Array.isArray(v) ? v.map(String) : [String(v)];
-                },
-                body,
-            });
+            if (!settled) {
+                settled = true;
+                resolve(answer(false));
+            }
             return res;
         };
         next();
@@ -231,13 +264,14 @@ function restore(res) {
     res.writeHead = orig.writeHead;
     res.write = orig.write;
     res.end = orig.end;
+    res.destroy = orig.destroy;
     return orig;
 }
 /** Restores res and sends what the handler wrote, with the headers the front door adds. */
 function release(res, headers = []) {
     const orig = restore(res);
-    if (!orig || res.writableEnded)
-        return;
+    if (!orig || res.writableEnded || res.destroyed)
+        return; // destroyed: the caller went away
     if (!res.headersSent)
         for (const [k, v] of headers)
             res.setHeader(k, v);
