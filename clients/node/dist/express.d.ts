@@ -43,10 +43,10 @@ export declare function expressErrorHandler(): (err: unknown, req: IncomingMessa
  * save `req.rawBody`), keeps it as `req.rawBody`, and sets `req.body` to the
  * parsed value of a JSON body. A handler exception stores nothing; see
  * {@link expressErrorHandler}. So does a handler that destroys its response
- * (`res.destroy()`) before ending it. An answer the handler had not ended when
- * the caller went away (the response's `close` before `end`: a handler sees it
- * and may have stopped writing) is stored as not replayable, never as the
- * whole: its retry is 409 response_not_replayable (docs/frontdoor.md rule 5).
+ * (`res.destroy()`) before ending it. The caller going away is hidden from the
+ * handler until it has ended its answer (the `close` of res and req held back,
+ * `destroyed` false), so a handler that would stop writing at it runs to its
+ * end and its whole answer is stored (docs/frontdoor.md rule 5, "A cut answer").
  */
 export declare function expressMiddleware(opts: ExpressOptions): (req: IncomingMessage, res: ServerResponse, next: Next) => void;
 export {};

@@ -242,13 +242,6 @@ export interface HandlerAnswer {
     /** The header values by name (as the framework spells them). */
     header(name: string): string[];
     body: Uint8Array;
-    /**
-     * The caller went away before the handler finished its answer, and the
-     * handler could see it (Express: the response's `close` before `end`):
-     * what it wrote may be only part of its answer, so it is stored as not
-     * replayable, never as the whole (docs/frontdoor.md rule 5, "A cut answer").
-     */
-    cut?: boolean;
 }
 /** The outcome of {@link FrontDoor.serve}. */
 export type Outcome = 

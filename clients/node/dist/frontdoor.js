@@ -54,8 +54,6 @@ export const headerNotReplayable = "Idem-Not-Replayable";
  * body, marked (its replay answers 409 response_not_replayable); for one
  * whose status idem cannot store, {@link unstorableStatus} and the status sent.
  */
-/** The Idem-Not-Replayable value of an answer whose caller went away before the handler finished it. */
-const cutDetail = "response not stored: the caller went away before the handler finished it";
 function notReplayable(status, size) {
     if (!storableStatus(status)) {
         return new StoredResponse(unstorableStatus, { [headerNotReplayable]: `response of status ${status} not stored (outside 100-599)` });
@@ -731,9 +729,6 @@ export class FrontDoor {
                 // The handler ran: an answer idem cannot store is recorded as not replayable, never released.
                 if (!storableStatus(a.status))
                     return notReplayable(a.status, 0);
-                // Cut off: neither released (the handler ran) nor stored as the whole answer.
-                if (a.cut)
-                    return new StoredResponse(a.status, { [headerNotReplayable]: cutDetail });
                 if (!storeStatus(a.status, this.o.storeServerErrors))
                     throw new Released("handler answered 5xx; key released");
                 return this.stored(a);

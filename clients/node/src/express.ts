@@ -112,10 +112,10 @@ async function readBody(req: ExpressRequest, limit: number): Promise<Buffer> {
  * save `req.rawBody`), keeps it as `req.rawBody`, and sets `req.body` to the
  * parsed value of a JSON body. A handler exception stores nothing; see
  * {@link expressErrorHandler}. So does a handler that destroys its response
- * (`res.destroy()`) before ending it. An answer the handler had not ended when
- * the caller went away (the response's `close` before `end`: a handler sees it
- * and may have stopped writing) is stored as not replayable, never as the
- * whole: its retry is 409 response_not_replayable (docs/frontdoor.md rule 5).
+ * (`res.destroy()`) before ending it. The caller going away is hidden from the
+ * handler until it has ended its answer (the `close` of res and req held back,
+ * `destroyed` false), so a handler that would stop writing at it runs to its
+ * end and its whole answer is stored (docs/frontdoor.md rule 5, "A cut answer").
  */
 export function expressMiddleware(opts: ExpressOptions): (req: IncomingMessage, res: ServerResponse, next: Next) => void {
   const fd = new FrontDoor(opts);
@@ -159,12 +159,21 @@ export function expressMiddleware(opts: ExpressOptions): (req: IncomingMessage, 
   };
 }
 
+interface Hidden {
+  target: ServerResponse | IncomingMessage;
+  emit: (event: string | symbol, ...args: unknown[]) => boolean;
+  held: [string | symbol, unknown[]][];
+  destroyed?: { own: PropertyDescriptor | undefined; real: () => boolean };
+}
+
 interface Capture {
   writeHead: ServerResponse["writeHead"];
   write: ServerResponse["write"];
   end: ServerResponse["end"];
   destroy: ServerResponse["destroy"];
   chunks: Buffer[];
+  /** What hideHangUp hid, put back by restore. */
+  hidden: Hidden[];
 }
 
 const captured = new WeakMap<ServerResponse, Capture>();
@@ -178,25 +187,69 @@ function toBuffer(chunk: unknown, encoding?: unknown): Buffer | undefined {
 }
 
 /**
+ * Hides the caller going away from the handler until restore(): the
+ * `close` of res, the `close` and `aborted` of its request are held back
+ * (and emitted by restore, so that the handler's cleanup still runs), and
+ * `destroyed` of both reads false. A handler that stops writing when its
+ * caller leaves (`res.on("close")`, `res.destroyed`) would end its answer
+ * early, and that part would be stored and replayed as the whole; it runs
+ * to its end instead, and its whole answer is stored for the caller's
+ * retry (docs/frontdoor.md rule 5, "A cut answer").
+ */
+function hideHangUp(res: ServerResponse, orig: Capture): void {
+  const req = (res as ServerResponse & { req?: IncomingMessage }).req;
+  for (const [target, events] of [[res, ["close"]], [req, ["close", "aborted"]]] as const) {
+    if (!target) continue;
+    const emit = target.emit;
+    orig.hidden.push({ target, emit, held: [] });
+    const h = orig.hidden[orig.hidden.length - 1]!;
+    target.emit = function (this: unknown, event: string | symbol, ...args: unknown[]): boolean {
+      if ((events as readonly (string | symbol)[]).includes(event)) {
+        h.held.push([event, args]);
+        return true;
+      }
+      return emit.call(target, event, ...args);
+    } as typeof target.emit;
+    const own = Object.getOwnPropertyDescriptor(target, "destroyed");
+    let real = (target as { destroyed: boolean }).destroyed;
+    h.destroyed = { own, real: () => real };
+    Object.defineProperty(target, "destroyed", { configurable: true, enumerable: true, get: () => false, set: (v: boolean) => (real = v) });
+  }
+}
+
+/** Puts back what hideHangUp hid, then emits the events it held back. */
+function unhide(orig: Capture): void {
+  const hidden = orig.hidden;
+  orig.hidden = [];
+  for (const h of hidden) {
+    h.target.emit = h.emit;
+    if (h.destroyed) {
+      delete (h.target as { destroyed?: boolean }).destroyed;
+      if (h.destroyed.own) Object.defineProperty(h.target, "destroyed", { ...h.destroyed.own, value: h.destroyed.real() });
+    }
+  }
+  for (const h of hidden) for (const [event, args] of h.held) h.target.emit(event, ...args);
+}
+
+/**
  * Runs the rest of the Express chain with res buffered: writeHead, write
- * and end are held back until the answer is stored. Resolves with the
- * buffered answer when the handler ends it, marked cut when the caller went
- * away first; rejects when a handler throws or destroys its response before
- * ending it.
+ * and end are held back until the answer is stored, and the caller going
+ * away is hidden from the handler (hideHangUp). Resolves with the buffered
+ * answer when the handler ends it; rejects when a handler throws or
+ * destroys its response before ending it.
  */
 function capture(res: Tracked, next: Next): Promise<HandlerAnswer> {
   return new Promise<HandlerAnswer>((resolve, reject) => {
-    const orig: Capture = { writeHead: res.writeHead, write: res.write, end: res.end, destroy: res.destroy, chunks: [] };
+    const orig: Capture = { writeHead: res.writeHead, write: res.write, end: res.end, destroy: res.destroy, chunks: [], hidden: [] };
     captured.set(res, orig);
     let settled = false;
-    const answer = (cut: boolean): HandlerAnswer => ({
+    const answer = (): HandlerAnswer => ({
       status: res.statusCode,
       header: (name) => {
         const v = res.getHeader(name);
         return v === undefined ? [] : Array.isArray(v) ? v.map(String) : [String(v)];
       },
       body: Buffer.concat(orig.chunks),
-      cut,
     });
     res[failed] = (err) => {
       res[failed] = undefined;
@@ -206,18 +259,7 @@ function capture(res: Tracked, next: Next): Promise<HandlerAnswer> {
       restore(res); // the error handlers answer as usual
       reject(err);
     };
-    // The connection closed before the handler ended its answer: the caller
-    // went away, and the handler can see it (this close event, req's,
-    // res.destroyed) and stop writing. Node.js gives no way to hide it, so
-    // what the handler wrote, or will write, is not taken for the whole
-    // answer: it is stored as not replayable, now (a handler that stopped
-    // may never end its answer).
-    res.once("close", () => {
-      if (settled) return;
-      settled = true;
-      res[failed] = undefined;
-      resolve(answer(true));
-    });
+    hideHangUp(res, orig);
     // The handler destroying its response before ending it broke off its
     // answer: a handler that failed, as one that throws.
     res.destroy = function (this: ServerResponse, err?: Error) {
@@ -262,7 +304,7 @@ function capture(res: Tracked, next: Next): Promise<HandlerAnswer> {
       res[failed] = undefined;
       if (!settled) {
         settled = true;
-        resolve(answer(false));
+        resolve(answer());
       }
       return res;
     } as ServerResponse["end"];
@@ -279,6 +321,7 @@ function restore(res: Tracked): Capture | undefined {
   res.write = orig.write;
   res.end = orig.end;
   res.destroy = orig.destroy;
+  unhide(orig);
   return orig;
 }
 

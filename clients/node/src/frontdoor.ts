@@ -75,9 +75,6 @@ export const headerNotReplayable = "Idem-Not-Replayable";
  * body, marked (its replay answers 409 response_not_replayable); for one
  * whose status idem cannot store, {@link unstorableStatus} and the status sent.
  */
-/** The Idem-Not-Replayable value of an answer whose caller went away before the handler finished it. */
-const cutDetail = "response not stored: the caller went away before the handler finished it";
-
 function notReplayable(status: number, size: number): StoredResponse {
   if (!storableStatus(status)) {
     return new StoredResponse(unstorableStatus, { [headerNotReplayable]: `response of status ${status} not stored (outside 100-599)` });
@@ -711,13 +708,6 @@ export interface HandlerAnswer {
   /** The header values by name (as the framework spells them). */
   header(name: string): string[];
   body: Uint8Array;
-  /**
-   * The caller went away before the handler finished its answer, and the
-   * handler could see it (Express: the response's `close` before `end`):
-   * what it wrote may be only part of its answer, so it is stored as not
-   * replayable, never as the whole (docs/frontdoor.md rule 5, "A cut answer").
-   */
-  cut?: boolean;
 }
 
 /** The outcome of {@link FrontDoor.serve}. */
@@ -804,8 +794,6 @@ export class FrontDoor {
           answer = a;
           // The handler ran: an answer idem cannot store is recorded as not replayable, never released.
           if (!storableStatus(a.status)) return notReplayable(a.status, 0);
-          // Cut off: neither released (the handler ran) nor stored as the whole answer.
-          if (a.cut) return new StoredResponse(a.status, { [headerNotReplayable]: cutDetail });
           if (!storeStatus(a.status, this.o.storeServerErrors)) throw new Released("handler answered 5xx; key released");
           return this.stored(a);
         }, { noWait: true, ...(wait > 0 ? { waitSeconds: wait } : {}) });
