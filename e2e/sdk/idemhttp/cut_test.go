@@ -1,6 +1,8 @@
 package idemhttp_test
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -166,5 +168,63 @@ func TestMiddlewareHandlerBreaksOffItsAnswer(t *testing.T) {
 		require.Equal(t, "true", r.header.Get(idemhttp.HeaderReplayed))
 		require.Equal(t, fullStream(), r.body)
 		require.Equal(t, int64(2), s.runs.Load())
+	})
+}
+
+// holdClaimAnswer is the transport of the middleware's idem client: it
+// passes every call on, but holds idem's answer to the first claim, read
+// whole, until the call's context is done (the caller went away), and then
+// hands it over as if it had just arrived: the claim succeeded, and the
+// caller is gone before the handler starts.
+type holdClaimAnswer struct {
+	answered chan struct{} // closed when idem has answered the first claim
+	held     atomic.Bool
+}
+
+func (h *holdClaimAnswer) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil || !strings.HasSuffix(req.URL.Path, "/claim") || resp.StatusCode != http.StatusCreated || h.held.Swap(true) {
+		return resp, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	close(h.answered)
+	select {
+	case <-req.Context().Done():
+	case <-time.After(30 * time.Second):
+		return nil, errors.New("the caller never went away")
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	return resp, nil
+}
+
+// TestMiddlewareCallerGoneBeforeTheHandlerStarts: the claim succeeds, and
+// the caller is gone before the handler starts: the handler does not run
+// and the key is released, so the caller's retry runs it (once).
+func TestMiddlewareCallerGoneBeforeTheHandlerStarts(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, srv *servertest.Server, _ *client.Client) {
+		hold := &holdClaimAnswer{answered: make(chan struct{})}
+		c, err := client.New(srv.URL(), client.WithToken(srv.Token(t, "shop", "keys:write")),
+			client.WithHTTPClient(&http.Client{Transport: hold}))
+		require.NoError(t, err)
+		s := newStreamApp(t, c, idemhttp.Options{}, 0)
+		conn := rawPost(t, s.addr, "k-gone")
+		waitFor(t, hold.answered, "idem's answer to the claim")
+		require.NoError(t, conn.Close())
+		require.Eventually(t, func() bool {
+			_, err := c.Get(t.Context(), "k-gone")
+			return errors.Is(err, client.ErrKeyNotFound)
+		}, 30*time.Second, 20*time.Millisecond, "the key released")
+		require.Zero(t, s.runs.Load(), "the handler did not start")
+
+		r := post(t, "http://"+s.addr+"/stream", "k-gone", `{}`)
+		require.Equal(t, http.StatusOK, r.status)
+		require.Empty(t, r.header.Get(idemhttp.HeaderReplayed))
+		require.Equal(t, fullStream(), r.body)
+		require.Equal(t, int64(1), s.runs.Load())
 	})
 }
