@@ -54,7 +54,16 @@
 //     with another request: 422 fingerprint_mismatch.
 //   - A handler that panics stores nothing: the claim is left to become an
 //     orphan (a retry after the lease takes it over) and the panic
-//     propagates.
+//     propagates. So does one that breaks off its answer part way
+//     (panic(http.ErrAbortHandler)): what it wrote is never stored.
+//   - The caller hanging up does not stop a handler that has started: its
+//     request's context is the request's values without the caller's
+//     cancellation, as the gateway's upstream call, so the handler writes
+//     its whole answer and that is stored for the caller's retry. (A
+//     handler that stopped on r.Context().Done() returned normally with
+//     part of its answer, and that part was stored and replayed as a
+//     complete 200.) A caller gone before the handler started releases
+//     the key. docs/frontdoor.md rule 5, "A cut answer".
 //   - A body idem refuses as over its request limit (IDEM_MAX_BODY_BYTES
 //     under MaxBodyBytes): 413 payload_too_large, the handler does not run.
 //   - The tenant's storage quota used up (idem refused the claim of a new
@@ -183,6 +192,10 @@ type middleware struct {
 // errReleased marks a 5xx answer released under ReleaseServerErrors.
 var errReleased = errors.New("handler answered 5xx; key released")
 
+// errCallerGone marks a claim released because the caller went away before
+// the handler started.
+var errCallerGone = errors.New("the caller went away before the handler started; key released")
+
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	key, protected, err := m.opts.Methods.KeyFor(r)
 	if err != nil {
@@ -226,8 +239,24 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		NoWait:    true,
 		Wait:      m.preferWait(r),
 	}
+	// The caller going away stops the claim (and a Prefer: wait hold), but
+	// not a handler that has started: its context is the request's values
+	// without the request's cancellation from then on (as the gateway's
+	// upstream call). A handler that stopped writing when the caller hung
+	// up would otherwise return normally with part of its answer, and that
+	// part would be stored and replayed as the complete answer; run to its
+	// end, its whole answer is stored for the caller's retry.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	defer cancel()
+	detach := context.AfterFunc(r.Context(), cancel)
+	defer detach()
 	var rec *recorder
-	res, err := m.c.Do(r.Context(), key, req, func(ctx context.Context, _ *client.Claim) (client.Response, error) {
+	res, err := m.c.Do(ctx, key, req, func(ctx context.Context, _ *client.Claim) (client.Response, error) {
+		if !detach() {
+			// The caller went away before the handler started: nothing ran,
+			// so the key is released and the retry runs the handler.
+			return client.Response{}, fmt.Errorf("%w: %w", client.ErrNoSideEffect, errCallerGone)
+		}
 		rec = newRecorder()
 		r2 := r.WithContext(ctx)
 		r2.Body = io.NopCloser(bytes.NewReader(body))

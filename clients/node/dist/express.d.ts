@@ -42,7 +42,11 @@ export declare function expressErrorHandler(): (err: unknown, req: IncomingMessa
  * It reads the raw body itself (keep it before body parsers, or have them
  * save `req.rawBody`), keeps it as `req.rawBody`, and sets `req.body` to the
  * parsed value of a JSON body. A handler exception stores nothing; see
- * {@link expressErrorHandler}.
+ * {@link expressErrorHandler}. So does a handler that destroys its response
+ * (`res.destroy()`) before ending it. The caller going away is hidden from the
+ * handler until it has ended its answer (the `close` of res and req held back,
+ * `destroyed` false), so a handler that would stop writing at it runs to its
+ * end and its whole answer is stored (docs/frontdoor.md rule 5, "A cut answer").
  */
 export declare function expressMiddleware(opts: ExpressOptions): (req: IncomingMessage, res: ServerResponse, next: Next) => void;
 export {};

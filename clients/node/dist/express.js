@@ -86,7 +86,11 @@ async function readBody(req, limit) {
  * It reads the raw body itself (keep it before body parsers, or have them
  * save `req.rawBody`), keeps it as `req.rawBody`, and sets `req.body` to the
  * parsed value of a JSON body. A handler exception stores nothing; see
- * {@link expressErrorHandler}.
+ * {@link expressErrorHandler}. So does a handler that destroys its response
+ * (`res.destroy()`) before ending it. The caller going away is hidden from the
+ * handler until it has ended its answer (the `close` of res and req held back,
+ * `destroyed` false), so a handler that would stop writing at it runs to its
+ * end and its whole answer is stored (docs/frontdoor.md rule 5, "A cut answer").
  */
 export function expressMiddleware(opts) {
     const fd = new FrontDoor(opts);
@@ -146,19 +150,87 @@ function toBuffer(chunk, encoding) {
     return Buffer.from(String(chunk), typeof encoding === "string" ? encoding : "utf8");
 }
 /**
+ * Hides the caller going away from the handler until restore(): the
+ * `close` of res, the `close` and `aborted` of its request are held back
+ * (and emitted by restore, so that the handler's cleanup still runs), and
+ * `destroyed` of both reads false. A handler that stops writing when its
+ * caller leaves (`res.on("close")`, `res.destroyed`) would end its answer
+ * early, and that part would be stored and replayed as the whole; it runs
+ * to its end instead, and its whole answer is stored for the caller's
+ * retry (docs/frontdoor.md rule 5, "A cut answer").
+ */
+function hideHangUp(res, orig) {
+    const req = res.req;
+    for (const [target, events] of [[res, ["close"]], [req, ["close", "aborted"]]]) {
+        if (!target)
+            continue;
+        const emit = target.emit;
+        orig.hidden.push({ target, emit, held: [] });
+        const h = orig.hidden[orig.hidden.length - 1];
+        target.emit = function (event, ...args) {
+            if (events.includes(event)) {
+                h.held.push([event, args]);
+                return true;
+            }
+            return emit.call(target, event, ...args);
+        };
+        const own = Object.getOwnPropertyDescriptor(target, "destroyed");
+        let real = target.destroyed;
+        h.destroyed = { own, real: () => real };
+        Object.defineProperty(target, "destroyed", { configurable: true, enumerable: true, get: () => false, set: (v) => (real = v) });
+    }
+}
+/** Puts back what hideHangUp hid, then emits the events it held back. */
+function unhide(orig) {
+    const hidden = orig.hidden;
+    orig.hidden = [];
+    for (const h of hidden) {
+        h.target.emit = h.emit;
+        if (h.destroyed) {
+            delete h.target.destroyed;
+            if (h.destroyed.own)
+                Object.defineProperty(h.target, "destroyed", { ...h.destroyed.own, value: h.destroyed.real() });
+        }
+    }
+    for (const h of hidden)
+        for (const [event, args] of h.held)
+            h.target.emit(event, ...args);
+}
+/**
  * Runs the rest of the Express chain with res buffered: writeHead, write
- * and end are held back until the answer is stored. Resolves with the
- * buffered answer when the handler ends it; rejects when a handler throws.
+ * and end are held back until the answer is stored, and the caller going
+ * away is hidden from the handler (hideHangUp). Resolves with the buffered
+ * answer when the handler ends it; rejects when a handler throws or
+ * destroys its response before ending it.
  */
 function capture(res, next) {
     return new Promise((resolve, reject) => {
-        const orig = { writeHead: res.writeHead, write: res.write, end: res.end, chunks: [] };
+        const orig = { writeHead: res.writeHead, write: res.write, end: res.end, destroy: res.destroy, chunks: [], hidden: [] };
         captured.set(res, orig);
+        let settled = false;
+        const answer = () => ({
+            status: res.statusCode,
+            header: (name) => {
+                const v = res.getHeader(name);
+                return v === undefined ? [] : Array.isArray(v) ? v.map(String) : [String(v)];
+            },
+            body: Buffer.concat(orig.chunks),
+        });
         res[failed] = (err) => {
             res[failed] = undefined;
+            if (settled)
+                return;
+            settled = true;
             handlerFailed.add(res);
             restore(res); // the error handlers answer as usual
             reject(err);
+        };
+        hideHangUp(res, orig);
+        // The handler destroying its response before ending it broke off its
+        // answer: a handler that failed, as one that throws.
+        res.destroy = function (err) {
+            res[failed]?.(err ?? new Error("idem: the handler destroyed its response before ending it"));
+            return orig.destroy.call(res, err);
         };
         res.writeHead = function (status, ...rest) {
             res.statusCode = status;
@@ -208,15 +280,10 @@ function capture(res, next) {
             if (typeof done === "function")
                 res.once("finish", done);
             res[failed] = undefined;
-            const body = Buffer.concat(orig.chunks);
-            resolve({
-                status: res.statusCode,
-                header: (name) => {
-                    const v = res.getHeader(name);
-                    return v === undefined ? [] : Array.isArray(v) ? v.map(String) : [String(v)];
-                },
-                body,
-            });
+            if (!settled) {
+                settled = true;
+                resolve(answer());
+            }
             return res;
         };
         next();
@@ -231,13 +298,15 @@ function restore(res) {
     res.writeHead = orig.writeHead;
     res.write = orig.write;
     res.end = orig.end;
+    res.destroy = orig.destroy;
+    unhide(orig);
     return orig;
 }
 /** Restores res and sends what the handler wrote, with the headers the front door adds. */
 function release(res, headers = []) {
     const orig = restore(res);
-    if (!orig || res.writableEnded)
-        return;
+    if (!orig || res.writableEnded || res.destroyed)
+        return; // destroyed: the caller went away
     if (!res.headersSent)
         for (const [k, v] of headers)
             res.setHeader(k, v);

@@ -40,7 +40,10 @@ async function readLimited(req, limit) {
  * key (and 400 invalid_request, not retryable, for a claim idem refuses as
  * invalid), 503 store_unavailable when idem cannot be reached, 507
  * storage_quota_exceeded (not retryable) when idem refuses a new key for the
- * tenant's storage quota (in both cases the handler does not run). A handler exception stores nothing and propagates.
+ * tenant's storage quota (in both cases the handler does not run). A handler exception stores nothing and propagates;
+ * so does a response stream that errors part way. The handler's request has no abort signal of the caller's: a
+ * caller who goes away does not cut the answer stored for its retry (the handler runs to its end; one that reads the
+ * framework's own request, `c.req.raw.signal`, still sees the abort).
  *
  *     export const POST = withIdempotency(async (req) => Response.json(await pay(await req.json()), { status: 201 }), { client });
  */
@@ -63,11 +66,19 @@ export function withIdempotency(handler, opts) {
             body: (limit) => readLimited(req, limit),
             scope: opts.scope?.(req, ...rest),
         }, async (body) => {
-            const init = { method: req.method, headers: req.headers, signal: req.signal };
+            // The handler's request carries no signal of the caller's: a handler
+            // (or its response stream) that stopped when the caller went away
+            // would end its answer early, and that part would be stored and
+            // replayed as the whole. It runs to its end instead, and its whole
+            // answer is stored for the caller's retry (docs/frontdoor.md rule 5,
+            // "A cut answer").
+            const init = { method: req.method, headers: req.headers };
             if (body.length > 0)
                 init.body = body;
             const res = await handler(new Request(req.url, init), ...rest);
             ran = res;
+            // A response stream that errors part way rejects here: a handler that
+            // raised, nothing stored (the claim expires into an orphan).
             ranBody = new Uint8Array(await res.arrayBuffer());
             return {
                 status: res.status,

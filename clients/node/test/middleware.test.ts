@@ -32,6 +32,34 @@ function listen(srv: HTTPServer): Promise<string> {
   return new Promise((r) => srv.listen(0, "127.0.0.1", () => r(`http://127.0.0.1:${(srv.address() as AddressInfo).port}`)));
 }
 
+/** The /stream handlers answer STREAM_CHUNKS chunks "chunk<i>;", one per STREAM_DELAY_MS; the breaking ones break off after BREAK_AFTER chunks on their first run. */
+const STREAM_CHUNKS = 10;
+const STREAM_DELAY_MS = 50;
+const BREAK_AFTER = 3;
+const fullStream = Array.from({ length: STREAM_CHUNKS }, (_, i) => `chunk${i};`).join("");
+
+/** What the /stream handlers did for one idempotency key. */
+class StreamState {
+  runs = 0;
+  /** Runs that wrote every chunk. */
+  finished = 0;
+  /** Opened when the first run has written its first chunk. */
+  first = new Gate();
+}
+
+const streams = new Map<string, StreamState>();
+
+function streamState(key: string): StreamState {
+  let st = streams.get(key);
+  if (!st) {
+    st = new StreamState();
+    streams.set(key, st);
+  }
+  return st;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
 async function expressApp(client: Client): Promise<App> {
   const effects = new Map<string, number>();
   const app = express();
@@ -49,6 +77,50 @@ async function expressApp(client: Client): Promise<App> {
     effects.set("big", (effects.get("big") ?? 0) + 1);
     res.status(200).type("text/plain").send("x".repeat(BIG));
   });
+  // Streams its chunks with res.write and stops (ends its answer) when its
+  // caller goes away, as a streaming handler does.
+  app.post("/stream", (req, res) => {
+    const st = streamState(String(req.headers["idempotency-key"]));
+    st.runs++;
+    let gone = false;
+    res.on("close", () => (gone = true));
+    res.status(200).type("text/plain");
+    let i = 0;
+    const tick = () => {
+      if (gone || res.destroyed) {
+        res.end();
+        return;
+      }
+      res.write(`chunk${i};`);
+      if (i === 0) st.first.open();
+      if (++i === STREAM_CHUNKS) {
+        st.finished++;
+        res.end();
+        return;
+      }
+      setTimeout(tick, STREAM_DELAY_MS);
+    };
+    tick();
+  });
+  // Break off their answer after BREAK_AFTER chunks on their first run: res.destroy(), or a throw.
+  for (const how of ["destroys", "throws"] as const) {
+    app.post(`/stream-${how}`, async (req, res) => {
+      const st = streamState(String(req.headers["idempotency-key"]));
+      const run = ++st.runs;
+      res.status(200).type("text/plain");
+      for (let i = 0; i < STREAM_CHUNKS; i++) {
+        if (run === 1 && i === BREAK_AFTER) {
+          if (how === "throws") throw new Error("the stream broke off");
+          res.destroy();
+          return;
+        }
+        res.write(`chunk${i};`);
+        await sleep(STREAM_DELAY_MS);
+      }
+      st.finished++;
+      res.end();
+    });
+  }
   app.use(expressErrorHandler());
   app.use((_err: unknown, _req: express.Request, res: express.Response, _next: express.NextFunction) => {
     res.status(500).json({ error: "boom" });
@@ -77,6 +149,38 @@ async function honoApp(client: Client): Promise<App> {
     return new Response("x".repeat(BIG), { headers: { "Content-Type": "text/plain" } });
   }, { client, log: () => {} });
   app.post("/big", (c) => big(c.req.raw));
+  // Streams its chunks from a ReadableStream that stops (closes) when the
+  // request's signal aborts (the caller went away); /stream-breaks errors
+  // after BREAK_AFTER chunks on its first run.
+  const stream = withIdempotency(async (req: Request) => {
+    const st = streamState(req.headers.get("Idempotency-Key") ?? "");
+    const run = ++st.runs;
+    const breaks = new URL(req.url).pathname.endsWith("-breaks");
+    const enc = new TextEncoder();
+    let i = 0;
+    return new Response(new ReadableStream<Uint8Array>({
+      async pull(controller) {
+        if (req.signal.aborted) {
+          controller.close();
+          return;
+        }
+        if (breaks && run === 1 && i === BREAK_AFTER) {
+          controller.error(new Error("the stream broke off"));
+          return;
+        }
+        controller.enqueue(enc.encode(`chunk${i};`));
+        if (i === 0) st.first.open();
+        if (++i === STREAM_CHUNKS) {
+          st.finished++;
+          controller.close();
+          return;
+        }
+        await sleep(STREAM_DELAY_MS);
+      },
+    }), { headers: { "Content-Type": "text/plain" } });
+  }, { client, log: () => {} });
+  app.post("/stream", (c) => stream(c.req.raw));
+  app.post("/stream-breaks", (c) => stream(c.req.raw));
   app.onError((_err, c) => c.json({ error: "boom" }, 500));
   let srv: HTTPServer | undefined;
   const url = await new Promise<string>((r) => {
@@ -224,6 +328,21 @@ function rawPost(url: string, target: Buffer, key: string): Promise<number> {
     s.on("data", (d: Buffer) => chunks.push(d));
     s.on("error", reject);
     s.on("close", () => resolve(Number(Buffer.concat(chunks).toString("latin1").split(" ")[1])));
+  });
+}
+
+/** POSTs {} to path with key on a socket of its own, and destroys that socket (the caller going away) once first opens. */
+function hangUp(url: string, path: string, key: string, first: Gate): Promise<void> {
+  const u = new URL(url);
+  return new Promise((resolve, reject) => {
+    const s = connect(Number(u.port), u.hostname, () => {
+      s.write(`POST ${path} HTTP/1.1\r\nHost: x\r\nIdempotency-Key: ${key}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}`);
+      void first.wait().then(() => {
+        s.destroy();
+        resolve();
+      });
+    });
+    s.on("error", reject);
   });
 }
 
@@ -889,6 +1008,56 @@ for (const store of stores()) {
           assert.equal(small.effects.get(id), 1);
         } finally {
           await small.close();
+        }
+      });
+
+      test("the caller hangs up mid-stream: never a truncated replay", async () => {
+        // The hang-up is hidden from the handler (Express: the close of res
+        // and req held back, res.destroyed false; Hono: the handler's
+        // request has no signal of the caller's): it runs to its end and the
+        // retry gets the whole answer. Before, both replayed "chunk0;" as a
+        // complete 200.
+        const k = `cut-${randomUUID()}`;
+        const st = streamState(k);
+        await hangUp(app.url, "/stream", k, st.first);
+        const c = new Client({ baseUrl: srv.url, token: srv.token });
+        await waitFor(async () => (await c.get(k)).state !== "in_flight", "the key completed");
+        const r = await post(`${app.url}/stream`, k, {});
+        assert.equal(r.status, 200, r.text);
+        assert.equal(r.headers.get("Idempotent-Replayed"), "true");
+        assert.equal(r.text, fullStream, "the whole answer, never the part streamed before the hang-up");
+        assert.equal(st.finished, 1, "the handler ran to its end");
+        assert.equal(st.runs, 1, "one side effect");
+      });
+
+      test("a stream that breaks off part way stores nothing: 409 in flight, then the takeover runs it again", async () => {
+        // Before, an Express handler's res.destroy() left the key in flight
+        // for good (the lease renewed for ever): never taken over.
+        const c = new Client({ baseUrl: srv.url, token: srv.token });
+        for (const path of name === "express" ? ["/stream-destroys", "/stream-throws"] : ["/stream-breaks"]) {
+          const k = `broke-${randomUUID()}`;
+          const st = streamState(k);
+          const first = await post(`${app.url}${path}`, k, {}).catch(() => undefined); // destroyed: no answer
+          if (first) assert.equal(first.status, 500, `${path}: ${first.text}`);
+          const rec = await c.get(k);
+          assert.equal(rec.state, "in_flight", `${path}: nothing stored, nothing released`);
+          assert.ok(!rec.response, path);
+          const end = Date.now() + 15_000;
+          let r = await post(`${app.url}${path}`, k, {});
+          while (r.status === 409) {
+            assert.equal(JSON.parse(r.text).code, "request_in_flight", `${path}: ${r.text}`);
+            assert.ok(Date.now() < end, `${path}: the orphan was never taken over`);
+            await sleep(100);
+            r = await post(`${app.url}${path}`, k, {});
+          }
+          assert.equal(r.status, 200, `${path}: ${r.text}`);
+          assert.equal(r.headers.get("Idempotent-Replayed"), null, "a takeover runs the handler, no replay");
+          assert.equal(r.text, fullStream, path);
+          assert.equal(st.runs, 2, `${path}: the broken run and the takeover`);
+          const again = await post(`${app.url}${path}`, k, {});
+          assert.equal(again.headers.get("Idempotent-Replayed"), "true");
+          assert.equal(again.text, fullStream);
+          assert.equal(st.runs, 2);
         }
       });
 

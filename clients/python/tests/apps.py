@@ -10,11 +10,11 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from flask import Flask, request
 from werkzeug.serving import make_server
 
@@ -32,10 +32,33 @@ class Effects:
     #: The /gated handlers charge, then wait for this (at most 30 s, so a failed test does not hang).
     gate: threading.Event = field(default_factory=threading.Event)
 
+    #: Set when a /stream handler has produced its first chunk.
+    first: threading.Event = field(default_factory=threading.Event)
+    #: The /stream runs that produced every chunk.
+    finished: int = 0
+
     def charge(self, body: Any) -> int:
         with self.lock:
             self.charges.append(body)
             return len(self.charges)
+
+    def finish(self) -> None:
+        with self.lock:
+            self.finished += 1
+
+
+#: The /stream handlers answer STREAM_CHUNKS chunks "chunk<i>;", one per
+#: STREAM_DELAY seconds; /stream-breaks raises after BREAK_AFTER chunks on
+#: its first run.
+STREAM_CHUNKS = 10
+STREAM_DELAY = 0.05
+BREAK_AFTER = 3
+FULL_STREAM = "".join(f"chunk{i};" for i in range(STREAM_CHUNKS))
+
+
+def _breaks(path: str, n: int, i: int) -> None:
+    if path.endswith("-breaks") and n == 1 and i == BREAK_AFTER:
+        raise RuntimeError("the stream broke off")
 
 
 @dataclass
@@ -86,6 +109,21 @@ def flask_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
         effects.gate.wait(30)
         return {"charge": f"ch_{n}"}, 201
 
+    @app.post("/stream")
+    @app.post("/stream-breaks")
+    def stream() -> Any:
+        n = effects.charge(request.get_json())
+        path = request.path
+
+        def chunks() -> Iterator[str]:
+            for i in range(STREAM_CHUNKS):
+                _breaks(path, n, i)
+                yield f"chunk{i};"
+                effects.first.set()
+                time.sleep(STREAM_DELAY)
+            effects.finish()
+        return app.response_class(chunks(), mimetype="text/plain")
+
     install_flask(app, Client(idem_url, token=token, policy=opts.pop("policy", None)), **opts)
     return app
 
@@ -130,8 +168,37 @@ def fastapi_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any
         await asyncio.to_thread(effects.gate.wait, 30)
         return JSONResponse({"charge": f"ch_{n}"}, status_code=201)
 
+    @app.post("/stream")
+    @app.post("/stream-breaks")
+    async def stream(req: Request) -> Any:
+        n = effects.charge(await req.json())
+        path = req.url.path
+
+        async def chunks() -> AsyncIterator[str]:
+            for i in range(STREAM_CHUNKS):
+                _breaks(path, n, i)
+                yield f"chunk{i};"
+                effects.first.set()
+                await asyncio.sleep(STREAM_DELAY)  # cancelled when Starlette sees http.disconnect
+            effects.finish()
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+    @app.post("/unfinished")
+    async def unfinished(req: Request) -> Any:
+        effects.charge(await req.json())
+        return Unfinished()
+
     app.add_middleware(ASGIMiddleware, client=AsyncClient(idem_url, token=token, policy=opts.pop("policy", None)), **opts)
     return app
+
+
+class Unfinished(Response):
+    """An answer that starts and sends a chunk, then stops without its last
+    body message (more_body never false)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"chunk0;", "more_body": True})
 
 
 _django_lock = threading.Lock()

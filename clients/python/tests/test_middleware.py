@@ -651,3 +651,97 @@ def test_storage_quota_exceeded(store: str, binary: str) -> None:
                 replay = post(a.url + "/charges/1", stored[0])
                 assert replay.status_code == 201 and replay.headers["Idempotent-Replayed"] == "true"
                 assert len(a.effects.charges) == len(stored)
+
+
+def _hang_up(url: str, path: str, key: str, produced: threading.Event) -> None:
+    """POST {} to path with key on a socket of its own, and close that
+    socket (the caller hanging up) once the handler has produced its first
+    chunk."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), timeout=10)
+    try:
+        s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nIdempotency-Key: " + key.encode()
+                  + b"\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        assert produced.wait(30), "the handler never produced its first chunk"
+    finally:
+        s.close()
+
+
+def _record(server: Server, key: str) -> Any:
+    with Client(server.url, token=server.token) as idem:
+        return idem.get(key)
+
+
+@pytest.mark.parametrize("kind", ["flask", "fastapi"])  # WSGI and ASGI; Django's WSGI path is Flask's
+def test_caller_hangs_up_mid_stream(kind: str, server: Server) -> None:
+    """The caller hangs up after the first of ten streamed chunks: the
+    handler runs to its end, its whole answer is stored, and the retry gets
+    it replayed; one side effect (docs/frontdoor.md rule 5, "A cut
+    answer"). Before, Starlette's StreamingResponse stopped at
+    http.disconnect and the retry got "chunk0;" as a complete replayed
+    200; a WSGI app never sees the hang-up (a guard there)."""
+    from apps import FULL_STREAM
+
+    for a in serve(kind, server.url, server.token):
+        key = new_key("cut")
+        _hang_up(a.url, "/stream", key, a.effects.first)
+        wait_for(lambda: _record(server, key).state != "in_flight", timeout=30)
+        r = post(a.url + "/stream", key, body={})
+        assert r.status_code == 200 and r.headers.get("Idempotent-Replayed") == "true", (r.status_code, r.text)
+        assert r.text == FULL_STREAM, "the whole answer, never the part produced before the hang-up"
+        assert len(a.effects.charges) == 1 and a.effects.finished == 1, "one run, to its end"
+
+
+@pytest.mark.parametrize("kind", ["flask", "fastapi"])
+def test_stream_that_breaks_off(kind: str, server: Server) -> None:
+    """A stream that raises after three chunks is a handler that raised:
+    nothing is stored, the retry gets 409 request_in_flight while the claim's
+    lease runs, then takes the orphan over and runs the handler again; never
+    the three chunks replayed (a guard: both middleware already let the
+    exception through)."""
+    from apps import FULL_STREAM
+
+    for a in serve(kind, server.url, server.token, lease=1):
+        key = new_key("broke")
+        try:
+            first = post(a.url + "/stream-breaks", key, body={})
+            assert first.status_code == 500, first.text
+        except httpx.TransportError:
+            pass  # a server may drop the connection of a failed handler
+        rec = _record(server, key)
+        assert rec.state == "in_flight" and rec.response is None, rec
+        deadline = time.monotonic() + 30
+        while True:
+            r = post(a.url + "/stream-breaks", key, body={})
+            if r.status_code != 409:
+                break
+            assert r.json()["code"] == "request_in_flight", r.text
+            assert time.monotonic() < deadline, "the orphan was never taken over"
+            time.sleep(0.1)
+        assert r.status_code == 200 and "Idempotent-Replayed" not in r.headers, (r.status_code, r.text)
+        assert r.text == FULL_STREAM and len(a.effects.charges) == 2, "the broken run and the takeover"
+        again = post(a.url + "/stream-breaks", key, body={})
+        assert again.headers.get("Idempotent-Replayed") == "true" and again.text == FULL_STREAM
+        assert len(a.effects.charges) == 2
+
+
+def test_asgi_response_never_finished(server: Server) -> None:
+    """An ASGI app that returns before its last body message (more_body
+    never false) did not finish its answer: nothing is stored (the caller
+    gets the server's 500), the claim is left in flight as for an app that
+    raised, and the retry gets 409 request_in_flight. Before, "chunk0;" was
+    stored and replayed as a complete 200."""
+    for a in serve("fastapi", server.url, server.token):
+        key = new_key("unfinished")
+        try:
+            first = post(a.url + "/unfinished", key, body={})
+            assert first.status_code == 500, first.text
+        except httpx.TransportError:
+            pass
+        rec = _record(server, key)
+        assert rec.state == "in_flight" and rec.response is None, rec
+        r = post(a.url + "/unfinished", key, body={})
+        assert r.status_code == 409 and r.json()["code"] == "request_in_flight", (r.status_code, r.text)
+        assert len(a.effects.charges) == 1

@@ -21,6 +21,13 @@ fingerprint_mismatch; an unreachable idem 503 store_unavailable without
 running the handler; the tenant's storage quota used up (idem refuses the
 new key) 507 storage_quota_exceeded, not retryable, without running the
 handler. A handler exception stores nothing and propagates.
+A cut answer is never stored as the whole (docs/frontdoor.md rule 5, "A
+cut answer"): the app under a claim never receives ``http.disconnect``, so
+an app that stops when the caller hangs up (Starlette's StreamingResponse
+does) runs to its end and its whole answer is stored for the retry; an app
+whose stream raises part way is a handler that raised, and one that returns
+before its last body message (``more_body`` never false) raises
+IncompleteResponse: nothing stored, the claim left to expire.
 The operation label uses the Starlette route pattern (e.g.
 "POST /orders/{order_id}") when the app is a Starlette app, else the path
 (frontdoor.path_route: the path as it arrived, escaped, when its decoding
@@ -31,6 +38,7 @@ invalid (400 invalid_request) is 400 invalid_request, not retryable.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Awaitable, Callable, MutableMapping, Sequence
 
 from . import frontdoor
@@ -48,6 +56,35 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class IncompleteResponse(RuntimeError):
+    """The app returned without finishing its response (no final
+    ``http.response.body`` with ``more_body`` false): what it sent is not
+    the whole answer, so nothing is stored and the claim is left to expire,
+    as for an app that raised (an ASGI server treats it as an error too)."""
+
+
+def _held(receive: Receive) -> Receive:
+    """The app's receive under a claim: the request body, then nothing
+    until the app is done. The caller hanging up (``http.disconnect``) is
+    not passed on: an app that stopped at it (Starlette's StreamingResponse
+    does) would return normally with part of its answer, which would be
+    stored and replayed as the whole; run to its end, its whole answer is
+    stored for the caller's retry. An app that waits for the disconnect to
+    end its answer never ends under the middleware (its answer is buffered
+    whole anyway)."""
+    first = True
+
+    async def held() -> Message:
+        nonlocal first
+        if first:
+            first = False
+            return await receive()
+        never: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        return await never  # cancelled with the app's task (Starlette cancels its listener when the answer is done)
+
+    return held
 
 
 def starlette_route(scope: Scope) -> str | None:
@@ -134,7 +171,7 @@ class IdempotencyMiddleware:
 
         async def handler(claim: AsyncClaim) -> Response:
             tokens.append(claim.fencing_token)
-            ans = await self._run_app(scope, receive)
+            ans = await self._run_app(scope, _held(receive))
             ran.append(ans)
             return to_store(self.opts, ans)
 
@@ -157,17 +194,24 @@ class IdempotencyMiddleware:
         status = 500
         headers: list[tuple[str, str]] = []
         chunks: list[bytes] = []
+        finished = False
 
         async def capture(msg: Message) -> None:
-            nonlocal status, headers
+            nonlocal status, headers, finished
+            if finished:
+                return
             if msg["type"] == "http.response.start":
                 status = int(msg["status"])
                 headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in msg.get("headers", [])
                            if k.lower() != b"content-length"]
             elif msg["type"] == "http.response.body":
                 chunks.append(bytes(msg.get("body", b"")))
+                finished = not msg.get("more_body", False)
 
         await self.app(scope, receive, capture)
+        if not finished:
+            raise IncompleteResponse("idem: the app returned without finishing its response; nothing stored, "
+                                     "the claim is left to expire")
         return Answer(status, headers, b"".join(chunks))
 
     @staticmethod

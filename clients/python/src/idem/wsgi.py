@@ -21,7 +21,11 @@ releases the key or loses its lease; 409 when the wait runs out), with
 fingerprint_mismatch; an unreachable idem 503 store_unavailable without
 running the handler; the tenant's storage quota used up (idem refuses the
 new key) 507 storage_quota_exceeded, not retryable, without running the
-handler. A handler exception stores nothing and propagates.
+handler. A handler exception stores nothing and propagates; so does a body
+iterator (a Flask generator) that raises part way: what it produced is
+never stored. A WSGI app cannot see the caller hang up (the middleware
+reads its whole body iterator before sending), so a cut connection never
+cuts what is stored (docs/frontdoor.md rule 5, "A cut answer").
 
 WSGI joins repeated header fields into one, so two Idempotency-Key fields
 arrive as a list and are refused like one. A body sent chunked (no
