@@ -65,8 +65,9 @@ func (s *service) requireScope(scopes ...string) func(http.Handler) http.Handler
 
 // resolveTenant loads the token's tenant (403 tenant_unknown when it is
 // missing or disabled; 401 unauthenticated when the token was issued
-// before the tenant was created), applies the tenant's rate limit (429) and puts the
-// tenant in the request's state. The tenant comes only from the token.
+// before the tenant was created), applies the tenant's rate limit (429)
+// and puts the tenant in the request's state. The tenant comes only from
+// the token.
 //
 // A tenant over its limit is refused first, from the limiter alone: no
 // tenant lookup (which may reach the store), no body read, so a flood of
