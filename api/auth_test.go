@@ -84,6 +84,8 @@ func TestTokenAttacks(t *testing.T) {
 		{"RSA key used as PS256", signed(t, jwt.SigningMethodPS256, k.rsa, "rsa", validClaims("acme", "keys:write"))},
 		{"expired", signed(t, jwt.SigningMethodHS256, b.secret, "", exp(func(c jwt.MapClaims) { c["exp"] = time.Now().Add(-time.Minute).Unix() }))},
 		{"no exp", signed(t, jwt.SigningMethodHS256, b.secret, "", exp(func(c jwt.MapClaims) { delete(c, "exp") }))},
+		{"no iat", signed(t, jwt.SigningMethodHS256, b.secret, "", exp(func(c jwt.MapClaims) { delete(c, "iat") }))},
+		{"issued before the tenant", signed(t, jwt.SigningMethodHS256, b.secret, "", exp(func(c jwt.MapClaims) { c["iat"] = time.Now().Add(-24 * time.Hour).Unix() }))},
 		{"not yet valid", signed(t, jwt.SigningMethodHS256, b.secret, "", exp(func(c jwt.MapClaims) { c["nbf"] = time.Now().Add(time.Minute).Unix() }))},
 		{"wrong aud", signed(t, jwt.SigningMethodHS256, b.secret, "", exp(func(c jwt.MapClaims) { c["aud"] = "someone-else" }))},
 		{"no aud", signed(t, jwt.SigningMethodHS256, b.secret, "", exp(func(c jwt.MapClaims) { delete(c, "aud") }))},

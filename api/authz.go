@@ -11,8 +11,9 @@ import (
 	"github.com/idem-dev/idem/auth"
 )
 
-// authenticate verifies the bearer token and puts its principal in the
-// request's state; anything else is 401 unauthenticated.
+// authenticate verifies the bearer token, which must carry iat, and puts
+// its principal in the request's state; anything else is 401
+// unauthenticated.
 func (s *service) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := r.Header.Get("Authorization")
@@ -24,6 +25,12 @@ func (s *service) authenticate(next http.Handler) http.Handler {
 		p, err := s.verifier.Verify(strings.TrimSpace(token))
 		if err != nil {
 			s.writeProblem(w, r, err)
+			return
+		}
+		if p.IssuedAt.IsZero() {
+			// Without iat a token cannot be told from one of a deleted
+			// tenant whose id was given again (see tenantResolver).
+			s.writeProblem(w, r, idem.Errorf(idem.CodeUnauthenticated, "the token lacks a required claim (iat)"))
 			return
 		}
 		st, r := withState(r)
@@ -57,8 +64,10 @@ func (s *service) requireScope(scopes ...string) func(http.Handler) http.Handler
 }
 
 // resolveTenant loads the token's tenant (403 tenant_unknown when it is
-// missing or disabled), applies the tenant's rate limit (429) and puts the
-// tenant in the request's state. The tenant comes only from the token.
+// missing or disabled; 401 unauthenticated when the token was issued
+// before the tenant was created), applies the tenant's rate limit (429)
+// and puts the tenant in the request's state. The tenant comes only from
+// the token.
 //
 // A tenant over its limit is refused first, from the limiter alone: no
 // tenant lookup (which may reach the store), no body read, so a flood of
@@ -97,6 +106,13 @@ func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tena
 			t, err := lookup(r.Context(), p.Tenant)
 			if err != nil {
 				s.writeProblem(w, r, err)
+				return
+			}
+			if p.IssuedBefore(t.CreatedAt) {
+				// A token of an earlier tenant of this id, deleted since:
+				// the id is someone else's now. The tenant's created_at
+				// comes with the cached tenant, so this costs no store call.
+				s.writeProblem(w, r, idem.Errorf(idem.CodeUnauthenticated, "the token was issued before its tenant was created (a token of a deleted tenant with the same id)"))
 				return
 			}
 			id := t.ID

@@ -6,6 +6,9 @@
 // keys of a JWKS document, each key used only with the algorithm that matches
 // its type. Every token must carry exp; iss and aud must match the
 // configuration; exp, nbf and iat are checked with 30 seconds of leeway.
+// The API also requires iat, and refuses a tenant's token issued before
+// the tenant was created (Principal.IssuedBefore): deleting a tenant and
+// creating one with the same id must not revive the old tenant's tokens.
 package auth
 
 import (
@@ -65,6 +68,26 @@ type Principal struct {
 	Tenant string
 	// Scopes are the entries of the token's scope claim.
 	Scopes []string
+	// IssuedAt is the token's iat claim; zero when it has none. The API
+	// refuses a token without one, and a tenant's token issued before the
+	// tenant was created (see IssuedBefore).
+	IssuedAt time.Time
+}
+
+// IssuedBefore reports whether the token was issued before createdAt (a
+// tenant's creation, read from the database clock), beyond what clock
+// skew explains: iat is whole seconds (an issuer truncates), and the
+// issuer's clock may be behind the database's by up to Leeway, the skew
+// every time claim is allowed. A token minted right after its tenant was
+// created is never refused so; one minted for an earlier tenant of the same
+// id (deleted, then created again) is, once the new tenant is more than
+// Leeway younger than the token. A token without iat is reported as issued
+// before.
+func (p Principal) IssuedBefore(createdAt time.Time) bool {
+	if p.IssuedAt.IsZero() {
+		return true
+	}
+	return p.IssuedAt.Before(createdAt.Truncate(time.Second).Add(-Leeway))
 }
 
 // HasScope reports whether the principal holds scope. ScopeKeysWrite implies
@@ -189,6 +212,9 @@ func (v *Verifier) Verify(token string) (Principal, error) {
 		return Principal{}, &idem.Error{Code: idem.CodeUnauthenticated, Detail: "the token's header or claims are not I-JSON (a claim name twice, invalid UTF-8)", Err: fmt.Errorf("verify token: %w", err)}
 	}
 	p := Principal{Subject: c.Subject, Tenant: c.Tenant, Scopes: strings.Fields(c.Scope)}
+	if c.IssuedAt != nil {
+		p.IssuedAt = c.IssuedAt.Time
+	}
 	v.cache.put(key, p, &c, v.now())
 	return p, nil
 }

@@ -77,6 +77,9 @@ func TestMintAndVerify(t *testing.T) {
 	require.NoError(t, err)
 	p, err := v.Verify(tok)
 	require.NoError(t, err)
+	require.WithinDuration(t, time.Now(), p.IssuedAt, 2*time.Second, "a minted token carries iat, and Verify reads it")
+	require.Equal(t, p.IssuedAt, p.IssuedAt.Truncate(time.Second), "iat is whole seconds")
+	p.IssuedAt = time.Time{}
 	require.Equal(t, auth.Principal{Subject: "ops", Tenant: "acme", Scopes: []string{"keys:write", "tenant:admin"}}, p)
 	require.True(t, p.HasScope(auth.ScopeKeysRead), "keys:write implies keys:read")
 	require.True(t, p.HasScope(auth.ScopeTenantAdmin))
@@ -161,4 +164,22 @@ func TestSingleJWKSKeyWithoutKid(t *testing.T) {
 	require.NoError(t, err)
 	_, err = v.Verify(hs)
 	require.Equal(t, idem.CodeUnauthenticated, idem.ErrorCode(err))
+}
+
+// IssuedBefore places a token's iat against its tenant's created_at with
+// Leeway of clock skew, in whole seconds: a token minted in the same
+// second as the tenant (iat truncated) or by an issuer up to Leeway behind
+// is not before; one more than Leeway older is; no iat is.
+func TestIssuedBefore(t *testing.T) {
+	t.Parallel()
+	created := time.Date(2026, 12, 1, 12, 0, 0, 700_000_000, time.UTC)
+	at := func(d time.Duration) auth.Principal {
+		return auth.Principal{IssuedAt: created.Truncate(time.Second).Add(d)}
+	}
+	require.False(t, at(0).IssuedBefore(created), "minted in the tenant's second: iat truncated")
+	require.False(t, at(time.Hour).IssuedBefore(created))
+	require.False(t, at(-auth.Leeway).IssuedBefore(created), "an issuer's clock Leeway behind")
+	require.True(t, at(-auth.Leeway-time.Second).IssuedBefore(created))
+	require.True(t, at(-24*time.Hour).IssuedBefore(created), "a token of an earlier tenant of the id")
+	require.True(t, auth.Principal{}.IssuedBefore(created), "no iat")
 }

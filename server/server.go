@@ -271,8 +271,8 @@ func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 		mux.Get(prefix, http.RedirectHandler(prefix+"/", http.StatusMovedPermanently).ServeHTTP)
 		mux.Handle(prefix+"/*", http.StripPrefix(prefix+"/", h))
 	}
-	static("/docs", http.FileServerFS(web.Docs()))
-	static("/dashboard", http.FileServerFS(web.Dashboard()))
+	static("/docs", web.DocsHandler())
+	static("/dashboard", web.DashboardHandler())
 	return mux
 }
 

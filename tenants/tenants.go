@@ -2,9 +2,12 @@
 // defaults and validation, and a small read-through cache of active tenants
 // for the request hot path.
 //
-// The cache lives in one process. Update and Create invalidate this
-// replica's entry at once; other replicas see a change (a new setting, a
-// disabled tenant) once their entry's TTL has run out.
+// The cache lives in one process. Update, Create and Delete invalidate
+// this replica's entry at once; other replicas see a change (a new
+// setting, a disabled, deleted or re-created tenant) once their entry's
+// TTL has run out. An entry is the whole tenant, created_at included: the
+// API refuses a tenant's token issued before the tenant was created
+// (auth.Principal.IssuedBefore) from the cached tenant, with no store call.
 package tenants
 
 import (

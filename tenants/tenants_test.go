@@ -130,3 +130,33 @@ func TestStoreUnavailable(t *testing.T) {
 	_, err := svc.Active(context.Background(), "acme")
 	require.Equal(t, idem.CodeStoreUnavailable, idem.ErrorCode(err))
 }
+
+// The cached tenant carries its created_at, which the API compares with
+// every tenant token's iat: a cache hit answers it without the store (the
+// store is closed here), and deleting and creating the tenant again on
+// this replica is seen at once.
+func TestActiveCarriesCreatedAt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := openStore(t)
+	svc := tenants.NewService(st, time.Hour)
+	created, err := svc.Create(ctx, "acme", "", idem.SettingsPatch{})
+	require.NoError(t, err)
+	require.False(t, created.CreatedAt.IsZero())
+	ten, err := svc.Active(ctx, "acme")
+	require.NoError(t, err)
+	require.True(t, created.CreatedAt.Equal(ten.CreatedAt))
+
+	require.NoError(t, svc.Delete(ctx, "acme"))
+	again, err := svc.Create(ctx, "acme", "", idem.SettingsPatch{})
+	require.NoError(t, err)
+	require.True(t, again.CreatedAt.After(created.CreatedAt))
+	ten, err = svc.Active(ctx, "acme")
+	require.NoError(t, err)
+	require.True(t, again.CreatedAt.Equal(ten.CreatedAt), "the new tenant's, not the cached old one's")
+
+	require.NoError(t, st.Close())
+	ten, err = svc.Known(ctx, "acme")
+	require.NoError(t, err, "from the cache")
+	require.True(t, again.CreatedAt.Equal(ten.CreatedAt))
+}

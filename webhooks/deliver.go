@@ -3,6 +3,8 @@ package webhooks
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +15,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -78,6 +81,10 @@ type Config struct {
 	// addresses (IDEM_WEBHOOK_ALLOW_PRIVATE): for tests and private
 	// networks only.
 	AllowPrivate bool
+
+	// resolver resolves endpoint names; nil is the system's. Tests set it
+	// (export_test.go) to a resolver whose server they control.
+	resolver *net.Resolver
 }
 
 func (c Config) withDefaults() Config {
@@ -141,7 +148,7 @@ func New(store idem.WebhookStore, cfg Config, logger *slog.Logger, observer Obse
 // checked on the resolved address at connect time.
 func NewClient(cfg Config) *http.Client {
 	cfg = cfg.withDefaults()
-	dialer := &net.Dialer{Timeout: cfg.Timeout}
+	dialer := &net.Dialer{Timeout: cfg.Timeout, Resolver: cfg.resolver}
 	if !cfg.AllowPrivate {
 		dialer.Control = dialControl
 	}
@@ -333,7 +340,7 @@ func (d *Deliverer) deliver(ctx context.Context, del idem.WebhookDelivery) error
 	if d.observer != nil {
 		d.observer.ObserveWebhookAttempt(result)
 	}
-	d.logger.LogAttrs(ctx, level, "webhook attempt",
+	attrs := []slog.Attr{
 		slog.String("tenant", del.TenantID),
 		slog.String("endpoint", del.EndpointID),
 		slog.String("event_id", del.EventID),
@@ -342,7 +349,12 @@ func (d *Deliverer) deliver(ctx context.Context, del idem.WebhookDelivery) error
 		slog.Int("status", status),
 		slog.String("error", res.Error),
 		slog.Duration("retry_in", res.RetryIn),
-	)
+	}
+	if cause := causeOf(attemptErr); cause != nil {
+		// The operator's view: the addresses the tenant is not shown.
+		attrs = append(attrs, slog.String("cause", cause.Error()))
+	}
+	d.logger.LogAttrs(ctx, level, "webhook attempt", attrs...)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.StoreTimeout)
 	defer cancel()
 	if err := d.store.FinishWebhookDelivery(fctx, res); err != nil {
@@ -392,7 +404,7 @@ func (d *Deliverer) attempt(ctx context.Context, del idem.WebhookDelivery) (int,
 	req.Header.Set("webhook-signature", sig)
 	resp, err := d.client.Do(req)
 	if err != nil {
-		return 0, errors.New(describe(err))
+		return 0, &requestError{reason: describe(err), cause: withoutURL(err)}
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, d.cfg.MaxResponseBytes))
@@ -402,19 +414,104 @@ func (d *Deliverer) attempt(ctx context.Context, del idem.WebhookDelivery) (int,
 	return resp.StatusCode, nil
 }
 
-// describe says why a request failed without the URL *url.Error carries.
-func describe(err error) string {
+// requestError is a request that failed: reason is what the tenant's
+// delivery log shows (see describe), cause the error itself, without the
+// URL, for the operator's log only.
+type requestError struct {
+	reason string
+	cause  error
+}
+
+func (e *requestError) Error() string { return e.reason }
+func (e *requestError) Unwrap() error { return e.cause }
+
+// causeOf is the operator's view of an attempt's error: a request error's
+// cause (addresses and all), nil when there is none.
+func causeOf(err error) error {
+	var re *requestError
+	if errors.As(err, &re) {
+		return re.cause
+	}
+	return nil
+}
+
+// withoutURL is err without the *url.Error that carries the URL (which may
+// hold a token in its query).
+func withoutURL(err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
-		err = ue.Err
+		return ue.Err
 	}
+	return err
+}
+
+// The reasons an attempt failed, as the delivery log shows them to the
+// tenant. None holds an address: the text of a dial or DNS error names the
+// address the name resolved to and the resolver the server uses, both
+// of the operator's network and none of the tenant's business.
+const (
+	reasonPrivateTarget = "refused: the target resolves to a private or reserved address"
+	reasonTimeout       = "timeout"
+	reasonNoSuchHost    = "the endpoint's host name does not resolve"
+	reasonDNSTimeout    = "timeout resolving the endpoint's host name"
+	reasonDNSFailed     = "the endpoint's host name could not be resolved"
+	reasonRefused       = "connection refused"
+	reasonReset         = "connection reset"
+	reasonUnreachable   = "the endpoint's address is unreachable"
+	reasonClosed        = "the connection closed before a complete answer"
+	reasonTLSAuthority  = "TLS: the certificate is signed by an unknown authority"
+	reasonTLSHostname   = "TLS: the certificate is not valid for the endpoint's host"
+	reasonTLSInvalid    = "TLS: the certificate is invalid or expired"
+	reasonTLSFailed     = "TLS handshake failed"
+	reasonConnFailed    = "connection failed"
+	reasonNoAnswer      = "the request failed (no valid HTTP answer)"
+)
+
+// describe says why a request failed, as one of the reasons above: never
+// the URL *url.Error carries, nor an address (see the reasons). The whole
+// error, without the URL, goes to the operator's log (see attempt).
+func describe(err error) string {
+	err = withoutURL(err)
+	var dnsErr *net.DNSError
+	var certAuthority x509.UnknownAuthorityError
+	var certHostname x509.HostnameError
+	var certInvalid x509.CertificateInvalidError
+	var tlsRecord tls.RecordHeaderError
+	var tlsAlert tls.AlertError
+	var opErr *net.OpError
 	switch {
 	case errors.Is(err, ErrPrivateTarget):
-		return "refused: the endpoint resolved to a loopback, link-local or private address"
+		return reasonPrivateTarget
+	case errors.As(err, &dnsErr):
+		switch {
+		case dnsErr.IsNotFound:
+			return reasonNoSuchHost
+		case dnsErr.IsTimeout:
+			return reasonDNSTimeout
+		}
+		return reasonDNSFailed
 	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
-		return "timeout"
+		return reasonTimeout
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return reasonRefused
+	case errors.Is(err, syscall.ECONNRESET):
+		return reasonReset
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.EADDRNOTAVAIL):
+		return reasonUnreachable
+	case errors.As(err, &certAuthority):
+		return reasonTLSAuthority
+	case errors.As(err, &certHostname):
+		return reasonTLSHostname
+	case errors.As(err, &certInvalid):
+		return reasonTLSInvalid
+	case errors.As(err, &tlsRecord), errors.As(err, &tlsAlert):
+		return reasonTLSFailed
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return reasonClosed
+	case errors.As(err, &opErr):
+		return reasonConnFailed
 	}
-	return err.Error()
+	return reasonNoAnswer
 }
 
 func isTimeout(err error) bool {

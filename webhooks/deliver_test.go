@@ -186,7 +186,7 @@ func TestDeliveryRefusesPrivateTarget(t *testing.T) {
 		require.Empty(t, r.Requests(), "the loopback receiver was reached")
 		log := logOf(t, s, e)[0]
 		require.Equal(t, idem.DeliveryPending, log.State)
-		require.Contains(t, log.LastError, "private address")
+		require.Equal(t, "refused: the target resolves to a private or reserved address", log.LastError)
 		require.NotContains(t, log.LastError, r.URL, "the log holds no URL")
 	})
 }

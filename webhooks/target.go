@@ -19,33 +19,88 @@ const MaxURLLength = 2048
 // it resolved to is loopback, link-local, private or otherwise not public.
 var ErrPrivateTarget = errors.New("webhook target is not a public address")
 
-// nonPublic lists the prefixes a webhook is never sent to unless private
-// targets are allowed, besides what netip classifies as loopback,
-// link-local, private, multicast or unspecified.
-var nonPublic = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),     // "this network"
-	netip.MustParsePrefix("100.64.0.0/10"), // carrier-grade NAT
-	netip.MustParsePrefix("192.0.0.0/24"),  // IETF protocol assignments
-	netip.MustParsePrefix("198.18.0.0/15"), // benchmarking
-	netip.MustParsePrefix("240.0.0.0/4"),   // reserved, broadcast
-	netip.MustParsePrefix("64:ff9b::/96"),  // NAT64 can reach private IPv4
-	netip.MustParsePrefix("2002::/16"),     // 6to4 can reach private IPv4
+// reserved is one range of the IANA special-purpose address registries
+// (IPv4 and IPv6) that a webhook is never sent to unless private targets
+// are allowed.
+type reserved struct {
+	prefix netip.Prefix
+	// ref is the RFC that sets the range aside and what it is.
+	ref string
+	// embedded, when set, returns the IPv4 address an address of the range
+	// stands for (a translator reaches it): the address is refused only
+	// when that IPv4 address is not public.
+	embedded func(netip.Addr) netip.Addr
 }
 
+// lastIPv4 is the IPv4 address in the last 32 bits of a (NAT64) address.
+func lastIPv4(a netip.Addr) netip.Addr {
+	b := a.As16()
+	return netip.AddrFrom4([4]byte(b[12:]))
+}
+
+// reservedRanges are the ranges refused besides what netip classifies as
+// loopback, link-local, private, multicast or unspecified (those are in
+// the table too, for completeness). IPv4-mapped IPv6 addresses
+// (::ffff:0:0/96, RFC 4291 §2.5.5.2) are unmapped first and judged as
+// the IPv4 address they are. An IPv6 address outside 2000::/3, the only
+// block IANA allocates to global unicast (RFC 4291 §2.4), is refused
+// whether or not it is listed (NAT64 with a public IPv4 address aside).
+var reservedRanges = []reserved{
+	// IPv4 (IANA IPv4 Special-Purpose Address Registry).
+	{netip.MustParsePrefix("0.0.0.0/8"), "RFC 791: this network", nil},
+	{netip.MustParsePrefix("10.0.0.0/8"), "RFC 1918: private", nil},
+	{netip.MustParsePrefix("100.64.0.0/10"), "RFC 6598: carrier-grade NAT", nil},
+	{netip.MustParsePrefix("127.0.0.0/8"), "RFC 1122: loopback", nil},
+	{netip.MustParsePrefix("169.254.0.0/16"), "RFC 3927: link-local (cloud metadata)", nil},
+	{netip.MustParsePrefix("172.16.0.0/12"), "RFC 1918: private", nil},
+	{netip.MustParsePrefix("192.0.0.0/24"), "RFC 6890: IETF protocol assignments", nil},
+	{netip.MustParsePrefix("192.0.2.0/24"), "RFC 5737: documentation (TEST-NET-1)", nil},
+	{netip.MustParsePrefix("192.88.99.0/24"), "RFC 7526: 6to4 relay anycast (deprecated)", nil},
+	{netip.MustParsePrefix("192.168.0.0/16"), "RFC 1918: private", nil},
+	{netip.MustParsePrefix("198.18.0.0/15"), "RFC 2544: benchmarking", nil},
+	{netip.MustParsePrefix("198.51.100.0/24"), "RFC 5737: documentation (TEST-NET-2)", nil},
+	{netip.MustParsePrefix("203.0.113.0/24"), "RFC 5737: documentation (TEST-NET-3)", nil},
+	{netip.MustParsePrefix("224.0.0.0/4"), "RFC 5771: multicast", nil},
+	{netip.MustParsePrefix("240.0.0.0/4"), "RFC 1112: reserved; 255.255.255.255 broadcast (RFC 919)", nil},
+	// IPv6 (IANA IPv6 Special-Purpose Address Registry).
+	{netip.MustParsePrefix("::/96"), "RFC 4291 §2.5.5.1: IPv4-compatible (deprecated; ::a.b.c.d), with :: and ::1", nil},
+	{netip.MustParsePrefix("::ffff:0:0:0/96"), "RFC 2765: IPv4-translated (SIIT)", nil},
+	{netip.MustParsePrefix("64:ff9b::/96"), "RFC 6052: NAT64 well-known prefix, refused when the IPv4 address it embeds is not public", lastIPv4},
+	{netip.MustParsePrefix("64:ff9b:1::/48"), "RFC 8215: local-use NAT64 (reaches the local network)", nil},
+	{netip.MustParsePrefix("100::/64"), "RFC 6666: discard-only", nil},
+	{netip.MustParsePrefix("100:0:0:1::/64"), "RFC 9780: dummy prefix", nil},
+	{netip.MustParsePrefix("2001::/23"), "RFC 2928: IETF protocol assignments (Teredo 2001::/32, RFC 4380; benchmarking 2001:2::/48, RFC 5180; ORCHID)", nil},
+	{netip.MustParsePrefix("2001:db8::/32"), "RFC 3849: documentation", nil},
+	{netip.MustParsePrefix("2002::/16"), "RFC 3056: 6to4 (deprecated by RFC 7526; may embed a private IPv4 address)", nil},
+	{netip.MustParsePrefix("3fff::/20"), "RFC 9637: documentation", nil},
+	{netip.MustParsePrefix("5f00::/16"), "RFC 9602: SRv6 SIDs", nil},
+	{netip.MustParsePrefix("fc00::/7"), "RFC 4193: unique local", nil},
+	{netip.MustParsePrefix("fe80::/10"), "RFC 4291: link-local", nil},
+	{netip.MustParsePrefix("fec0::/10"), "RFC 3879: site-local (deprecated)", nil},
+	{netip.MustParsePrefix("ff00::/8"), "RFC 4291: multicast", nil},
+}
+
+// globalUnicast is the IPv6 block IANA allocates to global unicast.
+var globalUnicast = netip.MustParsePrefix("2000::/3")
+
 // PublicAddr reports whether ip is an address webhooks may be sent to when
-// private targets are not allowed.
+// private targets are not allowed: not in reservedRanges, not classified
+// by netip as loopback, private, link-local, multicast or unspecified,
+// and, for IPv6, inside 2000::/3 (or NAT64 of a public IPv4 address).
 func PublicAddr(ip netip.Addr) bool {
-	ip = ip.Unmap()
+	// A zone never makes an address public, and netip.Prefix.Contains is
+	// false for any address with one.
+	ip = ip.Unmap().WithZone("")
 	if !ip.IsValid() || ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() ||
 		ip.IsLinkLocalMulticast() || ip.IsInterfaceLocalMulticast() || ip.IsMulticast() || ip.IsUnspecified() {
 		return false
 	}
-	for _, p := range nonPublic {
-		if p.Contains(ip) {
-			return false
+	for _, r := range reservedRanges {
+		if r.prefix.Contains(ip) {
+			return r.embedded != nil && PublicAddr(r.embedded(ip))
 		}
 	}
-	return true
+	return ip.Is4() || globalUnicast.Contains(ip)
 }
 
 // ValidateURL checks an endpoint URL when it is registered: absolute http
@@ -76,7 +131,7 @@ func ValidateURL(raw string, allowPrivate bool) error {
 		return errors.New("must not name localhost (private targets are not allowed)")
 	}
 	if ip, err := netip.ParseAddr(host); err == nil && !PublicAddr(ip) {
-		return errors.New("must not be a loopback, link-local or private address (private targets are not allowed)")
+		return errors.New("must not be a loopback, link-local, private or reserved address (private targets are not allowed)")
 	}
 	return nil
 }

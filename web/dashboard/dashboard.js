@@ -380,6 +380,9 @@
         if (k === "class") n.className = v;
         else if (k === "text") n.textContent = v;
         else if (k.startsWith("on")) n.addEventListener(k.slice(2), v);
+        // Through the CSSOM: the page's Content-Security-Policy refuses
+        // inline style attributes (style-src 'self').
+        else if (k === "style") n.style.cssText = v;
         else n.setAttribute(k, v);
       }
     }
