@@ -30,9 +30,9 @@ type Store interface {
 	// while the token is current, even after the lease ran out, as long as
 	// nobody took over. It returns ErrKeyNotFound, ErrLeaseLost, or
 	// ErrAlreadyCompleted when the record is already completed. When the
-	// new recovery point and data would grow the record past the tenant's
-	// quota (CheckpointParams.StorageQuotaBytes), it renews the lease and
-	// the purge time only, keeps the recovery point and data the record
+	// new recovery data is bigger than the record's and the record would
+	// grow past the tenant's quota (CheckpointParams.StorageQuotaBytes), it
+	// renews the lease and the purge time only, keeps the recovery point and data the record
 	// had, and returns the record with a storage_quota_exceeded error
 	// (CheckpointNotStored).
 	Checkpoint(ctx context.Context, p CheckpointParams) (Record, error)
@@ -199,8 +199,11 @@ type CheckpointParams struct {
 	// Lease is the renewed lease, counted from now.
 	Lease time.Duration
 	// StorageQuotaBytes is the tenant's storage_quota_bytes, checked in the
-	// checkpoint's statement when it grows the record (see
-	// CompleteParams.StorageQuotaBytes); 0 checks nothing.
+	// checkpoint's statement when its data is bigger than the record's
+	// (see CompleteParams.StorageQuotaBytes). A checkpoint whose data does
+	// not grow is never refused: a lease keeper's renewal, whose new point
+	// is at most MaxRecoveryPointBytes, must not lose its lease to the
+	// quota. 0 checks nothing.
 	StorageQuotaBytes int64
 }
 

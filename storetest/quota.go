@@ -434,11 +434,12 @@ func testQuotaCompleteBounded(t *testing.T, s *suite) {
 	requireResponse(t, bigResponse(4, size), rec.Response)
 }
 
-// testQuotaCheckpointBounded: a checkpoint whose recovery point and data
-// would grow the record past the quota renews the lease only, keeps the
+// testQuotaCheckpointBounded: a checkpoint whose recovery data grows and
+// would take the record past the quota renews the lease only, keeps the
 // earlier point and data, and answers storage_quota_exceeded; one that
-// shrinks the record, or keeps its size, is saved whatever the usage; a
-// takeover resumes from what was kept.
+// shrinks the record, keeps its size, or saves a new point without more
+// data (a lease keeper's renewal) is saved whatever the usage; a takeover
+// resumes from what was kept.
 func testQuotaCheckpointBounded(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
@@ -478,6 +479,15 @@ func testQuotaCheckpointBounded(t *testing.T, s *suite) {
 	_, err = cp("k0", k0.FencingToken, "shipped", 10)
 	require.NoError(t, err)
 	b.requireUsage(t, "acme", 2*claimBytes("k0")+7+10+1, "k0", "k1")
+	// a new point whose data does not grow (a lease keeper's renewal) is
+	// saved past the quota: its lease must not be lost to the quota
+	_, err = cp("k1", k1.FencingToken, strings.Repeat("p", idem.MaxRecoveryPointBytes), 0)
+	require.NoError(t, err, "a renewal without data")
+	over := 2*claimBytes("k0") + 7 + 10 + idem.MaxRecoveryPointBytes
+	require.Greater(t, over, quota)
+	b.requireUsage(t, "acme", over, "k0", "k1")
+	_, err = cp("k1", k1.FencingToken, "p", 200)
+	requireCode(t, err, idem.ErrStorageQuotaExceeded, "data that grows, over the quota")
 
 	// a takeover resumes from what was kept
 	b.advance(defaultLease)

@@ -140,15 +140,16 @@ RETURNING sqlc.embed(k), clock.now AS observed_at;
 -- lease ends), only while the token is current and the record in flight.
 -- The new recovery point and data replace the old ones in stored_bytes, and
 -- the difference goes to the tenant's usage in the same statement.
--- A checkpoint that grows the record is saved only while the tenant's
+-- A checkpoint whose recovery data grows is saved only while the tenant's
 -- usage, read in this statement (storage_quota_bytes 0: not read), plus
--- the growth stays within storage_quota_bytes; otherwise it renews the
--- lease and the purge time only and keeps the earlier point and data,
--- whose bytes (fewer than recovery_bytes: it would have grown) tell the
--- caller so. The test is used + growth <= greatest(quota, used): within
--- the quota, or not growing the record (which always fits).
--- the growth is computed from the row version the update
--- applies to, after any wait on a concurrent writer of the key.
+-- the record's growth stays within storage_quota_bytes; otherwise it
+-- renews the lease and the purge time only and keeps the earlier point and
+-- data, whose bytes (fewer than recovery_bytes: it would have grown) tell
+-- the caller so. One whose data does not grow always fits: a lease
+-- keeper's renewal, whose point (at most 128 bytes) may be new. The test
+-- is used + growth <= greatest(quota, used): within the quota, or not
+-- growing the record. The growth is computed from the row version the
+-- update applies to, after any wait on a concurrent writer of the key.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now,
         CASE WHEN sqlc.arg('storage_quota_bytes')::bigint = 0 THEN NULL::bigint
@@ -158,10 +159,12 @@ WITH clock AS (
 w AS (
 UPDATE idempotency_keys k SET
     recovery_point = CASE WHEN clock.used IS NULL
+            OR coalesce(octet_length(sqlc.narg('recovery_data')::bytea), 0) <= coalesce(octet_length(k.recovery_data), 0)
             OR clock.used + sqlc.arg('recovery_bytes')::bigint - coalesce(octet_length(k.recovery_point), 0)
                 - coalesce(octet_length(k.recovery_data), 0) <= greatest(sqlc.arg('storage_quota_bytes')::bigint, clock.used)
         THEN sqlc.arg('recovery_point')::text ELSE k.recovery_point END,
     recovery_data = CASE WHEN clock.used IS NULL
+            OR coalesce(octet_length(sqlc.narg('recovery_data')::bytea), 0) <= coalesce(octet_length(k.recovery_data), 0)
             OR clock.used + sqlc.arg('recovery_bytes')::bigint - coalesce(octet_length(k.recovery_point), 0)
                 - coalesce(octet_length(k.recovery_data), 0) <= greatest(sqlc.arg('storage_quota_bytes')::bigint, clock.used)
         THEN sqlc.narg('recovery_data')::bytea ELSE k.recovery_data END,
@@ -170,6 +173,7 @@ UPDATE idempotency_keys k SET
     purge_after = greatest(k.purge_after, clock.now + k.reaper_threshold_seconds * interval '1 second',
         clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond'),
     stored_bytes = CASE WHEN clock.used IS NULL
+            OR coalesce(octet_length(sqlc.narg('recovery_data')::bytea), 0) <= coalesce(octet_length(k.recovery_data), 0)
             OR clock.used + sqlc.arg('recovery_bytes')::bigint - coalesce(octet_length(k.recovery_point), 0)
                 - coalesce(octet_length(k.recovery_data), 0) <= greatest(sqlc.arg('storage_quota_bytes')::bigint, clock.used)
         THEN k.stored_bytes - coalesce(octet_length(k.recovery_point), 0)

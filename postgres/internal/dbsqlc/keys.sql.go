@@ -21,22 +21,25 @@ WITH clock AS (
 w AS (
 UPDATE idempotency_keys k SET
     recovery_point = CASE WHEN clock.used IS NULL
-            OR clock.used + $4::bigint - coalesce(octet_length(k.recovery_point), 0)
+            OR coalesce(octet_length($4::bytea), 0) <= coalesce(octet_length(k.recovery_data), 0)
+            OR clock.used + $5::bigint - coalesce(octet_length(k.recovery_point), 0)
                 - coalesce(octet_length(k.recovery_data), 0) <= greatest($2::bigint, clock.used)
-        THEN $5::text ELSE k.recovery_point END,
+        THEN $6::text ELSE k.recovery_point END,
     recovery_data = CASE WHEN clock.used IS NULL
-            OR clock.used + $4::bigint - coalesce(octet_length(k.recovery_point), 0)
+            OR coalesce(octet_length($4::bytea), 0) <= coalesce(octet_length(k.recovery_data), 0)
+            OR clock.used + $5::bigint - coalesce(octet_length(k.recovery_point), 0)
                 - coalesce(octet_length(k.recovery_data), 0) <= greatest($2::bigint, clock.used)
-        THEN $6::bytea ELSE k.recovery_data END,
+        THEN $4::bytea ELSE k.recovery_data END,
     lease_expires_at = clock.now + $7::bigint * interval '1 microsecond',
     updated_at = clock.now,
     purge_after = greatest(k.purge_after, clock.now + k.reaper_threshold_seconds * interval '1 second',
         clock.now + $7::bigint * interval '1 microsecond'),
     stored_bytes = CASE WHEN clock.used IS NULL
-            OR clock.used + $4::bigint - coalesce(octet_length(k.recovery_point), 0)
+            OR coalesce(octet_length($4::bytea), 0) <= coalesce(octet_length(k.recovery_data), 0)
+            OR clock.used + $5::bigint - coalesce(octet_length(k.recovery_point), 0)
                 - coalesce(octet_length(k.recovery_data), 0) <= greatest($2::bigint, clock.used)
         THEN k.stored_bytes - coalesce(octet_length(k.recovery_point), 0)
-            - coalesce(octet_length(k.recovery_data), 0) + $4::bigint
+            - coalesce(octet_length(k.recovery_data), 0) + $5::bigint
         ELSE k.stored_bytes END,
     stored_bytes_before = k.stored_bytes
 FROM clock
@@ -70,9 +73,9 @@ type CheckpointKeyParams struct {
 	Now               pgtype.Timestamptz
 	StorageQuotaBytes int64
 	TenantID          string
+	RecoveryData      []byte
 	RecoveryBytes     int64
 	RecoveryPoint     string
-	RecoveryData      []byte
 	LeaseUs           int64
 	Key               string
 	FencingToken      int64
@@ -107,15 +110,16 @@ type CheckpointKeyRow struct {
 // lease ends), only while the token is current and the record in flight.
 // The new recovery point and data replace the old ones in stored_bytes, and
 // the difference goes to the tenant's usage in the same statement.
-// A checkpoint that grows the record is saved only while the tenant's
+// A checkpoint whose recovery data grows is saved only while the tenant's
 // usage, read in this statement (storage_quota_bytes 0: not read), plus
-// the growth stays within storage_quota_bytes; otherwise it renews the
-// lease and the purge time only and keeps the earlier point and data,
-// whose bytes (fewer than recovery_bytes: it would have grown) tell the
-// caller so. The test is used + growth <= greatest(quota, used): within
-// the quota, or not growing the record (which always fits).
-// the growth is computed from the row version the update
-// applies to, after any wait on a concurrent writer of the key.
+// the record's growth stays within storage_quota_bytes; otherwise it
+// renews the lease and the purge time only and keeps the earlier point and
+// data, whose bytes (fewer than recovery_bytes: it would have grown) tell
+// the caller so. One whose data does not grow always fits: a lease
+// keeper's renewal, whose point (at most 128 bytes) may be new. The test
+// is used + growth <= greatest(quota, used): within the quota, or not
+// growing the record. The growth is computed from the row version the
+// update applies to, after any wait on a concurrent writer of the key.
 // adds the write's difference to the tenant's usage, in this statement
 // An in-flight record has no response (writeRow's columns).
 func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (CheckpointKeyRow, error) {
@@ -123,9 +127,9 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (C
 		arg.Now,
 		arg.StorageQuotaBytes,
 		arg.TenantID,
+		arg.RecoveryData,
 		arg.RecoveryBytes,
 		arg.RecoveryPoint,
-		arg.RecoveryData,
 		arg.LeaseUs,
 		arg.Key,
 		arg.FencingToken,
