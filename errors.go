@@ -34,7 +34,9 @@ const (
 	// CodeStorageQuotaExceeded: the tenant's records store its
 	// storage_quota_bytes or more, so a claim that would create a record is
 	// refused before any work runs; it succeeds again once records are
-	// released or purged.
+	// released or purged. A complete or checkpoint whose bytes do not fit
+	// gets it too, after the store kept what it must (UnstoredResponse,
+	// CheckpointNotStored): the key is never made runnable again by it.
 	CodeStorageQuotaExceeded Code = "storage_quota_exceeded"
 	// CodeInternal is any error without a code of its own; its details are
 	// never shown to callers.
@@ -101,6 +103,24 @@ func StoreUnavailable(detail string, cause error) *Error {
 func StorageQuotaExceeded(tenant string, used, limit int64) *Error {
 	return Errorf(CodeStorageQuotaExceeded,
 		"tenant '%s' stores %d bytes, at or over its storage_quota_bytes (%d): no new key can be claimed until records are released or purged", tenant, used, limit)
+}
+
+// ResponseNotStored returns the error of a complete whose response (size
+// bytes) did not fit the tenant's storage_quota_bytes (limit): the key is
+// completed all the same, with UnstoredResponse in its place, so that a
+// retry of the request is answered as not replayable, never run again.
+func ResponseNotStored(tenant string, size int, limit int64) *Error {
+	return Errorf(CodeStorageQuotaExceeded,
+		"tenant '%s' has no room under its storage_quota_bytes (%d) for this response of %d bytes: the key is completed without it, and a claim of the key replays it as not replayable (%s)", tenant, limit, size, HeaderNotReplayable)
+}
+
+// CheckpointNotStored returns the error of a checkpoint whose recovery
+// point and data (size bytes) did not fit the tenant's storage_quota_bytes
+// (limit): the lease was renewed, the record keeps its earlier recovery
+// point and data.
+func CheckpointNotStored(tenant string, size int64, limit int64) *Error {
+	return Errorf(CodeStorageQuotaExceeded,
+		"tenant '%s' has no room under its storage_quota_bytes (%d) for this recovery point and data of %d bytes: the lease was renewed, and the record keeps its earlier recovery point and data", tenant, limit, size)
 }
 
 // ErrorCode returns the code of err, CodeInternal when err carries none, or

@@ -159,10 +159,14 @@ func CheckWrite(stored *Record, token int64) error {
 // CheckComplete is CheckWrite for a complete that stores resp. Completing
 // again with the current token and an equal response is a no-op: it
 // returns repeat true and no error, and the caller answers with the stored
-// record. A different response on a completed record is ErrAlreadyCompleted.
+// record. So is completing again a record that holds UnstoredResponse(resp)
+// (the first complete of resp found no room under the quota): the caller
+// answers as the first time (IsUnstored). A different response on a
+// completed record is ErrAlreadyCompleted.
 func CheckComplete(stored *Record, token int64, resp Response) (repeat bool, err error) {
 	err = CheckWrite(stored, token)
-	if errors.Is(err, ErrAlreadyCompleted) && stored.Response != nil && stored.Response.Equal(resp) {
+	if errors.Is(err, ErrAlreadyCompleted) && stored.Response != nil &&
+		(stored.Response.Equal(resp) || IsUnstored(stored.Response, resp)) {
 		return true, nil
 	}
 	return false, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"time"
 )
 
@@ -28,7 +29,12 @@ type Store interface {
 	// Checkpoint saves a recovery point and renews the lease. It is accepted
 	// while the token is current, even after the lease ran out, as long as
 	// nobody took over. It returns ErrKeyNotFound, ErrLeaseLost, or
-	// ErrAlreadyCompleted when the record is already completed.
+	// ErrAlreadyCompleted when the record is already completed. When the
+	// new recovery data is bigger than the record's and the record would
+	// grow past the tenant's quota (CheckpointParams.StorageQuotaBytes), it
+	// renews the lease and the purge time only, keeps the recovery point and data the record
+	// had, and returns the record with a storage_quota_exceeded error
+	// (CheckpointNotStored).
 	Checkpoint(ctx context.Context, p CheckpointParams) (Record, error)
 
 	// Complete stores the response and marks the record completed; the
@@ -38,6 +44,15 @@ type Store interface {
 	// ErrKeyNotFound, ErrLeaseLost, or ErrAlreadyCompleted when the stored
 	// response differs; invalid_request, the record untouched, for params
 	// CompleteParams.Validate refuses (a status outside 100–599).
+	//
+	// When the response does not fit the tenant's quota
+	// (CompleteParams.StorageQuotaBytes), Complete completes the record
+	// all the same, with UnstoredResponse(p.Response) in place of the
+	// response, and returns that record together with a
+	// storage_quota_exceeded error (ResponseNotStored): the work ran, so
+	// the key must not become runnable again, and the caller must learn
+	// that its answer is not kept. Completing it again with the same
+	// response answers the same.
 	Complete(ctx context.Context, p CompleteParams) (Record, error)
 
 	// Release deletes an in-flight record whose token is current, so the next
@@ -183,6 +198,13 @@ type CheckpointParams struct {
 	Data json.RawMessage
 	// Lease is the renewed lease, counted from now.
 	Lease time.Duration
+	// StorageQuotaBytes is the tenant's storage_quota_bytes, checked in the
+	// checkpoint's statement when its data is bigger than the record's
+	// (see CompleteParams.StorageQuotaBytes). A checkpoint whose data does
+	// not grow is never refused: a lease keeper's renewal, whose new point
+	// is at most MaxRecoveryPointBytes, must not lose its lease to the
+	// quota. 0 checks nothing.
+	StorageQuotaBytes int64
 }
 
 // CompleteParams are the inputs of Store.Complete.
@@ -191,6 +213,42 @@ type CompleteParams struct {
 	Key          string
 	FencingToken int64
 	Response     Response
+	// StorageQuotaBytes is the tenant's storage_quota_bytes: the response
+	// is stored only if the tenant's usage, read in the complete's own
+	// statement or transaction, plus Response.Size() stays within it;
+	// otherwise UnstoredResponse is stored in its place. Unlike a claim's
+	// (Tenant.ClaimQuota) the check is made on every complete: its bytes
+	// are up to max_response_bytes, not a claim's few dozen. 0 checks
+	// nothing.
+	StorageQuotaBytes int64
+}
+
+// HeaderNotReplayable marks a stored response that is not the answer the
+// request got (too large to store, a status idem cannot store, or no room
+// under the tenant's quota): a front door that finds it answers a retry
+// with 409 response_not_replayable instead of running the request again.
+// It is the header client/frontdoor.HeaderNotReplayable names.
+const HeaderNotReplayable = "Idem-Not-Replayable"
+
+// UnstoredResponse is what a complete stores in place of resp when resp
+// does not fit the tenant's storage quota: resp's status, no body, and
+// HeaderNotReplayable saying why, so that the key stays completed (never
+// run again) and a replay says its answer was not kept. It adds
+// len(HeaderNotReplayable) plus its value, under 80 bytes, to the record.
+func UnstoredResponse(resp Response) Response {
+	return Response{
+		Status: resp.Status,
+		Headers: map[string]string{
+			HeaderNotReplayable: "response of " + strconv.Itoa(resp.Size()) + " bytes not stored (storage quota)",
+		},
+		BodyEncoding: BodyEncodingUTF8,
+	}
+}
+
+// IsUnstored reports whether stored is UnstoredResponse(resp): the
+// complete of resp was stored without it for want of quota.
+func IsUnstored(stored *Response, resp Response) bool {
+	return stored != nil && stored.Equal(UnstoredResponse(resp))
 }
 
 // Validate checks what every store refuses in a completion, whoever sent

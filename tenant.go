@@ -103,7 +103,10 @@ type Settings struct {
 	MaxWaitSeconds int `json:"max_wait_seconds"`
 	// StorageQuotaBytes bounds the bytes the tenant's records store
 	// (Record.StoredBytes summed): a claim that would create a record while
-	// the tenant is at or over it is refused with storage_quota_exceeded.
+	// the tenant is at or over it is refused with storage_quota_exceeded;
+	// a complete whose response does not fit stores UnstoredResponse in
+	// its place, and a checkpoint whose data does not fit keeps the
+	// earlier data (both answered storage_quota_exceeded).
 	StorageQuotaBytes int64 `json:"storage_quota_bytes"`
 }
 

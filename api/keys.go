@@ -263,9 +263,12 @@ func (s *service) checkpoint(ctx context.Context, req *checkpointRequest) (recor
 		s.observeWrite(t.ID, "checkpoint", err)
 		return recordJSON{}, err
 	}
+	// Checked on every checkpoint whose data grows, in its statement
+	// (idem.Store.Checkpoint): 507 then, the lease renewed all the same.
 	rec, err := s.store.Checkpoint(ctx, idem.CheckpointParams{
 		TenantID: t.ID, Key: req.key, FencingToken: *req.FencingToken,
 		RecoveryPoint: req.RecoveryPoint, Data: data, Lease: lease,
+		StorageQuotaBytes: t.Settings.StorageQuotaBytes,
 	})
 	s.observeWrite(t.ID, "checkpoint", err)
 	if err != nil {
@@ -324,8 +327,13 @@ func (s *service) complete(ctx context.Context, req *completeRequest) (recordJSO
 		s.observeWrite(t.ID, "complete", err)
 		return recordJSON{}, err
 	}
+	// The quota is checked in every complete's statement, not only near it
+	// as a claim's (idem.Tenant.ClaimQuota): a response is up to
+	// max_response_bytes. Without room the key is completed without it and
+	// the worker gets 507 storage_quota_exceeded (idem.Store.Complete).
 	rec, err := s.store.Complete(ctx, idem.CompleteParams{
 		TenantID: t.ID, Key: req.key, FencingToken: *req.FencingToken, Response: req.decoded,
+		StorageQuotaBytes: t.Settings.StorageQuotaBytes,
 	})
 	s.observeWrite(t.ID, "complete", err)
 	if err != nil {

@@ -52,7 +52,9 @@ var problems = map[idem.Code]problemInfo{
 	idem.CodeServerBusy:           {http.StatusServiceUnavailable, "Server busy", true},
 	idem.CodeInternal:             {http.StatusInternalServerError, "Internal error", false},
 	// Not retryable as such: only releases and the reaper's purge free the
-	// quota, which a retry does not wait for.
+	// quota, which a retry does not wait for. On a complete the key is
+	// completed without the response (a retry of the request is answered
+	// not replayable); on a checkpoint the lease was renewed.
 	idem.CodeStorageQuotaExceeded: {http.StatusInsufficientStorage, "Storage quota exceeded", false},
 	codeNotFound:                  {http.StatusNotFound, "Not found", false},
 	codeMethodNotAllowed:          {http.StatusMethodNotAllowed, "Method not allowed", false},

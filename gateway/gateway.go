@@ -705,7 +705,11 @@ func (g *Gateway) complete(ctx context.Context, c claim, r *http.Request, resp i
 	until := time.Now().Add(max(c.lease, completeRetryMin))
 	pause := 50 * time.Millisecond
 	for {
-		_, err := g.store.Complete(ctx, idem.CompleteParams{TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token, Response: resp})
+		// The quota is checked as the API checks it: a response without
+		// room completes the key as not replayable (storage_quota_exceeded,
+		// logged below; the retry is 409 response_not_replayable).
+		_, err := g.store.Complete(ctx, idem.CompleteParams{TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token, Response: resp,
+			StorageQuotaBytes: c.tenant.Settings.StorageQuotaBytes})
 		if err == nil {
 			return
 		}

@@ -1081,7 +1081,7 @@ func TestStorageQuotaExceeded(t *testing.T) {
 		var refused reply
 		key := ""
 		filled := 0
-		for i := range 10 {
+		for i := range 60 {
 			key = fmt.Sprintf("fill-%d", i)
 			got := send(t, http.MethodPost, r.url+"/orders?size=900", key, `{}`)
 			if got.status != http.StatusOK {

@@ -126,14 +126,15 @@ func (s *Store) renewAttemptLease(ctx context.Context, stored *idem.Record, p id
 // current and the record in flight.
 func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.Record, error) {
 	row, err := s.q.CheckpointKey(ctx, dbsqlc.CheckpointKeyParams{
-		TenantID:      p.TenantID,
-		Key:           p.Key,
-		FencingToken:  p.FencingToken,
-		RecoveryPoint: p.RecoveryPoint,
-		RecoveryData:  p.Data,
-		RecoveryBytes: idem.RecoveryBytes(p.RecoveryPoint, p.Data),
-		LeaseUs:       micros(p.Lease),
-		Now:           s.clock(),
+		TenantID:          p.TenantID,
+		Key:               p.Key,
+		FencingToken:      p.FencingToken,
+		RecoveryPoint:     p.RecoveryPoint,
+		RecoveryData:      p.Data,
+		RecoveryBytes:     idem.RecoveryBytes(p.RecoveryPoint, p.Data),
+		StorageQuotaBytes: p.StorageQuotaBytes,
+		LeaseUs:           micros(p.Lease),
+		Now:               s.clock(),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		stored, err := s.getKey(ctx, p.TenantID, p.Key)
@@ -145,7 +146,13 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 	if err != nil {
 		return idem.Record{}, s.interpretError(err, "checkpoint key")
 	}
-	return recordFromWriteRow(writeRow(row)), nil
+	rec := recordFromWriteRow(writeRow(row))
+	if size := idem.RecoveryBytes(p.RecoveryPoint, p.Data); idem.RecoveryBytes(rec.RecoveryPoint, rec.RecoveryData) != size {
+		// No room under the quota: the lease was renewed, the earlier
+		// point and data kept (CheckpointKey).
+		return rec, idem.CheckpointNotStored(p.TenantID, size, p.StorageQuotaBytes)
+	}
+	return rec, nil
 }
 
 // Complete stores the response while the token is current and the record
@@ -156,6 +163,7 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 		return idem.Record{}, err
 	}
 	headers := jsonenc.AppendStringMap(nil, p.Response.Headers)
+	unstored := idem.UnstoredResponse(p.Response)
 	row, err := s.q.CompleteKey(ctx, dbsqlc.CompleteKeyParams{
 		TenantID:             p.TenantID,
 		Key:                  p.Key,
@@ -165,6 +173,9 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 		ResponseBody:         p.Response.Body,
 		ResponseBodyEncoding: p.Response.BodyEncoding,
 		ResponseBytes:        int64(p.Response.Size()),
+		StorageQuotaBytes:    p.StorageQuotaBytes,
+		UnstoredHeaders:      jsonenc.AppendStringMap(nil, unstored.Headers),
+		UnstoredBytes:        int64(unstored.Size()),
 		Now:                  s.clock(),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -173,6 +184,9 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 			return idem.Record{}, err
 		}
 		repeat, err := idem.CheckComplete(stored, p.FencingToken, p.Response)
+		if repeat && idem.IsUnstored(stored.Response, p.Response) {
+			return *stored, idem.ResponseNotStored(p.TenantID, p.Response.Size(), p.StorageQuotaBytes)
+		}
 		if repeat {
 			return *stored, nil
 		}
@@ -181,10 +195,29 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 	if err != nil {
 		return idem.Record{}, s.interpretError(err, "complete key")
 	}
-	rec := recordFromWriteRow(writeRow(row))
+	rec := recordFromWriteRow(completedRow(row))
+	if !row.Stored {
+		// Completed without the response: no room under the quota.
+		rec.Response = &unstored
+		return rec, idem.ResponseNotStored(p.TenantID, p.Response.Size(), p.StorageQuotaBytes)
+	}
 	resp := p.Response
 	rec.Response = &resp
 	return rec, nil
+}
+
+// completedRow is CompleteKey's row without its stored flag.
+func completedRow(r dbsqlc.CompleteKeyRow) writeRow {
+	return writeRow{
+		TenantID: r.TenantID, Key: r.Key, State: r.State, Operation: r.Operation,
+		Fingerprint: r.Fingerprint, FencingToken: r.FencingToken, Attempt: r.Attempt,
+		LeaseExpiresAt: r.LeaseExpiresAt, RecoveryPoint: r.RecoveryPoint,
+		ReplayWindowSeconds: r.ReplayWindowSeconds, ReaperThresholdSeconds: r.ReaperThresholdSeconds,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
+		ReplayUntil: r.ReplayUntil, PurgeAfter: r.PurgeAfter, ReviewNote: r.ReviewNote,
+		ReviewAt: r.ReviewAt, RecoveryData: r.RecoveryData, AttemptID: r.AttemptID,
+		ObservedAt: r.ObservedAt,
+	}
 }
 
 // Release deletes the in-flight record while the token is current.

@@ -135,12 +135,32 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 		if refusal = idem.CheckWrite(stored, p.FencingToken); refusal != nil {
 			return queueLeaseLost(ctx, q, stored, "checkpoint", p.FencingToken, refusal, now)
 		}
+		point, data := &p.RecoveryPoint, []byte(p.Data)
+		size := idem.RecoveryBytes(p.RecoveryPoint, p.Data)
+		grow := size - idem.RecoveryBytes(stored.RecoveryPoint, stored.RecoveryData)
+		if len(p.Data) <= len(stored.RecoveryData) {
+			// The data does not grow: a lease keeper's renewal, whose
+			// point (at most 128 bytes) may be new, always fits.
+			grow = 0
+		}
+		if fits, err := fitsQuota(ctx, q, p.TenantID, grow, p.StorageQuotaBytes); err != nil {
+			return err
+		} else if !fits {
+			// No room: renew the lease only, keep the earlier point and
+			// data (one writer at a time: the usage read is exact).
+			point, data = nil, stored.RecoveryData
+			if stored.RecoveryPoint != "" {
+				point = &stored.RecoveryPoint
+			}
+			size = idem.RecoveryBytes(stored.RecoveryPoint, stored.RecoveryData)
+			refusal = idem.CheckpointNotStored(p.TenantID, idem.RecoveryBytes(p.RecoveryPoint, p.Data), p.StorageQuotaBytes)
+		}
 		row, err := q.CheckpointKey(ctx, dbsqlc.CheckpointKeyParams{
 			TenantID:       p.TenantID,
 			Key:            p.Key,
-			RecoveryPoint:  &p.RecoveryPoint,
-			RecoveryData:   p.Data,
-			StoredBytes:    idem.ClaimBytes(stored.Key, stored.Operation, stored.Fingerprint) + idem.RecoveryBytes(p.RecoveryPoint, p.Data),
+			RecoveryPoint:  point,
+			RecoveryData:   data,
+			StoredBytes:    idem.ClaimBytes(stored.Key, stored.Operation, stored.Fingerprint) + size,
 			LeaseExpiresAt: microsPtr(now.Add(p.Lease)),
 			Now:            micros(now),
 			PurgeAfter:     micros(idem.InFlightPurgeAfter(stored.PurgeAfter, now, p.Lease, stored.ReaperThreshold)),
@@ -152,9 +172,26 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 		return err
 	})
 	if err == nil && refusal != nil {
+		if errors.Is(refusal, idem.ErrStorageQuotaExceeded) {
+			return rec, refusal // the lease was renewed
+		}
 		return idem.Record{}, refusal
 	}
 	return rec, err
+}
+
+// fitsQuota reports whether the tenant's usage, read in the write's
+// transaction, has room for grow more bytes under quota. A write that does
+// not grow the record, and a quota of 0, always fit (nothing is read).
+func fitsQuota(ctx context.Context, q *dbsqlc.Queries, tenantID string, grow, quota int64) (bool, error) {
+	if quota == 0 || grow <= 0 {
+		return true, nil
+	}
+	used, err := q.TenantStoredBytes(ctx, tenantID)
+	if err != nil {
+		return false, fmt.Errorf("read the tenant's usage: %w", err)
+	}
+	return used+grow <= quota, nil
 }
 
 // Complete stores the response while the token is current, even after the
@@ -178,18 +215,36 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 		}
 		if repeat {
 			rec = *stored
+			if idem.IsUnstored(stored.Response, p.Response) {
+				refusal = idem.ResponseNotStored(p.TenantID, p.Response.Size(), p.StorageQuotaBytes)
+			}
 			return nil
 		}
-		status := int64(p.Response.Status)
+		resp, unstored := p.Response, idem.UnstoredResponse(p.Response)
+		// A response no bigger than the unstored one is stored whatever the
+		// usage: storing it costs less.
+		grow := int64(resp.Size())
+		if grow <= int64(unstored.Size()) {
+			grow = 0
+		}
+		if fits, err := fitsQuota(ctx, q, p.TenantID, grow, p.StorageQuotaBytes); err != nil {
+			return err
+		} else if !fits {
+			// Completed all the same (the work ran), without the response.
+			resp = unstored
+			headers = jsonenc.AppendStringMap(nil, resp.Headers)
+			refusal = idem.ResponseNotStored(p.TenantID, p.Response.Size(), p.StorageQuotaBytes)
+		}
+		status := int64(resp.Status)
 		headersText := string(headers)
 		row, err := q.CompleteKey(ctx, dbsqlc.CompleteKeyParams{
 			TenantID:             p.TenantID,
 			Key:                  p.Key,
 			ResponseStatus:       &status,
 			ResponseHeaders:      &headersText,
-			ResponseBody:         p.Response.Body,
-			ResponseBodyEncoding: &p.Response.BodyEncoding,
-			StoredBytes:          stored.StoredBytes() + int64(p.Response.Size()),
+			ResponseBody:         resp.Body,
+			ResponseBodyEncoding: &resp.BodyEncoding,
+			StoredBytes:          stored.StoredBytes() + int64(resp.Size()),
 			Now:                  micros(now),
 			ReplayUntil:          microsPtr(now.Add(stored.ReplayWindow)),
 			PurgeAfter:           micros(now.Add(stored.ReaperThreshold)),
@@ -198,14 +253,17 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 			return fmt.Errorf("update record: %w", err)
 		}
 		rec, err = recordFromRow(row, now)
-		keepEmptyBody(&rec, p.Response.Body != nil)
+		keepEmptyBody(&rec, resp.Body != nil)
 		return err
 	})
-	if err == nil && refusal != nil {
+	if err == nil && refusal != nil && !errors.Is(refusal, idem.ErrStorageQuotaExceeded) {
 		return idem.Record{}, refusal
 	}
 	if err == nil {
 		s.events.Publish(p.TenantID, p.Key)
+		// A response without room is answered storage_quota_exceeded with
+		// the record completed in its place (idem.Store.Complete).
+		return rec, refusal
 	}
 	return rec, err
 }

@@ -338,3 +338,214 @@ func testQuotaRace(t *testing.T, s *suite) {
 		}
 	}
 }
+
+// bigResponse returns a response of size bytes (idem.Response.Size) whose
+// body tells n apart.
+func bigResponse(n, size int) idem.Response {
+	r := idem.Response{Status: 201, Headers: map[string]string{"X-Order": fmt.Sprintf("ord_%03d", n)}, BodyEncoding: idem.BodyEncodingUTF8}
+	r.Body = []byte(strings.Repeat("b", size-r.Size()))
+	return r
+}
+
+// completeBounded completes key with resp against quota and returns what
+// the store answered.
+func (b *bundle) completeBounded(tenant, key string, token int64, resp idem.Response, quota int64) (idem.Record, error) {
+	return b.store.Complete(b.ctx, idem.CompleteParams{TenantID: tenant, Key: key, FencingToken: token, Response: resp, StorageQuotaBytes: quota})
+}
+
+// requireUnstored requires that the complete of resp on key was answered
+// storage_quota_exceeded with the key completed without it: the record
+// answered and the one stored hold idem.UnstoredResponse(resp), a claim of
+// the key replays that (never runs the key again, even past the lease it
+// was claimed with), and a repeat of the complete answers the same.
+func (b *bundle) requireUnstored(t *testing.T, tenant, key string, token int64, resp idem.Response, quota int64, rec idem.Record, err error) {
+	t.Helper()
+	requireCode(t, err, idem.ErrStorageQuotaExceeded, "the complete of %s", key)
+	unstored := idem.UnstoredResponse(resp)
+	require.Contains(t, unstored.Headers[idem.HeaderNotReplayable], "not stored")
+	require.Equal(t, idem.StateCompleted, rec.State, "the key is completed all the same")
+	requireResponse(t, unstored, rec.Response)
+	stored := b.get(t, tenant, key)
+	requireSameRecord(t, rec, stored)
+	again, err := b.completeBounded(tenant, key, token, resp, quota)
+	requireCode(t, err, idem.ErrStorageQuotaExceeded, "a repeat of the complete of %s", key)
+	requireSameRecord(t, stored, again)
+	replay := b.claim(t, ClaimParams(tenant, key))
+	require.Equal(t, idem.ActionReplay, replay.Action, "a retry of %s ran it again", key)
+	requireResponse(t, unstored, replay.Record.Response)
+}
+
+// testQuotaCompleteBounded: a complete whose response would take the
+// tenant past storage_quota_bytes completes the key without it
+// (idem.UnstoredResponse) and answers storage_quota_exceeded; the usage
+// stays within the quota but for the unstored records' few bytes; a
+// response no bigger than the unstored one is stored whatever the usage;
+// a different response on the key is already_completed; the quota frees
+// up as records go.
+func testQuotaCompleteBounded(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	const size = 1000
+	keys := []string{"k0", "k1", "k2", "k3", "k4"}
+	toks := map[string]int64{}
+	for _, k := range keys {
+		toks[k] = b.create(t, "acme", k).FencingToken
+	}
+	claims := int64(len(keys)) * claimBytes("k0")
+	quota := claims + 2*size + 10 // two responses fit, with ten bytes to spare
+
+	for _, k := range keys[:2] {
+		rec, err := b.completeBounded("acme", k, toks[k], bigResponse(0, size), quota)
+		require.NoError(t, err, "a response within the quota")
+		requireResponse(t, bigResponse(0, size), rec.Response)
+	}
+	require.Equal(t, quota-10, b.usage(t, "acme"))
+
+	resp := bigResponse(2, size)
+	rec, err := b.completeBounded("acme", "k2", toks["k2"], resp, quota)
+	b.requireUnstored(t, "acme", "k2", toks["k2"], resp, quota, rec, err)
+	unstored := int64(idem.UnstoredResponse(resp).Size())
+	require.Less(t, unstored, int64(80))
+	b.requireUsage(t, "acme", quota-10+unstored, keys...)
+	// the answer of the run is not changed after the fact
+	_, err = b.completeBounded("acme", "k2", toks["k2"], response(2), quota)
+	requireCode(t, err, idem.ErrAlreadyCompleted)
+
+	// a response no bigger than the unstored one costs no more than it:
+	// stored over the quota too
+	small := idem.Response{Status: 204, Headers: map[string]string{}, BodyEncoding: idem.BodyEncodingUTF8}
+	rec, err = b.completeBounded("acme", "k3", toks["k3"], small, quota)
+	require.NoError(t, err)
+	requireResponse(t, small, rec.Response)
+
+	// after a lease's time the unstored key still replays, never runs again
+	b.advance(defaultLease)
+	replay := b.claim(t, ClaimParams("acme", "k2"))
+	require.Equal(t, idem.ActionReplay, replay.Action)
+
+	// records going free the quota: k4's response fits again
+	b.advance(defaultReplayWindow)
+	b.advance(defaultReaperThreshold)
+	_, err = b.store.Reap(b.ctx, idem.ReapParams{Limit: 100})
+	require.NoError(t, err)
+	k := b.create(t, "acme", "k4")
+	rec, err = b.completeBounded("acme", "k4", k.FencingToken, bigResponse(4, size), quota)
+	require.NoError(t, err)
+	requireResponse(t, bigResponse(4, size), rec.Response)
+}
+
+// testQuotaCheckpointBounded: a checkpoint whose recovery data grows and
+// would take the record past the quota renews the lease only, keeps the
+// earlier point and data, and answers storage_quota_exceeded; one that
+// shrinks the record, keeps its size, or saves a new point without more
+// data (a lease keeper's renewal) is saved whatever the usage; a takeover
+// resumes from what was kept.
+func testQuotaCheckpointBounded(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	k0 := b.create(t, "acme", "k0")
+	k1 := b.create(t, "acme", "k1")
+	quota := 2*claimBytes("k0") + 7 + 100 + 5
+	cp := func(key string, token int64, point string, data int) (idem.Record, error) {
+		p := idem.CheckpointParams{TenantID: "acme", Key: key, FencingToken: token, RecoveryPoint: point, Lease: defaultLease, StorageQuotaBytes: quota}
+		if data > 0 {
+			p.Data = recovery(data)
+		}
+		return b.store.Checkpoint(b.ctx, p)
+	}
+	_, err := cp("k0", k0.FencingToken, "charged", 100)
+	require.NoError(t, err, "a checkpoint within the quota")
+
+	b.advance(defaultLease / 2)
+	rec, err := cp("k1", k1.FencingToken, "charged", 500)
+	requireCode(t, err, idem.ErrStorageQuotaExceeded)
+	requireTime(t, b.now().Add(defaultLease), rec.LeaseExpiresAt, "the lease was renewed all the same")
+	stored := b.get(t, "acme", "k1")
+	requireSameRecord(t, rec, stored)
+	require.Empty(t, stored.RecoveryPoint, "nothing saved")
+	require.Nil(t, stored.RecoveryData)
+	b.requireUsage(t, "acme", quota-5, "k0", "k1")
+
+	// a smaller checkpoint is saved; a bigger one over the quota keeps it
+	_, err = cp("k0", k0.FencingToken, "shipped", 10)
+	require.NoError(t, err)
+	_, err = cp("k1", k1.FencingToken, "p", 0)
+	require.NoError(t, err, "room for one byte")
+	rec, err = cp("k0", k0.FencingToken, "delivered", 200)
+	requireCode(t, err, idem.ErrStorageQuotaExceeded)
+	require.Equal(t, "shipped", rec.RecoveryPoint)
+	requireBytes(t, recovery(10), rec.RecoveryData, "RecoveryData")
+	// the same checkpoint again does not grow the record: saved
+	_, err = cp("k0", k0.FencingToken, "shipped", 10)
+	require.NoError(t, err)
+	b.requireUsage(t, "acme", 2*claimBytes("k0")+7+10+1, "k0", "k1")
+	// a new point whose data does not grow (a lease keeper's renewal) is
+	// saved past the quota: its lease must not be lost to the quota
+	_, err = cp("k1", k1.FencingToken, strings.Repeat("p", idem.MaxRecoveryPointBytes), 0)
+	require.NoError(t, err, "a renewal without data")
+	over := 2*claimBytes("k0") + 7 + 10 + idem.MaxRecoveryPointBytes
+	require.Greater(t, over, quota)
+	b.requireUsage(t, "acme", over, "k0", "k1")
+	_, err = cp("k1", k1.FencingToken, "p", 200)
+	requireCode(t, err, idem.ErrStorageQuotaExceeded, "data that grows, over the quota")
+
+	// a takeover resumes from what was kept
+	b.advance(defaultLease)
+	took := b.claim(t, ClaimParams("acme", "k0"))
+	require.Equal(t, idem.ActionTakeover, took.Action)
+	require.Equal(t, "shipped", took.Record.RecoveryPoint)
+	requireBytes(t, recovery(10), took.Record.RecoveryData, "RecoveryData")
+}
+
+// testQuotaConcurrentCompletesBounded: racers of one tenant complete 32
+// keys at once with responses of which 4 fit the quota: at least those 4
+// are stored (nobody is refused below the quota), at most one more per
+// connection of the store's pool (a complete reads the usage committed
+// when its statement starts, so completes on other connections at the same
+// instant are not seen), every other key is completed without its
+// response, none is left in flight, and the usage is exactly the records'.
+func testQuotaConcurrentCompletesBounded(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	const n, fit, size = 32, 4, 2000
+	keys := make([]string, n)
+	toks := make([]int64, n)
+	var claims int64
+	for i := range n {
+		keys[i] = fmt.Sprintf("key-%02d", i)
+		toks[i] = b.create(t, "acme", keys[i]).FencingToken
+		claims += claimBytes(keys[i])
+	}
+	unstored := int64(idem.UnstoredResponse(bigResponse(0, size)).Size())
+	// room for fit responses and every unstored record: a refusal below
+	// the quota would show
+	quota := claims + fit*size + n*unstored
+	conns := int64(n)
+	if pr, ok := b.store.(idem.PoolReporter); ok && pr.PoolStats().MaxConns > 0 {
+		conns = pr.PoolStats().MaxConns
+	}
+	recs := make([]idem.Record, n)
+	errs := make([]error, n)
+	race(n, func(i int) {
+		recs[i], errs[i] = b.completeBounded("acme", keys[i], toks[i], bigResponse(i, size), quota)
+	})
+	stored := 0
+	for i := range n {
+		if errs[i] == nil {
+			stored++
+			requireResponse(t, bigResponse(i, size), b.get(t, "acme", keys[i]).Response)
+			continue
+		}
+		b.requireUnstored(t, "acme", keys[i], toks[i], bigResponse(i, size), quota, recs[i], errs[i])
+	}
+	t.Logf("%d of %d responses stored, %d connections", stored, n, conns)
+	require.GreaterOrEqual(t, stored, fit, "responses within the quota were not stored")
+	require.LessOrEqual(t, int64(stored), fit+conns-1,
+		"%d of %d responses stored on a quota for %d (pool of %d connections): the quota does not bound completes", stored, n, fit, conns)
+	var want int64
+	for _, k := range keys {
+		want += b.get(t, "acme", k).StoredBytes()
+	}
+	b.requireUsage(t, "acme", want, keys...)
+	require.LessOrEqual(t, want, quota+(conns-1)*size, "the usage passed the documented bound")
+}

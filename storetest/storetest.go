@@ -168,6 +168,9 @@ func groups() []group {
 			{"BackToZero", testQuotaBackToZero},
 			{"RefusesNewRecords", testQuotaRefusesNewRecords},
 			{"Race", testQuotaRace},
+			{"CompleteBounded", testQuotaCompleteBounded},
+			{"CheckpointBounded", testQuotaCheckpointBounded},
+			{"ConcurrentCompletesBounded", testQuotaConcurrentCompletesBounded},
 		}},
 		{"KeyEvents", []testCase{
 			{"CompleteReleaseReapDeleteWake", testEventsWake},

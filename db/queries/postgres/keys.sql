@@ -140,19 +140,45 @@ RETURNING sqlc.embed(k), clock.now AS observed_at;
 -- lease ends), only while the token is current and the record in flight.
 -- The new recovery point and data replace the old ones in stored_bytes, and
 -- the difference goes to the tenant's usage in the same statement.
+-- A checkpoint whose recovery data grows is saved only while the tenant's
+-- usage, read in this statement (storage_quota_bytes 0: not read), plus
+-- the record's growth stays within storage_quota_bytes; otherwise it
+-- renews the lease and the purge time only and keeps the earlier point and
+-- data, whose bytes (fewer than recovery_bytes: it would have grown) tell
+-- the caller so. One whose data does not grow always fits: a lease
+-- keeper's renewal, whose point (at most 128 bytes) may be new. The test
+-- is used + growth <= greatest(quota, used): within the quota, or not
+-- growing the record. The growth is computed from the row version the
+-- update applies to, after any wait on a concurrent writer of the key.
 WITH clock AS (
-    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now,
+        CASE WHEN sqlc.arg('storage_quota_bytes')::bigint = 0 THEN NULL::bigint
+            ELSE (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
+                WHERE u.tenant_id = sqlc.arg('tenant_id')::text)::bigint END AS used
 ),
 w AS (
 UPDATE idempotency_keys k SET
-    recovery_point = sqlc.arg('recovery_point')::text,
-    recovery_data = sqlc.narg('recovery_data')::bytea,
+    recovery_point = CASE WHEN clock.used IS NULL
+            OR coalesce(octet_length(sqlc.narg('recovery_data')::bytea), 0) <= coalesce(octet_length(k.recovery_data), 0)
+            OR clock.used + sqlc.arg('recovery_bytes')::bigint - coalesce(octet_length(k.recovery_point), 0)
+                - coalesce(octet_length(k.recovery_data), 0) <= greatest(sqlc.arg('storage_quota_bytes')::bigint, clock.used)
+        THEN sqlc.arg('recovery_point')::text ELSE k.recovery_point END,
+    recovery_data = CASE WHEN clock.used IS NULL
+            OR coalesce(octet_length(sqlc.narg('recovery_data')::bytea), 0) <= coalesce(octet_length(k.recovery_data), 0)
+            OR clock.used + sqlc.arg('recovery_bytes')::bigint - coalesce(octet_length(k.recovery_point), 0)
+                - coalesce(octet_length(k.recovery_data), 0) <= greatest(sqlc.arg('storage_quota_bytes')::bigint, clock.used)
+        THEN sqlc.narg('recovery_data')::bytea ELSE k.recovery_data END,
     lease_expires_at = clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond',
     updated_at = clock.now,
     purge_after = greatest(k.purge_after, clock.now + k.reaper_threshold_seconds * interval '1 second',
         clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond'),
-    stored_bytes = k.stored_bytes - coalesce(octet_length(k.recovery_point), 0)
-        - coalesce(octet_length(k.recovery_data), 0) + sqlc.arg('recovery_bytes')::bigint,
+    stored_bytes = CASE WHEN clock.used IS NULL
+            OR coalesce(octet_length(sqlc.narg('recovery_data')::bytea), 0) <= coalesce(octet_length(k.recovery_data), 0)
+            OR clock.used + sqlc.arg('recovery_bytes')::bigint - coalesce(octet_length(k.recovery_point), 0)
+                - coalesce(octet_length(k.recovery_data), 0) <= greatest(sqlc.arg('storage_quota_bytes')::bigint, clock.used)
+        THEN k.stored_bytes - coalesce(octet_length(k.recovery_point), 0)
+            - coalesce(octet_length(k.recovery_data), 0) + sqlc.arg('recovery_bytes')::bigint
+        ELSE k.stored_bytes END,
     stored_bytes_before = k.stored_bytes
 FROM clock
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
@@ -187,24 +213,37 @@ FROM w;
 -- the token is current and the record in flight (the lease may have run out).
 -- A completion clears the review flag. The response's size (idem.Response
 -- Size) goes to stored_bytes and the tenant's usage in the same statement.
+-- The response is stored only while the tenant's usage, read in this
+-- statement (storage_quota_bytes 0: not read), plus its size stays within
+-- storage_quota_bytes; otherwise the record is completed all the same with
+-- the unstored_* response in its place (idem.UnstoredResponse: the work
+-- ran, the key must not run again), and stored is false.
 WITH clock AS (
-    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now,
+        sqlc.arg('storage_quota_bytes')::bigint = 0
+            -- no bigger than the unstored response: storing it costs less
+            OR sqlc.arg('response_bytes')::bigint <= sqlc.arg('unstored_bytes')::bigint
+            OR (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
+                WHERE u.tenant_id = sqlc.arg('tenant_id')::text) + sqlc.arg('response_bytes')::bigint
+                <= sqlc.arg('storage_quota_bytes')::bigint AS room
 ),
 w AS (
 UPDATE idempotency_keys k SET
     state = 'completed',
     lease_expires_at = NULL,
     response_status = sqlc.arg('response_status')::integer,
-    response_headers = sqlc.arg('response_headers')::jsonb,
-    response_body = sqlc.arg('response_body')::bytea,
-    response_body_encoding = sqlc.arg('response_body_encoding')::text,
+    response_headers = CASE WHEN clock.room THEN sqlc.arg('response_headers')::jsonb
+        ELSE sqlc.arg('unstored_headers')::jsonb END,
+    response_body = CASE WHEN clock.room THEN sqlc.arg('response_body')::bytea END,
+    response_body_encoding = CASE WHEN clock.room THEN sqlc.arg('response_body_encoding')::text ELSE 'utf8' END,
     review_note = NULL,
     review_at = NULL,
     updated_at = clock.now,
     completed_at = clock.now,
     replay_until = clock.now + k.replay_window_seconds * interval '1 second',
     purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second',
-    stored_bytes = k.stored_bytes + sqlc.arg('response_bytes')::bigint,
+    stored_bytes = k.stored_bytes + CASE WHEN clock.room THEN sqlc.arg('response_bytes')::bigint
+        ELSE sqlc.arg('unstored_bytes')::bigint END,
     stored_bytes_before = k.stored_bytes
 FROM clock
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
@@ -227,15 +266,16 @@ counted AS (
         AND w.stored_bytes <> w.stored_bytes_before
 )
 -- The record without the response it has just stored: the caller holds
--- that response, and a large body is not sent back (ClaimKey's columns).
+-- that response, and a large body is not sent back (ClaimKey's columns),
+-- and whether it was the caller's or the unstored one.
 SELECT
     w.tenant_id, w.key, w.state, w.operation, w.fingerprint, w.fencing_token,
     w.attempt, w.lease_expires_at, w.recovery_point,
     w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
     w.updated_at, w.completed_at, w.replay_until, w.purge_after,
     w.review_note, w.review_at, w.recovery_data, w.attempt_id,
-    w.observed_at
-FROM w;
+    w.observed_at, clock.room::boolean AS stored
+FROM w, clock;
 
 -- name: ReleaseKey :execrows
 -- ReleaseKey deletes an in-flight record whose token is current.

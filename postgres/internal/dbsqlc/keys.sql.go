@@ -13,22 +13,38 @@ import (
 
 const checkpointKey = `-- name: CheckpointKey :one
 WITH clock AS (
-    SELECT coalesce($1::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($1::timestamptz, now())::timestamptz AS now,
+        CASE WHEN $2::bigint = 0 THEN NULL::bigint
+            ELSE (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
+                WHERE u.tenant_id = $3::text)::bigint END AS used
 ),
 w AS (
 UPDATE idempotency_keys k SET
-    recovery_point = $2::text,
-    recovery_data = $3::bytea,
-    lease_expires_at = clock.now + $4::bigint * interval '1 microsecond',
+    recovery_point = CASE WHEN clock.used IS NULL
+            OR coalesce(octet_length($4::bytea), 0) <= coalesce(octet_length(k.recovery_data), 0)
+            OR clock.used + $5::bigint - coalesce(octet_length(k.recovery_point), 0)
+                - coalesce(octet_length(k.recovery_data), 0) <= greatest($2::bigint, clock.used)
+        THEN $6::text ELSE k.recovery_point END,
+    recovery_data = CASE WHEN clock.used IS NULL
+            OR coalesce(octet_length($4::bytea), 0) <= coalesce(octet_length(k.recovery_data), 0)
+            OR clock.used + $5::bigint - coalesce(octet_length(k.recovery_point), 0)
+                - coalesce(octet_length(k.recovery_data), 0) <= greatest($2::bigint, clock.used)
+        THEN $4::bytea ELSE k.recovery_data END,
+    lease_expires_at = clock.now + $7::bigint * interval '1 microsecond',
     updated_at = clock.now,
     purge_after = greatest(k.purge_after, clock.now + k.reaper_threshold_seconds * interval '1 second',
-        clock.now + $4::bigint * interval '1 microsecond'),
-    stored_bytes = k.stored_bytes - coalesce(octet_length(k.recovery_point), 0)
-        - coalesce(octet_length(k.recovery_data), 0) + $5::bigint,
+        clock.now + $7::bigint * interval '1 microsecond'),
+    stored_bytes = CASE WHEN clock.used IS NULL
+            OR coalesce(octet_length($4::bytea), 0) <= coalesce(octet_length(k.recovery_data), 0)
+            OR clock.used + $5::bigint - coalesce(octet_length(k.recovery_point), 0)
+                - coalesce(octet_length(k.recovery_data), 0) <= greatest($2::bigint, clock.used)
+        THEN k.stored_bytes - coalesce(octet_length(k.recovery_point), 0)
+            - coalesce(octet_length(k.recovery_data), 0) + $5::bigint
+        ELSE k.stored_bytes END,
     stored_bytes_before = k.stored_bytes
 FROM clock
-WHERE k.tenant_id = $6 AND k.key = $7
-    AND k.fencing_token = $8 AND k.state = 'in_flight'
+WHERE k.tenant_id = $3 AND k.key = $8
+    AND k.fencing_token = $9 AND k.state = 'in_flight'
 RETURNING
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
     k.attempt, k.lease_expires_at, k.recovery_point,
@@ -54,14 +70,15 @@ FROM w
 `
 
 type CheckpointKeyParams struct {
-	Now           pgtype.Timestamptz
-	RecoveryPoint string
-	RecoveryData  []byte
-	LeaseUs       int64
-	RecoveryBytes int64
-	TenantID      string
-	Key           string
-	FencingToken  int64
+	Now               pgtype.Timestamptz
+	StorageQuotaBytes int64
+	TenantID          string
+	RecoveryData      []byte
+	RecoveryBytes     int64
+	RecoveryPoint     string
+	LeaseUs           int64
+	Key               string
+	FencingToken      int64
 }
 
 type CheckpointKeyRow struct {
@@ -93,16 +110,27 @@ type CheckpointKeyRow struct {
 // lease ends), only while the token is current and the record in flight.
 // The new recovery point and data replace the old ones in stored_bytes, and
 // the difference goes to the tenant's usage in the same statement.
+// A checkpoint whose recovery data grows is saved only while the tenant's
+// usage, read in this statement (storage_quota_bytes 0: not read), plus
+// the record's growth stays within storage_quota_bytes; otherwise it
+// renews the lease and the purge time only and keeps the earlier point and
+// data, whose bytes (fewer than recovery_bytes: it would have grown) tell
+// the caller so. One whose data does not grow always fits: a lease
+// keeper's renewal, whose point (at most 128 bytes) may be new. The test
+// is used + growth <= greatest(quota, used): within the quota, or not
+// growing the record. The growth is computed from the row version the
+// update applies to, after any wait on a concurrent writer of the key.
 // adds the write's difference to the tenant's usage, in this statement
 // An in-flight record has no response (writeRow's columns).
 func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (CheckpointKeyRow, error) {
 	row := q.db.QueryRow(ctx, checkpointKey,
 		arg.Now,
-		arg.RecoveryPoint,
-		arg.RecoveryData,
-		arg.LeaseUs,
-		arg.RecoveryBytes,
+		arg.StorageQuotaBytes,
 		arg.TenantID,
+		arg.RecoveryData,
+		arg.RecoveryBytes,
+		arg.RecoveryPoint,
+		arg.LeaseUs,
 		arg.Key,
 		arg.FencingToken,
 	)
@@ -320,27 +348,35 @@ func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow
 
 const completeKey = `-- name: CompleteKey :one
 WITH clock AS (
-    SELECT coalesce($1::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($1::timestamptz, now())::timestamptz AS now,
+        $2::bigint = 0
+            -- no bigger than the unstored response: storing it costs less
+            OR $3::bigint <= $4::bigint
+            OR (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
+                WHERE u.tenant_id = $5::text) + $3::bigint
+                <= $2::bigint AS room
 ),
 w AS (
 UPDATE idempotency_keys k SET
     state = 'completed',
     lease_expires_at = NULL,
-    response_status = $2::integer,
-    response_headers = $3::jsonb,
-    response_body = $4::bytea,
-    response_body_encoding = $5::text,
+    response_status = $6::integer,
+    response_headers = CASE WHEN clock.room THEN $7::jsonb
+        ELSE $8::jsonb END,
+    response_body = CASE WHEN clock.room THEN $9::bytea END,
+    response_body_encoding = CASE WHEN clock.room THEN $10::text ELSE 'utf8' END,
     review_note = NULL,
     review_at = NULL,
     updated_at = clock.now,
     completed_at = clock.now,
     replay_until = clock.now + k.replay_window_seconds * interval '1 second',
     purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second',
-    stored_bytes = k.stored_bytes + $6::bigint,
+    stored_bytes = k.stored_bytes + CASE WHEN clock.room THEN $3::bigint
+        ELSE $4::bigint END,
     stored_bytes_before = k.stored_bytes
 FROM clock
-WHERE k.tenant_id = $7 AND k.key = $8
-    AND k.fencing_token = $9 AND k.state = 'in_flight'
+WHERE k.tenant_id = $5 AND k.key = $11
+    AND k.fencing_token = $12 AND k.state = 'in_flight'
     -- wakes the key's waiters when this commits (migration 00010)
     AND CASE WHEN k.waited THEN idem_notify_key(k.tenant_id, k.key) ELSE true END
 RETURNING
@@ -363,18 +399,21 @@ SELECT
     w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
     w.updated_at, w.completed_at, w.replay_until, w.purge_after,
     w.review_note, w.review_at, w.recovery_data, w.attempt_id,
-    w.observed_at
-FROM w
+    w.observed_at, clock.room::boolean AS stored
+FROM w, clock
 `
 
 type CompleteKeyParams struct {
 	Now                  pgtype.Timestamptz
+	StorageQuotaBytes    int64
+	ResponseBytes        int64
+	UnstoredBytes        int64
+	TenantID             string
 	ResponseStatus       int32
 	ResponseHeaders      []byte
+	UnstoredHeaders      []byte
 	ResponseBody         []byte
 	ResponseBodyEncoding string
-	ResponseBytes        int64
-	TenantID             string
 	Key                  string
 	FencingToken         int64
 }
@@ -401,24 +440,34 @@ type CompleteKeyRow struct {
 	RecoveryData           []byte
 	AttemptID              *string
 	ObservedAt             pgtype.Timestamptz
+	Stored                 bool
 }
 
 // CompleteKey stores the response and starts the replay window, only while
 // the token is current and the record in flight (the lease may have run out).
 // A completion clears the review flag. The response's size (idem.Response
 // Size) goes to stored_bytes and the tenant's usage in the same statement.
+// The response is stored only while the tenant's usage, read in this
+// statement (storage_quota_bytes 0: not read), plus its size stays within
+// storage_quota_bytes; otherwise the record is completed all the same with
+// the unstored_* response in its place (idem.UnstoredResponse: the work
+// ran, the key must not run again), and stored is false.
 // adds the write's difference to the tenant's usage, in this statement
 // The record without the response it has just stored: the caller holds
-// that response, and a large body is not sent back (ClaimKey's columns).
+// that response, and a large body is not sent back (ClaimKey's columns),
+// and whether it was the caller's or the unstored one.
 func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (CompleteKeyRow, error) {
 	row := q.db.QueryRow(ctx, completeKey,
 		arg.Now,
+		arg.StorageQuotaBytes,
+		arg.ResponseBytes,
+		arg.UnstoredBytes,
+		arg.TenantID,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
+		arg.UnstoredHeaders,
 		arg.ResponseBody,
 		arg.ResponseBodyEncoding,
-		arg.ResponseBytes,
-		arg.TenantID,
 		arg.Key,
 		arg.FencingToken,
 	)
@@ -445,6 +494,7 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Compl
 		&i.RecoveryData,
 		&i.AttemptID,
 		&i.ObservedAt,
+		&i.Stored,
 	)
 	return i, err
 }
