@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextvars
+import socket
 import threading
 import time
 from datetime import datetime
@@ -17,6 +19,12 @@ from ._retry import RetryPolicy
 from ._types import ClaimResult, KeyPage, Record, Response, RunResult
 
 _USER_AGENT = "idem-python-client/0.1"
+
+#: The connection pool of the httpx.Client a Client makes itself: up to 100
+#: connections, all of them kept alive between calls (httpx keeps only 20 by
+#: default, so a client driven by more threads than that would close and
+#: reopen connections at every call).
+POOL_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=100, keepalive_expiry=30.0)
 
 
 class LeaseLost(IdemError):
@@ -93,7 +101,7 @@ class Client:
                  now: Callable[[], datetime] = wall_now, attempt_ids: bool = True) -> None:
         self._core = Core(base_url, token, policy or RetryPolicy(), user_agent, on_attempt, monotonic, now, attempt_ids)
         self._own_http = http is None
-        self._http = http or httpx.Client()
+        self._http = http or httpx.Client(limits=POOL_LIMITS)
         self._sleep = sleep
 
     @property
@@ -125,8 +133,7 @@ class Client:
             try:
                 headers = core.headers(call)
                 try:
-                    resp = self._http.request(call.method, core.url(call), content=call.body, headers=headers,
-                                              timeout=core.attempt_timeout(deadline))
+                    resp = self._send(call.method, core.url(call), call.body, headers, core.attempt_timeout(deadline))
                 except httpx.HTTPError as e:
                     raise core.transport(call, e) from e
                 data = core.answer(call, resp)
@@ -136,6 +143,53 @@ class Client:
                 continue
             core.succeeded(call, attempt, resp.status_code)
             return resp.status_code, resp.headers, data
+
+    def _send(self, method: str, url: str, body: bytes | None, headers: dict[str, str],
+              timeout: float | None) -> httpx.Response:
+        """Send one attempt and read its whole answer within ``timeout``
+        seconds of wall-clock time (None: no bound).
+
+        httpx's timeouts bound each socket operation, not the attempt: a
+        server that sends its headers and then a byte every few seconds
+        never trips the read timeout, and a 12 s call took 32 s. So the
+        attempt runs on a worker thread, under httpx's timeouts as before,
+        while the caller waits for it at most ``timeout``; when that runs
+        out the caller gets httpx.TimeoutException (retryable, like every
+        timeout) and the worker's connection is shut down, which ends its
+        blocked read at once. The worker copies the caller's contextvars
+        (tracing) and is a daemon: it never holds up the interpreter."""
+        if timeout is None:
+            return self._http.request(method, url, content=body, headers=headers)
+        watch = _Watch()
+        request = self._http.build_request(method, url, content=body, headers=headers, timeout=timeout,
+                                           extensions={"trace": watch.trace})
+        done = threading.Event()
+        out: list[httpx.Response | BaseException] = []
+
+        def work() -> None:
+            try:
+                resp = self._http.send(request, stream=True)
+                try:
+                    watch.add(resp.extensions.get("network_stream"))
+                    resp.read()
+                finally:
+                    resp.close()
+                out.append(resp)
+            except BaseException as e:  # handed to the caller
+                out.append(e)
+            finally:
+                done.set()
+
+        ctx = contextvars.copy_context()
+        threading.Thread(target=ctx.run, args=(work,), name="idem-attempt", daemon=True).start()
+        if not done.wait(timeout):
+            watch.give_up()
+            raise httpx.TimeoutException(f"no whole answer within the attempt timeout of {timeout:.3f} s",
+                                         request=request)
+        res = out[0]
+        if isinstance(res, BaseException):
+            raise res
+        return res
 
     # -- the calls of the contract ---------------------------------------------
 
@@ -270,3 +324,45 @@ class Client:
                 if is_lease_lost(err) or claim._since_renewed() >= lease:
                     claim.lease_lost.set()
                     return
+
+
+class _Watch:
+    """The connections one attempt of the sync client uses, so that the
+    caller can shut them down when the attempt runs out of time: the one it
+    opens (httpcore's trace of connect_tcp and start_tls) and the one its
+    answer arrives on (the response's network_stream, for a connection
+    reused from the pool). One added after the give-up is shut at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._gave_up = False
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            self.add(info.get("return_value"))
+
+    def add(self, stream: Any) -> None:
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if not isinstance(sock, socket.socket):
+            return
+        with self._lock:
+            self._socks.append(sock)
+            if not self._gave_up:
+                return
+        _shut(sock)
+
+    def give_up(self) -> None:
+        with self._lock:
+            self._gave_up = True
+            socks = list(self._socks)
+        for sock in socks:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    # shutdown, not close: it wakes a recv blocked in another thread.
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
