@@ -28,14 +28,16 @@ DRIP_INTERVAL = 0.2  # seconds: the whole answer would take DRIP_BYTES * DRIP_IN
 
 
 class DripServer:
-    """A loopback HTTP server that answers every request slowly: in "body"
+    """A loopback HTTP server that answers every request slowly, with
+    ``status``: in "body"
     mode the status line and headers at once, then the body one byte every
     DRIP_INTERVAL; in "head" mode the status line and headers themselves
     one byte at a time. It counts the connections it accepted, those still
     open (the client has not hung up) and the answers it finished."""
 
-    def __init__(self, mode: str = "body") -> None:
+    def __init__(self, mode: str = "body", status: bytes = b"201 Created") -> None:
         self.mode = mode
+        self.status = status
         self._lock = threading.Lock()
         self.accepted = 0
         self.open = 0
@@ -70,7 +72,7 @@ class DripServer:
         try:
             with conn:
                 _read_request(conn)
-                head = (b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+                head = (b"HTTP/1.1 " + self.status + b"\r\nContent-Type: application/json\r\n"
                         b"Content-Length: %d\r\n\r\n" % DRIP_BYTES)
                 if self.mode == "body":
                     conn.sendall(head)
@@ -117,6 +119,15 @@ def drip(request: pytest.FixtureRequest) -> Iterator[DripServer]:
     srv.close()
 
 
+@pytest.fixture(params=["body", "head"])
+def drip503(request: pytest.FixtureRequest) -> Iterator[DripServer]:
+    """A 503 drip: an attempt cut off in its body is retried in every SDK
+    (Go and Node retry a cut answer only when its status allows)."""
+    srv = DripServer(request.param, b"503 Service Unavailable")
+    yield srv
+    srv.close()
+
+
 def _check_timeout(err: TransportError, elapsed: float, srv: DripServer, attempts: list[AttemptInfo]) -> None:
     assert isinstance(err.__cause__, httpx.TimeoutException), repr(err.__cause__)
     assert err.retryable
@@ -142,7 +153,8 @@ def test_sync_deadline_bounds_a_dripping_answer(drip: DripServer) -> None:
     _check_timeout(ei.value, elapsed, drip, attempts)
 
 
-def test_sync_attempt_timeout_bounds_each_attempt(drip: DripServer) -> None:
+def test_sync_attempt_timeout_bounds_each_attempt(drip503: DripServer) -> None:
+    drip = drip503
     attempts: list[AttemptInfo] = []
     policy = RetryPolicy(attempt_timeout=1.0, base_delay=0.05, max_delay=0.1)
     with Client(drip.url, token="t", policy=policy, on_attempt=attempts.append) as c:
@@ -170,7 +182,8 @@ def test_async_deadline_bounds_a_dripping_answer(drip: DripServer) -> None:
     _check_timeout(err, elapsed, drip, attempts)
 
 
-def test_async_attempt_timeout_bounds_each_attempt(drip: DripServer) -> None:
+def test_async_attempt_timeout_bounds_each_attempt(drip503: DripServer) -> None:
+    drip = drip503
     attempts: list[AttemptInfo] = []
     policy = RetryPolicy(attempt_timeout=1.0, base_delay=0.05, max_delay=0.1)
 
