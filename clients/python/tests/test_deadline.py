@@ -25,6 +25,7 @@ from idem import AsyncClient, AttemptInfo, Client, RetryPolicy, TransportError
 
 DRIP_BYTES = 300
 DRIP_INTERVAL = 0.2  # seconds: the whole answer would take DRIP_BYTES * DRIP_INTERVAL = 60 s
+RECORD = b'{"key":"k","state":"completed","fencing_token":1,"attempt":1}'
 
 
 class DripServer:
@@ -32,7 +33,8 @@ class DripServer:
     ``status``: in "body"
     mode the status line and headers at once, then the body one byte every
     DRIP_INTERVAL; in "head" mode the status line and headers themselves
-    one byte at a time. It counts the connections it accepted, those still
+    one byte at a time; in "reuse" mode it answers a connection's first
+    request at once and drips the body of the second. It counts the connections it accepted, those still
     open (the client has not hung up) and the answers it finished."""
 
     def __init__(self, mode: str = "body", status: bytes = b"201 Created") -> None:
@@ -72,9 +74,14 @@ class DripServer:
         try:
             with conn:
                 _read_request(conn)
+                if self.mode == "reuse":
+                    # The first request at once, keep-alive: the dripped one comes on a pooled connection.
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(RECORD), RECORD))
+                    _read_request(conn)
                 head = (b"HTTP/1.1 " + self.status + b"\r\nContent-Type: application/json\r\n"
                         b"Content-Length: %d\r\n\r\n" % DRIP_BYTES)
-                if self.mode == "body":
+                if self.mode in ("body", "reuse"):
                     conn.sendall(head)
                     drip = b" " * DRIP_BYTES
                 else:
@@ -112,7 +119,7 @@ def _read_request(conn: socket.socket) -> None:
         body += chunk
 
 
-@pytest.fixture(params=["body", "head"])
+@pytest.fixture(params=["body", "head", "reuse"])
 def drip(request: pytest.FixtureRequest) -> Iterator[DripServer]:
     srv = DripServer(request.param)
     yield srv
@@ -144,6 +151,9 @@ def _check_timeout(err: TransportError, elapsed: float, srv: DripServer, attempt
 def test_sync_deadline_bounds_a_dripping_answer(drip: DripServer) -> None:
     attempts: list[AttemptInfo] = []
     with Client(drip.url, token="t", on_attempt=attempts.append) as c:
+        if drip.mode == "reuse":
+            c.get("k")  # leaves its connection in the pool for the claim
+            attempts.clear()
         start = time.monotonic()
         with pytest.raises(TransportError) as ei:
             c.claim("deadline-sync", operation="POST /x", request={"a": 1}, timeout=2)
@@ -172,6 +182,9 @@ def test_async_deadline_bounds_a_dripping_answer(drip: DripServer) -> None:
 
     async def main() -> tuple[TransportError, float]:
         async with AsyncClient(drip.url, token="t", on_attempt=attempts.append) as c:
+            if drip.mode == "reuse":
+                await c.get("k")
+                attempts.clear()
             start = time.monotonic()
             with pytest.raises(TransportError) as ei:
                 await c.claim("deadline-async", operation="POST /x", request={"a": 1}, timeout=2)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextvars
 import socket
 import threading
 import time
@@ -103,6 +102,7 @@ class Client:
         self._own_http = http is None
         self._http = http or httpx.Client(limits=POOL_LIMITS)
         self._sleep = sleep
+        self._watchdog = _Watchdog()
 
     @property
     def policy(self) -> RetryPolicy:
@@ -152,44 +152,34 @@ class Client:
         httpx's timeouts bound each socket operation, not the attempt: a
         server that sends its headers and then a byte every few seconds
         never trips the read timeout, and a 12 s call took 32 s. So the
-        attempt runs on a worker thread, under httpx's timeouts as before,
-        while the caller waits for it at most ``timeout``; when that runs
-        out the caller gets httpx.TimeoutException (retryable, like every
-        timeout) and the worker's connection is shut down, which ends its
-        blocked read at once. The worker copies the caller's contextvars
-        (tracing) and is a daemon: it never holds up the interpreter."""
+        client's watchdog thread shuts the attempt's connection down when
+        ``timeout`` runs out (shutdown wakes the read blocked here at once),
+        and the attempt fails with httpx.TimeoutException, retryable like
+        every timeout. The I/O stays on the calling thread: no thread
+        handoff per call."""
         if timeout is None:
             return self._http.request(method, url, content=body, headers=headers)
-        watch = _Watch()
+        watch = self._watchdog.watch(timeout)
         request = self._http.build_request(method, url, content=body, headers=headers, timeout=timeout,
                                            extensions={"trace": watch.trace})
-        done = threading.Event()
-        out: list[httpx.Response | BaseException] = []
-
-        def work() -> None:
+        try:
+            resp = self._http.send(request, stream=True)
             try:
-                resp = self._http.send(request, stream=True)
-                try:
-                    watch.add(resp.extensions.get("network_stream"))
-                    resp.read()
-                finally:
-                    resp.close()
-                out.append(resp)
-            except BaseException as e:  # handed to the caller
-                out.append(e)
+                watch.add(resp.extensions.get("network_stream"))
+                resp.read()
             finally:
-                done.set()
-
-        ctx = contextvars.copy_context()
-        threading.Thread(target=ctx.run, args=(work,), name="idem-attempt", daemon=True).start()
-        if not done.wait(timeout):
-            watch.give_up()
-            raise httpx.TimeoutException(f"no whole answer within the attempt timeout of {timeout:.3f} s",
-                                         request=request)
-        res = out[0]
-        if isinstance(res, BaseException):
-            raise res
-        return res
+                # Off the watchdog before the connection goes back to the
+                # pool: it must not shut down one another call took.
+                self._watchdog.done(watch)
+                resp.close()
+        except httpx.HTTPError as e:
+            if watch.expired:
+                raise httpx.TimeoutException(f"no whole answer within the attempt timeout of {timeout:.3f} s",
+                                             request=request) from e
+            raise
+        finally:
+            self._watchdog.done(watch)
+        return resp
 
     # -- the calls of the contract ---------------------------------------------
 
@@ -327,16 +317,18 @@ class Client:
 
 
 class _Watch:
-    """The connections one attempt of the sync client uses, so that the
-    caller can shut them down when the attempt runs out of time: the one it
-    opens (httpcore's trace of connect_tcp and start_tls) and the one its
-    answer arrives on (the response's network_stream, for a connection
-    reused from the pool). One added after the give-up is shut at once."""
+    """One attempt of the sync client under the watchdog: its deadline (on
+    time.monotonic) and the sockets it uses, so that they can be shut down
+    when it runs out of time: the connection it opens (httpcore's trace of
+    connect_tcp and start_tls) and the one its answer arrives on (the
+    response's network_stream, also for a connection reused from the pool).
+    A socket added after the give-up is shut at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.expired = False
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
-        self._gave_up = False
 
     def trace(self, event: str, info: dict[str, Any]) -> None:
         if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
@@ -348,16 +340,59 @@ class _Watch:
             return
         with self._lock:
             self._socks.append(sock)
-            if not self._gave_up:
+            if not self.expired:
                 return
         _shut(sock)
 
     def give_up(self) -> None:
         with self._lock:
-            self._gave_up = True
+            self.expired = True
             socks = list(self._socks)
         for sock in socks:
             _shut(sock)
+
+
+class _Watchdog:
+    """The sync client's watchdog: one daemon thread that gives up the
+    attempts still running at their deadline. Registering an attempt is a
+    lock and a dict insert; the thread wakes only when the earliest
+    deadline of the attempts it was told about comes (with the default 10 s
+    attempt timeout, about every 10 s under steady traffic), and ends once
+    none is left, so an idle or forgotten Client holds no thread."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active: dict[int, _Watch] = {}
+        self._wake_at: float | None = None  # None: the thread is not running
+
+    def watch(self, timeout: float) -> _Watch:
+        w = _Watch(time.monotonic() + timeout)
+        with self._cond:
+            self._active[id(w)] = w
+            if self._wake_at is None:
+                self._wake_at = w.deadline
+                threading.Thread(target=self._run, name="idem-watchdog", daemon=True).start()
+            elif w.deadline < self._wake_at:
+                self._wake_at = w.deadline
+                self._cond.notify()
+        return w
+
+    def done(self, w: _Watch) -> None:
+        with self._cond:
+            self._active.pop(id(w), None)
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for w in [w for w in self._active.values() if w.deadline <= now]:
+                    del self._active[id(w)]
+                    w.give_up()
+                if not self._active:
+                    self._wake_at = None
+                    return
+                self._wake_at = min(w.deadline for w in self._active.values())
+                self._cond.wait(self._wake_at - now)
 
 
 def _shut(sock: socket.socket) -> None:
