@@ -11,6 +11,7 @@ documented error, long before the drip server finished."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -211,3 +212,30 @@ def test_async_attempt_timeout_bounds_each_attempt(drip503: DripServer) -> None:
     assert err.give_up == "attempts"
     assert len(attempts) == 3
     _check_timeout(err, elapsed, drip, attempts)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_sync_deadline_holds_in_a_forked_child() -> None:
+    """A pre-forking server (gunicorn --preload) forks after the client
+    made calls: the child has no watchdog thread, and it must start its
+    own rather than trust the parent's state."""
+    srv = DripServer("reuse")
+    try:
+        with Client(srv.url, token="t") as c:
+            c.get("k")  # the parent's watchdog now runs, for 10 s
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    start = time.monotonic()
+                    try:
+                        c.claim("deadline-fork", operation="POST /x", request={"a": 1}, timeout=2)
+                    except TransportError as e:
+                        if isinstance(e.__cause__, httpx.TimeoutException) and time.monotonic() - start < 30:
+                            code = 0
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, "the forked child's call was not bounded"
+    finally:
+        srv.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -361,11 +362,19 @@ class _Watchdog:
     none is left, so an idle or forgotten Client holds no thread."""
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
         self._cond = threading.Condition()
         self._active: dict[int, _Watch] = {}
         self._wake_at: float | None = None  # None: the thread is not running
 
     def watch(self, timeout: float) -> _Watch:
+        if os.getpid() != self._pid:
+            # A forked child (a pre-forking server): the thread, and maybe
+            # the holder of the lock, stayed in the parent.
+            self._reset()
         w = _Watch(time.monotonic() + timeout)
         with self._cond:
             self._active[id(w)] = w
