@@ -53,7 +53,9 @@
 //     it never pushes past the deadline (below).
 //   - One overall deadline, the context's, never reset per attempt. Each
 //     attempt has its own timeout of 10 s (AttemptTimeout), cut to the time
-//     left. The loop stops early, without sleeping, when the time left
+//     left. Both bound the whole attempt on the wall clock — connect,
+//     write, and the read of every byte of the answer — so a server that
+//     drips its answer cannot stretch them. The loop stops early, without sleeping, when the time left
 //     cannot fit the next wait plus 100 ms (MinAttemptTime); the error then
 //     wraps ErrDeadlineTooClose and the last attempt's error.
 //   - A client-wide retry budget, a token bucket shared by every call of
@@ -85,6 +87,15 @@
 // without a stored response whose status is 100–599, any other 2xx —
 // matches ErrInvalidAnswer: it is not retried, Do does not run its
 // function and replays nothing (idemhttp answers 503 store_unavailable).
+//
+// # Connections
+//
+// A Client made without WithHTTPClient has a transport of its own
+// (NewTransport): http.DefaultTransport's settings with up to
+// DefaultMaxIdleConnsPerHost (128) idle keep-alive connections to the
+// service instead of 2, so a Client shared by many goroutines reuses its
+// connections instead of opening one for most calls. Make one Client and
+// share it; with WithHTTPClient, give the transport the same limits.
 //
 // # Lifecycle helper
 //

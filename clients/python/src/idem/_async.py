@@ -10,7 +10,7 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 
-from ._client import _USER_AGENT, LeaseLost
+from ._client import _USER_AGENT, POOL_LIMITS, LeaseLost
 from ._core import (RENEWAL_POINT, AttemptInfo, Call, ClaimState, Core, TokenSource, has_no_side_effect,
                     is_lease_lost, lease_length, replayed_result, wall_now)
 from ._errors import KEY_NOT_FOUND, IdemError, ProblemError
@@ -83,7 +83,7 @@ class AsyncClient:
                  now: Callable[[], datetime] = wall_now, attempt_ids: bool = True) -> None:
         self._core = Core(base_url, token, policy or RetryPolicy(), user_agent, on_attempt, monotonic, now, attempt_ids)
         self._own_http = http is None
-        self._http = http or httpx.AsyncClient()
+        self._http = http or httpx.AsyncClient(limits=POOL_LIMITS)
         self._sleep = sleep
 
     @property
@@ -115,8 +115,7 @@ class AsyncClient:
             try:
                 headers = core.headers(call)
                 try:
-                    resp = await self._http.request(call.method, core.url(call), content=call.body, headers=headers,
-                                                    timeout=core.attempt_timeout(deadline))
+                    resp = await self._send(call.method, core.url(call), call.body, headers, core.attempt_timeout(deadline))
                 except httpx.HTTPError as e:
                     raise core.transport(call, e) from e
                 data = core.answer(call, resp)
@@ -126,6 +125,27 @@ class AsyncClient:
                 continue
             core.succeeded(call, attempt, resp.status_code)
             return resp.status_code, resp.headers, data
+
+    async def _send(self, method: str, url: str, body: bytes | None, headers: dict[str, str],
+                    timeout: float | None) -> httpx.Response:
+        """Send one attempt and read its whole answer within ``timeout``
+        seconds of wall-clock time (None: no bound). httpx's timeouts bound
+        each socket operation, not the attempt (a server that drips its
+        answer a byte at a time never trips them), so the whole attempt runs
+        under asyncio.timeout; when it runs out the request is cancelled
+        (httpcore drops the connection) and the caller gets
+        httpx.TimeoutException, retryable like every timeout."""
+        if timeout is None:
+            return await self._http.request(method, url, content=body, headers=headers)
+        request = self._http.build_request(method, url, content=body, headers=headers, timeout=timeout)
+        try:
+            async with asyncio.timeout(timeout) as scope:
+                return await self._http.send(request)
+        except TimeoutError as e:
+            if not scope.expired():
+                raise
+            raise httpx.TimeoutException(f"no whole answer within the attempt timeout of {timeout:.3f} s",
+                                         request=request) from e
 
     async def claim(self, key: str, *, operation: str = "", request: Any = None, fingerprint: str | None = None,
                     lease: float | None = None, attempt_id: str | None = None, wait: float | None = None,

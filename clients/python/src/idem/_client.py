@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from datetime import datetime
@@ -17,6 +19,12 @@ from ._retry import RetryPolicy
 from ._types import ClaimResult, KeyPage, Record, Response, RunResult
 
 _USER_AGENT = "idem-python-client/0.1"
+
+#: The connection pool of the httpx.Client a Client makes itself: up to 100
+#: connections, all of them kept alive between calls (httpx keeps only 20 by
+#: default, so a client driven by more threads than that would close and
+#: reopen connections at every call).
+POOL_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=100, keepalive_expiry=30.0)
 
 
 class LeaseLost(IdemError):
@@ -93,8 +101,9 @@ class Client:
                  now: Callable[[], datetime] = wall_now, attempt_ids: bool = True) -> None:
         self._core = Core(base_url, token, policy or RetryPolicy(), user_agent, on_attempt, monotonic, now, attempt_ids)
         self._own_http = http is None
-        self._http = http or httpx.Client()
+        self._http = http or httpx.Client(limits=POOL_LIMITS)
         self._sleep = sleep
+        self._watchdog = _Watchdog()
 
     @property
     def policy(self) -> RetryPolicy:
@@ -125,8 +134,7 @@ class Client:
             try:
                 headers = core.headers(call)
                 try:
-                    resp = self._http.request(call.method, core.url(call), content=call.body, headers=headers,
-                                              timeout=core.attempt_timeout(deadline))
+                    resp = self._send(call.method, core.url(call), call.body, headers, core.attempt_timeout(deadline))
                 except httpx.HTTPError as e:
                     raise core.transport(call, e) from e
                 data = core.answer(call, resp)
@@ -136,6 +144,43 @@ class Client:
                 continue
             core.succeeded(call, attempt, resp.status_code)
             return resp.status_code, resp.headers, data
+
+    def _send(self, method: str, url: str, body: bytes | None, headers: dict[str, str],
+              timeout: float | None) -> httpx.Response:
+        """Send one attempt and read its whole answer within ``timeout``
+        seconds of wall-clock time (None: no bound).
+
+        httpx's timeouts bound each socket operation, not the attempt: a
+        server that sends its headers and then a byte every few seconds
+        never trips the read timeout, and a 12 s call took 32 s. So the
+        client's watchdog thread shuts the attempt's connection down when
+        ``timeout`` runs out (shutdown wakes the read blocked here at once),
+        and the attempt fails with httpx.TimeoutException, retryable like
+        every timeout. The I/O stays on the calling thread: no thread
+        handoff per call."""
+        if timeout is None:
+            return self._http.request(method, url, content=body, headers=headers)
+        watch = self._watchdog.watch(timeout)
+        request = self._http.build_request(method, url, content=body, headers=headers, timeout=timeout,
+                                           extensions={"trace": watch.trace})
+        try:
+            resp = self._http.send(request, stream=True)
+            try:
+                watch.add(resp.extensions.get("network_stream"))
+                resp.read()
+            finally:
+                # Off the watchdog before the connection goes back to the
+                # pool: it must not shut down one another call took.
+                self._watchdog.done(watch)
+                resp.close()
+        except httpx.HTTPError as e:
+            if watch.expired:
+                raise httpx.TimeoutException(f"no whole answer within the attempt timeout of {timeout:.3f} s",
+                                             request=request) from e
+            raise
+        finally:
+            self._watchdog.done(watch)
+        return resp
 
     # -- the calls of the contract ---------------------------------------------
 
@@ -270,3 +315,98 @@ class Client:
                 if is_lease_lost(err) or claim._since_renewed() >= lease:
                     claim.lease_lost.set()
                     return
+
+
+class _Watch:
+    """One attempt of the sync client under the watchdog: its deadline (on
+    time.monotonic) and the sockets it uses, so that they can be shut down
+    when it runs out of time: the connection it opens (httpcore's trace of
+    connect_tcp and start_tls) and the one its answer arrives on (the
+    response's network_stream, also for a connection reused from the pool).
+    A socket added after the give-up is shut at once."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.expired = False
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            self.add(info.get("return_value"))
+
+    def add(self, stream: Any) -> None:
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if not isinstance(sock, socket.socket):
+            return
+        with self._lock:
+            self._socks.append(sock)
+            if not self.expired:
+                return
+        _shut(sock)
+
+    def give_up(self) -> None:
+        with self._lock:
+            self.expired = True
+            socks = list(self._socks)
+        for sock in socks:
+            _shut(sock)
+
+
+class _Watchdog:
+    """The sync client's watchdog: one daemon thread that gives up the
+    attempts still running at their deadline. Registering an attempt is a
+    lock and a dict insert; the thread wakes only when the earliest
+    deadline of the attempts it was told about comes (with the default 10 s
+    attempt timeout, about every 10 s under steady traffic), and ends once
+    none is left, so an idle or forgotten Client holds no thread."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._cond = threading.Condition()
+        self._active: dict[int, _Watch] = {}
+        self._wake_at: float | None = None  # None: the thread is not running
+
+    def watch(self, timeout: float) -> _Watch:
+        if os.getpid() != self._pid:
+            # A forked child (a pre-forking server): the thread, and maybe
+            # the holder of the lock, stayed in the parent.
+            self._reset()
+        w = _Watch(time.monotonic() + timeout)
+        with self._cond:
+            self._active[id(w)] = w
+            if self._wake_at is None:
+                self._wake_at = w.deadline
+                threading.Thread(target=self._run, name="idem-watchdog", daemon=True).start()
+            elif w.deadline < self._wake_at:
+                self._wake_at = w.deadline
+                self._cond.notify()
+        return w
+
+    def done(self, w: _Watch) -> None:
+        with self._cond:
+            self._active.pop(id(w), None)
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for w in [w for w in self._active.values() if w.deadline <= now]:
+                    del self._active[id(w)]
+                    w.give_up()
+                if not self._active:
+                    self._wake_at = None
+                    return
+                self._wake_at = min(w.deadline for w in self._active.values())
+                self._cond.wait(self._wake_at - now)
+
+
+def _shut(sock: socket.socket) -> None:
+    # shutdown, not close: it wakes a recv blocked in another thread.
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

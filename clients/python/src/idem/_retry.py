@@ -29,7 +29,7 @@ class RetryPolicy:
     #: Full jitter: the wait before retry n is uniform in [0, min(max_delay, base_delay * 2**n)).
     base_delay: float = 1.0
     max_delay: float = 30.0
-    #: Bounds each phase of one attempt (connect, send, read), cut to the time left.
+    #: Bounds one whole attempt (connect, send, read every byte of the answer), cut to the time left.
     attempt_timeout: float | None = 10.0
     #: The loop stops when the time left cannot fit the next wait plus this.
     min_attempt_time: float = 0.1
