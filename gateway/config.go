@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -77,7 +78,8 @@ type Policy struct {
 	// token gets 400. Exclusive with ScopeHeader.
 	ScopeJWT *JWTScope `yaml:"scope_jwt"`
 	// Lease is the claim's lease; 0 takes the tenant's default. It is
-	// renewed every third of it while the upstream call runs.
+	// renewed every third of it while the upstream call runs, and capped
+	// by the tenant's lease_seconds_max (Gateway.leaseSeconds).
 	Lease Duration `yaml:"lease"`
 	// MaxWait caps how long a request with Prefer: wait=N (RFC 7240) is
 	// held while its key is in flight, until the first request completes
@@ -106,7 +108,9 @@ type Policy struct {
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// FailOpen passes protected requests to the upstream unprotected when
 	// the store fails, instead of answering 503. Off by default: a retry of
-	// an unprotected request may run twice.
+	// an unprotected request may run twice. A refusal by idem (the tenant
+	// unknown or disabled, its storage quota used up) is no store failure
+	// and is never passed through.
 	FailOpen *bool `yaml:"fail_open"`
 	// Fingerprint are the fingerprint rules: JSON pointers to leave out of
 	// a JSON body, request headers to include.
@@ -171,6 +175,27 @@ type routing struct {
 	mux      *http.ServeMux
 	routes   map[string]*route // by pattern
 	fallback *route
+	// leaseChecked is the tenant's lease_seconds_max the routes' leases
+	// were last checked against (Gateway.leaseSeconds); 0 before the first
+	// request of this snapshot.
+	leaseChecked atomic.Int64
+}
+
+// all returns every route of the snapshot, the defaults included.
+func (rt *routing) all() []*route {
+	rs := make([]*route, 0, len(rt.routes)+1)
+	for _, r := range rt.routes {
+		rs = append(rs, r)
+	}
+	return append(rs, rt.fallback)
+}
+
+// name is the route's pattern, or "defaults" for paths no route matches.
+func (r *route) name() string {
+	if r.pattern == "" {
+		return "defaults"
+	}
+	return r.pattern
 }
 
 // LoadFile reads and parses a configuration file; "" gives an empty one.

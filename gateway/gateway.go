@@ -20,8 +20,10 @@
 // an upstream that cannot be reached gives 502 and releases the key; one
 // that had the request and did not answer (a timeout: 504, a broken
 // connection: 502) may have acted on it, so that answer is stored like a
-// 5xx (released with store_5xx false). The gateway never sends a request
-// to the upstream twice by itself. A response over the route's
+// 5xx (released with store_5xx false). Only a store failure fails open
+// (fail_open): idem refusing the claim (the tenant unknown or disabled,
+// its quota used up) is answered as a refusal. The gateway never sends a
+// request to the upstream twice by itself. A response over the route's
 // max_stored_bytes, or of a status idem cannot store (outside 100–599:
 // frontdoor.StorableStatus, whatever store_5xx says), is passed through and
 // recorded as completed without its body; a replay then answers 409
@@ -285,7 +287,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		}
 		held += answer
 		var lease time.Duration
-		lease, err = t.Settings.LeaseFor(int(rr.lease / time.Second))
+		lease, err = t.Settings.LeaseFor(g.leaseSeconds(r.Context(), t, rr))
 		if err == nil {
 			// Prefer: wait=N holds the request while the key is in flight,
 			// capped by the tenant's max_wait_seconds and the route's
@@ -325,6 +327,31 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		// and the store is not to blame.
 		x.outcome = outcomeCanceled
 		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeStoreUnavailable, "the request was canceled before it was claimed"))
+		return
+	case errors.Is(err, idem.ErrTenantUnknown):
+		// idem refused: the gateway's tenant is gone or disabled. The store
+		// is up, so this is no store failure: a fail_open route does not
+		// pass the request through, and no retry succeeds until an
+		// operator acts.
+		x.outcome = outcomeRefused
+		g.logger.ErrorContext(r.Context(), "gateway: idem refused the gateway's tenant (it does not exist or is disabled)",
+			"request_id", frontdoor.RequestID(w, r), "tenant", g.opts.Tenant)
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeTenantUnknown,
+			"the gateway's idem tenant does not exist or is disabled: the request was not processed and not sent upstream; it cannot succeed until an operator enables the tenant"))
+		return
+	case err != nil && !storeFailed(err):
+		// Any other refusal by idem (the store answered, with a code of the
+		// domain): a refusal, never a reason to run the request
+		// unprotected, nor a retryable 503.
+		x.outcome = outcomeRefused
+		g.logger.ErrorContext(r.Context(), "gateway: idem refused the claim",
+			"request_id", frontdoor.RequestID(w, r), "code", string(idem.ErrorCode(err)), "error", err.Error())
+		detail := "idem refused the claim"
+		var ie *idem.Error
+		if errors.As(err, &ie) && ie.Detail != "" {
+			detail += ": " + ie.Detail
+		}
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeInvalidRequest, "%s; the request was not processed and not sent upstream", detail))
 		return
 	case err != nil:
 		g.logger.ErrorContext(r.Context(), "gateway: the store failed; failing closed unless the route fails open",
@@ -367,6 +394,39 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		x.outcome = outcomeTakeover
 	}
 	g.execute(w, r, rr, x, claim{tenant: t, key: key, token: rec.FencingToken, lease: rec.LeaseExpiresAt.Sub(rec.ObservedAt)}, body)
+}
+
+// storeFailed reports whether err is the store failing (unreachable,
+// too slow, an error without a code of the domain): the only errors a
+// fail_open route passes through unprotected. An error with another code
+// is idem refusing the request, and is answered as a refusal.
+func storeFailed(err error) bool {
+	switch idem.ErrorCode(err) {
+	case idem.CodeStoreUnavailable, idem.CodeInternal:
+		return true
+	}
+	return false
+}
+
+// leaseSeconds is the lease a claim on rr asks idem for: the route's
+// lease (0: the tenant's default), capped by the tenant's
+// lease_seconds_max. A route's lease over the maximum, in the file or
+// after the tenant's admin lowered it, is clamped rather than refused:
+// the route stays protected, and the lease is renewed every third of it
+// while the upstream works, so a long call is not cut short. The first
+// request after a (re)load, and the first after the maximum changed, log
+// each route that is clamped.
+func (g *Gateway) leaseSeconds(ctx context.Context, t idem.Tenant, rr *route) int {
+	limit := t.Settings.LeaseSecondsMax
+	if rt := g.routing.Load(); rt.leaseChecked.Swap(int64(limit)) != int64(limit) {
+		for _, c := range rt.all() {
+			if c.lease > time.Duration(limit)*time.Second {
+				g.logger.WarnContext(ctx, "gateway: a route's lease is over the tenant's lease_seconds_max; its claims take the maximum",
+					"route", c.name(), "lease_seconds", int(c.lease/time.Second), "lease_seconds_max", limit, "tenant", t.ID)
+			}
+		}
+	}
+	return min(int(rr.lease/time.Second), limit)
 }
 
 // DefaultMaxInflightBytes is Options.MaxInflightBytes when unset, the

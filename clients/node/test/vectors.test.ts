@@ -209,7 +209,7 @@ describe("testvectors/frontdoor", () => {
     const known = (problems as Record<string, { status: number; title: string; retryable: boolean }>)[v.code];
     if (!known) {
       // Only the gateway answers these; every other code must be in the table.
-      test(`policy.problems: ${v.code} is gateway-only`, () => assert.ok(["upstream_unavailable", "upstream_timeout", "server_busy"].includes(v.code), v.code));
+      test(`policy.problems: ${v.code} is gateway-only`, () => assert.ok(["upstream_unavailable", "upstream_timeout", "server_busy", "tenant_unknown"].includes(v.code), v.code));
       continue;
     }
     test(`policy.problems: ${v.code}`, async () => {
