@@ -28,7 +28,7 @@ import (
 //	defaults:               # policy of every route, and of paths no route matches
 //	  lease: 30s
 //	routes:
-//	  - path: /v1/payments/{id}/refunds   # net/http ServeMux path pattern
+//	  - path: /v1/payments/{id}/refunds   # net/http ServeMux path pattern, matched in any case, trailing slash or not
 //	    upstream: billing
 //	    required_methods: [POST]
 //	    optional_methods: [PUT, DELETE]
@@ -55,6 +55,9 @@ type File struct {
 type RouteConfig struct {
 	// Path is a net/http ServeMux path pattern ("/v1/orders/{id}",
 	// "/v1/files/" for a prefix); it is the route in the operation label.
+	// It matches a request's path in any ASCII case and with or without
+	// trailing slashes (routing.match); two paths that differ only in case
+	// are refused.
 	Path string `yaml:"path"`
 	// Upstream names an entry of upstreams; "" is "default".
 	Upstream string `yaml:"upstream"`
@@ -172,8 +175,10 @@ type route struct {
 // the whole snapshot, so a request sees one configuration from start to
 // end.
 type routing struct {
+	// mux holds the patterns folded to lower case (foldPath); it matches
+	// a request's path folded the same way.
 	mux      *http.ServeMux
-	routes   map[string]*route // by pattern
+	routes   map[string]*route // by folded pattern
 	fallback *route
 	// leaseChecked is the tenant's lease_seconds_max the routes' leases
 	// were last checked against (Gateway.leaseSeconds); 0 before the first
@@ -298,6 +303,7 @@ func compile(f File, defaultUpstream string) (*routing, error) {
 	}
 	rt := &routing{mux: http.NewServeMux(), routes: map[string]*route{}}
 	rt.fallback = build("defaults", "", "", Policy{})
+	first := map[string]string{} // folded pattern → the route that has it
 	for i, rc := range f.Routes {
 		where := fmt.Sprintf("routes[%d] (%s)", i, rc.Path)
 		if !strings.HasPrefix(rc.Path, "/") {
@@ -310,16 +316,22 @@ func compile(f File, defaultUpstream string) (*routing, error) {
 			bad("%s: path must not contain control characters", where)
 			continue
 		}
-		if _, dup := rt.routes[rc.Path]; dup {
-			bad("%s: path is listed twice", where)
+		folded := foldPattern(rc.Path)
+		if prior, dup := first[folded]; dup {
+			if prior == rc.Path {
+				bad("%s: path is listed twice", where)
+			} else {
+				bad("%s: path differs from %s only in case; the gateway matches paths ignoring case, so one request would match either", where, prior)
+			}
 			continue
 		}
+		first[folded] = rc.Path
 		r := build(where, rc.Path, rc.Upstream, rc.Policy)
-		if err := register(rt.mux, rc.Path); err != nil {
-			bad("%s: %v", where, err)
+		if err := register(rt.mux, folded); err != nil {
+			bad("%s: %v (paths are matched ignoring case)", where, err)
 			continue
 		}
-		rt.routes[rc.Path] = r
+		rt.routes[folded] = r
 	}
 	return rt, errors.Join(errs...)
 }
@@ -337,13 +349,61 @@ func register(mux *http.ServeMux, pattern string) (err error) {
 }
 
 // match returns the route of r and the route string of its operation: the
-// matched pattern, or the path (frontdoor.PathRoute) when no route matches.
+// route's pattern as configured, or the path (frontdoor.PathRoute) when no
+// route matches.
+//
+// A route matches its path in any ASCII case, with or without trailing
+// slashes, and after ServeMux's cleaning (//, ., ..): upstreams often
+// serve /PAY and /pay/ as /pay (Express, Spring, ASP.NET by default), and
+// an exact match let such a spelling fall to the defaults, losing the
+// route's scope and policy, so a caller could run the route's requests
+// unscoped. Matching leniently errs towards protection: a spelling the
+// upstream serves as another path still gets the route's policy, and its
+// fingerprint (which has the path as sent) keeps it apart from the
+// route's own path. The path sent upstream is the caller's, unchanged.
 func (rt *routing) match(r *http.Request) (*route, string) {
-	_, pattern := rt.mux.Handler(r)
+	u := &url.URL{Path: foldPath(r.URL.Path)}
+	if r.URL.RawPath != "" {
+		u.RawPath = foldPath(r.URL.RawPath)
+	}
+	_, pattern := rt.mux.Handler(&http.Request{Method: http.MethodGet, URL: u, Host: r.Host})
 	if rr, ok := rt.routes[pattern]; ok {
-		return rr, pattern
+		return rr, rr.pattern
 	}
 	return rt.fallback, frontdoor.PathRoute(r)
+}
+
+// foldPath is a request path as routes match it: ASCII letters in lower
+// case and trailing slashes cut ("/" stays "/"). A prefix route
+// ("/files/") still matches its own path: ServeMux sends "/files" to it.
+func foldPath(p string) string {
+	p = strings.TrimRight(lowerASCII(p), "/")
+	if p == "" {
+		return "/"
+	}
+	return p
+}
+
+// foldPattern is a route's pattern as the mux holds it: in lower case
+// (wildcard names too, which the gateway does not use), its trailing slash
+// kept, since it makes the pattern a prefix.
+func foldPattern(p string) string { return lowerASCII(p) }
+
+// lowerASCII maps A-Z to a-z and leaves every other byte alone, so a
+// path's escapes and UTF-8 stay as they are.
+func lowerASCII(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; 'A' <= c && c <= 'Z' {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				if 'A' <= b[j] && b[j] <= 'Z' {
+					b[j] += 'a' - 'A'
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
 }
 
 func first[T comparable](vs ...T) T {

@@ -161,7 +161,8 @@ describe("testvectors/frontdoor", () => {
       let got: Any;
       try {
         const k = parseKey(v.header_values);
-        got = { key: k === null ? null : scopedKey(v.scope, k) };
+        // Vectors without a scope test parsing only, as in Go and Python.
+        got = { key: k === null || v.scope === undefined ? k : scopedKey(v.scope, k) };
       } catch (err) {
         assert.ok(err instanceof FrontDoorError, String(err));
         got = { error: err.code };
