@@ -74,7 +74,8 @@ type Policy struct {
 	OptionalMethods []string `yaml:"optional_methods"`
 	// ScopeHeader names a request header whose value scopes the key (the
 	// value with "%" and ":" escaped, ":" and the key: frontdoor.ScopedKey);
-	// a protected request without it gets 400.
+	// a protected request without it, with two such fields or with a list
+	// (a comma) in it gets 400.
 	ScopeHeader string `yaml:"scope_header"`
 	// ScopeJWT scopes the key by the sub claim of the caller's bearer
 	// token, verified against a JWKS; a protected request without a valid

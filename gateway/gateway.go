@@ -499,16 +499,27 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64) 
 
 // scope returns the key scope of r under the route's policy: "" without
 // one, the scope header's value, or the sub claim of the caller's verified
-// bearer token.
+// bearer token. The field that gives the scope must come once and hold one
+// value: with two (or a list in one), the gateway would scope the key by
+// one of them while the upstream may serve the caller as another, so the
+// request is refused, as two Idempotency-Key fields are.
 func (rr *route) scope(r *http.Request) (string, error) {
 	switch {
 	case rr.scopeHeader != "":
-		s := r.Header.Get(rr.scopeHeader)
-		if s == "" {
+		vs := r.Header.Values(rr.scopeHeader)
+		switch {
+		case len(vs) > 1:
+			return "", frontdoor.Errorf(frontdoor.CodeInvalidKey, "the request carries %d %s fields, which scope the key; send exactly one", len(vs), rr.scopeHeader)
+		case len(vs) == 0 || vs[0] == "":
 			return "", frontdoor.Errorf(frontdoor.CodeInvalidKey, "the %s header that scopes the key is missing", rr.scopeHeader)
+		case strings.Contains(vs[0], ","):
+			return "", frontdoor.Errorf(frontdoor.CodeInvalidKey, "the %s header, which scopes the key, holds a list (a comma); send one value", rr.scopeHeader)
 		}
-		return s, nil
+		return vs[0], nil
 	case rr.scopeJWT != nil:
+		if fields := r.Header.Values("Authorization"); len(fields) > 1 {
+			return "", frontdoor.Errorf(frontdoor.CodeInvalidKey, "the key is scoped by the caller's bearer token, and the request carries %d Authorization fields; send exactly one", len(fields))
+		}
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok {
 			return "", frontdoor.Errorf(frontdoor.CodeInvalidKey, "the key is scoped by the caller's bearer token, and the request has none")
