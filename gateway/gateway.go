@@ -597,13 +597,9 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 			return
 		}
 		g.release(ctx, c, r)
-		if timeout {
-			frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamTimeout,
-				"the upstream did not answer within %s; the key was released, retry with the same key", rr.timeout))
-			return
-		}
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
-			"the upstream could not be reached; the key was released, retry with the same key"))
+		frontdoor.WriteProblem(w, r, upstreamError(sent.Load(), timeout, rr.timeout,
+			"the key was released, retry with the same key",
+			"the key was released (store_5xx: false), so a retry with the same key sends it again"))
 		return
 	}
 	defer resp.Body.Close()
@@ -635,7 +631,8 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 			g.storeFailure(ctx, w, r, c, false, rr.timeout)
 			return
 		}
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable, "the upstream response broke off"))
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
+			"the upstream's answer broke off: it had the request and may have acted on it; the key stays claimed until its lease runs out, then a retry with the same key sends it again (store_5xx: false)"))
 		return
 	}
 	stopKeeper()
@@ -668,6 +665,27 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(buf.Bytes())
+}
+
+// upstreamError is the problem of an upstream call that got no answer.
+// It says whether the request reached the upstream (its headers were
+// written), since that decides what a retry risks: a request that never
+// reached it cannot have run, one that did may have acted. notSent and
+// wasSent end the detail: what became of the key in each case.
+func upstreamError(sent, timeout bool, limit time.Duration, notSent, wasSent string) *frontdoor.Error {
+	switch {
+	case !sent && timeout:
+		return frontdoor.Errorf(frontdoor.CodeUpstreamTimeout,
+			"the upstream could not be reached within %s: the request never reached it; %s", limit, notSent)
+	case !sent:
+		return frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
+			"the upstream could not be reached: the request never reached it; %s", notSent)
+	case timeout:
+		return frontdoor.Errorf(frontdoor.CodeUpstreamTimeout,
+			"the upstream received the request and did not answer within %s: it may have acted on it; %s", limit, wasSent)
+	}
+	return frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
+		"the upstream received the request and the connection broke before its answer: it may have acted on it; %s", wasSent)
 }
 
 // storeFailure answers a request the upstream received but did not answer
@@ -790,15 +808,14 @@ func (g *Gateway) keepLease(ctx context.Context, c claim, r *http.Request) func(
 func (g *Gateway) passThrough(w http.ResponseWriter, r *http.Request, rr *route, x *exchange, body io.ReadCloser) {
 	ctx, cancel := context.WithTimeout(r.Context(), rr.timeout)
 	defer cancel()
+	var sent atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { sent.Store(true) }})
 	began := time.Now()
 	resp, err := g.roundTrip(ctx, r, rr, body, r.ContentLength)
 	x.upstream = time.Since(began)
 	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
-			frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamTimeout, "the upstream did not answer within %s", rr.timeout))
-			return
-		}
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable, "the upstream could not be reached"))
+		frontdoor.WriteProblem(w, r, upstreamError(sent.Load(), errors.Is(err, context.DeadlineExceeded) || isTimeout(err), rr.timeout,
+			"sending it again cannot run it twice", "it was passed through without a key, so check the outcome before sending it again"))
 		return
 	}
 	defer resp.Body.Close()
