@@ -363,11 +363,16 @@ func register(mux *http.ServeMux, pattern string) (err error) {
 // fingerprint (which has the path as sent) keeps it apart from the
 // route's own path. The path sent upstream is the caller's, unchanged.
 func (rt *routing) match(r *http.Request) (*route, string) {
-	u := &url.URL{Path: foldPath(r.URL.Path)}
-	if r.URL.RawPath != "" {
-		u.RawPath = foldPath(r.URL.RawPath)
+	m := r
+	if p := foldPath(r.URL.Path); p != r.URL.Path || r.URL.RawPath != "" {
+		// Only a path that folding changes costs a request of its own.
+		u := &url.URL{Path: p}
+		if r.URL.RawPath != "" {
+			u.RawPath = foldPath(r.URL.RawPath)
+		}
+		m = &http.Request{Method: r.Method, URL: u, Host: r.Host}
 	}
-	_, pattern := rt.mux.Handler(&http.Request{Method: http.MethodGet, URL: u, Host: r.Host})
+	_, pattern := rt.mux.Handler(m)
 	if rr, ok := rt.routes[pattern]; ok {
 		return rr, rr.pattern
 	}

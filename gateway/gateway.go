@@ -418,7 +418,9 @@ func storeFailed(err error) bool {
 // each route that is clamped.
 func (g *Gateway) leaseSeconds(ctx context.Context, t idem.Tenant, rr *route) int {
 	limit := t.Settings.LeaseSecondsMax
-	if rt := g.routing.Load(); rt.leaseChecked.Swap(int64(limit)) != int64(limit) {
+	// Load before Swap: every protected request passes here, and only a
+	// change of the maximum needs the write.
+	if rt := g.routing.Load(); rt.leaseChecked.Load() != int64(limit) && rt.leaseChecked.Swap(int64(limit)) != int64(limit) {
 		for _, c := range rt.all() {
 			if c.lease > time.Duration(limit)*time.Second {
 				g.logger.WarnContext(ctx, "gateway: a route's lease is over the tenant's lease_seconds_max; its claims take the maximum",
