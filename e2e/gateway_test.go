@@ -287,3 +287,92 @@ func mustRequest(t *testing.T, url string) *http.Request {
 	require.NoError(t, err)
 	return req
 }
+
+// TestGatewayRefusalsNeverFailOpen: the real `serve` and `gateway`
+// processes on one store, the tenant changed with the CLI while they run
+// (tenant cache off). A route with fail_open: true and lease: 2m keeps one
+// upstream call per key after `tenant set --lease-seconds-max=60` (the
+// lease is clamped), and once the tenant is disabled the same key twice
+// is 403 tenant_unknown, not retryable, and never reaches the upstream.
+// Before the fix both refusals were taken for store failures and each
+// request went upstream unprotected: two upstream calls per key.
+func TestGatewayRefusalsNeverFailOpen(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"sqlite", "postgres"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			r := newGatewayRig(t, backend, "routes:\n  - path: /orders/open\n    fail_open: true\n    lease: 2m\n",
+				map[string]string{"IDEM_TENANT_CACHE_TTL": "0s"})
+			gw := r.startGateway(t)
+			c := newClient(false)
+			mustCLI(t, r.env, "tenant", "set", "gw", "--lease-seconds-max=60")
+			for i := range 2 {
+				res, err := gatewayPost(c, gw.url+"/orders/open", "lease-1", `{}`)
+				require.NoError(t, err)
+				require.Equal(t, http.StatusCreated, res.status, string(res.body))
+				require.Equal(t, i == 1, res.header.Get("Idempotent-Replayed") == "true", "the retry is replayed: %s", res.body)
+			}
+			require.Equal(t, int64(1), r.upstream.Count(), "one upstream call for the key")
+
+			mustCLI(t, r.env, "tenant", "set", "gw", "--disabled=true")
+			for range 2 {
+				res, err := gatewayPost(c, gw.url+"/orders/open", "off-1", `{}`)
+				require.NoError(t, err)
+				require.Equal(t, http.StatusForbidden, res.status, string(res.body))
+				require.Equal(t, "tenant_unknown", problemCode(res.body))
+				require.Contains(t, string(res.body), `"retryable":false`)
+				require.Empty(t, res.header.Get("Retry-After"))
+			}
+			require.Equal(t, int64(1), r.upstream.Count(), "no refused request reached the upstream")
+		})
+	}
+}
+
+// TestGatewayKeySpaces: the gateway binary refuses an unscoped key with
+// ':' (it would be a scoped record key: alice:sq is alice's sq), a scope
+// header sent twice, and keeps a route's scope on /orders/PAY/. Before the
+// fix each of them reached the upstream: the squat ran and made alice's
+// own request 422, the doubled header was scoped as its first value, and
+// /orders/PAY/ ran unscoped.
+func TestGatewayKeySpaces(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"sqlite", "postgres"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			r := newGatewayRig(t, backend, "routes:\n  - path: /orders/pay\n    scope_header: X-Account-Id\n", nil)
+			gw := r.startGateway(t)
+			c := newClient(false)
+			squat, err := gatewayPost(c, gw.url+"/orders", "alice:sq", `{}`)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusBadRequest, squat.status, string(squat.body))
+			require.Equal(t, "invalid_key", problemCode(squat.body))
+
+			for _, h := range []http.Header{{}, {"X-Account-Id": {"alice", "mallory"}}} {
+				req, err := http.NewRequest(http.MethodPost, gw.url+"/orders/PAY/", strings.NewReader(`{}`))
+				require.NoError(t, err)
+				req.Header = h
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Idempotency-Key", "sq")
+				resp, err := c.Do(req)
+				require.NoError(t, err)
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%v: %s", h, b)
+				require.Equal(t, "invalid_key", problemCode(b))
+			}
+			require.Equal(t, int64(0), r.upstream.Count(), "no refused request reached the upstream")
+
+			req, err := http.NewRequest(http.MethodPost, gw.url+"/orders/pay", strings.NewReader(`{}`))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", "sq")
+			req.Header.Set("X-Account-Id", "alice")
+			resp, err := c.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusCreated, resp.StatusCode, "alice's own key runs")
+			require.Equal(t, "completed", r.record(t, "alice:sq").State)
+			require.Equal(t, int64(1), r.upstream.Count())
+		})
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -27,7 +28,7 @@ import (
 //	defaults:               # policy of every route, and of paths no route matches
 //	  lease: 30s
 //	routes:
-//	  - path: /v1/payments/{id}/refunds   # net/http ServeMux path pattern
+//	  - path: /v1/payments/{id}/refunds   # net/http ServeMux path pattern, matched in any case, trailing slash or not
 //	    upstream: billing
 //	    required_methods: [POST]
 //	    optional_methods: [PUT, DELETE]
@@ -54,6 +55,9 @@ type File struct {
 type RouteConfig struct {
 	// Path is a net/http ServeMux path pattern ("/v1/orders/{id}",
 	// "/v1/files/" for a prefix); it is the route in the operation label.
+	// It matches a request's path in any ASCII case and with or without
+	// trailing slashes (routing.match); two paths that differ only in case
+	// are refused.
 	Path string `yaml:"path"`
 	// Upstream names an entry of upstreams; "" is "default".
 	Upstream string `yaml:"upstream"`
@@ -70,14 +74,16 @@ type Policy struct {
 	OptionalMethods []string `yaml:"optional_methods"`
 	// ScopeHeader names a request header whose value scopes the key (the
 	// value with "%" and ":" escaped, ":" and the key: frontdoor.ScopedKey);
-	// a protected request without it gets 400.
+	// a protected request without it, with two such fields or with a list
+	// (a comma) in it gets 400.
 	ScopeHeader string `yaml:"scope_header"`
 	// ScopeJWT scopes the key by the sub claim of the caller's bearer
 	// token, verified against a JWKS; a protected request without a valid
 	// token gets 400. Exclusive with ScopeHeader.
 	ScopeJWT *JWTScope `yaml:"scope_jwt"`
 	// Lease is the claim's lease; 0 takes the tenant's default. It is
-	// renewed every third of it while the upstream call runs.
+	// renewed every third of it while the upstream call runs, and capped
+	// by the tenant's lease_seconds_max (Gateway.leaseSeconds).
 	Lease Duration `yaml:"lease"`
 	// MaxWait caps how long a request with Prefer: wait=N (RFC 7240) is
 	// held while its key is in flight, until the first request completes
@@ -106,7 +112,9 @@ type Policy struct {
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// FailOpen passes protected requests to the upstream unprotected when
 	// the store fails, instead of answering 503. Off by default: a retry of
-	// an unprotected request may run twice.
+	// an unprotected request may run twice. A refusal by idem (the tenant
+	// unknown or disabled, its storage quota used up) is no store failure
+	// and is never passed through.
 	FailOpen *bool `yaml:"fail_open"`
 	// Fingerprint are the fingerprint rules: JSON pointers to leave out of
 	// a JSON body, request headers to include.
@@ -168,9 +176,32 @@ type route struct {
 // the whole snapshot, so a request sees one configuration from start to
 // end.
 type routing struct {
+	// mux holds the patterns folded to lower case (foldPath); it matches
+	// a request's path folded the same way.
 	mux      *http.ServeMux
-	routes   map[string]*route // by pattern
+	routes   map[string]*route // by folded pattern
 	fallback *route
+	// leaseChecked is the tenant's lease_seconds_max the routes' leases
+	// were last checked against (Gateway.leaseSeconds); 0 before the first
+	// request of this snapshot.
+	leaseChecked atomic.Int64
+}
+
+// all returns every route of the snapshot, the defaults included.
+func (rt *routing) all() []*route {
+	rs := make([]*route, 0, len(rt.routes)+1)
+	for _, r := range rt.routes {
+		rs = append(rs, r)
+	}
+	return append(rs, rt.fallback)
+}
+
+// name is the route's pattern, or "defaults" for paths no route matches.
+func (r *route) name() string {
+	if r.pattern == "" {
+		return "defaults"
+	}
+	return r.pattern
 }
 
 // LoadFile reads and parses a configuration file; "" gives an empty one.
@@ -273,6 +304,7 @@ func compile(f File, defaultUpstream string) (*routing, error) {
 	}
 	rt := &routing{mux: http.NewServeMux(), routes: map[string]*route{}}
 	rt.fallback = build("defaults", "", "", Policy{})
+	first := map[string]string{} // folded pattern → the route that has it
 	for i, rc := range f.Routes {
 		where := fmt.Sprintf("routes[%d] (%s)", i, rc.Path)
 		if !strings.HasPrefix(rc.Path, "/") {
@@ -285,16 +317,22 @@ func compile(f File, defaultUpstream string) (*routing, error) {
 			bad("%s: path must not contain control characters", where)
 			continue
 		}
-		if _, dup := rt.routes[rc.Path]; dup {
-			bad("%s: path is listed twice", where)
+		folded := foldPattern(rc.Path)
+		if prior, dup := first[folded]; dup {
+			if prior == rc.Path {
+				bad("%s: path is listed twice", where)
+			} else {
+				bad("%s: path differs from %s only in case; the gateway matches paths ignoring case, so one request would match either", where, prior)
+			}
 			continue
 		}
+		first[folded] = rc.Path
 		r := build(where, rc.Path, rc.Upstream, rc.Policy)
-		if err := register(rt.mux, rc.Path); err != nil {
-			bad("%s: %v", where, err)
+		if err := register(rt.mux, folded); err != nil {
+			bad("%s: %v (paths are matched ignoring case)", where, err)
 			continue
 		}
-		rt.routes[rc.Path] = r
+		rt.routes[folded] = r
 	}
 	return rt, errors.Join(errs...)
 }
@@ -312,13 +350,66 @@ func register(mux *http.ServeMux, pattern string) (err error) {
 }
 
 // match returns the route of r and the route string of its operation: the
-// matched pattern, or the path (frontdoor.PathRoute) when no route matches.
+// route's pattern as configured, or the path (frontdoor.PathRoute) when no
+// route matches.
+//
+// A route matches its path in any ASCII case, with or without trailing
+// slashes, and after ServeMux's cleaning (//, ., ..): upstreams often
+// serve /PAY and /pay/ as /pay (Express, Spring, ASP.NET by default), and
+// an exact match let such a spelling fall to the defaults, losing the
+// route's scope and policy, so a caller could run the route's requests
+// unscoped. Matching leniently errs towards protection: a spelling the
+// upstream serves as another path still gets the route's policy, and its
+// fingerprint (which has the path as sent) keeps it apart from the
+// route's own path. The path sent upstream is the caller's, unchanged.
 func (rt *routing) match(r *http.Request) (*route, string) {
-	_, pattern := rt.mux.Handler(r)
+	m := r
+	if p := foldPath(r.URL.Path); p != r.URL.Path || r.URL.RawPath != "" {
+		// Only a path that folding changes costs a request of its own.
+		u := &url.URL{Path: p}
+		if r.URL.RawPath != "" {
+			u.RawPath = foldPath(r.URL.RawPath)
+		}
+		m = &http.Request{Method: r.Method, URL: u, Host: r.Host}
+	}
+	_, pattern := rt.mux.Handler(m)
 	if rr, ok := rt.routes[pattern]; ok {
-		return rr, pattern
+		return rr, rr.pattern
 	}
 	return rt.fallback, frontdoor.PathRoute(r)
+}
+
+// foldPath is a request path as routes match it: ASCII letters in lower
+// case and trailing slashes cut ("/" stays "/"). A prefix route
+// ("/files/") still matches its own path: ServeMux sends "/files" to it.
+func foldPath(p string) string {
+	p = strings.TrimRight(lowerASCII(p), "/")
+	if p == "" {
+		return "/"
+	}
+	return p
+}
+
+// foldPattern is a route's pattern as the mux holds it: in lower case
+// (wildcard names too, which the gateway does not use), its trailing slash
+// kept, since it makes the pattern a prefix.
+func foldPattern(p string) string { return lowerASCII(p) }
+
+// lowerASCII maps A-Z to a-z and leaves every other byte alone, so a
+// path's escapes and UTF-8 stay as they are.
+func lowerASCII(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; 'A' <= c && c <= 'Z' {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				if 'A' <= b[j] && b[j] <= 'Z' {
+					b[j] += 'a' - 'A'
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
 }
 
 func first[T comparable](vs ...T) T {

@@ -20,8 +20,10 @@
 // an upstream that cannot be reached gives 502 and releases the key; one
 // that had the request and did not answer (a timeout: 504, a broken
 // connection: 502) may have acted on it, so that answer is stored like a
-// 5xx (released with store_5xx false). The gateway never sends a request
-// to the upstream twice by itself. A response over the route's
+// 5xx (released with store_5xx false). Only a store failure fails open
+// (fail_open): idem refusing the claim (the tenant unknown or disabled,
+// its quota used up) is answered as a refusal. The gateway never sends a
+// request to the upstream twice by itself. A response over the route's
 // max_stored_bytes, or of a status idem cannot store (outside 100–599:
 // frontdoor.StorableStatus, whatever store_5xx says), is passed through and
 // recorded as completed without its body; a replay then answers 409
@@ -296,7 +298,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		}
 		held += answer
 		var lease time.Duration
-		lease, err = t.Settings.LeaseFor(int(rr.lease / time.Second))
+		lease, err = t.Settings.LeaseFor(g.leaseSeconds(r.Context(), t, rr))
 		if err == nil {
 			// Prefer: wait=N holds the request while the key is in flight,
 			// capped by the tenant's max_wait_seconds and the route's
@@ -335,6 +337,31 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		// and the store is not to blame.
 		x.outcome = outcomeCanceled
 		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeStoreUnavailable, "the request was canceled before it was claimed"))
+		return
+	case errors.Is(err, idem.ErrTenantUnknown):
+		// idem refused: the gateway's tenant is gone or disabled. The store
+		// is up, so this is no store failure: a fail_open route does not
+		// pass the request through, and no retry succeeds until an
+		// operator acts.
+		x.outcome = outcomeRefused
+		g.logger.ErrorContext(r.Context(), "gateway: idem refused the gateway's tenant (it does not exist or is disabled)",
+			"request_id", frontdoor.RequestID(w, r), "tenant", g.opts.Tenant)
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeTenantUnknown,
+			"the gateway's idem tenant does not exist or is disabled: the request was not processed and not sent upstream; it cannot succeed until an operator enables the tenant"))
+		return
+	case err != nil && !storeFailed(err):
+		// Any other refusal by idem (the store answered, with a code of the
+		// domain): a refusal, never a reason to run the request
+		// unprotected, nor a retryable 503.
+		x.outcome = outcomeRefused
+		g.logger.ErrorContext(r.Context(), "gateway: idem refused the claim",
+			"request_id", frontdoor.RequestID(w, r), "code", string(idem.ErrorCode(err)), "error", err.Error())
+		detail := "idem refused the claim"
+		var ie *idem.Error
+		if errors.As(err, &ie) && ie.Detail != "" {
+			detail += ": " + ie.Detail
+		}
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeInvalidRequest, "%s; the request was not processed and not sent upstream", detail))
 		return
 	case err != nil:
 		g.logger.ErrorContext(r.Context(), "gateway: the store failed; failing closed unless the route fails open",
@@ -377,6 +404,41 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		x.outcome = outcomeTakeover
 	}
 	g.execute(w, r, rr, x, claim{tenant: t, key: key, token: rec.FencingToken, lease: rec.LeaseExpiresAt.Sub(rec.ObservedAt)}, body)
+}
+
+// storeFailed reports whether err is the store failing (unreachable,
+// too slow, an error without a code of the domain): the only errors a
+// fail_open route passes through unprotected. An error with another code
+// is idem refusing the request, and is answered as a refusal.
+func storeFailed(err error) bool {
+	switch idem.ErrorCode(err) {
+	case idem.CodeStoreUnavailable, idem.CodeInternal:
+		return true
+	}
+	return false
+}
+
+// leaseSeconds is the lease a claim on rr asks idem for: the route's
+// lease (0: the tenant's default), capped by the tenant's
+// lease_seconds_max. A route's lease over the maximum, in the file or
+// after the tenant's admin lowered it, is clamped rather than refused:
+// the route stays protected, and the lease is renewed every third of it
+// while the upstream works, so a long call is not cut short. The first
+// request after a (re)load, and the first after the maximum changed, log
+// each route that is clamped.
+func (g *Gateway) leaseSeconds(ctx context.Context, t idem.Tenant, rr *route) int {
+	limit := t.Settings.LeaseSecondsMax
+	// Load before Swap: every protected request passes here, and only a
+	// change of the maximum needs the write.
+	if rt := g.routing.Load(); rt.leaseChecked.Load() != int64(limit) && rt.leaseChecked.Swap(int64(limit)) != int64(limit) {
+		for _, c := range rt.all() {
+			if c.lease > time.Duration(limit)*time.Second {
+				g.logger.WarnContext(ctx, "gateway: a route's lease is over the tenant's lease_seconds_max; its claims take the maximum",
+					"route", c.name(), "lease_seconds", int(c.lease/time.Second), "lease_seconds_max", limit, "tenant", t.ID)
+			}
+		}
+	}
+	return min(int(rr.lease/time.Second), limit)
 }
 
 // DefaultMaxInflightBytes is Options.MaxInflightBytes when unset, the
@@ -494,16 +556,27 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request, limit int64) 
 
 // scope returns the key scope of r under the route's policy: "" without
 // one, the scope header's value, or the sub claim of the caller's verified
-// bearer token.
+// bearer token. The field that gives the scope must come once and hold one
+// value: with two (or a list in one), the gateway would scope the key by
+// one of them while the upstream may serve the caller as another, so the
+// request is refused, as two Idempotency-Key fields are.
 func (rr *route) scope(r *http.Request) (string, error) {
 	switch {
 	case rr.scopeHeader != "":
-		s := r.Header.Get(rr.scopeHeader)
-		if s == "" {
+		vs := r.Header.Values(rr.scopeHeader)
+		switch {
+		case len(vs) > 1:
+			return "", frontdoor.Errorf(frontdoor.CodeInvalidKey, "the request carries %d %s fields, which scope the key; send exactly one", len(vs), rr.scopeHeader)
+		case len(vs) == 0 || vs[0] == "":
 			return "", frontdoor.Errorf(frontdoor.CodeInvalidKey, "the %s header that scopes the key is missing", rr.scopeHeader)
+		case strings.Contains(vs[0], ","):
+			return "", frontdoor.Errorf(frontdoor.CodeInvalidKey, "the %s header, which scopes the key, holds a list (a comma); send one value", rr.scopeHeader)
 		}
-		return s, nil
+		return vs[0], nil
 	case rr.scopeJWT != nil:
+		if fields := r.Header.Values("Authorization"); len(fields) > 1 {
+			return "", frontdoor.Errorf(frontdoor.CodeInvalidKey, "the key is scoped by the caller's bearer token, and the request carries %d Authorization fields; send exactly one", len(fields))
+		}
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok {
 			return "", frontdoor.Errorf(frontdoor.CodeInvalidKey, "the key is scoped by the caller's bearer token, and the request has none")
@@ -581,13 +654,9 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 			return
 		}
 		g.release(ctx, c, r)
-		if timeout {
-			frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamTimeout,
-				"the upstream did not answer within %s; the key was released, retry with the same key", rr.timeout))
-			return
-		}
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
-			"the upstream could not be reached; the key was released, retry with the same key"))
+		frontdoor.WriteProblem(w, r, upstreamError(sent.Load(), timeout, rr.timeout,
+			"the key was released, retry with the same key",
+			"the key was released (store_5xx: false), so a retry with the same key sends it again"))
 		return
 	}
 	defer resp.Body.Close()
@@ -619,7 +688,8 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 			g.storeFailure(ctx, w, r, c, false, rr.timeout)
 			return
 		}
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable, "the upstream response broke off"))
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
+			"the upstream's answer broke off: it had the request and may have acted on it; the key stays claimed until its lease runs out, then a retry with the same key sends it again (store_5xx: false)"))
 		return
 	}
 	stopKeeper()
@@ -652,6 +722,27 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(buf.Bytes())
+}
+
+// upstreamError is the problem of an upstream call that got no answer.
+// It says whether the request reached the upstream (its headers were
+// written), since that decides what a retry risks: a request that never
+// reached it cannot have run, one that did may have acted. notSent and
+// wasSent end the detail: what became of the key in each case.
+func upstreamError(sent, timeout bool, limit time.Duration, notSent, wasSent string) *frontdoor.Error {
+	switch {
+	case !sent && timeout:
+		return frontdoor.Errorf(frontdoor.CodeUpstreamTimeout,
+			"the upstream could not be reached within %s: the request never reached it; %s", limit, notSent)
+	case !sent:
+		return frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
+			"the upstream could not be reached: the request never reached it; %s", notSent)
+	case timeout:
+		return frontdoor.Errorf(frontdoor.CodeUpstreamTimeout,
+			"the upstream received the request and did not answer within %s: it may have acted on it; %s", limit, wasSent)
+	}
+	return frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
+		"the upstream received the request and the connection broke before its answer: it may have acted on it; %s", wasSent)
 }
 
 // storeFailure answers a request the upstream received but did not answer
@@ -778,15 +869,14 @@ func (g *Gateway) keepLease(ctx context.Context, c claim, r *http.Request) func(
 func (g *Gateway) passThrough(w http.ResponseWriter, r *http.Request, rr *route, x *exchange, body io.ReadCloser) {
 	ctx, cancel := context.WithTimeout(r.Context(), rr.timeout)
 	defer cancel()
+	var sent atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { sent.Store(true) }})
 	began := time.Now()
 	resp, err := g.roundTrip(ctx, r, rr, body, r.ContentLength)
 	x.upstream = time.Since(began)
 	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
-			frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamTimeout, "the upstream did not answer within %s", rr.timeout))
-			return
-		}
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable, "the upstream could not be reached"))
+		frontdoor.WriteProblem(w, r, upstreamError(sent.Load(), errors.Is(err, context.DeadlineExceeded) || isTimeout(err), rr.timeout,
+			"sending it again cannot run it twice", "it was passed through without a key, so check the outcome before sending it again"))
 		return
 	}
 	defer resp.Body.Close()

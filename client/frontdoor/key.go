@@ -130,8 +130,21 @@ func ValidateKey(key string) error {
 // scope is empty, else EscapeScope(scope) + ":" + key, which must still be
 // a valid key. A scope (the caller's account, say) keeps the keys of
 // different callers of one API apart inside one idem tenant.
+//
+// An unscoped key must not contain ":" (CodeInvalidKey): every record key
+// with a ":" belongs to a scope, and an unscoped "alice:sq" would be
+// alice's key "sq", written by anyone (without her token, from a route or
+// front door that is not scoped): her own request would then answer 422,
+// or get the squatter's answer. Refusing such keys, rather than encoding
+// them anew, keeps the meaning of every key claimed before this rule: a
+// scoped key and an unscoped key without ":" are the record keys they
+// were, so no retry across the upgrade runs twice; an unscoped key with
+// ":" retried across it is refused, not run again.
 func ScopedKey(scope, key string) (string, error) {
 	if scope == "" {
+		if i := strings.IndexByte(key, ':'); i >= 0 {
+			return "", invalidKey("byte %d of the unscoped key is ':', which only a scoped record key (scope:key) may hold: an unscoped key with ':' could be another caller's scoped key; use a key without ':' (a UUID, say)", i)
+		}
 		return key, nil
 	}
 	k := EscapeScope(scope) + ":" + key

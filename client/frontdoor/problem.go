@@ -15,8 +15,8 @@ import (
 type Code string
 
 // The codes a front door answers with (docs/frontdoor.md rule 7).
-// upstream_unavailable, upstream_timeout and server_busy come from the
-// gateway only.
+// upstream_unavailable, upstream_timeout, server_busy and tenant_unknown
+// come from the gateway only.
 const (
 	CodeKeyMissing            Code = "idempotency_key_missing"
 	CodeInvalidKey            Code = "invalid_key"
@@ -37,6 +37,12 @@ const (
 	// falls (records purged or released) or its quota is raised, so it is
 	// not retryable and not store_unavailable (the store is up).
 	CodeStorageQuotaExceeded Code = "storage_quota_exceeded"
+	// CodeTenantUnknown: idem refused the gateway's claim because the
+	// gateway's tenant does not exist or is disabled. The store is up and
+	// refused, so it is no store failure (a fail_open route does not pass
+	// the request through) and a retry cannot succeed until an operator
+	// enables the tenant: not retryable.
+	CodeTenantUnknown Code = "tenant_unknown"
 )
 
 // ProblemInfo is the fixed part of a code's problem body.
@@ -65,6 +71,7 @@ var Problems = map[Code]ProblemInfo{
 	CodeResponseNotReplayable: {http.StatusConflict, "Response not replayable", false},
 	CodeServerBusy:            {http.StatusServiceUnavailable, "Server busy", true},
 	CodeStorageQuotaExceeded:  {http.StatusInsufficientStorage, "Storage quota exceeded", false},
+	CodeTenantUnknown:         {http.StatusForbidden, "Tenant unknown", false},
 }
 
 // StorageQuotaDetail is the detail of CodeStorageQuotaExceeded, the same

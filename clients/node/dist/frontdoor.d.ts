@@ -78,7 +78,10 @@ export declare function preferWait(fields: readonly string[]): number;
  * (the scope "acct" with the key "b:k1" and the scope "acct:b" with the key "k1" must not be one record key).
  */
 export declare function escapeScope(scope: string): string;
-/** The record key of key within scope: key itself when scope is empty, else escapeScope(scope) + ":" + key (still a valid key). */
+/**
+ * The record key of key within scope: key itself when scope is empty, else escapeScope(scope) + ":" + key (still a valid key).
+ * An unscoped key must not contain ":": every record key with one is a scoped key, and an unscoped "alice:sq" would be alice's "sq".
+ */
 export declare function scopedKey(scope: string | undefined, key: string): string;
 /** What a front door does with a request of a method. */
 export type Requirement = "required" | "optional" | "pass";

@@ -186,10 +186,19 @@ export function preferWait(fields) {
 export function escapeScope(scope) {
     return scope.replace(/%/g, "%25").replace(/:/g, "%3A");
 }
-/** The record key of key within scope: key itself when scope is empty, else escapeScope(scope) + ":" + key (still a valid key). */
+/**
+ * The record key of key within scope: key itself when scope is empty, else escapeScope(scope) + ":" + key (still a valid key).
+ * An unscoped key must not contain ":": every record key with one is a scoped key, and an unscoped "alice:sq" would be alice's "sq".
+ */
 export function scopedKey(scope, key) {
-    if (!scope)
+    if (!scope) {
+        const i = key.indexOf(":");
+        if (i >= 0) {
+            throw invalidKey(`byte ${i} of the unscoped key is ':', which only a scoped record key (scope:key) may hold: ` +
+                "an unscoped key with ':' could be another caller's scoped key; use a key without ':' (a UUID, say)");
+        }
         return key;
+    }
     const k = escapeScope(scope) + ":" + key;
     const bad = checkRecordKey(k);
     if (bad)

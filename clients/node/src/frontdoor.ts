@@ -195,9 +195,21 @@ export function escapeScope(scope: string): string {
   return scope.replace(/%/g, "%25").replace(/:/g, "%3A");
 }
 
-/** The record key of key within scope: key itself when scope is empty, else escapeScope(scope) + ":" + key (still a valid key). */
+/**
+ * The record key of key within scope: key itself when scope is empty, else escapeScope(scope) + ":" + key (still a valid key).
+ * An unscoped key must not contain ":": every record key with one is a scoped key, and an unscoped "alice:sq" would be alice's "sq".
+ */
 export function scopedKey(scope: string | undefined, key: string): string {
-  if (!scope) return key;
+  if (!scope) {
+    const i = key.indexOf(":");
+    if (i >= 0) {
+      throw invalidKey(
+        `byte ${i} of the unscoped key is ':', which only a scoped record key (scope:key) may hold: ` +
+          "an unscoped key with ':' could be another caller's scoped key; use a key without ':' (a UUID, say)",
+      );
+    }
+    return key;
+  }
   const k = escapeScope(scope) + ":" + key;
   const bad = checkRecordKey(k);
   if (bad) throw invalidKey(`the key scoped to the caller is invalid: ${bad}`);

@@ -90,7 +90,7 @@ def test_policy() -> None:
              frontdoor.FINGERPRINT_MISMATCH: frontdoor.MISMATCH_DETAIL,
              frontdoor.STORAGE_QUOTA_EXCEEDED: frontdoor.STORAGE_QUOTA_DETAIL}
     assert {tc["code"]: tc["detail"] for tc in v["problems"] if "detail" in tc} == fixed
-    gateway_only = {"upstream_unavailable", "upstream_timeout", "server_busy"}
+    gateway_only = {"upstream_unavailable", "upstream_timeout", "server_busy", "tenant_unknown"}
     for tc in v["problems"]:
         if tc["code"] in gateway_only:
             assert tc["code"] not in frontdoor.PROBLEMS

@@ -184,8 +184,15 @@ def escape_scope(scope: str) -> str:
 
 def scoped_key(scope: str | None, key: str) -> str:
     """The record key of key within scope: key itself without a scope,
-    else escape_scope(scope) + ":" + key, which must still be a valid key."""
+    else escape_scope(scope) + ":" + key, which must still be a valid key.
+
+    An unscoped key must not contain ":": every record key with one is a
+    scoped key, and an unscoped "alice:sq" would be alice's "sq"."""
     if not scope:
+        i = key.find(":")
+        if i >= 0:
+            raise _invalid_key(f"byte {i} of the unscoped key is ':', which only a scoped record key (scope:key) may hold: "
+                               "an unscoped key with ':' could be another caller's scoped key; use a key without ':' (a UUID, say)")
         return key
     k = escape_scope(scope) + ":" + key
     try:
