@@ -181,6 +181,10 @@ type routing struct {
 	mux      *http.ServeMux
 	routes   map[string]*route // by folded pattern
 	fallback *route
+	// scoped says whether any route scopes its keys: then an unscoped key
+	// may hold no ":" (frontdoor.ScopedKey), so that no unscoped request
+	// writes a scoped caller's record.
+	scoped bool
 	// leaseChecked is the tenant's lease_seconds_max the routes' leases
 	// were last checked against (Gateway.leaseSeconds); 0 before the first
 	// request of this snapshot.
@@ -333,6 +337,9 @@ func compile(f File, defaultUpstream string) (*routing, error) {
 			continue
 		}
 		rt.routes[folded] = r
+	}
+	for _, r := range rt.all() {
+		rt.scoped = rt.scoped || r.scopeHeader != "" || r.scopeJWT != nil
 	}
 	return rt, errors.Join(errs...)
 }

@@ -245,6 +245,10 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 	if err != nil {
 		g.refuse(w, r, x, err)
 		return
+	} else if scope == "" && !rt.scoped {
+		// No route scopes keys: every key is a record key as it is, a ":"
+		// included (frontdoor.ScopedKey's refusal guards scoped records,
+		// and there are none).
 	} else if key, err = frontdoor.ScopedKey(scope, key); err != nil {
 		g.refuse(w, r, x, err)
 		return

@@ -40,6 +40,24 @@ func TestUnscopedKeyCannotSquatAScopedOne(t *testing.T) {
 	})
 }
 
+// TestUnscopedGatewayKeepsColonKeys: a gateway none of whose routes scopes
+// keys has no scoped records to guard, so a key with ':' (a key derived
+// by joining parts with ':', say) is the record key it always was: run
+// once, replayed after.
+func TestUnscopedGatewayKeepsColonKeys(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		r := newRig(t, backend, "routes:\n  - path: /orders/open\n")
+		first := send(t, http.MethodPost, r.url+"/orders/open", "order-confirm:4711", `{}`)
+		require.Equal(t, http.StatusCreated, first.status, first.body)
+		again := send(t, http.MethodPost, r.url+"/orders/open", "order-confirm:4711", `{}`)
+		require.Equal(t, http.StatusCreated, again.status, again.body)
+		require.Equal(t, "true", again.header.Get(frontdoor.HeaderReplayed))
+		require.Equal(t, "completed", r.apiRecord(t, "order-confirm:4711")["state"])
+		require.EqualValues(t, 1, r.upstream.Count())
+	})
+}
+
 // TestRouteMatchIgnoresCaseAndTrailingSlash: the route /orders/pay is
 // scoped by X-Account-Id. Before, /orders/PAY and /orders/pay/ matched no
 // route (ServeMux is exact and case-sensitive), so they fell to the

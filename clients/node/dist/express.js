@@ -116,6 +116,7 @@ export function expressMiddleware(opts) {
                 return b;
             },
             scope: opts.scope?.(req),
+            scoped: opts.scope !== undefined,
         }, () => capture(res, next)).then((outcome) => {
             if (outcome.kind === "pass") {
                 next();

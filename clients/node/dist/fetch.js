@@ -65,6 +65,7 @@ export function withIdempotency(handler, opts) {
             },
             body: (limit) => readLimited(req, limit),
             scope: opts.scope?.(req, ...rest),
+            scoped: opts.scope !== undefined,
         }, async (body) => {
             // The handler's request carries no signal of the caller's: a handler
             // (or its response stream) that stopped when the caller went away

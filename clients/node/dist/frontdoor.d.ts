@@ -243,6 +243,13 @@ export interface FrontRequest {
     body(limit: number): Promise<Uint8Array>;
     /** The caller's key scope (e.g. the account id), if configured. */
     scope?: string | undefined;
+    /**
+     * Whether the front door scopes keys (its scope option is set): then an
+     * unscoped request's key may hold no ":" (scopedKey), so that it can never
+     * be a scoped caller's record key. A front door that never scopes keeps
+     * such keys as they are, as before.
+     */
+    scoped?: boolean;
 }
 /** A handler's buffered answer. */
 export interface HandlerAnswer {

@@ -721,7 +721,8 @@ export class FrontDoor {
                     throw new FrontDoorError("idempotency_key_missing", `${req.method.toUpperCase()} requires an ${headerKey} header`);
                 return { kind: "pass" };
             }
-            k = scopedKey(req.scope, k);
+            if (req.scope || req.scoped)
+                k = scopedKey(req.scope, k);
             body = await req.body(this.o.maxBodyBytes);
             doc = fingerprintDocument({ path: req.path, query: req.query, contentType: req.header("Content-Type")[0], body, header: req.header }, this.o.fingerprint);
         }

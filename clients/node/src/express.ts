@@ -140,6 +140,7 @@ export function expressMiddleware(opts: ExpressOptions): (req: IncomingMessage, 
         return b;
       },
       scope: opts.scope?.(req),
+      scoped: opts.scope !== undefined,
     }, () => capture(res as Tracked, next)).then((outcome) => {
       if (outcome.kind === "pass") {
         next();

@@ -87,6 +87,7 @@ export function withIdempotency<A extends unknown[]>(
       },
       body: (limit) => readLimited(req, limit),
       scope: opts.scope?.(req, ...rest),
+      scoped: opts.scope !== undefined,
     }, async (body) => {
       // The handler's request carries no signal of the caller's: a handler
       // (or its response stream) that stopped when the caller went away

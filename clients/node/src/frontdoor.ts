@@ -720,6 +720,13 @@ export interface FrontRequest {
   body(limit: number): Promise<Uint8Array>;
   /** The caller's key scope (e.g. the account id), if configured. */
   scope?: string | undefined;
+  /**
+   * Whether the front door scopes keys (its scope option is set): then an
+   * unscoped request's key may hold no ":" (scopedKey), so that it can never
+   * be a scoped caller's record key. A front door that never scopes keeps
+   * such keys as they are, as before.
+   */
+  scoped?: boolean;
 }
 
 /** A handler's buffered answer. */
@@ -792,7 +799,7 @@ export class FrontDoor {
         if (need === "required") throw new FrontDoorError("idempotency_key_missing", `${req.method.toUpperCase()} requires an ${headerKey} header`);
         return { kind: "pass" };
       }
-      k = scopedKey(req.scope, k);
+      if (req.scope || req.scoped) k = scopedKey(req.scope, k);
       body = await req.body(this.o.maxBodyBytes);
       doc = fingerprintDocument({ path: req.path, query: req.query, contentType: req.header("Content-Type")[0], body, header: req.header }, this.o.fingerprint);
     } catch (err) {

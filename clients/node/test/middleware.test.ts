@@ -696,6 +696,58 @@ for (const store of stores()) {
     });
   });
 
+  describe(`key scope on ${store}`, () => {
+    let srv: Server;
+    let closers: Array<() => Promise<void>> = [];
+    const scopedApp = async (scoped: boolean) => {
+      const effects = new Map<string, number>();
+      const app = express();
+      const client = new Client({ baseUrl: srv.url, token: srv.token });
+      app.use(expressMiddleware({ client, log: () => {}, ...(scoped ? { scope: (req) => { const v = req.headers["x-account-id"]; return typeof v === "string" ? v : undefined; } } : {}) }));
+      app.post("/pay", (req, res) => {
+        const k = String(req.headers["idempotency-key"]);
+        effects.set(k, (effects.get(k) ?? 0) + 1);
+        res.status(201).json({ paid: k });
+      });
+      const h = createServer(app);
+      const url = await listen(h);
+      closers.push(() => new Promise((r) => { h.closeAllConnections(); h.close(() => r()); }));
+      return { url, effects };
+    };
+    before(async () => {
+      srv = await startServer(store);
+    });
+    after(async () => {
+      for (const c of closers) await c();
+      closers = [];
+      await srv.stop();
+    });
+
+    test("without a scope option a key with ':' is the record key as it is: run once, replayed", async () => {
+      const app = await scopedApp(false);
+      const k = `order-confirm:${randomUUID()}`;
+      const first = await post(`${app.url}/pay`, k, {});
+      assert.equal(first.status, 201, first.text);
+      const again = await post(`${app.url}/pay`, k, {});
+      assert.equal(again.headers.get("Idempotent-Replayed"), "true");
+      assert.equal(app.effects.get(k), 1);
+    });
+
+    test("with a scope option an unscoped key with ':' is 400 invalid_key: it could be a scoped caller's record", async () => {
+      const app = await scopedApp(true);
+      const id = randomUUID();
+      const squat = await post(`${app.url}/pay`, `alice:${id}`, {});
+      assert.equal(squat.status, 400, squat.text);
+      assert.equal(JSON.parse(squat.text).code, "invalid_key");
+      assert.equal(app.effects.size, 0, "the handler did not run");
+      const own = await post(`${app.url}/pay`, id, {}, { "X-Account-Id": "alice" });
+      assert.equal(own.status, 201, own.text);
+      assert.equal(own.headers.get("Idempotent-Replayed"), null);
+      const c = new Client({ baseUrl: srv.url, token: srv.token });
+      assert.equal((await c.get(`alice:${id}`)).state, "completed");
+    });
+  });
+
   describe(`express writeHead forms on ${store}`, () => {
     let srv: Server;
     let url: string;
