@@ -73,7 +73,7 @@ function parseMode(mode) {
   if (p.length === 1 && p[0] === "raise") return { kind: "raise" };
   if (p.length === 2 && p[0] === "slow") return { kind: "slow", status: 201, ms: count(p[1], 0) };
   if (p.length === 2 && p[0] === "status") {
-    const n = count(p[1], 100);
+    const n = count(p[1], 200); // as the Go app: no 1xx, which are not final answers
     if (n > 999) throw new BadMode(mode);
     return { kind: "status", status: n };
   }
@@ -90,6 +90,21 @@ function pieces(body, n) {
 }
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** Waits ms; resolves true at once when signal aborts (the caller is gone), false after the wait. */
+function pause(ms, signal) {
+  if (signal.aborted) return Promise.resolve(true);
+  return new Promise((r) => {
+    const done = (cancelled) => {
+      clearTimeout(timer);
+      signal.removeEventListener("abort", onAbort);
+      r(cancelled);
+    };
+    const onAbort = () => done(true);
+    const timer = setTimeout(() => done(false), ms);
+    signal.addEventListener("abort", onAbort);
+  });
+}
 
 class HandlerRaised extends Error {}
 
@@ -136,6 +151,19 @@ function headerText(v) {
   return Array.isArray(v) ? v.join(", ") : (v ?? "");
 }
 
+/**
+ * The caller's scope from FC_SCOPE_HEADER, for the middleware's scope
+ * option: undefined without the header (unscoped); the header given more
+ * than once throws, as an app must not guess which caller it is (protocol
+ * v1.1). rawHeaders: Node (and the Fetch API) join the field lines.
+ */
+function scopeOf(rawHeaders) {
+  const values = [];
+  for (let i = 0; i + 1 < rawHeaders.length; i += 2) if (rawHeaders[i].toLowerCase() === scopeHeader) values.push(rawHeaders[i + 1]);
+  if (values.length > 1) throw new Error(`the scope header ${env.FC_SCOPE_HEADER} is repeated`);
+  return values[0];
+}
+
 function announce(p) {
   process.stdout.write(`FC_LISTENING http://127.0.0.1:${p}\n`);
 }
@@ -153,7 +181,7 @@ function expressApp() {
   app.use(expressMiddleware({
     client,
     storeServerErrors,
-    ...(scopeHeader ? { scope: (req) => req.headers[scopeHeader] === undefined ? undefined : headerText(req.headers[scopeHeader]) } : {}),
+    ...(scopeHeader ? { scope: (req) => scopeOf(req.rawHeaders) } : {}),
   }));
 
   const write = (res, chunk) => new Promise((ok, ko) => res.write(chunk, (err) => (err ? ko(err) : ok())));
@@ -177,23 +205,31 @@ function expressApp() {
     }
     if (mode.kind === "slow") await sleep(mode.ms);
     if (mode.kind === "stream" || mode.kind === "cutstream") {
-      // res.write with a delay, each piece handed over (its callback without
-      // error) before the next; end after res.end returned.
+      // res.write with a pause between pieces, each piece handed over (its
+      // callback without error) before the next; end after res.end
+      // returned. The caller gone (res closes before its end), the handler
+      // stops between pieces and ends its answer there, short, as a
+      // streaming handler does.
       const parts = pieces(run.body, mode.chunks);
       const cutAt = mode.kind === "cutstream" ? Math.floor(mode.chunks / 2) : -1;
+      const gone = new AbortController();
+      res.once("close", () => { if (!res.writableFinished) gone.abort(); });
       res.status(200).setHeader("Content-Type", "application/json");
       try {
         for (let i = 0; i < parts.length; i++) {
+          if (i > 0 && await pause(mode.ms, gone.signal)) {
+            run.abort("cancelled");
+            res.end();
+            return;
+          }
           if (i === cutAt) {
-            await sleep(mode.ms);
             run.abort("cutstream");
             throw new HandlerRaised(`cutstream after ${cutAt} of ${mode.chunks} pieces`);
           }
-          if (i > 0) await sleep(mode.ms);
           await write(res, parts[i]);
         }
       } catch (err) {
-        if (!(err instanceof HandlerRaised)) run.abort(`stream stopped: ${err?.message ?? err}`);
+        if (!(err instanceof HandlerRaised)) run.abort(`write: ${err?.message ?? err}`);
         throw err;
       }
       res.end();
@@ -258,22 +294,28 @@ function fetchApp() {
       let i = 0;
       const body = new ReadableStream({
         async pull(ctrl) {
-          if (i === cutAt) {
-            await sleep(mode.ms);
-            run.abort("cutstream");
-            ctrl.error(new HandlerRaised(`cutstream after ${cutAt} of ${mode.chunks} pieces`));
-            return;
-          }
           if (i === parts.length) {
             run.end(200);
             ctrl.close();
             return;
           }
-          if (i > 0) await sleep(mode.ms);
+          // The caller gone (the request's signal aborts), the handler stops
+          // between pieces and ends its body there, short, as a streaming
+          // handler does.
+          if (i > 0 && await pause(mode.ms, req.signal)) {
+            run.abort("cancelled");
+            ctrl.close();
+            return;
+          }
+          if (i === cutAt) {
+            run.abort("cutstream");
+            ctrl.error(new HandlerRaised(`cutstream after ${cutAt} of ${mode.chunks} pieces`));
+            return;
+          }
           ctrl.enqueue(new Uint8Array(parts[i++]));
         },
         cancel(reason) {
-          run.abort(`stream cancelled: ${reason?.message ?? reason}`);
+          run.abort(`cancelled: ${reason?.message ?? reason}`);
         },
       }, { highWaterMark: 0 });
       return new Response(body, { status: 200, headers: { "Content-Type": "application/json" } });
@@ -294,7 +336,7 @@ function fetchApp() {
     storeServerErrors,
     route: (_req, c) => c.req.routePath,
     target: (_req, c) => c.env.incoming.url,
-    ...(scopeHeader ? { scope: (req) => req.headers.get(scopeHeader) ?? undefined } : {}),
+    ...(scopeHeader ? { scope: (_req, c) => scopeOf(c.env.incoming.rawHeaders) } : {}),
   });
 
   app.on(["POST", "PUT", "PATCH"], "/fc/*", (c) => handler(c.req.raw, c));

@@ -91,7 +91,7 @@ def parse_mode(mode: str) -> Mode:
             return Mode("slow", ms=_nonneg(parts[1]))
         if parts[0] == "status" and len(parts) == 2:
             n = int(parts[1])
-            if not 100 <= n <= 999:
+            if not 200 <= n <= 999:  # as the Go app: no 1xx, which are not final answers
                 raise BadMode(mode)
             return Mode("status", status=n)
         if parts[0] == "stream" and len(parts) == 3:
@@ -205,26 +205,26 @@ def asgi_app(fc: EffectLog, idem_url: str, token: str, scope_header: str | None,
     async def stream(run: Run, mode: Mode) -> AsyncIterator[bytes]:
         # StreamingResponse sends each piece (awaits send) before it asks
         # for the next one: the code after the last yield runs only once the
-        # last piece was handed over. A cancelled or closed stream (client
-        # gone) never gets there and leaves an abort line.
+        # last piece was handed over. The caller gone, Starlette cancels the
+        # stream (its http.disconnect listener) or closes the generator: it
+        # stops where it waits and leaves an abort line.
         parts = pieces(run.body, mode.chunks)
         cut = mode.chunks // 2 if mode.kind == "cutstream" else None
         done = False
         try:
             for i, piece in enumerate(parts):
-                if i == cut:
+                if i > 0:
                     await asyncio.sleep(mode.ms / 1000)
+                if i == cut:
                     run.abort("cutstream")
                     done = True
                     raise HandlerRaised(f"cutstream after {cut} of {mode.chunks} pieces")
-                if i > 0:
-                    await asyncio.sleep(mode.ms / 1000)
                 yield piece
             done = True
             run.end(200)
         finally:
             if not done:
-                run.abort("stream stopped")
+                run.abort("cancelled")
 
     routes = [
         Route("/fc/healthz", healthz, methods=["GET"]),
@@ -294,26 +294,26 @@ def wsgi_app(fc: EffectLog, idem_url: str, token: str, scope_header: str | None,
     def stream(run: Run, mode: Mode) -> Iterator[bytes]:
         # The WSGI server (here the middleware) takes each piece before it
         # resumes the iterator: the code after the last yield runs only once
-        # the last piece was handed over; close() before that (client gone)
-        # leaves an abort line.
+        # the last piece was handed over. WSGI tells an app nothing of a
+        # caller gone (and the middleware buffers the answer): only close()
+        # before the end (GeneratorExit at a yield) stops it.
         parts = pieces(run.body, mode.chunks)
         cut = mode.chunks // 2 if mode.kind == "cutstream" else None
         done = False
         try:
             for i, piece in enumerate(parts):
-                if i == cut:
+                if i > 0:
                     time.sleep(mode.ms / 1000)
+                if i == cut:
                     run.abort("cutstream")
                     done = True
                     raise HandlerRaised(f"cutstream after {cut} of {mode.chunks} pieces")
-                if i > 0:
-                    time.sleep(mode.ms / 1000)
                 yield piece
             done = True
             run.end(200)
         finally:
             if not done:
-                run.abort("stream stopped")
+                run.abort("cancelled")
 
     install_flask(app, Client(idem_url, token=token), scope_header=scope_header, store_5xx=store_5xx)
     return app
