@@ -109,6 +109,14 @@ function pause(ms, signal) {
 class HandlerRaised extends Error {}
 
 /**
+ * The app's answer to a handler exception (its error handler's, after the
+ * middleware, which stores nothing for it): RFC 9457, as every error answer
+ * of a careful app, so that the checker can hold every refusal to
+ * problem+json.
+ */
+const problem500 = JSON.stringify({ type: "about:blank", title: "Internal Server Error", status: 500, detail: "the handler raised" });
+
+/**
  * One invocation of the counting handler: writes its start line when made,
  * its end line when end() is called (after the last byte was handed to the
  * framework), an abort line otherwise.
@@ -252,7 +260,8 @@ function expressApp() {
       res.destroy();
       return;
     }
-    res.status(500).type("text/plain").send("handler raised");
+    res.status(500).setHeader("Content-Type", "application/problem+json");
+    res.send(Buffer.from(problem500));
   });
   const srv = app.listen(port, host, (err) => {
     if (err) fail(`listen: ${err.message}`);
@@ -342,7 +351,7 @@ function fetchApp() {
   app.on(["POST", "PUT", "PATCH"], "/fc/*", (c) => handler(c.req.raw, c));
   app.onError((err, c) => {
     if (!(err instanceof HandlerRaised)) process.stderr.write(`fcapp: ${c.req.method} ${c.req.path}: ${err?.stack ?? err}\n`);
-    return c.text("handler raised", 500);
+    return c.body(problem500, 500, { "Content-Type": "application/problem+json" });
   });
   serve({ fetch: app.fetch, port, hostname: host }, (info) => announce(info.port));
 }

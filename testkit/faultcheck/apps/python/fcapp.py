@@ -158,6 +158,14 @@ class Run:
         self.fc.write({"ev": "abort", "run": self.id, "why": why})
 
 
+#: The app's answer to a handler exception (its error handler's, outside
+#: the middleware, which stores nothing for it): RFC 9457, as every error
+#: answer of a careful app, so that the checker can hold every refusal to
+#: problem+json.
+PROBLEM_500 = json.dumps({"type": "about:blank", "title": "Internal Server Error", "status": 500,
+                          "detail": "the handler raised"}).encode()
+
+
 def _joined(values: list[str]) -> str:
     # As the middleware reads a scope header sent on several field lines.
     return ", ".join(values)
@@ -230,7 +238,13 @@ def asgi_app(fc: EffectLog, idem_url: str, token: str, scope_header: str | None,
         Route("/fc/healthz", healthz, methods=["GET"]),
         Route("/fc/{rest:path}", handler, methods=["POST", "PUT", "PATCH"]),
     ]
-    app = Starlette(routes=routes)
+    async def on_error(request: Request, exc: Exception) -> Response:
+        # Starlette's ServerErrorMiddleware, outside the idem middleware: it
+        # answers with this after the exception went through the middleware,
+        # then re-raises it (uvicorn logs it).
+        return Response(PROBLEM_500, status_code=500, media_type="application/problem+json")
+
+    app = Starlette(routes=routes, exception_handlers={Exception: on_error})
     app.add_middleware(IdempotencyMiddleware, client=AsyncClient(idem_url, token=token),
                        scope_header=scope_header, store_5xx=store_5xx)
     return app
@@ -315,7 +329,28 @@ def wsgi_app(fc: EffectLog, idem_url: str, token: str, scope_header: str | None,
             if not done:
                 run.abort("cancelled")
 
+    @app.errorhandler(500)
+    def on_error(e: Any) -> Any:
+        # A view's exception: Flask answers with this (got_request_exception
+        # has told the middleware, which stores nothing for it).
+        return Response(PROBLEM_500, status=500, mimetype="application/problem+json")
+
     install_flask(app, Client(idem_url, token=token), scope_header=scope_header, store_5xx=store_5xx)
+    protected = app.wsgi_app
+
+    def guarded(environ: dict[str, Any], start_response: Any) -> Any:
+        # A stream's exception comes out of the middleware (which runs the
+        # iterator to buffer the answer, and stores nothing for it), after
+        # Flask's own handling: the app's outermost error handler answers.
+        try:
+            return protected(environ, start_response)
+        except Exception:
+            log.exception("the handler raised")
+            start_response("500 INTERNAL SERVER ERROR", [("Content-Type", "application/problem+json"),
+                                                         ("Content-Length", str(len(PROBLEM_500)))], sys.exc_info())
+            return [PROBLEM_500]
+
+    app.wsgi_app = guarded  # type: ignore[method-assign]
     return app
 
 
