@@ -149,7 +149,10 @@ for (const store of stores()) {
 
       test("raise writes start and no end, and stores nothing", async () => {
         const key = newKey();
-        assert.equal((await post(app, key, "raise")).status, 500);
+        const r = await post(app, key, "raise");
+        assert.equal(r.status, 500);
+        assert.equal(r.headers.get("content-type"), "application/problem+json");
+        assert.equal((JSON.parse(r.body.toString()) as { status: number }).status, 500);
         const { starts, ends } = app.runsOf(key);
         assert.equal(starts.length, 1);
         assert.deepEqual(ends, []);
@@ -178,7 +181,9 @@ for (const store of stores()) {
 
       test("cutstream writes no end and stores nothing", async () => {
         const key = newKey();
-        assert.equal((await post(app, key, "cutstream:4")).status, 500);
+        const r = await post(app, key, "cutstream:4");
+        assert.equal(r.status, 500);
+        assert.equal(r.headers.get("content-type"), "application/problem+json");
         const { starts, ends } = app.runsOf(key);
         assert.equal(starts.length, 1);
         assert.deepEqual(ends, []);

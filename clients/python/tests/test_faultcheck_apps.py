@@ -140,7 +140,8 @@ def test_faultcheck_app_ok_runs_once_and_replays(fcapp: FCApp) -> None:
 def test_faultcheck_app_raise_writes_start_and_no_end(fcapp: FCApp) -> None:
     key = new_key("fc")
     r = fcapp.post(key, "raise")
-    assert r.status_code == 500
+    assert r.status_code == 500 and r.headers["content-type"] == "application/problem+json", r.text
+    assert r.json()["status"] == 500
     starts, ends = fcapp.runs_of(key)
     assert len(starts) == 1 and ends == []
     aborts = [x for x in fcapp.records() if x["ev"] == "abort" and x["run"] == starts[0]["run"]]
@@ -168,7 +169,7 @@ def test_faultcheck_app_stream_is_the_full_body(fcapp: FCApp) -> None:
 def test_faultcheck_app_cutstream_writes_no_end_and_stores_nothing(fcapp: FCApp) -> None:
     key = new_key("fc")
     r = fcapp.post(key, "cutstream:4")
-    assert r.status_code == 500
+    assert r.status_code == 500 and r.headers["content-type"] == "application/problem+json", r.text
     starts, ends = fcapp.runs_of(key)
     assert len(starts) == 1 and ends == []
     again = fcapp.post(key, "cutstream:4")
