@@ -487,3 +487,26 @@ func runNextRoute(t *testing.T, live *liveServer, _ snippet) {
 		`{"status":201,"replayed":"true","body":"{\"charge\":\"ch_1\",\"amount\":1000}"}`,
 	}, lines)
 }
+
+// TestRecoveryPointsExample runs the keys page's worked example
+// (docs/examples/recovery_points.py, shown by docs/keys/ as it is) against
+// a live server: worker A crashes after its charge, worker B takes the key
+// over and resumes after "charged" (one order, one charge, one email), A's
+// late write with its old token is refused by the fenced UPDATE and its
+// complete by idem, and the retry is the replay.
+func TestRecoveryPointsExample(t *testing.T) {
+	t.Parallel()
+	srv := servertest.Start(t, servertest.Options{Tenants: []string{"docs"}})
+	token := srv.Token(t, "docs", "keys:write")
+	out := runExample(t, srv.URL(), token, "order-confirm-4711-recovery", pythonSDK("recovery_points.py")(t)...)
+	require.Equal(t, []string{
+		"token 1: resumed=False recovery_point=None",
+		"token 2: resumed=True recovery_point=charged",
+		`worker B: {"order_id": "ord_4711", "charge_id": "ch_1"}`,
+		"worker A's late write: refused",
+		"worker A's complete: 409 lease_lost",
+		`retry: {"order_id": "ord_4711", "charge_id": "ch_1"} charges=1 emails=1`,
+	}, strings.Split(strings.TrimSpace(out), "\n"))
+	live := &liveServer{url: srv.URL(), token: token}
+	requireKeyCompleted(t, live, "order-confirm-4711-recovery")
+}
