@@ -90,8 +90,7 @@ var readmeSnippets = map[string][]snippetRun{
 	"../clients/node/README.md": {
 		{starts: "npm install --install-links ./clients/node", run: runNpmInstall},
 		{starts: "import { Client, NoSideEffect, key }", example: "readme/node_run.mjs", run: runNodeRun},
-		{starts: "// Express behind idem: npm install --install-links ./clients/node express\nimport express from \"express\";\nimport { Client, expressMiddleware, expressErrorHandler }",
-			example: "readme/node_express.mjs", run: runNodeExpress},
+		{starts: "// Express behind idem", example: "readme/node_express.mjs", run: runNodeExpress},
 		{starts: "// Next.js route handler", example: "readme/node_next_route.js", run: runNextRoute},
 		{starts: "// Hono on Node.js behind idem", example: "readme/node_hono.mjs", run: runNodeHono},
 	},
