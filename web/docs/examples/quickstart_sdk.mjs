@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // idem quickstart with the Node.js SDK: install it, wrap your handler.
 //
-//   npm install ./clients/node            # from the idem repository; Node.js 20+, no dependencies
+//   npm install --install-links ./clients/node            # from the idem repository; Node.js 20+, no dependencies
 //   IDEM_URL=http://127.0.0.1:8080 IDEM_TOKEN=<jwt with keys:write> node quickstart_sdk.mjs
 //
 // run() claims the key, runs your handler once, checkpoints, completes, and

@@ -10,11 +10,15 @@ response back (a replay) and the handler does not run again. The retry
 contract of the docs (allowlist, full jitter, Retry-After, one deadline,
 waiting out request_in_flight) is built in.
 
-A web app wraps all its handlers at once instead:
+A web app wraps all its handlers at once instead (the complete apps:
+docs/examples/frameworks/):
 
-    idem.wsgi.install_flask(app, idem.Client(IDEM_URL, token=IDEM_TOKEN))                  # Flask
-    application = idem.wsgi.install_django(get_wsgi_application(), idem.Client(...))       # Django
-    app.add_middleware(idem.asgi.IdempotencyMiddleware, client=idem.AsyncClient(...))      # FastAPI
+    from idem.wsgi import install_flask, install_django   # not loaded by `import idem`
+    from idem.asgi import IdempotencyMiddleware
+
+    install_flask(app, Client(IDEM_URL, token=IDEM_TOKEN))                              # Flask
+    application = install_django(get_wsgi_application(), Client(IDEM_URL, token=IDEM_TOKEN))  # Django
+    app.add_middleware(IdempotencyMiddleware, client=AsyncClient(IDEM_URL, token=IDEM_TOKEN))  # FastAPI
 
 IDEM_KEY picks the key (default: an event-derived key for order 4711 and
 this run). Exits non-zero on failure.

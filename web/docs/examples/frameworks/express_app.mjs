@@ -1,4 +1,4 @@
-// Express behind idem: npm install ./clients/node express
+// Express behind idem: npm install --install-links ./clients/node express
 import express from "express";
 import { Client, expressMiddleware } from "@idem-dev/idem";
 
