@@ -99,10 +99,12 @@ func TestFrameworkExamples(t *testing.T) {
 	}
 }
 
-// lockedBuffer is the output of a running app, read while it writes.
+// lockedBuffer is the output of a running app, read while it writes;
+// exited is closed when the app has ended.
 type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu     sync.Mutex
+	b      bytes.Buffer
+	exited chan struct{}
 }
 
 func (l *lockedBuffer) Write(p []byte) (int, error) {
@@ -124,12 +126,13 @@ func startApp(t *testing.T, argv []string, env ...string) *lockedBuffer {
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), env...)
-	out := &lockedBuffer{}
+	out := &lockedBuffer{exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
+	go func() { _ = cmd.Wait(); close(out.exited) }()
 	t.Cleanup(func() {
 		cancel()
-		_ = cmd.Wait()
+		<-out.exited
 		t.Logf("%s:\n%s", strings.Join(argv, " "), out.String())
 	})
 	return out
@@ -158,6 +161,10 @@ func waitListening(t *testing.T, port int, out *lockedBuffer) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the app did not listen on %d within 2 minutes:\n%s", port, out.String())
 		}
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-out.exited:
+			t.Fatalf("the app ended before it listened on %d:\n%s", port, out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
