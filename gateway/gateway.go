@@ -350,8 +350,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		x.outcome = outcomeRefused
 		g.logger.ErrorContext(r.Context(), "gateway: idem refused the gateway's tenant (it does not exist or is disabled)",
 			"request_id", frontdoor.RequestID(w, r), "tenant", g.opts.Tenant)
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeTenantUnknown,
-			"the gateway's idem tenant does not exist or is disabled: the request was not processed and not sent upstream; it cannot succeed until an operator enables the tenant"))
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeTenantUnknown, "%s", frontdoor.TenantUnknownDetail))
 		return
 	case err != nil && !storeFailed(err):
 		// Any other refusal by idem (the store answered, with a code of the

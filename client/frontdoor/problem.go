@@ -15,8 +15,8 @@ import (
 type Code string
 
 // The codes a front door answers with (docs/frontdoor.md rule 7).
-// upstream_unavailable, upstream_timeout, server_busy and tenant_unknown
-// come from the gateway only.
+// upstream_unavailable, upstream_timeout and server_busy come from the
+// gateway only.
 const (
 	CodeKeyMissing            Code = "idempotency_key_missing"
 	CodeInvalidKey            Code = "invalid_key"
@@ -37,10 +37,11 @@ const (
 	// falls (records purged or released) or its quota is raised, so it is
 	// not retryable and not store_unavailable (the store is up).
 	CodeStorageQuotaExceeded Code = "storage_quota_exceeded"
-	// CodeTenantUnknown: idem refused the gateway's claim because the
-	// gateway's tenant does not exist or is disabled. The store is up and
-	// refused, so it is no store failure (a fail_open route does not pass
-	// the request through) and a retry cannot succeed until an operator
+	// CodeTenantUnknown: idem refused the front door's claim because the
+	// front door's own tenant (the gateway's --tenant, the middleware's
+	// token's) does not exist or is disabled. The store is up and refused,
+	// so it is no store failure (a fail_open route does not pass the
+	// request through) and a retry cannot succeed until an operator
 	// enables the tenant: not retryable.
 	CodeTenantUnknown Code = "tenant_unknown"
 )
@@ -78,6 +79,12 @@ var Problems = map[Code]ProblemInfo{
 // in every front door: the caller learns that nothing ran and that a
 // retry with the same key waits on the tenant's usage, not on time.
 const StorageQuotaDetail = "the tenant's storage quota is used up: the request was not processed and nothing was stored; it cannot succeed until the tenant's stored records are purged or its storage quota is raised"
+
+// TenantUnknownDetail is the detail of CodeTenantUnknown, the same in
+// every front door (the gateway and the middleware): the tenant the front
+// door claims in is the operator's to enable, so the caller learns that
+// nothing ran and that a retry waits on an operator, not on time.
+const TenantUnknownDetail = "the idempotency service refused this service's tenant (it does not exist or is disabled): the request was not processed; it cannot succeed until an operator enables the tenant"
 
 // NotReplayableDetail is the detail of CodeResponseNotReplayable, the same
 // in every front door and for either reason a record is not replayable (a

@@ -225,6 +225,7 @@ func TestPolicyVectors(t *testing.T) {
 		string(frontdoor.CodeResponseNotReplayable): frontdoor.NotReplayableDetail,
 		string(frontdoor.CodeFingerprintMismatch):   frontdoor.MismatchDetail,
 		string(frontdoor.CodeStorageQuotaExceeded):  frontdoor.StorageQuotaDetail,
+		string(frontdoor.CodeTenantUnknown):         frontdoor.TenantUnknownDetail,
 	}
 	for _, v := range file.Problems {
 		assert.Equal(t, v.Detail, fixed[v.Code], "detail of %s", v.Code)

@@ -74,8 +74,15 @@
 //     operation from Options.Route it does not accept, say): 400
 //     invalid_request, not retryable, naming idem's field; the handler does
 //     not run.
-//   - The idem service unreachable or failing: 503 store_unavailable with
-//     Retry-After, and the handler does not run (fail closed). If
+//   - The middleware's tenant does not exist or is disabled (idem refused
+//     the claim 403 tenant_unknown): 403 tenant_unknown, not retryable
+//     (frontdoor.TenantUnknownDetail), and the handler does not run; no
+//     retry succeeds until an operator enables the tenant.
+//   - The idem service unreachable or failing, or refusing the
+//     middleware's own token (401 unauthenticated, 403 forbidden: a fault
+//     of the service's credentials that a rotation fixes, never the
+//     caller's): 503 store_unavailable with Retry-After, and the handler
+//     does not run (fail closed). If
 //     completing fails after the handler ran, the handler's response is
 //     still sent and the error logged.
 //
@@ -383,6 +390,21 @@ func (m *middleware) writeClaimError(w http.ResponseWriter, r *http.Request, err
 		// would have the caller retry what cannot succeed until the
 		// tenant's usage falls.
 		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeStorageQuotaExceeded, "%s", frontdoor.StorageQuotaDetail))
+	case errors.Is(err, client.ErrTenantUnknown):
+		// The middleware's tenant does not exist or is disabled: idem is up
+		// and refused, and no retry succeeds until an operator enables the
+		// tenant, so not the retryable 503 (issue 21, hole 2's class).
+		m.opts.Logger.ErrorContext(r.Context(), "idem: the idempotency service refused the middleware's tenant (it does not exist or is disabled)", "error", err)
+		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeTenantUnknown, "%s", frontdoor.TenantUnknownDetail))
+	case errors.Is(err, client.ErrUnauthenticated) || errors.Is(err, client.ErrForbidden):
+		// idem refused the middleware's own token (expired, signed with a
+		// rotated secret, of a deleted tenant, or without keys:write). That
+		// is a fault of this service's credentials, not of the caller's
+		// request, and a rotation fixes it: fail closed with the retryable
+		// 503 (nothing was claimed, so the retry with the same key is safe),
+		// never a 401 or 403 that would blame the caller's own credentials.
+		m.opts.Logger.ErrorContext(r.Context(), "idem: the idempotency service refused the middleware's token (check its expiry, tenant and the keys:write scope); failing closed", "error", err)
+		m.writeUnavailable(w, r, ce)
 	case ce != nil && ce.Code == client.CodeInvalidRequest && len(ce.Fields) > 0 && isDocumentField(ce.Fields[0].Field):
 		// The body is not I-JSON: idem refused the fingerprint document
 		// (request.body…), the one place that rule is checked.
@@ -404,13 +426,20 @@ func (m *middleware) writeClaimError(w http.ResponseWriter, r *http.Request, err
 		if r.Context().Err() == nil {
 			m.opts.Logger.ErrorContext(r.Context(), "idem: the idempotency service is unavailable; failing closed", "error", err)
 		}
-		e := frontdoor.Errorf(frontdoor.CodeStoreUnavailable, "the request was not processed; retry later with the same idempotency key")
-		e.RetryAfter = m.opts.UnavailableRetryAfter
-		if ce != nil && ce.RetryAfter > e.RetryAfter {
-			e.RetryAfter = ce.RetryAfter
-		}
-		frontdoor.WriteProblem(w, r, e)
+		m.writeUnavailable(w, r, ce)
 	}
+}
+
+// writeUnavailable answers the retryable 503 store_unavailable (fail
+// closed), with Retry-After the longer of UnavailableRetryAfter and idem's
+// own hint (ce may be nil).
+func (m *middleware) writeUnavailable(w http.ResponseWriter, r *http.Request, ce *client.Error) {
+	e := frontdoor.Errorf(frontdoor.CodeStoreUnavailable, "the request was not processed; retry later with the same idempotency key")
+	e.RetryAfter = m.opts.UnavailableRetryAfter
+	if ce != nil && ce.RetryAfter > e.RetryAfter {
+		e.RetryAfter = ce.RetryAfter
+	}
+	frontdoor.WriteProblem(w, r, e)
 }
 
 // isDocumentField reports whether a field error of idem's claim answer

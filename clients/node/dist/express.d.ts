@@ -36,8 +36,9 @@ export declare function expressErrorHandler(): (err: unknown, req: IncomingMessa
  * {@link FrontDoorOptions.maxWaitSeconds}), 422 fingerprint_mismatch, 400
  * for a bad key; 503
  * store_unavailable when idem cannot be reached, 507 storage_quota_exceeded
- * (not retryable) when idem refuses a new key for the tenant's storage quota
- * (in both cases the handler does not run).
+ * (not retryable) when idem refuses a new key for the tenant's storage quota,
+ * 403 tenant_unknown (not retryable) when idem refuses the middleware's
+ * tenant as disabled or deleted (in each case the handler does not run).
  *
  * It reads the raw body itself (keep it before body parsers, or have them
  * save `req.rawBody`), keeps it as `req.rawBody`, and sets `req.body` to the

@@ -25,7 +25,8 @@ export interface FetchOptions<A extends unknown[]> extends FrontDoorOptions {
  * key (and 400 invalid_request, not retryable, for a claim idem refuses as
  * invalid), 503 store_unavailable when idem cannot be reached, 507
  * storage_quota_exceeded (not retryable) when idem refuses a new key for the
- * tenant's storage quota (in both cases the handler does not run). A handler exception stores nothing and propagates;
+ * tenant's storage quota, 403 tenant_unknown (not retryable) when idem refuses the middleware's tenant as disabled or
+ * deleted (in each case the handler does not run). A handler exception stores nothing and propagates;
  * so does a response stream that errors part way. The handler's request has no abort signal of the caller's: a
  * caller who goes away does not cut the answer stored for its retry (the handler runs to its end; one that reads the
  * framework's own request, `c.req.raw.signal`, still sees the abort).

@@ -8,13 +8,21 @@ export declare const headerPreferenceApplied = "Preference-Applied";
 /** The longest operation label idem accepts; longer labels are cut at a character boundary. */
 export declare const maxOperationBytes = 128;
 /** The codes a front door answers with. */
-export type FrontDoorCode = "idempotency_key_missing" | "invalid_key" | "invalid_request" | "payload_too_large" | "request_in_flight" | "fingerprint_mismatch" | "store_unavailable" | "response_not_replayable" | "storage_quota_exceeded";
+export type FrontDoorCode = "idempotency_key_missing" | "invalid_key" | "invalid_request" | "payload_too_large" | "request_in_flight" | "fingerprint_mismatch" | "store_unavailable" | "response_not_replayable" | "storage_quota_exceeded" | "tenant_unknown";
 /** Status, title and retryability of every front-door problem. */
 export declare const problems: Readonly<Record<FrontDoorCode, {
     status: number;
     title: string;
     retryable: boolean;
 }>>;
+/**
+ * The detail of tenant_unknown, the same in every front door: idem refused
+ * the claim because the middleware's own tenant (its token's) does not
+ * exist or is disabled. Not retryable, unlike store_unavailable: the store
+ * is up and refused, and no retry succeeds until an operator enables the
+ * tenant.
+ */
+export declare const tenantUnknownDetail = "the idempotency service refused this service's tenant (it does not exist or is disabled): the request was not processed; it cannot succeed until an operator enables the tenant";
 /**
  * The detail of storage_quota_exceeded, the same in every front door: idem
  * refused the claim of a new key because the tenant stores its
@@ -298,4 +306,6 @@ export declare class FrontDoor {
     private size;
     /** Maps a claim that did not let the handler run to its refusal. */
     private claimRefusal;
+    /** The retryable 503 store_unavailable (fail closed), Retry-After the longer of unavailableRetryAfterSeconds and idem's hint. */
+    private unavailable;
 }

@@ -27,7 +27,8 @@ export type FrontDoorCode =
   | "fingerprint_mismatch"
   | "store_unavailable"
   | "response_not_replayable"
-  | "storage_quota_exceeded";
+  | "storage_quota_exceeded"
+  | "tenant_unknown";
 
 /** Status, title and retryability of every front-door problem. */
 export const problems: Readonly<Record<FrontDoorCode, { status: number; title: string; retryable: boolean }>> = {
@@ -40,7 +41,18 @@ export const problems: Readonly<Record<FrontDoorCode, { status: number; title: s
   store_unavailable: { status: 503, title: "Idempotency store unavailable", retryable: true },
   response_not_replayable: { status: 409, title: "Response not replayable", retryable: false },
   storage_quota_exceeded: { status: 507, title: "Storage quota exceeded", retryable: false },
+  tenant_unknown: { status: 403, title: "Tenant unknown", retryable: false },
 };
+
+/**
+ * The detail of tenant_unknown, the same in every front door: idem refused
+ * the claim because the middleware's own tenant (its token's) does not
+ * exist or is disabled. Not retryable, unlike store_unavailable: the store
+ * is up and refused, and no retry succeeds until an operator enables the
+ * tenant.
+ */
+export const tenantUnknownDetail =
+  "the idempotency service refused this service's tenant (it does not exist or is disabled): the request was not processed; it cannot succeed until an operator enables the tenant";
 
 /**
  * The detail of storage_quota_exceeded, the same in every front door: idem
@@ -894,6 +906,23 @@ export class FrontDoor {
       }
       // idem is up and refused a new record: 503 would have the caller retry what cannot succeed.
       if (err.code === Codes.storageQuotaExceeded) return new FrontDoorError("storage_quota_exceeded", storageQuotaDetail);
+      if (err.code === Codes.tenantUnknown) {
+        // idem is up and refused the middleware's tenant (disabled or
+        // deleted): no retry succeeds until an operator enables it, so not
+        // the retryable 503 (issue 21, hole 2's class).
+        this.o.log("the idempotency service refused the middleware's tenant (it does not exist or is disabled)", err);
+        return new FrontDoorError("tenant_unknown", tenantUnknownDetail);
+      }
+      if (err.code === Codes.unauthenticated || err.code === Codes.forbidden) {
+        // idem refused the middleware's own token (expired, a rotated
+        // secret, a deleted tenant's, without keys:write): a fault of this
+        // service's credentials that a rotation fixes, not of the caller's
+        // request. Fail closed with the retryable 503 (nothing was claimed,
+        // so the retry is safe), never a 401 or 403 that would blame the
+        // caller's own credentials.
+        this.o.log("the idempotency service refused the middleware's token (check its expiry, tenant and the keys:write scope); failing closed", err);
+        return this.unavailable(err);
+      }
       if (err.code === Codes.invalidRequest && err.fields[0]?.field === "request") {
         return new FrontDoorError("invalid_request", `the request body cannot be fingerprinted: ${err.fields[0].message}`);
       }
@@ -907,6 +936,11 @@ export class FrontDoor {
       }
     }
     this.o.log("the idempotency service is unavailable; failing closed", err);
+    return this.unavailable(err);
+  }
+
+  /** The retryable 503 store_unavailable (fail closed), Retry-After the longer of unavailableRetryAfterSeconds and idem's hint. */
+  private unavailable(err: unknown): FrontDoorError {
     const ra = Math.max(this.o.unavailableRetryAfterSeconds * 1000, err instanceof IdemError ? err.retryAfterMs : 0);
     return new FrontDoorError("store_unavailable", "the request was not processed; retry later with the same idempotency key", ra);
   }

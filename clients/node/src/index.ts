@@ -44,6 +44,7 @@ export {
   splitTarget,
   storableStatus,
   storageQuotaDetail,
+  tenantUnknownDetail,
   unstorableStatus,
   storeStatus,
   storedHeaders,

@@ -358,6 +358,11 @@ const notReplayableDetail = (JSON.parse(readFileSync(join(repoRoot, "testvectors
   problems: { code: string; detail?: string }[];
 }).problems.find((p) => p.code === "response_not_replayable")?.detail;
 
+/** The detail of 403 tenant_unknown, held once in the shared vectors. */
+const tenantUnknownDetail = (JSON.parse(readFileSync(join(repoRoot, "testvectors", "frontdoor", "policy.json"), "utf8")) as {
+  problems: { code: string; detail?: string }[];
+}).problems.find((p) => p.code === "tenant_unknown")?.detail;
+
 const operationVectors = (JSON.parse(readFileSync(join(repoRoot, "testvectors", "frontdoor", "operations.json"), "utf8")) as {
   vectors: { name: string; target?: string; target_base64?: string; expect: { operation: string; refused_by?: string[]; legacy?: { node?: string } } }[];
 }).vectors;
@@ -903,6 +908,101 @@ for (const store of stores()) {
           assert.equal(replay.status, 201, replay.text);
           assert.equal(replay.headers.get("Idempotent-Replayed"), "true");
           assert.equal(app.effects.get(id), stored.length);
+        } finally {
+          await app.close();
+        }
+      });
+    }
+  });
+
+  describe(`refusals of the middleware's tenant and token on ${store}`, () => {
+    let srv: Server;
+    before(async () => {
+      srv = await startServer(store);
+    });
+    after(async () => {
+      await srv.stop();
+    });
+    /** Disables or enables tenant through the admin API with an operator token (the server drops its cached tenant at once). */
+    const setDisabled = async (tenant: string, disabled: boolean) => {
+      const res = await fetch(`${srv.url}/v1/admin/tenants/${tenant}`, {
+        method: "PATCH",
+        headers: { Authorization: `Bearer ${srv.mint("", "admin")}`, "Content-Type": "application/json" },
+        body: JSON.stringify({ disabled }),
+      });
+      assert.equal(res.status, 200, await res.text());
+    };
+    for (const [name, make] of [["express", expressApp], ["hono", honoApp]] as const) {
+      // An operator disables the middleware's tenant: idem refuses its
+      // claims 403 tenant_unknown, and so must the front door — not
+      // retryable, no Retry-After, the fixed detail, the handler not run,
+      // nothing claimed. Enabled again, the same key runs once. Before, the
+      // refusal fell into the fail-closed branch: 503 store_unavailable,
+      // retryable, for as long as the tenant stayed disabled (issue 21,
+      // hole 2's class).
+      test(`${name}: the tenant disabled is 403 tenant_unknown, not retryable, the handler not run; enabled again the key runs once`, async () => {
+        const tenant = `off-${name}`;
+        srv.createTenant(tenant);
+        const client = new Client({ baseUrl: srv.url, token: srv.mint(tenant, "keys:write keys:read") });
+        const app = await make(client);
+        try {
+          const id = randomUUID();
+          const key = `suspended-${id}`;
+          await setDisabled(tenant, true);
+          for (let i = 0; i < 2; i++) {
+            const got = await post(`${app.url}/orders/${id}/pay`, key, { amount: 1 });
+            assert.equal(got.status, 403, got.text);
+            assert.equal(got.headers.get("Content-Type"), "application/problem+json");
+            const p = JSON.parse(got.text);
+            assert.deepEqual([p.code, p.title, p.retryable, p.detail], ["tenant_unknown", "Tenant unknown", false, tenantUnknownDetail]);
+            assert.equal(got.headers.get("Retry-After"), null);
+          }
+          assert.equal(app.effects.get(id), undefined, "the handler must not run");
+          await setDisabled(tenant, false);
+          await assert.rejects(client.get(key), (err: Any) => err.code === "key_not_found", "nothing was claimed while the tenant was disabled");
+          const first = await post(`${app.url}/orders/${id}/pay`, key, { amount: 1 });
+          assert.equal(first.status, 201, first.text);
+          const again = await post(`${app.url}/orders/${id}/pay`, key, { amount: 1 });
+          assert.equal(again.status, 201, again.text);
+          assert.equal(again.headers.get("Idempotent-Replayed"), "true");
+          assert.equal(again.text, first.text);
+          assert.equal(app.effects.get(id), 1, "the key ran the handler once");
+        } finally {
+          await app.close();
+        }
+      });
+
+      // Pins the decision for idem's refusals of the middleware's own token
+      // (docs/frontdoor.md rule 5): 401 unauthenticated (expired, a rotated
+      // secret, a deleted tenant's) and 403 forbidden (without keys:write)
+      // are a fault of the service's credentials that a rotation fixes, not
+      // of the caller's request: the retryable 503 store_unavailable with
+      // Retry-After, never a 401 or 403 blaming the caller, the handler not
+      // run; once the token function hands out a good token the same key
+      // runs once. (The behaviour the SDKs had: it passed before the
+      // tenant_unknown change too.)
+      test(`${name}: idem refusing the middleware's own token is the retryable 503; after the rotation the key runs once`, async () => {
+        let current = "not-a-jwt";
+        const app = await make(new Client({ baseUrl: srv.url, token: () => current }));
+        try {
+          const id = randomUUID();
+          const key = `rotated-${id}`;
+          for (const bad of ["not-a-jwt", srv.mint("t1", "keys:read")]) {
+            current = bad;
+            const got = await post(`${app.url}/orders/${id}/pay`, key, { amount: 1 });
+            assert.equal(got.status, 503, got.text);
+            const p = JSON.parse(got.text);
+            assert.equal(p.code, "store_unavailable");
+            assert.equal(p.retryable, true);
+            assert.ok(Number(got.headers.get("Retry-After")) >= 1);
+          }
+          assert.equal(app.effects.get(id), undefined, "the handler must not run");
+          current = srv.token;
+          const first = await post(`${app.url}/orders/${id}/pay`, key, { amount: 1 });
+          assert.equal(first.status, 201, first.text);
+          const again = await post(`${app.url}/orders/${id}/pay`, key, { amount: 1 });
+          assert.equal(again.headers.get("Idempotent-Replayed"), "true");
+          assert.equal(app.effects.get(id), 1, "the key ran the handler once");
         } finally {
           await app.close();
         }

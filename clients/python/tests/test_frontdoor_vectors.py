@@ -88,9 +88,10 @@ def test_policy() -> None:
     # The codes whose detail is fixed: the vectors hold it once, the constants must say the same.
     fixed = {frontdoor.RESPONSE_NOT_REPLAYABLE: frontdoor.NOT_REPLAYABLE_DETAIL,
              frontdoor.FINGERPRINT_MISMATCH: frontdoor.MISMATCH_DETAIL,
-             frontdoor.STORAGE_QUOTA_EXCEEDED: frontdoor.STORAGE_QUOTA_DETAIL}
+             frontdoor.STORAGE_QUOTA_EXCEEDED: frontdoor.STORAGE_QUOTA_DETAIL,
+             frontdoor.TENANT_UNKNOWN: frontdoor.TENANT_UNKNOWN_DETAIL}
     assert {tc["code"]: tc["detail"] for tc in v["problems"] if "detail" in tc} == fixed
-    gateway_only = {"upstream_unavailable", "upstream_timeout", "server_busy", "tenant_unknown"}
+    gateway_only = {"upstream_unavailable", "upstream_timeout", "server_busy"}
     for tc in v["problems"]:
         if tc["code"] in gateway_only:
             assert tc["code"] not in frontdoor.PROBLEMS

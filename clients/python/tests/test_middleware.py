@@ -653,6 +653,88 @@ def test_storage_quota_exceeded(store: str, binary: str) -> None:
                 assert len(a.effects.charges) == len(stored)
 
 
+#: The detail of 403 tenant_unknown, held once in the shared vectors.
+TENANT_UNKNOWN_DETAIL = next(p["detail"] for p in json.loads(
+    (Path(__file__).resolve().parents[3] / "testvectors/frontdoor/policy.json").read_text())["problems"]
+    if p["code"] == "tenant_unknown")
+
+
+def _set_disabled(server: Server, binary: str, tenant: str, disabled: bool) -> None:
+    """Disable or enable tenant through the admin API with an operator
+    token (the server drops its cached tenant at once)."""
+    admin = _cli(binary, server.env, "token", "--scope", "admin", "--ttl", "1h")
+    r = HTTP.patch(f"{server.url}/v1/admin/tenants/{tenant}", json={"disabled": disabled},
+                   headers={"Authorization": f"Bearer {admin}"})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("kind", ["flask", "fastapi"])  # the sync and the asyncio path; Django shares Flask's
+def test_tenant_unknown(kind: str, server: Server, binary: str) -> None:
+    """An operator disables the middleware's tenant: idem refuses its claims
+    403 tenant_unknown, and the middleware answers 403 tenant_unknown, not
+    retryable, without Retry-After, with the fixed detail, the handler not
+    run and nothing claimed. Enabled again, the same key runs once and its
+    retry is a replay. Before, the refusal fell into the fail-closed branch:
+    503 store_unavailable, retryable, for as long as the tenant stayed
+    disabled (issue 21, hole 2's class)."""
+    tenant = "off-" + new_key("t")[-8:]
+    _cli(binary, server.env, "tenant", "create", tenant)
+    token = _cli(binary, server.env, "token", "--tenant", tenant, "--scope", "keys:write", "--ttl", "1h")
+    for a in serve(kind, server.url, token):
+        key = new_key("suspended")
+        _set_disabled(server, binary, tenant, True)
+        for _ in range(2):
+            r = post(a.url + "/charges/1", key)
+            assert r.status_code == 403, r.text
+            assert r.headers["Content-Type"] == "application/problem+json"
+            p = r.json()
+            assert (p["code"], p["title"], p["retryable"], p["detail"]) == \
+                ("tenant_unknown", "Tenant unknown", False, TENANT_UNKNOWN_DETAIL), p
+            assert "Retry-After" not in r.headers
+        assert a.effects.charges == [], "the handler must not run"
+        _set_disabled(server, binary, tenant, False)
+        with pytest.raises(ProblemError) as e:
+            Client(server.url, token=token).get(key)
+        assert e.value.code == "key_not_found", "nothing was claimed while the tenant was disabled"
+        first = post(a.url + "/charges/1", key)
+        assert first.status_code == 201, first.text
+        again = post(a.url + "/charges/1", key)
+        assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true"
+        assert again.content == first.content
+        assert len(a.effects.charges) == 1, "the key ran the handler once"
+
+
+@pytest.mark.parametrize("kind", ["flask", "fastapi"])
+def test_token_refused_is_retryable(kind: str, server: Server, binary: str) -> None:
+    """Pins the decision for idem's refusals of the middleware's own token
+    (docs/frontdoor.md rule 5): 401 unauthenticated (expired, a rotated
+    secret, a token of a deleted tenant) and 403 forbidden (without
+    keys:write) are a fault of the service's credentials that a rotation
+    fixes, not of the caller's request: the retryable 503 store_unavailable
+    with Retry-After, never a 401 or 403 blaming the caller, the handler not
+    run; once the token function hands out a good token the same key runs
+    once. (The behaviour the SDKs had: this passed before the tenant_unknown
+    change too.)"""
+    read_only = _cli(binary, server.env, "token", "--tenant", "acme", "--scope", "keys:read", "--ttl", "1h")
+    current = ["not-a-jwt"]
+    for a in serve(kind, server.url, lambda: current[0]):  # type: ignore[arg-type]
+        key = new_key("rotated")
+        for bad in ("not-a-jwt", read_only):
+            current[0] = bad
+            r = post(a.url + "/charges/1", key)
+            assert r.status_code == 503, r.text
+            p = r.json()
+            assert p["code"] == "store_unavailable" and p["retryable"] is True, p
+            assert int(r.headers["Retry-After"]) >= 1
+        assert a.effects.charges == [], "the handler must not run"
+        current[0] = server.token
+        first = post(a.url + "/charges/1", key)
+        assert first.status_code == 201, first.text
+        again = post(a.url + "/charges/1", key)
+        assert again.headers["Idempotent-Replayed"] == "true"
+        assert len(a.effects.charges) == 1, "the key ran the handler once"
+
+
 def _hang_up(url: str, path: str, key: str, produced: threading.Event) -> None:
     """POST {} to path with key on a socket of its own, and close that
     socket (the caller hanging up) once the handler has produced its first

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from urllib.parse import quote
 
 from . import frontdoor
-from ._errors import IdemError, NoSideEffect, ProblemError
+from ._errors import FORBIDDEN, UNAUTHENTICATED, IdemError, NoSideEffect, ProblemError
 from ._types import Response, RunResult
 from .frontdoor import FrontDoorError
 
@@ -138,9 +138,12 @@ def problem_answer(err: FrontDoorError, rid: str) -> Answer:
 def claim_failed(err: IdemError) -> FrontDoorError:
     """Map an error of the claim to the caller's problem: in flight 409,
     mismatch 422, a document idem refuses as too large 413, the tenant's
-    storage quota used up 507 (not retryable), a claim idem refuses as
-    invalid 400 invalid_request (not retryable), and everything else fails
-    closed as 503."""
+    storage quota used up 507 (not retryable), the middleware's tenant
+    disabled or gone 403 tenant_unknown (not retryable), a claim idem
+    refuses as invalid 400 invalid_request (not retryable), and everything
+    else fails closed as 503 — idem's refusal of the middleware's own token
+    (401 unauthenticated, 403 forbidden) too: a fault of the service's
+    credentials that a rotation fixes, never the caller's."""
     if isinstance(err, ProblemError):
         if err.code == frontdoor.REQUEST_IN_FLIGHT:
             return FrontDoorError(frontdoor.REQUEST_IN_FLIGHT, "another request with this idempotency key is in progress; retry after Retry-After",
@@ -153,6 +156,19 @@ def claim_failed(err: IdemError) -> FrontDoorError:
         if err.code == frontdoor.STORAGE_QUOTA_EXCEEDED:
             # idem is up and refused a new record: 503 would have the caller retry what cannot succeed.
             return FrontDoorError(frontdoor.STORAGE_QUOTA_EXCEEDED, frontdoor.STORAGE_QUOTA_DETAIL)
+        if err.code == frontdoor.TENANT_UNKNOWN:
+            # idem is up and refused the middleware's tenant: no retry succeeds until an operator enables it,
+            # so not the retryable 503 (issue 21, hole 2's class).
+            log.error("idem refused the middleware's tenant (it does not exist or is disabled): %s", err)
+            return FrontDoorError(frontdoor.TENANT_UNKNOWN, frontdoor.TENANT_UNKNOWN_DETAIL)
+        if err.code in (UNAUTHENTICATED, FORBIDDEN):
+            # The middleware's own token (expired, a rotated secret, a deleted tenant's, without keys:write): a
+            # fault of this service's credentials that a rotation fixes, not of the caller's request. Fail closed
+            # with the retryable 503 (nothing was claimed, so the retry is safe), never a 401 or 403 that
+            # would blame the caller's own credentials.
+            log.error("idem refused the middleware's token (check its expiry, tenant and the keys:write scope); "
+                      "failing closed: %s", err)
+            return unavailable(err)
         if err.code == frontdoor.INVALID_REQUEST:
             # idem refused the claim itself (an operation from a route function it does not accept, say):
             # the same claim is refused again, so not the retryable 503.
@@ -160,6 +176,12 @@ def claim_failed(err: IdemError) -> FrontDoorError:
             return FrontDoorError(frontdoor.INVALID_REQUEST, f"the idempotency service refused the claim of this request: {err.detail}",
                                   fields=[{"field": f.field, "message": f.message} for f in err.fields])
     log.warning("idem unavailable; request refused (fail closed): %s", err)
+    return unavailable(err)
+
+
+def unavailable(err: IdemError) -> FrontDoorError:
+    """The retryable 503 store_unavailable of a claim that failed (fail
+    closed), with idem's Retry-After hint when it gave one."""
     ra = err.retry_after if isinstance(err, ProblemError) else 0.0
     return FrontDoorError(frontdoor.STORE_UNAVAILABLE, "the idempotency store cannot be reached; the request was not run",
                           retry_after=ra)

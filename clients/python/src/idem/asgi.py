@@ -20,7 +20,9 @@ releases the key or loses its lease; 409 when the wait runs out), with
 fingerprint_mismatch; an unreachable idem 503 store_unavailable without
 running the handler; the tenant's storage quota used up (idem refuses the
 new key) 507 storage_quota_exceeded, not retryable, without running the
-handler. A handler exception stores nothing and propagates.
+handler; the middleware's tenant disabled or deleted (idem refuses its
+token 403 tenant_unknown) 403 tenant_unknown, not retryable, without
+running the handler. A handler exception stores nothing and propagates.
 A cut answer is never stored as the whole (docs/frontdoor.md rule 5, "A
 cut answer"): the app under a claim never receives ``http.disconnect``, so
 an app that stops when the caller hangs up (Starlette's StreamingResponse

@@ -42,6 +42,14 @@ STORAGE_QUOTA_EXCEEDED = "storage_quota_exceeded"
 STORAGE_QUOTA_DETAIL = ("the tenant's storage quota is used up: the request was not processed and nothing was stored; "
                         "it cannot succeed until the tenant's stored records are purged or its storage quota is raised")
 
+#: idem refused the claim because the middleware's own tenant (its token's)
+#: does not exist or is disabled. Not retryable: the store is up and refused,
+#: and no retry succeeds until an operator enables the tenant.
+TENANT_UNKNOWN = "tenant_unknown"
+#: The detail of tenant_unknown, the same in every front door.
+TENANT_UNKNOWN_DETAIL = ("the idempotency service refused this service's tenant (it does not exist or is disabled): "
+                         "the request was not processed; it cannot succeed until an operator enables the tenant")
+
 #: code -> (status, title, retryable)
 PROBLEMS: dict[str, tuple[int, str, bool]] = {
     KEY_MISSING: (400, "Idempotency key missing", False),
@@ -53,6 +61,7 @@ PROBLEMS: dict[str, tuple[int, str, bool]] = {
     STORE_UNAVAILABLE: (503, "Idempotency store unavailable", True),
     "response_not_replayable": (409, "Response not replayable", False),
     STORAGE_QUOTA_EXCEEDED: (507, "Storage quota exceeded", False),
+    TENANT_UNKNOWN: (403, "Tenant unknown", False),
 }
 
 #: The header stored, in place of a body, on a record whose response was sent

@@ -21,7 +21,9 @@ releases the key or loses its lease; 409 when the wait runs out), with
 fingerprint_mismatch; an unreachable idem 503 store_unavailable without
 running the handler; the tenant's storage quota used up (idem refuses the
 new key) 507 storage_quota_exceeded, not retryable, without running the
-handler. A handler exception stores nothing and propagates; so does a body
+handler; the middleware's tenant disabled or deleted (idem refuses its
+token 403 tenant_unknown) 403 tenant_unknown, not retryable, without
+running the handler. A handler exception stores nothing and propagates; so does a body
 iterator (a Flask generator) that raises part way: what it produced is
 never stored. A WSGI app cannot see the caller hang up (the middleware
 reads its whole body iterator before sending), so a cut connection never
