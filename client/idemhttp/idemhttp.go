@@ -66,6 +66,10 @@
 //     the key. docs/frontdoor.md rule 5, "A cut answer".
 //   - A body idem refuses as over its request limit (IDEM_MAX_BODY_BYTES
 //     under MaxBodyBytes): 413 payload_too_large, the handler does not run.
+//   - A body that ends before its Content-Length (the caller went away part
+//     way: net/http's read fails with io.ErrUnexpectedEOF) or cannot be
+//     read: 400 invalid_request, nothing is claimed and the handler does
+//     not run, so the caller's real retry runs it with the whole body.
 //   - The tenant's storage quota used up (idem refused the claim of a new
 //     key: 507 storage_quota_exceeded): 507 storage_quota_exceeded, not
 //     retryable, and the handler does not run; keys already completed

@@ -13,7 +13,16 @@ export interface ExpressRequest extends IncomingMessage {
 }
 /** Options of {@link expressMiddleware}. */
 export interface ExpressOptions extends FrontDoorOptions {
-    /** The caller's key scope (e.g. the authenticated account id); keys become escapeScope(scope) + ":" + key. */
+    /**
+     * The caller's key scope (e.g. the authenticated account id); keys become
+     * escapeScope(scope) + ":" + key; undefined or "" leaves the key unscoped.
+     * A header is one value only when it came once: take it from
+     * `req.headersDistinct` and throw when there are several (a caller sending
+     * `X-Account-Id` twice must not be scoped by one while the app serves it as
+     * the other). A throw is 400 invalid_key with the error's message as
+     * detail; the handler does not run and nothing is claimed
+     * (docs/frontdoor.md rule 3).
+     */
     scope?: (req: ExpressRequest) => string | undefined;
     /** The route label of a request (default: the route pattern when Express matched one — the middleware used on a route — else the path, {@link pathRoute}). */
     route?: (req: ExpressRequest) => string;

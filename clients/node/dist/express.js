@@ -1,6 +1,6 @@
 // Express middleware: the front-door rules around Express route handlers.
 import { tracingChannel } from "node:diagnostics_channel";
-import { FrontDoor, FrontDoorError, isJSON, pathRoute, splitTarget } from "./frontdoor.js";
+import { FrontDoor, FrontDoorError, cutBodyDetail, isJSON, pathRoute, splitTarget } from "./frontdoor.js";
 const failed = Symbol("idem.handlerFailed");
 let traced = false;
 /**
@@ -61,13 +61,28 @@ async function readBody(req, limit) {
     }
     const chunks = [];
     let size = 0;
-    for await (const chunk of req) {
-        const b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk);
-        size += b.length;
-        if (size > limit)
-            throw new FrontDoorError("payload_too_large", `the request body is larger than ${limit} bytes`);
-        chunks.push(b);
+    try {
+        for await (const chunk of req) {
+            const b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk);
+            size += b.length;
+            if (size > limit)
+                throw new FrontDoorError("payload_too_large", `the request body is larger than ${limit} bytes`);
+            chunks.push(b);
+        }
     }
+    catch (err) {
+        // The caller went away before its whole body arrived (Node.js fails the
+        // read with "aborted", ECONNRESET) or the body could not be read: the
+        // request is refused before anything is claimed, as a body that ended
+        // early is below.
+        if (err instanceof FrontDoorError)
+            throw err;
+        throw new FrontDoorError("invalid_request", cutBodyDetail);
+    }
+    // complete is false when the message ended before its Content-Length (or
+    // its last chunk): what arrived is not the caller's body.
+    if (!req.complete)
+        throw new FrontDoorError("invalid_request", cutBodyDetail);
     return Buffer.concat(chunks);
 }
 /**
@@ -116,7 +131,7 @@ export function expressMiddleware(opts) {
                     req.body = JSON.parse(b.toString("utf8"));
                 return b;
             },
-            scope: opts.scope?.(req),
+            scope: opts.scope ? () => opts.scope(req) : undefined,
             scoped: opts.scope !== undefined,
         }, () => capture(res, next)).then((outcome) => {
             if (outcome.kind === "pass") {

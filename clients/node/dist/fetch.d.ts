@@ -3,7 +3,15 @@ import { type FrontDoorOptions } from "./frontdoor.js";
 export interface FetchOptions<A extends unknown[]> extends FrontDoorOptions {
     /** The route label (default the URL's path, {@link pathRoute}). With Hono: `(req, c) => c.req.routePath`. */
     route?: (req: Request, ...rest: A) => string;
-    /** The caller's key scope (e.g. the authenticated account id); keys become escapeScope(scope) + ":" + key. */
+    /**
+     * The caller's key scope (e.g. the authenticated account id); keys become
+     * escapeScope(scope) + ":" + key; undefined or "" leaves the key unscoped.
+     * The Fetch API joins repeated header fields with ", ": throw on a comma in
+     * a header that scopes the key (a caller sending `X-Account-Id` twice must
+     * not be scoped by one while the app serves it as the other). A throw is 400
+     * invalid_key with the error's message as detail; the handler does not run
+     * and nothing is claimed (docs/frontdoor.md rule 3).
+     */
     scope?: (req: Request, ...rest: A) => string | undefined;
     /**
      * The request-target as it arrived (path and query, e.g. Node.js's

@@ -1,6 +1,6 @@
 // A wrapper for fetch-style handlers (Request → Response): Hono, Next.js
 // route handlers, Bun/Deno-style servers.
-import { FrontDoor, FrontDoorError, pathRoute, splitTarget } from "./frontdoor.js";
+import { FrontDoor, FrontDoorError, cutBodyDetail, pathRoute, splitTarget } from "./frontdoor.js";
 const nullBodyStatus = new Set([101, 204, 205, 304]);
 function toResponse(status, headers, body) {
     return new Response(nullBodyStatus.has(status) || body.length === 0 ? null : body, { status, headers });
@@ -18,7 +18,17 @@ async function readLimited(req, limit) {
     let size = 0;
     const reader = req.body.getReader();
     for (;;) {
-        const { done, value } = await reader.read();
+        let next;
+        try {
+            next = await reader.read();
+        }
+        catch {
+            // The caller went away before its whole body arrived (the runtime
+            // errors the body stream) or it could not be read: refused before
+            // anything is claimed.
+            throw new FrontDoorError("invalid_request", cutBodyDetail);
+        }
+        const { done, value } = next;
         if (done)
             break;
         size += value.length;
@@ -28,6 +38,10 @@ async function readLimited(req, limit) {
         }
         chunks.push(value);
     }
+    // A body stream that ended before the declared Content-Length is a cut
+    // body too, whichever way the runtime reports it.
+    if (req.headers.has("Content-Length") && size < declared)
+        throw new FrontDoorError("invalid_request", cutBodyDetail);
     return Buffer.concat(chunks);
 }
 /**
@@ -65,7 +79,7 @@ export function withIdempotency(handler, opts) {
                 return v === null ? [] : [v];
             },
             body: (limit) => readLimited(req, limit),
-            scope: opts.scope?.(req, ...rest),
+            scope: opts.scope ? () => opts.scope(req, ...rest) : undefined,
             scoped: opts.scope !== undefined,
         }, async (body) => {
             // The handler's request carries no signal of the caller's: a handler

@@ -43,6 +43,14 @@ export declare const notReplayableDetail = "the request was completed, but its r
  */
 export declare const mismatchDetail = "the idempotency key was first used with a different request (method, route, query or body)";
 /**
+ * The detail of the 400 invalid_request for a request body that ended before
+ * its Content-Length, or failed to read: the caller went away part way, or
+ * the body was cut on the way. Nothing is claimed: claimed, the key would
+ * hold the fingerprint of the bytes that happened to arrive and the answer of
+ * a handler run on them, and the caller's real retry would get 422.
+ */
+export declare const cutBodyDetail = "the request body ended before its Content-Length";
+/**
  * The header stored, in place of a body, on a record whose response was sent
  * but could not be kept (too large, or a status idem cannot store): a replay
  * of it answers 409 response_not_replayable instead of running the handler
@@ -247,10 +255,20 @@ export interface FrontRequest {
     query: string;
     /** The values of a request header, one per field line. */
     header(name: string): string[];
-    /** Reads the whole body; rejects with FrontDoorError(payload_too_large) over the limit. */
+    /**
+     * Reads the whole body; rejects with FrontDoorError(payload_too_large) over
+     * the limit, FrontDoorError(invalid_request, {@link cutBodyDetail}) for a
+     * body cut before its Content-Length (or failing to read).
+     */
     body(limit: number): Promise<Uint8Array>;
-    /** The caller's key scope (e.g. the account id), if configured. */
-    scope?: string | undefined;
+    /**
+     * The caller's key scope (e.g. the account id), if configured: the scope,
+     * or a function that gives it, called once the request has a key. A
+     * function that throws refuses the request: 400 invalid_key with the
+     * error's message as detail, nothing claimed, the handler not run (as
+     * client/idemhttp's Options.Scope returning an error).
+     */
+    scope?: string | undefined | (() => string | undefined);
     /**
      * Whether the front door scopes keys (its scope option is set): then an
      * unscoped request's key may hold no ":" (scopedKey), so that it can never

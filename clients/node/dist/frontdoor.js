@@ -55,6 +55,14 @@ export const notReplayableDetail = "the request was completed, but its response 
  */
 export const mismatchDetail = "the idempotency key was first used with a different request (method, route, query or body)";
 /**
+ * The detail of the 400 invalid_request for a request body that ended before
+ * its Content-Length, or failed to read: the caller went away part way, or
+ * the body was cut on the way. Nothing is claimed: claimed, the key would
+ * hold the fingerprint of the bytes that happened to arrive and the answer of
+ * a handler run on them, and the caller's real retry would get 422.
+ */
+export const cutBodyDetail = "the request body ended before its Content-Length";
+/**
  * The header stored, in place of a body, on a record whose response was sent
  * but could not be kept (too large, or a status idem cannot store): a replay
  * of it answers 409 response_not_replayable instead of running the handler
@@ -683,6 +691,26 @@ export function problemResponse(e, requestId) {
 function applied(seconds) {
     return seconds > 0 ? [[headerPreferenceApplied, `wait=${seconds}`]] : [];
 }
+/**
+ * The scope of a request: a scope option's value, or its function's. A
+ * scope function that throws (a repeated or missing account header, say:
+ * docs/frontdoor.md rule 3) is a request that cannot be scoped, refused
+ * 400 invalid_key with its message, never the app's own 500: the error
+ * does not escape the middleware, and nothing is claimed.
+ */
+function scopeOf(scope) {
+    if (typeof scope !== "function")
+        return scope;
+    try {
+        return scope();
+    }
+    catch (err) {
+        if (err instanceof FrontDoorError)
+            throw err;
+        const message = err instanceof Error ? err.message : String(err);
+        throw new FrontDoorError("invalid_key", message || "the key cannot be scoped to the caller");
+    }
+}
 /** A 5xx answer released under storeServerErrors: false. */
 class Released extends NoSideEffect {
 }
@@ -731,7 +759,7 @@ export class FrontDoor {
                 return { kind: "pass" };
             }
             if (req.scope || req.scoped)
-                k = scopedKey(req.scope, k);
+                k = scopedKey(scopeOf(req.scope), k);
             body = await req.body(this.o.maxBodyBytes);
             doc = fingerprintDocument({ path: req.path, query: req.query, contentType: req.header("Content-Type")[0], body, header: req.header }, this.o.fingerprint);
         }

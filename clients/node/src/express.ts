@@ -1,7 +1,7 @@
 // Express middleware: the front-door rules around Express route handlers.
 import { tracingChannel } from "node:diagnostics_channel";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { FrontDoor, FrontDoorError, isJSON, pathRoute, splitTarget, type FrontDoorOptions, type HandlerAnswer } from "./frontdoor.js";
+import { FrontDoor, FrontDoorError, cutBodyDetail, isJSON, pathRoute, splitTarget, type FrontDoorOptions, type HandlerAnswer } from "./frontdoor.js";
 
 /** The parts of an Express request the middleware reads (structural, so that no Express types are needed). */
 export interface ExpressRequest extends IncomingMessage {
@@ -15,7 +15,16 @@ export interface ExpressRequest extends IncomingMessage {
 
 /** Options of {@link expressMiddleware}. */
 export interface ExpressOptions extends FrontDoorOptions {
-  /** The caller's key scope (e.g. the authenticated account id); keys become escapeScope(scope) + ":" + key. */
+  /**
+   * The caller's key scope (e.g. the authenticated account id); keys become
+   * escapeScope(scope) + ":" + key; undefined or "" leaves the key unscoped.
+   * A header is one value only when it came once: take it from
+   * `req.headersDistinct` and throw when there are several (a caller sending
+   * `X-Account-Id` twice must not be scoped by one while the app serves it as
+   * the other). A throw is 400 invalid_key with the error's message as
+   * detail; the handler does not run and nothing is claimed
+   * (docs/frontdoor.md rule 3).
+   */
   scope?: (req: ExpressRequest) => string | undefined;
   /** The route label of a request (default: the route pattern when Express matched one — the middleware used on a route — else the path, {@link pathRoute}). */
   route?: (req: ExpressRequest) => string;
@@ -86,12 +95,24 @@ async function readBody(req: ExpressRequest, limit: number): Promise<Buffer> {
   }
   const chunks: Buffer[] = [];
   let size = 0;
-  for await (const chunk of req) {
-    const b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk as string);
-    size += b.length;
-    if (size > limit) throw new FrontDoorError("payload_too_large", `the request body is larger than ${limit} bytes`);
-    chunks.push(b);
+  try {
+    for await (const chunk of req) {
+      const b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk as string);
+      size += b.length;
+      if (size > limit) throw new FrontDoorError("payload_too_large", `the request body is larger than ${limit} bytes`);
+      chunks.push(b);
+    }
+  } catch (err) {
+    // The caller went away before its whole body arrived (Node.js fails the
+    // read with "aborted", ECONNRESET) or the body could not be read: the
+    // request is refused before anything is claimed, as a body that ended
+    // early is below.
+    if (err instanceof FrontDoorError) throw err;
+    throw new FrontDoorError("invalid_request", cutBodyDetail);
   }
+  // complete is false when the message ended before its Content-Length (or
+  // its last chunk): what arrived is not the caller's body.
+  if (!req.complete) throw new FrontDoorError("invalid_request", cutBodyDetail);
   return Buffer.concat(chunks);
 }
 
@@ -140,7 +161,7 @@ export function expressMiddleware(opts: ExpressOptions): (req: IncomingMessage, 
         if (b.length > 0 && isJSON(req.headers["content-type"])) req.body = JSON.parse(b.toString("utf8"));
         return b;
       },
-      scope: opts.scope?.(req),
+      scope: opts.scope ? () => opts.scope!(req) : undefined,
       scoped: opts.scope !== undefined,
     }, () => capture(res as Tracked, next)).then((outcome) => {
       if (outcome.kind === "pass") {

@@ -1,12 +1,20 @@
 // A wrapper for fetch-style handlers (Request → Response): Hono, Next.js
 // route handlers, Bun/Deno-style servers.
-import { FrontDoor, FrontDoorError, pathRoute, splitTarget, type Answer, type FrontDoorOptions } from "./frontdoor.js";
+import { FrontDoor, FrontDoorError, cutBodyDetail, pathRoute, splitTarget, type Answer, type FrontDoorOptions } from "./frontdoor.js";
 
 /** Options of {@link withIdempotency}; `route` and `scope` see the handler's extra arguments (a Hono context, say). */
 export interface FetchOptions<A extends unknown[]> extends FrontDoorOptions {
   /** The route label (default the URL's path, {@link pathRoute}). With Hono: `(req, c) => c.req.routePath`. */
   route?: (req: Request, ...rest: A) => string;
-  /** The caller's key scope (e.g. the authenticated account id); keys become escapeScope(scope) + ":" + key. */
+  /**
+   * The caller's key scope (e.g. the authenticated account id); keys become
+   * escapeScope(scope) + ":" + key; undefined or "" leaves the key unscoped.
+   * The Fetch API joins repeated header fields with ", ": throw on a comma in
+   * a header that scopes the key (a caller sending `X-Account-Id` twice must
+   * not be scoped by one while the app serves it as the other). A throw is 400
+   * invalid_key with the error's message as detail; the handler does not run
+   * and nothing is claimed (docs/frontdoor.md rule 3).
+   */
   scope?: (req: Request, ...rest: A) => string | undefined;
   /**
    * The request-target as it arrived (path and query, e.g. Node.js's
@@ -37,7 +45,16 @@ async function readLimited(req: Request, limit: number): Promise<Uint8Array> {
   let size = 0;
   const reader = req.body.getReader();
   for (;;) {
-    const { done, value } = await reader.read();
+    let next: Awaited<ReturnType<typeof reader.read>>;
+    try {
+      next = await reader.read();
+    } catch {
+      // The caller went away before its whole body arrived (the runtime
+      // errors the body stream) or it could not be read: refused before
+      // anything is claimed.
+      throw new FrontDoorError("invalid_request", cutBodyDetail);
+    }
+    const { done, value } = next;
     if (done) break;
     size += value.length;
     if (size > limit) {
@@ -46,6 +63,9 @@ async function readLimited(req: Request, limit: number): Promise<Uint8Array> {
     }
     chunks.push(value);
   }
+  // A body stream that ended before the declared Content-Length is a cut
+  // body too, whichever way the runtime reports it.
+  if (req.headers.has("Content-Length") && size < declared) throw new FrontDoorError("invalid_request", cutBodyDetail);
   return Buffer.concat(chunks);
 }
 
@@ -87,7 +107,7 @@ export function withIdempotency<A extends unknown[]>(
         return v === null ? [] : [v];
       },
       body: (limit) => readLimited(req, limit),
-      scope: opts.scope?.(req, ...rest),
+      scope: opts.scope ? () => opts.scope!(req, ...rest) : undefined,
       scoped: opts.scope !== undefined,
     }, async (body) => {
       // The handler's request carries no signal of the caller's: a handler

@@ -80,6 +80,15 @@ export const mismatchDetail =
   "the idempotency key was first used with a different request (method, route, query or body)";
 
 /**
+ * The detail of the 400 invalid_request for a request body that ended before
+ * its Content-Length, or failed to read: the caller went away part way, or
+ * the body was cut on the way. Nothing is claimed: claimed, the key would
+ * hold the fingerprint of the bytes that happened to arrive and the answer of
+ * a handler run on them, and the caller's real retry would get 422.
+ */
+export const cutBodyDetail = "the request body ended before its Content-Length";
+
+/**
  * The header stored, in place of a body, on a record whose response was sent
  * but could not be kept (too large, or a status idem cannot store): a replay
  * of it answers 409 response_not_replayable instead of running the handler
@@ -728,10 +737,20 @@ export interface FrontRequest {
   query: string;
   /** The values of a request header, one per field line. */
   header(name: string): string[];
-  /** Reads the whole body; rejects with FrontDoorError(payload_too_large) over the limit. */
+  /**
+   * Reads the whole body; rejects with FrontDoorError(payload_too_large) over
+   * the limit, FrontDoorError(invalid_request, {@link cutBodyDetail}) for a
+   * body cut before its Content-Length (or failing to read).
+   */
   body(limit: number): Promise<Uint8Array>;
-  /** The caller's key scope (e.g. the account id), if configured. */
-  scope?: string | undefined;
+  /**
+   * The caller's key scope (e.g. the account id), if configured: the scope,
+   * or a function that gives it, called once the request has a key. A
+   * function that throws refuses the request: 400 invalid_key with the
+   * error's message as detail, nothing claimed, the handler not run (as
+   * client/idemhttp's Options.Scope returning an error).
+   */
+  scope?: string | undefined | (() => string | undefined);
   /**
    * Whether the front door scopes keys (its scope option is set): then an
    * unscoped request's key may hold no ":" (scopedKey), so that it can never
@@ -761,6 +780,24 @@ export type Outcome =
 /** Preference-Applied: wait=<seconds> when idem held the claim (RFC 7240: only an honoured preference is named), else nothing. */
 function applied(seconds: number): [string, string][] {
   return seconds > 0 ? [[headerPreferenceApplied, `wait=${seconds}`]] : [];
+}
+
+/**
+ * The scope of a request: a scope option's value, or its function's. A
+ * scope function that throws (a repeated or missing account header, say:
+ * docs/frontdoor.md rule 3) is a request that cannot be scoped, refused
+ * 400 invalid_key with its message, never the app's own 500: the error
+ * does not escape the middleware, and nothing is claimed.
+ */
+function scopeOf(scope: string | undefined | (() => string | undefined)): string | undefined {
+  if (typeof scope !== "function") return scope;
+  try {
+    return scope();
+  } catch (err) {
+    if (err instanceof FrontDoorError) throw err;
+    const message = err instanceof Error ? err.message : String(err);
+    throw new FrontDoorError("invalid_key", message || "the key cannot be scoped to the caller");
+  }
 }
 
 /** A 5xx answer released under storeServerErrors: false. */
@@ -811,7 +848,7 @@ export class FrontDoor {
         if (need === "required") throw new FrontDoorError("idempotency_key_missing", `${req.method.toUpperCase()} requires an ${headerKey} header`);
         return { kind: "pass" };
       }
-      if (req.scope || req.scoped) k = scopedKey(req.scope, k);
+      if (req.scope || req.scoped) k = scopedKey(scopeOf(req.scope), k);
       body = await req.body(this.o.maxBodyBytes);
       doc = fingerprintDocument({ path: req.path, query: req.query, contentType: req.header("Content-Type")[0], body, header: req.header }, this.o.fingerprint);
     } catch (err) {

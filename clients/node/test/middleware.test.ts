@@ -1233,3 +1233,224 @@ for (const store of stores()) {
     });
   }
 }
+
+/** A request body of 61 bytes, the Content-Length of the cut requests below. */
+const cutBody = Buffer.from(JSON.stringify({ amount: 1000, currency: "usd", note: "x".repeat(19) }));
+assert.equal(cutBody.length, 61);
+
+/** An app whose POST /raw and /orders/:id/pay count a side effect per run; done counts the requests the app (middleware included) finished with. */
+interface CutApp extends App {
+  done: () => number;
+  /** The status and body of the last answer the app gave (to a caller gone or not). */
+  last: () => { status: number; body: string };
+}
+
+async function cutApp(kind: "express" | "hono", client: Client): Promise<CutApp> {
+  const effects = new Map<string, number>();
+  const effect = (id: string) => effects.set(id, (effects.get(id) ?? 0) + 1);
+  let done = 0;
+  let last = { status: 0, body: "" };
+  let h: HTTPServer;
+  if (kind === "express") {
+    const app = express();
+    app.use((_req, res, next) => {
+      // Counts every way the request ends: the middleware's own answer, the handler's, an error handler's.
+      const end = res.end.bind(res) as (...a: unknown[]) => express.Response;
+      res.end = ((...a: unknown[]) => {
+        last = { status: res.statusCode, body: a[0] instanceof Uint8Array ? Buffer.from(a[0]).toString("utf8") : typeof a[0] === "string" ? a[0] : "" };
+        done++;
+        return end(...a);
+      }) as typeof res.end;
+      next();
+    });
+    app.use(expressMiddleware({ client, log: () => {} }));
+    app.post("/raw", (req, res) => {
+      effect("raw");
+      res.status(201).json({ length: (req as Any).rawBody.length });
+    });
+    app.post("/orders/:id/pay", (req, res) => {
+      effect(req.params.id);
+      res.status(201).json({ amount: (req.body as { amount: number }).amount });
+    });
+    app.use((_err: unknown, _req: express.Request, res: express.Response, _next: express.NextFunction) => {
+      res.status(500).json({ error: "boom" });
+    });
+    h = createServer(app);
+  } else {
+    const app = new Hono();
+    const raw = withIdempotency(async (req: Request) => {
+      const b = await req.arrayBuffer();
+      effect("raw");
+      return Response.json({ length: b.byteLength }, { status: 201 });
+    }, { client, log: () => {} });
+    const pay = withIdempotency(async (req: Request, id: string) => {
+      const body = (await req.json()) as { amount: number };
+      effect(id);
+      return Response.json({ amount: body.amount }, { status: 201 });
+    }, { client, log: () => {}, route: () => "/orders/:id/pay" });
+    const counted = async (f: () => Promise<Response>) => {
+      try {
+        const res = await f();
+        last = { status: res.status, body: await res.clone().text() };
+        return res;
+      } catch (err) {
+        last = { status: 500, body: String(err) }; // to the app's onError
+        throw err;
+      } finally {
+        done++;
+      }
+    };
+    app.post("/raw", (c) => counted(() => raw(c.req.raw)));
+    app.post("/orders/:id/pay", (c) => counted(() => pay(c.req.raw, c.req.param("id"))));
+    app.onError((_err, c) => c.json({ error: "boom" }, 500));
+    h = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" }) as HTTPServer;
+    await new Promise<void>((r) => (h.listening ? r() : h.once("listening", () => r())));
+  }
+  const url = h.listening ? `http://127.0.0.1:${(h.address() as AddressInfo).port}` : await listen(h);
+  return { url, effects, done: () => done, last: () => last, close: () => new Promise((r) => { h.closeAllConnections(); h.close(() => r()); }) };
+}
+
+/** Sends POST path with key and Content-Length: 61, then only the first sent bytes of the body, and closes the connection. */
+function cutRequest(url: string, path: string, key: string, contentType: string, sent: number): Promise<void> {
+  const u = new URL(url);
+  return new Promise((resolve, reject) => {
+    const s = connect(Number(u.port), u.hostname, () => {
+      s.write(Buffer.concat([Buffer.from(`POST ${path} HTTP/1.1\r\nHost: x\r\nIdempotency-Key: ${key}\r\nContent-Type: ${contentType}\r\n` +
+        `Content-Length: ${cutBody.length}\r\n\r\n`), cutBody.subarray(0, sent)]), () => {
+        s.end();
+        s.destroy();
+        resolve();
+      });
+    });
+    s.on("error", reject);
+  });
+}
+
+/** Sends a raw request (head lines without the request line's end) and returns the answer's status and body. */
+function rawExchange(url: string, head: string, body: string): Promise<{ status: number; body: string }> {
+  const u = new URL(url);
+  return new Promise((resolve, reject) => {
+    const s = connect(Number(u.port), u.hostname, () => {
+      s.write(`${head}\r\nHost: x\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+    });
+    const chunks: Buffer[] = [];
+    s.on("data", (d: Buffer) => chunks.push(d));
+    s.on("error", reject);
+    s.on("close", () => {
+      const text = Buffer.concat(chunks).toString("utf8");
+      resolve({ status: Number(text.split(" ")[1]), body: text.slice(text.indexOf("\r\n\r\n") + 4) });
+    });
+  });
+}
+
+for (const store of stores()) {
+  describe(`cut request bodies and the scope option on ${store}`, () => {
+    let srv: Server;
+    before(async () => {
+      srv = await startServer(store);
+    });
+    after(async () => {
+      await srv.stop();
+    });
+
+    for (const kind of ["express", "hono"] as const) {
+      // A caller sends Content-Length: 61 and 0 or 10 bytes of the body,
+      // then goes away: nothing is claimed (the key does not exist in idem)
+      // and the handler does not run; the whole request with the same key
+      // then runs once (201). A JSON body and an opaque one.
+      test(`${kind}: a request body cut before its Content-Length claims nothing and runs nothing; the whole request then runs once`, async () => {
+        const c = new Client({ baseUrl: srv.url, token: srv.token });
+        const app = await cutApp(kind, c);
+        try {
+          for (const [path, ctype, id] of [["/orders/o1/pay", "application/json", "o1"], ["/raw", "application/octet-stream", "raw"]] as const) {
+            for (const sent of [0, 10]) {
+              const k = `cutbody-${randomUUID()}`;
+              const before = app.done();
+              await cutRequest(app.url, path, k, ctype, sent);
+              await waitFor(() => app.done() > before, `${kind} finished with the cut request`);
+              await assert.rejects(c.get(k), (e: Any) => e.code === "key_not_found", `${path} with ${sent} bytes claimed the key`);
+              assert.equal(app.effects.get(id), undefined, `${path} with ${sent} bytes ran the handler`);
+              // The front door's own refusal (to a caller who is gone), never an error passed to the app.
+              assert.equal(app.last().status, 400, app.last().body);
+              assert.equal(JSON.parse(app.last().body).code, "invalid_request");
+              assert.equal(JSON.parse(app.last().body).detail, "the request body ended before its Content-Length");
+              const res = await fetch(app.url + path, { method: "POST", headers: { "Idempotency-Key": k, "Content-Type": ctype }, body: cutBody });
+              assert.equal(res.status, 201, await res.text());
+              assert.equal(res.headers.get("Idempotent-Replayed"), null);
+              assert.equal(app.effects.get(id), 1, "the whole request ran once");
+              app.effects.clear();
+            }
+          }
+        } finally {
+          await app.close();
+        }
+      });
+
+      // A scope option that throws (here: on a repeated X-Account-Id, as
+      // docs/frontdoor.md rule 3 asks of it) is 400 invalid_key with the
+      // error's message as detail; the handler does not run and nothing is
+      // claimed, as in client/idemhttp. Before, the error escaped the
+      // middleware and the app answered its own 500.
+      test(`${kind}: a scope option that throws is 400 invalid_key with its message; nothing runs, nothing is claimed`, async () => {
+        const c = new Client({ baseUrl: srv.url, token: srv.token });
+        const effects = new Map<string, number>();
+        const refuse = "send exactly one X-Account-Id";
+        let h: HTTPServer;
+        if (kind === "express") {
+          const app = express();
+          app.use(expressMiddleware({
+            client: c, log: () => {},
+            scope: (req) => {
+              const v = req.headersDistinct["x-account-id"] ?? [];
+              if (v.length !== 1) throw new Error(refuse);
+              return v[0];
+            },
+          }));
+          app.post("/pay", (_req, res) => {
+            effects.set("pay", (effects.get("pay") ?? 0) + 1);
+            res.status(201).json({ ok: true });
+          });
+          app.use((_err: unknown, _req: express.Request, res: express.Response, _next: express.NextFunction) => {
+            res.status(500).json({ error: "boom" });
+          });
+          h = createServer(app);
+        } else {
+          const app = new Hono();
+          const pay = withIdempotency(async () => {
+            effects.set("pay", (effects.get("pay") ?? 0) + 1);
+            return Response.json({ ok: true }, { status: 201 });
+          }, {
+            client: c, log: () => {},
+            scope: (req: Request) => {
+              // The Fetch API joins repeated fields with ", ": a comma is the trace of a second one.
+              const v = req.headers.get("X-Account-Id");
+              if (v === null || v.includes(",")) throw new Error(refuse);
+              return v;
+            },
+          });
+          app.post("/pay", (ctx) => pay(ctx.req.raw));
+          app.onError((_err, ctx) => ctx.json({ error: "boom" }, 500));
+          h = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" }) as HTTPServer;
+          await new Promise<void>((r) => (h.listening ? r() : h.once("listening", () => r())));
+        }
+        const url = h.listening ? `http://127.0.0.1:${(h.address() as AddressInfo).port}` : await listen(h);
+        try {
+          const k = `scope-${randomUUID()}`;
+          const r = await rawExchange(url, `POST /pay HTTP/1.1\r\nIdempotency-Key: ${k}\r\nContent-Type: application/json\r\n` +
+            "X-Account-Id: acct1\r\nX-Account-Id: mallory", "{}");
+          assert.equal(r.status, 400, r.body);
+          const p = JSON.parse(r.body);
+          assert.equal(p.code, "invalid_key");
+          assert.equal(p.detail, refuse);
+          assert.equal(effects.get("pay"), undefined, "the handler did not run");
+          for (const rk of [k, `acct1:${k}`, `mallory:${k}`]) await assert.rejects(c.get(rk), (e: Any) => e.code === "key_not_found");
+          const ok = await rawExchange(url, `POST /pay HTTP/1.1\r\nIdempotency-Key: ${k}\r\nContent-Type: application/json\r\nX-Account-Id: acct1`, "{}");
+          assert.equal(ok.status, 201, ok.body);
+          assert.equal(effects.get("pay"), 1);
+        } finally {
+          await new Promise<void>((r) => { h.closeAllConnections(); h.close(() => r()); });
+        }
+      });
+    }
+  });
+}

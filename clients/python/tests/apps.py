@@ -36,6 +36,8 @@ class Effects:
     first: threading.Event = field(default_factory=threading.Event)
     #: The /stream runs that produced every chunk.
     finished: int = 0
+    #: The requests the app (middleware included) has finished with, answered or not.
+    answered: int = 0
 
     def charge(self, body: Any) -> int:
         with self.lock:
@@ -45,6 +47,10 @@ class Effects:
     def finish(self) -> None:
         with self.lock:
             self.finished += 1
+
+    def done(self) -> None:
+        with self.lock:
+            self.answered += 1
 
 
 #: The /stream handlers answer STREAM_CHUNKS chunks "chunk<i>;", one per
@@ -92,6 +98,12 @@ def flask_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
     @app.put("/files")
     def put_file() -> Any:
         return {"length": len(request.get_data())}
+
+    @app.post("/raw")
+    def raw() -> Any:
+        data = request.get_data()
+        n = effects.charge(data)
+        return {"charge": f"ch_{n}", "length": len(data)}, 201
 
     @app.post("/fail")
     def fail() -> Any:
@@ -146,6 +158,12 @@ def fastapi_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any
     @app.put("/files")
     async def put_file(req: Request) -> Any:
         return {"length": len(await req.body())}
+
+    @app.post("/raw")
+    async def raw(req: Request) -> Any:
+        data = await req.body()
+        n = effects.charge(data)
+        return JSONResponse({"charge": f"ch_{n}", "length": len(data)}, status_code=201)
 
     @app.post("/boom")
     async def boom() -> Any:
@@ -231,7 +249,14 @@ def serve(kind: str, idem_url: str, token: str, **opts: Any) -> Iterator[App]:
     effects = Effects()
     if kind in ("flask", "django"):
         make = flask_app if kind == "flask" else django_app
-        srv = make_server("127.0.0.1", 0, make(idem_url, token, effects, **opts), threaded=True)
+        wsgi = make(idem_url, token, effects, **opts)
+
+        def counted(environ: dict[str, Any], start_response: Any) -> Any:
+            try:
+                return wsgi(environ, start_response)
+            finally:
+                effects.done()
+        srv = make_server("127.0.0.1", 0, counted, threaded=True)
         t = threading.Thread(target=srv.serve_forever, daemon=True)
         t.start()
         try:
@@ -241,7 +266,14 @@ def serve(kind: str, idem_url: str, token: str, **opts: Any) -> Iterator[App]:
         return
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(fastapi_app(idem_url, token, effects, **opts), log_level="warning", lifespan="off")
+    asgi = fastapi_app(idem_url, token, effects, **opts)
+
+    async def counted_asgi(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await asgi(scope, receive, send)
+        finally:
+            effects.done()
+    config = uvicorn.Config(counted_asgi, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     t.start()

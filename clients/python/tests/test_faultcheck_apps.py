@@ -213,18 +213,14 @@ def test_faultcheck_app_scope_header_and_released_5xx(frontdoor: str, server: Se
 
 def test_faultcheck_app_repeated_scope_header_refused(frontdoor: str, server: Server) -> None:
     # Protocol v1.1: the scope header given twice must be refused before
-    # the handler runs. The Python middleware's scope option is a header
-    # name: it joins the field lines with ", ", and the space makes the
-    # scoped key invalid (400 invalid_key). A WSGI server joins them itself,
-    # with "," (no space), before the middleware sees them.
+    # the handler runs. The ASGI middleware sees the two fields and refuses
+    # them (400 invalid_key); a WSGI server joins them itself with "," before
+    # the middleware sees them, and the middleware refuses the comma.
     for app in start(frontdoor, server, FC_SCOPE_HEADER="X-Account-Id"):
         key = new_key("fc")
         r = HTTP.post(app.url + "/fc/pay", headers=[("Idempotency-Key", key), ("X-Account-Id", "acct-a"),
                                                     ("X-Account-Id", "mallory")],
                       json={"req": key, "mode": "ok", "pad": ""})
-        if frontdoor == "wsgi" and r.status_code < 400:
-            pytest.xfail("issue 21 hole 6: werkzeug joins the repeated header into one value (acct-a,mallory), "
-                         "which the WSGI middleware takes as the scope")
         assert r.status_code == 400 and r.headers["content-type"] == "application/problem+json", r.text
         assert r.json()["code"] == "invalid_key"
         assert app.runs_of(key)[0] == [], "the handler did not run"

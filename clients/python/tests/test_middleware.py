@@ -827,3 +827,71 @@ def test_asgi_response_never_finished(server: Server) -> None:
         r = post(a.url + "/unfinished", key, body={})
         assert r.status_code == 409 and r.json()["code"] == "request_in_flight", (r.status_code, r.text)
         assert len(a.effects.charges) == 1
+
+
+#: A request body of 61 bytes, the Content-Length of the cut requests below.
+CUT_BODY = json.dumps({"amount": 1000, "currency": "usd", "note": "x" * 14}).encode()
+assert len(CUT_BODY) == 61
+
+
+def _cut_request(url: str, path: str, key: str, ctype: str, sent: int) -> None:
+    """Send POST path with key and Content-Length: 61, then only the first
+    sent bytes of the body, and close the connection (the caller went away,
+    or the body was cut on the way)."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nIdempotency-Key: " + key.encode()
+                  + b"\r\nContent-Type: " + ctype.encode() + b"\r\nContent-Length: " + str(len(CUT_BODY)).encode()
+                  + b"\r\n\r\n" + CUT_BODY[:sent])
+
+
+@pytest.mark.parametrize("kind", ["flask", "fastapi"])  # WSGI (werkzeug) and ASGI (uvicorn); Django's WSGI path is Flask's
+def test_request_body_cut_before_its_content_length(kind: str, server: Server) -> None:
+    """A caller sends Content-Length: 61 and 0 or 10 bytes of the body, then
+    hangs up: nothing is claimed (the key does not exist in idem) and the
+    handler does not run; the whole request with the same key then runs
+    once (201). A JSON body and an opaque one (which no JSON check refuses
+    on the way). Before, the WSGI middleware claimed the key with the bytes
+    that had arrived and ran the handler on them: Flask answered 400 for the
+    empty JSON body, that was stored and the real retry got 422
+    fingerprint_mismatch; the opaque route ran its side effect on the cut
+    body and stored 201 (issue 21, a cut request body)."""
+    for a in serve(kind, server.url, server.token):
+        for path, ctype in (("/charges/1", "application/json"), ("/raw", "application/octet-stream")):
+            for sent in (0, 10):
+                key = new_key("cutbody")
+                before = a.effects.answered
+                _cut_request(a.url, path, key, ctype, sent)
+                wait_for(lambda: a.effects.answered > before, timeout=30)
+                with pytest.raises(ProblemError) as e:
+                    _record(server, key)
+                assert e.value.code == "key_not_found", (path, sent, "a cut request body claimed the key")
+                assert len(a.effects.charges) == 0, (path, sent, "the handler ran on a cut body")
+                whole = HTTP.post(a.url + path, headers={"Idempotency-Key": key, "Content-Type": ctype}, content=CUT_BODY)
+                assert whole.status_code == 201 and "Idempotent-Replayed" not in whole.headers, (path, sent, whole.text)
+                assert len(a.effects.charges) == 1, "the whole request ran once"
+                a.effects.charges.clear()
+
+
+@pytest.mark.parametrize("kind", ["flask", "django", "fastapi"])
+def test_repeated_scope_header_refused(kind: str, server: Server) -> None:
+    """scope_header="X-Account-Id": two X-Account-Id fields, or one holding
+    a list (a comma), are 400 invalid_key naming the header, and the handler
+    does not run, as in the gateway (docs/frontdoor.md rule 3). Before,
+    werkzeug joined the two into "acct1,mallory" and the request was scoped
+    as that and run; the ASGI middleware refused the two only by accident
+    (it joined them with ", " and the space made the key invalid) and ran
+    the comma."""
+    for a in serve(kind, server.url, server.token, scope_header="X-Account-Id"):
+        for fields in ([("X-Account-Id", "acct1"), ("X-Account-Id", "mallory")], [("X-Account-Id", "acct1,mallory")]):
+            key = new_key("scope")
+            r = HTTP.post(a.url + "/charges/1", json=BODY, headers=[("Idempotency-Key", key), *fields])
+            assert r.status_code == 400 and r.headers["Content-Type"] == "application/problem+json", (fields, r.text)
+            p = r.json()
+            assert p["code"] == "invalid_key" and p["retryable"] is False and "X-Account-Id" in p["detail"], (fields, p)
+            assert len(a.effects.charges) == 0, "the handler did not run"
+        ok = HTTP.post(a.url + "/charges/1", json=BODY, headers=[("Idempotency-Key", new_key("scope")), ("X-Account-Id", "acct1")])
+        assert ok.status_code == 201, ok.text
+        assert len(a.effects.charges) == 1

@@ -81,10 +81,21 @@ def request_path(raw: bytes | str | None, decoded: str | bytes) -> str:
     return quote(decoded, safe="/:@!$&'()*+,;=~%")
 
 
+#: The detail of the 400 invalid_request for a request body that ended
+#: before its Content-Length (or could not be read).
+CUT_BODY_DETAIL = "the request body ended before its Content-Length"
+
+
 def prepare(opts: Options, method: str, route: str, query: str, headers: list[tuple[str, str]],
-            body: bytes, *, path: str) -> Protected | None:
+            body: bytes, *, path: str, cut: bool = False) -> Protected | None:
     """Decide about a request: None to pass it through, Protected to run it
-    under a claim; FrontDoorError for a refusal."""
+    under a claim; FrontDoorError for a refusal. cut says that body is not
+    the whole body the caller sent (it ended before its Content-Length, or
+    reading it failed): the caller went away or the body was cut on the
+    way, so a protected request is refused 400 invalid_request before
+    anything is claimed. Claimed, the key would hold the fingerprint of the
+    bytes that happened to arrive and the answer of a handler run on them,
+    and the caller's real retry would get 422 fingerprint_mismatch."""
     need = frontdoor.requirement(method, opts.required_methods, opts.optional_methods)
     if need == "pass":
         return None
@@ -94,13 +105,31 @@ def prepare(opts: Options, method: str, route: str, query: str, headers: list[tu
             raise FrontDoorError(frontdoor.KEY_MISSING, f"{method.upper()} requires an {frontdoor.HEADER_KEY} header")
         return None
     if opts.scope_header:
-        scope = ", ".join(v for k, v in headers if k.lower() == opts.scope_header.lower())
-        key = frontdoor.scoped_key(scope, key)
+        key = frontdoor.scoped_key(scope_of(opts.scope_header, headers), key)
+    if cut:
+        raise FrontDoorError(frontdoor.INVALID_REQUEST, CUT_BODY_DETAIL)
     if len(body) > opts.max_body_bytes:
         raise FrontDoorError(frontdoor.PAYLOAD_TOO_LARGE, f"the request body is larger than {opts.max_body_bytes} bytes")
     ctype = next((v for k, v in headers if k.lower() == "content-type"), None)
     doc = frontdoor.document(query, ctype, body, path=path)
     return Protected(key, frontdoor.operation(method, route), doc, prefer_wait(opts, headers))
+
+
+def scope_of(name: str, headers: list[tuple[str, str]]) -> str:
+    """The key scope of a request: the value of its scope header field, ""
+    without one (the key is then not scoped). The field must come once and
+    hold one value, as in the gateway (docs/frontdoor.md rule 3): with two,
+    or a list in one, the key would be scoped by one reading of them while
+    the app may serve the caller as another, so the request is refused 400
+    invalid_key. A WSGI server joins repeated fields into one value with
+    "," before the middleware sees them: there a comma is the only trace
+    of a second field, which is why a comma is refused too."""
+    values = [v for k, v in headers if k.lower() == name.lower()]
+    if len(values) > 1:
+        raise FrontDoorError(frontdoor.INVALID_KEY, f"the request carries {len(values)} {name} fields, which scope the key; send exactly one")
+    if values and "," in values[0]:
+        raise FrontDoorError(frontdoor.INVALID_KEY, f"the {name} header, which scopes the key, holds a list (a comma); send one value")
+    return values[0] if values else ""
 
 
 def prefer_wait(opts: Options, headers: list[tuple[str, str]]) -> float:

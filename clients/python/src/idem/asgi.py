@@ -22,7 +22,11 @@ running the handler; the tenant's storage quota used up (idem refuses the
 new key) 507 storage_quota_exceeded, not retryable, without running the
 handler; the middleware's tenant disabled or deleted (idem refuses its
 token 403 tenant_unknown) 403 tenant_unknown, not retryable, without
-running the handler. A handler exception stores nothing and propagates.
+running the handler. A handler exception stores nothing and propagates. A caller
+that goes away before its whole body arrived (``http.disconnect`` before
+the last ``http.request`` message) is never claimed and the app does not
+run (docs/frontdoor.md rule 4); with ``scope_header``, two scope header
+fields or a list (a comma) in one are 400 invalid_key (rule 3).
 A cut answer is never stored as the whole (docs/frontdoor.md rule 5, "A
 cut answer"): the app under a claim never receives ``http.disconnect``, so
 an app that stops when the caller hangs up (Starlette's StreamingResponse

@@ -34,7 +34,13 @@ arrive as a list and are refused like one. A body sent chunked (no
 CONTENT_LENGTH) is read to its end when the server sets
 wsgi.input_terminated (gunicorn, werkzeug), within max_body_bytes (413
 beyond); without either, the body is empty for the fingerprint and the app
-alike. start_response follows PEP 3333: a second call with exc_info replaces
+alike. A body that ends before its CONTENT_LENGTH (the caller went away
+part way; the server's input ends with the connection) or fails to read is
+400 invalid_request: nothing is claimed and the app does not run, so the
+caller's real retry runs it with the whole body (docs/frontdoor.md rule 4).
+With ``scope_header``, the scope header must hold one value: the server
+has joined repeated fields with "," already, so a value with a comma is
+refused 400 invalid_key (docs/frontdoor.md rule 3). start_response follows PEP 3333: a second call with exc_info replaces
 the status and headers until a body byte was produced, then re-raises.
 """
 
@@ -177,17 +183,27 @@ def _headers(environ: Environ) -> list[tuple[str, str]]:
     return out
 
 
-def _read_body(environ: Environ, limit: int) -> bytes:
-    """The request body, at most limit + 1 bytes (more is refused as too large)."""
+def _read_body(environ: Environ, limit: int) -> tuple[bytes, bool]:
+    """The request body, at most limit + 1 bytes (more is refused as too
+    large), and whether it was cut: shorter than its CONTENT_LENGTH (the
+    server's input ends where the connection did: the caller went away
+    before sending it all) or failing to read (a broken chunked body, a
+    reset connection). A cut body is never claimed (prepare)."""
     stream = environ.get("wsgi.input")
     if stream is None:
-        return b""
+        return b"", False
     length = environ.get("CONTENT_LENGTH") or ""
-    if length.strip().isdigit():
-        return bytes(stream.read(min(int(length), limit + 1)))
-    if environ.get("wsgi.input_terminated"):
-        return bytes(stream.read(limit + 1))
-    return b""
+    try:
+        if length.strip().isdigit():
+            want = min(int(length), limit + 1)
+            body = bytes(stream.read(want))
+            return body, len(body) < want
+        if environ.get("wsgi.input_terminated"):
+            return bytes(stream.read(limit + 1)), False
+    except Exception as e:  # whatever the server's input raises (OSError, werkzeug's ClientDisconnected, ...)
+        log.info("idem: the request body could not be read: %s", type(e).__name__)
+        return b"", True
+    return b"", False
 
 
 class IdempotencyMiddleware:
@@ -212,7 +228,7 @@ class IdempotencyMiddleware:
             return self.app(environ, start_response)
         headers = _headers(environ)
         original = environ.get("wsgi.input")
-        body = _read_body(environ, self.opts.max_body_bytes)
+        body, cut = _read_body(environ, self.opts.max_body_bytes)
         if len(body) > self.opts.max_body_bytes and original is not None:
             environ["wsgi.input"] = _Chain(body, original)  # too large to protect; an unprotected request reads it all
         else:
@@ -227,7 +243,7 @@ class IdempotencyMiddleware:
         rid = caller_request_id(headers)
         try:
             prot = prepare(self.opts, method, (self.route(environ) if self.route else None) or frontdoor.path_route(decoded, path),
-                           _native(environ, "QUERY_STRING"), headers, body, path=path)
+                           _native(environ, "QUERY_STRING"), headers, body, path=path, cut=cut)
         except FrontDoorError as e:
             return self._send(problem_answer(e, rid), start_response)
         if prot is None:
