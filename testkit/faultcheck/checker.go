@@ -185,7 +185,7 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 		}
 	}
 	for _, x := range sent {
-		if x.Settle || !x.Complete {
+		if x.Settle || !x.Complete || strings.HasPrefix(x.Ident, "\x01ambiguous") {
 			continue
 		}
 		rb, ok := parseRunBody(x.Resp)

@@ -219,6 +219,9 @@ func settle(r *Rig, s Schedule, h *History) {
 				if snt.Complete && snt.Status == http.StatusServiceUnavailable && isRunBody(snt.Resp) {
 					return // the handler's own 503
 				}
+				if !snt.Complete && (strings.HasPrefix(id.Mode, "cutstream") || id.Mode == "raise") {
+					return // a takeover ran the failing handler again: its outcome is seen
+				}
 				if time.Now().After(deadline) {
 					return
 				}

@@ -18,6 +18,7 @@ var (
 	flagDuration   = flag.Duration("faultcheck.duration", 0, "run schedules per front door and store until this much time has passed (long runs: scripts/faultcheck 2h)")
 	flagFrontDoors = flag.String("faultcheck.frontdoors", "gateway,idemhttp,asgi,wsgi,express,fetch", "front doors to drive")
 	flagStores     = flag.String("faultcheck.stores", "sqlite,postgres", "stores to run on")
+	flagDump       = flag.Bool("faultcheck.dump", false, "log every request and answer of every schedule")
 	flagFaults     = flag.String("faultcheck.faults", "default", "fault kinds: default (all but KnownFailing), all, or a comma list of "+strings.Join(AllFaults, ","))
 )
 
@@ -111,7 +112,7 @@ func runFrontDoor(t *testing.T, seed uint64, fd, store string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := Env{FrontDoor: fd, Scoped: true, FailOpen: fd == "gateway", StoreCut: r.CanCut(), Lease: Lease}
+	env := Env{FrontDoor: fd, Scoped: true, FailOpen: fd == "gateway", UnscopedRoute: fd == "gateway", StoreCut: r.CanCut(), Lease: Lease}
 	if !r.CanCut() && slices.Contains(faults, FaultStoreCut) {
 		t.Logf("fault storecut not run: the gateway on SQLite has no path to cut")
 	}
@@ -133,6 +134,12 @@ func runFrontDoor(t *testing.T, seed uint64, fd, store string) {
 			}
 		}
 		rep := Check(s, h, runs, problems)
+		if *flagDump {
+			t.Logf("%s", s)
+			for _, x := range h.Sent {
+				t.Logf("  %s", x)
+			}
+		}
 		stats["schedules"]++
 		stats["requests"] += rep.Requests
 		stats["runs"] += rep.Runs

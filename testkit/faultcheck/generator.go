@@ -87,8 +87,11 @@ type Env struct {
 	FrontDoor string
 	Scoped    bool // the front door keys by a scope header
 	FailOpen  bool // the gateway's fail_open route
-	StoreCut  bool // a path to cut exists
-	Lease     time.Duration
+	// UnscopedRoute: callers without a scope use the route "unscoped" (the
+	// gateway's scoped routes refuse a request without the scope header).
+	UnscopedRoute bool
+	StoreCut      bool // a path to cut exists
+	Lease         time.Duration
 }
 
 // Generate makes schedule index of seed with the enabled faults. The same
@@ -124,6 +127,9 @@ func Generate(seed uint64, index int, faults []Fault, env Env) Schedule {
 		if env.FailOpen && r.IntN(2) == 0 {
 			id.Route = "open"
 		}
+		if env.UnscopedRoute && id.Scope == "" {
+			id.Route = "unscoped"
+		}
 		if s.Quota {
 			id.Mode, id.Pad = "slow:300", strings.Repeat("q", 3000)
 		}
@@ -133,7 +139,7 @@ func Generate(seed uint64, index int, faults []Fault, env Env) Schedule {
 	if on(FaultSquat) && env.Scoped {
 		for i, id := range s.Idents[:nIdents] {
 			if id.Scope != "" && r.IntN(2) == 0 {
-				s.Idents = append(s.Idents, Ident{Scope: "", Key: id.Scope + ":" + id.Key, Route: id.Route, Mode: "ok", Pad: "squat", Squat: true})
+				s.Idents = append(s.Idents, Ident{Scope: "", Key: id.Scope + ":" + id.Key, Route: squatRoute(env, id.Route), Mode: "ok", Pad: "squat", Squat: true})
 				// The squatter goes first half the time, the owner the other half.
 				at := time.Duration(r.IntN(300)) * time.Millisecond
 				s.Ops = append(s.Ops, Op{At: at, Ident: len(s.Idents) - 1}, Op{At: at + time.Duration(r.IntN(200)-100)*time.Millisecond, Ident: i})
@@ -224,4 +230,11 @@ func (s Schedule) String() string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+func squatRoute(env Env, route string) string {
+	if env.UnscopedRoute {
+		return "unscoped"
+	}
+	return route
 }

@@ -152,3 +152,9 @@ func readLog(path string, offset int64) ([]*Run, error) {
 	sort.SliceStable(order, func(i, j int) bool { return order[i].Start.T < order[j].Start.T })
 	return order, sc.Err()
 }
+
+// String is one line of a dump of the history.
+func (s *Sent) String() string {
+	return fmt.Sprintf("+%s op %d key %q scope %q headers %q disconnect=%q settle=%v: status %d replayed=%v complete=%v err=%q body %.200q",
+		s.Start.Format("15:04:05.000"), s.Op, s.Key, s.Scope, s.Headers, s.Disconnect, s.Settle, s.Status, s.Replayed(), s.Complete, s.Err, s.Resp)
+}
