@@ -392,9 +392,12 @@ func (r *Rig) startServe(addr string) {
 	env := maps.Clone(r.env)
 	env["IDEM_ADDR"] = addr
 	var err error
-	for range 50 { // the port of a killed server may take a moment to free
+	// A restart may find the port not yet free, or the store cut (a
+	// process that cannot reach its store at start exits): try again for
+	// a while, as a supervisor would.
+	for deadline := time.Now().Add(30 * time.Second); ; {
 		r.serve, err = start(baseEnv(env), "", idemListening, r.bins.Idem, "serve")
-		if err == nil || !strings.Contains(err.Error(), "address already in use") {
+		if err == nil || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -412,10 +415,10 @@ func (r *Rig) startGateway(addr string) {
 	delete(env, "IDEM_MAX_BODY_BYTES")
 	delete(env, "IDEM_MAX_INFLIGHT_BYTES")
 	var err error
-	for range 50 {
+	for deadline := time.Now().Add(30 * time.Second); ; { // as in startServe
 		r.gateway, err = start(baseEnv(env), "", idemListening, r.bins.Idem, "gateway",
 			"--listen", addr, "--upstream", "http://"+r.app.addr, "--tenant", Tenant, "--config", r.gwConfig)
-		if err == nil || !strings.Contains(err.Error(), "address already in use") {
+		if err == nil || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
