@@ -76,8 +76,14 @@ const slack = Lease / 4
 func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Report {
 	rep := Report{Runs: len(runs), Requests: len(h.Sent)}
 	routes := map[string]string{}
+	squatted := map[string]bool{} // idents in a squat, either side
 	for _, id := range s.Idents {
 		routes[identOf(id.Scope, id.Key)] = id.Route
+		if id.Squat {
+			squatted[identOf(id.Scope, id.Key)] = true
+			owner, key, _ := strings.Cut(id.Key, ":")
+			squatted[identOf(owner, key)] = true
+		}
 	}
 	add := func(inv, hole, f string, a ...any) {
 		rep.Violations = append(rep.Violations, Violation{Invariant: inv, Hole: hole, Detail: fmt.Sprintf(f, a...)})
@@ -169,8 +175,12 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 		// 4. A caller that only ever sent one request with its key is never
 		// told it sent another.
 		if x.Status == http.StatusUnprocessableEntity && problemCode(x.Resp) == "fingerprint_mismatch" {
-			add("no-foreign-mismatch", "issue 21 hole 5", "caller %q with key %q got 422 fingerprint_mismatch though it only ever sent one request with it: another caller's record has its key",
-				x.Scope, x.Key)
+			why, hole := "another caller's record has its key", "issue 21 hole 5"
+			if !squatted[x.Ident] {
+				why, hole = "no other caller spells its key; a request of this key was cut before its whole body arrived: was it claimed with the part that had?", ""
+			}
+			add("no-foreign-mismatch", hole, "caller %q with key %q got 422 fingerprint_mismatch though it only ever sent one request with it: %s",
+				x.Scope, x.Key, why)
 		}
 		// 5. Every refusal is valid problem+json with the documented retryable.
 		if x.Status >= 400 && !isRun {
