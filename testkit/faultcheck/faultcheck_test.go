@@ -14,7 +14,7 @@ import (
 
 var (
 	flagSeed       = flag.Uint64("faultcheck.seed", 0, "seed of the schedules (0: a random one, printed)")
-	flagSchedules  = flag.Int("faultcheck.schedules", 3, "schedules per front door and store (with -faultcheck.duration: at least)")
+	flagSchedules  = flag.Int("faultcheck.schedules", 2, "schedules per front door and store (with -faultcheck.duration: at least)")
 	flagDuration   = flag.Duration("faultcheck.duration", 0, "run schedules per front door and store until this much time has passed (long runs: scripts/faultcheck 2h)")
 	flagFrontDoors = flag.String("faultcheck.frontdoors", "gateway,idemhttp,asgi,wsgi,express,fetch", "front doors to drive")
 	flagStores     = flag.String("faultcheck.stores", "sqlite,postgres", "stores to run on")

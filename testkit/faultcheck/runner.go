@@ -219,7 +219,8 @@ type Rig struct {
 	Store     string
 
 	env        map[string]string // the store's environment
-	serveAddr  string
+	serveAddr  string            // set by the first start; restarts keep it
+	mu         sync.Mutex        // guards serve and gateway, replaced by a kill -9
 	serve      *proc
 	idemProxy  *cutproxy.Proxy // apps: the app's path to the idem server
 	pgProxy    *cutproxy.Proxy // gateway on PostgreSQL: its path to the store
@@ -323,7 +324,7 @@ func NewRig(tb testing.TB, b Bins, frontdoor, store string) *Rig {
 	r.admin = strings.TrimSpace(r.cli("token", "--scope", "admin", "--ttl", "2h"))
 	r.hogToken = strings.TrimSpace(r.cli("token", "--tenant", HogTenant, "--scope", "keys:write", "--ttl", "2h"))
 	r.startServe("127.0.0.1:0")
-	tb.Cleanup(func() { r.serve.kill() })
+	tb.Cleanup(func() { r.mu.Lock(); p := r.serve; r.mu.Unlock(); p.kill() })
 
 	r.LogPath = filepath.Join(dir, "side-effects.jsonl")
 	r.appEnv = map[string]string{"FC_ADDR": "127.0.0.1:0", "FC_LOG": r.LogPath, "FC_SCOPE_HEADER": ScopeHeader,
@@ -367,7 +368,7 @@ routes:
 		}
 		r.gwEnvStore = gwStore
 		r.startGateway("127.0.0.1:0")
-		tb.Cleanup(func() { r.gateway.kill() })
+		tb.Cleanup(func() { r.mu.Lock(); p := r.gateway; r.mu.Unlock(); p.kill() })
 		r.BaseURL = "http://" + r.gwAddr
 	}
 	r.waitHealthy()
@@ -391,12 +392,13 @@ func (r *Rig) cli(args ...string) string {
 func (r *Rig) startServe(addr string) {
 	env := maps.Clone(r.env)
 	env["IDEM_ADDR"] = addr
+	var p *proc
 	var err error
 	// A restart may find the port not yet free, or the store cut (a
 	// process that cannot reach its store at start exits): try again for
 	// a while, as a supervisor would.
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		r.serve, err = start(baseEnv(env), "", idemListening, r.bins.Idem, "serve")
+		p, err = start(baseEnv(env), "", idemListening, r.bins.Idem, "serve")
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -405,7 +407,12 @@ func (r *Rig) startServe(addr string) {
 	if err != nil {
 		r.tb.Fatalf("faultcheck: start idem serve: %v", err)
 	}
-	r.serveAddr = r.serve.addr
+	r.mu.Lock()
+	r.serve = p
+	if r.serveAddr == "" {
+		r.serveAddr = p.addr
+	}
+	r.mu.Unlock()
 }
 
 func (r *Rig) startGateway(addr string) {
@@ -414,9 +421,10 @@ func (r *Rig) startGateway(addr string) {
 	// The small body limits are the idem server's, for the hog.
 	delete(env, "IDEM_MAX_BODY_BYTES")
 	delete(env, "IDEM_MAX_INFLIGHT_BYTES")
+	var p *proc
 	var err error
 	for deadline := time.Now().Add(30 * time.Second); ; { // as in startServe
-		r.gateway, err = start(baseEnv(env), "", idemListening, r.bins.Idem, "gateway",
+		p, err = start(baseEnv(env), "", idemListening, r.bins.Idem, "gateway",
 			"--listen", addr, "--upstream", "http://"+r.app.addr, "--tenant", Tenant, "--config", r.gwConfig)
 		if err == nil || time.Now().After(deadline) {
 			break
@@ -426,7 +434,12 @@ func (r *Rig) startGateway(addr string) {
 	if err != nil {
 		r.tb.Fatalf("faultcheck: start idem gateway: %v", err)
 	}
-	r.gwAddr = r.gateway.addr
+	r.mu.Lock()
+	r.gateway = p
+	if r.gwAddr == "" {
+		r.gwAddr = p.addr
+	}
+	r.mu.Unlock()
 }
 
 // waitHealthy waits until the front door and the idem server answer.
@@ -453,12 +466,15 @@ func (r *Rig) waitHealthy() {
 // Kill9 kills the process the fault kill9 names for this front door (the
 // gateway, or the idem server behind an app) and restarts it on its port.
 func (r *Rig) Kill9() string {
+	r.mu.Lock()
+	gw, serve := r.gateway, r.serve
+	r.mu.Unlock()
 	if r.FrontDoor == "gateway" {
-		r.gateway.kill()
+		gw.kill()
 		r.startGateway(r.gwAddr)
 		return "gateway"
 	}
-	r.serve.kill()
+	serve.kill()
 	r.startServe(r.serveAddr)
 	return "idem serve"
 }
@@ -536,7 +552,10 @@ func (r *Rig) TenantUsage() (stored int64, settings map[string]int64, err error)
 // Stderr is the tail of the processes' logs, for a failure report.
 func (r *Rig) Stderr() string {
 	var b strings.Builder
-	for name, p := range map[string]*proc{"idem serve": r.serve, "gateway": r.gateway, "app": r.app} {
+	r.mu.Lock()
+	procs := map[string]*proc{"idem serve": r.serve, "gateway": r.gateway, "app": r.app}
+	r.mu.Unlock()
+	for name, p := range procs {
 		if p != nil {
 			fmt.Fprintf(&b, "--- %s (last lines)\n%s\n", name, tail(p.stderr.String(), 3000))
 		}
