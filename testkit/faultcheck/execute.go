@@ -153,7 +153,10 @@ func Execute(r *Rig, s Schedule) *History {
 				err := r.PatchTenant(patch)
 				time.Sleep(f.For)
 				err2 := r.PatchTenant(undo)
-				what := fmt.Sprintf("tenant %v, then %v", patch, undo)
+				what := whatDisabled
+				if f.What == "lease_max" {
+					what = whatLeaseMax
+				}
 				if err != nil || err2 != nil {
 					what += fmt.Sprintf(" (errors: %v %v)", err, err2)
 				}
@@ -196,6 +199,12 @@ func Execute(r *Rig, s Schedule) *History {
 	}
 	return h
 }
+
+// What the settings fault did, as the report names it.
+const (
+	whatDisabled = "tenant disabled, then enabled again"
+	whatLeaseMax = "tenant lease_seconds_max and lease_seconds_default 1, then 3600 and 2 again"
+)
 
 // settle sends each key of the schedule again after the faults, until it
 // gets an answer that is not 409 or 503 or the lease and a margin have
