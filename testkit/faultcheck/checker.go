@@ -115,7 +115,7 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 				lease = time.Second // claimed under the lowered default
 			}
 			if gap < lease-slack && routes[id] == "open" {
-				if f := h.overlaps(time.UnixMilli(b.Start.T).Add(-time.Second), time.UnixMilli(b.Start.T), FaultStoreCut); f != nil {
+				if f := h.overlaps(time.UnixMilli(b.Start.T).Add(-faultAfterglow), time.UnixMilli(b.Start.T), FaultStoreCut); f != nil {
 					rep.Takeovers = append(rep.Takeovers, fmt.Sprintf("key %s: run %s started %s after run %s unprotected: the route is fail_open and the store was cut (documented)",
 						showIdent(id), b.Start.Run, gap, a.Start.Run))
 					continue
@@ -220,8 +220,11 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 		if !ok || byRun[rb.Run] == nil || byRun[rb.Run].End == nil || rb.Scope != x.Scope {
 			continue
 		}
-		if h.overlaps(x.Start, x.End.Add(time.Second), FaultStoreCut, FaultKill9) != nil {
-			continue // the answer may have been sent without being stored (documented)
+		if h.overlaps(x.Start.Add(-faultAfterglow), x.End.Add(time.Second), FaultStoreCut, FaultKill9) != nil {
+			// The answer may have been sent without being stored: a complete
+			// that failed, or a fail_open route's unprotected pass while the
+			// store's connections came back (documented).
+			continue
 		}
 		f := final[x.Ident]
 		if f == nil || !f.Complete {
