@@ -96,6 +96,12 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 		byIdent[id] = append(byIdent[id], r)
 	}
 	sent := append([]*Sent(nil), h.Sent...)
+	cutBody := map[string]bool{} // idents with a request cut before its whole body
+	for _, x := range sent {
+		if x.Disconnect == "before_body" || x.Disconnect == "mid_body" {
+			cutBody[x.Ident] = true
+		}
+	}
 	sort.SliceStable(sent, func(i, j int) bool { return sent[i].Start.Before(sent[j].Start) })
 
 	// 1. At most one run while a lease holds; every extra run is a
@@ -181,7 +187,10 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 		if x.Status == http.StatusUnprocessableEntity && problemCode(x.Resp) == "fingerprint_mismatch" {
 			why, hole := "another caller's record has its key", "issue 21 hole 5"
 			if !squatted[x.Ident] {
-				why, hole = "no other caller spells its key; a request of this key was cut before its whole body arrived: was it claimed with the part that had?", ""
+				why, hole = "no other caller spells its key", ""
+				if cutBody[x.Ident] {
+					why += "; a request of this key was cut before its whole body arrived: was it claimed with the part that came?"
+				}
 			}
 			add("no-foreign-mismatch", hole, "caller %q with key %q got 422 fingerprint_mismatch though it only ever sent one request with it: %s",
 				x.Scope, x.Key, why)
