@@ -121,8 +121,8 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 				lease = time.Second // claimed under the lowered default
 			}
 			if gap < lease-slack && routes[id] == "open" {
-				if f := h.overlaps(time.UnixMilli(b.Start.T).Add(-faultAfterglow), time.UnixMilli(b.Start.T), FaultStoreCut); f != nil {
-					rep.Takeovers = append(rep.Takeovers, fmt.Sprintf("key %s: run %s started %s after run %s unprotected: the route is fail_open and the store was cut (documented)",
+				if f := h.overlaps(time.UnixMilli(b.Start.T).Add(-faultAfterglow), time.UnixMilli(b.Start.T), FaultStoreCut, FaultFreeze); f != nil {
+					rep.Takeovers = append(rep.Takeovers, fmt.Sprintf("key %s: run %s started %s after run %s unprotected: the route is fail_open and the store was cut or frozen (documented)",
 						showIdent(id), b.Start.Run, gap, a.Start.Run))
 					continue
 				}
@@ -203,7 +203,7 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 		}
 		// 6. A tenant with no fault of its own is never refused as busy.
 		if x.Status == http.StatusServiceUnavailable && !isRun &&
-			h.overlaps(x.Start.Add(-faultAfterglow), x.End, FaultStoreCut, FaultKill9, FaultSettings) == nil {
+			h.overlaps(x.Start.Add(-faultAfterglow), x.End, FaultStoreCut, FaultFreeze, FaultKill9, FaultSettings) == nil {
 			hole := ""
 			if h.overlaps(x.Start, x.End, FaultHog) != nil {
 				hole = "issue 21 hole 3"
@@ -229,7 +229,7 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 		if !ok || byRun[rb.Run] == nil || byRun[rb.Run].End == nil || rb.Scope != x.Scope {
 			continue
 		}
-		if h.overlaps(x.Start.Add(-faultAfterglow), x.End.Add(time.Second), FaultStoreCut, FaultKill9) != nil {
+		if h.overlaps(x.Start.Add(-faultAfterglow), x.End.Add(time.Second), FaultStoreCut, FaultFreeze, FaultKill9) != nil {
 			// The answer may have been sent without being stored: a complete
 			// that failed, or a fail_open route's unprotected pass while the
 			// store's connections came back (documented).

@@ -141,6 +141,9 @@ func Execute(r *Rig, s Schedule) *History {
 				time.Sleep(f.For)
 				restore()
 				h.fault(f.Kind, "path to the store cut", start, time.Now())
+			case FaultFreeze:
+				what := r.Freeze(f.For)
+				h.fault(f.Kind, what, start, time.Now())
 			case FaultKill9:
 				what := r.Kill9()
 				h.fault(f.Kind, what+" killed with -9 and restarted", start, time.Now())

@@ -112,9 +112,12 @@ func runFrontDoor(t *testing.T, seed uint64, fd, store string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := Env{FrontDoor: fd, Scoped: true, FailOpen: fd == "gateway", UnscopedRoute: fd == "gateway", StoreCut: r.CanCut(), Lease: Lease}
+	env := Env{FrontDoor: fd, Scoped: true, FailOpen: fd == "gateway", UnscopedRoute: fd == "gateway", StoreCut: r.CanCut(), Freeze: r.CanFreeze(), Lease: Lease}
 	if !r.CanCut() && slices.Contains(faults, FaultStoreCut) {
 		t.Logf("fault storecut not run: the gateway on SQLite has no path to cut")
+	}
+	if !r.CanFreeze() && slices.Contains(faults, FaultFreeze) {
+		t.Logf("fault freeze not run: the gateway's PostgreSQL is shared (no process to stop, no file lock)")
 	}
 	started := time.Now()
 	stats := map[string]int{}

@@ -18,6 +18,7 @@ const (
 	FaultStream      Fault = "stream"      // streamed answers, and clients that go away mid-stream
 	FaultHandlerFail Fault = "handlerfail" // the handler raises/panics, answers 5xx, cuts its stream, or is slower than the lease
 	FaultStoreCut    Fault = "storecut"    // the path to the store (gateway: PostgreSQL) or to the idem server (apps) cut, then restored
+	FaultFreeze      Fault = "freeze"      // the store frozen: the idem server stopped (apps), the gateway's SQLite write lock held
 	FaultKill9       Fault = "kill9"       // the gateway (gateway) or the idem server (apps) killed with -9 and restarted
 	FaultSettings    Fault = "settings"    // the tenant disabled, or its lease_seconds_max lowered under the lease, mid-flight, then restored
 	FaultSquat       Fault = "squat"       // an unscoped caller sends "<scope>:<key>", another caller's scoped key
@@ -27,7 +28,7 @@ const (
 )
 
 // AllFaults is every fault kind, the default set.
-var AllFaults = []Fault{FaultDisconnect, FaultStream, FaultHandlerFail, FaultStoreCut, FaultKill9,
+var AllFaults = []Fault{FaultDisconnect, FaultStream, FaultHandlerFail, FaultStoreCut, FaultFreeze, FaultKill9,
 	FaultSettings, FaultSquat, FaultDupScope, FaultHog, FaultQuota}
 
 // KnownFailing lists, per front door, the fault kinds that find a hole of
@@ -91,6 +92,7 @@ type Env struct {
 	// gateway's scoped routes refuse a request without the scope header).
 	UnscopedRoute bool
 	StoreCut      bool // a path to cut exists
+	Freeze        bool // the store can be frozen
 	Lease         time.Duration
 }
 
@@ -180,6 +182,9 @@ func Generate(seed uint64, index int, faults []Fault, env Env) Schedule {
 	if !s.Quota {
 		if on(FaultStoreCut) && env.StoreCut && r.IntN(2) == 0 {
 			s.Faults = append(s.Faults, FaultAt{At: time.Duration(r.IntN(700)) * time.Millisecond, Kind: FaultStoreCut, For: time.Duration(100+r.IntN(600)) * time.Millisecond})
+		}
+		if on(FaultFreeze) && env.Freeze && r.IntN(3) == 0 {
+			s.Faults = append(s.Faults, FaultAt{At: time.Duration(r.IntN(700)) * time.Millisecond, Kind: FaultFreeze, For: time.Duration(200+r.IntN(1300)) * time.Millisecond})
 		}
 		if on(FaultKill9) && r.IntN(3) == 0 {
 			s.Faults = append(s.Faults, FaultAt{At: time.Duration(r.IntN(800)) * time.Millisecond, Kind: FaultKill9})

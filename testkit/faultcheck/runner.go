@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -19,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, to hold the store's write lock
 
 	"github.com/idem-dev/idem/internal/cutproxy"
 	"github.com/idem-dev/idem/postgres/pgtest"
@@ -491,6 +494,44 @@ func (r *Rig) Cut() func() {
 	}
 	p.Cut()
 	return p.Restore
+}
+
+// CanFreeze says whether the store can be frozen for this rig: apps freeze
+// the idem server (SIGSTOP), the gateway on SQLite the store's write lock;
+// the gateway on PostgreSQL has no freeze (its store is shared).
+func (r *Rig) CanFreeze() bool { return r.FrontDoor != "gateway" || r.pgProxy == nil }
+
+// Freeze freezes the front door's store for d: the idem server behind an
+// app is stopped (SIGSTOP: its connections stay open and nothing answers)
+// and continued; the gateway's SQLite file has its write lock held by
+// another connection. It returns what it froze.
+func (r *Rig) Freeze(d time.Duration) string {
+	if r.FrontDoor != "gateway" {
+		r.mu.Lock()
+		p := r.serve
+		r.mu.Unlock()
+		_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+		time.Sleep(d)
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		return "idem serve stopped (SIGSTOP), then continued"
+	}
+	db, err := sql.Open("sqlite", strings.TrimPrefix(r.gwEnvStore, "sqlite:"))
+	if err != nil {
+		return "could not open the SQLite file: " + err.Error()
+	}
+	defer db.Close()
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return "could not open the SQLite file: " + err.Error()
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return "could not take the SQLite write lock: " + err.Error()
+	}
+	time.Sleep(d)
+	_, _ = conn.ExecContext(ctx, "ROLLBACK")
+	return "the SQLite write lock held by another connection"
 }
 
 // admin sends an operator API call to the idem server.
