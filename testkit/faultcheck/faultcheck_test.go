@@ -83,6 +83,9 @@ func TestFaultCheck(t *testing.T) {
 			continue
 		}
 		t.Run(fd, func(t *testing.T) {
+			// Front doors run side by side, at most -parallel (GOMAXPROCS)
+			// at once: their processes mostly wait on leases and sleeps.
+			t.Parallel()
 			if _, err := AppArgv(bins, fd); err != nil {
 				if os.Getenv("IDEM_REQUIRE_EXAMPLES") == "1" {
 					t.Fatalf("front door %s cannot run but IDEM_REQUIRE_EXAMPLES=1: %v", fd, err)
