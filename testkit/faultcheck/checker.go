@@ -1,0 +1,364 @@
+package faultcheck
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"mime"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Problem is one documented problem code (testvectors/frontdoor/policy.json).
+type Problem struct {
+	Code      string `json:"code"`
+	Status    int    `json:"status"`
+	Retryable bool   `json:"retryable"`
+	Type      string `json:"type"`
+}
+
+// LoadProblems reads the documented problems of every front door.
+func LoadProblems(root string) (map[string]Problem, error) {
+	b, err := os.ReadFile(filepath.Join(root, "testvectors", "frontdoor", "policy.json"))
+	if err != nil {
+		return nil, err
+	}
+	var p struct {
+		Problems []Problem `json:"problems"`
+	}
+	if err := json.Unmarshal(b, &p); err != nil {
+		return nil, err
+	}
+	out := map[string]Problem{}
+	for _, pr := range p.Problems {
+		out[pr.Code] = pr
+	}
+	return out, nil
+}
+
+// Violation is one broken invariant.
+type Violation struct {
+	Invariant string // one-word name
+	Hole      string // the issue-21 hole this invariant's breach is known as, if any
+	Detail    string
+}
+
+func (v Violation) String() string {
+	s := v.Invariant + ": " + v.Detail
+	if v.Hole != "" {
+		s += " [" + v.Hole + "]"
+	}
+	return s
+}
+
+// Report is the checker's verdict on one schedule.
+type Report struct {
+	Violations []Violation
+	Takeovers  []string // every extra run, named, that was legal
+	Runs       int
+	Requests   int
+}
+
+// slack is how much earlier than a full lease a takeover may start: the
+// app's log and the store read different clocks of one machine, and the
+// lease counts from the claim, a little before the handler starts.
+// Holes show as runs milliseconds apart; a loaded machine only delays a
+// handler's start line after its claim, so a quarter of the lease is kept.
+const slack = Lease / 4
+
+// Check checks the invariants over the history and the runs the app logged
+// for the schedule.
+func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Report {
+	rep := Report{Runs: len(runs), Requests: len(h.Sent)}
+	routes := map[string]string{}
+	squatted := map[string]bool{} // idents in a squat, either side
+	for _, id := range s.Idents {
+		routes[identOf(id.Scope, id.Key)] = id.Route
+		if id.Squat {
+			squatted[identOf(id.Scope, id.Key)] = true
+			owner, key, _ := strings.Cut(id.Key, ":")
+			squatted[identOf(owner, key)] = true
+		}
+	}
+	add := func(inv, hole, f string, a ...any) {
+		rep.Violations = append(rep.Violations, Violation{Invariant: inv, Hole: hole, Detail: fmt.Sprintf(f, a...)})
+	}
+	byRun := map[string]*Run{}
+	byIdent := map[string][]*Run{}
+	for _, r := range runs {
+		byRun[r.Start.Run] = r
+		id := identOf(r.Start.Scope, r.Start.Key)
+		byIdent[id] = append(byIdent[id], r)
+	}
+	sent := append([]*Sent(nil), h.Sent...)
+	cutBody := map[string]bool{} // idents with a request cut before its whole body
+	for _, x := range sent {
+		if x.Disconnect == "before_body" || x.Disconnect == "mid_body" {
+			cutBody[x.Ident] = true
+		}
+	}
+	sort.SliceStable(sent, func(i, j int) bool { return sent[i].Start.Before(sent[j].Start) })
+
+	// 1. At most one run while a lease holds; every extra run is a
+	// takeover after a lease ended, named.
+	idents := make([]string, 0, len(byIdent))
+	for id := range byIdent {
+		idents = append(idents, id)
+	}
+	sort.Strings(idents)
+	for _, id := range idents {
+		rs := byIdent[id]
+		for i := 1; i < len(rs); i++ {
+			a, b := rs[i-1], rs[i]
+			gap := time.Duration(b.Start.T-a.Start.T) * time.Millisecond
+			lease := Lease
+			if f := h.overlaps(time.UnixMilli(a.Start.T).Add(-time.Second), time.UnixMilli(a.Start.T), FaultSettings); f != nil && strings.HasPrefix(f.What, whatLeaseMax) {
+				lease = time.Second // claimed under the lowered default
+			}
+			if gap < lease-slack && routes[id] == "open" {
+				if f := h.overlaps(time.UnixMilli(b.Start.T).Add(-faultAfterglow), time.UnixMilli(b.Start.T), FaultStoreCut, FaultFreeze); f != nil {
+					rep.Takeovers = append(rep.Takeovers, fmt.Sprintf("key %s: run %s started %s after run %s unprotected: the route is fail_open and the store was cut or frozen (documented)",
+						showIdent(id), b.Start.Run, gap, a.Start.Run))
+					continue
+				}
+			}
+			if gap < lease-slack {
+				hole := ""
+				if f := h.overlaps(time.UnixMilli(a.Start.T), time.UnixMilli(b.Start.T), FaultSettings); f != nil {
+					hole = "issue 21 hole 2 (during: " + f.What + ")"
+				}
+				add("one-run-per-lease", hole, "key %s: run %s started %s after run %s (%s) while its lease of %s held",
+					showIdent(id), b.Start.Run, gap, a.Start.Run, outcome(a), lease)
+				continue
+			}
+			rep.Takeovers = append(rep.Takeovers, fmt.Sprintf("key %s: run %s took over %s after run %s (%s): its lease had ended",
+				showIdent(id), b.Start.Run, gap, a.Start.Run, outcome(a)))
+		}
+	}
+
+	for _, x := range sent {
+		if x.Status == 0 {
+			continue
+		}
+		rb, isRun := parseRunBody(x.Resp)
+		// 2. The scope of an answer is the caller's own.
+		if strings.HasPrefix(x.Ident, "\x01ambiguous") {
+			if x.Status < 400 {
+				add("ambiguous-scope-refused", "issue 21 hole 6", "a request with the scope header twice (%q) was accepted: %d, body %s",
+					x.Headers, x.Status, clip(x.Resp))
+			}
+			continue
+		}
+		if isRun && rb.Scope != x.Scope {
+			add("no-cross-scope-answer", "issue 21 hole 5", "caller %q with key %q got an answer of scope %q (run %s, replayed=%v)",
+				x.Scope, x.Key, rb.Scope, rb.Run, x.Replayed())
+		}
+		if !x.Complete {
+			continue
+		}
+		// 3. Every replay, and every first answer, is byte-identical to
+		// the full answer of a run that finished.
+		if isRun || x.Replayed() {
+			r := byRun[rb.Run]
+			sum := sha256.Sum256(x.Resp)
+			switch {
+			case !isRun && storedProblem[problemCode(x.Resp)]:
+				// The gateway stores its own 502/504 for an upstream that
+				// may have acted (documented); valid-problem checks it.
+			case !isRun:
+				add("replay-is-a-finished-answer", "issue 21 hole 1", "key %s: a replay (status %d) is not the full answer of any run (cut short?): %s", showIdent(x.Ident), x.Status, clip(x.Resp))
+			case r == nil:
+				add("replay-is-a-finished-answer", "", "key %s: answer names run %s, which the app never logged", showIdent(x.Ident), rb.Run)
+			case r.End == nil:
+				add("replay-is-a-finished-answer", "issue 21 hole 1", "key %s: %s answer (status %d, %d bytes) of run %s, which never finished (%s)",
+					showIdent(x.Ident), replayWord(x), x.Status, len(x.Resp), rb.Run, outcome(r))
+			case hex.EncodeToString(sum[:]) != r.End.BodySHA256 || x.Status != r.End.Status:
+				add("replay-is-a-finished-answer", "issue 21 hole 1", "key %s: %s answer (status %d, %d bytes) differs from the full answer of run %s (status %d, %d bytes): %s",
+					showIdent(x.Ident), replayWord(x), x.Status, len(x.Resp), rb.Run, r.End.Status, r.End.Len, clip(x.Resp))
+			}
+		}
+		// 4. A caller that only ever sent one request with its key is never
+		// told it sent another.
+		if x.Status == http.StatusUnprocessableEntity && problemCode(x.Resp) == "fingerprint_mismatch" {
+			why, hole := "another caller's record has its key", "issue 21 hole 5"
+			if !squatted[x.Ident] {
+				why, hole = "no other caller spells its key", ""
+				if cutBody[x.Ident] {
+					why += "; a request of this key was cut before its whole body arrived: was it claimed with the part that came?"
+				}
+			}
+			add("no-foreign-mismatch", hole, "caller %q with key %q got 422 fingerprint_mismatch though it only ever sent one request with it: %s",
+				x.Scope, x.Key, why)
+		}
+		// 5. Every refusal is valid problem+json with the documented retryable.
+		if x.Status >= 400 && !isRun {
+			if msg := checkProblem(x, problems); msg != "" {
+				add("valid-problem", "", "key %s: %d answer: %s", showIdent(x.Ident), x.Status, msg)
+			}
+		}
+		// 6. A tenant with no fault of its own is never refused as busy.
+		if x.Status == http.StatusServiceUnavailable && !isRun &&
+			h.overlaps(x.Start.Add(-faultAfterglow), x.End, FaultStoreCut, FaultFreeze, FaultKill9, FaultSettings) == nil {
+			hole := ""
+			if h.overlaps(x.Start, x.End, FaultHog) != nil {
+				hole = "issue 21 hole 3"
+			}
+			add("no-refusal-without-fault", hole, "key %s: 503 %s while no fault of its own ran (only: %s)", showIdent(x.Ident), problemCode(x.Resp), faultsDuring(h, x))
+		}
+	}
+
+	// 7. Nothing acknowledged is lost: a complete answer of a finished run
+	// that no fault could have kept from being stored is what the key
+	// answers after the faults.
+	final := map[string]*Sent{}
+	for _, x := range sent {
+		if x.Settle {
+			final[x.Ident] = x
+		}
+	}
+	for _, x := range sent {
+		if x.Settle || !x.Complete || strings.HasPrefix(x.Ident, "\x01ambiguous") {
+			continue
+		}
+		rb, ok := parseRunBody(x.Resp)
+		if !ok || byRun[rb.Run] == nil || byRun[rb.Run].End == nil || rb.Scope != x.Scope {
+			continue
+		}
+		if h.overlaps(x.Start.Add(-faultAfterglow), x.End.Add(time.Second), FaultStoreCut, FaultFreeze, FaultKill9) != nil {
+			// The answer may have been sent without being stored: a complete
+			// that failed, or a fail_open route's unprotected pass while the
+			// store's connections came back (documented).
+			continue
+		}
+		f := final[x.Ident]
+		if f == nil || !f.Complete {
+			add("acknowledged-not-lost", "", "key %s: acknowledged answer of run %s, but the key gave no answer after the faults", showIdent(x.Ident), rb.Run)
+			continue
+		}
+		frb, _ := parseRunBody(f.Resp)
+		if f.Status != x.Status || string(f.Resp) != string(x.Resp) {
+			add("acknowledged-not-lost", "", "key %s: acknowledged answer of run %s (status %d), but after the faults the key answers %d from run %q: %s",
+				showIdent(x.Ident), rb.Run, x.Status, f.Status, frb.Run, clip(f.Resp))
+		}
+	}
+
+	// 8. The storage quota bounds storage.
+	if h.Quota > 0 && h.QuotaUsed > h.Quota+QuotaOvershoot {
+		add("quota-bounds-storage", "issue 21 hole 4", "the tenant stores %d bytes under a storage quota of %d (allowed overshoot %d: one record at the edge)",
+			h.QuotaUsed, h.Quota, QuotaOvershoot)
+	}
+	return rep
+}
+
+// storedProblem are the problems a front door stores and replays as the
+// answer of a run whose outcome it cannot know (the gateway's upstream
+// broke or timed out after it had the request).
+var storedProblem = map[string]bool{"upstream_unavailable": true, "upstream_timeout": true}
+
+// faultAfterglow is how long after a fault ended its effects may still be
+// seen: connection pools reconnect, a restarted server warms up.
+const faultAfterglow = 2 * time.Second
+
+// QuotaOvershoot is how far a tenant's stored bytes may pass its quota in a
+// quota schedule: one record of max_response_bytes (4096 there) with its
+// key, operation and fingerprint, the claim that raced at the edge.
+const QuotaOvershoot = 4096 + 1024
+
+func replayWord(x *Sent) string {
+	if x.Replayed() {
+		return "replayed"
+	}
+	return "first"
+}
+
+func outcome(r *Run) string {
+	switch {
+	case r.End != nil:
+		return fmt.Sprintf("ended %d", r.End.Status)
+	case r.Abort != nil:
+		return "aborted: " + r.Abort.Why
+	default:
+		return "no end line"
+	}
+}
+
+func showIdent(id string) string {
+	scope, key, _ := strings.Cut(id, "\x00")
+	if scope == "" {
+		return fmt.Sprintf("%q (unscoped)", key)
+	}
+	return fmt.Sprintf("%q of %q", key, scope)
+}
+
+func clip(b []byte) string {
+	if len(b) > 160 {
+		return fmt.Sprintf("%q…", b[:160])
+	}
+	return fmt.Sprintf("%q", b)
+}
+
+func problemCode(b []byte) string {
+	var p struct {
+		Code string `json:"code"`
+	}
+	_ = json.Unmarshal(b, &p)
+	return p.Code
+}
+
+func faultsDuring(h *History, x *Sent) string {
+	var out []string
+	for _, f := range h.Faults {
+		if !f.Start.After(x.End) && !f.End.Before(x.Start) {
+			out = append(out, f.Kind)
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
+}
+
+// checkProblem returns what is wrong with a refusal, or "".
+func checkProblem(x *Sent, problems map[string]Problem) string {
+	ct, _, _ := mime.ParseMediaType(x.Header.Get("Content-Type"))
+	if ct != "application/problem+json" {
+		return fmt.Sprintf("Content-Type %q, not application/problem+json: %s", x.Header.Get("Content-Type"), clip(x.Resp))
+	}
+	var p struct {
+		Type      *string `json:"type"`
+		Title     *string `json:"title"`
+		Status    *int    `json:"status"`
+		Code      string  `json:"code"`
+		Retryable *bool   `json:"retryable"`
+	}
+	if err := json.Unmarshal(x.Resp, &p); err != nil {
+		return "body is not JSON: " + clip(x.Resp)
+	}
+	if p.Type == nil || p.Title == nil || p.Status == nil {
+		return "type, title or status missing: " + clip(x.Resp)
+	}
+	if *p.Status != x.Status {
+		return fmt.Sprintf("status member %d, answer %d", *p.Status, x.Status)
+	}
+	if doc, ok := problems[p.Code]; ok {
+		if p.Retryable == nil || *p.Retryable != doc.Retryable {
+			return fmt.Sprintf("code %s: retryable %v, documented %v", p.Code, deref(p.Retryable), doc.Retryable)
+		}
+		if doc.Status != x.Status {
+			return fmt.Sprintf("code %s: status %d, documented %d", p.Code, x.Status, doc.Status)
+		}
+	}
+	return ""
+}
+
+func deref(b *bool) any {
+	if b == nil {
+		return "missing"
+	}
+	return *b
+}

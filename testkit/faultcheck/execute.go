@@ -1,0 +1,266 @@
+package faultcheck
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// identOf is the record identity of a caller's key.
+func identOf(scope, key string) string { return scope + "\x00" + key }
+
+// body is the one request body of an ident (PROTOCOL.md).
+func (id Ident) body() []byte {
+	b, _ := json.Marshal(map[string]string{"req": id.Key, "mode": id.Mode, "pad": id.Pad})
+	return b
+}
+
+// send sends one request over its own connection and reads the answer,
+// going away where disconnect says. The request is written by hand so the
+// client can stop at any byte and send a header twice.
+func send(base string, s *Sent, dropAfter time.Duration) {
+	s.Start = time.Now()
+	defer func() { s.End = time.Now() }()
+	host := strings.TrimPrefix(base, "http://")
+	c, err := net.DialTimeout("tcp", host, 5*time.Second)
+	if err != nil {
+		s.Err = "dial: " + err.Error()
+		return
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	var h strings.Builder
+	fmt.Fprintf(&h, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nIdempotency-Key: %s\r\nContent-Length: %d\r\nConnection: close\r\n",
+		s.Path, host, s.Key, len(s.Body))
+	for _, v := range s.Headers {
+		fmt.Fprintf(&h, "%s: %s\r\n", ScopeHeader, v)
+	}
+	h.WriteString("\r\n")
+	if _, err := io.WriteString(c, h.String()); err != nil {
+		s.Err = "write: " + err.Error()
+		return
+	}
+	switch s.Disconnect {
+	case "before_body":
+		s.Err = "client went away before the body"
+		return
+	case "mid_body":
+		_, _ = c.Write(s.Body[:len(s.Body)/2])
+		time.Sleep(20 * time.Millisecond)
+		s.Err = "client went away mid-body"
+		return
+	}
+	if _, err := c.Write(s.Body); err != nil {
+		s.Err = "write body: " + err.Error()
+		return
+	}
+	if s.Disconnect == "mid_answer" {
+		_ = c.SetReadDeadline(time.Now().Add(dropAfter))
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		s.Err = "read answer: " + err.Error()
+		if s.Disconnect == "mid_answer" {
+			s.Err = "client went away mid-answer after " + dropAfter.String()
+		}
+		return
+	}
+	defer resp.Body.Close()
+	s.Status, s.Header = resp.StatusCode, resp.Header
+	if s.Disconnect == "mid_stream" {
+		// The first piece, then away.
+		buf := make([]byte, 8)
+		n, _ := resp.Body.Read(buf)
+		s.Resp = buf[:n]
+		s.Err = "client went away mid-stream"
+		return
+	}
+	if s.Disconnect == "mid_answer" {
+		// The headers came before the drop: read the body in what is left.
+		b, err := io.ReadAll(resp.Body)
+		s.Resp = b
+		if err != nil {
+			s.Err = "client went away mid-answer after " + dropAfter.String()
+			return
+		}
+		s.Complete = true
+		return
+	}
+	b, err := io.ReadAll(resp.Body)
+	s.Resp = b
+	if err != nil {
+		s.Err = "read body: " + err.Error()
+		return
+	}
+	s.Complete = true
+}
+
+// Execute runs schedule s on the rig and returns its history.
+func Execute(r *Rig, s Schedule) *History {
+	h := &History{}
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	var stopHog func()
+	if s.Hog {
+		start := time.Now()
+		stopHog = r.Hog(24)
+		time.Sleep(300 * time.Millisecond) // the hog's bodies are declared before the schedule's requests
+		defer func() {
+			h.fault(FaultHog, "24 connections of tenant hog drip bodies declared 64 KiB", start, time.Now())
+		}()
+	}
+	var quota int64
+	if s.Quota {
+		start := time.Now()
+		used, _, err := r.TenantUsage()
+		if err == nil {
+			quota = used + 8192
+			err = r.PatchTenant(map[string]any{"settings": map[string]any{"max_response_bytes": 4096, "storage_quota_bytes": quota}})
+		}
+		if err != nil {
+			h.fault(FaultQuota, "could not set the quota: "+err.Error(), start, time.Now())
+			quota = 0
+		} else {
+			h.fault(FaultQuota, fmt.Sprintf("storage_quota_bytes %d (usage %d), max_response_bytes 4096", quota, used), start, time.Now())
+		}
+	}
+	for _, f := range s.Faults {
+		wg.Go(func() {
+			time.Sleep(time.Until(t0.Add(f.At)))
+			start := time.Now()
+			switch f.Kind {
+			case FaultStoreCut:
+				restore := r.Cut()
+				time.Sleep(f.For)
+				restore()
+				h.fault(f.Kind, "path to the store cut", start, time.Now())
+			case FaultFreeze:
+				what := r.Freeze(f.For)
+				h.fault(f.Kind, what, start, time.Now())
+			case FaultKill9:
+				what := r.Kill9()
+				h.fault(f.Kind, what+" killed with -9 and restarted", start, time.Now())
+			case FaultSettings:
+				patch, undo := map[string]any{"disabled": true}, map[string]any{"disabled": false}
+				if f.What == "lease_max" {
+					patch = map[string]any{"settings": map[string]any{"lease_seconds_max": 1, "lease_seconds_default": 1}}
+					undo = map[string]any{"settings": map[string]any{"lease_seconds_max": 3600, "lease_seconds_default": int(Lease / time.Second)}}
+				}
+				err := r.PatchTenant(patch)
+				time.Sleep(f.For)
+				err2 := r.PatchTenant(undo)
+				what := whatDisabled
+				if f.What == "lease_max" {
+					what = whatLeaseMax
+				}
+				if err != nil || err2 != nil {
+					what += fmt.Sprintf(" (errors: %v %v)", err, err2)
+				}
+				h.fault(f.Kind, what, start, time.Now())
+			}
+		})
+	}
+	for i, op := range s.Ops {
+		id := s.Idents[op.Ident]
+		wg.Go(func() {
+			time.Sleep(time.Until(t0.Add(op.At)))
+			snt := &Sent{Op: i, Ident: identOf(id.Scope, id.Key), Scope: id.Scope, Key: id.Key,
+				Path: "/fc/" + id.Route + "/" + id.Key, Body: id.body(), Disconnect: op.Disconnect}
+			if id.Scope != "" {
+				snt.Headers = []string{id.Scope}
+			}
+			if op.DupScope {
+				snt.Headers = []string{id.Scope, "mallory"}
+				snt.Key = id.Key + "-ds"
+				snt.Ident = identOf("\x01ambiguous", snt.Key)
+				snt.Path = "/fc/" + id.Route + "/" + snt.Key
+			}
+			send(r.BaseURL, snt, op.DropAfter)
+			h.add(snt)
+		})
+	}
+	wg.Wait()
+	if stopHog != nil {
+		stopHog()
+	}
+	settle(r, s, h)
+	if s.Quota && quota > 0 {
+		used, _, err := r.TenantUsage()
+		start := time.Now()
+		if err == nil {
+			h.fault(FaultQuota, fmt.Sprintf("usage after the schedule: %d bytes (quota %d)", used, quota), start, start)
+			h.QuotaUsed, h.Quota = used, quota
+		}
+		_ = r.PatchTenant(map[string]any{"settings": map[string]any{"storage_quota_bytes": 1 << 30, "max_response_bytes": 1 << 20}})
+	}
+	return h
+}
+
+// What the settings fault did, as the report names it.
+const (
+	whatDisabled = "tenant disabled, then enabled again"
+	whatLeaseMax = "tenant lease_seconds_max and lease_seconds_default 1, then 3600 and 2 again"
+)
+
+// settle sends each key of the schedule again after the faults, until it
+// gets an answer that is not 409 or 503 or the lease and a margin have
+// passed: what a retrying client would finally see.
+func settle(r *Rig, s Schedule, h *History) {
+	var wg sync.WaitGroup
+	for _, id := range s.Idents {
+		wg.Go(func() {
+			deadline := time.Now().Add(Lease + 5*time.Second)
+			for {
+				snt := &Sent{Op: -1, Ident: identOf(id.Scope, id.Key), Scope: id.Scope, Key: id.Key,
+					Path: "/fc/" + id.Route + "/" + id.Key, Body: id.body(), Settle: true}
+				if id.Scope != "" {
+					snt.Headers = []string{id.Scope}
+				}
+				send(r.BaseURL, snt, 0)
+				h.add(snt)
+				if snt.Complete && snt.Status != http.StatusConflict && snt.Status != http.StatusServiceUnavailable {
+					return
+				}
+				if snt.Complete && snt.Status == http.StatusServiceUnavailable && isRunBody(snt.Resp) {
+					return // the handler's own 503
+				}
+				if !snt.Complete && (strings.HasPrefix(id.Mode, "cutstream") || id.Mode == "raise") {
+					return // a takeover ran the failing handler again: its outcome is seen
+				}
+				if time.Now().After(deadline) {
+					return
+				}
+				time.Sleep(150 * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// isRunBody says whether b is a run's answer body (PROTOCOL.md).
+func isRunBody(b []byte) bool {
+	_, ok := parseRunBody(b)
+	return ok
+}
+
+type runBody struct {
+	Run   string `json:"run"`
+	Req   string `json:"req"`
+	Scope string `json:"scope"`
+	Pad   string `json:"pad"`
+}
+
+func parseRunBody(b []byte) (runBody, bool) {
+	var rb runBody
+	if json.Unmarshal(b, &rb) != nil || rb.Run == "" {
+		return rb, false
+	}
+	return rb, true
+}

@@ -1,0 +1,651 @@
+package faultcheck
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, to hold the store's write lock
+
+	"github.com/idem-dev/idem/internal/cutproxy"
+	"github.com/idem-dev/idem/postgres/pgtest"
+)
+
+// Bins are the binaries a run starts: the real idem server and the Go app.
+type Bins struct {
+	Idem, GoApp string
+	Root        string // the repository's root
+}
+
+// Build builds the idem binary (go build ./cmd/server) and the Go app into
+// dir, once per test binary.
+func Build(dir string) (Bins, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return Bins{}, err
+	}
+	b := Bins{Idem: filepath.Join(dir, "idem"), GoApp: filepath.Join(dir, "goapp"), Root: root}
+	for _, p := range [][2]string{{b.Idem, "./cmd/server"}, {b.GoApp, "./testkit/faultcheck/goapp"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", p[0], p[1])
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		cancel()
+		if err != nil {
+			return Bins{}, fmt.Errorf("go build %s: %v\n%s", p[1], err, out)
+		}
+	}
+	return b, nil
+}
+
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			if b, _ := os.ReadFile(filepath.Join(dir, "go.mod")); bytes.HasPrefix(b, []byte("module github.com/idem-dev/idem\n")) {
+				return dir, nil
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("faultcheck: the repository root (go.mod of github.com/idem-dev/idem) is not above %s", dir)
+		}
+		dir = parent
+	}
+}
+
+// secret is the HS256 secret of the server under test.
+const secret = "faultcheck-hs256-secret-0123456789abcdef"
+
+// ScopeHeader is the header every scoped front door reads the scope from.
+const ScopeHeader = "X-Account-Id"
+
+// proc is a running process of the rig.
+type proc struct {
+	cmd    *exec.Cmd
+	addr   string // host:port it listens on
+	done   chan struct{}
+	stderr *tailBuffer
+}
+
+// tailBuffer keeps the last bytes a process wrote, for a failure report.
+type tailBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > 16<<10 {
+		t.b = append([]byte(nil), t.b[len(t.b)-8<<10:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
+}
+
+// start starts argv with env and waits until listening(line) of one of its
+// stdout or stderr lines returns the address it listens on.
+func start(env []string, dir string, listening func(line string) string, argv ...string) (*proc, error) {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env, cmd.Dir = env, dir
+	p := &proc{cmd: cmd, done: make(chan struct{}), stderr: &tailBuffer{}}
+	outR, outW := io.Pipe()
+	cmd.Stdout, cmd.Stderr = outW, io.MultiWriter(outW, p.stderr)
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	addr := make(chan string, 1)
+	go func() {
+		_ = cmd.Wait()
+		_ = outW.Close()
+		close(p.done)
+	}()
+	go func() {
+		sc := bufio.NewScanner(outR)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		found := false
+		for sc.Scan() {
+			if !found {
+				if a := listening(sc.Text()); a != "" {
+					found = true
+					addr <- a
+				}
+			}
+		}
+		_, _ = io.Copy(io.Discard, outR)
+	}()
+	select {
+	case a := <-addr:
+		p.addr = a
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("%s exited before listening:\n%s", filepath.Base(argv[0]), p.stderr.String())
+	case <-time.After(60 * time.Second):
+		p.kill()
+		return nil, fmt.Errorf("%s did not listen within 60s:\n%s", filepath.Base(argv[0]), p.stderr.String())
+	}
+}
+
+// kill sends SIGKILL and waits for the process to exit.
+func (p *proc) kill() {
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// idemListening reads the address of idem's JSON "listening" log line.
+func idemListening(line string) string {
+	var rec struct {
+		Msg  string `json:"msg"`
+		Addr string `json:"addr"`
+	}
+	if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
+		return rec.Addr
+	}
+	return ""
+}
+
+// appListening reads the app's FC_LISTENING line (PROTOCOL.md).
+func appListening(line string) string {
+	if a, ok := strings.CutPrefix(strings.TrimSpace(line), "FC_LISTENING http://"); ok {
+		return a
+	}
+	return ""
+}
+
+// baseEnv is the process environment without IDEM_ and FC_ variables, plus env.
+func baseEnv(env map[string]string) []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "IDEM_") && !strings.HasPrefix(kv, "FC_") {
+			out = append(out, kv)
+		}
+	}
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+// Tenant is the tenant under test; HogTenant the other tenant of the hog.
+const (
+	Tenant    = "fc"
+	HogTenant = "hog"
+)
+
+// Lease is the lease of every claim under test (the tenant's default and the
+// gateway routes' lease).
+const Lease = 2 * time.Second
+
+// The idem server's body limits under test: small, so that the hog's few
+// connections can hold the whole in-flight budget.
+const (
+	maxBodyBytes     = 64 << 10
+	maxInflightBytes = 16 * maxBodyBytes
+)
+
+// Rig is the processes of one front door on one store: the idem server
+// (serve), the front door (the gateway, or an app with its middleware) and
+// the counting app.
+type Rig struct {
+	tb        testing.TB
+	bins      Bins
+	FrontDoor string
+	Store     string
+
+	env        map[string]string // the store's environment
+	serveAddr  string            // set by the first start; restarts keep it
+	mu         sync.Mutex        // guards serve and gateway, replaced by a kill -9
+	serve      *proc
+	idemProxy  *cutproxy.Proxy // apps: the app's path to the idem server
+	pgProxy    *cutproxy.Proxy // gateway on PostgreSQL: its path to the store
+	gwAddr     string
+	gateway    *proc
+	app        *proc
+	appEnv     map[string]string
+	appArgv    []string
+	LogPath    string
+	gwConfig   string
+	gwEnvStore string
+	admin      string // operator token
+	hogToken   string
+	BaseURL    string // where the clients send
+	http       *http.Client
+}
+
+// AppArgv returns the command of an app front door, or an error naming
+// what is missing.
+func AppArgv(b Bins, frontdoor string) ([]string, error) {
+	switch frontdoor {
+	case "gateway", "idemhttp":
+		return []string{b.GoApp}, nil
+	case "asgi", "wsgi":
+		py := filepath.Join(b.Root, ".venv", "bin", "python")
+		if _, err := os.Stat(py); err != nil {
+			return nil, fmt.Errorf("%s missing (scripts/install-test-deps makes it)", py)
+		}
+		app, err := firstFile(filepath.Join(b.Root, "testkit", "faultcheck", "apps", "python"), "app.py", "main.py")
+		if err != nil {
+			return nil, err
+		}
+		return []string{py, app}, nil
+	case "express", "fetch":
+		node, err := exec.LookPath("node")
+		if err != nil {
+			return nil, fmt.Errorf("node not on PATH")
+		}
+		if _, err := os.Stat(filepath.Join(b.Root, "clients", "node", "node_modules")); err != nil {
+			return nil, fmt.Errorf("clients/node/node_modules missing (npm ci in clients/node)")
+		}
+		app, err := firstFile(filepath.Join(b.Root, "testkit", "faultcheck", "apps", "node"), "app.mjs", "app.js", "main.mjs")
+		if err != nil {
+			return nil, err
+		}
+		return []string{node, app}, nil
+	}
+	return nil, fmt.Errorf("unknown front door %q", frontdoor)
+}
+
+func firstFile(dir string, names ...string) (string, error) {
+	for _, n := range names {
+		p := filepath.Join(dir, n)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("no app in %s (looked for %s)", dir, strings.Join(names, ", "))
+}
+
+// NewRig starts the processes of frontdoor on store. They are killed when
+// the test ends.
+func NewRig(tb testing.TB, b Bins, frontdoor, store string) *Rig {
+	tb.Helper()
+	argv, err := AppArgv(b, frontdoor)
+	if err != nil {
+		tb.Fatalf("faultcheck: front door %s: %v", frontdoor, err)
+	}
+	r := &Rig{tb: tb, bins: b, FrontDoor: frontdoor, Store: store, appArgv: argv,
+		http: &http.Client{Timeout: 30 * time.Second}}
+	dir := tb.TempDir()
+	r.env = map[string]string{
+		"IDEM_JWT_HS256_SECRET": secret, "IDEM_CREATE_DB": "1",
+		"IDEM_LOG_FORMAT": "json", "IDEM_LOG_LEVEL": "info",
+		// Settings changed mid-flight take effect at once.
+		"IDEM_TENANT_CACHE_TTL": "0",
+		"IDEM_MAX_BODY_BYTES":   fmt.Sprint(maxBodyBytes), "IDEM_MAX_INFLIGHT_BYTES": fmt.Sprint(maxInflightBytes),
+		"IDEM_ORPHAN_WATCH_INTERVAL": "200ms", "IDEM_STORE_TIMEOUT": "2s",
+	}
+	gwStore := ""
+	if store == "postgres" {
+		u := pgtest.URL(tb)
+		r.env["IDEM_DATABASE_URL"] = u
+		pu, err := url.Parse(u)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if r.pgProxy, err = cutproxy.New(pu.Host); err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(r.pgProxy.Close)
+		pu.Host = r.pgProxy.Addr()
+		gwStore = pu.String()
+	} else {
+		r.env["IDEM_DATABASE_URL"] = "sqlite:" + filepath.Join(dir, "idem.db")
+		gwStore = r.env["IDEM_DATABASE_URL"]
+	}
+	r.cli("migrate")
+	r.cli("tenant", "create", Tenant, "--lease-seconds-default", fmt.Sprint(int(Lease/time.Second)))
+	r.cli("tenant", "create", HogTenant)
+	r.admin = strings.TrimSpace(r.cli("token", "--scope", "admin", "--ttl", "2h"))
+	r.hogToken = strings.TrimSpace(r.cli("token", "--tenant", HogTenant, "--scope", "keys:write", "--ttl", "2h"))
+	r.startServe("127.0.0.1:0")
+	tb.Cleanup(func() { r.mu.Lock(); p := r.serve; r.mu.Unlock(); p.kill() })
+
+	r.LogPath = filepath.Join(dir, "side-effects.jsonl")
+	r.appEnv = map[string]string{"FC_ADDR": "127.0.0.1:0", "FC_LOG": r.LogPath, "FC_SCOPE_HEADER": ScopeHeader,
+		"PYTHONPATH": filepath.Join(b.Root, "clients", "python", "src"), "PYTHONUNBUFFERED": "1"}
+	if frontdoor == "gateway" {
+		r.appEnv["FC_FRONTDOOR"] = "none"
+	} else {
+		r.appEnv["FC_FRONTDOOR"] = frontdoor
+		var err error
+		if r.idemProxy, err = cutproxy.New(r.serveAddr); err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(r.idemProxy.Close)
+		r.appEnv["IDEM_URL"] = "http://" + r.idemProxy.Addr()
+		r.appEnv["IDEM_TOKEN"] = strings.TrimSpace(r.cli("token", "--tenant", Tenant, "--scope", "keys:write", "--ttl", "2h"))
+	}
+	r.app, err = start(baseEnv(r.appEnv), b.Root, appListening, r.appArgv...)
+	if err != nil {
+		tb.Fatalf("faultcheck: start the %s app: %v", frontdoor, err)
+	}
+	tb.Cleanup(func() { r.app.kill() })
+	r.BaseURL = "http://" + r.app.addr
+
+	if frontdoor == "gateway" {
+		r.gwConfig = filepath.Join(dir, "gateway.yaml")
+		// Scoped routes (fail closed and fail_open) and an unscoped one in
+		// one tenant: callers without a scope use the unscoped route.
+		cfg := fmt.Sprintf(`defaults:
+  lease: %s
+  store_5xx: true
+routes:
+  - path: /fc/closed/
+    scope_header: %[2]s
+  - path: /fc/open/
+    scope_header: %[2]s
+    fail_open: true
+  - path: /fc/unscoped/
+`, Lease, ScopeHeader)
+		if err := os.WriteFile(r.gwConfig, []byte(cfg), 0o600); err != nil {
+			tb.Fatal(err)
+		}
+		r.gwEnvStore = gwStore
+		r.startGateway("127.0.0.1:0")
+		tb.Cleanup(func() { r.mu.Lock(); p := r.gateway; r.mu.Unlock(); p.kill() })
+		r.BaseURL = "http://" + r.gwAddr
+	}
+	r.waitHealthy()
+	return r
+}
+
+func (r *Rig) cli(args ...string) string {
+	r.tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, r.bins.Idem, args...)
+	cmd.Env = baseEnv(r.env)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		r.tb.Fatalf("faultcheck: idem %s: %v\n%s", strings.Join(args, " "), err, errb.String())
+	}
+	return out.String()
+}
+
+func (r *Rig) startServe(addr string) {
+	env := maps.Clone(r.env)
+	env["IDEM_ADDR"] = addr
+	var p *proc
+	var err error
+	// A restart may find the port not yet free, or the store cut (a
+	// process that cannot reach its store at start exits): try again for
+	// a while, as a supervisor would.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		p, err = start(baseEnv(env), "", idemListening, r.bins.Idem, "serve")
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		r.tb.Fatalf("faultcheck: start idem serve: %v", err)
+	}
+	r.mu.Lock()
+	r.serve = p
+	if r.serveAddr == "" {
+		r.serveAddr = p.addr
+	}
+	r.mu.Unlock()
+}
+
+func (r *Rig) startGateway(addr string) {
+	env := maps.Clone(r.env)
+	env["IDEM_DATABASE_URL"] = r.gwEnvStore
+	// The small body limits are the idem server's, for the hog.
+	delete(env, "IDEM_MAX_BODY_BYTES")
+	delete(env, "IDEM_MAX_INFLIGHT_BYTES")
+	var p *proc
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); ; { // as in startServe
+		p, err = start(baseEnv(env), "", idemListening, r.bins.Idem, "gateway",
+			"--listen", addr, "--upstream", "http://"+r.app.addr, "--tenant", Tenant, "--config", r.gwConfig)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		r.tb.Fatalf("faultcheck: start idem gateway: %v", err)
+	}
+	r.mu.Lock()
+	r.gateway = p
+	if r.gwAddr == "" {
+		r.gwAddr = p.addr
+	}
+	r.mu.Unlock()
+}
+
+// waitHealthy waits until the front door and the idem server answer.
+func (r *Rig) waitHealthy() {
+	deadline := time.Now().Add(60 * time.Second)
+	for _, u := range []string{"http://" + r.app.addr + "/fc/healthz", "http://" + r.serveAddr + "/healthz"} {
+		for {
+			resp, err := r.http.Get(u)
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				r.tb.Fatalf("faultcheck: %s not healthy within 60s: %v", u, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// Kill9 kills the process the fault kill9 names for this front door (the
+// gateway, or the idem server behind an app) and restarts it on its port.
+func (r *Rig) Kill9() string {
+	r.mu.Lock()
+	gw, serve := r.gateway, r.serve
+	r.mu.Unlock()
+	if r.FrontDoor == "gateway" {
+		gw.kill()
+		r.startGateway(r.gwAddr)
+		return "gateway"
+	}
+	serve.kill()
+	r.startServe(r.serveAddr)
+	return "idem serve"
+}
+
+// CanCut says whether the store path can be cut for this rig: the gateway
+// on SQLite opens a file, no path.
+func (r *Rig) CanCut() bool { return r.FrontDoor != "gateway" || r.pgProxy != nil }
+
+// Cut cuts the front door's path to its store; the returned func restores it.
+func (r *Rig) Cut() func() {
+	p := r.idemProxy
+	if r.FrontDoor == "gateway" {
+		p = r.pgProxy
+	}
+	p.Cut()
+	return p.Restore
+}
+
+// CanFreeze says whether the store can be frozen for this rig: apps freeze
+// the idem server (SIGSTOP), the gateway on SQLite the store's write lock;
+// the gateway on PostgreSQL has no freeze (its store is shared).
+func (r *Rig) CanFreeze() bool { return r.FrontDoor != "gateway" || r.pgProxy == nil }
+
+// Freeze freezes the front door's store for d: the idem server behind an
+// app is stopped (SIGSTOP: its connections stay open and nothing answers)
+// and continued; the gateway's SQLite file has its write lock held by
+// another connection. It returns what it froze.
+func (r *Rig) Freeze(d time.Duration) string {
+	if r.FrontDoor != "gateway" {
+		r.mu.Lock()
+		p := r.serve
+		r.mu.Unlock()
+		_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+		time.Sleep(d)
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		return "idem serve stopped (SIGSTOP), then continued"
+	}
+	db, err := sql.Open("sqlite", strings.TrimPrefix(r.gwEnvStore, "sqlite:"))
+	if err != nil {
+		return "could not open the SQLite file: " + err.Error()
+	}
+	defer db.Close()
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return "could not open the SQLite file: " + err.Error()
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return "could not take the SQLite write lock: " + err.Error()
+	}
+	time.Sleep(d)
+	_, _ = conn.ExecContext(ctx, "ROLLBACK")
+	return "the SQLite write lock held by another connection"
+}
+
+// admin sends an operator API call to the idem server.
+func (r *Rig) adminCall(method, path string, body any) (int, []byte, error) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, "http://"+r.serveAddr+path, rd)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+r.admin)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := r.http.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+// PatchTenant changes the tenant under test (the operator API).
+func (r *Rig) PatchTenant(patch map[string]any) error {
+	var last error
+	for range 50 { // the server may be restarting after a kill -9
+		code, b, err := r.adminCall(http.MethodPatch, "/v1/admin/tenants/"+Tenant, patch)
+		if err == nil && code == http.StatusOK {
+			return nil
+		}
+		last = fmt.Errorf("PATCH tenant %v: %d %s %v", patch, code, b, err)
+		time.Sleep(100 * time.Millisecond)
+	}
+	return last
+}
+
+// TenantUsage returns the tenant's usage.stored_bytes and its settings.
+func (r *Rig) TenantUsage() (stored int64, settings map[string]int64, err error) {
+	code, b, err := r.adminCall(http.MethodGet, "/v1/admin/tenants/"+Tenant, nil)
+	if err != nil || code != http.StatusOK {
+		return 0, nil, fmt.Errorf("GET tenant: %d %s %v", code, b, err)
+	}
+	var t struct {
+		Settings map[string]int64 `json:"settings"`
+		Usage    struct {
+			StoredBytes int64 `json:"stored_bytes"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(b, &t); err != nil {
+		return 0, nil, err
+	}
+	return t.Usage.StoredBytes, t.Settings, nil
+}
+
+// Stderr is the tail of the processes' logs, for a failure report.
+func (r *Rig) Stderr() string {
+	var b strings.Builder
+	r.mu.Lock()
+	procs := map[string]*proc{"idem serve": r.serve, "gateway": r.gateway, "app": r.app}
+	r.mu.Unlock()
+	for name, p := range procs {
+		if p != nil {
+			fmt.Fprintf(&b, "--- %s (last lines)\n%s\n", name, tail(p.stderr.String(), 3000))
+		}
+	}
+	return b.String()
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+// logSize is the side-effect log's size now: a schedule reads from there.
+func (r *Rig) logSize() int64 {
+	fi, err := os.Stat(r.LogPath)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// Hog holds the idem server's in-flight budget as the other tenant would:
+// n connections each declare a body of IDEM_MAX_BODY_BYTES and send one byte
+// every 200 ms. The returned func stops it.
+func (r *Rig) Hog(n int) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			c, err := net.Dial("tcp", r.serveAddr)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST /v1/keys/hog-%d/claim HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{",
+				i, r.serveAddr, r.hogToken, maxBodyBytes)
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(200 * time.Millisecond):
+					if _, err := c.Write([]byte(" ")); err != nil {
+						return
+					}
+				}
+			}
+		})
+	}
+	return func() { cancel(); wg.Wait() }
+}
