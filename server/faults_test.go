@@ -138,18 +138,36 @@ func newLedgerFixture(t *testing.T, srv *servertest.Server, n int) *ledgerFixtur
 	f := &ledgerFixture{url: srv.URL(), token: srv.Token(t, "acme", "keys:write"),
 		done: map[string]string{}, open: map[string]int64{}}
 	ctx := context.Background()
+	// The store is healthy here, but the server's deadline is the fault
+	// tests' short one: on a loaded machine a call can miss it and answer
+	// 503. Such a call is repeated (a claim with its attempt_id, so a claim
+	// that did commit gets its own attempt back; a complete as it was,
+	// which a completed key accepts again), as a client would.
+	settled := func(path string, body any) reply {
+		for range 10 {
+			r := call(ctx, faultClient, http.MethodPost, f.url+path, f.token, body)
+			if r.status != http.StatusServiceUnavailable {
+				return r
+			}
+		}
+		return call(ctx, faultClient, http.MethodPost, f.url+path, f.token, body)
+	}
+	setupClaim := func(key string) map[string]any {
+		b := claimBody(key)
+		b["attempt_id"] = "fixture-" + key
+		return b
+	}
 	for i := range n {
 		key := fmt.Sprintf("done-%d", i)
-		r := call(ctx, faultClient, http.MethodPost, f.url+"/v1/keys/"+key+"/claim", f.token, claimBody(key))
+		r := settled("/v1/keys/"+key+"/claim", setupClaim(key))
 		require.Equal(t, http.StatusCreated, r.status, r.String())
 		body := fmt.Sprintf(`{"id":"ord_%d"}`, i)
-		r = call(ctx, faultClient, http.MethodPost, f.url+"/v1/keys/"+key+"/complete", f.token,
-			completeBody(int64(r.json(t)["fencing_token"].(float64)), body))
+		r = settled("/v1/keys/"+key+"/complete", completeBody(int64(r.json(t)["fencing_token"].(float64)), body))
 		require.Equal(t, http.StatusOK, r.status, r.String())
 		f.done[key] = body
 
 		key = fmt.Sprintf("open-%d", i)
-		r = call(ctx, faultClient, http.MethodPost, f.url+"/v1/keys/"+key+"/claim", f.token, claimBody(key))
+		r = settled("/v1/keys/"+key+"/claim", setupClaim(key))
 		require.Equal(t, http.StatusCreated, r.status, r.String())
 		f.open[key] = int64(r.json(t)["fencing_token"].(float64))
 	}

@@ -35,14 +35,7 @@ var AllFaults = []Fault{FaultDisconnect, FaultStream, FaultHandlerFail, FaultSto
 // issue 21 still open on this branch (the hole's number in the value): the
 // default run leaves them out until the fix merges; -faultcheck.faults=all
 // runs them. Empty it as the fixes land. Nothing else is left out.
-var KnownFailing = map[string]map[Fault]string{
-	"gateway":  {FaultSettings: "issue 21 hole 2", FaultSquat: "issue 21 hole 5", FaultDupScope: "issue 21 hole 6", FaultQuota: "issue 21 hole 4"},
-	"idemhttp": {FaultStream: "issue 21 hole 1", FaultHog: "issue 21 hole 3", FaultQuota: "issue 21 hole 4", FaultSquat: "issue 21 hole 5"},
-	"asgi":     {FaultStream: "issue 21 hole 1", FaultHog: "issue 21 hole 3", FaultQuota: "issue 21 hole 4", FaultSquat: "issue 21 hole 5"},
-	"wsgi":     {FaultDupScope: "issue 21 hole 6 (werkzeug joins the repeated header into one value, so the app cannot refuse it)", FaultDisconnect: "not one of issue 21's holes: found by the checker, a client gone before its body is claimed with the part that came (422 for its retry)", FaultHog: "issue 21 hole 3", FaultQuota: "issue 21 hole 4", FaultSquat: "issue 21 hole 5"},
-	"express":  {FaultStream: "issue 21 hole 1", FaultHog: "issue 21 hole 3", FaultQuota: "issue 21 hole 4", FaultSquat: "issue 21 hole 5"},
-	"fetch":    {FaultStream: "issue 21 hole 1", FaultHog: "issue 21 hole 3", FaultQuota: "issue 21 hole 4", FaultSquat: "issue 21 hole 5"},
-}
+var KnownFailing = map[string]map[Fault]string{}
 
 // Op is one request of a schedule.
 type Op struct {
