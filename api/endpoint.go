@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/canon"
 )
 
 // Endpoints follow the riverui apiframe pattern: each endpoint is a request
@@ -167,7 +168,7 @@ func (s *service) decodeBody(w http.ResponseWriter, r *http.Request, owner strin
 	// encoding/json keeps the last of duplicate member names and replaces
 	// invalid UTF-8 and lone surrogates silently; refuse them instead, so
 	// what is fingerprinted and stored is what the caller sent.
-	if err := idem.CheckIJSON(body); err != nil {
+	if err := canon.CheckIJSON(body); err != nil {
 		return held, ijsonError(err)
 	}
 	// encoding/json takes null for "absent" everywhere; the contract allows
@@ -253,7 +254,7 @@ func jsonField(t reflect.Type, name string) reflect.Type {
 // ijsonError turns a CheckIJSON error into an invalid_request naming the
 // field it found.
 func ijsonError(err error) error {
-	var ie *idem.IJSONError
+	var ie *canon.Error
 	if !errors.As(err, &ie) || ie.Path == "" {
 		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "the request body is not I-JSON (RFC 7493): " + err.Error(), Err: err}
 	}
