@@ -238,10 +238,7 @@ func (in *responseInput) decode() (idem.Response, error) {
 	}
 	var text string
 	if len(in.Body) > 0 && !bytes.Equal(in.Body, []byte("null")) {
-		var ok bool
-		if text, ok = plainString(in.Body); ok {
-			// decoded without encoding/json
-		} else if err := json.Unmarshal(in.Body, &text); err != nil {
+		if err := json.Unmarshal(in.Body, &text); err != nil {
 			return idem.Response{}, fieldError("response.body", "must be a string", err)
 		}
 	}

@@ -155,15 +155,13 @@ func (s *service) decodeBody(w http.ResponseWriter, r *http.Request, owner strin
 		// encoding/json decodes null into a struct as "nothing to do".
 		return held, idem.Errorf(idem.CodeInvalidRequest, "the request body must be a JSON object, not null")
 	}
-	if f, ok := dst.(fastDecoder); !ok || !f.decodeFast(body) {
-		dec := json.NewDecoder(bytes.NewReader(body))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(dst); err != nil {
-			return held, decodeError(err)
-		}
-		if _, err := dec.Token(); err != io.EOF {
-			return held, idem.Errorf(idem.CodeInvalidRequest, "the request body holds data after the JSON value")
-		}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return held, decodeError(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return held, idem.Errorf(idem.CodeInvalidRequest, "the request body holds data after the JSON value")
 	}
 	// encoding/json keeps the last of duplicate member names and replaces
 	// invalid UTF-8 and lone surrogates silently; refuse them instead, so
