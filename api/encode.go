@@ -12,26 +12,18 @@ import (
 )
 
 // jsonTime is a time as the API writes it: RFC 3339 in UTC with the
-// fraction it has, or null when it is zero. The hand-written bodies append
-// it in place (appendTime), without the string and the pointer a *string
-// member cost per time.
+// fraction it has, or null when it is zero.
 type jsonTime time.Time
 
 func timeJSON(t time.Time) jsonTime { return jsonTime(t) }
 
-// MarshalJSON writes t for the bodies encoding/json writes.
-func (t jsonTime) MarshalJSON() ([]byte, error) { return appendTime(nil, t), nil }
-
-// appendTime appends t as JSON: a string (RFC 3339 has nothing to escape)
-// or null.
-func appendTime(b []byte, t jsonTime) []byte {
+// MarshalJSON writes t for encoding/json: null for the zero time.
+func (t jsonTime) MarshalJSON() ([]byte, error) {
 	tt := time.Time(t)
 	if tt.IsZero() {
-		return append(b, "null"...)
+		return []byte("null"), nil
 	}
-	b = append(b, '"')
-	b = tt.UTC().AppendFormat(b, time.RFC3339Nano)
-	return append(b, '"')
+	return json.Marshal(tt.UTC().Format(time.RFC3339Nano))
 }
 
 func stringOrNull(s string) *string {

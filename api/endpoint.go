@@ -117,9 +117,7 @@ func (s *service) writeJSON(w http.ResponseWriter, r *http.Request, resp any) {
 		}
 	}()
 	buf.Reset()
-	if b, ok := appendBody(buf.AvailableBuffer(), resp); ok {
-		buf.Write(append(b, '\n'))
-	} else if err := json.NewEncoder(buf).Encode(resp); err != nil {
+	if err := json.NewEncoder(buf).Encode(resp); err != nil {
 		// Encode writes what json.Marshal returns plus a newline.
 		s.writeProblem(w, r, fmt.Errorf("encode response: %w", err))
 		return
