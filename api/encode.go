@@ -23,7 +23,7 @@ func (t jsonTime) MarshalJSON() ([]byte, error) {
 	if tt.IsZero() {
 		return []byte("null"), nil
 	}
-	return json.Marshal(tt.UTC().Format(time.RFC3339Nano))
+	return tt.UTC().MarshalJSON() // RFC 3339 with the fraction it has
 }
 
 func stringOrNull(s string) *string {
