@@ -60,7 +60,7 @@ func benchRouter(b *testing.B, settings idem.SettingsPatch) (http.Handler, strin
 	}
 	h := api.New(api.Options{
 		Store: store, Tenants: ts, Verifier: v,
-		Logger:   slog.New(api.NewJSONLogHandler(io.Discard, nil)),
+		Logger:   slog.New(slog.NewJSONHandler(io.Discard, nil)),
 		Observer: m,
 	})
 	return h, tok

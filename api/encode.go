@@ -12,26 +12,18 @@ import (
 )
 
 // jsonTime is a time as the API writes it: RFC 3339 in UTC with the
-// fraction it has, or null when it is zero. The hand-written bodies append
-// it in place (appendTime), without the string and the pointer a *string
-// member cost per time.
+// fraction it has, or null when it is zero.
 type jsonTime time.Time
 
 func timeJSON(t time.Time) jsonTime { return jsonTime(t) }
 
-// MarshalJSON writes t for the bodies encoding/json writes.
-func (t jsonTime) MarshalJSON() ([]byte, error) { return appendTime(nil, t), nil }
-
-// appendTime appends t as JSON: a string (RFC 3339 has nothing to escape)
-// or null.
-func appendTime(b []byte, t jsonTime) []byte {
+// MarshalJSON writes t for encoding/json: null for the zero time.
+func (t jsonTime) MarshalJSON() ([]byte, error) {
 	tt := time.Time(t)
 	if tt.IsZero() {
-		return append(b, "null"...)
+		return []byte("null"), nil
 	}
-	b = append(b, '"')
-	b = tt.UTC().AppendFormat(b, time.RFC3339Nano)
-	return append(b, '"')
+	return tt.UTC().MarshalJSON() // RFC 3339 with the fraction it has
 }
 
 func stringOrNull(s string) *string {
@@ -238,10 +230,7 @@ func (in *responseInput) decode() (idem.Response, error) {
 	}
 	var text string
 	if len(in.Body) > 0 && !bytes.Equal(in.Body, []byte("null")) {
-		var ok bool
-		if text, ok = plainString(in.Body); ok {
-			// decoded without encoding/json
-		} else if err := json.Unmarshal(in.Body, &text); err != nil {
+		if err := json.Unmarshal(in.Body, &text); err != nil {
 			return idem.Response{}, fieldError("response.body", "must be a string", err)
 		}
 	}

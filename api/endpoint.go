@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/canon"
 )
 
 // Endpoints follow the riverui apiframe pattern: each endpoint is a request
@@ -116,9 +117,7 @@ func (s *service) writeJSON(w http.ResponseWriter, r *http.Request, resp any) {
 		}
 	}()
 	buf.Reset()
-	if b, ok := appendBody(buf.AvailableBuffer(), resp); ok {
-		buf.Write(append(b, '\n'))
-	} else if err := json.NewEncoder(buf).Encode(resp); err != nil {
+	if err := json.NewEncoder(buf).Encode(resp); err != nil {
 		// Encode writes what json.Marshal returns plus a newline.
 		s.writeProblem(w, r, fmt.Errorf("encode response: %w", err))
 		return
@@ -154,20 +153,18 @@ func (s *service) decodeBody(w http.ResponseWriter, r *http.Request, owner strin
 		// encoding/json decodes null into a struct as "nothing to do".
 		return held, idem.Errorf(idem.CodeInvalidRequest, "the request body must be a JSON object, not null")
 	}
-	if f, ok := dst.(fastDecoder); !ok || !f.decodeFast(body) {
-		dec := json.NewDecoder(bytes.NewReader(body))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(dst); err != nil {
-			return held, decodeError(err)
-		}
-		if _, err := dec.Token(); err != io.EOF {
-			return held, idem.Errorf(idem.CodeInvalidRequest, "the request body holds data after the JSON value")
-		}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return held, decodeError(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return held, idem.Errorf(idem.CodeInvalidRequest, "the request body holds data after the JSON value")
 	}
 	// encoding/json keeps the last of duplicate member names and replaces
 	// invalid UTF-8 and lone surrogates silently; refuse them instead, so
 	// what is fingerprinted and stored is what the caller sent.
-	if err := idem.CheckIJSON(body); err != nil {
+	if err := canon.CheckIJSON(body); err != nil {
 		return held, ijsonError(err)
 	}
 	// encoding/json takes null for "absent" everywhere; the contract allows
@@ -253,7 +250,7 @@ func jsonField(t reflect.Type, name string) reflect.Type {
 // ijsonError turns a CheckIJSON error into an invalid_request naming the
 // field it found.
 func ijsonError(err error) error {
-	var ie *idem.IJSONError
+	var ie *canon.Error
 	if !errors.As(err, &ie) || ie.Path == "" {
 		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "the request body is not I-JSON (RFC 7493): " + err.Error(), Err: err}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/canon"
 	"github.com/idem-dev/idem/sqlite"
 	"github.com/idem-dev/idem/tenants"
 )
@@ -143,7 +144,7 @@ func FuzzRequestDecoding(f *testing.F) {
 		}
 		// Accepted: the body was I-JSON and what was stored passes the rules.
 		if len(bytes.TrimSpace(body)) > 0 {
-			if err := idem.CheckIJSON(body); err != nil {
+			if err := canon.CheckIJSON(body); err != nil {
 				t.Fatalf("%s %s accepted non-I-JSON %q: %v", ep.method, path, body, err)
 			}
 		}
@@ -182,7 +183,7 @@ func checkStored(t *testing.T, rec idem.Record) {
 		errs = append(errs, idem.ValidateRecoveryPoint(rec.RecoveryPoint))
 	}
 	if len(rec.RecoveryData) > 0 {
-		errs = append(errs, idem.CheckIJSON(rec.RecoveryData))
+		errs = append(errs, canon.CheckIJSON(rec.RecoveryData))
 	}
 	if rec.Response != nil {
 		errs = append(errs, idem.ValidateResponseHeaders(rec.Response.Headers))

@@ -14,6 +14,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/canon"
 	"github.com/idem-dev/idem/client/frontdoor"
 )
 
@@ -136,7 +137,7 @@ func (s *service) claim(ctx context.Context, req *claimRequest) (reply, error) {
 	case req.Fingerprint != nil:
 		fp = *req.Fingerprint
 	case !isNull(req.Request):
-		fp, err = idem.FingerprintJSON(req.Request)
+		fp, err = canon.Fingerprint(req.Request)
 		if err != nil {
 			return reply{}, fieldError("request", "cannot be canonicalized: "+err.Error(), err)
 		}

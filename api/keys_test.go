@@ -14,6 +14,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/canon"
 )
 
 func TestHealthAndReady(t *testing.T) {
@@ -136,7 +137,7 @@ func TestClaimCompleteReplay(t *testing.T) {
 	r = b.req(t, http.MethodGet, "/v1/keys/order-42", tok, nil)
 	require.Equal(t, http.StatusOK, r.status)
 	rec := r.json(t)
-	fp, err := idem.FingerprintJSON([]byte(`{"currency":"usd","amount":1000}`))
+	fp, err := canon.Fingerprint([]byte(`{"currency":"usd","amount":1000}`))
 	require.NoError(t, err)
 	require.Equal(t, fp, rec["fingerprint"])
 	require.Nil(t, rec["response"])

@@ -154,17 +154,13 @@ const maxRoutePatterns = 256
 
 func init() { routePatterns.Store(&map[routeKey]string{}) }
 
-// logRequest writes the access log line. A NewJSONLogHandler writes it
-// by itself; to any other handler it hands the record, as
-// slog.Logger.LogAttrs would, minus the runtime.Callers that looks up the
-// caller for a source position nobody asks for (NewLogger never sets
+// logRequest writes the access log line: it hands the handler the record,
+// as slog.Logger.LogAttrs would, minus the runtime.Callers that looks up
+// the caller for a source position nobody asks for (NewLogger never sets
 // AddSource); the output is the same.
 func (s *service) logRequest(ctx context.Context, st *reqState, method, pattern string, status int, start, end time.Time) {
 	h := s.logger.Handler()
 	if !h.Enabled(ctx, slog.LevelInfo) {
-		return
-	}
-	if jh, ok := h.(*jsonLogHandler); ok && jh.writeAccessLine(end, st.id, method, pattern, status, end.Sub(start), st.logTenant.Load()) {
 		return
 	}
 	rec := slog.NewRecord(end, slog.LevelInfo, "http request", 0)

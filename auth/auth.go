@@ -25,6 +25,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/canon"
 )
 
 // The scopes a token may carry in its space-separated scope claim.
@@ -232,7 +233,7 @@ func checkSegmentsIJSON(token string) error {
 		if err != nil {
 			return err
 		}
-		if err := idem.CheckIJSON(doc); err != nil {
+		if err := canon.CheckIJSON(doc); err != nil {
 			return err
 		}
 	}

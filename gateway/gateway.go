@@ -50,6 +50,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/canon"
 	"github.com/idem-dev/idem/client/frontdoor"
 	"github.com/idem-dev/idem/internal/budget"
 	"github.com/idem-dev/idem/internal/statuswriter"
@@ -279,7 +280,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		g.refuse(w, r, x, err)
 		return
 	}
-	fp, err := idem.FingerprintJSON(doc)
+	fp, err := canon.Fingerprint(doc)
 	if err != nil {
 		g.refuse(w, r, x, &frontdoor.Error{Code: frontdoor.CodeInvalidRequest, Detail: "the request body cannot be fingerprinted: " + err.Error(),
 			Fields: []frontdoor.FieldError{{Field: "body", Message: err.Error()}}})

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -9,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/internal/jsonenc"
 	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
 )
 
@@ -162,8 +162,15 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 	if err := p.Validate(); err != nil {
 		return idem.Record{}, err
 	}
-	headers := jsonenc.AppendStringMap(nil, p.Response.Headers)
+	headers, err := json.Marshal(p.Response.Headers)
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("complete key: encode headers: %w", err)
+	}
 	unstored := idem.UnstoredResponse(p.Response)
+	unstoredHeaders, err := json.Marshal(unstored.Headers)
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("complete key: encode headers: %w", err)
+	}
 	row, err := s.q.CompleteKey(ctx, dbsqlc.CompleteKeyParams{
 		TenantID:             p.TenantID,
 		Key:                  p.Key,
@@ -174,7 +181,7 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 		ResponseBodyEncoding: p.Response.BodyEncoding,
 		ResponseBytes:        int64(p.Response.Size()),
 		StorageQuotaBytes:    p.StorageQuotaBytes,
-		UnstoredHeaders:      jsonenc.AppendStringMap(nil, unstored.Headers),
+		UnstoredHeaders:      unstoredHeaders,
 		UnstoredBytes:        int64(unstored.Size()),
 		Now:                  s.clock(),
 	})

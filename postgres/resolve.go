@@ -2,14 +2,15 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/internal/jsonenc"
 	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
 )
 
@@ -26,7 +27,11 @@ func (s *Store) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolut
 	}
 	var headers []byte
 	if p.Action == idem.ResolveComplete {
-		headers = jsonenc.AppendStringMap(nil, p.Response.Headers)
+		h, err := json.Marshal(p.Response.Headers)
+		if err != nil {
+			return idem.Resolution{}, fmt.Errorf("resolve key: encode headers: %w", err)
+		}
+		headers = h
 	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {

@@ -496,8 +496,8 @@ func (s *Server) Close() error {
 }
 
 // NewLogger returns the slog logger cfg asks for, writing to w: JSON or
-// text (text by default in development mode), at cfg.LogLevel. JSON goes
-// through api.NewJSONLogHandler, which writes the access log line itself.
+// text (text by default in development mode), at cfg.LogLevel: slog's own
+// handlers, which write each line with one Write.
 func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 	var level slog.Level
 	switch strings.ToLower(cfg.LogLevel) {
@@ -514,7 +514,7 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 	if cfg.EffectiveLogFormat() == "text" {
 		return slog.New(slog.NewTextHandler(w, opts))
 	}
-	return slog.New(api.NewJSONLogHandler(w, opts))
+	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
 // Waiting returns how many claims this server holds now waiting for a key

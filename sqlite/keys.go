@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -10,7 +11,6 @@ import (
 	sqlitelib "modernc.org/sqlite/lib"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/internal/jsonenc"
 	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
 )
 
@@ -201,10 +201,13 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 	if err := p.Validate(); err != nil {
 		return idem.Record{}, err
 	}
-	headers := jsonenc.AppendStringMap(nil, p.Response.Headers)
+	headers, err := json.Marshal(p.Response.Headers)
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("complete key: encode headers: %w", err)
+	}
 	var rec idem.Record
 	var refusal error
-	err := s.inTx(ctx, "complete key", func(q *dbsqlc.Queries, now time.Time) error {
+	err = s.inTx(ctx, "complete key", func(q *dbsqlc.Queries, now time.Time) error {
 		stored, err := getKey(ctx, q, p.TenantID, p.Key, now)
 		if err != nil {
 			return err
@@ -232,7 +235,9 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 		} else if !fits {
 			// Completed all the same (the work ran), without the response.
 			resp = unstored
-			headers = jsonenc.AppendStringMap(nil, resp.Headers)
+			if headers, err = json.Marshal(resp.Headers); err != nil {
+				return fmt.Errorf("encode headers: %w", err)
+			}
 			refusal = idem.ResponseNotStored(p.TenantID, p.Response.Size(), p.StorageQuotaBytes)
 		}
 		status := int64(resp.Status)

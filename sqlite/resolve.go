@@ -2,11 +2,11 @@ package sqlite
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/internal/jsonenc"
 	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
 )
 
@@ -20,7 +20,11 @@ func (s *Store) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolut
 	}
 	var headers []byte
 	if p.Action == idem.ResolveComplete {
-		headers = jsonenc.AppendStringMap(nil, p.Response.Headers)
+		h, err := json.Marshal(p.Response.Headers)
+		if err != nil {
+			return idem.Resolution{}, fmt.Errorf("resolve key: encode headers: %w", err)
+		}
+		headers = h
 	}
 	var res idem.Resolution
 	err := s.inTx(ctx, "resolve key", func(q *dbsqlc.Queries, now time.Time) error {

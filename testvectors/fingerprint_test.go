@@ -1,6 +1,6 @@
 // Package testvectors_test checks the shared front-door vectors against the
 // server's fingerprint: the fingerprint each vector expects must be
-// idem.FingerprintJSON of the document client/frontdoor builds, the value
+// canon.Fingerprint of the document client/frontdoor builds, the value
 // the idem server computes for a claim whose request is that document.
 package testvectors_test
 
@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/canon"
 	"github.com/idem-dev/idem/client/frontdoor"
 	"github.com/idem-dev/idem/testvectors"
 )
@@ -62,17 +62,17 @@ func TestFingerprintVectorsMatchTheServer(t *testing.T) {
 				// a well-formed body that is not I-JSON is embedded as
 				// sent and refused by the fingerprint (the server's rule).
 				if err == nil {
-					_, err = idem.FingerprintJSON(doc)
+					_, err = canon.Fingerprint(doc)
 				}
 				require.Error(t, err, "document %s", doc)
 				return
 			}
 			require.NoError(t, err)
-			got, err := idem.FingerprintJSON(doc)
+			got, err := canon.Fingerprint(doc)
 			require.NoError(t, err)
 			assert.Equal(t, v.Expect.Fingerprint, got)
 			// The expected document itself has the same fingerprint.
-			want, err := idem.FingerprintJSON(v.Expect.Document)
+			want, err := canon.Fingerprint(v.Expect.Document)
 			require.NoError(t, err)
 			assert.Equal(t, v.Expect.Fingerprint, want)
 		})
@@ -80,7 +80,7 @@ func TestFingerprintVectorsMatchTheServer(t *testing.T) {
 }
 
 // TestTargetVectorsMatchTheServer: the fingerprint each request-target
-// vector expects is idem.FingerprintJSON of the document client/frontdoor
+// vector expects is canon.Fingerprint of the document client/frontdoor
 // builds from the expected path and query, and frontdoor.Target reads that
 // path and query from the request line.
 func TestTargetVectorsMatchTheServer(t *testing.T) {
@@ -94,7 +94,7 @@ func TestTargetVectorsMatchTheServer(t *testing.T) {
 			require.NoError(t, json.Unmarshal(doc, &got))
 			assert.Equal(t, v.Expect.Path, got.Path)
 			assert.Equal(t, v.Expect.Query, got.Query)
-			fp, err := idem.FingerprintJSON(doc)
+			fp, err := canon.Fingerprint(doc)
 			require.NoError(t, err)
 			assert.Equal(t, v.Expect.Fingerprint, fp)
 		})

@@ -1,15 +1,13 @@
-package idem_test
+package canon_test
 
 import (
 	"errors"
-	"fmt"
-	"math/rand/v2"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/canon"
 )
 
 // TestCheckIJSONRefuses holds the vectors of documents encoding/json accepts
@@ -35,16 +33,16 @@ func TestCheckIJSONRefuses(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			err := idem.CheckIJSON([]byte(tc.doc))
-			var ie *idem.IJSONError
-			require.True(t, errors.As(err, &ie), "want an IJSONError, got %v", err)
+			err := canon.CheckIJSON([]byte(tc.doc))
+			var ie *canon.Error
+			require.True(t, errors.As(err, &ie), "want a canon.Error, got %v", err)
 			require.Equal(t, tc.path, ie.Path)
 			require.Contains(t, ie.Reason, tc.reason)
 
 			// Canonicalization refuses the same documents: they never get
 			// a fingerprint.
-			_, err = idem.FingerprintJSON([]byte(tc.doc))
-			require.True(t, errors.As(err, &ie), "FingerprintJSON must refuse %q, got %v", tc.doc, err)
+			_, err = canon.Fingerprint([]byte(tc.doc))
+			require.True(t, errors.As(err, &ie), "Fingerprint must refuse %q, got %v", tc.doc, err)
 		})
 	}
 }
@@ -56,17 +54,17 @@ func TestCheckIJSONAccepts(t *testing.T) {
 		`{"a":{"a":{"a":1}},"b":[{"a":1},{"a":2}]}`, `{"":1,"\u0000":2}`, `"\ufffd"`, "\"\uFFFD\"",
 		`{"A":1,"a":2}`, `"\/"`,
 	} {
-		require.NoError(t, idem.CheckIJSON([]byte(doc)), doc)
+		require.NoError(t, canon.CheckIJSON([]byte(doc)), doc)
 	}
 }
 
 func TestCheckIJSONRefusesNonJSON(t *testing.T) {
 	t.Parallel()
 	for _, doc := range []string{``, `{`, `{"a"}`, `[1,]`, `01`, `1.`, `"\x"`, `"\u12"`, `tru`, `{} {}`, "\"a\x01\"", `-`} {
-		require.Error(t, idem.CheckIJSON([]byte(doc)), doc)
+		require.Error(t, canon.CheckIJSON([]byte(doc)), doc)
 	}
 	deep := strings.Repeat("[", 10001) + strings.Repeat("]", 10001)
-	require.ErrorContains(t, idem.CheckIJSON([]byte(deep)), "nested deeper")
+	require.ErrorContains(t, canon.CheckIJSON([]byte(deep)), "nested deeper")
 }
 
 // TestFingerprintsOfDifferentPayloadsDiffer is the fingerprint collision of
@@ -79,8 +77,8 @@ func TestFingerprintsOfDifferentPayloadsDiffer(t *testing.T) {
 		{"{\"name\":\"\xff\"}", "{\"name\":\"\xfe\"}"},
 		{`{"name":"\ud800"}`, `{"name":"\ufffd"}`},
 	} {
-		a, errA := idem.FingerprintJSON([]byte(pair[0]))
-		b, errB := idem.FingerprintJSON([]byte(pair[1]))
+		a, errA := canon.Fingerprint([]byte(pair[0]))
+		b, errB := canon.Fingerprint([]byte(pair[1]))
 		require.False(t, errA == nil && errB == nil && a == b, "%q and %q share fingerprint %s", pair[0], pair[1], a)
 		require.Error(t, errA, "%q is not I-JSON", pair[0])
 	}
@@ -99,62 +97,10 @@ func BenchmarkCheckIJSON(b *testing.B) {
 			doc := []byte(bc.doc)
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := idem.CheckIJSON(doc); err != nil {
+				if err := canon.CheckIJSON(doc); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
-	}
-}
-
-// checkIJSONMatches fails t unless CheckIJSON says of doc exactly what the
-// earlier scanner (which built every path as it went) says: no error, or
-// the same path and reason.
-func checkIJSONMatches(t *testing.T, doc []byte) {
-	t.Helper()
-	got, want := idem.CheckIJSON(doc), idem.CheckIJSONReference(doc)
-	if (got == nil) != (want == nil) || got != nil && got.Error() != want.Error() {
-		t.Fatalf("CheckIJSON(%q) = %v, reference %v", doc, got, want)
-	}
-}
-
-// TestCheckIJSONMatchesReference compares CheckIJSON with the earlier
-// scanner on random documents and on each broken at random (see
-// TestCanonicalOnePassMatches), on objects with many members (a duplicate
-// early, late or none) and on nesting too deep.
-func TestCheckIJSONMatchesReference(t *testing.T) {
-	t.Parallel()
-	rng := rand.New(rand.NewPCG(14, 2))
-	refused := 0
-	for range 4000 {
-		doc := randomJSON(rng, nil, 0)
-		for _, d := range [][]byte{doc, mutateJSON(rng, doc)} {
-			checkIJSONMatches(t, d)
-			if idem.CheckIJSON(d) != nil {
-				refused++
-			}
-		}
-	}
-	require.Greater(t, refused, 1000)
-	for _, n := range []int{15, 16, 17, 40} {
-		for _, dup := range []int{-1, 1, n / 2, n - 1} {
-			var b strings.Builder
-			b.WriteString(`{"outer":[{`)
-			for i := range n {
-				if i > 0 {
-					b.WriteByte(',')
-				}
-				name := i
-				if i == dup {
-					name = 0
-				}
-				fmt.Fprintf(&b, `"m%d":{"x":%d}`, name, i)
-			}
-			b.WriteString(`}]}`)
-			checkIJSONMatches(t, []byte(b.String()))
-		}
-	}
-	for _, deep := range []string{strings.Repeat("[", 10001) + strings.Repeat("]", 10001), strings.Repeat(`{"a":`, 10001) + "1" + strings.Repeat("}", 10001)} {
-		checkIJSONMatches(t, []byte(deep))
 	}
 }

@@ -1,0 +1,69 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/canon"
+)
+
+// jsonClaimBody and jsonCompleteBody are the claim and complete cmd/loadgen
+// sends.
+var jsonClaimBody = []byte(`{"operation":"POST /v1/payments","request":{"amount":1000,"currency":"usd"}}`)
+
+var jsonCompleteBody = []byte(`{"fencing_token":1,"response":{"status":201,"headers":{"Content-Type":"application/json"},"body":"{\"id\":\"ord_1\"}"}}`)
+
+// decodeStrict is decodeBody's decoding of a body, without the HTTP
+// request around it: encoding/json with unknown fields refused, then the
+// I-JSON check.
+func decodeStrict(b *testing.B, body []byte, dst any) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		b.Fatal("data after the value")
+	}
+	if err := canon.CheckIJSON(body); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkLifecycleJSON is the JSON work of the two requests of
+// `loadgen -mode lifecycle` without HTTP and the store: the claim's body
+// decoded and checked, its request fingerprinted, its 201 written; the
+// complete's body decoded and checked, its response read, the record
+// written. It is what issue 22 moved onto libraries. Run with -benchmem.
+func BenchmarkLifecycleJSON(b *testing.B) {
+	now := time.Now()
+	var out bytes.Buffer
+	b.ReportAllocs()
+	for b.Loop() {
+		var claim claimRequest
+		decodeStrict(b, jsonClaimBody, &claim)
+		if _, err := canon.Fingerprint(claim.Request); err != nil {
+			b.Fatal(err)
+		}
+		out.Reset()
+		if err := json.NewEncoder(&out).Encode(claimJSON{Key: "k-1", State: idem.StateInFlight, FencingToken: 1, Attempt: 1, LeaseExpiresAt: timeJSON(now)}); err != nil {
+			b.Fatal(err)
+		}
+		var complete completeRequest
+		decodeStrict(b, jsonCompleteBody, &complete)
+		resp, err := complete.Response.decode()
+		if err != nil {
+			b.Fatal(err)
+		}
+		out.Reset()
+		rec := idem.Record{Key: "k-1", State: idem.StateCompleted, Operation: "POST /v1/payments", Fingerprint: "sha256:ab", FencingToken: 1, Attempt: 1,
+			CreatedAt: now, CompletedAt: now, ReplayUntil: now, PurgeAfter: now, Response: &resp}
+		if err := json.NewEncoder(&out).Encode(encodeRecord(rec)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
