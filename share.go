@@ -52,7 +52,7 @@ func StoreShareOf(poolSize int, fraction float64) int {
 // operator's changes to a tenant (CreateTenant, UpdateTenant,
 // DeleteTenant) pass through, as do all calls when perTenant <= 0 or
 // perTenant >= pool (which return s). On a store whose
-// writes take turns on one writer (SerialWriter: SQLite) a tenant's writes
+// writes take turns on one writer (serial: Driver.SerialWrites, SQLite) a tenant's writes
 // have a share of their own: they wait for the writer without a
 // connection, so they must not keep the tenant's reads, which run beside
 // the writer, from the connections. Reads and writes count alike in the
@@ -64,11 +64,10 @@ func StoreShareOf(poolSize int, fraction float64) int {
 // The hot path takes no lock shared between tenants and allocates nothing:
 // one lookup in a sync.Map, a send on the tenant's buffered channel and
 // an atomic count of the calls in progress.
-func WithTenantShare(s Store, pool, perTenant int, observe func(tenant string, err error)) Store {
+func WithTenantShare(s Store, pool, perTenant int, serial bool, observe func(tenant string, err error)) Store {
 	if perTenant <= 0 || perTenant >= pool {
 		return s
 	}
-	_, serial := s.(SerialWriter)
 	return &shareStore{s: s, per: perTenant, borrow: int64(pool - ShareReserve), serial: serial, observe: observe}
 }
 
@@ -77,16 +76,6 @@ func WithTenantShare(s Store, pool, perTenant int, observe func(tenant string, e
 // find at once even while one tenant's calls are stuck. One is enough for
 // them to make progress, and a tenant alone keeps the rest of the pool.
 const ShareReserve = 1
-
-// SerialWriter is implemented by a Store whose writes take turns on a
-// single writer and wait for their turn without holding a connection
-// (SQLite), while its reads run beside the writer on the other
-// connections. WithTenantShare then gives a tenant's writes a share of
-// their own.
-type SerialWriter interface {
-	// SerialWrites only marks the Store.
-	SerialWrites()
-}
 
 type shareStore struct {
 	s   Store
@@ -106,7 +95,7 @@ type shareStore struct {
 // tenantSlots are the semaphores of one tenant's share, each a chan
 // struct{} of capacity per: a send takes a slot, a receive gives it back,
 // and goroutines blocked sending are woken first in, first out. writes is
-// reads unless the store is a SerialWriter.
+// reads unless the store's writes are serial.
 type tenantSlots struct {
 	reads, writes chan struct{}
 }

@@ -58,7 +58,7 @@ func TestWithTenantShare(t *testing.T) {
 	g := &gateStore{gate: make(chan struct{})}
 	var mu sync.Mutex
 	var seen []error
-	s := idem.WithTenantShare(g, 2, 1, func(tenant string, err error) {
+	s := idem.WithTenantShare(g, 2, 1, false, func(tenant string, err error) {
 		require.Equal(t, "slow", tenant)
 		mu.Lock()
 		seen = append(seen, err)
@@ -109,7 +109,7 @@ func TestWithTenantShare(t *testing.T) {
 // TestWithTenantShareNoAlloc: the share costs no allocation per call (it
 // sits on every request's path).
 func TestWithTenantShareNoAlloc(t *testing.T) {
-	s := idem.WithTenantShare(&gateStore{}, 10, 4, nil)
+	s := idem.WithTenantShare(&gateStore{}, 10, 4, false, nil)
 	ctx := context.Background()
 	p := idem.ClaimParams{TenantID: "acme", Key: "k"}
 	_, _ = s.Claim(ctx, p) // the tenant's slots are made once
@@ -117,10 +117,9 @@ func TestWithTenantShareNoAlloc(t *testing.T) {
 	require.Zero(t, allocs)
 }
 
-// serialStore is a gateStore that says its writes take turns on one writer.
+// serialStore is a gateStore whose reads answer at once, for a share told
+// that the store's writes take turns on one writer.
 type serialStore struct{ gateStore }
-
-func (*serialStore) SerialWrites() {}
 
 func (g *serialStore) GetRecord(context.Context, idem.GetRecordParams) (idem.Record, error) {
 	return idem.Record{}, nil
@@ -133,7 +132,7 @@ func TestWithTenantShareSerialWriter(t *testing.T) {
 	t.Parallel()
 	g := &serialStore{gateStore{gate: make(chan struct{})}}
 	defer close(g.gate)
-	s := idem.WithTenantShare(g, 2, 1, nil)
+	s := idem.WithTenantShare(g, 2, 1, true, nil)
 	ctx := t.Context()
 	go func() { _, _ = s.Claim(ctx, idem.ClaimParams{TenantID: "slow", Key: "k"}) }()
 	require.Eventually(t, func() bool {
@@ -157,7 +156,7 @@ func TestWithTenantShareBorrows(t *testing.T) {
 	const pool = 4
 	g := &gateStore{gate: make(chan struct{})}
 	defer close(g.gate)
-	s := idem.WithTenantShare(g, pool, 1, nil)
+	s := idem.WithTenantShare(g, pool, 1, false, nil)
 	ctx := t.Context()
 	for i := range pool - idem.ShareReserve {
 		go func() { _, _ = s.Claim(ctx, idem.ClaimParams{TenantID: "slow", Key: fmt.Sprint(i)}) }()
@@ -191,7 +190,7 @@ func TestWebhooksWithTenantShare(t *testing.T) {
 	t.Parallel()
 	g := &gateStore{gate: make(chan struct{})}
 	defer close(g.gate)
-	s := idem.WithTenantShare(g, 2, 1, nil)
+	s := idem.WithTenantShare(g, 2, 1, false, nil)
 	w := idem.WebhooksWithTenantShare(s, gateWebhooks{})
 	ctx := t.Context()
 	go func() { _, _ = s.Claim(ctx, idem.ClaimParams{TenantID: "slow", Key: "k"}) }()

@@ -144,12 +144,6 @@ type PoolStats struct {
 	WaitTime time.Duration
 }
 
-// PoolReporter is implemented by a Store that has a connection pool (both
-// backends do); the metrics read it without knowing the driver.
-type PoolReporter interface {
-	PoolStats() PoolStats
-}
-
 // ErrNoLedger is what a store's Open returns, wrapped, when it was asked to
 // open an existing ledger and the database holds none: a missing SQLite file
 // (deleted, a volume not mounted) or a database without idem's tables. The

@@ -51,6 +51,7 @@ import (
 	"github.com/idem-dev/idem/client/frontdoor"
 	"github.com/idem-dev/idem/internal/budget"
 	"github.com/idem-dev/idem/internal/statuswriter"
+	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/tenants"
 )
 
@@ -74,9 +75,9 @@ type Options struct {
 	// Logger receives the access log and errors; nil discards them.
 	Logger *slog.Logger
 	// Waiters hold requests with Prefer: wait=N while their key is in
-	// flight (idem.NewWaiters on the store's key events); nil answers 409
+	// flight (keyevents.NewWaiters on the store's key events); nil answers 409
 	// at once.
-	Waiters *idem.Waiters
+	Waiters *keyevents.Waiters
 	// Transport reaches the upstreams; nil uses a clone of
 	// http.DefaultTransport.
 	Transport http.RoundTripper

@@ -25,6 +25,7 @@ import (
 	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/auth"
 	"github.com/idem-dev/idem/jobs"
+	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/tenants"
 	"github.com/idem-dev/idem/web"
@@ -47,7 +48,7 @@ type Server struct {
 	cfg      Config
 	db       database
 	logger   *slog.Logger
-	rawStore idem.Store
+	rawStore idem.Driver
 	store    idem.Store
 	tenants  *tenants.Service
 	registry *prometheus.Registry
@@ -55,7 +56,7 @@ type Server struct {
 	jobs     *jobs.Runner
 	// waiters hold claims that wait for a key in flight; nil when waiting
 	// is off.
-	waiters *idem.Waiters
+	waiters *keyevents.Waiters
 	handler http.Handler
 	dev     *DevInfo
 	// webhooks is the store's webhook side; deliverer sends its outbox.
@@ -151,9 +152,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	s.metrics = metrics.New(s.registry)
 	s.metrics.LimitTenants(cfg.MetricsMaxTenants)
 	metrics.RegisterReadiness(s.registry, raw.Ping)
-	if p, ok := raw.(idem.PoolReporter); ok {
-		s.metrics.RegisterPool(s.registry, p.PoolStats)
-	}
+	s.metrics.RegisterPool(s.registry, raw.PoolStats)
 	// The deadline sits inside the instrumentation, so a call that ran out
 	// of time is counted as unavailable; every user of s.store — the API,
 	// the tenant service, the background jobs — gets it. Inside the
@@ -161,14 +160,14 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	// the wait for the share is bounded by the same deadline; the
 	// background jobs name no tenant and are not held to one.
 	pool, share := s.storeShare(raw)
-	shared := idem.WithTenantShare(raw, pool, share, s.metrics.ObserveShareWait)
+	shared := idem.WithTenantShare(raw, pool, share, raw.SerialWrites(), s.metrics.ObserveShareWait)
 	s.store = metrics.InstrumentStore(idem.WithDeadline(shared, cfg.StoreTimeout), s.metrics)
 	s.tenants = tenants.NewService(s.store, cfg.TenantCacheTTL)
 	// Claims wait on the raw store's key events; their claims go through
 	// s.store, so each one is bounded by IDEM_STORE_TIMEOUT and the wait
 	// is not.
-	if ev, ok := raw.(idem.KeyEvents); ok && cfg.MaxWaiters > 0 && cfg.MaxWait() > 0 {
-		s.waiters = idem.NewSharedWaiters(ev, cfg.MaxWaiters)
+	if ev := raw.KeyEvents(); ev != nil && cfg.MaxWaiters > 0 && cfg.MaxWait() > 0 {
+		s.waiters = keyevents.NewSharedWaiters(ev, cfg.MaxWaiters)
 	}
 	s.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "idem_claim_waiters",
@@ -188,8 +187,8 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 		s.dev = &info
 	}
 
-	ws, ok := raw.(idem.WebhookStore)
-	if !ok {
+	ws := raw.Webhooks()
+	if ws == nil {
 		_ = raw.Close()
 		return nil, fmt.Errorf("store %s keeps no webhook outbox", s.db)
 	}
@@ -225,12 +224,12 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 // IDEM_DB_MAX_CONNS; SQLite: its few connections) and how many store calls
 // one tenant keeps as its share of it (IDEM_DB_TENANT_SHARE); 0, 0 (no
 // share) for a store that reports no pool.
-func (s *Server) storeShare(raw idem.Store) (pool, share int) {
-	p, ok := raw.(idem.PoolReporter)
-	if !ok || p.PoolStats().MaxConns <= 0 {
+func (s *Server) storeShare(raw idem.Driver) (pool, share int) {
+	max := raw.PoolStats().MaxConns
+	if max <= 0 {
 		return 0, 0
 	}
-	pool = int(p.PoolStats().MaxConns)
+	pool = int(max)
 	return pool, idem.StoreShareOf(pool, s.cfg.DBTenantShare)
 }
 
@@ -524,8 +523,7 @@ func (s *Server) Waiting() int { return s.waiters.Waiting() }
 // KeyEvents returns the store's notification source (nil when the store
 // has none), for a gateway or test that runs beside this server's store.
 func (s *Server) KeyEvents() idem.KeyEvents {
-	ev, _ := s.rawStore.(idem.KeyEvents)
-	return ev
+	return s.rawStore.KeyEvents()
 }
 
 // reapPause maps IDEM_REAP_PAUSE to jobs.Config.ReapPause, where 0 means
