@@ -27,6 +27,7 @@ import (
 	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/storemw"
 	"github.com/idem-dev/idem/tenants"
 	"github.com/idem-dev/idem/web"
 	"github.com/idem-dev/idem/webhooks"
@@ -49,7 +50,7 @@ type Server struct {
 	db       database
 	logger   *slog.Logger
 	rawStore idem.Driver
-	store    idem.Store
+	store    *storemw.Store
 	tenants  *tenants.Service
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
@@ -153,15 +154,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	s.metrics.LimitTenants(cfg.MetricsMaxTenants)
 	metrics.RegisterReadiness(s.registry, raw.Ping)
 	s.metrics.RegisterPool(s.registry, raw.PoolStats)
-	// The deadline sits inside the instrumentation, so a call that ran out
-	// of time is counted as unavailable; every user of s.store — the API,
-	// the tenant service, the background jobs — gets it. Inside the
-	// deadline each tenant's calls keep to their share of the pool, so
-	// the wait for the share is bounded by the same deadline; the
-	// background jobs name no tenant and are not held to one.
-	pool, share := s.storeShare(raw)
-	shared := idem.WithTenantShare(raw, pool, share, raw.SerialWrites(), s.metrics.ObserveShareWait)
-	s.store = metrics.InstrumentStore(idem.WithDeadline(shared, cfg.StoreTimeout), s.metrics)
+	// The store is wrapped once (storemw.Wrap: metrics, deadline, tenant
+	// share, its webhook side alike), and every user of s.store — the
+	// API, the tenant service, the background jobs, the deliverer — gets
+	// it; the background jobs name no tenant and are not held to a share.
+	s.store = storemw.Wrap(raw, storemw.Options{Timeout: cfg.StoreTimeout, TenantShare: cfg.DBTenantShare, Metrics: s.metrics})
 	s.tenants = tenants.NewService(s.store, cfg.TenantCacheTTL)
 	// Claims wait on the raw store's key events; their claims go through
 	// s.store, so each one is bounded by IDEM_STORE_TIMEOUT and the wait
@@ -187,15 +184,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 		s.dev = &info
 	}
 
-	ws := raw.Webhooks()
+	ws := s.store.Webhooks()
 	if ws == nil {
 		_ = raw.Close()
 		return nil, fmt.Errorf("store %s keeps no webhook outbox", s.db)
 	}
-	// The webhook side gets the same store deadline as the rest, and the
-	// API's calls for a tenant's webhooks take the tenant's share too (the
-	// deliverer's name no tenant).
-	ws = idem.WebhookWithDeadline(idem.WebhooksWithTenantShare(shared, ws), cfg.StoreTimeout)
 	s.webhooks = ws
 	s.jobs = jobs.New(s.store, jobs.Config{
 		ReapInterval:        cfg.ReapInterval,
@@ -218,19 +211,6 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 
 	s.handler = s.routes(verifier)
 	return s, nil
-}
-
-// storeShare returns the size of the store's pool (PostgreSQL:
-// IDEM_DB_MAX_CONNS; SQLite: its few connections) and how many store calls
-// one tenant keeps as its share of it (IDEM_DB_TENANT_SHARE); 0, 0 (no
-// share) for a store that reports no pool.
-func (s *Server) storeShare(raw idem.Driver) (pool, share int) {
-	max := raw.PoolStats().MaxConns
-	if max <= 0 {
-		return 0, 0
-	}
-	pool = int(max)
-	return pool, idem.StoreShareOf(pool, s.cfg.DBTenantShare)
 }
 
 // routes builds the handler: the API router plus the operational and
@@ -278,8 +258,8 @@ func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 // Handler returns the server's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// Store returns the server's (instrumented) store.
-func (s *Server) Store() idem.Store { return s.store }
+// Store returns the server's store, wrapped (storemw.Wrap).
+func (s *Server) Store() idem.Driver { return s.store }
 
 // Tenants returns the server's tenant service.
 func (s *Server) Tenants() *tenants.Service { return s.tenants }

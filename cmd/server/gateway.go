@@ -102,7 +102,7 @@ in-flight budget of protected request bodies (IDEM_MAX_INFLIGHT_BYTES).`)
 	defer waiters.Close()
 	reg := prometheus.NewRegistry() // metrics.New adds the Go and process collectors
 	g, err := gateway.New(gateway.Options{
-		Store: metrics.InstrumentStore(store, metrics.New(reg)), Tenant: tenant, Upstream: upstream, ConfigFile: file,
+		Store: store, Metrics: metrics.New(reg), Tenant: tenant, Upstream: upstream, ConfigFile: file,
 		StoreTimeout: cfg.StoreTimeout, TenantCacheTTL: cfg.TenantCacheTTL, Registerer: reg, Logger: logger,
 		Waiters: waiters, BodyReadTimeout: cfg.ReadTimeout, MaxInflightBytes: cfg.MaxInflightBytes, InflightShare: cfg.InflightShare,
 	})
