@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // Driver is a Store as a backend opens it, with the capabilities the rest
@@ -32,6 +33,23 @@ type Driver interface {
 	// connections. The tenant share then gives a tenant's writes a share
 	// of their own, so they cannot keep its reads from the connections.
 	SerialWrites() bool
+}
+
+// PoolStats is a snapshot of a driver's connection pool (Driver.PoolStats).
+// Both backends report the same fields, so the idem_db_pool_* metrics and
+// the dashboards built on them need not care which store runs.
+type PoolStats struct {
+	// MaxConns is the most connections the pool may open (0 = unlimited).
+	MaxConns int64
+	// OpenConns counts the connections open, in use or idle.
+	OpenConns int64
+	// InUseConns and IdleConns split OpenConns.
+	InUseConns int64
+	IdleConns  int64
+	// Waits counts the acquisitions that had to wait for a connection, and
+	// WaitTime is how long they waited in total.
+	Waits    int64
+	WaitTime time.Duration
 }
 
 // KeyEvents is a driver's notification source (Driver.KeyEvents): it tells

@@ -96,6 +96,13 @@ type Record struct {
 	ObservedAt time.Time
 }
 
+// Review is the review flag of a record.
+type Review struct {
+	Note string
+	// At is the database clock when the flag was set.
+	At time.Time
+}
+
 // StateAt returns the API state of the record at instant now.
 func (r Record) StateAt(now time.Time) State {
 	switch r.State {

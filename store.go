@@ -127,60 +127,12 @@ type Store interface {
 	Close() error
 }
 
-// PoolStats is a snapshot of a store's connection pool. Both backends
-// report the same fields, so the idem_db_pool_* metrics and the dashboards
-// built on them need not care which store runs.
-type PoolStats struct {
-	// MaxConns is the most connections the pool may open (0 = unlimited).
-	MaxConns int64
-	// OpenConns counts the connections open, in use or idle.
-	OpenConns int64
-	// InUseConns and IdleConns split OpenConns.
-	InUseConns int64
-	IdleConns  int64
-	// Waits counts the acquisitions that had to wait for a connection, and
-	// WaitTime is how long they waited in total.
-	Waits    int64
-	WaitTime time.Duration
-}
-
 // ErrNoLedger is what a store's Open returns, wrapped, when it was asked to
 // open an existing ledger and the database holds none: a missing SQLite file
 // (deleted, a volume not mounted) or a database without idem's tables. The
 // server then refuses to start rather than begin an empty ledger, where every
 // earlier key would run again and fencing tokens would restart at 1.
 var ErrNoLedger = errors.New("no idem ledger in this database")
-
-// ClaimParams are the inputs of Store.Claim. The durations come from the
-// tenant's settings at the time of the claim.
-type ClaimParams struct {
-	TenantID    string
-	Key         string
-	Operation   string
-	Fingerprint string
-	// AttemptID is the client-chosen id of this attempt ("" for none): a
-	// claim whose answer was lost, sent again with the same id, gets its own
-	// lease back (ActionRecover) instead of request_in_flight.
-	AttemptID string
-	// Lease is how long the claim is protected.
-	Lease time.Duration
-	// ReplayWindow and ReaperThreshold are recorded on a created record.
-	ReplayWindow    time.Duration
-	ReaperThreshold time.Duration
-	// StorageQuotaBytes is the quota the claim is checked against
-	// (Tenant.ClaimQuota): a claim that would create a record (the key
-	// absent or expired) while the tenant's records store that many bytes
-	// or more is refused with storage_quota_exceeded. A takeover, recovery
-	// or replay is never refused for it. 0 checks no quota.
-	StorageQuotaBytes int64
-}
-
-// ClaimResult is the outcome of a successful claim.
-type ClaimResult struct {
-	// Action is ActionCreate, ActionTakeover, ActionRecover or ActionReplay.
-	Action ClaimAction
-	Record Record
-}
 
 // CheckpointParams are the inputs of Store.Checkpoint.
 type CheckpointParams struct {
@@ -293,6 +245,18 @@ type ListOrphansParams struct {
 	Limit    int
 	// After continues after (After.Time, After.TenantID, After.Key) by
 	// (LeaseExpiresAt, TenantID, Key) ascending.
+	After *Cursor
+}
+
+// ListAuditParams are the inputs of Store.ListAudit.
+type ListAuditParams struct {
+	// TenantID limits the list to one tenant; "" lists every tenant.
+	TenantID string
+	// Key limits the list to one key of TenantID; "" lists every key.
+	Key   string
+	Limit int
+	// After continues after (After.Time, After.ID) by (CreatedAt, ID)
+	// descending.
 	After *Cursor
 }
 
