@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"strconv"
 	"time"
 )
 
@@ -167,34 +166,6 @@ type CompleteParams struct {
 	// are up to max_response_bytes, not a claim's few dozen. 0 checks
 	// nothing.
 	StorageQuotaBytes int64
-}
-
-// HeaderNotReplayable marks a stored response that is not the answer the
-// request got (too large to store, a status idem cannot store, or no room
-// under the tenant's quota): a front door that finds it answers a retry
-// with 409 response_not_replayable instead of running the request again.
-// It is the header client/frontdoor.HeaderNotReplayable names.
-const HeaderNotReplayable = "Idem-Not-Replayable"
-
-// UnstoredResponse is what a complete stores in place of resp when resp
-// does not fit the tenant's storage quota: resp's status, no body, and
-// HeaderNotReplayable saying why, so that the key stays completed (never
-// run again) and a replay says its answer was not kept. It adds
-// len(HeaderNotReplayable) plus its value, under 80 bytes, to the record.
-func UnstoredResponse(resp Response) Response {
-	return Response{
-		Status: resp.Status,
-		Headers: map[string]string{
-			HeaderNotReplayable: "response of " + strconv.Itoa(resp.Size()) + " bytes not stored (storage quota)",
-		},
-		BodyEncoding: BodyEncodingUTF8,
-	}
-}
-
-// IsUnstored reports whether stored is UnstoredResponse(resp): the
-// complete of resp was stored without it for want of quota.
-func IsUnstored(stored *Response, resp Response) bool {
-	return stored != nil && stored.Equal(UnstoredResponse(resp))
 }
 
 // Validate checks what every store refuses in a completion, whoever sent
