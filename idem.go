@@ -15,6 +15,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"maps"
+	"strconv"
 	"time"
 )
 
@@ -94,6 +95,13 @@ type Record struct {
 	// written. Derived values (StateAt, lease time left) use it so that every
 	// replica agrees whatever its own clock says.
 	ObservedAt time.Time
+}
+
+// Review is the review flag of a record.
+type Review struct {
+	Note string
+	// At is the database clock when the flag was set.
+	At time.Time
 }
 
 // StateAt returns the API state of the record at instant now.
@@ -187,4 +195,32 @@ func (r Response) Size() int {
 		n += len(k) + len(v)
 	}
 	return n
+}
+
+// HeaderNotReplayable marks a stored response that is not the answer the
+// request got (too large to store, a status idem cannot store, or no room
+// under the tenant's quota): a front door that finds it answers a retry
+// with 409 response_not_replayable instead of running the request again.
+// It is the header client/frontdoor.HeaderNotReplayable names.
+const HeaderNotReplayable = "Idem-Not-Replayable"
+
+// UnstoredResponse is what a complete stores in place of resp when resp
+// does not fit the tenant's storage quota: resp's status, no body, and
+// HeaderNotReplayable saying why, so that the key stays completed (never
+// run again) and a replay says its answer was not kept. It adds
+// len(HeaderNotReplayable) plus its value, under 80 bytes, to the record.
+func UnstoredResponse(resp Response) Response {
+	return Response{
+		Status: resp.Status,
+		Headers: map[string]string{
+			HeaderNotReplayable: "response of " + strconv.Itoa(resp.Size()) + " bytes not stored (storage quota)",
+		},
+		BodyEncoding: BodyEncodingUTF8,
+	}
+}
+
+// IsUnstored reports whether stored is UnstoredResponse(resp): the
+// complete of resp was stored without it for want of quota.
+func IsUnstored(stored *Response, resp Response) bool {
+	return stored != nil && stored.Equal(UnstoredResponse(resp))
 }

@@ -84,13 +84,6 @@ type Resolution struct {
 	Audit AuditEntry
 }
 
-// Review is the review flag of a record.
-type Review struct {
-	Note string
-	// At is the database clock when the flag was set.
-	At time.Time
-}
-
 // AuditEntry is one resolution as the audit log keeps it.
 type AuditEntry struct {
 	// ID is unique and increasing in the order entries were written.
@@ -108,18 +101,6 @@ type AuditEntry struct {
 	Actor           Actor
 	// CreatedAt is the database clock when the resolution was written.
 	CreatedAt time.Time
-}
-
-// ListAuditParams are the inputs of Store.ListAudit.
-type ListAuditParams struct {
-	// TenantID limits the list to one tenant; "" lists every tenant.
-	TenantID string
-	// Key limits the list to one key of TenantID; "" lists every key.
-	Key   string
-	Limit int
-	// After continues after (After.Time, After.ID) by (CreatedAt, ID)
-	// descending.
-	After *Cursor
 }
 
 // ValidateNote checks the note of a resolution: at most MaxNoteBytes of

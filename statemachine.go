@@ -65,6 +65,37 @@ func (a ClaimAction) String() string {
 	return "unknown"
 }
 
+// ClaimParams are the inputs of Store.Claim. The durations come from the
+// tenant's settings at the time of the claim.
+type ClaimParams struct {
+	TenantID    string
+	Key         string
+	Operation   string
+	Fingerprint string
+	// AttemptID is the client-chosen id of this attempt ("" for none): a
+	// claim whose answer was lost, sent again with the same id, gets its own
+	// lease back (ActionRecover) instead of request_in_flight.
+	AttemptID string
+	// Lease is how long the claim is protected.
+	Lease time.Duration
+	// ReplayWindow and ReaperThreshold are recorded on a created record.
+	ReplayWindow    time.Duration
+	ReaperThreshold time.Duration
+	// StorageQuotaBytes is the quota the claim is checked against
+	// (Tenant.ClaimQuota): a claim that would create a record (the key
+	// absent or expired) while the tenant's records store that many bytes
+	// or more is refused with storage_quota_exceeded. A takeover, recovery
+	// or replay is never refused for it. 0 checks no quota.
+	StorageQuotaBytes int64
+}
+
+// ClaimResult is the outcome of a successful claim.
+type ClaimResult struct {
+	// Action is ActionCreate, ActionTakeover, ActionRecover or ActionReplay.
+	Action ClaimAction
+	Record Record
+}
+
 // DecideClaim applies the claim state machine to the stored record (nil when
 // absent) for the claim p at database instant now. Backends call it inside
 // the transaction or statement that makes the decision atomic; it never

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"strconv"
 	"time"
 )
 
@@ -127,66 +126,12 @@ type Store interface {
 	Close() error
 }
 
-// PoolStats is a snapshot of a store's connection pool. Both backends
-// report the same fields, so the idem_db_pool_* metrics and the dashboards
-// built on them need not care which store runs.
-type PoolStats struct {
-	// MaxConns is the most connections the pool may open (0 = unlimited).
-	MaxConns int64
-	// OpenConns counts the connections open, in use or idle.
-	OpenConns int64
-	// InUseConns and IdleConns split OpenConns.
-	InUseConns int64
-	IdleConns  int64
-	// Waits counts the acquisitions that had to wait for a connection, and
-	// WaitTime is how long they waited in total.
-	Waits    int64
-	WaitTime time.Duration
-}
-
-// PoolReporter is implemented by a Store that has a connection pool (both
-// backends do); the metrics read it without knowing the driver.
-type PoolReporter interface {
-	PoolStats() PoolStats
-}
-
 // ErrNoLedger is what a store's Open returns, wrapped, when it was asked to
 // open an existing ledger and the database holds none: a missing SQLite file
 // (deleted, a volume not mounted) or a database without idem's tables. The
 // server then refuses to start rather than begin an empty ledger, where every
 // earlier key would run again and fencing tokens would restart at 1.
 var ErrNoLedger = errors.New("no idem ledger in this database")
-
-// ClaimParams are the inputs of Store.Claim. The durations come from the
-// tenant's settings at the time of the claim.
-type ClaimParams struct {
-	TenantID    string
-	Key         string
-	Operation   string
-	Fingerprint string
-	// AttemptID is the client-chosen id of this attempt ("" for none): a
-	// claim whose answer was lost, sent again with the same id, gets its own
-	// lease back (ActionRecover) instead of request_in_flight.
-	AttemptID string
-	// Lease is how long the claim is protected.
-	Lease time.Duration
-	// ReplayWindow and ReaperThreshold are recorded on a created record.
-	ReplayWindow    time.Duration
-	ReaperThreshold time.Duration
-	// StorageQuotaBytes is the quota the claim is checked against
-	// (Tenant.ClaimQuota): a claim that would create a record (the key
-	// absent or expired) while the tenant's records store that many bytes
-	// or more is refused with storage_quota_exceeded. A takeover, recovery
-	// or replay is never refused for it. 0 checks no quota.
-	StorageQuotaBytes int64
-}
-
-// ClaimResult is the outcome of a successful claim.
-type ClaimResult struct {
-	// Action is ActionCreate, ActionTakeover, ActionRecover or ActionReplay.
-	Action ClaimAction
-	Record Record
-}
 
 // CheckpointParams are the inputs of Store.Checkpoint.
 type CheckpointParams struct {
@@ -221,34 +166,6 @@ type CompleteParams struct {
 	// are up to max_response_bytes, not a claim's few dozen. 0 checks
 	// nothing.
 	StorageQuotaBytes int64
-}
-
-// HeaderNotReplayable marks a stored response that is not the answer the
-// request got (too large to store, a status idem cannot store, or no room
-// under the tenant's quota): a front door that finds it answers a retry
-// with 409 response_not_replayable instead of running the request again.
-// It is the header client/frontdoor.HeaderNotReplayable names.
-const HeaderNotReplayable = "Idem-Not-Replayable"
-
-// UnstoredResponse is what a complete stores in place of resp when resp
-// does not fit the tenant's storage quota: resp's status, no body, and
-// HeaderNotReplayable saying why, so that the key stays completed (never
-// run again) and a replay says its answer was not kept. It adds
-// len(HeaderNotReplayable) plus its value, under 80 bytes, to the record.
-func UnstoredResponse(resp Response) Response {
-	return Response{
-		Status: resp.Status,
-		Headers: map[string]string{
-			HeaderNotReplayable: "response of " + strconv.Itoa(resp.Size()) + " bytes not stored (storage quota)",
-		},
-		BodyEncoding: BodyEncodingUTF8,
-	}
-}
-
-// IsUnstored reports whether stored is UnstoredResponse(resp): the
-// complete of resp was stored without it for want of quota.
-func IsUnstored(stored *Response, resp Response) bool {
-	return stored != nil && stored.Equal(UnstoredResponse(resp))
 }
 
 // Validate checks what every store refuses in a completion, whoever sent
@@ -299,6 +216,18 @@ type ListOrphansParams struct {
 	Limit    int
 	// After continues after (After.Time, After.TenantID, After.Key) by
 	// (LeaseExpiresAt, TenantID, Key) ascending.
+	After *Cursor
+}
+
+// ListAuditParams are the inputs of Store.ListAudit.
+type ListAuditParams struct {
+	// TenantID limits the list to one tenant; "" lists every tenant.
+	TenantID string
+	// Key limits the list to one key of TenantID; "" lists every key.
+	Key   string
+	Limit int
+	// After continues after (After.Time, After.ID) by (CreatedAt, ID)
+	// descending.
 	After *Cursor
 }
 

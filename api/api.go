@@ -23,6 +23,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/auth"
 	"github.com/idem-dev/idem/internal/budget"
+	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/tenants"
 )
@@ -65,7 +66,7 @@ type Options struct {
 	MinBodyRate int64
 	// Waiters hold claims that asked to wait (wait_seconds, Prefer:
 	// wait=N) while their key is in flight; nil never waits.
-	Waiters *idem.Waiters
+	Waiters *keyevents.Waiters
 	// MaxWait caps every wait whatever the tenant allows; the server sets
 	// it below its write timeout, so a held claim is answered before the
 	// connection is cut. Zero or less means idem.MaxWaitSecondsLimit.
@@ -115,7 +116,7 @@ type service struct {
 	inflight *inflight
 	minRate  int64
 	observer Observer
-	waiters  *idem.Waiters
+	waiters  *keyevents.Waiters
 	maxWait  time.Duration
 	limiter  *limiter
 	buffers  sync.Pool // of *bytes.Buffer, for encoding responses

@@ -22,6 +22,7 @@ import (
 	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/postgres"
 	"github.com/idem-dev/idem/postgres/pgtest"
+	"github.com/idem-dev/idem/storemw"
 	"github.com/idem-dev/idem/tenants"
 )
 
@@ -41,7 +42,7 @@ func benchRouter(b *testing.B, settings idem.SettingsPatch) (http.Handler, strin
 	}
 	b.Cleanup(func() { _ = st.Close() })
 	m := metrics.New(prometheus.NewRegistry())
-	store := metrics.InstrumentStore(st, m)
+	store := storemw.Wrap(st, storemw.Options{Metrics: m})
 	ts := tenants.NewService(store, tenants.DefaultCacheTTL)
 	if _, err := ts.Create(ctx, "bench", "", settings); err != nil {
 		b.Fatal(err)

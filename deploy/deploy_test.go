@@ -27,6 +27,7 @@ import (
 	"github.com/idem-dev/idem/gateway"
 	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/sqlite"
+	"github.com/idem-dev/idem/storemw"
 )
 
 // exportedNames exercises every part of the metrics package on a fresh
@@ -44,7 +45,7 @@ func exportedNames(t *testing.T) map[string]bool {
 	t.Cleanup(func() { _ = raw.Close() })
 	m.RegisterPool(reg, raw.PoolStats)
 	metrics.RegisterReadiness(reg, raw.Ping)
-	store := metrics.InstrumentStore(raw, m)
+	store := storemw.Wrap(raw, storemw.Options{Metrics: m})
 	_, err = store.CreateTenant(ctx, idem.CreateTenantParams{ID: "acme", Name: "acme", Settings: idem.DefaultSettings()})
 	require.NoError(t, err)
 	_, err = store.Claim(ctx, idem.ClaimParams{TenantID: "acme", Key: "k", Operation: "op", Fingerprint: "fp",

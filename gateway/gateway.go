@@ -54,32 +54,40 @@ import (
 	"github.com/idem-dev/idem/client/frontdoor"
 	"github.com/idem-dev/idem/internal/budget"
 	"github.com/idem-dev/idem/internal/statuswriter"
+	"github.com/idem-dev/idem/keyevents"
+	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/storemw"
 	"github.com/idem-dev/idem/tenants"
 )
 
 // Options configure a Gateway.
 type Options struct {
-	// Store is the idem store, shared with `server serve`.
-	Store idem.Store
+	// Store is the idem store, shared with `server serve`: a driver
+	// (server.OpenStore), which New wraps (storemw.Wrap) with the store
+	// deadline and Metrics.
+	Store idem.Driver
 	// Tenant is the tenant whose records the gateway writes.
 	Tenant string
 	// Upstream is the default upstream URL (the "default" upstream).
 	Upstream string
 	// ConfigFile is the YAML route configuration; "" means none.
 	ConfigFile string
-	// StoreTimeout bounds every store call (idem.WithDeadline; default
+	// StoreTimeout bounds every store call (storemw.WithDeadline; default
 	// 5s, IDEM_STORE_TIMEOUT): a store slower than that is failing (503).
 	StoreTimeout time.Duration
 	// TenantCacheTTL is how long the tenant's settings are cached.
 	TenantCacheTTL time.Duration
+	// Metrics, when not nil, times every store call
+	// (idem_store_operation_duration_seconds, storemw.Instrument).
+	Metrics *metrics.Metrics
 	// Registerer receives the gateway's metrics; nil registers none.
 	Registerer prometheus.Registerer
 	// Logger receives the access log and errors; nil discards them.
 	Logger *slog.Logger
 	// Waiters hold requests with Prefer: wait=N while their key is in
-	// flight (idem.NewWaiters on the store's key events); nil answers 409
+	// flight (keyevents.NewWaiters on the store's key events); nil answers 409
 	// at once.
-	Waiters *idem.Waiters
+	Waiters *keyevents.Waiters
 	// Transport reaches the upstreams; nil uses a clone of
 	// http.DefaultTransport.
 	Transport http.RoundTripper
@@ -137,7 +145,9 @@ func New(opts Options) (*Gateway, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	store := idem.WithDeadline(opts.Store, opts.StoreTimeout)
+	// The gateway writes one tenant's records: a tenant share of its
+	// pool would have no other tenant to keep connections for.
+	store := storemw.Wrap(opts.Store, storemw.Options{Timeout: opts.StoreTimeout, Metrics: opts.Metrics})
 	g := &Gateway{
 		opts: opts, budget: budget.NewShared(opts.MaxInflightBytes, 0), store: store, tenants: tenants.NewService(store, opts.TenantCacheTTL),
 		transport: opts.Transport, logger: opts.Logger,

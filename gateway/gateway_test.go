@@ -33,6 +33,7 @@ import (
 	"github.com/idem-dev/idem/client/frontdoor"
 	"github.com/idem-dev/idem/conformance"
 	"github.com/idem-dev/idem/gateway"
+	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/server/servertest"
 	"github.com/idem-dev/idem/testvectors"
@@ -50,7 +51,7 @@ type rig struct {
 	url      string
 	reg      *prometheus.Registry
 	config   string
-	waiters  *idem.Waiters
+	waiters  *keyevents.Waiters
 }
 
 func newRig(t *testing.T, backend, config string, mutate ...func(*gateway.Options)) *rig {
@@ -63,7 +64,7 @@ func newRig(t *testing.T, backend, config string, mutate ...func(*gateway.Option
 	r.config = filepath.Join(t.TempDir(), "gateway.yaml")
 	require.NoError(t, os.WriteFile(r.config, []byte(config), 0o600))
 	r.reg = prometheus.NewRegistry()
-	r.waiters = idem.NewWaiters(r.idem.Server().KeyEvents(), 100)
+	r.waiters = keyevents.NewWaiters(r.idem.Server().KeyEvents(), 100)
 	t.Cleanup(r.waiters.Close)
 	opts := gateway.Options{Store: r.idem.Store(), Tenant: tenant, Upstream: up.URL, ConfigFile: r.config, Registerer: r.reg, StoreTimeout: 2 * time.Second, Waiters: r.waiters}
 	for _, m := range mutate {

@@ -480,8 +480,37 @@ func (m *Metrics) ObserveWrite(tenant, op string, err error) {
 	m.writesBy.get(m.tenantLabel(tenant), op, WriteResult(err)).Inc()
 }
 
+// ObserveStoreCall records one store call of op that took took and ended
+// with err on idem_store_operation_duration_seconds{op,result} (result:
+// StoreResult). storemw.Instrument calls it for every call of a wrapped
+// store. A nil m records nothing.
+func (m *Metrics) ObserveStoreCall(op string, err error, took time.Duration) {
+	if m == nil {
+		return
+	}
+	m.storeBy.get(op, StoreResult(err), "").Observe(took.Seconds())
+}
+
+// StoreResult maps a store error to the result label of
+// idem_store_operation_duration_seconds.
+func StoreResult(err error) string {
+	if errors.Is(err, context.Canceled) {
+		return StoreCanceled
+	}
+	switch code := idem.ErrorCode(err); code {
+	case "":
+		return StoreOK
+	case idem.CodeStoreUnavailable:
+		return StoreUnavailable
+	case idem.CodeInternal:
+		return StoreError
+	default:
+		return StoreRejected
+	}
+}
+
 // ObserveShareWait counts a store call of tenant that found its tenant's
-// share of the connections in use and waited (idem.WithTenantShare's
+// share of the connections in use and waited (storemw.WithTenantShare's
 // observe): err nil once it got its turn, else the error it returned. An
 // operator sees which tenant presses against its share, and whether its
 // requests got 503 for it.

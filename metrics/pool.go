@@ -59,7 +59,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // RegisterPool registers the idem_db_pool_* metrics of a store's pool on
-// reg; stats is usually the PoolStats method of an idem.PoolReporter. A nil
+// reg; stats is usually an idem.Driver's PoolStats. A nil
 // m or stats registers nothing.
 func (m *Metrics) RegisterPool(reg prometheus.Registerer, stats func() idem.PoolStats) {
 	if m == nil || stats == nil {

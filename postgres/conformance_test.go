@@ -16,7 +16,7 @@ import (
 // subtest in a schema of its own.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, func(t *testing.T, now func() time.Time) idem.Store {
+	storetest.Run(t, func(t *testing.T, now func() time.Time) idem.Driver {
 		s, err := postgres.Open(t.Context(), pgtest.URL(t), postgres.Options{Now: now})
 		require.NoError(t, err, "open postgres store")
 		t.Cleanup(func() { require.NoError(t, s.Close()) })

@@ -11,10 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
 )
-
-var _ idem.KeyEvents = (*Store)(nil)
 
 // eventsChannel is the NOTIFY channel a key flagged waited (Watch) is
 // announced on when it is completed (CompleteKey and ResolveCompleteKey,
@@ -34,7 +33,7 @@ const listenTimeout = 2 * time.Second
 // notifications sent while it was down are lost.
 type listener struct {
 	cfg    *pgx.ConnConfig
-	events idem.Broadcast
+	events keyevents.Broadcast
 
 	once    sync.Once
 	started atomic.Bool

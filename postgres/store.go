@@ -32,8 +32,8 @@ import (
 )
 
 var (
-	_ idem.Store        = (*Store)(nil)
-	_ idem.PoolReporter = (*Store)(nil)
+	_ idem.Driver    = (*Store)(nil)
+	_ idem.KeyEvents = (*Store)(nil)
 )
 
 // Options tune a Store.
@@ -163,7 +163,21 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// PoolStats implements idem.PoolReporter for the pool metrics.
+// Webhooks implements idem.Driver: the Store keeps the webhook outbox in
+// the ledger's schema itself.
+func (s *Store) Webhooks() idem.WebhookStore { return s }
+
+// KeyEvents implements idem.Driver: the Store LISTENs for the keys its
+// claims wait on (Subscribe, Watch).
+func (s *Store) KeyEvents() idem.KeyEvents { return s }
+
+// SerialWrites implements idem.Driver: PostgreSQL's writes run side by
+// side, each on a connection of the pool, so a tenant's reads and writes
+// share one share of it.
+func (s *Store) SerialWrites() bool { return false }
+
+// PoolStats implements idem.Driver for the pool metrics and the tenant
+// share.
 func (s *Store) PoolStats() idem.PoolStats {
 	st := s.pool.Stat()
 	return idem.PoolStats{

@@ -12,12 +12,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/auth"
 	"github.com/idem-dev/idem/internal/budget"
 	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/storemw"
 	"github.com/idem-dev/idem/webhooks"
 )
 
@@ -100,7 +100,7 @@ type Config struct {
 	// DBTenantShare is the part of the store's connections each tenant's
 	// store calls may always have (IDEM_DB_TENANT_SHARE, 0 < share <= 1):
 	// the pool's size times it, rounded up, at least one call
-	// (idem.WithTenantShare). Past it a tenant's calls start only while
+	// (storemw.WithTenantShare). Past it a tenant's calls start only while
 	// the pool keeps a connection free, else wait for one of its own, so
 	// one tenant cannot take every connection; 1 turns it off.
 	DBTenantShare float64
@@ -172,7 +172,7 @@ func DefaultConfig() Config {
 		LogLevel:            "info",
 		ShutdownGrace:       20 * time.Second,
 		DBMaxConns:          10,
-		DBTenantShare:       idem.DefaultStoreShare,
+		DBTenantShare:       storemw.DefaultStoreShare,
 		DBConnectTimeout:    10 * time.Second,
 		StoreTimeout:        5 * time.Second,
 		MaxWaiters:          1000,

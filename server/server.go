@@ -25,7 +25,9 @@ import (
 	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/auth"
 	"github.com/idem-dev/idem/jobs"
+	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/storemw"
 	"github.com/idem-dev/idem/tenants"
 	"github.com/idem-dev/idem/web"
 	"github.com/idem-dev/idem/webhooks"
@@ -47,15 +49,15 @@ type Server struct {
 	cfg      Config
 	db       database
 	logger   *slog.Logger
-	rawStore idem.Store
-	store    idem.Store
+	rawStore idem.Driver
+	store    *storemw.Store
 	tenants  *tenants.Service
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
 	jobs     *jobs.Runner
 	// waiters hold claims that wait for a key in flight; nil when waiting
 	// is off.
-	waiters *idem.Waiters
+	waiters *keyevents.Waiters
 	handler http.Handler
 	dev     *DevInfo
 	// webhooks is the store's webhook side; deliverer sends its outbox.
@@ -151,24 +153,18 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	s.metrics = metrics.New(s.registry)
 	s.metrics.LimitTenants(cfg.MetricsMaxTenants)
 	metrics.RegisterReadiness(s.registry, raw.Ping)
-	if p, ok := raw.(idem.PoolReporter); ok {
-		s.metrics.RegisterPool(s.registry, p.PoolStats)
-	}
-	// The deadline sits inside the instrumentation, so a call that ran out
-	// of time is counted as unavailable; every user of s.store — the API,
-	// the tenant service, the background jobs — gets it. Inside the
-	// deadline each tenant's calls keep to their share of the pool, so
-	// the wait for the share is bounded by the same deadline; the
-	// background jobs name no tenant and are not held to one.
-	pool, share := s.storeShare(raw)
-	shared := idem.WithTenantShare(raw, pool, share, s.metrics.ObserveShareWait)
-	s.store = metrics.InstrumentStore(idem.WithDeadline(shared, cfg.StoreTimeout), s.metrics)
+	s.metrics.RegisterPool(s.registry, raw.PoolStats)
+	// The store is wrapped once (storemw.Wrap: metrics, deadline, tenant
+	// share, its webhook side alike), and every user of s.store — the
+	// API, the tenant service, the background jobs, the deliverer — gets
+	// it; the background jobs name no tenant and are not held to a share.
+	s.store = storemw.Wrap(raw, storemw.Options{Timeout: cfg.StoreTimeout, TenantShare: cfg.DBTenantShare, Metrics: s.metrics})
 	s.tenants = tenants.NewService(s.store, cfg.TenantCacheTTL)
 	// Claims wait on the raw store's key events; their claims go through
 	// s.store, so each one is bounded by IDEM_STORE_TIMEOUT and the wait
 	// is not.
-	if ev, ok := raw.(idem.KeyEvents); ok && cfg.MaxWaiters > 0 && cfg.MaxWait() > 0 {
-		s.waiters = idem.NewSharedWaiters(ev, cfg.MaxWaiters)
+	if ev := raw.KeyEvents(); ev != nil && cfg.MaxWaiters > 0 && cfg.MaxWait() > 0 {
+		s.waiters = keyevents.NewSharedWaiters(ev, cfg.MaxWaiters)
 	}
 	s.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "idem_claim_waiters",
@@ -188,15 +184,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 		s.dev = &info
 	}
 
-	ws, ok := raw.(idem.WebhookStore)
-	if !ok {
+	ws := s.store.Webhooks()
+	if ws == nil {
 		_ = raw.Close()
 		return nil, fmt.Errorf("store %s keeps no webhook outbox", s.db)
 	}
-	// The webhook side gets the same store deadline as the rest, and the
-	// API's calls for a tenant's webhooks take the tenant's share too (the
-	// deliverer's name no tenant).
-	ws = idem.WebhookWithDeadline(idem.WebhooksWithTenantShare(shared, ws), cfg.StoreTimeout)
 	s.webhooks = ws
 	s.jobs = jobs.New(s.store, jobs.Config{
 		ReapInterval:        cfg.ReapInterval,
@@ -219,19 +211,6 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 
 	s.handler = s.routes(verifier)
 	return s, nil
-}
-
-// storeShare returns the size of the store's pool (PostgreSQL:
-// IDEM_DB_MAX_CONNS; SQLite: its few connections) and how many store calls
-// one tenant keeps as its share of it (IDEM_DB_TENANT_SHARE); 0, 0 (no
-// share) for a store that reports no pool.
-func (s *Server) storeShare(raw idem.Store) (pool, share int) {
-	p, ok := raw.(idem.PoolReporter)
-	if !ok || p.PoolStats().MaxConns <= 0 {
-		return 0, 0
-	}
-	pool = int(p.PoolStats().MaxConns)
-	return pool, idem.StoreShareOf(pool, s.cfg.DBTenantShare)
 }
 
 // routes builds the handler: the API router plus the operational and
@@ -279,8 +258,8 @@ func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 // Handler returns the server's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// Store returns the server's (instrumented) store.
-func (s *Server) Store() idem.Store { return s.store }
+// Store returns the server's store, wrapped (storemw.Wrap).
+func (s *Server) Store() idem.Driver { return s.store }
 
 // Tenants returns the server's tenant service.
 func (s *Server) Tenants() *tenants.Service { return s.tenants }
@@ -524,8 +503,7 @@ func (s *Server) Waiting() int { return s.waiters.Waiting() }
 // KeyEvents returns the store's notification source (nil when the store
 // has none), for a gateway or test that runs beside this server's store.
 func (s *Server) KeyEvents() idem.KeyEvents {
-	ev, _ := s.rawStore.(idem.KeyEvents)
-	return ev
+	return s.rawStore.KeyEvents()
 }
 
 // reapPause maps IDEM_REAP_PAUSE to jobs.Config.ReapPause, where 0 means

@@ -17,11 +17,12 @@ import (
 	"github.com/idem-dev/idem/internal/contract"
 	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/storemw"
 )
 
 // blockedIn counts the goroutines of this process parked in a select or a
 // channel send with fn on their stack (fn as the traceback spells it,
-// e.g. "idem.(*shareStore).acquire"): where the server's requests wait.
+// e.g. "storemw.(*shareStore).acquire"): where the server's requests wait.
 func blockedIn(fn string) int {
 	buf := make([]byte, 1<<20)
 	for {
@@ -44,7 +45,7 @@ func blockedIn(fn string) int {
 }
 
 const (
-	inShare    = "idem.(*shareStore).acquire"
+	inShare    = "storemw.(*shareStore).acquire"
 	inSQLiteWQ = "sqlite.(*Store).lockWriter"
 )
 
@@ -58,7 +59,7 @@ const (
 //   - PostgreSQL (IDEM_DB_MAX_CONNS=4, share 2): the test locks tenant a's
 //     rows (SELECT … FOR UPDATE), so a's 8 completes block inside the
 //     store, each on a pooled connection: 2 within a's share and 1 past it
-//     (a was alone), which leaves idem.ShareReserve (1) connection free.
+//     (a was alone), which leaves storemw.ShareReserve (1) connection free.
 //     Before the share 4 of them held the whole pool and tenant b's claim
 //     waited for a connection until IDEM_STORE_TIMEOUT: 503.
 //   - SQLite (4 connections, share 2): the write lock is one for
@@ -126,7 +127,7 @@ func testTenantStoreShare(t *testing.T, backend string) {
 		t.Cleanup(func() { _ = watcher.Close(context.Background()) })
 		pid := holder.PgConn().PID()
 		unshared = pool // the whole pool
-		held = pool - idem.ShareReserve
+		held = pool - storemw.ShareReserve
 		stuck = func() int {
 			var n int
 			require.NoError(t, watcher.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))`, pid).Scan(&n))
@@ -137,7 +138,7 @@ func testTenantStoreShare(t *testing.T, backend string) {
 		release = h.release
 		stuck = func() int { return 1 + blockedIn(inSQLiteWQ) } // one waits on the lock, the rest queue
 		unshared = keys                                         // the whole backlog
-		held = pool - idem.ShareReserve
+		held = pool - storemw.ShareReserve
 	}
 
 	answers := make(chan reply, keys)

@@ -16,14 +16,14 @@ import (
 // backend is one kind of store: the IDEM_DATABASE_URL prefixes that name
 // it, how such a URL becomes what it opens, how to open it and how to
 // migrate it. backends is the one table of them; the rest of the server
-// sees only idem.Store (and idem.PoolReporter for the pool metrics).
+// sees only idem.Driver.
 type backend struct {
 	name     string
 	prefixes []string
 	// target returns what open and migrate take for url: the URL itself for
 	// PostgreSQL, the file path for SQLite.
 	target  func(url string) (string, error)
-	open    func(ctx context.Context, cfg Config, target string) (idem.Store, error)
+	open    func(ctx context.Context, cfg Config, target string) (idem.Driver, error)
 	migrate func(ctx context.Context, target string) error
 }
 
@@ -34,7 +34,7 @@ func backends() []backend {
 			name:     "postgres",
 			prefixes: []string{"postgres://", "postgresql://"},
 			target:   func(url string) (string, error) { return url, nil },
-			open: func(ctx context.Context, cfg Config, url string) (idem.Store, error) {
+			open: func(ctx context.Context, cfg Config, url string) (idem.Driver, error) {
 				return postgres.Open(ctx, url, postgres.Options{
 					MaxConns:       int32(cfg.DBMaxConns),
 					ConnectTimeout: cfg.DBConnectTimeout,
@@ -47,7 +47,7 @@ func backends() []backend {
 			name:     "sqlite",
 			prefixes: []string{"sqlite:"},
 			target:   sqliteTarget,
-			open: func(ctx context.Context, cfg Config, path string) (idem.Store, error) {
+			open: func(ctx context.Context, cfg Config, path string) (idem.Driver, error) {
 				return sqlite.Open(ctx, path, sqlite.Options{RequireLedger: !cfg.createsLedger()})
 			},
 			migrate: sqlite.Migrate,
@@ -118,7 +118,7 @@ func (d database) String() string {
 const migrationsTimeout = 30 * time.Second
 
 // open opens the store and runs its migrations. The caller closes it.
-func (d database) open(ctx context.Context, cfg Config) (idem.Store, error) {
+func (d database) open(ctx context.Context, cfg Config) (idem.Driver, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.DBConnectTimeout+migrationsTimeout)
 	defer cancel()
 	s, err := d.backend.open(ctx, cfg, d.target)
@@ -136,7 +136,7 @@ func (d database) open(ctx context.Context, cfg Config) (idem.Store, error) {
 
 // OpenStore opens the store named by cfg.DatabaseURL and runs its
 // migrations. The caller closes it.
-func OpenStore(ctx context.Context, cfg Config) (idem.Store, error) {
+func OpenStore(ctx context.Context, cfg Config) (idem.Driver, error) {
 	db, err := parseDatabase(cfg.DatabaseURL)
 	if err != nil {
 		return nil, err

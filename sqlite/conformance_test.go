@@ -18,7 +18,7 @@ import (
 // own (TestEventsFallbackSeesAnotherProcess covers the re-check).
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, func(t *testing.T, now func() time.Time) idem.Store {
+	storetest.Run(t, func(t *testing.T, now func() time.Time) idem.Driver {
 		s, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "idem.db"), sqlite.Options{Now: now, EventsFallback: time.Hour})
 		require.NoError(t, err, "open sqlite store")
 		t.Cleanup(func() { require.NoError(t, s.Close()) })

@@ -45,13 +45,13 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/db/schema"
+	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
 )
 
 var (
-	_ idem.Store        = (*Store)(nil)
-	_ idem.KeyEvents    = (*Store)(nil)
-	_ idem.SerialWriter = (*Store)(nil)
+	_ idem.Driver    = (*Store)(nil)
+	_ idem.KeyEvents = (*Store)(nil)
 )
 
 // busyTimeout is how long a statement waits for another connection's write
@@ -109,7 +109,7 @@ type Store struct {
 	// woken first in, first out, which makes the queue fair.
 	writer chan struct{}
 	// events fans key changes out to waiting claims (see Subscribe).
-	events   idem.Broadcast
+	events   keyevents.Broadcast
 	fallback time.Duration
 	fallOnce sync.Once
 	done     chan struct{}
@@ -185,7 +185,16 @@ func Migrate(ctx context.Context, path string) error {
 // DB returns the store's connection pool, for tests.
 func (s *Store) DB() *sql.DB { return s.db }
 
-// PoolStats implements idem.PoolReporter for the pool metrics.
+// Webhooks implements idem.Driver: the Store keeps the webhook outbox in
+// the ledger's file itself.
+func (s *Store) Webhooks() idem.WebhookStore { return s }
+
+// KeyEvents implements idem.Driver: the Store publishes the changes it
+// commits to the claims waiting on them (Subscribe, Watch).
+func (s *Store) KeyEvents() idem.KeyEvents { return s }
+
+// PoolStats implements idem.Driver for the pool metrics and the tenant
+// share.
 func (s *Store) PoolStats() idem.PoolStats {
 	st := s.db.Stats()
 	return idem.PoolStats{
@@ -364,11 +373,11 @@ func (s *Store) lockWriter(ctx context.Context) error {
 // unlockWriter gives the writer slot to the next writer in line.
 func (s *Store) unlockWriter() { <-s.writer }
 
-// SerialWrites implements idem.SerialWriter: writers queue for the writer
-// slot before they take a connection, and reads run beside the writer, so
-// a tenant's share of the store (idem.WithTenantShare) counts its writes
+// SerialWrites implements idem.Driver: writers queue for the writer slot
+// before they take a connection, and reads run beside the writer, so a
+// tenant's share of the store (storemw.WithTenantShare) counts its writes
 // and its reads apart.
-func (s *Store) SerialWrites() {}
+func (s *Store) SerialWrites() bool { return true }
 
 // interpretError is interpretError plus the closed-store case.
 func (s *Store) interpretError(err error, doing string) error {

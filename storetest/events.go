@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/keyevents"
 )
 
 // eventWait bounds how long a test waits for a key event; events normally
@@ -17,11 +18,11 @@ import (
 const eventWait = 10 * time.Second
 
 // subscribe subscribes to (tenant, key) on the store's idem.KeyEvents, which
-// every store must implement.
+// every store must have.
 func (b *bundle) subscribe(t *testing.T, tenant, key string) *idem.Subscription {
 	t.Helper()
-	ev, ok := b.store.(idem.KeyEvents)
-	require.True(t, ok, "the store must implement idem.KeyEvents")
+	ev := b.store.KeyEvents()
+	require.NotNil(t, ev, "the store must have idem.KeyEvents")
 	sub, err := ev.Subscribe(b.ctx, tenant, key)
 	require.NoError(t, err)
 	t.Cleanup(sub.Close)
@@ -32,7 +33,7 @@ func (b *bundle) subscribe(t *testing.T, tenant, key string) *idem.Subscription 
 // completion or deletion wakes the key's subscriptions.
 func (b *bundle) watch(t *testing.T, tenant, key string) {
 	t.Helper()
-	inFlight, err := b.store.(idem.KeyEvents).Watch(b.ctx, tenant, key)
+	inFlight, err := b.store.KeyEvents().Watch(b.ctx, tenant, key)
 	require.NoError(t, err)
 	require.True(t, inFlight, "Watch of %s/%s, which is in flight", tenant, key)
 }
@@ -139,7 +140,7 @@ func testEventsResolve(t *testing.T, s *suite) {
 func testEventsWatch(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
-	ev := b.store.(idem.KeyEvents)
+	ev := b.store.KeyEvents()
 	absent, err := ev.Watch(b.ctx, "acme", "absent")
 	require.NoError(t, err)
 	rec := b.create(t, "acme", "k")
@@ -162,7 +163,7 @@ const waitFor = 5 * time.Second
 
 // startWaiter runs w.Claim of (tenant, key) in the background and returns
 // its outcome's channel once the waiter holds its place.
-func (b *bundle) startWaiter(t *testing.T, w *idem.Waiters, tenant, key string) <-chan waitOutcome {
+func (b *bundle) startWaiter(t *testing.T, w *keyevents.Waiters, tenant, key string) <-chan waitOutcome {
 	t.Helper()
 	out := make(chan waitOutcome, 1)
 	before := w.Waiting()
@@ -211,7 +212,7 @@ func requireWoken(t *testing.T, out <-chan waitOutcome, what string) waitOutcome
 func testEventsWaiterRacesComplete(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
-	w := idem.NewWaiters(b.store.(idem.KeyEvents), 4)
+	w := keyevents.NewWaiters(b.store.KeyEvents(), 4)
 	t.Cleanup(w.Close)
 	for i := range raceRounds {
 		key := fmt.Sprintf("race-%d", i)
@@ -250,8 +251,8 @@ func (w watchSignal) Watch(ctx context.Context, tenantID, key string) (bool, err
 func testEventsWaiterAcrossReclaim(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
-	events := watchSignal{b.store.(idem.KeyEvents), make(chan struct{}, 1)}
-	w := idem.NewWaiters(events, 4)
+	events := watchSignal{b.store.KeyEvents(), make(chan struct{}, 1)}
+	w := keyevents.NewWaiters(events, 4)
 	t.Cleanup(w.Close)
 	reclaimed := 0
 	for i := range raceRounds / 4 {

@@ -521,8 +521,8 @@ func testQuotaConcurrentCompletesBounded(t *testing.T, s *suite) {
 	// the quota would show
 	quota := claims + fit*size + n*unstored
 	conns := int64(n)
-	if pr, ok := b.store.(idem.PoolReporter); ok && pr.PoolStats().MaxConns > 0 {
-		conns = pr.PoolStats().MaxConns
+	if max := b.store.PoolStats().MaxConns; max > 0 {
+		conns = max
 	}
 	recs := make([]idem.Record, n)
 	errs := make([]error, n)

@@ -1,9 +1,9 @@
-// Package storetest is the conformance suite every idem.Store must pass.
+// Package storetest is the conformance suite every idem.Driver must pass.
 //
 // A backend wires it up in one test:
 //
 //	func TestConformance(t *testing.T) {
-//		storetest.Run(t, func(t *testing.T, now func() time.Time) idem.Store {
+//		storetest.Run(t, func(t *testing.T, now func() time.Time) idem.Driver {
 //			s, err := mybackend.Open(t.Context(), dsn(t), mybackend.Options{Now: now})
 //			require.NoError(t, err)
 //			t.Cleanup(func() { _ = s.Close() })
@@ -40,11 +40,11 @@ import (
 // A nil now means the store uses its database clock; otherwise every time the
 // store reads or writes comes from now. The function registers the store's
 // Close with t.Cleanup.
-type OpenFunc func(t *testing.T, now func() time.Time) idem.Store
+type OpenFunc func(t *testing.T, now func() time.Time) idem.Driver
 
 // Run runs the conformance suite against the store that open returns. Each
 // subtest calls open for a store of its own.
-func Run(t *testing.T, open func(t *testing.T, now func() time.Time) idem.Store) {
+func Run(t *testing.T, open func(t *testing.T, now func() time.Time) idem.Driver) {
 	t.Helper()
 	s := &suite{open: open}
 	for _, g := range groups() {
@@ -195,7 +195,7 @@ type suite struct {
 
 // bundle is one test's store and clock.
 type bundle struct {
-	store idem.Store
+	store idem.Driver
 	// clock drives the store; nil when the store uses the database clock.
 	clock *Clock
 	ctx   context.Context

@@ -55,12 +55,12 @@ func testWebhookFinishAfterTenantDeleted(t *testing.T, s *suite) {
 	require.Empty(t, b.claimAll(t), "nothing of the deleted tenant is sent")
 }
 
-// webhooks returns the bundle's store as a WebhookStore: every store must
-// be one.
+// webhooks returns the bundle's store's WebhookStore: every store must
+// have one.
 func (b *bundle) webhooks(t *testing.T) idem.WebhookStore {
 	t.Helper()
-	ws, ok := b.store.(idem.WebhookStore)
-	require.True(t, ok, "the store does not implement idem.WebhookStore")
+	ws := b.store.Webhooks()
+	require.NotNil(t, ws, "the store keeps no webhook outbox (idem.Driver.Webhooks)")
 	return ws
 }
 

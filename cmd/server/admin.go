@@ -341,7 +341,7 @@ func describe(err error) string {
 // webhooks) under one bound: the connect timeout plus 30 s for the command's
 // own work. The returned func closes the store and ends the bound; call it
 // when finished.
-func openCommandStore(ctx context.Context, cfg server.Config) (context.Context, idem.Store, func(), error) {
+func openCommandStore(ctx context.Context, cfg server.Config) (context.Context, idem.Driver, func(), error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.DBConnectTimeout+30*time.Second)
 	store, err := server.OpenStore(ctx, cfg)
 	if err != nil {

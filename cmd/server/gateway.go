@@ -17,6 +17,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/gateway"
+	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/server"
 )
@@ -94,14 +95,14 @@ in-flight budget of protected request bodies (IDEM_MAX_INFLIGHT_BYTES).`)
 	defer store.Close()
 	// Requests with Prefer: wait=N wait on the store's key events, at most
 	// IDEM_MAX_WAITERS at once; a shutdown answers them 409 at once.
-	var waiters *idem.Waiters
-	if ev, ok := store.(idem.KeyEvents); ok && cfg.MaxWaiters > 0 {
-		waiters = idem.NewWaiters(ev, cfg.MaxWaiters)
+	var waiters *keyevents.Waiters
+	if ev := store.KeyEvents(); ev != nil && cfg.MaxWaiters > 0 {
+		waiters = keyevents.NewWaiters(ev, cfg.MaxWaiters)
 	}
 	defer waiters.Close()
 	reg := prometheus.NewRegistry() // metrics.New adds the Go and process collectors
 	g, err := gateway.New(gateway.Options{
-		Store: metrics.InstrumentStore(store, metrics.New(reg)), Tenant: tenant, Upstream: upstream, ConfigFile: file,
+		Store: store, Metrics: metrics.New(reg), Tenant: tenant, Upstream: upstream, ConfigFile: file,
 		StoreTimeout: cfg.StoreTimeout, TenantCacheTTL: cfg.TenantCacheTTL, Registerer: reg, Logger: logger,
 		Waiters: waiters, BodyReadTimeout: cfg.ReadTimeout, MaxInflightBytes: cfg.MaxInflightBytes, InflightShare: cfg.InflightShare,
 	})

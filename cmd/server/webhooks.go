@@ -85,8 +85,8 @@ func runWebhooks(ctx context.Context, e env, args []string) int {
 		return fail(e, "%v", err)
 	}
 	defer closeStore()
-	ws, ok := store.(idem.WebhookStore)
-	if !ok {
+	ws := store.Webhooks()
+	if ws == nil {
 		return fail(e, "the store keeps no webhooks")
 	}
 

@@ -14,7 +14,7 @@ import (
 
 // DefaultShare is the part of the budget each owner may always hold unless
 // the operator says otherwise (IDEM_INFLIGHT_SHARE): half, like the store
-// connections (idem.DefaultStoreShare) and the waiter places.
+// connections (storemw.DefaultStoreShare) and the waiter places.
 const DefaultShare = 0.5
 
 // Bytes is a budget of bytes in flight: Acquire reserves, Release gives

@@ -138,7 +138,7 @@ func (s *Server) URL() string { return s.srv.URL() }
 func (s *Server) Addr() string { return s.srv.Addr() }
 
 // Store returns the server's store, for assertions on what is stored.
-func (s *Server) Store() idem.Store { return s.srv.Store() }
+func (s *Server) Store() idem.Driver { return s.srv.Store() }
 
 // Handler returns the server's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.srv.Handler() }

@@ -1,4 +1,8 @@
-package idem
+// Package keyevents is waiting for a key: the in-process fan-out both
+// drivers build their idem.KeyEvents on (Broadcast: SQLite publishes after
+// each commit, PostgreSQL what its LISTEN connection hears), and the
+// Waiters that hold a claim of a key in flight until it changes.
+package keyevents
 
 import (
 	"context"
@@ -7,56 +11,18 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idem-dev/idem"
 )
 
-// KeyEvents is a store's notification source: it tells the claims that wait
-// on a key in flight that the key may have changed — completed, released or
-// deleted — so they claim again at once instead of polling. A Store
-// implements it beside idem.Store (both backends do); the server finds it
-// by a type assertion on the store it opened.
-//
-// Events are hints, never decisions: a woken waiter claims again and the
-// store decides, so a spurious or repeated event costs one claim, and a
-// source that lost track (a dropped listening connection) wakes every
-// waiter rather than risk missing one.
-type KeyEvents interface {
-	// Subscribe registers interest in (tenantID, key). It returns once the
-	// subscription is live: a change committed after Subscribe returns is
-	// signalled on the Subscription, by this replica or any other sharing
-	// the database. It returns a store_unavailable *Error when the source
-	// cannot listen now (the caller then answers without waiting).
-	Subscribe(ctx context.Context, tenantID, key string) (*Subscription, error)
-
-	// Watch asks that the next completion or deletion of (tenantID, key)
-	// be signalled, and reports whether the key is in flight now. A
-	// waiter calls it after a claim found the key in flight and sleeps
-	// only when it reports true: a change committed after Watch returns
-	// true is signalled to the subscriptions live at that moment. When it
-	// reports false the key changed meanwhile and the waiter claims again
-	// at once. (PostgreSQL flags the row, since it notifies only for
-	// flagged rows; SQLite publishes every change and only reports true.)
-	Watch(ctx context.Context, tenantID, key string) (bool, error)
+// subscriber is the source's side of one Subscription: the channel it
+// signals, and the key it is filed under.
+type subscriber struct {
+	c  chan struct{}
+	id keyID
 }
 
-// Subscription is one waiter's interest in one key. C receives a value
-// (coalesced: at most one pending) whenever the key may have changed.
-// Close it when done; closing twice is harmless.
-type Subscription struct {
-	// C is signalled when the key may have changed.
-	C <-chan struct{}
-
-	c    chan struct{}
-	b    *Broadcast
-	id   keyID
-	once sync.Once
-}
-
-// Close removes the subscription from its broadcast at once.
-func (s *Subscription) Close() {
-	s.once.Do(func() { s.b.remove(s) })
-}
-
-func (s *Subscription) signal() {
+func (s *subscriber) signal() {
 	select {
 	case s.c <- struct{}{}:
 	default:
@@ -66,35 +32,34 @@ func (s *Subscription) signal() {
 type keyID struct{ tenant, key string }
 
 // Broadcast fans key events out to the subscriptions of one process. Both
-// stores build their KeyEvents on it: SQLite publishes after each commit
+// stores build their idem.KeyEvents on it: SQLite publishes after each commit
 // that changes a key, PostgreSQL publishes what its one listening
 // connection hears. The zero value is ready to use.
 type Broadcast struct {
 	mu   sync.Mutex
-	subs map[keyID]map[*Subscription]struct{}
+	subs map[keyID]map[*subscriber]struct{}
 	n    int
 }
 
 // Subscribe adds a subscription to (tenantID, key); it is live on return.
-func (b *Broadcast) Subscribe(tenantID, key string) *Subscription {
-	c := make(chan struct{}, 1)
-	s := &Subscription{C: c, c: c, b: b, id: keyID{tenantID, key}}
+func (b *Broadcast) Subscribe(tenantID, key string) *idem.Subscription {
+	s := &subscriber{c: make(chan struct{}, 1), id: keyID{tenantID, key}}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.subs == nil {
-		b.subs = make(map[keyID]map[*Subscription]struct{})
+		b.subs = make(map[keyID]map[*subscriber]struct{})
 	}
 	set := b.subs[s.id]
 	if set == nil {
-		set = make(map[*Subscription]struct{})
+		set = make(map[*subscriber]struct{})
 		b.subs[s.id] = set
 	}
 	set[s] = struct{}{}
 	b.n++
-	return s
+	return idem.NewSubscription(s.c, func() { b.remove(s) })
 }
 
-func (b *Broadcast) remove(s *Subscription) {
+func (b *Broadcast) remove(s *subscriber) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	set := b.subs[s.id]
@@ -155,7 +120,7 @@ func (b *Broadcast) Len() int {
 // or by a timer at the end of the holder's lease — never by polling.
 // A nil *Waiters never waits.
 type Waiters struct {
-	events    KeyEvents
+	events    idem.KeyEvents
 	limit     int64
 	perTenant int64
 	n         atomic.Int64
@@ -168,7 +133,7 @@ type Waiters struct {
 // NewWaiters returns Waiters on events that hold at most limit claims at
 // once; past it a claim gets the immediate request_in_flight. events nil or
 // limit <= 0 gives Waiters that never wait.
-func NewWaiters(events KeyEvents, limit int) *Waiters {
+func NewWaiters(events idem.KeyEvents, limit int) *Waiters {
 	return &Waiters{events: events, limit: int64(limit), perTenant: int64(limit), byTenant: map[string]int64{}, closed: make(chan struct{})}
 }
 
@@ -176,7 +141,7 @@ func NewWaiters(events KeyEvents, limit int) *Waiters {
 // most TenantShare of limit, so that its held claims — as many as it
 // likes to send — never take every place and leave the other tenants'
 // waits refused at once.
-func NewSharedWaiters(events KeyEvents, limit int) *Waiters {
+func NewSharedWaiters(events idem.KeyEvents, limit int) *Waiters {
 	w := NewWaiters(events, limit)
 	w.perTenant = TenantShare(limit)
 	return w
@@ -223,9 +188,9 @@ const leaseSlack = 5 * time.Millisecond
 // answered at once. A caller whose context ends gets its error: a client
 // that went away frees its place at once.
 //
-// Each store call is bounded on its own (idem.WithDeadline); the wait is
+// Each store call is bounded on its own (storemw.WithDeadline); the wait is
 // not a store call.
-func (w *Waiters) Claim(ctx context.Context, store Store, p ClaimParams, wait time.Duration) (res ClaimResult, applied bool, err error) {
+func (w *Waiters) Claim(ctx context.Context, store idem.Store, p idem.ClaimParams, wait time.Duration) (res idem.ClaimResult, applied bool, err error) {
 	res, err = store.Claim(ctx, p)
 	if wait <= 0 || w == nil || w.events == nil {
 		return res, false, err
@@ -320,10 +285,10 @@ func (w *Waiters) release(tenant string) {
 	}
 }
 
-func isInFlight(err error) bool { return ErrorCode(err) == CodeRequestInFlight }
+func isInFlight(err error) bool { return idem.ErrorCode(err) == idem.CodeRequestInFlight }
 
 func retryAfterOf(err error) time.Duration {
-	var e *Error
+	var e *idem.Error
 	if errors.As(err, &e) {
 		return e.RetryAfter
 	}
@@ -333,7 +298,7 @@ func retryAfterOf(err error) time.Duration {
 // aged returns the request_in_flight err with its RetryAfter shortened by
 // the time passed since the claim that returned it.
 func aged(err error, passed time.Duration) error {
-	var e *Error
+	var e *idem.Error
 	if !errors.As(err, &e) {
 		return err
 	}

@@ -1,4 +1,4 @@
-package idem_test
+package storemw_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/storemw"
 )
 
 func TestStoreShareOf(t *testing.T) {
@@ -23,7 +24,7 @@ func TestStoreShareOf(t *testing.T) {
 	}{
 		{10, 0.5, 5}, {4, 0.5, 2}, {5, 0.5, 3}, {1, 0.5, 1}, {10, 0.3, 3}, {10, 0.01, 1}, {10, 1, 10}, {3, 0.7, 3},
 	} {
-		require.Equal(t, c.want, idem.StoreShareOf(c.pool, c.fraction), "%d × %g", c.pool, c.fraction)
+		require.Equal(t, c.want, storemw.StoreShareOf(c.pool, c.fraction), "%d × %g", c.pool, c.fraction)
 	}
 }
 
@@ -58,7 +59,7 @@ func TestWithTenantShare(t *testing.T) {
 	g := &gateStore{gate: make(chan struct{})}
 	var mu sync.Mutex
 	var seen []error
-	s := idem.WithTenantShare(g, 2, 1, func(tenant string, err error) {
+	s := storemw.WithTenantShare(g, 2, 1, false, func(tenant string, err error) {
 		require.Equal(t, "slow", tenant)
 		mu.Lock()
 		seen = append(seen, err)
@@ -109,7 +110,7 @@ func TestWithTenantShare(t *testing.T) {
 // TestWithTenantShareNoAlloc: the share costs no allocation per call (it
 // sits on every request's path).
 func TestWithTenantShareNoAlloc(t *testing.T) {
-	s := idem.WithTenantShare(&gateStore{}, 10, 4, nil)
+	s := storemw.WithTenantShare(&gateStore{}, 10, 4, false, nil)
 	ctx := context.Background()
 	p := idem.ClaimParams{TenantID: "acme", Key: "k"}
 	_, _ = s.Claim(ctx, p) // the tenant's slots are made once
@@ -117,10 +118,9 @@ func TestWithTenantShareNoAlloc(t *testing.T) {
 	require.Zero(t, allocs)
 }
 
-// serialStore is a gateStore that says its writes take turns on one writer.
+// serialStore is a gateStore whose reads answer at once, for a share told
+// that the store's writes take turns on one writer.
 type serialStore struct{ gateStore }
-
-func (*serialStore) SerialWrites() {}
 
 func (g *serialStore) GetRecord(context.Context, idem.GetRecordParams) (idem.Record, error) {
 	return idem.Record{}, nil
@@ -133,7 +133,7 @@ func TestWithTenantShareSerialWriter(t *testing.T) {
 	t.Parallel()
 	g := &serialStore{gateStore{gate: make(chan struct{})}}
 	defer close(g.gate)
-	s := idem.WithTenantShare(g, 2, 1, nil)
+	s := storemw.WithTenantShare(g, 2, 1, true, nil)
 	ctx := t.Context()
 	go func() { _, _ = s.Claim(ctx, idem.ClaimParams{TenantID: "slow", Key: "k"}) }()
 	require.Eventually(t, func() bool {
@@ -157,18 +157,18 @@ func TestWithTenantShareBorrows(t *testing.T) {
 	const pool = 4
 	g := &gateStore{gate: make(chan struct{})}
 	defer close(g.gate)
-	s := idem.WithTenantShare(g, pool, 1, nil)
+	s := storemw.WithTenantShare(g, pool, 1, false, nil)
 	ctx := t.Context()
-	for i := range pool - idem.ShareReserve {
+	for i := range pool - storemw.ShareReserve {
 		go func() { _, _ = s.Claim(ctx, idem.ClaimParams{TenantID: "slow", Key: fmt.Sprint(i)}) }()
 	}
-	require.Eventually(t, func() bool { return g.in.Load() == pool-idem.ShareReserve }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return g.in.Load() == pool-storemw.ShareReserve }, 10*time.Second, time.Millisecond,
 		"a tenant alone starts calls past its share up to the pool less the reserve")
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	_, err := s.Claim(short, idem.ClaimParams{TenantID: "slow", Key: "over"})
 	require.Equal(t, idem.CodeStoreUnavailable, idem.ErrorCode(err), "no call past the share takes the reserve")
-	require.Equal(t, int64(pool-idem.ShareReserve), g.in.Load())
+	require.Equal(t, int64(pool-storemw.ShareReserve), g.in.Load())
 	_, err = s.Claim(ctx, idem.ClaimParams{TenantID: "other", Key: "k"})
 	require.NoError(t, err, "another tenant's call within its share starts")
 }
@@ -191,8 +191,8 @@ func TestWebhooksWithTenantShare(t *testing.T) {
 	t.Parallel()
 	g := &gateStore{gate: make(chan struct{})}
 	defer close(g.gate)
-	s := idem.WithTenantShare(g, 2, 1, nil)
-	w := idem.WebhooksWithTenantShare(s, gateWebhooks{})
+	s := storemw.WithTenantShare(g, 2, 1, false, nil)
+	w := storemw.WebhooksWithTenantShare(s, gateWebhooks{})
 	ctx := t.Context()
 	go func() { _, _ = s.Claim(ctx, idem.ClaimParams{TenantID: "slow", Key: "k"}) }()
 	require.Eventually(t, func() bool { return g.in.Load() == 1 }, 10*time.Second, time.Millisecond)
@@ -204,5 +204,5 @@ func TestWebhooksWithTenantShare(t *testing.T) {
 	require.NoError(t, err)
 	_, err = w.ClaimWebhookDeliveries(ctx, 8, 8, nil, time.Minute)
 	require.NoError(t, err, "the deliverer is not held to a share")
-	require.Equal(t, gateWebhooks{}, idem.WebhooksWithTenantShare(g, gateWebhooks{}), "no share: the webhook store itself")
+	require.Equal(t, gateWebhooks{}, storemw.WebhooksWithTenantShare(g, gateWebhooks{}), "no share: the webhook store itself")
 }

@@ -1,4 +1,4 @@
-package idem
+package storemw
 
 import (
 	"context"
@@ -6,12 +6,14 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idem-dev/idem"
 )
 
 // DefaultStoreShare is the part of the store's connections each tenant's
 // store calls may always have (WithTenantShare) unless the operator says
 // otherwise (IDEM_DB_TENANT_SHARE): half, like the waiter places
-// (TenantShare).
+// (keyevents.TenantShare).
 const DefaultStoreShare = 0.5
 
 // StoreShareOf returns how many store calls one tenant may have in progress
@@ -22,7 +24,7 @@ func StoreShareOf(poolSize int, fraction float64) int {
 	return max(int(math.Ceil(float64(poolSize)*fraction-1e-9)), 1)
 }
 
-// WithTenantShare returns a Store on which one tenant's calls cannot take
+// WithTenantShare returns an idem.Store on which one tenant's calls cannot take
 // the connections the other tenants need. Each tenant may always have
 // perTenant calls in progress, its share of the pool's connections. Past
 // its share a call still starts while the calls in progress of all
@@ -52,7 +54,7 @@ func StoreShareOf(poolSize int, fraction float64) int {
 // operator's changes to a tenant (CreateTenant, UpdateTenant,
 // DeleteTenant) pass through, as do all calls when perTenant <= 0 or
 // perTenant >= pool (which return s). On a store whose
-// writes take turns on one writer (SerialWriter: SQLite) a tenant's writes
+// writes take turns on one writer (serial: Driver.SerialWrites, SQLite) a tenant's writes
 // have a share of their own: they wait for the writer without a
 // connection, so they must not keep the tenant's reads, which run beside
 // the writer, from the connections. Reads and writes count alike in the
@@ -64,11 +66,10 @@ func StoreShareOf(poolSize int, fraction float64) int {
 // The hot path takes no lock shared between tenants and allocates nothing:
 // one lookup in a sync.Map, a send on the tenant's buffered channel and
 // an atomic count of the calls in progress.
-func WithTenantShare(s Store, pool, perTenant int, observe func(tenant string, err error)) Store {
+func WithTenantShare(s idem.Store, pool, perTenant int, serial bool, observe func(tenant string, err error)) idem.Store {
 	if perTenant <= 0 || perTenant >= pool {
 		return s
 	}
-	_, serial := s.(SerialWriter)
 	return &shareStore{s: s, per: perTenant, borrow: int64(pool - ShareReserve), serial: serial, observe: observe}
 }
 
@@ -78,18 +79,8 @@ func WithTenantShare(s Store, pool, perTenant int, observe func(tenant string, e
 // them to make progress, and a tenant alone keeps the rest of the pool.
 const ShareReserve = 1
 
-// SerialWriter is implemented by a Store whose writes take turns on a
-// single writer and wait for their turn without holding a connection
-// (SQLite), while its reads run beside the writer on the other
-// connections. WithTenantShare then gives a tenant's writes a share of
-// their own.
-type SerialWriter interface {
-	// SerialWrites only marks the Store.
-	SerialWrites()
-}
-
 type shareStore struct {
-	s   Store
+	s   idem.Store
 	per int
 	// borrow is the most calls in progress (total, the new one included)
 	// with which a call past its tenant's share may still start.
@@ -106,7 +97,7 @@ type shareStore struct {
 // tenantSlots are the semaphores of one tenant's share, each a chan
 // struct{} of capacity per: a send takes a slot, a receive gives it back,
 // and goroutines blocked sending are woken first in, first out. writes is
-// reads unless the store is a SerialWriter.
+// reads unless the store's writes are serial.
 type tenantSlots struct {
 	reads, writes chan struct{}
 }
@@ -117,7 +108,7 @@ const (
 	write = true
 )
 
-var _ Store = (*shareStore)(nil)
+var _ idem.Store = (*shareStore)(nil)
 
 // slot is what a call holds while it runs: the semaphore to give back
 // (nil past the share), and whether it is counted in total (it names a
@@ -163,7 +154,7 @@ func (ss *shareStore) acquire(ctx context.Context, tenant string, writes bool) (
 		ss.total.Add(1)
 	case <-ctx.Done():
 		sl = slot{}
-		err = StoreUnavailable("this tenant's store calls in progress held its whole share of the database connections until the store deadline", ctx.Err())
+		err = idem.StoreUnavailable("this tenant's store calls in progress held its whole share of the database connections until the store deadline", ctx.Err())
 	}
 	if ss.observe != nil {
 		ss.observe(tenant, err)
@@ -202,66 +193,66 @@ func sharedErr(ss *shareStore, ctx context.Context, tenant string, writes bool, 
 	return f()
 }
 
-func (ss *shareStore) Claim(ctx context.Context, p ClaimParams) (ClaimResult, error) {
-	return shared(ss, ctx, p.TenantID, write, func() (ClaimResult, error) { return ss.s.Claim(ctx, p) })
+func (ss *shareStore) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	return shared(ss, ctx, p.TenantID, write, func() (idem.ClaimResult, error) { return ss.s.Claim(ctx, p) })
 }
 
-func (ss *shareStore) Checkpoint(ctx context.Context, p CheckpointParams) (Record, error) {
-	return shared(ss, ctx, p.TenantID, write, func() (Record, error) { return ss.s.Checkpoint(ctx, p) })
+func (ss *shareStore) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.Record, error) {
+	return shared(ss, ctx, p.TenantID, write, func() (idem.Record, error) { return ss.s.Checkpoint(ctx, p) })
 }
 
-func (ss *shareStore) Complete(ctx context.Context, p CompleteParams) (Record, error) {
-	return shared(ss, ctx, p.TenantID, write, func() (Record, error) { return ss.s.Complete(ctx, p) })
+func (ss *shareStore) Complete(ctx context.Context, p idem.CompleteParams) (idem.Record, error) {
+	return shared(ss, ctx, p.TenantID, write, func() (idem.Record, error) { return ss.s.Complete(ctx, p) })
 }
 
-func (ss *shareStore) Release(ctx context.Context, p ReleaseParams) error {
+func (ss *shareStore) Release(ctx context.Context, p idem.ReleaseParams) error {
 	return sharedErr(ss, ctx, p.TenantID, write, func() error { return ss.s.Release(ctx, p) })
 }
 
-func (ss *shareStore) Resolve(ctx context.Context, p ResolveParams) (Resolution, error) {
-	return shared(ss, ctx, p.TenantID, write, func() (Resolution, error) { return ss.s.Resolve(ctx, p) })
+func (ss *shareStore) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolution, error) {
+	return shared(ss, ctx, p.TenantID, write, func() (idem.Resolution, error) { return ss.s.Resolve(ctx, p) })
 }
 
-func (ss *shareStore) ListAudit(ctx context.Context, p ListAuditParams) ([]AuditEntry, error) {
-	return shared(ss, ctx, p.TenantID, read, func() ([]AuditEntry, error) { return ss.s.ListAudit(ctx, p) })
+func (ss *shareStore) ListAudit(ctx context.Context, p idem.ListAuditParams) ([]idem.AuditEntry, error) {
+	return shared(ss, ctx, p.TenantID, read, func() ([]idem.AuditEntry, error) { return ss.s.ListAudit(ctx, p) })
 }
 
-func (ss *shareStore) GetRecord(ctx context.Context, p GetRecordParams) (Record, error) {
-	return shared(ss, ctx, p.TenantID, read, func() (Record, error) { return ss.s.GetRecord(ctx, p) })
+func (ss *shareStore) GetRecord(ctx context.Context, p idem.GetRecordParams) (idem.Record, error) {
+	return shared(ss, ctx, p.TenantID, read, func() (idem.Record, error) { return ss.s.GetRecord(ctx, p) })
 }
 
-func (ss *shareStore) ListRecords(ctx context.Context, p ListRecordsParams) ([]Record, error) {
-	return shared(ss, ctx, p.TenantID, read, func() ([]Record, error) { return ss.s.ListRecords(ctx, p) })
+func (ss *shareStore) ListRecords(ctx context.Context, p idem.ListRecordsParams) ([]idem.Record, error) {
+	return shared(ss, ctx, p.TenantID, read, func() ([]idem.Record, error) { return ss.s.ListRecords(ctx, p) })
 }
 
-func (ss *shareStore) ListOrphans(ctx context.Context, p ListOrphansParams) ([]Record, error) {
-	return shared(ss, ctx, p.TenantID, read, func() ([]Record, error) { return ss.s.ListOrphans(ctx, p) })
+func (ss *shareStore) ListOrphans(ctx context.Context, p idem.ListOrphansParams) ([]idem.Record, error) {
+	return shared(ss, ctx, p.TenantID, read, func() ([]idem.Record, error) { return ss.s.ListOrphans(ctx, p) })
 }
 
-func (ss *shareStore) OrphanStats(ctx context.Context) ([]OrphanStat, error) {
+func (ss *shareStore) OrphanStats(ctx context.Context) ([]idem.OrphanStat, error) {
 	return ss.s.OrphanStats(ctx)
 }
 
-func (ss *shareStore) Reap(ctx context.Context, p ReapParams) ([]Record, error) {
+func (ss *shareStore) Reap(ctx context.Context, p idem.ReapParams) ([]idem.Record, error) {
 	return ss.s.Reap(ctx, p)
 }
 
-func (ss *shareStore) CreateTenant(ctx context.Context, p CreateTenantParams) (Tenant, error) {
+func (ss *shareStore) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (idem.Tenant, error) {
 	return ss.s.CreateTenant(ctx, p)
 }
 
-func (ss *shareStore) GetTenant(ctx context.Context, id string) (Tenant, error) {
-	return shared(ss, ctx, id, read, func() (Tenant, error) { return ss.s.GetTenant(ctx, id) })
+func (ss *shareStore) GetTenant(ctx context.Context, id string) (idem.Tenant, error) {
+	return shared(ss, ctx, id, read, func() (idem.Tenant, error) { return ss.s.GetTenant(ctx, id) })
 }
 
-func (ss *shareStore) ListTenants(ctx context.Context) ([]Tenant, error) {
+func (ss *shareStore) ListTenants(ctx context.Context) ([]idem.Tenant, error) {
 	return ss.s.ListTenants(ctx)
 }
 
 // UpdateTenant is the operator's, not the tenant's: it is not held to the
 // tenant's share, so disabling a tenant whose calls fill it does not wait
 // behind them.
-func (ss *shareStore) UpdateTenant(ctx context.Context, p UpdateTenantParams) (Tenant, error) {
+func (ss *shareStore) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (idem.Tenant, error) {
 	return ss.s.UpdateTenant(ctx, p)
 }
 
@@ -277,11 +268,11 @@ func (ss *shareStore) Close() error { return ss.s.Close() }
 
 // WebhooksWithTenantShare returns w whose calls made for a tenant — its
 // webhook endpoints, test events and delivery listings, the API's — take
-// the tenant's slots of shared, a Store returned by WithTenantShare, and
+// the tenant's slots of shared, an idem.Store returned by WithTenantShare, and
 // count with its calls: they hold the same connections. The deliverer's
 // and the jobs' calls name no tenant and pass through. It returns w when
 // shared holds no share.
-func WebhooksWithTenantShare(shared Store, w WebhookStore) WebhookStore {
+func WebhooksWithTenantShare(shared idem.Store, w idem.WebhookStore) idem.WebhookStore {
 	ss, ok := shared.(*shareStore)
 	if !ok {
 		return w
@@ -291,44 +282,44 @@ func WebhooksWithTenantShare(shared Store, w WebhookStore) WebhookStore {
 
 type shareWebhooks struct {
 	ss *shareStore
-	w  WebhookStore
+	w  idem.WebhookStore
 }
 
-var _ WebhookStore = (*shareWebhooks)(nil)
+var _ idem.WebhookStore = (*shareWebhooks)(nil)
 
-func (sw *shareWebhooks) CreateWebhookEndpoint(ctx context.Context, e WebhookEndpoint) (WebhookEndpoint, error) {
-	return shared(sw.ss, ctx, e.TenantID, write, func() (WebhookEndpoint, error) { return sw.w.CreateWebhookEndpoint(ctx, e) })
+func (sw *shareWebhooks) CreateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoint) (idem.WebhookEndpoint, error) {
+	return shared(sw.ss, ctx, e.TenantID, write, func() (idem.WebhookEndpoint, error) { return sw.w.CreateWebhookEndpoint(ctx, e) })
 }
 
-func (sw *shareWebhooks) GetWebhookEndpoint(ctx context.Context, tenantID, id string) (WebhookEndpoint, error) {
-	return shared(sw.ss, ctx, tenantID, read, func() (WebhookEndpoint, error) { return sw.w.GetWebhookEndpoint(ctx, tenantID, id) })
+func (sw *shareWebhooks) GetWebhookEndpoint(ctx context.Context, tenantID, id string) (idem.WebhookEndpoint, error) {
+	return shared(sw.ss, ctx, tenantID, read, func() (idem.WebhookEndpoint, error) { return sw.w.GetWebhookEndpoint(ctx, tenantID, id) })
 }
 
-func (sw *shareWebhooks) ListWebhookEndpoints(ctx context.Context, tenantID string) ([]WebhookEndpoint, error) {
-	return shared(sw.ss, ctx, tenantID, read, func() ([]WebhookEndpoint, error) { return sw.w.ListWebhookEndpoints(ctx, tenantID) })
+func (sw *shareWebhooks) ListWebhookEndpoints(ctx context.Context, tenantID string) ([]idem.WebhookEndpoint, error) {
+	return shared(sw.ss, ctx, tenantID, read, func() ([]idem.WebhookEndpoint, error) { return sw.w.ListWebhookEndpoints(ctx, tenantID) })
 }
 
-func (sw *shareWebhooks) UpdateWebhookEndpoint(ctx context.Context, e WebhookEndpoint) (WebhookEndpoint, error) {
-	return shared(sw.ss, ctx, e.TenantID, write, func() (WebhookEndpoint, error) { return sw.w.UpdateWebhookEndpoint(ctx, e) })
+func (sw *shareWebhooks) UpdateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoint) (idem.WebhookEndpoint, error) {
+	return shared(sw.ss, ctx, e.TenantID, write, func() (idem.WebhookEndpoint, error) { return sw.w.UpdateWebhookEndpoint(ctx, e) })
 }
 
 func (sw *shareWebhooks) DeleteWebhookEndpoint(ctx context.Context, tenantID, id string) error {
 	return sharedErr(sw.ss, ctx, tenantID, write, func() error { return sw.w.DeleteWebhookEndpoint(ctx, tenantID, id) })
 }
 
-func (sw *shareWebhooks) SendTestEvent(ctx context.Context, endpointID string, ev Event) (WebhookDelivery, error) {
-	return shared(sw.ss, ctx, ev.TenantID, write, func() (WebhookDelivery, error) { return sw.w.SendTestEvent(ctx, endpointID, ev) })
+func (sw *shareWebhooks) SendTestEvent(ctx context.Context, endpointID string, ev idem.Event) (idem.WebhookDelivery, error) {
+	return shared(sw.ss, ctx, ev.TenantID, write, func() (idem.WebhookDelivery, error) { return sw.w.SendTestEvent(ctx, endpointID, ev) })
 }
 
-func (sw *shareWebhooks) ListWebhookDeliveries(ctx context.Context, p ListWebhookDeliveriesParams) ([]WebhookDelivery, error) {
-	return shared(sw.ss, ctx, p.TenantID, read, func() ([]WebhookDelivery, error) { return sw.w.ListWebhookDeliveries(ctx, p) })
+func (sw *shareWebhooks) ListWebhookDeliveries(ctx context.Context, p idem.ListWebhookDeliveriesParams) ([]idem.WebhookDelivery, error) {
+	return shared(sw.ss, ctx, p.TenantID, read, func() ([]idem.WebhookDelivery, error) { return sw.w.ListWebhookDeliveries(ctx, p) })
 }
 
-func (sw *shareWebhooks) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) ([]WebhookDelivery, error) {
+func (sw *shareWebhooks) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) ([]idem.WebhookDelivery, error) {
 	return sw.w.ClaimWebhookDeliveries(ctx, limit, perTenant, served, lease)
 }
 
-func (sw *shareWebhooks) FinishWebhookDelivery(ctx context.Context, p FinishWebhookDeliveryParams) error {
+func (sw *shareWebhooks) FinishWebhookDelivery(ctx context.Context, p idem.FinishWebhookDeliveryParams) error {
 	return sw.w.FinishWebhookDelivery(ctx, p)
 }
 

@@ -1,4 +1,4 @@
-package idem_test
+package keyevents_test
 
 import (
 	"testing"
@@ -6,11 +6,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/keyevents"
 )
 
 func TestBroadcast(t *testing.T) {
 	t.Parallel()
-	var b idem.Broadcast
+	var b keyevents.Broadcast
 	a1 := b.Subscribe("acme", "k")
 	a2 := b.Subscribe("acme", "k")
 	other := b.Subscribe("beta", "k")

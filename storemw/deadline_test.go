@@ -1,4 +1,4 @@
-package idem_test
+package storemw_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/sqlite"
+	"github.com/idem-dev/idem/storemw"
 )
 
 // TestWithDeadline runs WithDeadline over a real SQLite store whose write
@@ -27,7 +28,7 @@ func TestWithDeadline(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = raw.Close() })
 	const d = 300 * time.Millisecond
-	s := idem.WithDeadline(raw, d)
+	s := storemw.WithDeadline(raw, d)
 	_, err = s.CreateTenant(ctx, idem.CreateTenantParams{ID: "acme", Name: "acme", Settings: idem.DefaultSettings()})
 	require.NoError(t, err)
 
@@ -55,11 +56,11 @@ func TestWithDeadline(t *testing.T) {
 	// With a long deadline, only the caller's cancel ends the wait.
 	cctx, cancel := context.WithCancel(ctx)
 	time.AfterFunc(50*time.Millisecond, cancel)
-	_, err = idem.WithDeadline(raw, time.Minute).Claim(cctx, claim)
+	_, err = storemw.WithDeadline(raw, time.Minute).Claim(cctx, claim)
 	require.True(t, errors.Is(err, context.Canceled), "a cancelled call matches context.Canceled: %v", err)
 	require.False(t, errors.Is(err, idem.ErrStoreUnavailable), "a cancelled call is not the store's failure: %v", err)
 
-	require.Equal(t, raw, idem.WithDeadline(raw, 0), "no deadline leaves the store as it is")
+	require.Equal(t, raw, storemw.WithDeadline(raw, 0), "no deadline leaves the store as it is")
 }
 
 // TestWebhookWithDeadline: a webhook write held by another connection's
@@ -73,7 +74,7 @@ func TestWebhookWithDeadline(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = raw.Close() })
 	const d = 300 * time.Millisecond
-	ws := idem.WebhookWithDeadline(raw, d)
+	ws := storemw.WebhookWithDeadline(raw, d)
 	_, err = ws.GetWebhookEndpoint(ctx, "acme", "ep_none")
 	require.ErrorIs(t, err, idem.ErrWebhookNotFound, "a domain answer passes through")
 
@@ -90,7 +91,7 @@ func TestWebhookWithDeadline(t *testing.T) {
 	_, err = ws.EmitOrphanEvents(ctx, 10)
 	require.ErrorIs(t, err, idem.ErrStoreUnavailable)
 	require.Less(t, time.Since(start), 5*time.Second, "the deadline, not the busy timeout, ended the call")
-	require.Equal(t, idem.WebhookStore(raw), idem.WebhookWithDeadline(raw, 0))
+	require.Equal(t, idem.WebhookStore(raw), storemw.WebhookWithDeadline(raw, 0))
 }
 
 // BenchmarkDeadlineCall is what WithDeadline adds to one store call made
@@ -104,7 +105,7 @@ func BenchmarkDeadlineCall(b *testing.B) {
 		s    idem.Store
 	}{
 		{"bare", afterFuncStore{}},
-		{"WithDeadline", idem.WithDeadline(afterFuncStore{}, 5*time.Second)},
+		{"WithDeadline", storemw.WithDeadline(afterFuncStore{}, 5*time.Second)},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()

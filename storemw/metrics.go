@@ -1,0 +1,204 @@
+package storemw
+
+import (
+	"context"
+	"time"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/metrics"
+)
+
+// Instrument returns s whose every call records
+// idem_store_operation_duration_seconds{op,result} on m
+// (metrics.ObserveStoreCall), so that an operator sees each store call's
+// latency and outcome whoever made it. The op label is the method name in
+// snake case (claim, checkpoint, complete, release, resolve, list_audit,
+// get_record, list_records, list_orphans, orphan_stats, reap,
+// create_tenant, get_tenant, list_tenants, update_tenant, delete_tenant,
+// ping). A nil m returns s unchanged.
+func Instrument(s idem.Store, m *metrics.Metrics) idem.Store {
+	if m == nil {
+		return s
+	}
+	return &instrumentedStore{s: s, m: m}
+}
+
+type instrumentedStore struct {
+	s idem.Store
+	m *metrics.Metrics
+}
+
+var _ idem.Store = (*instrumentedStore)(nil)
+
+func (i *instrumentedStore) observe(op string, start time.Time, err error) {
+	i.m.ObserveStoreCall(op, err, time.Since(start))
+}
+
+func (i *instrumentedStore) Claim(ctx context.Context, p idem.ClaimParams) (_ idem.ClaimResult, err error) {
+	defer func(start time.Time) { i.observe("claim", start, err) }(time.Now())
+	return i.s.Claim(ctx, p)
+}
+
+func (i *instrumentedStore) Checkpoint(ctx context.Context, p idem.CheckpointParams) (_ idem.Record, err error) {
+	defer func(start time.Time) { i.observe("checkpoint", start, err) }(time.Now())
+	return i.s.Checkpoint(ctx, p)
+}
+
+func (i *instrumentedStore) Complete(ctx context.Context, p idem.CompleteParams) (_ idem.Record, err error) {
+	defer func(start time.Time) { i.observe("complete", start, err) }(time.Now())
+	return i.s.Complete(ctx, p)
+}
+
+func (i *instrumentedStore) Release(ctx context.Context, p idem.ReleaseParams) (err error) {
+	defer func(start time.Time) { i.observe("release", start, err) }(time.Now())
+	return i.s.Release(ctx, p)
+}
+
+func (i *instrumentedStore) Resolve(ctx context.Context, p idem.ResolveParams) (_ idem.Resolution, err error) {
+	defer func(start time.Time) { i.observe("resolve", start, err) }(time.Now())
+	return i.s.Resolve(ctx, p)
+}
+
+func (i *instrumentedStore) ListAudit(ctx context.Context, p idem.ListAuditParams) (_ []idem.AuditEntry, err error) {
+	defer func(start time.Time) { i.observe("list_audit", start, err) }(time.Now())
+	return i.s.ListAudit(ctx, p)
+}
+
+func (i *instrumentedStore) GetRecord(ctx context.Context, p idem.GetRecordParams) (_ idem.Record, err error) {
+	defer func(start time.Time) { i.observe("get_record", start, err) }(time.Now())
+	return i.s.GetRecord(ctx, p)
+}
+
+func (i *instrumentedStore) ListRecords(ctx context.Context, p idem.ListRecordsParams) (_ []idem.Record, err error) {
+	defer func(start time.Time) { i.observe("list_records", start, err) }(time.Now())
+	return i.s.ListRecords(ctx, p)
+}
+
+func (i *instrumentedStore) ListOrphans(ctx context.Context, p idem.ListOrphansParams) (_ []idem.Record, err error) {
+	defer func(start time.Time) { i.observe("list_orphans", start, err) }(time.Now())
+	return i.s.ListOrphans(ctx, p)
+}
+
+func (i *instrumentedStore) OrphanStats(ctx context.Context) (_ []idem.OrphanStat, err error) {
+	defer func(start time.Time) { i.observe("orphan_stats", start, err) }(time.Now())
+	return i.s.OrphanStats(ctx)
+}
+
+func (i *instrumentedStore) Reap(ctx context.Context, p idem.ReapParams) (_ []idem.Record, err error) {
+	defer func(start time.Time) { i.observe("reap", start, err) }(time.Now())
+	return i.s.Reap(ctx, p)
+}
+
+func (i *instrumentedStore) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (_ idem.Tenant, err error) {
+	defer func(start time.Time) { i.observe("create_tenant", start, err) }(time.Now())
+	return i.s.CreateTenant(ctx, p)
+}
+
+func (i *instrumentedStore) GetTenant(ctx context.Context, id string) (_ idem.Tenant, err error) {
+	defer func(start time.Time) { i.observe("get_tenant", start, err) }(time.Now())
+	return i.s.GetTenant(ctx, id)
+}
+
+func (i *instrumentedStore) ListTenants(ctx context.Context) (_ []idem.Tenant, err error) {
+	defer func(start time.Time) { i.observe("list_tenants", start, err) }(time.Now())
+	return i.s.ListTenants(ctx)
+}
+
+func (i *instrumentedStore) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (_ idem.Tenant, err error) {
+	defer func(start time.Time) { i.observe("update_tenant", start, err) }(time.Now())
+	return i.s.UpdateTenant(ctx, p)
+}
+
+func (i *instrumentedStore) DeleteTenant(ctx context.Context, id string) (err error) {
+	defer func(start time.Time) { i.observe("delete_tenant", start, err) }(time.Now())
+	return i.s.DeleteTenant(ctx, id)
+}
+
+func (i *instrumentedStore) Ping(ctx context.Context) (err error) {
+	defer func(start time.Time) { i.observe("ping", start, err) }(time.Now())
+	return i.s.Ping(ctx)
+}
+
+// Close closes the wrapped store; it is not timed.
+func (i *instrumentedStore) Close() error { return i.s.Close() }
+
+// InstrumentWebhooks is Instrument for the webhook side of a store: its
+// calls were never timed before, though the API's webhook calls and the
+// deliverer's claims hold the same connections as the ledger's. The op
+// label is the method name in snake case (create_webhook_endpoint,
+// get_webhook_endpoint, list_webhook_endpoints, update_webhook_endpoint,
+// delete_webhook_endpoint, send_test_event, list_webhook_deliveries,
+// claim_webhook_deliveries, finish_webhook_delivery, emit_orphan_events,
+// purge_webhook_deliveries). A nil m returns w unchanged.
+func InstrumentWebhooks(w idem.WebhookStore, m *metrics.Metrics) idem.WebhookStore {
+	if m == nil {
+		return w
+	}
+	return &instrumentedWebhooks{w: w, m: m}
+}
+
+type instrumentedWebhooks struct {
+	w idem.WebhookStore
+	m *metrics.Metrics
+}
+
+var _ idem.WebhookStore = (*instrumentedWebhooks)(nil)
+
+func (i *instrumentedWebhooks) observe(op string, start time.Time, err error) {
+	i.m.ObserveStoreCall(op, err, time.Since(start))
+}
+
+func (i *instrumentedWebhooks) CreateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoint) (_ idem.WebhookEndpoint, err error) {
+	defer func(start time.Time) { i.observe("create_webhook_endpoint", start, err) }(time.Now())
+	return i.w.CreateWebhookEndpoint(ctx, e)
+}
+
+func (i *instrumentedWebhooks) GetWebhookEndpoint(ctx context.Context, tenantID, id string) (_ idem.WebhookEndpoint, err error) {
+	defer func(start time.Time) { i.observe("get_webhook_endpoint", start, err) }(time.Now())
+	return i.w.GetWebhookEndpoint(ctx, tenantID, id)
+}
+
+func (i *instrumentedWebhooks) ListWebhookEndpoints(ctx context.Context, tenantID string) (_ []idem.WebhookEndpoint, err error) {
+	defer func(start time.Time) { i.observe("list_webhook_endpoints", start, err) }(time.Now())
+	return i.w.ListWebhookEndpoints(ctx, tenantID)
+}
+
+func (i *instrumentedWebhooks) UpdateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoint) (_ idem.WebhookEndpoint, err error) {
+	defer func(start time.Time) { i.observe("update_webhook_endpoint", start, err) }(time.Now())
+	return i.w.UpdateWebhookEndpoint(ctx, e)
+}
+
+func (i *instrumentedWebhooks) DeleteWebhookEndpoint(ctx context.Context, tenantID, id string) (err error) {
+	defer func(start time.Time) { i.observe("delete_webhook_endpoint", start, err) }(time.Now())
+	return i.w.DeleteWebhookEndpoint(ctx, tenantID, id)
+}
+
+func (i *instrumentedWebhooks) SendTestEvent(ctx context.Context, endpointID string, ev idem.Event) (_ idem.WebhookDelivery, err error) {
+	defer func(start time.Time) { i.observe("send_test_event", start, err) }(time.Now())
+	return i.w.SendTestEvent(ctx, endpointID, ev)
+}
+
+func (i *instrumentedWebhooks) ListWebhookDeliveries(ctx context.Context, p idem.ListWebhookDeliveriesParams) (_ []idem.WebhookDelivery, err error) {
+	defer func(start time.Time) { i.observe("list_webhook_deliveries", start, err) }(time.Now())
+	return i.w.ListWebhookDeliveries(ctx, p)
+}
+
+func (i *instrumentedWebhooks) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) (_ []idem.WebhookDelivery, err error) {
+	defer func(start time.Time) { i.observe("claim_webhook_deliveries", start, err) }(time.Now())
+	return i.w.ClaimWebhookDeliveries(ctx, limit, perTenant, served, lease)
+}
+
+func (i *instrumentedWebhooks) FinishWebhookDelivery(ctx context.Context, p idem.FinishWebhookDeliveryParams) (err error) {
+	defer func(start time.Time) { i.observe("finish_webhook_delivery", start, err) }(time.Now())
+	return i.w.FinishWebhookDelivery(ctx, p)
+}
+
+func (i *instrumentedWebhooks) EmitOrphanEvents(ctx context.Context, limit int) (_ int, err error) {
+	defer func(start time.Time) { i.observe("emit_orphan_events", start, err) }(time.Now())
+	return i.w.EmitOrphanEvents(ctx, limit)
+}
+
+func (i *instrumentedWebhooks) PurgeWebhookDeliveries(ctx context.Context, olderThan time.Duration, limit int) (_ int, err error) {
+	defer func(start time.Time) { i.observe("purge_webhook_deliveries", start, err) }(time.Now())
+	return i.w.PurgeWebhookDeliveries(ctx, olderThan, limit)
+}
