@@ -53,6 +53,9 @@ type Server struct {
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
 	jobs     *jobs.Runner
+	// ledger stops key writes when the database went back in time
+	// (rollback.go); nil for a store that cannot tell.
+	ledger *ledgerGuard
 	// waiters hold claims that wait for a key in flight; nil when waiting
 	// is off.
 	waiters *idem.Waiters
@@ -163,6 +166,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	pool, share := s.storeShare(raw)
 	shared := idem.WithTenantShare(raw, pool, share, s.metrics.ObserveShareWait)
 	s.store = metrics.InstrumentStore(idem.WithDeadline(shared, cfg.StoreTimeout), s.metrics)
+	if src, ok := raw.(idem.LedgerRollbacks); ok {
+		s.ledger = newLedgerGuard(s.store, src, cfg, logger, s.registry)
+		s.store = s.ledger
+	}
 	s.tenants = tenants.NewService(s.store, cfg.TenantCacheTTL)
 	// Claims wait on the raw store's key events; their claims go through
 	// s.store, so each one is bounded by IDEM_STORE_TIMEOUT and the wait
@@ -405,9 +412,16 @@ func (s *Server) Run(ctx context.Context) error {
 
 	jobsCtx, stopJobs := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopJobs()
-	jobsDone := make(chan error, 2)
+	jobsDone := make(chan error, 3)
 	go func() { jobsDone <- s.jobs.Run(jobsCtx) }()
 	go func() { jobsDone <- s.deliverer.Run(jobsCtx) }()
+	go func() {
+		if s.ledger == nil {
+			jobsDone <- nil
+			return
+		}
+		jobsDone <- s.ledger.Run(jobsCtx, s.cfg.LedgerCheckInterval)
+	}()
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
@@ -457,7 +471,7 @@ func (s *Server) Run(ctx context.Context) error {
 		_ = osrv.Close()
 	}
 	stopJobs()
-	for range 2 {
+	for range 3 {
 		if err := <-jobsDone; err != nil && !errors.Is(err, context.Canceled) {
 			errs = append(errs, fmt.Errorf("background jobs: %w", err))
 		}

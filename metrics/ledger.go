@@ -1,0 +1,33 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// RegisterLedgerRollback registers the metrics of the rollback check
+// (server's ledger guard) and returns the counter the guard increments on
+// each rollback it finds itself:
+//
+//   - idem_ledger_rollback_detected: 1 while this replica refuses key
+//     writes because the database went back in time (found here or
+//     recorded by another replica, not yet acknowledged), 0 otherwise;
+//   - idem_ledger_rollback_detections_total: the rollbacks this replica
+//     found: the token source below a token it had seen issued.
+//
+// Either one is a page: acknowledged writes are gone, and keys completed
+// before would run again if idem took claims.
+func RegisterLedgerRollback(reg prometheus.Registerer, stopped func() bool) prometheus.Counter {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "ledger_rollback_detected",
+		Help: "1 while this replica refuses key writes because the database went back in time (the fencing token source below a token already issued; acknowledge with `ledger acknowledge-rollback`), 0 otherwise.",
+	}, func() float64 {
+		if stopped() {
+			return 1
+		}
+		return 0
+	}))
+	detections := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "ledger_rollback_detections_total",
+		Help: "Times this replica found the database gone back in time: the fencing token source below a token it had seen issued.",
+	})
+	reg.MustRegister(detections)
+	return detections
+}
