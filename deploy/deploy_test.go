@@ -44,6 +44,7 @@ func exportedNames(t *testing.T) map[string]bool {
 	t.Cleanup(func() { _ = raw.Close() })
 	m.RegisterPool(reg, raw.PoolStats)
 	metrics.RegisterReadiness(reg, raw.Ping)
+	metrics.RegisterLedgerRollback(reg, func() bool { return false })
 	store := metrics.InstrumentStore(raw, m)
 	_, err = store.CreateTenant(ctx, idem.CreateTenantParams{ID: "acme", Name: "acme", Settings: idem.DefaultSettings()})
 	require.NoError(t, err)
@@ -348,6 +349,7 @@ func registeredNames(t *testing.T) metricNames {
 	t.Cleanup(func() { _ = raw.Close() })
 	m.RegisterPool(names, raw.PoolStats)
 	metrics.RegisterReadiness(names, raw.Ping)
+	metrics.RegisterLedgerRollback(names, func() bool { return false })
 	_, err = gateway.New(gateway.Options{Store: raw, Tenant: "acme", Upstream: "http://127.0.0.1:1", Registerer: names})
 	require.NoError(t, err)
 	return names

@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -181,21 +183,33 @@ func waitingHandler(real *atomic.Pointer[http.Handler]) http.Handler {
 			return
 		}
 		if r.URL.Path == "/healthz" {
+			w.Header().Set("X-Request-Id", requestID())
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
 			return
 		}
+		id := requestID()
+		w.Header().Set("X-Request-Id", id)
 		w.Header().Set("Content-Type", "application/problem+json")
 		w.Header().Set("Cache-Control", "no-store")
 		w.Header().Set("Retry-After", "1")
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_ = json.NewEncoder(w).Encode(map[string]any{
-			"type":      "/docs/errors#store_unavailable",
-			"title":     "Store unavailable",
-			"status":    http.StatusServiceUnavailable,
-			"detail":    "the service is starting and its store does not answer yet",
-			"code":      idem.CodeStoreUnavailable,
-			"retryable": true,
+			"type":       "/docs/errors#store_unavailable",
+			"title":      "Store unavailable",
+			"status":     http.StatusServiceUnavailable,
+			"detail":     "the service is starting and its store does not answer yet",
+			"code":       idem.CodeStoreUnavailable,
+			"retryable":  true,
+			"request_id": id,
 		})
 	})
+}
+
+// requestID returns a random id for an answer of the waiting handler (the
+// API's middleware is not in front of it).
+func requestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
