@@ -31,3 +31,21 @@ func RegisterLedgerRollback(reg prometheus.Registerer, stopped func() bool) prom
 	reg.MustRegister(detections)
 	return detections
 }
+
+// RegisterDurability registers idem_store_durability{mode}: 1 for the
+// mode the store's database was last seen in (single_node, synchronous,
+// asynchronous, unknown), 0 for the others; all 0 until it was read.
+func RegisterDurability(reg prometheus.Registerer, modes []string, current func() string) {
+	for _, mode := range modes {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "store_durability",
+			Help:        "1 for what the store's database guarantees for an acknowledged write (single_node, synchronous: a synchronous standby confirms commits, asynchronous: standbys exist but none is synchronous, unknown: the role may not see them), 0 for the others.",
+			ConstLabels: prometheus.Labels{"mode": mode},
+		}, func() float64 {
+			if current() == mode {
+				return 1
+			}
+			return 0
+		}))
+	}
+}

@@ -56,6 +56,8 @@ type Server struct {
 	// ledger stops key writes when the database went back in time
 	// (rollback.go); nil for a store that cannot tell.
 	ledger *ledgerGuard
+	// durability reports what the database guarantees (durability.go).
+	durability *durabilityWatch
 	// waiters hold claims that wait for a key in flight; nil when waiting
 	// is off.
 	waiters *idem.Waiters
@@ -170,6 +172,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 		s.ledger = newLedgerGuard(s.store, src, cfg, logger, s.registry)
 		s.store = s.ledger
 	}
+	s.durability = newDurabilityWatch(ctx, raw, cfg, logger, s.registry)
 	s.tenants = tenants.NewService(s.store, cfg.TenantCacheTTL)
 	// Claims wait on the raw store's key events; their claims go through
 	// s.store, so each one is bounded by IDEM_STORE_TIMEOUT and the wait
@@ -415,13 +418,7 @@ func (s *Server) Run(ctx context.Context) error {
 	jobsDone := make(chan error, 3)
 	go func() { jobsDone <- s.jobs.Run(jobsCtx) }()
 	go func() { jobsDone <- s.deliverer.Run(jobsCtx) }()
-	go func() {
-		if s.ledger == nil {
-			jobsDone <- nil
-			return
-		}
-		jobsDone <- s.ledger.Run(jobsCtx, s.cfg.LedgerCheckInterval)
-	}()
+	go func() { jobsDone <- s.watchStore(jobsCtx) }()
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
