@@ -46,6 +46,7 @@ func exportedNames(t *testing.T) map[string]bool {
 	metrics.RegisterReadiness(reg, raw.Ping)
 	metrics.RegisterLedgerRollback(reg, func() bool { return false })
 	metrics.RegisterDurability(reg, idem.DurabilityModes, func() string { return idem.DurabilitySingleNode })
+	metrics.RegisterOutages(reg)
 	store := metrics.InstrumentStore(raw, m)
 	_, err = store.CreateTenant(ctx, idem.CreateTenantParams{ID: "acme", Name: "acme", Settings: idem.DefaultSettings()})
 	require.NoError(t, err)
@@ -352,6 +353,7 @@ func registeredNames(t *testing.T) metricNames {
 	metrics.RegisterReadiness(names, raw.Ping)
 	metrics.RegisterLedgerRollback(names, func() bool { return false })
 	metrics.RegisterDurability(names, idem.DurabilityModes, func() string { return idem.DurabilitySingleNode })
+	metrics.RegisterOutages(names)
 	_, err = gateway.New(gateway.Options{Store: raw, Tenant: "acme", Upstream: "http://127.0.0.1:1", Registerer: names})
 	require.NoError(t, err)
 	return names

@@ -49,3 +49,20 @@ func RegisterDurability(reg prometheus.Registerer, modes []string, current func(
 		}))
 	}
 }
+
+// RegisterOutages registers the store outage counters and returns them:
+// idem_store_outages_total (outages begun: a store call found the store
+// unavailable after one that did not) and idem_store_outage_seconds_total
+// (the length of the outages ended).
+func RegisterOutages(reg prometheus.Registerer) (outages, seconds prometheus.Counter) {
+	outages = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "store_outages_total",
+		Help: "Store outages this replica saw begin: a key write, readiness or ledger check found the store unavailable after one that did not.",
+	})
+	seconds = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "store_outage_seconds_total",
+		Help: "Total length in seconds of the store outages this replica saw end.",
+	})
+	reg.MustRegister(outages, seconds)
+	return outages, seconds
+}

@@ -61,6 +61,8 @@ type ledgerGuard struct {
 	logger  *slog.Logger
 	// detections counts the rollbacks this replica found itself.
 	detections prometheus.Counter
+	// outage logs and counts the store's outages from the calls passed.
+	outage *outageLog
 
 	// seen is the highest fencing token this replica has seen issued.
 	seen atomic.Int64
@@ -81,6 +83,7 @@ func newLedgerGuard(store idem.Store, src idem.LedgerRollbacks, cfg Config, logg
 	g := &ledgerGuard{Store: store, src: src, replica: replicaName(cfg), timeout: cfg.StoreTimeout, logger: logger}
 	g.suspect.Store(true)
 	g.detections = metrics.RegisterLedgerRollback(reg, g.stopped.Load)
+	g.outage = newOutageLog(logger, reg)
 	return g
 }
 
@@ -132,6 +135,7 @@ func (g *ledgerGuard) check(ctx context.Context) error {
 	// Read after, it could hold a token issued after the read.
 	seen := g.seen.Load()
 	st, err := g.src.LedgerState(ctx)
+	g.outage.observe(err)
 	if err != nil {
 		g.suspect.Store(true)
 		return err
@@ -187,8 +191,10 @@ func (g *ledgerGuard) admit(ctx context.Context) error {
 	return nil
 }
 
-// after marks the store suspect when a call found it unreachable.
+// after marks the store suspect when a call found it unreachable, and
+// tells the outage log.
 func (g *ledgerGuard) after(err error) {
+	g.outage.observe(err)
 	if idem.ErrorCode(err) == idem.CodeStoreUnavailable {
 		g.suspect.Store(true)
 	}
@@ -264,8 +270,9 @@ func (g *ledgerGuard) Resolve(ctx context.Context, p idem.ResolveParams) (idem.R
 // Ping implements idem.Store: GET /readyz is 503 while stopped, and the
 // first ping after an outage runs the check.
 func (g *ledgerGuard) Ping(ctx context.Context) error {
-	if err := g.Store.Ping(ctx); err != nil {
-		g.after(err)
+	err := g.Store.Ping(ctx)
+	g.after(err)
+	if err != nil {
 		return err
 	}
 	return g.admit(ctx)
