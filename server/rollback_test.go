@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	neturl "net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +20,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idem-dev/idem/internal/cutproxy"
+	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/server/servertest"
 )
@@ -201,4 +205,70 @@ func TestLedgerRollbackNoFalseAlarm(t *testing.T) {
 			require.Equal(t, 0.0, c.metric(t, "idem_ledger_rollback_detections_total"))
 		})
 	}
+}
+
+// TestLedgerRollbackSeenAtReconnect: the failover case. The store goes
+// away (PostgreSQL's path cut, SQLite's file moved away), comes back
+// rolled back, and the very first claim after it is refused with 503
+// store_unavailable: the check runs before the first claim once a call
+// found the store unreachable, not only every IDEM_LEDGER_CHECK_INTERVAL
+// (an hour here).
+func TestLedgerRollbackSeenAtReconnect(t *testing.T) {
+	t.Parallel()
+	bothBackends(t, func(t *testing.T, backend string) {
+		opts := servertest.Options{Backend: backend, Tenants: []string{"acme"},
+			Configure: func(c *server.Config) {
+				c.LedgerCheckInterval = time.Hour
+				c.StoreTimeout = 2 * c.StoreTimeout / 5
+			}}
+		var cut, rollBackAndRestore func(token int64)
+		if backend == servertest.BackendPostgres {
+			url, proxy := cutproxy.Postgres(t)
+			opts.DatabaseURL = url
+			direct, err := neturl.Parse(url)
+			require.NoError(t, err)
+			base, err := neturl.Parse(pgtest.ServerURL(t))
+			require.NoError(t, err)
+			direct.Host = base.Host
+			cut = func(int64) { proxy.Cut() }
+			rollBackAndRestore = func(token int64) { rollBackLedger(t, direct.String(), token); proxy.Restore() }
+		}
+		ts := servertest.Start(t, opts)
+		if backend == servertest.BackendSQLite {
+			path := strings.TrimPrefix(ts.Config().DatabaseURL, "sqlite:")
+			cut = func(int64) { require.NoError(t, os.Rename(path, path+".away")) }
+			// Back in place, then rolled back before the server's next
+			// call (its -wal file stays at the path, so the file cannot be
+			// written while away).
+			rollBackAndRestore = func(token int64) {
+				require.NoError(t, os.Rename(path+".away", path))
+				rollBackLedger(t, ts.Config().DatabaseURL, token)
+			}
+		}
+		c := newAPIClient(t, ts)
+		tok := ts.Token(t, "acme", "keys:write")
+		claim := func(key string) (int, map[string]any) {
+			status, body, _ := c.call(t, http.MethodPost, "/v1/keys/"+key+"/claim", tok, `{"fingerprint":"fp"}`)
+			return status, body
+		}
+		for i := 1; i <= 5; i++ {
+			status, body := claim(fmt.Sprintf("k%d", i))
+			require.Equal(t, http.StatusCreated, status, "%v", body)
+		}
+		cut(0)
+		status, _ := claim("during")
+		require.Equal(t, http.StatusServiceUnavailable, status)
+		rollBackAndRestore(2)
+
+		// The first answer the store gives again is the refusal.
+		var body map[string]any
+		require.Eventually(t, func() bool {
+			status, body = claim("k5")
+			return status != http.StatusServiceUnavailable || strings.Contains(fmt.Sprint(body["detail"]), "went back in time")
+		}, 20*time.Second, 20*time.Millisecond)
+		require.Equal(t, http.StatusServiceUnavailable, status, "the lost key ran again: %v", body)
+		require.Contains(t, body["detail"], "went back in time")
+		require.Equal(t, http.StatusServiceUnavailable, readyStatus(t, ts))
+		require.Equal(t, 1.0, c.metric(t, "idem_ledger_rollback_detections_total"))
+	})
 }
