@@ -47,6 +47,7 @@ func exportedNames(t *testing.T) map[string]bool {
 	metrics.RegisterLedgerRollback(reg, func() bool { return false })
 	metrics.RegisterDurability(reg, idem.DurabilityModes, func() string { return idem.DurabilitySingleNode })
 	metrics.RegisterOutages(reg)
+	metrics.RegisterListenReconnects(reg, func() int64 { return 0 })
 	store := metrics.InstrumentStore(raw, m)
 	_, err = store.CreateTenant(ctx, idem.CreateTenantParams{ID: "acme", Name: "acme", Settings: idem.DefaultSettings()})
 	require.NoError(t, err)
@@ -354,6 +355,7 @@ func registeredNames(t *testing.T) metricNames {
 	metrics.RegisterLedgerRollback(names, func() bool { return false })
 	metrics.RegisterDurability(names, idem.DurabilityModes, func() string { return idem.DurabilitySingleNode })
 	metrics.RegisterOutages(names)
+	metrics.RegisterListenReconnects(names, func() int64 { return 0 })
 	_, err = gateway.New(gateway.Options{Store: raw, Tenant: "acme", Upstream: "http://127.0.0.1:1", Registerer: names})
 	require.NoError(t, err)
 	return names

@@ -66,3 +66,13 @@ func RegisterOutages(reg prometheus.Registerer) (outages, seconds prometheus.Cou
 	reg.MustRegister(outages, seconds)
 	return outages, seconds
 }
+
+// RegisterListenReconnects registers idem_key_events_reconnects_total:
+// how many times the store's listening connection (PostgreSQL
+// LISTEN/NOTIFY, which wakes waiting claims) was lost and listened again.
+func RegisterListenReconnects(reg prometheus.Registerer, reconnects func() int64) {
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "key_events_reconnects_total",
+		Help: "Times the store's listening connection (PostgreSQL LISTEN, which wakes waiting claims) was lost and listened again; every waiting claim is woken then.",
+	}, func() float64 { return float64(reconnects()) }))
+}

@@ -65,3 +65,33 @@ func TestStoreOutageLogged(t *testing.T) {
 		require.Greater(t, c.metric(t, "idem_store_outage_seconds_total"), 0.0)
 	})
 }
+
+// TestKeyEventsReconnectLogged (issue 25, item 5): PostgreSQL's listening
+// connection, which wakes waiting claims, logs its loss and its return
+// (with how long it was down) and counts the reconnection. Before,
+// neither was logged nor counted.
+func TestKeyEventsReconnectLogged(t *testing.T) {
+	t.Parallel()
+	logs := &syncBuffer{}
+	url, proxy := cutproxy.Postgres(t)
+	ts := servertest.Start(t, servertest.Options{DatabaseURL: url, Tenants: []string{"acme"},
+		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	f := &waitFixture{ts: ts, c: newAPIClient(t, ts), tok: ts.Token(t, "acme", "keys:write", "keys:read")}
+	// A wait brings the listening connection up.
+	held := f.hold(t, "k", `{"fingerprint":"fp","lease_seconds":60}`)
+	woken := claimAsync(t.Context(), t, ts.URL(), f.tok, "k", `{"fingerprint":"fp","wait_seconds":15}`, nil)
+	waitWaiting(t, ts.Server(), 1)
+	status, body, _ := f.c.call(t, http.MethodPost, "/v1/keys/k/complete", f.tok,
+		fmt.Sprintf(`{"fencing_token":%d,"response":{"status":200,"body":"ok"}}`, held))
+	require.Equal(t, http.StatusOK, status, "%v", body)
+	require.Equal(t, http.StatusOK, recv(t, woken).status)
+	require.Equal(t, 0.0, f.c.metric(t, "idem_key_events_reconnects_total"))
+
+	proxy.Cut()
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "the listening connection was lost") }, 20*time.Second, 10*time.Millisecond)
+	proxy.Restore()
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "listening again") }, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, 1, strings.Count(logs.String(), "the listening connection was lost"), "logged once, not per attempt")
+	require.Contains(t, logs.String(), `"down":"`)
+	require.Eventually(t, func() bool { return f.c.metric(t, "idem_key_events_reconnects_total") == 1 }, 10*time.Second, 10*time.Millisecond)
+}

@@ -173,6 +173,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 		s.store = s.ledger
 	}
 	s.durability = newDurabilityWatch(ctx, raw, cfg, logger, s.registry)
+	watchKeyEvents(raw, logger, s.registry)
 	s.tenants = tenants.NewService(s.store, cfg.TenantCacheTTL)
 	// Claims wait on the raw store's key events; their claims go through
 	// s.store, so each one is bounded by IDEM_STORE_TIMEOUT and the wait
