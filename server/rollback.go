@@ -69,8 +69,11 @@ type ledgerGuard struct {
 	// stopped is set while the replica refuses key writes.
 	stopped atomic.Bool
 	// suspect is set when the store was unreachable since the last check
-	// (and before the first): the next claim or ping checks first.
+	// (and before the first): the next claim or ping checks first. fails
+	// counts the calls that found it unreachable, so a check clears
+	// suspect only if none failed after it began.
 	suspect atomic.Bool
+	fails   atomic.Int64
 	// mu serialises checks; found is the seen token of the rollback this
 	// replica found last (0 none), so one rollback is counted once.
 	mu    sync.Mutex
@@ -134,6 +137,7 @@ func (g *ledgerGuard) check(ctx context.Context) error {
 	// by then was issued before the read, so the source is at least it.
 	// Read after, it could hold a token issued after the read.
 	seen := g.seen.Load()
+	fails := g.fails.Load()
 	st, err := g.src.LedgerState(ctx)
 	g.outage.observe(err)
 	if err != nil {
@@ -157,12 +161,12 @@ func (g *ledgerGuard) check(ctx context.Context) error {
 		}
 		g.logger.Error("ledger rollback recorded in the database: every replica refuses key writes until it is acknowledged",
 			"rollback_id", rec.ID, "seen_token", rec.SeenToken, "source_token", rec.SourceToken)
-		g.suspect.Store(false)
+		g.clearSuspect(fails)
 		return nil
 	}
 	stop := st.SourceToken < seen || st.OpenRollbacks > 0
 	g.stopped.Store(stop)
-	g.suspect.Store(false)
+	g.clearSuspect(fails)
 	switch {
 	case stop && !was:
 		g.logger.Error("the database records a ledger rollback not yet acknowledged: refusing key writes (503 store_unavailable) "+
@@ -172,6 +176,19 @@ func (g *ledgerGuard) check(ctx context.Context) error {
 		g.logger.Warn("ledger rollback acknowledged: taking key writes again", "source_token", st.SourceToken, "seen_token", seen)
 	}
 	return nil
+}
+
+// clearSuspect clears suspect after a check that began when fails calls
+// had failed, unless one failed since: its store may have come back
+// rolled back after the check's read.
+func (g *ledgerGuard) clearSuspect(fails int64) {
+	if g.fails.Load() != fails {
+		return
+	}
+	g.suspect.Store(false)
+	if g.fails.Load() != fails {
+		g.suspect.Store(true)
+	}
 }
 
 // admit runs the check first when the store is suspect, and refuses while
@@ -196,6 +213,7 @@ func (g *ledgerGuard) admit(ctx context.Context) error {
 func (g *ledgerGuard) after(err error) {
 	g.outage.observe(err)
 	if idem.ErrorCode(err) == idem.CodeStoreUnavailable {
+		g.fails.Add(1)
 		g.suspect.Store(true)
 	}
 }
