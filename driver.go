@@ -33,6 +33,14 @@ type Driver interface {
 	// connections. The tenant share then gives a tenant's writes a share
 	// of their own, so they cannot keep its reads from the connections.
 	SerialWrites() bool
+	// Ledger returns the driver's token source and its record of ledger
+	// rollbacks (ledger.go), or nil when it cannot tell that its database
+	// went back in time (the server then runs without the check).
+	Ledger() LedgerRollbacks
+	// Durability reports what the database guarantees for an acknowledged
+	// write (durability.go); a driver that cannot tell answers
+	// DurabilityUnknown.
+	Durability(ctx context.Context) (Durability, error)
 }
 
 // PoolStats is a snapshot of a driver's connection pool (Driver.PoolStats).

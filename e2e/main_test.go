@@ -124,7 +124,7 @@ func startServer(t *testing.T, env map[string]string, args ...string) *proc {
 
 // startCommand starts a long-running subcommand (serve, gateway) with env
 // and waits until its JSON log says where it listens ("listening" with an
-// addr).
+// addr, or "waiting for the store" while serve waits for its database).
 func startCommand(t *testing.T, env map[string]string, command string, args ...string) *proc {
 	t.Helper()
 	full := map[string]string{"IDEM_ADDR": "127.0.0.1:0", "IDEM_LOG_FORMAT": "json", "IDEM_LOG_LEVEL": "info"}
@@ -176,7 +176,9 @@ func startCommand(t *testing.T, env map[string]string, command string, args ...s
 				Msg  string `json:"msg"`
 				Addr string `json:"addr"`
 			}
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
+			// "waiting for the store": serve listens, answering 503 until
+			// its store opens (server.Start).
+			if json.Unmarshal([]byte(line), &rec) == nil && (rec.Msg == "listening" || rec.Msg == "waiting for the store") && rec.Addr != "" {
 				found = true
 				addr <- rec.Addr
 			}

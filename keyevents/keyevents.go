@@ -179,8 +179,11 @@ const leaseSlack = 5 * time.Millisecond
 // the key may have changed and when the holder's lease ends. It returns
 // the first outcome that is not request_in_flight — the replay after a
 // completion, a new claim after a release, a takeover after the lease ran
-// out — or, when the wait runs out or the Waiters close, that
-// request_in_flight with RetryAfter = the lease left now.
+// out — or, when the wait runs out, the outcome of one last claim (the
+// request_in_flight with RetryAfter = the lease left then, or
+// store_unavailable when the store went away meanwhile), or when the
+// Waiters close, that request_in_flight with RetryAfter = the lease left
+// now.
 //
 // applied reports whether the wait was honoured: false when wait <= 0, or
 // when the claim found the key in flight and could not wait (the waiter
@@ -235,7 +238,11 @@ func (w *Waiters) Claim(ctx context.Context, store idem.Store, p idem.ClaimParam
 				return res, true, fmt.Errorf("wait for key: %w", ctx.Err())
 			}
 			// Without the flag a completion may go unheard: answer now
-			// rather than risk sleeping to the lease's end.
+			// rather than risk sleeping to the lease's end; a store that
+			// does not answer is store_unavailable, not in flight.
+			if idem.ErrorCode(werr) == idem.CodeStoreUnavailable {
+				return res, slept, werr
+			}
 			return res, slept, aged(err, time.Since(at))
 		}
 		if !inFlight {
@@ -247,7 +254,12 @@ func (w *Waiters) Claim(ctx context.Context, store idem.Store, p idem.ClaimParam
 		case <-sub.C:
 		case <-timer.C:
 			if time.Until(deadline) <= 0 {
-				return res, true, aged(err, time.Since(at))
+				// Claim once more: the answer is the key's state now
+				// (the lease left now, or a completion no event
+				// announced), and store_unavailable when the store went
+				// away while the claim slept — no event announces that.
+				res, err = store.Claim(ctx, p)
+				return res, true, err
 			}
 		case <-w.closed:
 			return res, true, aged(err, time.Since(at))

@@ -46,6 +46,8 @@ type listener struct {
 	// connected is set once the first connection listened (used by run's
 	// goroutine only).
 	connected bool
+	// visibility of the connection's losses (listenlog.go).
+	watch listenWatch
 }
 
 func newListener(cfg *pgx.ConnConfig) *listener {
@@ -115,6 +117,7 @@ func (l *listener) run() {
 	backoff := 100 * time.Millisecond
 	for l.ctx.Err() == nil {
 		if err := l.listen(); err != nil && l.ctx.Err() == nil {
+			l.watch.failed(err)
 			select {
 			case <-time.After(backoff):
 			case <-l.ctx.Done():
@@ -150,6 +153,7 @@ func (l *listener) listen() error {
 		// every live subscription claims again.
 		l.events.PublishAll()
 	}
+	l.watch.listening()
 	l.connected = true
 	l.mu.Lock()
 	close(l.ready)

@@ -167,6 +167,10 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // the ledger's schema itself.
 func (s *Store) Webhooks() idem.WebhookStore { return s }
 
+// Ledger returns the store itself: it reads its token source and keeps the
+// record of rollbacks (ledger.go).
+func (s *Store) Ledger() idem.LedgerRollbacks { return s }
+
 // KeyEvents implements idem.Driver: the Store LISTENs for the keys its
 // claims wait on (Subscribe, Watch).
 func (s *Store) KeyEvents() idem.KeyEvents { return s }

@@ -104,8 +104,21 @@ type Config struct {
 	// the pool keeps a connection free, else wait for one of its own, so
 	// one tenant cannot take every connection; 1 turns it off.
 	DBTenantShare float64
-	// DBConnectTimeout bounds connecting to the database at start.
+	// DBConnectTimeout bounds one attempt to connect to the database at
+	// start.
 	DBConnectTimeout time.Duration
+	// DBStartTimeout bounds how long serve keeps retrying, with backoff, to
+	// open a database that does not answer at start (IDEM_DB_START_TIMEOUT):
+	// meanwhile it listens and answers 503 store_unavailable, so a replica
+	// started during a failover waits instead of exiting; past it it exits
+	// non-zero. 0 tries once.
+	DBStartTimeout time.Duration
+	// LedgerCheckInterval is how often each replica compares the fencing
+	// token source with the highest token it has seen issued
+	// (IDEM_LEDGER_CHECK_INTERVAL), the check that tells the database went
+	// back in time; it also runs before the first claim after the store
+	// was unreachable.
+	LedgerCheckInterval time.Duration
 	// StoreTimeout bounds every store call (IDEM_STORE_TIMEOUT), waiting
 	// for a pooled connection included: past it the caller gets 503
 	// store_unavailable with Retry-After instead of hanging with the
@@ -174,6 +187,8 @@ func DefaultConfig() Config {
 		DBMaxConns:          10,
 		DBTenantShare:       storemw.DefaultStoreShare,
 		DBConnectTimeout:    10 * time.Second,
+		DBStartTimeout:      5 * time.Minute,
+		LedgerCheckInterval: time.Second,
 		StoreTimeout:        5 * time.Second,
 		MaxWaiters:          1000,
 		ReapInterval:        30 * time.Second,
@@ -251,6 +266,10 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*floatValue)(&c.DBTenantShare) }},
 		{"db-connect-timeout", "IDEM_DB_CONNECT_TIMEOUT", "time allowed to connect to the database at start", false,
 			func(c *Config) flag.Value { return (*durationValue)(&c.DBConnectTimeout) }},
+		{"db-start-timeout", "IDEM_DB_START_TIMEOUT", "how long serve keeps retrying (with backoff) to open a database that does not answer at start, listening and answering 503 meanwhile; past it it exits non-zero; 0 tries once", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.DBStartTimeout) }},
+		{"ledger-check-interval", "IDEM_LEDGER_CHECK_INTERVAL", "how often the replica checks that the database did not go back in time (the fencing token source below a token it saw issued); also before the first claim after an outage", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.LedgerCheckInterval) }},
 		{"store-timeout", "IDEM_STORE_TIMEOUT", "longest a store call (database query, connection wait included) may take; past it the request gets 503 store_unavailable", false,
 			func(c *Config) flag.Value { return (*durationValue)(&c.StoreTimeout) }},
 		{"reap-interval", "IDEM_REAP_INTERVAL", "how often the reaper deletes records past their purge time", false,
@@ -510,6 +529,7 @@ func (c Config) Validate() error {
 		{"IDEM_STORE_TIMEOUT", c.StoreTimeout},
 		{"IDEM_REAP_INTERVAL", c.ReapInterval},
 		{"IDEM_ORPHAN_WATCH_INTERVAL", c.OrphanWatchInterval},
+		{"IDEM_LEDGER_CHECK_INTERVAL", c.LedgerCheckInterval},
 		{"IDEM_READ_HEADER_TIMEOUT", c.ReadHeaderTimeout},
 		{"IDEM_READ_TIMEOUT", c.ReadTimeout},
 		{"IDEM_WRITE_TIMEOUT", c.WriteTimeout},
@@ -528,6 +548,9 @@ func (c Config) Validate() error {
 	}
 	if c.StoreTimeout > 0 && c.WriteTimeout > 0 && c.StoreTimeout >= c.WriteTimeout {
 		bad("IDEM_STORE_TIMEOUT (%s) must be shorter than IDEM_WRITE_TIMEOUT (%s): a request that waits for the store must still get its 503 before the server closes the connection", c.StoreTimeout, c.WriteTimeout)
+	}
+	if c.DBStartTimeout < 0 {
+		bad("IDEM_DB_START_TIMEOUT must not be negative (got %s)", c.DBStartTimeout)
 	}
 	if c.TenantCacheTTL < 0 {
 		bad("IDEM_TENANT_CACHE_TTL must not be negative (got %s)", c.TenantCacheTTL)

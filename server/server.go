@@ -50,11 +50,16 @@ type Server struct {
 	db       database
 	logger   *slog.Logger
 	rawStore idem.Driver
-	store    *storemw.Store
+	store    idem.Driver
 	tenants  *tenants.Service
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
 	jobs     *jobs.Runner
+	// ledger stops key writes when the database went back in time
+	// (rollback.go); nil for a store that cannot tell.
+	ledger *ledgerGuard
+	// durability reports what the database guarantees (durability.go).
+	durability *durabilityWatch
 	// waiters hold claims that wait for a key in flight; nil when waiting
 	// is off.
 	waiters *keyevents.Waiters
@@ -158,7 +163,15 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	// share, its webhook side alike), and every user of s.store — the
 	// API, the tenant service, the background jobs, the deliverer — gets
 	// it; the background jobs name no tenant and are not held to a share.
+	// Outside it the ledger guard stops key writes when the database went
+	// back in time (rollback.go).
 	s.store = storemw.Wrap(raw, storemw.Options{Timeout: cfg.StoreTimeout, TenantShare: cfg.DBTenantShare, Metrics: s.metrics})
+	if src := raw.Ledger(); src != nil {
+		s.ledger = newLedgerGuard(s.store, src, cfg, logger, s.registry)
+		s.store = s.ledger
+	}
+	s.durability = newDurabilityWatch(ctx, raw, cfg, logger, s.registry)
+	watchKeyEvents(raw, logger, s.registry)
 	s.tenants = tenants.NewService(s.store, cfg.TenantCacheTTL)
 	// Claims wait on the raw store's key events; their claims go through
 	// s.store, so each one is bounded by IDEM_STORE_TIMEOUT and the wait
@@ -384,9 +397,10 @@ func (s *Server) Run(ctx context.Context) error {
 
 	jobsCtx, stopJobs := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopJobs()
-	jobsDone := make(chan error, 2)
+	jobsDone := make(chan error, 3)
 	go func() { jobsDone <- s.jobs.Run(jobsCtx) }()
 	go func() { jobsDone <- s.deliverer.Run(jobsCtx) }()
+	go func() { jobsDone <- s.watchStore(jobsCtx) }()
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
@@ -436,7 +450,7 @@ func (s *Server) Run(ctx context.Context) error {
 		_ = osrv.Close()
 	}
 	stopJobs()
-	for range 2 {
+	for range 3 {
 		if err := <-jobsDone; err != nil && !errors.Is(err, context.Canceled) {
 			errs = append(errs, fmt.Errorf("background jobs: %w", err))
 		}

@@ -189,6 +189,10 @@ func (s *Store) DB() *sql.DB { return s.db }
 // the ledger's file itself.
 func (s *Store) Webhooks() idem.WebhookStore { return s }
 
+// Ledger returns the store itself: it reads its token source and keeps the
+// record of rollbacks (ledger.go).
+func (s *Store) Ledger() idem.LedgerRollbacks { return s }
+
 // KeyEvents implements idem.Driver: the Store publishes the changes it
 // commits to the claims waiting on them (Subscribe, Watch).
 func (s *Store) KeyEvents() idem.KeyEvents { return s }

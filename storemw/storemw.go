@@ -7,6 +7,7 @@
 package storemw
 
 import (
+	"context"
 	"time"
 
 	"github.com/idem-dev/idem"
@@ -101,3 +102,13 @@ func (s *Store) PoolStats() idem.PoolStats { return s.driver.PoolStats() }
 
 // SerialWrites reports the driver's.
 func (s *Store) SerialWrites() bool { return s.driver.SerialWrites() }
+
+// Ledger returns the driver's token source and rollback record: the ledger
+// guard reads it on a schedule of its own and bounds each read itself.
+func (s *Store) Ledger() idem.LedgerRollbacks { return s.driver.Ledger() }
+
+// Durability reports the driver's, bounded by ctx (the server's watch
+// gives each read the store deadline).
+func (s *Store) Durability(ctx context.Context) (idem.Durability, error) {
+	return s.driver.Durability(ctx)
+}

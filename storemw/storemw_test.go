@@ -21,10 +21,14 @@ type testDriver struct {
 	pool int64
 }
 
-func (d testDriver) Webhooks() idem.WebhookStore { return gateWebhooks{} }
-func (d testDriver) KeyEvents() idem.KeyEvents   { return nil }
-func (d testDriver) PoolStats() idem.PoolStats   { return idem.PoolStats{MaxConns: d.pool} }
-func (d testDriver) SerialWrites() bool          { return false }
+func (d testDriver) Webhooks() idem.WebhookStore  { return gateWebhooks{} }
+func (d testDriver) KeyEvents() idem.KeyEvents    { return nil }
+func (d testDriver) PoolStats() idem.PoolStats    { return idem.PoolStats{MaxConns: d.pool} }
+func (d testDriver) SerialWrites() bool           { return false }
+func (d testDriver) Ledger() idem.LedgerRollbacks { return nil }
+func (d testDriver) Durability(context.Context) (idem.Durability, error) {
+	return idem.Durability{Mode: idem.DurabilityUnknown}, nil
+}
 
 // storeCalls returns how many calls of op ending in result
 // idem_store_operation_duration_seconds counted.

@@ -102,6 +102,8 @@ func groups() []group {
 			{"TokensIncrease", testFencingTokensIncrease},
 			{"StaleTokenRefused", testFencingStaleToken},
 			{"AbsentKey", testFencingAbsentKey},
+			{"LedgerSourceCoversTokens", testLedgerSourceCoversTokens},
+			{"LedgerRollbackAcknowledged", testLedgerRollbackAcknowledged},
 		}},
 		{"Complete", []testCase{
 			{"StoresResponse", testCompleteStoresResponse},

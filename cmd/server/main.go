@@ -7,6 +7,7 @@
 //	server migrate             run the database migrations and exit
 //	server token               mint an HS256 token
 //	server tenant create|list|set|delete
+//	server ledger status|acknowledge-rollback
 //	server config              print the effective configuration, secrets redacted
 //	server healthcheck         exit 0 when the local service answers /healthz
 //
@@ -64,6 +65,7 @@ func commands() []command {
 		{"tenant", "manage tenants in the store: tenant create|list|set|delete", runTenant},
 		{"webhooks", "manage a tenant's signed webhook endpoints: webhooks create|list|set|delete|test|deliveries --tenant ID", runWebhooks},
 		{"keys", "resolve an orphaned key by hand: keys release|complete|review --tenant ID --key KEY --token N", runKeys},
+		{"ledger", "after the database went back in time: ledger status | acknowledge-rollback --yes", runLedger},
 		{"config", "print the effective configuration with secrets redacted", runConfig},
 		{"healthcheck", "exit 0 when the local service answers GET /healthz (for container HEALTHCHECKs)", runHealthcheck},
 	}

@@ -102,7 +102,9 @@ It applies pending migrations at start but never creates a ledger outside
 development mode: on a missing SQLite file or a PostgreSQL schema without
 idem's tables it refuses to start (a lost file must not become an empty
 ledger where every key runs again). Create one with 'PROG migrate' or
---create-db (IDEM_CREATE_DB=1). A running SQLite server whose file is deleted
+--create-db (IDEM_CREATE_DB=1). A database that does not answer at start is
+retried with backoff for up to --db-start-timeout while the service listens
+and answers 503 on /readyz and the API; past it it exits 1. A running SQLite server whose file is deleted
 or replaced answers 503 on /readyz and on every write until the file is back.`)
 	cfg, done, code := loadConfigNoArgs(e, fs, usage, args)
 	if done {
@@ -125,10 +127,16 @@ or replaced answers 503 on /readyz and on every write until the file is back.`)
 	}
 	logger, closeLog := newLogger(cfg, e)
 	defer closeLog()
-	srv, err := server.New(ctx, cfg, logger)
+	// Start listens at once and waits for a database that does not answer
+	// yet (IDEM_DB_START_TIMEOUT), answering 503 meanwhile.
+	srv, err := server.Start(ctx, cfg, logger)
 	if cfgErr := (*server.ConfigError)(nil); errors.As(err, &cfgErr) {
 		closeLog() // its lines before the message written straight to stderr
 		return invalidConfig(e, cfgErr.Err, 2)
+	}
+	if err != nil && errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		logger.Info("stopped before the store opened")
+		return 0
 	}
 	if err != nil {
 		logger.Error("start failed", "err", err)

@@ -53,6 +53,16 @@ type KeyAudit struct {
 	CreatedAt       pgtype.Timestamptz
 }
 
+type LedgerRollback struct {
+	ID             int64
+	DetectedAt     pgtype.Timestamptz
+	Replica        string
+	SeenToken      int64
+	SourceToken    int64
+	AcknowledgedAt pgtype.Timestamptz
+	AcknowledgedBy *string
+}
+
 type Tenant struct {
 	ID                     string
 	Name                   string

@@ -24,6 +24,12 @@ func New(db DBTX) *Queries {
 func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	q := Queries{db: db}
 	var err error
+	if q.acknowledgeLedgerRollbacksStmt, err = db.PrepareContext(ctx, acknowledgeLedgerRollbacks); err != nil {
+		return nil, fmt.Errorf("error preparing query AcknowledgeLedgerRollbacks: %w", err)
+	}
+	if q.advanceFencingCounterStmt, err = db.PrepareContext(ctx, advanceFencingCounter); err != nil {
+		return nil, fmt.Errorf("error preparing query AdvanceFencingCounter: %w", err)
+	}
 	if q.checkpointKeyStmt, err = db.PrepareContext(ctx, checkpointKey); err != nil {
 		return nil, fmt.Errorf("error preparing query CheckpointKey: %w", err)
 	}
@@ -69,8 +75,14 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.insertAuditStmt, err = db.PrepareContext(ctx, insertAudit); err != nil {
 		return nil, fmt.Errorf("error preparing query InsertAudit: %w", err)
 	}
+	if q.insertLedgerRollbackStmt, err = db.PrepareContext(ctx, insertLedgerRollback); err != nil {
+		return nil, fmt.Errorf("error preparing query InsertLedgerRollback: %w", err)
+	}
 	if q.leaseWebhookDeliveryStmt, err = db.PrepareContext(ctx, leaseWebhookDelivery); err != nil {
 		return nil, fmt.Errorf("error preparing query LeaseWebhookDelivery: %w", err)
+	}
+	if q.ledgerStateStmt, err = db.PrepareContext(ctx, ledgerState); err != nil {
+		return nil, fmt.Errorf("error preparing query LedgerState: %w", err)
 	}
 	if q.listAuditStmt, err = db.PrepareContext(ctx, listAudit); err != nil {
 		return nil, fmt.Errorf("error preparing query ListAudit: %w", err)
@@ -143,6 +155,16 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 
 func (q *Queries) Close() error {
 	var err error
+	if q.acknowledgeLedgerRollbacksStmt != nil {
+		if cerr := q.acknowledgeLedgerRollbacksStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing acknowledgeLedgerRollbacksStmt: %w", cerr)
+		}
+	}
+	if q.advanceFencingCounterStmt != nil {
+		if cerr := q.advanceFencingCounterStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing advanceFencingCounterStmt: %w", cerr)
+		}
+	}
 	if q.checkpointKeyStmt != nil {
 		if cerr := q.checkpointKeyStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing checkpointKeyStmt: %w", cerr)
@@ -218,9 +240,19 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing insertAuditStmt: %w", cerr)
 		}
 	}
+	if q.insertLedgerRollbackStmt != nil {
+		if cerr := q.insertLedgerRollbackStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing insertLedgerRollbackStmt: %w", cerr)
+		}
+	}
 	if q.leaseWebhookDeliveryStmt != nil {
 		if cerr := q.leaseWebhookDeliveryStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing leaseWebhookDeliveryStmt: %w", cerr)
+		}
+	}
+	if q.ledgerStateStmt != nil {
+		if cerr := q.ledgerStateStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing ledgerStateStmt: %w", cerr)
 		}
 	}
 	if q.listAuditStmt != nil {
@@ -370,89 +402,97 @@ func (q *Queries) queryRow(ctx context.Context, stmt *sql.Stmt, query string, ar
 }
 
 type Queries struct {
-	db                         DBTX
-	tx                         *sql.Tx
-	checkpointKeyStmt          *sql.Stmt
-	completeKeyStmt            *sql.Stmt
-	createKeyStmt              *sql.Stmt
-	createTenantStmt           *sql.Stmt
-	createWebhookEndpointStmt  *sql.Stmt
-	deleteTenantStmt           *sql.Stmt
-	deleteWebhookEndpointStmt  *sql.Stmt
-	dueWebhookDeliveriesStmt   *sql.Stmt
-	enqueueEventStmt           *sql.Stmt
-	enqueueTestEventStmt       *sql.Stmt
-	finishWebhookDeliveryStmt  *sql.Stmt
-	getKeyStmt                 *sql.Stmt
-	getTenantStmt              *sql.Stmt
-	getWebhookEndpointStmt     *sql.Stmt
-	insertAuditStmt            *sql.Stmt
-	leaseWebhookDeliveryStmt   *sql.Stmt
-	listAuditStmt              *sql.Stmt
-	listKeysStmt               *sql.Stmt
-	listOrphanKeysStmt         *sql.Stmt
-	listTenantsStmt            *sql.Stmt
-	listWebhookDeliveriesStmt  *sql.Stmt
-	listWebhookEndpointsStmt   *sql.Stmt
-	markOrphanReportedStmt     *sql.Stmt
-	nextFencingTokenStmt       *sql.Stmt
-	orphanStatsStmt            *sql.Stmt
-	orphansToReportStmt        *sql.Stmt
-	purgeWebhookDeliveriesStmt *sql.Stmt
-	reapKeysStmt               *sql.Stmt
-	recordEndpointFailureStmt  *sql.Stmt
-	recordEndpointSuccessStmt  *sql.Stmt
-	releaseKeyStmt             *sql.Stmt
-	renewAttemptLeaseStmt      *sql.Stmt
-	resolveCompleteKeyStmt     *sql.Stmt
-	reviewKeyStmt              *sql.Stmt
-	takeoverKeyStmt            *sql.Stmt
-	tenantStoredBytesStmt      *sql.Stmt
-	updateTenantStmt           *sql.Stmt
-	updateWebhookEndpointStmt  *sql.Stmt
+	db                             DBTX
+	tx                             *sql.Tx
+	acknowledgeLedgerRollbacksStmt *sql.Stmt
+	advanceFencingCounterStmt      *sql.Stmt
+	checkpointKeyStmt              *sql.Stmt
+	completeKeyStmt                *sql.Stmt
+	createKeyStmt                  *sql.Stmt
+	createTenantStmt               *sql.Stmt
+	createWebhookEndpointStmt      *sql.Stmt
+	deleteTenantStmt               *sql.Stmt
+	deleteWebhookEndpointStmt      *sql.Stmt
+	dueWebhookDeliveriesStmt       *sql.Stmt
+	enqueueEventStmt               *sql.Stmt
+	enqueueTestEventStmt           *sql.Stmt
+	finishWebhookDeliveryStmt      *sql.Stmt
+	getKeyStmt                     *sql.Stmt
+	getTenantStmt                  *sql.Stmt
+	getWebhookEndpointStmt         *sql.Stmt
+	insertAuditStmt                *sql.Stmt
+	insertLedgerRollbackStmt       *sql.Stmt
+	leaseWebhookDeliveryStmt       *sql.Stmt
+	ledgerStateStmt                *sql.Stmt
+	listAuditStmt                  *sql.Stmt
+	listKeysStmt                   *sql.Stmt
+	listOrphanKeysStmt             *sql.Stmt
+	listTenantsStmt                *sql.Stmt
+	listWebhookDeliveriesStmt      *sql.Stmt
+	listWebhookEndpointsStmt       *sql.Stmt
+	markOrphanReportedStmt         *sql.Stmt
+	nextFencingTokenStmt           *sql.Stmt
+	orphanStatsStmt                *sql.Stmt
+	orphansToReportStmt            *sql.Stmt
+	purgeWebhookDeliveriesStmt     *sql.Stmt
+	reapKeysStmt                   *sql.Stmt
+	recordEndpointFailureStmt      *sql.Stmt
+	recordEndpointSuccessStmt      *sql.Stmt
+	releaseKeyStmt                 *sql.Stmt
+	renewAttemptLeaseStmt          *sql.Stmt
+	resolveCompleteKeyStmt         *sql.Stmt
+	reviewKeyStmt                  *sql.Stmt
+	takeoverKeyStmt                *sql.Stmt
+	tenantStoredBytesStmt          *sql.Stmt
+	updateTenantStmt               *sql.Stmt
+	updateWebhookEndpointStmt      *sql.Stmt
 }
 
 func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 	return &Queries{
-		db:                         tx,
-		tx:                         tx,
-		checkpointKeyStmt:          q.checkpointKeyStmt,
-		completeKeyStmt:            q.completeKeyStmt,
-		createKeyStmt:              q.createKeyStmt,
-		createTenantStmt:           q.createTenantStmt,
-		createWebhookEndpointStmt:  q.createWebhookEndpointStmt,
-		deleteTenantStmt:           q.deleteTenantStmt,
-		deleteWebhookEndpointStmt:  q.deleteWebhookEndpointStmt,
-		dueWebhookDeliveriesStmt:   q.dueWebhookDeliveriesStmt,
-		enqueueEventStmt:           q.enqueueEventStmt,
-		enqueueTestEventStmt:       q.enqueueTestEventStmt,
-		finishWebhookDeliveryStmt:  q.finishWebhookDeliveryStmt,
-		getKeyStmt:                 q.getKeyStmt,
-		getTenantStmt:              q.getTenantStmt,
-		getWebhookEndpointStmt:     q.getWebhookEndpointStmt,
-		insertAuditStmt:            q.insertAuditStmt,
-		leaseWebhookDeliveryStmt:   q.leaseWebhookDeliveryStmt,
-		listAuditStmt:              q.listAuditStmt,
-		listKeysStmt:               q.listKeysStmt,
-		listOrphanKeysStmt:         q.listOrphanKeysStmt,
-		listTenantsStmt:            q.listTenantsStmt,
-		listWebhookDeliveriesStmt:  q.listWebhookDeliveriesStmt,
-		listWebhookEndpointsStmt:   q.listWebhookEndpointsStmt,
-		markOrphanReportedStmt:     q.markOrphanReportedStmt,
-		nextFencingTokenStmt:       q.nextFencingTokenStmt,
-		orphanStatsStmt:            q.orphanStatsStmt,
-		orphansToReportStmt:        q.orphansToReportStmt,
-		purgeWebhookDeliveriesStmt: q.purgeWebhookDeliveriesStmt,
-		reapKeysStmt:               q.reapKeysStmt,
-		recordEndpointFailureStmt:  q.recordEndpointFailureStmt,
-		recordEndpointSuccessStmt:  q.recordEndpointSuccessStmt,
-		releaseKeyStmt:             q.releaseKeyStmt,
-		renewAttemptLeaseStmt:      q.renewAttemptLeaseStmt,
-		resolveCompleteKeyStmt:     q.resolveCompleteKeyStmt,
-		reviewKeyStmt:              q.reviewKeyStmt,
-		takeoverKeyStmt:            q.takeoverKeyStmt,
-		tenantStoredBytesStmt:      q.tenantStoredBytesStmt,
-		updateTenantStmt:           q.updateTenantStmt,
-		updateWebhookEndpointStmt:  q.updateWebhookEndpointStmt,
+		db:                             tx,
+		tx:                             tx,
+		acknowledgeLedgerRollbacksStmt: q.acknowledgeLedgerRollbacksStmt,
+		advanceFencingCounterStmt:      q.advanceFencingCounterStmt,
+		checkpointKeyStmt:              q.checkpointKeyStmt,
+		completeKeyStmt:                q.completeKeyStmt,
+		createKeyStmt:                  q.createKeyStmt,
+		createTenantStmt:               q.createTenantStmt,
+		createWebhookEndpointStmt:      q.createWebhookEndpointStmt,
+		deleteTenantStmt:               q.deleteTenantStmt,
+		deleteWebhookEndpointStmt:      q.deleteWebhookEndpointStmt,
+		dueWebhookDeliveriesStmt:       q.dueWebhookDeliveriesStmt,
+		enqueueEventStmt:               q.enqueueEventStmt,
+		enqueueTestEventStmt:           q.enqueueTestEventStmt,
+		finishWebhookDeliveryStmt:      q.finishWebhookDeliveryStmt,
+		getKeyStmt:                     q.getKeyStmt,
+		getTenantStmt:                  q.getTenantStmt,
+		getWebhookEndpointStmt:         q.getWebhookEndpointStmt,
+		insertAuditStmt:                q.insertAuditStmt,
+		insertLedgerRollbackStmt:       q.insertLedgerRollbackStmt,
+		leaseWebhookDeliveryStmt:       q.leaseWebhookDeliveryStmt,
+		ledgerStateStmt:                q.ledgerStateStmt,
+		listAuditStmt:                  q.listAuditStmt,
+		listKeysStmt:                   q.listKeysStmt,
+		listOrphanKeysStmt:             q.listOrphanKeysStmt,
+		listTenantsStmt:                q.listTenantsStmt,
+		listWebhookDeliveriesStmt:      q.listWebhookDeliveriesStmt,
+		listWebhookEndpointsStmt:       q.listWebhookEndpointsStmt,
+		markOrphanReportedStmt:         q.markOrphanReportedStmt,
+		nextFencingTokenStmt:           q.nextFencingTokenStmt,
+		orphanStatsStmt:                q.orphanStatsStmt,
+		orphansToReportStmt:            q.orphansToReportStmt,
+		purgeWebhookDeliveriesStmt:     q.purgeWebhookDeliveriesStmt,
+		reapKeysStmt:                   q.reapKeysStmt,
+		recordEndpointFailureStmt:      q.recordEndpointFailureStmt,
+		recordEndpointSuccessStmt:      q.recordEndpointSuccessStmt,
+		releaseKeyStmt:                 q.releaseKeyStmt,
+		renewAttemptLeaseStmt:          q.renewAttemptLeaseStmt,
+		resolveCompleteKeyStmt:         q.resolveCompleteKeyStmt,
+		reviewKeyStmt:                  q.reviewKeyStmt,
+		takeoverKeyStmt:                q.takeoverKeyStmt,
+		tenantStoredBytesStmt:          q.tenantStoredBytesStmt,
+		updateTenantStmt:               q.updateTenantStmt,
+		updateWebhookEndpointStmt:      q.updateWebhookEndpointStmt,
 	}
 }

@@ -52,6 +52,16 @@ type KeyAudit struct {
 	CreatedAt       int64
 }
 
+type LedgerRollback struct {
+	ID             int64
+	DetectedAt     int64
+	Replica        string
+	SeenToken      int64
+	SourceToken    int64
+	AcknowledgedAt *int64
+	AcknowledgedBy *string
+}
+
 type Tenant struct {
 	ID                     string
 	Name                   string
