@@ -104,7 +104,10 @@ async function checkTimedOut(err: unknown, elapsedMs: number, d: Drip, infos: At
   assert.ok(elapsedMs < 30_000, `the call took ${elapsedMs} ms`);
   assert.equal(d.served(), 0, "an answer was dripped to its end");
   assert.ok(infos.length > 0);
-  assert.equal(d.accepted(), infos.length, "one connection per attempt");
+  // Each attempt had a connection of its own (a dripping one is hung up,
+  // never reused); on a loaded machine fetch may open one more that it
+  // then does not use, so more connections than attempts is allowed.
+  assert.ok(d.accepted() >= infos.length, `${d.accepted()} connections for ${infos.length} attempts`);
   await eventually(() => d.open() === 0, 20_000, "the client left a dripping connection open");
 }
 
