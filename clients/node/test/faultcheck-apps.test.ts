@@ -222,9 +222,10 @@ for (const store of stores()) {
         }
       });
 
-      test("a stream stops between pieces when its caller goes: abort cancelled, no end", async () => {
-        // What the front door stores of the short answer is the checker's
-        // concern (issue 21 hole 1), not this test's.
+      test("a caller gone mid-stream is hidden from the handler: it runs to its end, and the retry replays the whole answer", async () => {
+        // docs/frontdoor.md rule 5, "A cut answer": the front door keeps a
+        // started handler from seeing its caller go, so the stream is not
+        // cancelled (no abort line) and its whole answer is stored.
         const key = newKey();
         const body = JSON.stringify({ req: key, mode: "stream:40:50", pad: "" });
         const u = new URL(app.url);
@@ -236,8 +237,18 @@ for (const store of stores()) {
         await new Promise((r) => setTimeout(r, 200));
         sock.destroy();
         const run = app.runsOf(key).starts[0]!.run;
-        await waitFor(() => app.records().some((r) => r.ev === "abort" && r.run === run), "an abort line");
-        assert.deepEqual(app.records().filter((r) => r.run === run && r.ev !== "start"), [{ ev: "abort", run, why: "cancelled" }]);
+        await waitFor(() => app.records().some((r) => r.ev === "end" && r.run === run), "the handler's end line");
+        assert.deepEqual(app.records().filter((r) => r.run === run && r.ev === "abort"), [], "the stream was not cancelled");
+        const end = app.records().find((r) => r.ev === "end" && r.run === run)!;
+        let replay: Answer;
+        for (;;) {
+          replay = await post(app, key, "stream:40:50", "");
+          if (replay.status !== 409) break; // the answer is being stored
+          await new Promise((r) => setTimeout(r, 50));
+        }
+        assert.equal(replay.headers.get("idempotent-replayed"), "true");
+        assert.equal(createHash("sha256").update(replay.body).digest("hex"), end.body_sha256, "the replay is the whole answer");
+        assert.equal(app.runsOf(key).starts.length, 1, "the handler ran once");
       });
 
       test("scope header and released 5xx", async () => {

@@ -226,11 +226,13 @@ def test_faultcheck_app_repeated_scope_header_refused(frontdoor: str, server: Se
         assert app.runs_of(key)[0] == [], "the handler did not run"
 
 
-def test_faultcheck_app_stream_stops_when_the_caller_goes(server: Server) -> None:
-    # Protocol v1.1: between pieces a stream stops when its request is
-    # cancelled, with an abort line "cancelled" and no end. ASGI only: WSGI
-    # tells an app nothing of a caller gone. What the front door stores of
-    # the short answer is the checker's concern (issue 21 hole 1), not this test's.
+def test_faultcheck_app_caller_gone_mid_stream_is_hidden(server: Server) -> None:
+    # docs/frontdoor.md rule 5, "A cut answer": the front door keeps a
+    # started handler from seeing its caller go (ASGI: no http.disconnect
+    # after the body), so the stream is not cancelled (no abort line), runs
+    # to its end and its whole answer is stored: the retry replays it. (WSGI
+    # tells an app nothing of a caller gone either way.)
+    import hashlib
     import socket
     from urllib.parse import urlsplit
 
@@ -249,10 +251,19 @@ def test_faultcheck_app_stream_stops_when_the_caller_goes(server: Server) -> Non
         deadline = time.monotonic() + 30
         while True:
             starts, ends = app.runs_of(key)
-            aborts = [r for r in app.records() if r["ev"] == "abort" and r["run"] == starts[0]["run"]]
-            if aborts:
+            if ends:
                 break
-            assert time.monotonic() < deadline, f"no abort line: {app.records()}"
+            assert time.monotonic() < deadline, f"no end line: {app.records()}"
             time.sleep(0.02)
-        assert aborts == [{"ev": "abort", "run": starts[0]["run"], "why": "cancelled"}]
-        assert ends == [], "a stream cut short has no end line"
+        run = starts[0]["run"]
+        assert [r for r in app.records() if r["ev"] == "abort" and r["run"] == run] == [], "the stream was not cancelled"
+        deadline = time.monotonic() + 30
+        while True:
+            r = app.post(key, "stream:40:50", req=key, pad="")
+            if r.status_code != 409:
+                break
+            assert time.monotonic() < deadline, "the answer was never stored"
+            time.sleep(0.05)
+        assert r.headers.get("idempotent-replayed") == "true", r.text
+        assert hashlib.sha256(r.content).hexdigest() == ends[0]["body_sha256"], "the replay is the whole answer"
+        assert len(app.runs_of(key)[0]) == 1, "the handler ran once"
