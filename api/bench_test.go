@@ -21,9 +21,9 @@ import (
 	"github.com/idem-dev/idem/auth"
 	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/postgres"
-	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/storemw"
 	"github.com/idem-dev/idem/tenants"
+	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
 // benchClaimBody is the claim cmd/loadgen sends: the server fingerprints the

@@ -31,9 +31,9 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/auth"
-	"github.com/idem-dev/idem/internal/contract"
 	"github.com/idem-dev/idem/sqlite"
 	"github.com/idem-dev/idem/tenants"
+	"github.com/idem-dev/idem/testkit/contract"
 )
 
 const (

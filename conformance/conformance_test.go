@@ -16,8 +16,8 @@ import (
 	"github.com/idem-dev/idem/client/idemhttp"
 	"github.com/idem-dev/idem/conformance"
 	"github.com/idem-dev/idem/gateway"
-	"github.com/idem-dev/idem/internal/cutproxy"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/cutproxy"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // run runs the whole kit against target and requires every scenario to

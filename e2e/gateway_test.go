@@ -20,7 +20,7 @@ import (
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, to hold a write lock
 
 	"github.com/idem-dev/idem/conformance"
-	"github.com/idem-dev/idem/internal/cutproxy"
+	"github.com/idem-dev/idem/testkit/cutproxy"
 )
 
 // gatewayRig is `serve` and `gateway` processes of the real binary on one

@@ -25,7 +25,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/postgres/pgtest"
+	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
 // binary is the path of the server binary built by TestMain.

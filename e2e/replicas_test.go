@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/postgres/pgtest"
+	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
 // Three server processes on one PostgreSQL schema: concurrent claims of one

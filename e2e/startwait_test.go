@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/internal/cutproxy"
+	"github.com/idem-dev/idem/testkit/cutproxy"
 )
 
 // TestServeWaitsForTheDatabase: serve started while PostgreSQL does not

@@ -12,8 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/internal/webhooktest"
-	"github.com/idem-dev/idem/postgres/pgtest"
+	"github.com/idem-dev/idem/testkit/pgtest"
+	"github.com/idem-dev/idem/testkit/webhookreceiver"
 )
 
 // webhookEnv lets the real binary deliver to the loopback receiver, fast.
@@ -29,7 +29,7 @@ func webhookEnv(t *testing.T, backend string) map[string]string {
 
 // registerWebhook registers an endpoint for key.lease_lost at r through
 // the API and gives r its secret; it returns the endpoint id.
-func registerWebhook(t *testing.T, c *http.Client, url, admin string, r *webhooktest.Receiver) string {
+func registerWebhook(t *testing.T, c *http.Client, url, admin string, r *webhookreceiver.Receiver) string {
 	t.Helper()
 	res := mustCall(t, c, http.MethodPost, url+"/v1/webhooks", admin, map[string]any{"url": r.URL + "/hook", "events": []string{"key.lease_lost"}})
 	require.Equal(t, http.StatusCreated, res.status, string(res.body))
@@ -90,11 +90,11 @@ func TestKill9DuringWebhookDeliveryLosesNoEvent(t *testing.T) {
 			c := newClient(true)
 			// The first request hangs: the server is killed in the middle
 			// of it. Every later one is acknowledged.
-			r := webhooktest.New(t, func(n int) webhooktest.Answer {
+			r := webhookreceiver.New(t, func(n int) webhookreceiver.Answer {
 				if n == 0 {
-					return webhooktest.Answer{Status: 200, Hang: time.Minute}
+					return webhookreceiver.Answer{Status: 200, Hang: time.Minute}
 				}
-				return webhooktest.Answer{Status: 204}
+				return webhookreceiver.Answer{Status: 204}
 			})
 
 			srv := startServer(t, env)
@@ -147,7 +147,7 @@ func TestTwoReplicasDeliverWebhooksOnce(t *testing.T) {
 	mustCLI(t, env, "tenant", "create", "acme")
 	admin := mintToken(t, env, "acme", "tenant:admin")
 	c := newClient(true)
-	r := webhooktest.New(t, webhooktest.Always(200))
+	r := webhookreceiver.New(t, webhookreceiver.Always(200))
 	a, b := startServer(t, env), startServer(t, env)
 	id := registerWebhook(t, c, a.url, admin, r)
 	const events = 40
@@ -175,7 +175,7 @@ func TestCLIWebhooks(t *testing.T) {
 	t.Parallel()
 	env := webhookEnv(t, "sqlite")
 	mustCLI(t, env, "tenant", "create", "acme")
-	r := webhooktest.New(t, webhooktest.Always(200))
+	r := webhookreceiver.New(t, webhookreceiver.Always(200))
 
 	strict := maps.Clone(env)
 	delete(strict, "IDEM_WEBHOOK_ALLOW_PRIVATE")

@@ -35,7 +35,7 @@ import (
 	"github.com/idem-dev/idem/gateway"
 	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/server"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/servertest"
 	"github.com/idem-dev/idem/testvectors"
 )
 

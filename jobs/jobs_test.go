@@ -20,9 +20,9 @@ import (
 	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/postgres"
-	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/sqlite"
 	"github.com/idem-dev/idem/storetest"
+	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
 // bundle is one backend under test: a store, its clock, and a way to open

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/storetest"
+	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
 // BenchmarkClaim measures the claim hot path (a create: one upsert) on the

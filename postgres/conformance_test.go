@@ -8,8 +8,8 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/postgres"
-	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/storetest"
+	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
 // TestConformance runs the Store conformance suite against PostgreSQL, each

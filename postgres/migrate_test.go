@@ -11,8 +11,8 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/db/schema"
-	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/storetest"
+	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
 // TestMigrationRaisesReaperThreshold: a tenant stored before the rule

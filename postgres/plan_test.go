@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
-	"github.com/idem-dev/idem/postgres/pgtest"
+	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
 // errRecorded stops a query once sqlRecorder has its text.

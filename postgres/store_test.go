@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/storetest"
+	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
 // testBundle is what setup returns.

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/postgres/pgtest"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/pgtest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // TestStoreDurabilityReported (issue 25, item 3): the store's durability

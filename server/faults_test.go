@@ -29,9 +29,9 @@ import (
 	"github.com/stretchr/testify/require"
 	_ "modernc.org/sqlite" // the driver of the lock holder
 
-	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/server"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/pgtest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // Fault tests: the store stops answering (a PostgreSQL behind a paused

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // hs256 signs a JWT made of the given header and claims JSON as they are

@@ -22,8 +22,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/internal/contract"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/contract"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // apiClient calls one test server with traffic checked against openapi.yaml.

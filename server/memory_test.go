@@ -18,7 +18,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/server"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // backends lists the stores every reliability test runs on.

@@ -11,9 +11,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/internal/cutproxy"
 	"github.com/idem-dev/idem/server"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/cutproxy"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // TestStoreOutageLogged (issue 25, item 5): a store outage is logged once

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem/server"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // TestPprofAddr: with IDEM_PPROF_ADDR the real server serves the runtime

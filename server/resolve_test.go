@@ -15,7 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 func TestResolveOrphans(t *testing.T) {

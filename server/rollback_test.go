@@ -20,10 +20,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/internal/cutproxy"
-	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/server"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/cutproxy"
+	"github.com/idem-dev/idem/testkit/pgtest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // rollBackLedger puts the ledger's database back to the moment the token

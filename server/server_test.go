@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/server"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/pgtest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // startServer runs srv until the test ends and returns its base URL.

@@ -14,10 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/internal/contract"
 	"github.com/idem-dev/idem/server"
-	"github.com/idem-dev/idem/server/servertest"
 	"github.com/idem-dev/idem/storemw"
+	"github.com/idem-dev/idem/testkit/contract"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // blockedIn counts the goroutines of this process parked in a select or a

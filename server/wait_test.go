@@ -15,10 +15,10 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/auth"
-	"github.com/idem-dev/idem/internal/contract"
-	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/server"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/contract"
+	"github.com/idem-dev/idem/testkit/pgtest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // answer is one HTTP answer of a claim that may have waited.

@@ -10,9 +10,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/internal/cutproxy"
 	"github.com/idem-dev/idem/server"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/cutproxy"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // TestWaitDuringOutageAnswers503 (issue 25, item 6): a claim waiting for

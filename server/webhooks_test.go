@@ -15,9 +15,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/internal/webhooktest"
 	"github.com/idem-dev/idem/server"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/servertest"
+	"github.com/idem-dev/idem/testkit/webhookreceiver"
 )
 
 // webhookConfig makes delivery quick and allows the loopback receiver.
@@ -38,7 +38,7 @@ func TestWebhooksOverHTTP(t *testing.T) {
 			c := newAPIClient(t, ts)
 			admin := ts.Token(t, "acme", "tenant:admin")
 			writer := ts.Token(t, "acme", "keys:write")
-			r := webhooktest.New(t, webhooktest.Always(204))
+			r := webhookreceiver.New(t, webhookreceiver.Always(204))
 
 			status, p, _ := c.call(t, http.MethodPost, "/v1/webhooks", writer, `{"url":"`+r.URL+`"}`)
 			require.Equal(t, http.StatusForbidden, status, "keys:write may not manage webhooks: %v", p)
@@ -125,7 +125,7 @@ func TestWebhookPrivateTargetsRefused(t *testing.T) {
 	}
 }
 
-func hasType(r *webhooktest.Receiver, typ string) bool {
+func hasType(r *webhookreceiver.Receiver, typ string) bool {
 	for _, q := range r.Requests() {
 		if q.Type == typ {
 			return true

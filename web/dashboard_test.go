@@ -16,9 +16,9 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/internal/browsertest"
 	"github.com/idem-dev/idem/server"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/browser"
+	"github.com/idem-dev/idem/testkit/servertest"
 	"github.com/idem-dev/idem/web"
 )
 
@@ -155,57 +155,57 @@ func TestDashboardShowsOrphans(t *testing.T) {
 			require.Equal(t, "1", dashMetric(t, srv, `idem_key_writes_total{op="complete",result="ok",tenant="acme"}`))
 
 			// The dashboard, as the operator.
-			b := browsertest.New(t)
+			b := browser.New(t)
 			b.Do(
 				chromedp.Navigate(srv.URL()+"/dashboard/"),
 				dashSignIn(operator),
 				chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="operator"][data-loaded="1"]`)),
 				chromedp.WaitVisible(chromedp.CSS(`#keys-body tr[data-key="order-1002"]`)),
 			)
-			rows := browsertest.Run(b, chromedp.Evaluate[[]string](
+			rows := browser.Run(b, chromedp.Evaluate[[]string](
 				`[...document.querySelectorAll("#keys-body tr")].map(r => r.dataset.tenant + "/" + r.dataset.key + "/" + r.cells[4].textContent)`))
 			require.ElementsMatch(t, []string{"acme/order-1001/charge_created", "acme/order-1002/none", "beta/invoice-7/none"}, rows)
-			tenantRows := browsertest.Run(b, chromedp.Evaluate[[]string](
+			tenantRows := browser.Run(b, chromedp.Evaluate[[]string](
 				`[...document.querySelectorAll("#tenants-body tr")].map(r => r.dataset.tenant + ":" + r.cells[1].textContent)`))
 			require.Equal(t, []string{"acme:2", "beta:1"}, tenantRows)
-			require.Equal(t, "3", browsertest.Run(b, chromedp.Text(chromedp.CSS("#stat-orphans"))))
-			require.Contains(t, browsertest.Run(b, chromedp.Text(chromedp.CSS("#updated"))), "Updated")
+			require.Equal(t, "3", browser.Run(b, chromedp.Text(chromedp.CSS("#stat-orphans"))))
+			require.Contains(t, browser.Run(b, chromedp.Text(chromedp.CSS("#updated"))), "Updated")
 
 			// Claim rates show from the first refresh (a second sample two
 			// seconds after the first), well before the 10 s auto-refresh.
-			browsertest.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`))
-			require.Contains(t, browsertest.Run(b, chromedp.Text(chromedp.CSS("#stat-rate-note"))), "over the last")
-			require.Len(t, browsertest.Run(b, chromedp.Evaluate[[]string](
+			browser.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`))
+			require.Contains(t, browser.Run(b, chromedp.Text(chromedp.CSS("#stat-rate-note"))), "over the last")
+			require.Len(t, browser.Run(b, chromedp.Evaluate[[]string](
 				`[...document.querySelectorAll("#rates .rate-val")].map(n => n.textContent).filter(v => v.startsWith("–"))`)), 0,
 				"every outcome has a rate after the first refresh")
 
 			// The last-hour chart: inline SVG with the orphan line (3 now)
 			// and one line per claim outcome.
-			require.Equal(t, "Orphans: 3", browsertest.Run(b, chromedp.Evaluate[string](
+			require.Equal(t, "Orphans: 3", browser.Run(b, chromedp.Evaluate[string](
 				`document.querySelector('#chart svg path[data-series="orphans"] + circle title').textContent`)))
 			require.ElementsMatch(t, []string{"orphans", "created", "replayed", "takeover", "in_flight", "mismatch", "error"},
-				browsertest.Run(b, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#chart svg path")].map(p => p.dataset.series)`)))
+				browser.Run(b, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#chart svg path")].map(p => p.dataset.series)`)))
 
 			// The token stays out of the URL and in sessionStorage.
-			loc := browsertest.Run(b, chromedp.Location())
+			loc := browser.Run(b, chromedp.Location())
 			require.NotContains(t, loc, operator)
-			require.Equal(t, operator, browsertest.Run(b, chromedp.Evaluate[string](`sessionStorage.getItem("idem.dashboard.token")`)))
+			require.Equal(t, operator, browser.Run(b, chromedp.Evaluate[string](`sessionStorage.getItem("idem.dashboard.token")`)))
 
 			// A claim between two refreshes shows up as a created rate.
 			dashClaimKey(t, srv, acme, "order-between", 60)
 			b.Do(chromedp.Click(chromedp.CSS("#refresh")))
-			browsertest.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`))
-			browsertest.Run(b, chromedp.Poll[bool](`document.querySelector('#chart svg path[data-series="created"]').dataset.points === "2"`))
-			created := browsertest.Run(b, chromedp.Text(chromedp.CSS(`#rates li[data-outcome="created"] .rate-val`)))
+			browser.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`))
+			browser.Run(b, chromedp.Poll[bool](`document.querySelector('#chart svg path[data-series="created"]').dataset.points === "2"`))
+			created := browser.Run(b, chromedp.Text(chromedp.CSS(`#rates li[data-outcome="created"] .rate-val`)))
 			require.NotRegexp(t, `^(–|0/min)`, created, "created rate after a claim between refreshes")
 			// The chart grew by the refresh: two samples of each line, the
 			// created line above zero at the end.
-			require.Equal(t, "2", browsertest.Run(b, chromedp.Evaluate[string](`document.querySelector('#chart svg path[data-series="orphans"]').dataset.points`)))
-			require.NotEqual(t, "Created / min: 0", browsertest.Run(b, chromedp.Evaluate[string](
+			require.Equal(t, "2", browser.Run(b, chromedp.Evaluate[string](`document.querySelector('#chart svg path[data-series="orphans"]').dataset.points`)))
+			require.NotEqual(t, "Created / min: 0", browser.Run(b, chromedp.Evaluate[string](
 				`document.querySelector('#chart svg path[data-series="created"] + circle title').textContent`)))
 			// A reload keeps this tab's history.
 			b.Do(chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="operator"][data-loaded="1"]`)))
-			browsertest.Run(b, chromedp.Poll[bool](`Number(document.querySelector('#chart svg path[data-series="orphans"]')?.dataset.points) >= 3`))
+			browser.Run(b, chromedp.Poll[bool](`Number(document.querySelector('#chart svg path[data-series="orphans"]')?.dataset.points) >= 3`))
 			b.Screenshot("operator")
 
 			// Filter by tenant by clicking its row.
@@ -213,7 +213,7 @@ func TestDashboardShowsOrphans(t *testing.T) {
 				chromedp.Click(chromedp.CSS(`#tenants-body tr[data-tenant="beta"]`)),
 				chromedp.WaitNotPresent(chromedp.CSS(`#keys-body tr[data-key="order-1001"]`)),
 			)
-			require.Equal(t, 1, browsertest.Run(b, chromedp.Evaluate[int](`document.querySelectorAll("#keys-body tr").length`)))
+			require.Equal(t, 1, browser.Run(b, chromedp.Evaluate[int](`document.querySelectorAll("#keys-body tr").length`)))
 
 			// As tenant beta: only its own orphan.
 			b.Do(
@@ -222,12 +222,12 @@ func TestDashboardShowsOrphans(t *testing.T) {
 				chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="tenant"][data-loaded="1"]`)),
 				chromedp.WaitVisible(chromedp.CSS(`#keys-body tr[data-key="invoice-7"]`)),
 			)
-			rows = browsertest.Run(b, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#keys-body tr")].map(r => r.dataset.key)`))
+			rows = browser.Run(b, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#keys-body tr")].map(r => r.dataset.key)`))
 			require.Equal(t, []string{"invoice-7"}, rows)
-			require.Equal(t, "Tenant · beta", browsertest.Run(b, chromedp.Text(chromedp.CSS("#identity"))))
-			require.Equal(t, []string{"beta:1"}, browsertest.Run(b, chromedp.Evaluate[[]string](
+			require.Equal(t, "Tenant · beta", browser.Run(b, chromedp.Text(chromedp.CSS("#identity"))))
+			require.Equal(t, []string{"beta:1"}, browser.Run(b, chromedp.Evaluate[[]string](
 				`[...document.querySelectorAll("#tenants-body tr")].map(r => r.dataset.tenant + ":" + r.cells[1].textContent)`)))
-			require.Equal(t, "1", browsertest.Run(b, chromedp.Text(chromedp.CSS("#stat-orphans"))))
+			require.Equal(t, "1", browser.Run(b, chromedp.Text(chromedp.CSS("#stat-orphans"))))
 			b.Screenshot("tenant")
 
 			b.RequireNoConsoleErrors()
@@ -243,9 +243,9 @@ func TestDashboardShowsOrphans(t *testing.T) {
 				dashSignIn(forged),
 				chromedp.WaitVisible(chromedp.CSS("#login-error")),
 			)
-			msg := browsertest.Run(b, chromedp.Text(chromedp.CSS("#login-error")))
+			msg := browser.Run(b, chromedp.Text(chromedp.CSS("#login-error")))
 			require.Contains(t, msg, "rejected")
-			require.Nil(t, browsertest.Run(b, chromedp.Evaluate[*string](`sessionStorage.getItem("idem.dashboard.token")`)))
+			require.Nil(t, browser.Run(b, chromedp.Evaluate[*string](`sessionStorage.getItem("idem.dashboard.token")`)))
 			require.True(t, slices.ContainsFunc(b.Requests(), func(u string) bool { return strings.HasSuffix(u, "/v1/admin/tenants") }),
 				fmt.Sprint(b.Requests()))
 		})
@@ -267,7 +267,7 @@ func TestDashboardSaysWhenTenantIsBucketed(t *testing.T) {
 	require.Equal(t, "1", dashMetric(t, srv, `idem_claims_total{outcome="created",tenant="acme"}`))
 	require.Equal(t, "1", dashMetric(t, srv, `idem_claims_total{outcome="created",tenant="(other)"}`))
 
-	b := browsertest.New(t)
+	b := browser.New(t)
 	b.Do(chromedp.Navigate(srv.URL() + "/dashboard/"))
 	for i, c := range []struct {
 		token    string
@@ -280,8 +280,8 @@ func TestDashboardSaysWhenTenantIsBucketed(t *testing.T) {
 			dashSignIn(c.token),
 			chromedp.WaitVisible(chromedp.CSS(`#dash[data-mode="tenant"][data-loaded="1"]`)),
 		)
-		browsertest.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`))
-		note := browsertest.Run(b, chromedp.Text(chromedp.CSS("#rates-note")))
+		browser.Run(b, chromedp.Poll[bool](`document.querySelector("#stat-rate").textContent !== "–"`))
+		note := browser.Run(b, chromedp.Text(chromedp.CSS("#rates-note")))
 		if c.bucketed {
 			require.Contains(t, note, `tenant="(other)"`)
 		} else {
@@ -327,11 +327,11 @@ func TestDashboardResolvesOrphans(t *testing.T) {
 				require.Equal(t, http.StatusOK, dashCall(t, srv, operator, "GET", "/v1/admin/tenants/acme/keys/"+key+"/audit", nil, &page))
 				return page.Items
 			}
-			auditRows := func(b *browsertest.Browser) []string {
-				return browsertest.Run(b, chromedp.Evaluate[[]string](
+			auditRows := func(b *browser.Browser) []string {
+				return browser.Run(b, chromedp.Evaluate[[]string](
 					`[...document.querySelectorAll("#audit-body tr")].map(r => r.dataset.action + ":" + r.cells[2].textContent + ":" + r.cells[4].textContent)`))
 			}
-			openKey := func(b *browsertest.Browser, key string) {
+			openKey := func(b *browser.Browser, key string) {
 				b.Do(
 					chromedp.WaitVisible(chromedp.CSS(`#keys-body tr[data-key="`+key+`"]`)),
 					chromedp.Click(chromedp.CSS(`#keys-body tr[data-key="`+key+`"]`)),
@@ -339,7 +339,7 @@ func TestDashboardResolvesOrphans(t *testing.T) {
 				)
 			}
 
-			b := browsertest.New(t)
+			b := browser.New(t)
 			b.Do(
 				chromedp.Navigate(srv.URL()+"/dashboard/"),
 				dashSignIn(operator),
@@ -352,7 +352,7 @@ func TestDashboardResolvesOrphans(t *testing.T) {
 				chromedp.Click(chromedp.CSS(`#record-actions button[data-action="release"]`)),
 				chromedp.WaitVisible(chromedp.CSS(`#confirm[data-action="release"]`)),
 			)
-			require.Contains(t, browsertest.Run(b, chromedp.Text(chromedp.CSS("#confirm-text"))), "Release key o-release")
+			require.Contains(t, browser.Run(b, chromedp.Text(chromedp.CSS("#confirm-text"))), "Release key o-release")
 			require.Empty(t, auditOf("o-release"), "nothing is written before the confirmation")
 			b.Do(
 				chromedp.SendKeys(chromedp.CSS("#confirm-note"), "no recovery point: never started"),
@@ -379,7 +379,7 @@ func TestDashboardResolvesOrphans(t *testing.T) {
 				chromedp.Click(chromedp.CSS("#confirm-go")),
 				chromedp.WaitVisible(chromedp.CSS(`#record[data-key="o-complete"][data-state="completed"][data-audit="1"]`)),
 			)
-			require.Equal(t, "201", browsertest.Run(b, chromedp.Text(chromedp.CSS(`#record-fields dd[data-field="response status"]`))))
+			require.Equal(t, "201", browser.Run(b, chromedp.Text(chromedp.CSS(`#record-fields dd[data-field="response status"]`))))
 			var replay struct {
 				Response struct {
 					Status int
@@ -419,7 +419,7 @@ func TestDashboardResolvesOrphans(t *testing.T) {
 				chromedp.WaitVisible(chromedp.CSS(`#record-review`)),
 				chromedp.WaitVisible(chromedp.CSS(`#keys-body tr[data-key="o-review"] .pill.review`)),
 			)
-			require.Contains(t, browsertest.Run(b, chromedp.Text(chromedp.CSS("#record-review"))), "ask the payments team")
+			require.Contains(t, browser.Run(b, chromedp.Text(chromedp.CSS("#record-review"))), "ask the payments team")
 			require.Equal(t, []string{"review:servertest (tenant:admin, acme):ask the payments team"}, auditRows(b))
 			var rec struct {
 				State  string

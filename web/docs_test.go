@@ -27,9 +27,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/internal/browsertest"
-	"github.com/idem-dev/idem/internal/contract"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/browser"
+	"github.com/idem-dev/idem/testkit/contract"
+	"github.com/idem-dev/idem/testkit/servertest"
 	"github.com/idem-dev/idem/web"
 )
 
@@ -425,12 +425,12 @@ func TestDocsServed(t *testing.T) {
 
 func TestDocsInBrowser(t *testing.T) {
 	t.Parallel()
-	b := browsertest.New(t)
+	b := browser.New(t)
 	srv := servertest.Start(t, servertest.Options{})
 	base := srv.URL()
 
 	b.Do(chromedp.Navigate(base+"/docs/"), chromedp.WaitVisible(chromedp.CSS(`main h1`)))
-	title := browsertest.Run(b, chromedp.Title())
+	title := browser.Run(b, chromedp.Title())
 	require.Contains(t, title, "idem")
 	b.Screenshot("home")
 
@@ -448,7 +448,7 @@ func TestDocsInBrowser(t *testing.T) {
 
 	// The problem type URI form, with its redirect.
 	b.Do(chromedp.Navigate(base+"/docs/errors#fingerprint_mismatch"), chromedp.WaitVisible(chromedp.CSS(`#fingerprint_mismatch`)))
-	loc := browsertest.Run(b, chromedp.Location())
+	loc := browser.Run(b, chromedp.Location())
 	require.True(t, strings.HasSuffix(loc, "/docs/errors/#fingerprint_mismatch"), loc)
 	b.Screenshot("errors")
 
@@ -461,7 +461,7 @@ func TestDocsInBrowser(t *testing.T) {
 	// The API reference: wait until Redoc has rendered the operations.
 	b.Do(chromedp.Navigate(base+"/docs/api/"),
 		chromedp.WaitVisible(chromedp.CSS(`[data-section-id="tag/Keys/operation/claimKey"]`)))
-	n := browsertest.Run(b, chromedp.Evaluate[int](`document.querySelectorAll('[data-section-id*="/operation/"]').length`))
+	n := browser.Run(b, chromedp.Evaluate[int](`document.querySelectorAll('[data-section-id*="/operation/"]').length`))
 	require.GreaterOrEqual(t, n, 17, "Redoc must render every operation")
 	b.Screenshot("api")
 

@@ -12,8 +12,8 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/internal/browsertest"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/browser"
+	"github.com/idem-dev/idem/testkit/servertest"
 	"github.com/idem-dev/idem/web"
 )
 
@@ -83,12 +83,12 @@ func TestPagesNeedNoInlineCode(t *testing.T) {
 // Before the headers, the script ran and the frame loaded.
 func TestCSPIsEnforcedAndReported(t *testing.T) {
 	t.Parallel()
-	b := browsertest.New(t)
+	b := browser.New(t)
 	srv := servertest.Start(t, servertest.Options{})
 	b.Do(chromedp.Navigate(srv.URL()+"/dashboard/"), chromedp.WaitVisible(chromedp.CSS("#token")))
 	require.Empty(t, b.ConsoleErrors(), "the dashboard keeps its own policy")
 
-	ran := browsertest.Run(b, chromedp.Evaluate[bool](`(() => {
+	ran := browser.Run(b, chromedp.Evaluate[bool](`(() => {
 		const s = document.createElement("script");
 		s.textContent = "window.__injected = true";
 		document.head.append(s);
@@ -96,7 +96,7 @@ func TestCSPIsEnforcedAndReported(t *testing.T) {
 		return window.__injected === true;
 	})()`))
 	require.False(t, ran, "an inline script ran under the dashboard's policy")
-	outline := browsertest.Run(b, chromedp.Evaluate[string](`getComputedStyle(document.body).outlineStyle`))
+	outline := browser.Run(b, chromedp.Evaluate[string](`getComputedStyle(document.body).outlineStyle`))
 	require.NotEqual(t, "solid", outline, "an inline style attribute applied")
 
 	// Another origin (another port of loopback) frames the dashboard.
@@ -115,7 +115,7 @@ func TestCSPIsEnforcedAndReported(t *testing.T) {
 
 // reported reports whether a console error names a Content Security
 // Policy violation of directive (or a refusal naming it).
-func reported(b *browsertest.Browser, directive string) bool {
+func reported(b *browser.Browser, directive string) bool {
 	for _, e := range b.ConsoleErrors() {
 		if strings.Contains(e, directive) {
 			return true

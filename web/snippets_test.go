@@ -18,7 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // readmes are the READMEs a newcomer reads first, relative to this

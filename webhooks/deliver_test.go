@@ -12,10 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/internal/webhooktest"
 	"github.com/idem-dev/idem/postgres"
-	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/sqlite"
+	"github.com/idem-dev/idem/testkit/pgtest"
+	"github.com/idem-dev/idem/testkit/webhookreceiver"
 	"github.com/idem-dev/idem/webhooks"
 )
 
@@ -51,13 +51,13 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, open func(t *testing.T) 
 }
 
 // register creates tenant "acme" (if needed) and an endpoint at r.
-func register(t *testing.T, s store, r *webhooktest.Receiver) idem.WebhookEndpoint {
+func register(t *testing.T, s store, r *webhookreceiver.Receiver) idem.WebhookEndpoint {
 	t.Helper()
 	return registerIn(t, s, "acme", r)
 }
 
 // registerIn creates tenant (if needed) and an endpoint of it at r.
-func registerIn(t *testing.T, s store, tenant string, r *webhooktest.Receiver) idem.WebhookEndpoint {
+func registerIn(t *testing.T, s store, tenant string, r *webhookreceiver.Receiver) idem.WebhookEndpoint {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := s.GetTenant(ctx, tenant); err != nil {
@@ -114,16 +114,16 @@ func TestDeliveryRetriesUntilReceiverRecovers(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
 		s := open(t)
-		r := webhooktest.New(t, func(n int) webhooktest.Answer {
+		r := webhookreceiver.New(t, func(n int) webhookreceiver.Answer {
 			switch n {
 			case 0:
-				return webhooktest.Answer{Status: 500}
+				return webhookreceiver.Answer{Status: 500}
 			case 1:
-				return webhooktest.Answer{Status: 503}
+				return webhookreceiver.Answer{Status: 503}
 			case 2:
-				return webhooktest.Answer{Status: 200, Hang: 6 * time.Second} // past the 2 s timeout
+				return webhookreceiver.Answer{Status: 200, Hang: 6 * time.Second} // past the 2 s timeout
 			}
-			return webhooktest.Answer{Status: 204}
+			return webhookreceiver.Answer{Status: 204}
 		})
 		e := register(t, s, r)
 		id := testEvent(t, s, e)
@@ -151,7 +151,7 @@ func TestDeliveryOfLeaseLost(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
 		s := open(t)
-		r := webhooktest.New(t, webhooktest.Always(200))
+		r := webhookreceiver.New(t, webhookreceiver.Always(200))
 		e := register(t, s, r)
 		ctx := context.Background()
 		rec, err := s.Claim(ctx, idem.ClaimParams{TenantID: "acme", Key: "k", Operation: "op", Fingerprint: "fp", Lease: time.Minute, ReplayWindow: time.Hour, ReaperThreshold: time.Hour})
@@ -174,7 +174,7 @@ func TestDeliveryRefusesPrivateTarget(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
 		s := open(t)
-		r := webhooktest.New(t, webhooktest.Always(200))
+		r := webhookreceiver.New(t, webhookreceiver.Always(200))
 		e := register(t, s, r)
 		testEvent(t, s, e)
 		cfg := fastConfig()
@@ -197,7 +197,7 @@ func TestDeliveryDisablesFailingEndpoint(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
 		s := open(t)
-		r := webhooktest.New(t, webhooktest.Always(500))
+		r := webhookreceiver.New(t, webhookreceiver.Always(500))
 		e := register(t, s, r)
 		testEvent(t, s, e)
 		cfg := fastConfig()
@@ -230,7 +230,7 @@ func TestTwoReplicasDeliverEachEventOnce(t *testing.T) {
 		return s
 	}
 	a, b := open(), open()
-	r := webhooktest.New(t, webhooktest.Always(200))
+	r := webhookreceiver.New(t, webhookreceiver.Always(200))
 	e := register(t, a, r)
 	const events = 200
 	ids := map[string]bool{}
@@ -261,11 +261,11 @@ func TestShutdownMidAttemptRecordsNoFailure(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
 		s := open(t)
-		r := webhooktest.New(t, func(n int) webhooktest.Answer {
+		r := webhookreceiver.New(t, func(n int) webhookreceiver.Answer {
 			if n == 0 {
-				return webhooktest.Answer{Status: 200, Hang: time.Minute}
+				return webhookreceiver.Answer{Status: 200, Hang: time.Minute}
 			}
-			return webhooktest.Answer{Status: 200}
+			return webhookreceiver.Answer{Status: 200}
 		})
 		e := register(t, s, r)
 		id := testEvent(t, s, e)
@@ -322,11 +322,11 @@ func testSlowTenant(t *testing.T, endpoints, perEndpoint int) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
 		s := open(t)
 		// One receiver per endpoint of A: each checks its own secret.
-		var rAs []*webhooktest.Receiver
+		var rAs []*webhookreceiver.Receiver
 		var eAs []idem.WebhookEndpoint
 		for range endpoints {
-			r := webhooktest.New(t, func(int) webhooktest.Answer {
-				return webhooktest.Answer{Status: 200, Hang: 150 * time.Millisecond}
+			r := webhookreceiver.New(t, func(int) webhookreceiver.Answer {
+				return webhookreceiver.Answer{Status: 200, Hang: 150 * time.Millisecond}
 			})
 			rAs = append(rAs, r)
 			eAs = append(eAs, registerIn(t, s, "slow-a", r))
@@ -340,11 +340,11 @@ func testSlowTenant(t *testing.T, endpoints, perEndpoint int) {
 		}
 		aAckedAtB := atomic.Int64{}
 		aAckedAtB.Store(-1)
-		rB := webhooktest.New(t, func(n int) webhooktest.Answer {
+		rB := webhookreceiver.New(t, func(n int) webhookreceiver.Answer {
 			if n == 0 {
 				aAckedAtB.Store(int64(ackedA()))
 			}
-			return webhooktest.Answer{Status: 204}
+			return webhookreceiver.Answer{Status: 204}
 		})
 		eB := registerIn(t, s, "fast-b", rB)
 		queued := endpoints * perEndpoint
@@ -411,12 +411,12 @@ func TestSlowTenantsDoNotHoldBackAFastOneForAPass(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
 		s := open(t)
 		const slowTenants, backlog = 3, 3
-		var rs []*webhooktest.Receiver
+		var rs []*webhookreceiver.Receiver
 		var es []idem.WebhookEndpoint
 		ids := map[string]bool{}
 		for i := range slowTenants {
-			r := webhooktest.New(t, func(int) webhooktest.Answer {
-				return webhooktest.Answer{Status: 200, Hang: 100 * time.Millisecond}
+			r := webhookreceiver.New(t, func(int) webhookreceiver.Answer {
+				return webhookreceiver.Answer{Status: 200, Hang: 100 * time.Millisecond}
 			})
 			rs = append(rs, r)
 			e := registerIn(t, s, "slow-"+string(rune('a'+i)), r)
@@ -443,11 +443,11 @@ func TestSlowTenantsDoNotHoldBackAFastOneForAPass(t *testing.T) {
 		}
 		atB := atomic.Int64{}
 		atB.Store(-1)
-		rB := webhooktest.New(t, func(n int) webhooktest.Answer {
+		rB := webhookreceiver.New(t, func(n int) webhookreceiver.Answer {
 			if n == 0 {
 				atB.Store(int64(slowAcked()))
 			}
-			return webhooktest.Answer{Status: 204}
+			return webhookreceiver.Answer{Status: 204}
 		})
 		eB := registerIn(t, s, "fast-b", rB)
 
@@ -503,16 +503,16 @@ func TestLoneTenantGetsEverySlotAndNoMore(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
 		s := open(t)
-		var r *webhooktest.Receiver
+		var r *webhookreceiver.Receiver
 		var most atomic.Int64
-		r = webhooktest.New(t, func(n int) webhooktest.Answer {
+		r = webhookreceiver.New(t, func(n int) webhookreceiver.Answer {
 			// Requests that arrived (this one too) less those answered:
 			// the deliverer frees a slot only after the answer, so its
 			// attempts in flight are at least this many.
 			open := int64(n + 1 - len(r.Acked()))
 			for m := most.Load(); open > m && !most.CompareAndSwap(m, open); m = most.Load() {
 			}
-			return webhooktest.Answer{Status: 200, Hang: 100 * time.Millisecond}
+			return webhookreceiver.Answer{Status: 200, Hang: 100 * time.Millisecond}
 		})
 		e := register(t, s, r)
 		const events = 12
@@ -575,7 +575,7 @@ func TestClaimBacksOffOnStoreErrorsAndPollsWhenIdle(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
 		s := open(t)
-		r := webhooktest.New(t, webhooktest.Always(200))
+		r := webhookreceiver.New(t, webhookreceiver.Always(200))
 		e := register(t, s, r)
 		id := testEvent(t, s, e)
 		cfg := fastConfig()

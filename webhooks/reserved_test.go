@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
-	"github.com/idem-dev/idem/internal/webhooktest"
+	"github.com/idem-dev/idem/testkit/webhookreceiver"
 	"github.com/idem-dev/idem/webhooks"
 )
 
@@ -44,7 +44,7 @@ func TestDeliveryRefusesReservedIPv6Targets(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) store) {
 		s := open(t)
-		r := webhooktest.New(t, webhooktest.Always(200))
+		r := webhookreceiver.New(t, webhookreceiver.Always(200))
 		u, err := url.Parse(r.URL)
 		require.NoError(t, err)
 		var eps []idem.WebhookEndpoint

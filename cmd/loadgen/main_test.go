@@ -14,8 +14,8 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/conformance"
-	"github.com/idem-dev/idem/postgres/pgtest"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/pgtest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 func TestPercentileNearestRank(t *testing.T) {

@@ -22,8 +22,8 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/client"
-	"github.com/idem-dev/idem/internal/faultproxy"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/faultproxy"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 var backends = []string{servertest.BackendSQLite, servertest.BackendPostgres}

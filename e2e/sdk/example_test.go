@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/client"
-	"github.com/idem-dev/idem/internal/examplesrv"
+	"github.com/idem-dev/idem/testkit/examplesrv"
 )
 
 // startExampleServer runs the real idem server wiring (SQLite in a

@@ -23,8 +23,8 @@ import (
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, to hold the store's write lock
 
-	"github.com/idem-dev/idem/internal/cutproxy"
-	"github.com/idem-dev/idem/postgres/pgtest"
+	"github.com/idem-dev/idem/testkit/cutproxy"
+	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
 // Bins are the binaries a run starts: the real idem server and the Go app.

@@ -17,7 +17,7 @@ import (
 
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/client/idemhttp"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // streamChunks is how many chunks the streaming handler writes, one per

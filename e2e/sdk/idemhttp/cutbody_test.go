@@ -16,7 +16,7 @@ import (
 
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/client/idemhttp"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // cutBody is the 61-byte body of the cut requests: they declare

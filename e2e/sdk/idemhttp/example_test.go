@@ -9,7 +9,7 @@ import (
 
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/client/idemhttp"
-	"github.com/idem-dev/idem/internal/examplesrv"
+	"github.com/idem-dev/idem/testkit/examplesrv"
 )
 
 // Wrap a route of net/http's ServeMux so that a retried POST with the same Idempotency-Key

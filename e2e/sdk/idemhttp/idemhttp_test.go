@@ -22,9 +22,9 @@ import (
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/client/frontdoor"
 	"github.com/idem-dev/idem/client/idemhttp"
-	"github.com/idem-dev/idem/internal/faultproxy"
 	"github.com/idem-dev/idem/server"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/faultproxy"
+	"github.com/idem-dev/idem/testkit/servertest"
 	"github.com/idem-dev/idem/testvectors"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/client/frontdoor"
 	"github.com/idem-dev/idem/client/idemhttp"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // TestMiddlewareAnswerWithoutRoomUnderTheQuota: the claim fits the

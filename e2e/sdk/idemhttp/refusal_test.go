@@ -13,7 +13,7 @@ import (
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/client/frontdoor"
 	"github.com/idem-dev/idem/client/idemhttp"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // requireProblem checks that r is the problem+json of code, not

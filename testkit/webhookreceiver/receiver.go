@@ -1,8 +1,8 @@
-// Package webhooktest is a loopback webhook receiver for tests: it
+// Package webhookreceiver is a loopback webhook receiver for tests: it
 // verifies every request's Standard Webhooks signature with code of its
 // own (not package webhooks' signer, so a wrong signer cannot agree with
 // itself), counts requests per webhook-id, and answers per a script.
-package webhooktest
+package webhookreceiver
 
 import (
 	"crypto/hmac"

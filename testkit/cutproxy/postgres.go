@@ -4,7 +4,7 @@ import (
 	"net/url"
 	"testing"
 
-	"github.com/idem-dev/idem/postgres/pgtest"
+	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
 // Postgres returns a connection URL of a fresh test schema (pgtest.URL)

@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/internal/contract"
-	"github.com/idem-dev/idem/server/servertest"
+	"github.com/idem-dev/idem/testkit/contract"
+	"github.com/idem-dev/idem/testkit/servertest"
 )
 
 // TestLiveServerMatchesSpec drives every operation of the real server once,

@@ -1,11 +1,11 @@
-// Package browsertest runs Debian's headless Chromium for end-to-end tests
+// Package browser runs Debian's headless Chromium for end-to-end tests
 // of the web pages the server ships (the dashboard, the docs).
 //
 // Usage:
 //
-//	b := browsertest.New(t)               // skips when chromium is missing
+//	b := browser.New(t)                   // skips when chromium is missing
 //	b.Do(chromedp.Navigate(srv.URL() + "/dashboard/"))
-//	text := browsertest.Run(b, chromedp.Text(chromedp.CSS("#status")))
+//	text := browser.Run(b, chromedp.Text(chromedp.CSS("#status")))
 //	b.Screenshot("dashboard")             // $IDEM_ARTIFACTS_DIR/<Test>-dashboard.png
 //	b.RequireNoConsoleErrors()
 //
@@ -23,7 +23,7 @@
 //
 // Screenshots go to $IDEM_ARTIFACTS_DIR, or to artifacts/ at the module
 // root (gitignored) when it is unset.
-package browsertest
+package browser
 
 import (
 	"context"
@@ -84,9 +84,9 @@ func New(t testing.TB) *Browser {
 	path := findChromium()
 	if path == "" {
 		if os.Getenv(EnvRequire) == "1" {
-			t.Fatalf("browsertest: chromium not found at %s but %s=1 (apt-get install -y chromium)", ChromiumPath, EnvRequire)
+			t.Fatalf("browser: chromium not found at %s but %s=1 (apt-get install -y chromium)", ChromiumPath, EnvRequire)
 		}
-		t.Skipf("browsertest: chromium not found at %s; skipping browser test (apt-get install -y chromium)", ChromiumPath)
+		t.Skipf("browser: chromium not found at %s; skipping browser test (apt-get install -y chromium)", ChromiumPath)
 	}
 
 	one <- struct{}{}
@@ -123,7 +123,7 @@ func New(t testing.TB) *Browser {
 	})
 	// Start the browser now so a broken install fails here, clearly.
 	if err := chromedp.Do(b.timeout(), chromedp.Navigate("about:blank")); err != nil {
-		t.Fatalf("browsertest: start chromium: %v", err)
+		t.Fatalf("browser: start chromium: %v", err)
 	}
 	return b
 }
@@ -152,7 +152,7 @@ func (b *Browser) timeout() context.Context {
 func (b *Browser) Do(actions ...chromedp.Action[chromedp.Void]) {
 	b.t.Helper()
 	if err := chromedp.Do(b.timeout(), actions...); err != nil {
-		b.t.Fatalf("browsertest: %v\nconsole: %s", err, strings.Join(b.ConsoleErrors(), "\n"))
+		b.t.Fatalf("browser: %v\nconsole: %s", err, strings.Join(b.ConsoleErrors(), "\n"))
 	}
 }
 
@@ -161,7 +161,7 @@ func Run[T any](b *Browser, action chromedp.Action[T]) T {
 	b.t.Helper()
 	v, err := chromedp.Run(b.timeout(), action)
 	if err != nil {
-		b.t.Fatalf("browsertest: %v\nconsole: %s", err, strings.Join(b.ConsoleErrors(), "\n"))
+		b.t.Fatalf("browser: %v\nconsole: %s", err, strings.Join(b.ConsoleErrors(), "\n"))
 	}
 	return v
 }
@@ -186,7 +186,7 @@ func (b *Browser) ConsoleErrors() []string {
 func (b *Browser) RequireNoConsoleErrors() {
 	b.t.Helper()
 	if errs := b.ConsoleErrors(); len(errs) > 0 {
-		b.t.Fatalf("browsertest: console errors:\n%s", strings.Join(errs, "\n"))
+		b.t.Fatalf("browser: console errors:\n%s", strings.Join(errs, "\n"))
 	}
 }
 
@@ -206,7 +206,7 @@ func (b *Browser) checkRequests(fail func(string, ...any)) {
 		}
 	}
 	if len(bad) > 0 {
-		fail("browsertest: requests left loopback:\n%s", strings.Join(bad, "\n"))
+		fail("browser: requests left loopback:\n%s", strings.Join(bad, "\n"))
 	}
 }
 
@@ -293,9 +293,9 @@ func (b *Browser) Screenshot(name string) string {
 	dir := ArtifactsDir(b.t)
 	path := filepath.Join(dir, safeName(b.t.Name()+"-"+name)+".png")
 	if err := os.WriteFile(path, png, 0o644); err != nil {
-		b.t.Fatalf("browsertest: save screenshot: %v", err)
+		b.t.Fatalf("browser: save screenshot: %v", err)
 	}
-	b.t.Logf("browsertest: screenshot saved to %s", path)
+	b.t.Logf("browser: screenshot saved to %s", path)
 	return path
 }
 
@@ -311,7 +311,7 @@ func ArtifactsDir(t testing.TB) string {
 	if dir == "" {
 		wd, err := os.Getwd()
 		if err != nil {
-			t.Fatalf("browsertest: getwd: %v", err)
+			t.Fatalf("browser: getwd: %v", err)
 		}
 		root := wd
 		for {
@@ -328,7 +328,7 @@ func ArtifactsDir(t testing.TB) string {
 		dir = filepath.Join(root, "artifacts")
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatalf("browsertest: create artifacts dir: %v", err)
+		t.Fatalf("browser: create artifacts dir: %v", err)
 	}
 	return dir
 }

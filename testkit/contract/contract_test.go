@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idem-dev/idem/internal/contract"
+	"github.com/idem-dev/idem/testkit/contract"
 )
 
 // recorder is a testing.TB that collects what the transport reports instead

@@ -17,8 +17,8 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/auth"
-	"github.com/idem-dev/idem/postgres/pgtest"
 	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
 // Secret is the fixed HS256 secret every test server verifies tokens with.
