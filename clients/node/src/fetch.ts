@@ -85,6 +85,11 @@ async function readLimited(req: Request, limit: number): Promise<Uint8Array> {
  * caller who goes away does not cut the answer stored for its retry (the handler runs to its end; one that reads the
  * framework's own request, `c.req.raw.signal`, still sees the abort).
  *
+ *     import { Client, withIdempotency } from "@idem-dev/idem";
+ *
+ *     const client = new Client({ baseUrl: process.env.IDEM_URL!, token: process.env.IDEM_TOKEN });
+ *     // Your side effect (charge the card): runs once per Idempotency-Key.
+ *     async function pay(order: { amount: number }) { return { charge: "ch_1", amount: order.amount }; }
  *     export const POST = withIdempotency(async (req) => Response.json(await pay(await req.json()), { status: 201 }), { client });
  */
 export function withIdempotency<A extends unknown[]>(

@@ -1,10 +1,19 @@
 """idem: the Python SDK of the idem idempotency service.
 
-    from idem import Client, Response, derive_key
+    from idem import Claim, Client, Response, derive_key
+
+    order_id = "4711"
+    order = {"id": order_id, "amount": 1000}
+
+    def confirm(claim: Claim) -> Response:
+        # Your side effect here (charge, email): it runs once per key, a
+        # takeover sees claim.recovery_point, a replay does not run it.
+        return Response(201, {"Content-Type": "application/json"}, b'{"ok":true}')
 
     with Client("https://idem.example.com", token=token) as idem:
-        key = derive_key("order-confirm", order_id)   # event-derived, never random per attempt
+        key = derive_key("order-confirm", order_id)  # event-derived, never random per attempt
         result = idem.run(key, confirm, operation="POST /orders/confirm", request=order)
+        print(result.replayed, result.response.status)   # False 201, then True 201 on a retry
 
 ``Client`` and ``AsyncClient`` wrap every call of the HTTP contract in the
 retry contract of the docs; ``run`` does claim -> your function ->
