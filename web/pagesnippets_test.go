@@ -21,7 +21,7 @@ import (
 
 	"github.com/idem-dev/idem/canon"
 	"github.com/idem-dev/idem/client"
-	"github.com/idem-dev/idem/postgres/pgtest"
+	"github.com/idem-dev/idem/testkit/pgtest"
 	"github.com/idem-dev/idem/web"
 )
 
