@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -74,16 +73,18 @@ type ledgerGuard struct {
 	// suspect only if none failed after it began.
 	suspect atomic.Bool
 	fails   atomic.Int64
-	// mu serialises checks; found is the seen token of the rollback this
+	// turn serialises checks, a slot of one: a request waiting for its
+	// turn (behind a check the frozen store keeps waiting) still ends when
+	// its caller goes away. found is the seen token of the rollback this
 	// replica found last (0 none), so one rollback is counted once.
-	mu    sync.Mutex
+	turn  chan struct{}
 	found int64
 }
 
 // newLedgerGuard wraps store with the rollback check of src, and registers
 // its metrics on reg.
 func newLedgerGuard(store idem.Driver, src idem.LedgerRollbacks, cfg Config, logger *slog.Logger, reg prometheus.Registerer) *ledgerGuard {
-	g := &ledgerGuard{Driver: store, src: src, replica: replicaName(cfg), timeout: cfg.StoreTimeout, logger: logger}
+	g := &ledgerGuard{Driver: store, turn: make(chan struct{}, 1), src: src, replica: replicaName(cfg), timeout: cfg.StoreTimeout, logger: logger}
 	g.suspect.Store(true)
 	g.detections = metrics.RegisterLedgerRollback(reg, g.stopped.Load)
 	g.outage = newOutageLog(logger, reg)
@@ -129,8 +130,13 @@ func (g *ledgerGuard) observe(token int64) {
 // check reads the token source and the open rollbacks and sets stopped.
 // On an error it changes nothing but marks the store suspect.
 func (g *ledgerGuard) check(ctx context.Context) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	select {
+	case g.turn <- struct{}{}:
+	case <-ctx.Done():
+		g.suspect.Store(true)
+		return idem.StoreUnavailable("the ledger check did not get its turn", ctx.Err())
+	}
+	defer func() { <-g.turn }()
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
 	// The highest token seen is read before the source: every token seen
