@@ -469,33 +469,29 @@ func firstBool(a, b *bool, def bool) bool {
 	return def
 }
 
-// fits returns an error naming the routes whose largest body, charged
-// BodyMemoryFactor times, and largest stored answer (max_stored_bytes, or
-// the most any tenant may store when the route does not set it) could never
-// fit a budget of limit bytes together: every protected request of such a
-// route would be refused server_busy.
+// mostHeld is the most one protected request of the route holds of the
+// in-flight budget: its largest body, charged BodyMemoryFactor times, and
+// its largest stored answer (max_stored_bytes, or the most any tenant may
+// store when the route does not set it). fits and the callers' share both
+// measure a route by it.
+func (r *route) mostHeld() (body, answer int64) {
+	answer = int64(idem.MaxResponseBytesLimit)
+	if r.maxStored > 0 {
+		answer = int64(min(r.maxStored, idem.MaxResponseBytesLimit))
+	}
+	return r.maxBody * BodyMemoryFactor, answer
+}
+
+// fits returns an error naming the routes whose largest request
+// (route.mostHeld) could never fit a budget of limit bytes: every protected
+// request of such a route would be refused server_busy.
 func (rt *routing) fits(limit int64) error {
 	var errs []error
-	check := func(r *route) {
-		if r == nil {
-			return
-		}
-		answer := int64(idem.MaxResponseBytesLimit)
-		if r.maxStored > 0 {
-			answer = int64(min(r.maxStored, idem.MaxResponseBytesLimit))
-		}
-		if r.maxBody*BodyMemoryFactor+answer > limit {
-			name := r.pattern
-			if name == "" {
-				name = "defaults"
-			}
+	for _, r := range rt.all() {
+		if body, answer := r.mostHeld(); body+answer > limit {
 			errs = append(errs, fmt.Errorf("%s: max_body_bytes %d × %d plus max_stored_bytes %d is over the in-flight budget (IDEM_MAX_INFLIGHT_BYTES %d)",
-				name, r.maxBody, BodyMemoryFactor, answer, limit))
+				r.name(), r.maxBody, BodyMemoryFactor, answer, limit))
 		}
 	}
-	for _, r := range rt.routes {
-		check(r)
-	}
-	check(rt.fallback)
 	return errors.Join(errs...)
 }

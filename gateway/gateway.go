@@ -499,25 +499,14 @@ func budgetOwner(r *http.Request, scope string) string {
 
 // shareOf is the share of each caller in the budget for the routes of rt:
 // Options.InflightShare of it, and at least what the largest request of a
-// route holds (its largest body BodyMemoryFactor times and its largest
-// stored answer, as fits counts them), so that such a request is never
+// route holds (route.mostHeld), so that such a request is never
 // refused to a caller holding nothing while the budget has room.
 func (g *Gateway) shareOf(rt *routing) int64 {
 	var largest int64
-	check := func(r *route) {
-		if r == nil {
-			return
-		}
-		answer := int64(idem.MaxResponseBytesLimit)
-		if r.maxStored > 0 {
-			answer = int64(min(r.maxStored, idem.MaxResponseBytesLimit))
-		}
-		largest = max(largest, r.maxBody*BodyMemoryFactor+answer)
+	for _, r := range rt.all() {
+		body, answer := r.mostHeld()
+		largest = max(largest, body+answer)
 	}
-	for _, r := range rt.routes {
-		check(r)
-	}
-	check(rt.fallback)
 	share := g.opts.InflightShare
 	if share <= 0 {
 		share = budget.DefaultShare
