@@ -23,6 +23,8 @@ export interface FetchOptions<A extends unknown[]> extends FrontDoorOptions {
      */
     target?: (req: Request, ...rest: A) => string;
 }
+/** Reads the body of req within limit, as FrontDoorError payload_too_large / invalid_request when it cannot. @internal */
+export declare function readLimited(req: Request, limit: number): Promise<Uint8Array>;
 /**
  * Wraps a fetch-style handler with Stripe-style Idempotency-Key semantics
  * (docs/frontdoor.md): the handler runs once per key, its answer is stored

@@ -8,7 +8,8 @@ function toResponse(status, headers, body) {
 function answer(a) {
     return toResponse(a.status, a.headers, a.body);
 }
-async function readLimited(req, limit) {
+/** Reads the body of req within limit, as FrontDoorError payload_too_large / invalid_request when it cannot. @internal */
+export async function readLimited(req, limit) {
     const declared = Number(req.headers.get("Content-Length") ?? "0");
     if (declared > limit)
         throw new FrontDoorError("payload_too_large", `the request body is larger than ${limit} bytes`);

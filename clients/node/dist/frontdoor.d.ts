@@ -8,8 +8,8 @@ export declare const headerPreferenceApplied = "Preference-Applied";
 /** The longest operation label idem accepts; longer labels are cut at a character boundary. */
 export declare const maxOperationBytes = 128;
 /** The codes a front door answers with. */
-export type FrontDoorCode = "idempotency_key_missing" | "invalid_key" | "invalid_request" | "payload_too_large" | "request_in_flight" | "fingerprint_mismatch" | "store_unavailable" | "response_not_replayable" | "storage_quota_exceeded" | "tenant_unknown";
-/** Status, title and retryability of every front-door problem. */
+export type FrontDoorCode = "idempotency_key_missing" | "invalid_key" | "invalid_request" | "payload_too_large" | "request_in_flight" | "fingerprint_mismatch" | "store_unavailable" | "response_not_replayable" | "storage_quota_exceeded" | "tenant_unknown" | "unauthenticated" | "method_not_allowed";
+/** Status, title and retryability of every front-door problem (and of the resume endpoint's, see resume.ts). */
 export declare const problems: Readonly<Record<FrontDoorCode, {
     status: number;
     title: string;

@@ -14,7 +14,7 @@ export const headerRequestId = "X-Request-Id";
 export const headerPreferenceApplied = "Preference-Applied";
 /** The longest operation label idem accepts; longer labels are cut at a character boundary. */
 export const maxOperationBytes = 128;
-/** Status, title and retryability of every front-door problem. */
+/** Status, title and retryability of every front-door problem (and of the resume endpoint's, see resume.ts). */
 export const problems = {
     idempotency_key_missing: { status: 400, title: "Idempotency key missing", retryable: false },
     invalid_key: { status: 400, title: "Invalid idempotency key", retryable: false },
@@ -26,6 +26,8 @@ export const problems = {
     response_not_replayable: { status: 409, title: "Response not replayable", retryable: false },
     storage_quota_exceeded: { status: 507, title: "Storage quota exceeded", retryable: false },
     tenant_unknown: { status: 403, title: "Tenant unknown", retryable: false },
+    unauthenticated: { status: 401, title: "Unauthenticated", retryable: false },
+    method_not_allowed: { status: 405, title: "Method not allowed", retryable: false },
 };
 /**
  * The detail of tenant_unknown, the same in every front door: idem refused

@@ -8,3 +8,4 @@ export { Claim, renewalPoint, run } from "./run.js";
 export { FrontDoor, FrontDoorError, checkIJSON, defaultStoredHeaders, escapeLabel, escapeScope, fingerprintDocument, headerNotReplayable, notReplayableDetail, mismatchDetail, headerPreferenceApplied, isJSON, operation, parseKey, pathRoute, preferWait, problemResponse, problems, requirement, scopedKey, splitTarget, storableStatus, storageQuotaDetail, tenantUnknownDetail, unstorableStatus, storeStatus, storedHeaders, validLabelText, validRequestId, } from "./frontdoor.js";
 export { expressErrorHandler, expressMiddleware } from "./express.js";
 export { withIdempotency } from "./fetch.js";
+export { ResumeAnswer, ResumeHandler, decodeResumeCall, expressResumeHandler, fetchResumeHandler, resumeEventType, signatureToleranceSeconds, verifySignature, } from "./resume.js";

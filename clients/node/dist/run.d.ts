@@ -1,5 +1,6 @@
 import type { Bounds, CallOptions, Client } from "./client.js";
 import { StoredResponse, type ResponseInit } from "./response.js";
+import type { ResumeCall } from "./resume.js";
 import type { ClaimRequest } from "./types.js";
 /**
  * The recovery point the lease keeper saves when it renews a lease before
@@ -45,11 +46,19 @@ export declare class Claim {
     readonly key: string;
     /** The claim's fencing token, which every write on the key carries. */
     readonly fencingToken: number;
-    /** 1 for a fresh claim, more after takeovers. */
+    /** 1 for a fresh claim, more after takeovers; in a resume (see {@link Claim.resume}) the completer's attempt, 1-based. */
     readonly attempt: number;
     /** This claim took over an orphaned one: an earlier attempt may have done part of the work, see recoveryPoint. */
     readonly resumed: boolean;
     private readonly leaseSeconds;
+    /**
+     * Set when the claim is idem's completer resuming an orphaned key (a
+     * resume handler, resume.ts): the call's key, operation, attempt,
+     * deadline. The claim's fencing token is the one idem took the key over
+     * with; `run` never sets it, so a function can tell the two apart,
+     * though it seldom needs to: the recovery point says what is done.
+     */
+    readonly resume?: ResumeCall | undefined;
     /** Aborts with a `lease_lost` IdemError when the lease is lost, or with the caller's reason. */
     readonly signal: AbortSignal;
     private readonly startPoint;
@@ -63,10 +72,18 @@ export declare class Claim {
     constructor(client: Client, key: string, 
     /** The claim's fencing token, which every write on the key carries. */
     fencingToken: number, 
-    /** 1 for a fresh claim, more after takeovers. */
+    /** 1 for a fresh claim, more after takeovers; in a resume (see {@link Claim.resume}) the completer's attempt, 1-based. */
     attempt: number, 
     /** This claim took over an orphaned one: an earlier attempt may have done part of the work, see recoveryPoint. */
-    resumed: boolean, leaseSeconds: number | undefined, recoveryPoint: string, recoveryData: unknown, signal: AbortSignal);
+    resumed: boolean, leaseSeconds: number | undefined, recoveryPoint: string, recoveryData: unknown, signal: AbortSignal, 
+    /**
+     * Set when the claim is idem's completer resuming an orphaned key (a
+     * resume handler, resume.ts): the call's key, operation, attempt,
+     * deadline. The claim's fencing token is the one idem took the key over
+     * with; `run` never sets it, so a function can tell the two apart,
+     * though it seldom needs to: the recovery point says what is done.
+     */
+    resume?: ResumeCall | undefined);
     /** The last recovery point the earlier attempt saved before this claim began ("" when none). */
     get recoveryPoint(): string;
     /** The JSON saved with recoveryPoint (undefined when none). */

@@ -20,6 +20,7 @@ export class Claim {
     attempt;
     resumed;
     leaseSeconds;
+    resume;
     /** Aborts with a `lease_lost` IdemError when the lease is lost, or with the caller's reason. */
     signal;
     startPoint;
@@ -33,16 +34,25 @@ export class Claim {
     constructor(client, key, 
     /** The claim's fencing token, which every write on the key carries. */
     fencingToken, 
-    /** 1 for a fresh claim, more after takeovers. */
+    /** 1 for a fresh claim, more after takeovers; in a resume (see {@link Claim.resume}) the completer's attempt, 1-based. */
     attempt, 
     /** This claim took over an orphaned one: an earlier attempt may have done part of the work, see recoveryPoint. */
-    resumed, leaseSeconds, recoveryPoint, recoveryData, signal) {
+    resumed, leaseSeconds, recoveryPoint, recoveryData, signal, 
+    /**
+     * Set when the claim is idem's completer resuming an orphaned key (a
+     * resume handler, resume.ts): the call's key, operation, attempt,
+     * deadline. The claim's fencing token is the one idem took the key over
+     * with; `run` never sets it, so a function can tell the two apart,
+     * though it seldom needs to: the recovery point says what is done.
+     */
+    resume) {
         this.client = client;
         this.key = key;
         this.fencingToken = fencingToken;
         this.attempt = attempt;
         this.resumed = resumed;
         this.leaseSeconds = leaseSeconds;
+        this.resume = resume;
         this.startPoint = this.point = recoveryPoint;
         this.startData = this.data = recoveryData;
         this.signal = signal;

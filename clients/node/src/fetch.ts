@@ -37,7 +37,8 @@ function answer(a: Answer): Response {
   return toResponse(a.status, a.headers, a.body);
 }
 
-async function readLimited(req: Request, limit: number): Promise<Uint8Array> {
+/** Reads the body of req within limit, as FrontDoorError payload_too_large / invalid_request when it cannot. @internal */
+export async function readLimited(req: Request, limit: number): Promise<Uint8Array> {
   const declared = Number(req.headers.get("Content-Length") ?? "0");
   if (declared > limit) throw new FrontDoorError("payload_too_large", `the request body is larger than ${limit} bytes`);
   if (!req.body) return new Uint8Array();

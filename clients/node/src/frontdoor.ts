@@ -28,9 +28,14 @@ export type FrontDoorCode =
   | "store_unavailable"
   | "response_not_replayable"
   | "storage_quota_exceeded"
-  | "tenant_unknown";
+  | "tenant_unknown"
+  // The resume endpoint's own refusals (resume.ts): a call whose webhook
+  // signature does not verify, a method other than POST. Titles as the idem
+  // server's table (api/problem.go).
+  | "unauthenticated"
+  | "method_not_allowed";
 
-/** Status, title and retryability of every front-door problem. */
+/** Status, title and retryability of every front-door problem (and of the resume endpoint's, see resume.ts). */
 export const problems: Readonly<Record<FrontDoorCode, { status: number; title: string; retryable: boolean }>> = {
   idempotency_key_missing: { status: 400, title: "Idempotency key missing", retryable: false },
   invalid_key: { status: 400, title: "Invalid idempotency key", retryable: false },
@@ -42,6 +47,8 @@ export const problems: Readonly<Record<FrontDoorCode, { status: number; title: s
   response_not_replayable: { status: 409, title: "Response not replayable", retryable: false },
   storage_quota_exceeded: { status: 507, title: "Storage quota exceeded", retryable: false },
   tenant_unknown: { status: 403, title: "Tenant unknown", retryable: false },
+  unauthenticated: { status: 401, title: "Unauthenticated", retryable: false },
+  method_not_allowed: { status: 405, title: "Method not allowed", retryable: false },
 };
 
 /**

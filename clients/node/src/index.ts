@@ -63,3 +63,18 @@ export {
 } from "./frontdoor.js";
 export { expressErrorHandler, expressMiddleware, type ExpressOptions, type ExpressRequest } from "./express.js";
 export { withIdempotency, type FetchOptions } from "./fetch.js";
+export {
+  ResumeAnswer,
+  ResumeHandler,
+  decodeResumeCall,
+  expressResumeHandler,
+  fetchResumeHandler,
+  resumeEventType,
+  signatureToleranceSeconds,
+  verifySignature,
+  type ResumeCall,
+  type ResumeFunction,
+  type ResumeOptions,
+  type ResumeRequest,
+  type ResumeResult,
+} from "./resume.js";

@@ -3,6 +3,7 @@ import { Codes, IdemError, isIdemError, isNoSideEffect } from "./errors.js";
 import { validateKey } from "./keys.js";
 import { StoredResponse, type ResponseInit } from "./response.js";
 import { retryAfterWaitMs } from "./retry.js";
+import type { ResumeCall } from "./resume.js";
 import type { ClaimRequest, ClaimResult } from "./types.js";
 
 /**
@@ -64,7 +65,7 @@ export class Claim {
     readonly key: string,
     /** The claim's fencing token, which every write on the key carries. */
     readonly fencingToken: number,
-    /** 1 for a fresh claim, more after takeovers. */
+    /** 1 for a fresh claim, more after takeovers; in a resume (see {@link Claim.resume}) the completer's attempt, 1-based. */
     readonly attempt: number,
     /** This claim took over an orphaned one: an earlier attempt may have done part of the work, see recoveryPoint. */
     readonly resumed: boolean,
@@ -72,6 +73,14 @@ export class Claim {
     recoveryPoint: string,
     recoveryData: unknown,
     signal: AbortSignal,
+    /**
+     * Set when the claim is idem's completer resuming an orphaned key (a
+     * resume handler, resume.ts): the call's key, operation, attempt,
+     * deadline. The claim's fencing token is the one idem took the key over
+     * with; `run` never sets it, so a function can tell the two apart,
+     * though it seldom needs to: the recovery point says what is done.
+     */
+    readonly resume?: ResumeCall,
   ) {
     this.startPoint = this.point = recoveryPoint;
     this.startData = this.data = recoveryData;
