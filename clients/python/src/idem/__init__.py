@@ -18,7 +18,9 @@
 ``Client`` and ``AsyncClient`` wrap every call of the HTTP contract in the
 retry contract of the docs; ``run`` does claim -> your function ->
 checkpoint -> complete; ``idem.asgi`` and ``idem.wsgi`` give a web app
-Stripe-style Idempotency-Key semantics. idem makes retries safe within one
+Stripe-style Idempotency-Key semantics, and the resume endpoint idem's
+completer calls for an orphaned key (ResumeMiddleware: the same function
+run() runs, resumed from its last checkpoint). idem makes retries safe within one
 tenant's key scope and replay window; it does not promise exactly-once
 execution on its own.
 """
@@ -38,12 +40,15 @@ from ._errors import (
     error_code,
 )
 from ._keys import MAX_KEY_BYTES, derive_key, validate_key
+from ._resume import (RESUME_EVENT_TYPE, SIGNATURE_TOLERANCE, AsyncResumeFunction, ResumeAnswer, ResumeCall,
+                      ResumeFunction, ResumeResult, decode_call, verify_signature)
 from ._retry import RetryBudget, RetryPolicy, parse_retry_after
 from ._types import ClaimResult, KeyPage, Record, Response, RunResult
 
 __all__ = [
     "AsyncClaim", "AsyncClient", "AttemptInfo", "Claim", "ClaimResult", "Client", "FieldError", "IdemError",
     "InvalidAnswer", "InvalidKeyError", "KeyPage", "LeaseLost", "MAX_KEY_BYTES", "NoSideEffect", "ProblemError", "RENEWAL_POINT",
-    "Record", "Response", "RetryBudget", "RetryPolicy", "RunResult", "TokenError", "TransportError", "derive_key",
-    "error_code", "parse_retry_after", "validate_key",
+    "RESUME_EVENT_TYPE", "SIGNATURE_TOLERANCE", "AsyncResumeFunction", "ResumeAnswer", "ResumeCall", "ResumeFunction",
+    "ResumeResult", "Record", "Response", "RetryBudget", "RetryPolicy", "RunResult", "TokenError", "TransportError",
+    "decode_call", "derive_key", "error_code", "parse_retry_after", "validate_key", "verify_signature",
 ]

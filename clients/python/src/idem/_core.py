@@ -11,7 +11,7 @@ import math
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 from urllib.parse import quote, urlencode
 
 import httpx
@@ -29,6 +29,9 @@ from ._keys import validate_key
 from ._retry import RetryBudget, RetryPolicy, problem_from, transport_error
 from ._types import ClaimResult, KeyPage, Record, Response, RunResult
 from .frontdoor import HEADER_PREFERENCE_APPLIED, prefer_wait
+
+if TYPE_CHECKING:
+    from ._resume import ResumeCall
 
 log = logging.getLogger("idem")
 
@@ -424,6 +427,12 @@ class ClaimState:
         self.recovery_point = "" if start == RENEWAL_POINT else start
         #: The JSON saved with recovery_point (None when none).
         self.recovery_data: Any = None if start == RENEWAL_POINT else cr.record.recovery_data
+        #: Set when the claim is idem's completer resuming an orphaned key (a
+        #: resume endpoint, idem.wsgi / idem.asgi): the call's key, operation,
+        #: attempt, deadline. run() never sets it, so a function can tell the
+        #: two apart, though it seldom needs to: the recovery point says what
+        #: is done. In a resume, attempt is the completer's, 1-based.
+        self.resume: ResumeCall | None = None
         self._lease = lease
         self._point, self._data = start, cr.record.recovery_data
         self._renewed = renewed

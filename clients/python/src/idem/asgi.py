@@ -50,6 +50,7 @@ from typing import Any, Awaitable, Callable, MutableMapping, Sequence
 from . import frontdoor
 from ._async import AsyncClaim, AsyncClient
 from ._errors import IdemError
+from ._resume import DEFAULT_MAX_BODY_BYTES, AsyncResumeFunction, Endpoint
 from ._middleware import (Answer, Options, Protected, Release, applied, caller_request_id, prepare, problem_answer,
                           not_replayable, refused_as_too_large, request_path, run_answer, run_failed, to_store,
                           wait_applied)
@@ -226,3 +227,72 @@ class IdempotencyMiddleware:
         headers.append((b"content-length", str(len(ans.body)).encode()))
         await send({"type": "http.response.start", "status": ans.status, "headers": headers})
         await send({"type": "http.response.body", "body": ans.body, "more_body": False})
+
+
+class ResumeEndpoint:
+    """The resume endpoint idem's completer calls (the completer protocol,
+    idem._resume) as an ASGI app, for a Starlette ``Route`` or ``Mount``;
+    ResumeMiddleware serves it at a path in front of a whole app.
+
+    A call whose Standard Webhooks signature does not verify, or whose
+    timestamp is more than five minutes away, is 401 unauthenticated
+    (problem+json) and resume does not run; a body that is not a valid call
+    is 400 invalid_request. A verified call runs ``await resume(claim,
+    call)``: the function AsyncClient.run runs, given an AsyncClaim under
+    the call's fencing token whose recovery_point / recovery_data are the
+    last checkpoint's (its checkpoints go through client and renew idem's
+    lease; no lease keeper runs), so the steps already done are skipped. It
+    answers 200: a Response is ``completed`` (a body that is not UTF-8 as
+    base64); ResumeAnswer.not_done() or a raised NoSideEffect (or a type
+    in no_side_effect) ``not_done``; ResumeAnswer.unknown(retry_after)
+    ``unknown``; ResumeAnswer.review(note) ``review``; any other exception
+    or value ``unknown`` (logged): the function may have done part of its
+    work, so it is never reported as not_done or completed. A completer
+    that hangs up before its body arrived gets nothing and nothing runs."""
+
+    def __init__(self, client: AsyncClient, *, secret: str | Sequence[str], resume: AsyncResumeFunction,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, no_side_effect: tuple[type[BaseException], ...] = (),
+                 now: Callable[[], float] | None = None) -> None:
+        self.client = client
+        self.resume = resume
+        self.endpoint = Endpoint(secret, max_body_bytes=max_body_bytes, no_side_effect=no_side_effect, now=now)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            raise RuntimeError(f"idem: the resume endpoint serves HTTP, not {scope['type']!r}")
+        ep = self.endpoint
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        body = b""
+        more = True
+        while more and len(body) <= ep.max_body_bytes:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            body += msg.get("body", b"")
+            more = bool(msg.get("more_body"))
+        checked = ep.check(scope["method"], headers, body, len(body) > ep.max_body_bytes, False)
+        ans = checked if isinstance(checked, Answer) else await ep.run_async(self.client, self.resume, checked)
+        await IdempotencyMiddleware._send(ans, send)
+
+
+class ResumeMiddleware:
+    """The resume endpoint (ResumeEndpoint) at ``path`` in front of an ASGI
+    app; anything else goes on to app. Add it after the idempotency
+    middleware, so that it is the outer layer and that middleware never
+    sees the completer's call (it carries no Idempotency-Key):
+
+        app.add_middleware(IdempotencyMiddleware, client=idem)
+        app.add_middleware(ResumeMiddleware, client=idem, secret=RESUME_SECRET, resume=resume)
+    """
+
+    def __init__(self, app: ASGIApp, *, client: AsyncClient, secret: str | Sequence[str], resume: AsyncResumeFunction,
+                 path: str = "/idem/resume", **options: Any) -> None:
+        self.app = app
+        self.path = path
+        self.endpoint = ResumeEndpoint(client, secret=secret, resume=resume, **options)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") == self.path:
+            await self.endpoint(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

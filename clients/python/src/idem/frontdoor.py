@@ -62,6 +62,11 @@ PROBLEMS: dict[str, tuple[int, str, bool]] = {
     "response_not_replayable": (409, "Response not replayable", False),
     STORAGE_QUOTA_EXCEEDED: (507, "Storage quota exceeded", False),
     TENANT_UNKNOWN: (403, "Tenant unknown", False),
+    # The resume endpoint's own refusals (idem._resume): a call whose webhook
+    # signature does not verify, a method other than POST. Titles as the
+    # idem server's table (api/problem.go).
+    "unauthenticated": (401, "Unauthenticated", False),
+    "method_not_allowed": (405, "Method not allowed", False),
 }
 
 #: The header stored, in place of a body, on a record whose response was sent

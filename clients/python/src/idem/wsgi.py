@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterable, Sequence
 from . import frontdoor
 from ._client import Claim, Client
 from ._errors import IdemError
+from ._resume import DEFAULT_MAX_BODY_BYTES, Endpoint, ResumeFunction
 from ._middleware import (Answer, Options, Protected, Release, applied, caller_request_id, prepare, problem_answer,
                           not_replayable, refused_as_too_large, request_path, run_answer, run_failed, to_store,
                           wait_applied)
@@ -329,3 +330,63 @@ class IdempotencyMiddleware:
         headers.append(("Content-Length", str(len(ans.body))))
         start_response(f"{ans.status} {reason}", headers)
         return [ans.body]
+
+
+class ResumeMiddleware:
+    """The resume endpoint idem's completer calls (the completer protocol,
+    idem._resume), in front of a WSGI app: a request to ``path`` is served
+    here, anything else goes on to app (None: every request is the
+    endpoint's). Put it outermost, so that the idempotency middleware never
+    sees the completer's call (it carries no Idempotency-Key):
+    install_flask_resume after install_flask does.
+
+    A call whose Standard Webhooks signature does not verify, or whose
+    timestamp is more than five minutes away, is 401 unauthenticated
+    (problem+json) and resume does not run; a body that is not a valid call
+    is 400 invalid_request. A verified call runs ``resume(claim, call)``:
+    the function Client.run runs, given a Claim under the call's fencing
+    token whose recovery_point / recovery_data are the last checkpoint's
+    (its checkpoints go through client and renew idem's lease; no lease
+    keeper runs), so the steps already done are skipped. It answers 200:
+    a Response is ``completed`` (a body that is not UTF-8 as base64);
+    ResumeAnswer.not_done() or a raised NoSideEffect (or a type in
+    no_side_effect) ``not_done``; ResumeAnswer.unknown(retry_after)
+    ``unknown``; ResumeAnswer.review(note) ``review``; any other exception
+    or value ``unknown`` (logged): the function may have done part of its
+    work, so it is never reported as not_done or completed."""
+
+    def __init__(self, app: WSGIApp | None, client: Client, *, secret: str | Sequence[str], resume: ResumeFunction,
+                 path: str = "/idem/resume", max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 no_side_effect: tuple[type[BaseException], ...] = (), now: Callable[[], float] | None = None) -> None:
+        self.app = app
+        self.client = client
+        self.resume = resume
+        self.path = path
+        self.endpoint = Endpoint(secret, max_body_bytes=max_body_bytes, no_side_effect=no_side_effect, now=now)
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        if self.app is not None and environ.get("PATH_INFO", "") != self.path:
+            return self.app(environ, start_response)
+        ep = self.endpoint
+        headers = {k[5:].replace("_", "-").lower(): str(v) for k, v in environ.items() if k.startswith("HTTP_")}
+        body, cut = _read_body(environ, ep.max_body_bytes)
+        checked = ep.check(str(environ.get("REQUEST_METHOD", "GET")), headers, body, len(body) > ep.max_body_bytes, cut)
+        ans = checked if isinstance(checked, Answer) else ep.run(self.client, self.resume, checked)
+        return IdempotencyMiddleware._send(ans, start_response)
+
+
+def resume_app(client: Client, *, secret: str | Sequence[str], resume: ResumeFunction, **options: Any) -> ResumeMiddleware:
+    """The resume endpoint as a WSGI app of its own (every path is the
+    endpoint), for a dispatcher to mount; see ResumeMiddleware."""
+    return ResumeMiddleware(None, client, secret=secret, resume=resume, **options)
+
+
+def install_flask_resume(app: Any, client: Client, *, secret: str | Sequence[str], resume: ResumeFunction,
+                         path: str = "/idem/resume", **options: Any) -> ResumeMiddleware:
+    """Serve the resume endpoint at path of a Flask app (ResumeMiddleware
+    around app.wsgi_app). Call it after install_flask, so that it is the
+    outer layer and the idempotency middleware never sees the completer's
+    call."""
+    mw = ResumeMiddleware(app.wsgi_app, client, secret=secret, resume=resume, path=path, **options)
+    app.wsgi_app = mw
+    return mw
