@@ -86,6 +86,7 @@ var readmeSnippets = map[string][]snippetRun{
 		{starts: "pip install ./clients/python", run: runPipInstall},
 		{starts: "import os\n\nfrom idem import Claim, Client", example: "readme/python_run.py", run: runPythonRun},
 		{starts: "# FastAPI behind idem", example: "frameworks/fastapi_app.py", reason: frameworkExampleRun},
+		{starts: "# A resume endpoint for idem's completer", example: "readme/python_resume.py", run: runPythonResume},
 	},
 	"../clients/node/README.md": {
 		{starts: "npm install --install-links ./clients/node", run: runNpmInstall},
@@ -93,6 +94,7 @@ var readmeSnippets = map[string][]snippetRun{
 		{starts: "// Express behind idem", example: "readme/node_express.mjs", run: runNodeExpress},
 		{starts: "// Next.js route handler", example: "readme/node_next_route.js", run: runNextRoute},
 		{starts: "// Hono on Node.js behind idem", example: "readme/node_hono.mjs", run: runNodeHono},
+		{starts: "// A resume endpoint for idem's completer", example: "readme/node_resume.mjs", run: runNodeResume},
 	},
 }
 
