@@ -436,3 +436,24 @@ def test_bad_secret_refused_at_construction() -> None:
     with pytest.raises(ValueError):
         ResumeAnswer.unknown(retry_after=-1)
     assert asyncio.iscoroutinefunction(Shop().resume_async)
+
+
+def test_standalone_mounts(server: Server) -> None:
+    """ResumeEndpoint as a Starlette Route and resume_app as a WSGI app of
+    its own serve the same protocol."""
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    from idem.asgi import ResumeEndpoint
+    from idem.wsgi import resume_app
+
+    shop = Shop()
+    asgi = Starlette(routes=[Route("/idem/resume", ResumeEndpoint(AsyncClient(server.url, token=server.token), secret=SECRET,
+                                                                   resume=shop.resume_async), methods=["POST"])])
+    wsgi = resume_app(Client(server.url, token=server.token), secret=SECRET, resume=shop.resume)
+    for serving, path in ((_serve_asgi(asgi), "/idem/resume"), (_serve_wsgi(wsgi), "/anywhere")):
+        for base in serving:
+            k = new_key("review")
+            assert post(base + path, call_body(k, 3)).json() == {"outcome": "review", "note": "card charged twice? check PSP"}
+            assert post(base + path, call_body(k, 3), secret=WRONG_SECRET).status_code == 401
+            assert [c.key for c in shop.resumed].count(k) == 1
