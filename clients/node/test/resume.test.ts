@@ -214,7 +214,7 @@ for (const store of stores()) {
         // The completer takes the orphan over: the server holds this claim
         // until the dead worker's lease runs out, then hands over the key
         // with a fresh fencing token and its recovery point.
-        const taken = await client.claim(k, { ...req, leaseSeconds: 30 }, { waitSeconds: 5 });
+        const taken = await client.claim(k, { ...req, leaseSeconds: 30 }, { waitSeconds: 8 });
         assert.equal(taken.resumed, true);
         assert.equal(taken.record.recovery_point, "charged");
         const res = await post(app.url, callBody(k, taken.fencingToken, { attempt: 1, recovery_point: "charged", recovery_data: taken.record.recovery_data }));
@@ -247,7 +247,7 @@ for (const store of stores()) {
       test("a checkpoint with a token idem has since replaced fails lease_lost, answered unknown", async () => {
         const k = newKey("order");
         const first = await client.claim(k, { operation: "POST /orders", leaseSeconds: 1 });
-        const taken = await client.claim(k, { operation: "POST /orders", leaseSeconds: 30 }, { waitSeconds: 5 });
+        const taken = await client.claim(k, { operation: "POST /orders", leaseSeconds: 30 }, { waitSeconds: 8 });
         assert.equal(taken.resumed, true);
         const before = shop.charges.get(k) ?? 0;
         // A stale call (the first token) must not move the key on.

@@ -278,7 +278,7 @@ def test_resumes_at_step_two_side_effect_once(endpoint: str, client: Client, sho
     assert shop.charges[k] == 1
     # The completer takes the orphan over: the server holds this claim until
     # the dead worker's lease runs out, then hands over the key.
-    taken = client.claim(k, operation="POST /orders", request={"amount": 1000}, lease=30, wait=5)
+    taken = client.claim(k, operation="POST /orders", request={"amount": 1000}, lease=30, wait=8)
     assert taken.resumed and taken.record.recovery_point == "charged"
     r = post(endpoint, call_body(k, taken.record.fencing_token, recovery_point="charged", recovery_data=taken.record.recovery_data))
     assert r.status_code == 200, r.text
@@ -306,7 +306,7 @@ def test_stale_token_checkpoint_is_unknown(endpoint: str, client: Client, shop: 
     and the key does not move on."""
     k = new_key("order")
     first = client.claim(k, operation="POST /orders", lease=1)
-    taken = client.claim(k, operation="POST /orders", lease=30, wait=5)
+    taken = client.claim(k, operation="POST /orders", lease=30, wait=8)
     assert taken.resumed
     r = post(endpoint, call_body(k, first.record.fencing_token))
     assert r.json() == {"outcome": "unknown"}
