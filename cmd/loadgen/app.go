@@ -364,7 +364,7 @@ type appRun struct {
 	m       *meter
 	addr    map[string]string // role → host:port
 	token   string
-	pprof   string // the idem server's pprof address, with -idem-profile
+	pprof   string            // the idem server's pprof address, with -idem-profile
 	replay  map[string]string // variant → the key prefix of its prepared replay keys
 }
 

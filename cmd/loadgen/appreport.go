@@ -34,6 +34,7 @@ type appReport struct {
 	load       [2]string // load average at the start and the end
 	genCPU     float64   // this process's CPU (the load generators), seconds
 	elapsed    time.Duration
+	schemas    []string // the schemas the run made (and dropped)
 }
 
 // runApp runs the app mode: setup, a warm-up, then per round every cell.
@@ -43,7 +44,9 @@ func runApp(ctx context.Context, cfg config, opts appOptions) (*appReport, error
 	cpu0, _ := procTicks(os.Getpid())
 	r := &appRun{cfg: cfg, opts: opts}
 	defer r.close()
-	if err := r.setup(ctx); err != nil {
+	err := r.setup(ctx)
+	rep.schemas = r.schemas
+	if err != nil {
 		return nil, err
 	}
 

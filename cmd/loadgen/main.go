@@ -13,7 +13,11 @@
 //	loadgen -url http://127.0.0.1:8081 -mode frontdoor|frontdoor-replay [-path /orders]
 //	loadgen -url http://127.0.0.1:8080 -token "$IDEM_TOKEN" -mode wait \
 //	    [-url2 http://127.0.0.1:8090] [-waiters 1000] [-rounds 3] [-wait-seconds 20]
+//	loadgen -mode app -idem-bin ./idem [-floor-bin ./benchfloor] \
+//	    [-database-url "$TEST_DATABASE_URL"] [-duration 10s] [-rounds 3] \
+//	    [-clients 16,64] [-scenarios fresh,replay] [-idem-profile FILE]
 //	loadgen -serve-upstream 127.0.0.1:0
+//	loadgen -serve-app unprotected|idem|library 127.0.0.1:0
 //
 // Modes:
 //
@@ -44,12 +48,35 @@
 //     to each waiter's 200 replay (p50/p99/max), beside a baseline of as
 //     many plain replay claims sent at once. It reads each replica's
 //     idem_claim_waiters gauge at /metrics to know every waiter is held.
+//   - app: the app-level bench of issue 23 (scripts/bench-app runs it). It
+//     starts the idem server (-idem-bin, on PostgreSQL, a tenant and a
+//     token of its own), the bare floor server (-floor-bin, optional) and
+//     the app of testkit/benchapp three times (this binary with
+//     -serve-app): unprotected, behind client/idemhttp with the SDK's
+//     defaults, and behind benchapp.Lib, an in-process PostgreSQL
+//     idempotency layer; each in its own schema of -database-url with its
+//     own application_name. Per round, per scenario (fresh keys, replays
+//     of -keys completed keys) and per client count, two load generators
+//     run at the same moment: both on the unprotected app (the floor),
+//     then one on the idem app and one on the library's; with -floor-bin
+//     also `lifecycle` on the idem server and the floor server at once.
+//     Around each phase it reads utime+stime from /proc/PID/stat of every
+//     process and of every PostgreSQL backend found in pg_stat_activity
+//     by datname and application_name, and counts each app's orders rows
+//     (one per fresh key, none for a replay). It prints per request CPU by
+//     process, requests/s, and issue 23's goals 1–5 as ratios against the
+//     unprotected app of the same run (median of -rounds, min–max), with
+//     the command; exits 1 when a request was not answered as expected or
+//     a handler ran other than once per fresh key.
 //
 // With -serve-upstream ADDR (loopback only) loadgen does not generate load:
 // it serves the conformance kit's reference upstream (POST /orders with a
 // side-effect counter, GET /count) until SIGINT/SIGTERM, so the gateway
 // benchmark has an upstream in its own process. It prints "upstream
-// listening on ADDR".
+// listening on ADDR". With -serve-app VARIANT ADDR it serves the bench app
+// of testkit/benchapp (the app mode starts it so; BENCHAPP_DATABASE_URL,
+// BENCHAPP_IDEM_URL and IDEM_TOKEN configure it) and prints "app listening
+// on ADDR".
 //
 // The token needs the keys:write scope for a tenant whose rate limit is off.
 // Keys carry a per-run prefix, so runs never see each other's keys. With
