@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/url"
 	"os"
 	"os/exec"
@@ -56,6 +57,7 @@ type appOptions struct {
 	clients     []int
 	scenarios   []string
 	profile     string // where to write the idem server's CPU profile of the first fresh pair phase
+	appProfile  string // where to write the idem app's CPU profile of the same phase
 	pool        int    // each app's connection pool (the idem server keeps its default, 10)
 }
 
@@ -148,6 +150,19 @@ func serveApp(ctx context.Context, variant, addr string, stdout, stderr io.Write
 	if err != nil {
 		fmt.Fprintf(stderr, "loadgen: %v\n", err)
 		return 2
+	}
+	if os.Getenv("BENCHAPP_PPROF") == "1" {
+		pl, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			fmt.Fprintf(stderr, "loadgen: %v\n", err)
+			return 1
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		ps := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = ps.Serve(pl) }()
+		defer ps.Close()
+		fmt.Fprintf(stdout, "app pprof on %s\n", pl.Addr())
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -354,18 +369,19 @@ func cpu(a, b sample) (map[string]float64, int) {
 
 // appRun is one app mode run: what it started and where.
 type appRun struct {
-	cfg     config
-	opts    appOptions
-	dir     string
-	id      string
-	admin   *pgx.Conn
-	schemas []string
-	procs   []*proc
-	m       *meter
-	addr    map[string]string // role → host:port
-	token   string
-	pprof   string            // the idem server's pprof address, with -idem-profile
-	replay  map[string]string // variant → the key prefix of its prepared replay keys
+	cfg      config
+	opts     appOptions
+	dir      string
+	id       string
+	admin    *pgx.Conn
+	schemas  []string
+	procs    []*proc
+	m        *meter
+	addr     map[string]string // role → host:port
+	token    string
+	pprof    string            // the idem server's pprof address, with -idem-profile
+	appPprof string            // the idem app's, with -app-profile
+	replay   map[string]string // variant → the key prefix of its prepared replay keys
 }
 
 func (r *appRun) close() {
@@ -387,6 +403,7 @@ var (
 	reIdemListening  = regexp.MustCompile(`"msg":"listening","addr":"([^"]+)"`)
 	reIdemPprof      = regexp.MustCompile(`"msg":"serving /debug/pprof/","addr":"([^"]+)"`)
 	reAppListening   = regexp.MustCompile(`app listening on (\S+)`)
+	reAppPprof       = regexp.MustCompile(`app pprof on (\S+)`)
 	reFloorListening = regexp.MustCompile(`"msg":"listening","addr":"([^"]+)"`)
 )
 
@@ -479,10 +496,18 @@ func (r *appRun) setup(ctx context.Context) error {
 		env := []string{"BENCHAPP_DATABASE_URL=" + roleURL[role], "BENCHAPP_POOL=" + strconv.Itoa(r.opts.pool)}
 		if v == benchapp.Idem {
 			env = append(env, "BENCHAPP_IDEM_URL=http://"+r.addr[roleIdem], "IDEM_TOKEN="+r.token)
+			if r.opts.appProfile != "" {
+				env = append(env, "BENCHAPP_PPROF=1")
+			}
 		}
 		p, addr, err := startProc(ctx, dir, role, self, []string{"-serve-app", v, "127.0.0.1:0"}, env, reAppListening)
 		if err != nil {
 			return err
+		}
+		if v == benchapp.Idem && r.opts.appProfile != "" {
+			if m := reAppPprof.FindStringSubmatch(readAll(p.log)); m != nil {
+				r.appPprof = m[1]
+			}
 		}
 		r.procs = append(r.procs, p)
 		r.addr[role], r.m.procs[role] = addr, p.pid()
@@ -552,7 +577,7 @@ type phaseResult struct {
 
 // phase runs gens at the same moment for the configured duration and reads
 // the CPU of every role around it.
-func (r *appRun) phase(ctx context.Context, profile string, gens ...*gen) (*phaseResult, error) {
+func (r *appRun) phase(ctx context.Context, profile bool, gens ...*gen) (*phaseResult, error) {
 	res := &phaseResult{gens: gens, orders: map[string]int64{}}
 	before := map[string]int64{}
 	for _, role := range []string{roleAppUnprotected, roleAppIdem, roleAppLibrary} {
@@ -569,9 +594,12 @@ func (r *appRun) phase(ctx context.Context, profile string, gens ...*gen) (*phas
 		return nil, err
 	}
 	var wg sync.WaitGroup
-	var profErr error
-	if profile != "" {
-		wg.Go(func() { profErr = r.fetchProfile(ctx, profile) })
+	var profErr, appProfErr error
+	if profile && r.opts.profile != "" {
+		wg.Go(func() { profErr = r.fetchProfile(ctx, r.pprof, r.opts.profile) })
+	}
+	if profile && r.opts.appProfile != "" {
+		wg.Go(func() { appProfErr = r.fetchProfile(ctx, r.appPprof, r.opts.appProfile) })
 	}
 	start := time.Now()
 	for _, g := range gens {
@@ -604,13 +632,20 @@ func (r *appRun) phase(ctx context.Context, profile string, gens ...*gen) (*phas
 	if profErr != nil {
 		return nil, fmt.Errorf("-idem-profile: %w", profErr)
 	}
+	if appProfErr != nil {
+		return nil, fmt.Errorf("-app-profile: %w", appProfErr)
+	}
 	return res, ctx.Err()
 }
 
-// fetchProfile saves a CPU profile of the idem server over most of a phase.
-func (r *appRun) fetchProfile(ctx context.Context, path string) error {
+// fetchProfile saves a CPU profile of the process serving pprof at addr
+// over most of a phase.
+func (r *appRun) fetchProfile(ctx context.Context, addr, path string) error {
+	if addr == "" {
+		return errors.New("the process did not log its pprof address")
+	}
 	secs := max(1, int(r.cfg.duration.Seconds())-1)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", r.pprof, secs), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, secs), nil)
 	if err != nil {
 		return err
 	}

@@ -76,7 +76,7 @@ func TestAppModeOneSecond(t *testing.T) {
 	cfg, err := parseFlags([]string{
 		"-mode", "app", "-idem-bin", filepath.Join(dir, "idem"), "-floor-bin", filepath.Join(dir, "benchfloor"),
 		"-database-url", db, "-duration", "1s", "-rounds", "1", "-clients", "2", "-keys", "8",
-		"-idem-profile", filepath.Join(dir, "idem.pprof"),
+		"-idem-profile", filepath.Join(dir, "idem.pprof"), "-app-profile", filepath.Join(dir, "app.pprof"),
 	}, io.Discard)
 	require.NoError(t, err)
 	rep, err := runApp(context.Background(), cfg, cfg.app)
@@ -137,7 +137,9 @@ func TestAppModeOneSecond(t *testing.T) {
 	var left int
 	require.NoError(t, conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_namespace WHERE nspname = ANY($1)`, rep.schemas).Scan(&left))
 	require.Zero(t, left, "the run drops its schemas")
-	st, err := os.Stat(filepath.Join(dir, "idem.pprof"))
-	require.NoError(t, err, "the idem server's profile is written")
-	require.Positive(t, st.Size())
+	for _, f := range []string{"idem.pprof", "app.pprof"} {
+		st, err := os.Stat(filepath.Join(dir, f))
+		require.NoError(t, err, "the profile is written")
+		require.Positive(t, st.Size(), f)
+	}
 }

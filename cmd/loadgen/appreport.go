@@ -71,7 +71,7 @@ func runApp(ctx context.Context, cfg config, opts appOptions) (*appReport, error
 			gens = append(gens, &gen{name: role, l: l})
 		}
 	}
-	if _, err := r.phase(ctx, "", gens...); err != nil {
+	if _, err := r.phase(ctx, false, gens...); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 	r.cfg = cfg
@@ -94,9 +94,9 @@ func runApp(ctx context.Context, cfg config, opts appOptions) (*appReport, error
 			if rr.floor, err = r.floorPhase(ctx, cell.clients); err != nil {
 				return nil, err
 			}
-			profile := ""
-			if opts.profile != "" && !profiled && cell.scenario == scenarioFresh {
-				profile, profiled = opts.profile, true
+			profile := false
+			if (opts.profile != "" || opts.appProfile != "") && !profiled && cell.scenario == scenarioFresh {
+				profile, profiled = true, true
 			}
 			if rr.pair, err = r.pairPhase(ctx, cell.scenario, cell.clients, profile); err != nil {
 				return nil, err
@@ -138,10 +138,10 @@ func (r *appRun) floorPhase(ctx context.Context, clients int) (*phaseResult, err
 		}
 		gens = append(gens, &gen{name: fmt.Sprintf("unprotected-%d", i+1), l: l, roles: []string{roleAppUnprotected}})
 	}
-	return r.phase(ctx, "", gens...)
+	return r.phase(ctx, false, gens...)
 }
 
-func (r *appRun) pairPhase(ctx context.Context, scenario string, clients int, profile string) (*phaseResult, error) {
+func (r *appRun) pairPhase(ctx context.Context, scenario string, clients int, profile bool) (*phaseResult, error) {
 	mode := modeFrontdoor
 	if scenario == scenarioReplay {
 		mode = modeFrontdoorReplay
@@ -171,7 +171,7 @@ func (r *appRun) serverPhase(ctx context.Context, clients int) (*phaseResult, er
 	if err != nil {
 		return nil, err
 	}
-	return r.phase(ctx, "", &gen{name: "idem-direct", l: li, roles: []string{roleIdem}}, &gen{name: "floor", l: lf, roles: []string{roleFloor}})
+	return r.phase(ctx, false, &gen{name: "idem-direct", l: li, roles: []string{roleIdem}}, &gen{name: "floor", l: lf, roles: []string{roleFloor}})
 }
 
 // requests is what a generator sent, and answered what got an HTTP answer.

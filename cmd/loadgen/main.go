@@ -15,7 +15,7 @@
 //	    [-url2 http://127.0.0.1:8090] [-waiters 1000] [-rounds 3] [-wait-seconds 20]
 //	loadgen -mode app -idem-bin ./idem [-floor-bin ./benchfloor] \
 //	    [-database-url "$TEST_DATABASE_URL"] [-duration 10s] [-rounds 3] \
-//	    [-clients 16,64] [-scenarios fresh,replay] [-idem-profile FILE]
+//	    [-clients 16,64] [-scenarios fresh,replay] [-idem-profile FILE] [-app-profile FILE]
 //	loadgen -serve-upstream 127.0.0.1:0
 //	loadgen -serve-app unprotected|idem|library 127.0.0.1:0
 //
@@ -216,6 +216,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	clients := fs.String("clients", "16,64", "app mode: the client counts, each generator's")
 	scenarios := fs.String("scenarios", "fresh,replay", "app mode: fresh keys, replays of completed keys, or both")
 	idemProfile := fs.String("idem-profile", "", "app mode: write a CPU profile of the idem server during the first fresh pair phase to this file")
+	appProfile := fs.String("app-profile", "", "app mode: write a CPU profile of the idem app (idemhttp and the SDK) during the same phase to this file")
 	appPool := fs.Int("app-pool", 10, "app mode: each app's PostgreSQL pool (the idem server's default is 10)")
 	waitSeconds := fs.Int("wait-seconds", 20, "wait mode: wait_seconds of each held claim (1..300; the server caps it)")
 	path := fs.String("path", "/orders", "frontdoor modes: the endpoint POSTed to")
@@ -236,7 +237,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		mode: *mode, requests: *requests, keys: *keys, timeout: *timeout, path: *path, randomKeys: *randomKeys,
 		floodToken: *floodToken, floodConcurrency: *floodConcurrency,
 		waiters: *waiters, rounds: *rounds, waitSeconds: *waitSeconds,
-		app: appOptions{idemBin: *idemBin, floorBin: *floorBin, databaseURL: *databaseURL, profile: *idemProfile, pool: *appPool},
+		app: appOptions{idemBin: *idemBin, floorBin: *floorBin, databaseURL: *databaseURL, profile: *idemProfile, appProfile: *appProfile, pool: *appPool},
 	}
 	if cfg.token == "" {
 		cfg.token = os.Getenv("IDEM_TOKEN")
