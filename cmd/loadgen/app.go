@@ -593,13 +593,15 @@ func (r *appRun) phase(ctx context.Context, profile bool, gens ...*gen) (*phaseR
 	if err != nil {
 		return nil, err
 	}
-	var wg sync.WaitGroup
+	// The profiles (over the phase less a second) are waited for after
+	// the phase's CPU is read.
+	var wg, profiles sync.WaitGroup
 	var profErr, appProfErr error
 	if profile && r.opts.profile != "" {
-		wg.Go(func() { profErr = r.fetchProfile(ctx, r.pprof, r.opts.profile) })
+		profiles.Go(func() { profErr = r.fetchProfile(ctx, r.pprof, r.opts.profile) })
 	}
 	if profile && r.opts.appProfile != "" {
-		wg.Go(func() { appProfErr = r.fetchProfile(ctx, r.appPprof, r.opts.appProfile) })
+		profiles.Go(func() { appProfErr = r.fetchProfile(ctx, r.appPprof, r.opts.appProfile) })
 	}
 	start := time.Now()
 	for _, g := range gens {
@@ -608,6 +610,7 @@ func (r *appRun) phase(ctx context.Context, profile bool, gens ...*gen) (*phaseR
 	wg.Wait()
 	res.elapsed = time.Since(start)
 	b, err := r.m.sample(ctx)
+	profiles.Wait()
 	if err != nil {
 		return nil, err
 	}
