@@ -58,9 +58,10 @@ func TestParseFlagsApp(t *testing.T) {
 // every goal's line and its command, every request counted was answered
 // as expected, and each protected app ran its handler once per fresh key
 // and never for a replay (the mode checks the orders tables). No timing is
-// asserted.
+// asserted. Not parallel: it runs before the package's parallel tests,
+// so its five processes do not load the machine under their timing-bound
+// ones (the neighbour mode's 400 ms phases).
 func TestAppModeOneSecond(t *testing.T) {
-	t.Parallel()
 	db := pgtest.ServerURL(t)
 	dir := t.TempDir()
 	bins := map[string]string{
