@@ -378,6 +378,13 @@ func runLoad(ctx context.Context, cfg config) (*report, error) {
 			return nil, err
 		}
 	}
+	return l.load(ctx), nil
+}
+
+// load runs the loader's mode for its duration (or its -requests) with its
+// workers and returns the merged observations.
+func (l *loader) load(ctx context.Context) *report {
+	cfg := l.cfg
 	var (
 		wg      sync.WaitGroup
 		started atomic.Int64
@@ -404,5 +411,5 @@ func runLoad(ctx context.Context, cfg config) (*report, error) {
 	for _, t := range tallies {
 		total.merge(t)
 	}
-	return &report{cfg: cfg, elapsed: elapsed, tally: total}, nil
+	return &report{cfg: cfg, elapsed: elapsed, tally: total}
 }

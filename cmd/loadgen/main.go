@@ -13,7 +13,11 @@
 //	loadgen -url http://127.0.0.1:8081 -mode frontdoor|frontdoor-replay [-path /orders]
 //	loadgen -url http://127.0.0.1:8080 -token "$IDEM_TOKEN" -mode wait \
 //	    [-url2 http://127.0.0.1:8090] [-waiters 1000] [-rounds 3] [-wait-seconds 20]
+//	loadgen -mode app -idem-bin ./idem [-floor-bin ./benchfloor] \
+//	    [-database-url "$TEST_DATABASE_URL"] [-duration 10s] [-rounds 3] \
+//	    [-clients 16,64] [-scenarios fresh,replay] [-idem-profile FILE] [-app-profile FILE]
 //	loadgen -serve-upstream 127.0.0.1:0
+//	loadgen -serve-app unprotected|idem|library 127.0.0.1:0
 //
 // Modes:
 //
@@ -44,12 +48,35 @@
 //     to each waiter's 200 replay (p50/p99/max), beside a baseline of as
 //     many plain replay claims sent at once. It reads each replica's
 //     idem_claim_waiters gauge at /metrics to know every waiter is held.
+//   - app: the app-level bench of issue 23 (scripts/bench-app runs it). It
+//     starts the idem server (-idem-bin, on PostgreSQL, a tenant and a
+//     token of its own), the bare floor server (-floor-bin, optional) and
+//     the app of testkit/benchapp three times (this binary with
+//     -serve-app): unprotected, behind client/idemhttp with the SDK's
+//     defaults, and behind benchapp.Lib, an in-process PostgreSQL
+//     idempotency layer; each in its own schema of -database-url with its
+//     own application_name. Per round, per scenario (fresh keys, replays
+//     of -keys completed keys) and per client count, two load generators
+//     run at the same moment: both on the unprotected app (the floor),
+//     then one on the idem app and one on the library's; with -floor-bin
+//     also `lifecycle` on the idem server and the floor server at once.
+//     Around each phase it reads utime+stime from /proc/PID/stat of every
+//     process and of every PostgreSQL backend found in pg_stat_activity
+//     by datname and application_name, and counts each app's orders rows
+//     (one per fresh key, none for a replay). It prints per request CPU by
+//     process, requests/s, and issue 23's goals 1–5 as ratios against the
+//     unprotected app of the same run (median of -rounds, min–max), with
+//     the command; exits 1 when a request was not answered as expected or
+//     a handler ran other than once per fresh key.
 //
 // With -serve-upstream ADDR (loopback only) loadgen does not generate load:
 // it serves the conformance kit's reference upstream (POST /orders with a
 // side-effect counter, GET /count) until SIGINT/SIGTERM, so the gateway
 // benchmark has an upstream in its own process. It prints "upstream
-// listening on ADDR".
+// listening on ADDR". With -serve-app VARIANT ADDR it serves the bench app
+// of testkit/benchapp (the app mode starts it so; BENCHAPP_DATABASE_URL,
+// BENCHAPP_IDEM_URL and IDEM_TOKEN configure it) and prints "app listening
+// on ADDR".
 //
 // The token needs the keys:write scope for a tenant whose rate limit is off.
 // Keys carry a per-run prefix, so runs never see each other's keys. With
@@ -115,6 +142,8 @@ type config struct {
 	waiters     int
 	rounds      int
 	waitSeconds int
+	// app mode: its own flags.
+	app appOptions
 }
 
 func main() {
@@ -127,6 +156,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 2 && (args[0] == "-serve-upstream" || args[0] == "--serve-upstream") {
 		return serveUpstream(ctx, args[1], stdout, stderr)
 	}
+	if len(args) == 3 && (args[0] == "-serve-app" || args[0] == "--serve-app") {
+		return serveApp(ctx, args[1], args[2], stdout, stderr)
+	}
 	cfg, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -137,6 +169,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if cfg.mode == modeNeighbour {
 		rep, err := runNeighbour(ctx, cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "loadgen: %v\n", err)
+			return 1
+		}
+		return rep.print(stdout)
+	}
+	if cfg.mode == modeApp {
+		rep, err := runApp(ctx, cfg, cfg.app)
 		if err != nil {
 			fmt.Fprintf(stderr, "loadgen: %v\n", err)
 			return 1
@@ -166,10 +206,18 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	token := fs.String("token", "", "bearer token with keys:write (default: $IDEM_TOKEN)")
 	duration := fs.Duration("duration", 10*time.Second, "how long to run (at most 120s)")
 	concurrency := fs.Int("concurrency", 16, "number of concurrent workers (connections)")
-	mode := fs.String("mode", "claim", "claim | lifecycle | replay | contention | frontdoor | frontdoor-replay | neighbour | wait")
+	mode := fs.String("mode", "claim", "claim | lifecycle | replay | contention | frontdoor | frontdoor-replay | neighbour | wait | app")
 	rawURL2 := fs.String("url2", "", "wait mode: a second replica on the same database (loopback only); waiters are split over both")
 	waiters := fs.Int("waiters", 1000, "wait mode: claims held on one key per round (at most 4096)")
-	rounds := fs.Int("rounds", 3, "wait mode: rounds (at most 20)")
+	rounds := fs.Int("rounds", 3, "wait and app modes: rounds (at most 20); the app mode prints the median")
+	idemBin := fs.String("idem-bin", "", "app mode: the idem server binary (go build ./cmd/server)")
+	floorBin := fs.String("floor-bin", "", "app mode: the bare floor server (go build ./postgres/internal/benchfloor); measures goal 5 when set")
+	databaseURL := fs.String("database-url", "", "app mode: a PostgreSQL server on this machine (default: $TEST_DATABASE_URL); its schemas are created and dropped")
+	clients := fs.String("clients", "16,64", "app mode: the client counts, each generator's")
+	scenarios := fs.String("scenarios", "fresh,replay", "app mode: fresh keys, replays of completed keys, or both")
+	idemProfile := fs.String("idem-profile", "", "app mode: write a CPU profile of the idem server during the first fresh pair phase to this file")
+	appProfile := fs.String("app-profile", "", "app mode: write a CPU profile of the idem app (idemhttp and the SDK) during the same phase to this file")
+	appPool := fs.Int("app-pool", 10, "app mode: each app's PostgreSQL pool (the idem server's default is 10)")
 	waitSeconds := fs.Int("wait-seconds", 20, "wait mode: wait_seconds of each held claim (1..300; the server caps it)")
 	path := fs.String("path", "/orders", "frontdoor modes: the endpoint POSTed to")
 	requests := fs.Int64("requests", 0, "stop after this many iterations (0 = only -duration bounds the run)")
@@ -189,11 +237,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		mode: *mode, requests: *requests, keys: *keys, timeout: *timeout, path: *path, randomKeys: *randomKeys,
 		floodToken: *floodToken, floodConcurrency: *floodConcurrency,
 		waiters: *waiters, rounds: *rounds, waitSeconds: *waitSeconds,
+		app: appOptions{idemBin: *idemBin, floorBin: *floorBin, databaseURL: *databaseURL, profile: *idemProfile, appProfile: *appProfile, pool: *appPool},
 	}
 	if cfg.token == "" {
 		cfg.token = os.Getenv("IDEM_TOKEN")
 	}
-	if cfg.token == "" && !frontdoorMode(cfg.mode) {
+	if cfg.token == "" && !frontdoorMode(cfg.mode) && cfg.mode != modeApp {
 		return config{}, errors.New("-token (or IDEM_TOKEN) is required")
 	}
 	u, err := checkLoopbackURL(*rawURL)
@@ -226,6 +275,37 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		if cfg.floodConcurrency < 1 || cfg.floodConcurrency > maxConcurrency {
 			return config{}, fmt.Errorf("-flood-concurrency must be 1..%d, got %d", maxConcurrency, cfg.floodConcurrency)
 		}
+	case modeApp:
+		if cfg.app.idemBin == "" {
+			return config{}, errors.New("-mode app needs -idem-bin (go build -o idem ./cmd/server)")
+		}
+		if cfg.app.databaseURL == "" {
+			cfg.app.databaseURL = os.Getenv("TEST_DATABASE_URL")
+		}
+		if cfg.app.databaseURL == "" {
+			return config{}, errors.New("-mode app needs -database-url (or TEST_DATABASE_URL): a PostgreSQL server on this machine")
+		}
+		if err := checkLoopbackDatabase(cfg.app.databaseURL); err != nil {
+			return config{}, err
+		}
+		if cfg.rounds < 1 || cfg.rounds > maxWaitRounds {
+			return config{}, fmt.Errorf("-rounds must be 1..%d, got %d", maxWaitRounds, cfg.rounds)
+		}
+		if cfg.app.clients, err = parseClients(*clients); err != nil {
+			return config{}, err
+		}
+		if cfg.app.scenarios, err = parseScenarios(*scenarios); err != nil {
+			return config{}, err
+		}
+		if cfg.app.pool < 1 || cfg.app.pool > 256 {
+			return config{}, fmt.Errorf("-app-pool must be 1..256, got %d", cfg.app.pool)
+		}
+		if cfg.keys == 0 {
+			cfg.keys = 256
+		}
+		if cfg.keys < 1 || cfg.keys > maxKeys {
+			return config{}, fmt.Errorf("-keys must be 1..%d, got %d", maxKeys, cfg.keys)
+		}
 	case modeWait:
 		if cfg.waiters < 1 || cfg.waiters > maxWaiters {
 			return config{}, fmt.Errorf("-waiters must be 1..%d, got %d", maxWaiters, cfg.waiters)
@@ -254,7 +334,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			return config{}, fmt.Errorf("-keys must be 1..%d, got %d", maxKeys, cfg.keys)
 		}
 	default:
-		return config{}, fmt.Errorf("-mode must be claim, lifecycle, replay, contention, frontdoor, frontdoor-replay, neighbour or wait, got %q", cfg.mode)
+		return config{}, fmt.Errorf("-mode must be claim, lifecycle, replay, contention, frontdoor, frontdoor-replay, neighbour, wait or app, got %q", cfg.mode)
 	}
 	return cfg, nil
 }
