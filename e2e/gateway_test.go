@@ -229,15 +229,22 @@ func requireStoreDown(t *testing.T, url string, up *conformance.Upstream, count 
 }
 
 // TestConformanceCLIAgainstTheGateway runs `server conformance` against a
-// gateway process: every scenario passes but store_unavailable, which the
-// command line cannot provoke and skips.
+// gateway process: every scenario passes but store_unavailable and expiry,
+// which need --store-down and --expiry and are skipped without them; with
+// --json the report is one JSON document.
 func TestConformanceCLIAgainstTheGateway(t *testing.T) {
 	t.Parallel()
 	r := newGatewayRig(t, "sqlite", "", nil)
 	gw := r.startGateway(t)
 	out := mustCLI(t, nil, "conformance", "--target", gw.url)
 	require.Contains(t, out, "SKIP  store_unavailable")
-	require.True(t, strings.HasSuffix(out, fmt.Sprintf("\n%d passed, 0 failed\n", len(conformance.Scenarios())-1)), out)
+	require.Contains(t, out, "SKIP  expiry")
+	require.True(t, strings.HasSuffix(out, fmt.Sprintf("\n%d passed, 0 failed\n", len(conformance.Scenarios())-2)), out)
+	js := mustCLI(t, nil, "conformance", "--target", gw.url, "--json", "--scenarios", "first_request,mismatch_422")
+	rep, err := conformance.ReadJSON(strings.NewReader(js))
+	require.NoError(t, err, js)
+	require.Equal(t, 2, rep.Passed(), js)
+	require.Equal(t, conformance.ClassRecommended, rep.Results[0].Class, js)
 	_, errOut, code := runCLI(t, nil, "conformance", "--target", r.upURL)
 	require.Equal(t, 1, code, "the bare upstream has no Idempotency-Key support: %s", errOut)
 }
