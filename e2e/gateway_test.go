@@ -245,6 +245,35 @@ func TestConformanceCLIAgainstTheGateway(t *testing.T) {
 	require.NoError(t, err, js)
 	require.Equal(t, 2, rep.Passed(), js)
 	require.Equal(t, conformance.ClassRecommended, rep.Results[0].Class, js)
+
+	// --store-down and --store-up: two URLs the kit POSTs; here they take
+	// and give back the SQLite file's write lock.
+	var mu sync.Mutex
+	var conn *sql.Conn
+	db, err := sql.Open("sqlite", "file:"+strings.TrimPrefix(r.env["IDEM_DATABASE_URL"], "sqlite:")+"?_pragma=busy_timeout(10000)")
+	require.NoError(t, err)
+	defer db.Close()
+	hooks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		var err error
+		switch req.URL.Path {
+		case "/down":
+			if conn, err = db.Conn(context.Background()); err == nil {
+				_, err = conn.ExecContext(context.Background(), "BEGIN IMMEDIATE")
+			}
+		case "/up":
+			_, err = conn.ExecContext(context.Background(), "ROLLBACK")
+			_ = conn.Close()
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	}))
+	defer hooks.Close()
+	down := mustCLI(t, nil, "conformance", "--target", gw.url, "--scenarios", "store_unavailable",
+		"--store-down", hooks.URL+"/down", "--store-up", hooks.URL+"/up")
+	require.Contains(t, down, "PASS  store_unavailable", down)
 	_, errOut, code := runCLI(t, nil, "conformance", "--target", r.upURL)
 	require.Equal(t, 1, code, "the bare upstream has no Idempotency-Key support: %s", errOut)
 }
