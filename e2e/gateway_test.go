@@ -229,15 +229,51 @@ func requireStoreDown(t *testing.T, url string, up *conformance.Upstream, count 
 }
 
 // TestConformanceCLIAgainstTheGateway runs `server conformance` against a
-// gateway process: every scenario passes but store_unavailable, which the
-// command line cannot provoke and skips.
+// gateway process: every scenario passes but store_unavailable and expiry,
+// which need --store-down and --expiry and are skipped without them; with
+// --json the report is one JSON document.
 func TestConformanceCLIAgainstTheGateway(t *testing.T) {
 	t.Parallel()
 	r := newGatewayRig(t, "sqlite", "", nil)
 	gw := r.startGateway(t)
 	out := mustCLI(t, nil, "conformance", "--target", gw.url)
 	require.Contains(t, out, "SKIP  store_unavailable")
-	require.True(t, strings.HasSuffix(out, fmt.Sprintf("\n%d passed, 0 failed\n", len(conformance.Scenarios())-1)), out)
+	require.Contains(t, out, "SKIP  expiry")
+	require.True(t, strings.HasSuffix(out, fmt.Sprintf("\n%d passed, 0 failed\n", len(conformance.Scenarios())-2)), out)
+	js := mustCLI(t, nil, "conformance", "--target", gw.url, "--json", "--scenarios", "first_request,mismatch_422")
+	rep, err := conformance.ReadJSON(strings.NewReader(js))
+	require.NoError(t, err, js)
+	require.Equal(t, 2, rep.Passed(), js)
+	require.Equal(t, conformance.ClassRecommended, rep.Results[0].Class, js)
+
+	// --store-down and --store-up: two URLs the kit POSTs; here they take
+	// and give back the SQLite file's write lock.
+	var mu sync.Mutex
+	var conn *sql.Conn
+	db, err := sql.Open("sqlite", "file:"+strings.TrimPrefix(r.env["IDEM_DATABASE_URL"], "sqlite:")+"?_pragma=busy_timeout(10000)")
+	require.NoError(t, err)
+	defer db.Close()
+	hooks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		var err error
+		switch req.URL.Path {
+		case "/down":
+			if conn, err = db.Conn(context.Background()); err == nil {
+				_, err = conn.ExecContext(context.Background(), "BEGIN IMMEDIATE")
+			}
+		case "/up":
+			_, err = conn.ExecContext(context.Background(), "ROLLBACK")
+			_ = conn.Close()
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	}))
+	defer hooks.Close()
+	down := mustCLI(t, nil, "conformance", "--target", gw.url, "--scenarios", "store_unavailable",
+		"--store-down", hooks.URL+"/down", "--store-up", hooks.URL+"/up")
+	require.Contains(t, down, "PASS  store_unavailable", down)
 	_, errOut, code := runCLI(t, nil, "conformance", "--target", r.upURL)
 	require.Equal(t, 1, code, "the bare upstream has no Idempotency-Key support: %s", errOut)
 }

@@ -360,7 +360,7 @@ func TestDocsLinksResolve(t *testing.T) {
 	docs := web.Docs()
 	pages := loadPages(t, docs)
 	for _, want := range []string{"index.html", "quickstart/index.html", "keys/index.html", "retries/index.html",
-		"errors/index.html", "api/index.html", "operating/index.html", "gateway/index.html", "frameworks/index.html"} {
+		"errors/index.html", "api/index.html", "operating/index.html", "gateway/index.html", "frameworks/index.html", "conformance/index.html"} {
 		require.Contains(t, pages, want, "the docs must have this page")
 	}
 	checked := 0
@@ -457,6 +457,9 @@ func TestDocsInBrowser(t *testing.T) {
 
 	b.Do(chromedp.Navigate(base+"/docs/gateway/"), chromedp.WaitVisible(chromedp.CSS(`#behaviour`)))
 	b.Screenshot("gateway")
+
+	b.Do(chromedp.Navigate(base+"/docs/conformance/"), chromedp.WaitVisible(chromedp.CSS(`#scoreboard`)))
+	b.Screenshot("conformance")
 
 	// The API reference: wait until Redoc has rendered the operations.
 	b.Do(chromedp.Navigate(base+"/docs/api/"),
