@@ -21,6 +21,9 @@ PAYLOAD_TOO_LARGE = "payload_too_large"
 UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
 FINGERPRINT_MISMATCH = "fingerprint_mismatch"
 RATE_LIMITED = "rate_limited"
+#: 429: the tenant's fleet retry budget refused this retry; the client stops
+#: retrying the call at once and raises with the original cause.
+RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
 STORE_UNAVAILABLE = "store_unavailable"
 SERVER_BUSY = "server_busy"
 #: 507, never retried: the tenant stores its storage_quota_bytes or more, so a
