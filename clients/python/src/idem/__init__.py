@@ -28,6 +28,7 @@ from ._client import Claim, Client, LeaseLost
 from ._core import RENEWAL_POINT, AttemptInfo
 from ._errors import (
     FieldError,
+    FleetBudgetExhausted,
     IdemError,
     InvalidAnswer,
     InvalidKeyError,
@@ -38,11 +39,12 @@ from ._errors import (
     error_code,
 )
 from ._keys import MAX_KEY_BYTES, derive_key, validate_key
-from ._retry import RetryBudget, RetryPolicy, parse_retry_after
+from ._retry import HEADER_ATTEMPT, RetryBudget, RetryPolicy, parse_retry_after
 from ._types import ClaimResult, KeyPage, Record, Response, RunResult
 
 __all__ = [
-    "AsyncClaim", "AsyncClient", "AttemptInfo", "Claim", "ClaimResult", "Client", "FieldError", "IdemError",
+    "AsyncClaim", "AsyncClient", "AttemptInfo", "Claim", "ClaimResult", "Client", "FieldError", "FleetBudgetExhausted",
+    "HEADER_ATTEMPT", "IdemError",
     "InvalidAnswer", "InvalidKeyError", "KeyPage", "LeaseLost", "MAX_KEY_BYTES", "NoSideEffect", "ProblemError", "RENEWAL_POINT",
     "Record", "Response", "RetryBudget", "RetryPolicy", "RunResult", "TokenError", "TransportError", "derive_key",
     "error_code", "parse_retry_after", "validate_key",

@@ -108,6 +108,32 @@ class TransportError(IdemError):
         self.retryable = retryable
 
 
+class FleetBudgetExhausted(IdemError):
+    """idem refused a retry of this call with 429 retry_budget_exhausted: the
+    tenant's retries use its retry budget across the fleet. The client sent
+    no further attempt. ``original`` is the error of the attempt before the
+    refusal (the 503, the timeout) and ``cause`` its Idem-Attempt cause;
+    ``code`` is the original's, so callers handle the outage as they would
+    have; ``refusal`` is the 429 itself (its retry_after says when the
+    budget has room again)."""
+
+    give_up: str | None = "fleet_budget"
+
+    def __init__(self, call: str, attempts: int, cause: str, original: IdemError, refusal: ProblemError) -> None:
+        super().__init__(f"idem: {call}: stopped after {attempts} attempts: the tenant's fleet retry budget refused "
+                         f"the retry (original cause {cause}): {original}")
+        self.call = call
+        self.attempts = attempts
+        self.cause = cause
+        self.original = original
+        self.refusal = refusal
+        self.__cause__ = original
+
+    @property
+    def code(self) -> str:
+        return self.original.code
+
+
 class InvalidAnswer(IdemError):
     """A 2xx answer the client cannot interpret: not JSON, or a claim answer
     without what acting on it needs (a fencing token and state, a stored
