@@ -56,7 +56,7 @@ export interface FieldError {
  * `aborted` (the caller's signal fired), `in_flight_wait` (the wait for
  * another holder of the key ran out).
  */
-export type GiveUpReason = "attempts" | "budget" | "deadline" | "aborted" | "in_flight_wait";
+export type GiveUpReason = "attempts" | "budget" | "deadline" | "aborted" | "in_flight_wait" | "fleet_budget";
 
 /** The fields an {@link IdemError} is built from. */
 export interface IdemErrorInit {
