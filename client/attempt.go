@@ -76,13 +76,34 @@ type logicalCall struct {
 
 type logicalCallKey struct{}
 
+type attemptSeedKey struct{}
+
+// attemptSeed is what WithAttempt put in a context.
+type attemptSeed struct {
+	attempt int
+	cause   string
+}
+
+// WithAttempt returns ctx saying that the claims made with it are attempt
+// (1-based) of a logical call that began before this process, after a
+// failure of cause (CauseTimeout …): a front door in front of the SDK (a
+// middleware, a proxy) that received a caller's Idem-Attempt passes it on
+// this way, so idem's fleet budget counts the caller's retry as one. Only
+// claims carry it; their own retries count on from it.
+func WithAttempt(ctx context.Context, attempt int, cause string) context.Context {
+	return context.WithValue(ctx, attemptSeedKey{}, attemptSeed{attempt: attempt, cause: cause})
+}
+
 // withLogicalCall returns ctx carrying a logical call, the one already in
-// it if any.
-func withLogicalCall(ctx context.Context) (context.Context, *logicalCall) {
+// it if any; a new claim's starts from WithAttempt's seed.
+func withLogicalCall(ctx context.Context, claim bool) (context.Context, *logicalCall) {
 	if lc, ok := ctx.Value(logicalCallKey{}).(*logicalCall); ok {
 		return ctx, lc
 	}
 	lc := &logicalCall{}
+	if seed, ok := ctx.Value(attemptSeedKey{}).(attemptSeed); ok && claim && seed.attempt > 1 {
+		lc.attempts, lc.cause = seed.attempt-1, seed.cause
+	}
 	return context.WithValue(ctx, logicalCallKey{}, lc), lc
 }
 

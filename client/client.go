@@ -246,7 +246,7 @@ func (c *Client) do(ctx context.Context, ac apiCall) (callResult, error) {
 		ctx, cancel = context.WithTimeout(ctx, p.CallDeadline)
 		defer cancel()
 	}
-	ctx, lc := withLogicalCall(ctx)
+	ctx, lc := withLogicalCall(ctx, ac.name == "claim")
 	var prevWait time.Duration
 	for attempt := 1; ; attempt++ {
 		lc.attempts++

@@ -283,7 +283,7 @@ func (c *Client) claimWaiting(ctx context.Context, key string, req Request) (Cla
 	}
 	// One logical call, waits included: a claim after a wait says it is
 	// a retry of cause in-flight.
-	ctx, lc := withLogicalCall(ctx)
+	ctx, lc := withLogicalCall(ctx, true)
 	var waited time.Duration
 	for {
 		switch {

@@ -92,6 +92,12 @@ func TestE2EAttemptHeader(t *testing.T) {
 			_, err = c.Complete(context.Background(), "order-1", cr.FencingToken, confirmed)
 			require.NoError(t, err)
 			require.Equal(t, "1", front.headers()[3])
+
+			// A front door passes its caller's attempt on: the claim says 4.
+			ctx := client.WithAttempt(context.Background(), 4, client.CauseTimeout)
+			_, err = c.Claim(ctx, "order-1", client.Request{Operation: "POST /orders", Payload: map[string]any{"n": 1}})
+			require.NoError(t, err, "a replay")
+			require.Equal(t, "4;cause=timeout", front.headers()[4])
 		})
 	}
 }
