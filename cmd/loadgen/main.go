@@ -14,6 +14,13 @@
 //	loadgen -url http://127.0.0.1:8080 -token "$IDEM_TOKEN" -mode wait \
 //	    [-url2 http://127.0.0.1:8090] [-waiters 1000] [-rounds 3] [-wait-seconds 20]
 //	loadgen -serve-upstream 127.0.0.1:0
+//	loadgen storm -server-bin bin/idem -database-url "$TEST_DATABASE_URL" \
+//	    [-callers 1000] [-period 10s] [-outage 10s] [-budget off,on] [-svg out.svg]
+//
+// `loadgen storm` is the storm test of the fleet retry budget (storm.go):
+// it starts the server binary itself behind a cut proxy to PostgreSQL and
+// runs many Go SDK callers, each with its own client, through a store
+// outage, with the tenant's budget off and then on.
 //
 // Modes:
 //
@@ -124,6 +131,9 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "storm" {
+		return runStorm(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) == 2 && (args[0] == "-serve-upstream" || args[0] == "--serve-upstream") {
 		return serveUpstream(ctx, args[1], stdout, stderr)
 	}
