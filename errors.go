@@ -27,6 +27,14 @@ const (
 	CodeUnsupportedMediaType Code = "unsupported_media_type"
 	CodeFingerprintMismatch  Code = "fingerprint_mismatch"
 	CodeRateLimited          Code = "rate_limited"
+	// CodeRetryBudgetExhausted: the request said it is a retry
+	// (Idem-Attempt above 1) and the tenant's retries on this replica
+	// already use its retry_budget_percent of first attempts in the
+	// window. Decided before any body read or store call, so the key is
+	// as it was. The problem says retryable (the same call later may pass)
+	// but an SDK stops retrying the logical call at once and reports the
+	// original cause: more retries are what the budget refuses.
+	CodeRetryBudgetExhausted Code = "retry_budget_exhausted"
 	CodeStoreUnavailable     Code = "store_unavailable"
 	// CodeServerBusy: the server holds as many request bodies as its
 	// in-flight budget allows; retry after Retry-After.

@@ -108,6 +108,12 @@ type Settings struct {
 	// its place, and a checkpoint whose data does not fit keeps the
 	// earlier data (both answered storage_quota_exceeded).
 	StorageQuotaBytes int64 `json:"storage_quota_bytes"`
+	// RetryBudgetPercent is the share of first attempts that retries may
+	// add, per replica over a sliding window (package retrybudget): past
+	// it, and past a floor of a few retries per window, a request that
+	// says it is a retry (Idem-Attempt) is refused with 429
+	// retry_budget_exhausted. 100 turns the budget off.
+	RetryBudgetPercent int `json:"retry_budget_percent"`
 }
 
 // DefaultSettings returns the settings of a tenant created without any.
@@ -121,6 +127,7 @@ func DefaultSettings() Settings {
 		RateLimitPerSecond:     0,
 		MaxWaitSeconds:         DefaultMaxWaitSeconds,
 		StorageQuotaBytes:      DefaultStorageQuotaBytes,
+		RetryBudgetPercent:     DefaultRetryBudgetPercent,
 	}
 }
 
@@ -153,6 +160,13 @@ const (
 	// StorageQuotaBytesLimit bounds storage_quota_bytes (1 TiB): an operator
 	// gives a tenant as much as the disk holds, never "unlimited".
 	StorageQuotaBytesLimit = 1 << 40
+	// DefaultRetryBudgetPercent is retry_budget_percent of a tenant
+	// created without it, and of every tenant that existed before the
+	// setting: retries may add a tenth to the first attempts (the share
+	// Envoy's and gRPC's retry budgets default to).
+	DefaultRetryBudgetPercent = 10
+	// RetryBudgetOff is the retry_budget_percent that turns the budget off.
+	RetryBudgetOff = 100
 )
 
 // Validate checks every bound of the settings and returns an
@@ -186,6 +200,8 @@ func (s Settings) Validate() error {
 	// tenant's claims while it stores nothing it could shrink.
 	check(s.StorageQuotaBytes >= int64(s.MaxResponseBytes) && s.StorageQuotaBytes <= StorageQuotaBytesLimit,
 		"storage_quota_bytes", "must be at least max_response_bytes (%d) and at most %d", s.MaxResponseBytes, int64(StorageQuotaBytesLimit))
+	check(s.RetryBudgetPercent >= 0 && s.RetryBudgetPercent <= RetryBudgetOff,
+		"retry_budget_percent", "must be between 0 and %d (%d turns the retry budget off)", RetryBudgetOff, RetryBudgetOff)
 	if len(fields) > 0 {
 		return &Error{Code: CodeInvalidRequest, Detail: "invalid tenant settings", Fields: fields}
 	}
@@ -202,6 +218,7 @@ type SettingsPatch struct {
 	RateLimitPerSecond     *int   `json:"rate_limit_per_second"`
 	MaxWaitSeconds         *int   `json:"max_wait_seconds"`
 	StorageQuotaBytes      *int64 `json:"storage_quota_bytes"`
+	RetryBudgetPercent     *int   `json:"retry_budget_percent"`
 }
 
 // Apply returns s with the patch's non-nil fields applied. Validate the
@@ -219,6 +236,7 @@ func (s Settings) Apply(p SettingsPatch) Settings {
 	set(&s.MaxResponseBytes, p.MaxResponseBytes)
 	set(&s.RateLimitPerSecond, p.RateLimitPerSecond)
 	set(&s.MaxWaitSeconds, p.MaxWaitSeconds)
+	set(&s.RetryBudgetPercent, p.RetryBudgetPercent)
 	if p.StorageQuotaBytes != nil {
 		s.StorageQuotaBytes = *p.StorageQuotaBytes
 	}

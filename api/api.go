@@ -25,6 +25,7 @@ import (
 	"github.com/idem-dev/idem/internal/budget"
 	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/retrybudget"
 	"github.com/idem-dev/idem/tenants"
 )
 
@@ -79,6 +80,9 @@ type Options struct {
 	// AllowPrivateWebhooks accepts endpoint URLs on loopback, link-local
 	// and private addresses (IDEM_WEBHOOK_ALLOW_PRIVATE).
 	AllowPrivateWebhooks bool
+	// RetryBudget is this replica's retry budget of every tenant; nil
+	// means one with retrybudget.DefaultWindow.
+	RetryBudget *retrybudget.Budget
 }
 
 // Observer receives the outcome of requests, claims and writes, for
@@ -103,6 +107,12 @@ type Observer interface {
 	// body bytes held against the server-wide in-flight budget (each body
 	// times BodyMemoryFactor), for a gauge read at scrape time.
 	InflightBudget(used func() int64)
+	// ObserveAttempt is called for every request of a tenant the retry
+	// budget decided on (Idem-Attempt), with whether it refused it.
+	ObserveAttempt(tenant string, a retrybudget.Attempt, refused bool)
+	// RetryBudget is called once, by New, with a reader of the retry
+	// budget's windows, for the amplification gauge read at scrape time.
+	RetryBudget(snapshot func() []retrybudget.Stats)
 }
 
 // service is the HTTP API: the dependencies its handlers share. (Package
@@ -119,6 +129,7 @@ type service struct {
 	waiters  *keyevents.Waiters
 	maxWait  time.Duration
 	limiter  *limiter
+	retries  *retrybudget.Budget
 	buffers  sync.Pool // of *bytes.Buffer, for encoding responses
 
 	webhooks             idem.WebhookStore
@@ -138,6 +149,7 @@ func New(opts Options) *chi.Mux {
 		waiters:  opts.Waiters,
 		maxWait:  opts.MaxWait,
 		limiter:  newLimiter(time.Now),
+		retries:  opts.RetryBudget,
 
 		webhooks:             opts.Webhooks,
 		allowPrivateWebhooks: opts.AllowPrivateWebhooks,
@@ -165,8 +177,12 @@ func New(opts Options) *chi.Mux {
 	if s.minRate == 0 {
 		s.minRate = DefaultMinBodyRate
 	}
+	if s.retries == nil {
+		s.retries = retrybudget.New(retrybudget.DefaultWindow, nil)
+	}
 	if s.observer != nil {
 		s.observer.InflightBudget(s.inflight.Used)
+		s.observer.RetryBudget(s.retries.Snapshot)
 	}
 
 	r := chi.NewRouter()

@@ -176,7 +176,7 @@ func TestOwnTenantSettings(t *testing.T) {
 		"replay_window_seconds": float64(86400), "reaper_threshold_seconds": float64(259200),
 		"lease_seconds_default": float64(30), "lease_seconds_max": float64(3600),
 		"max_response_bytes": float64(1048576), "rate_limit_per_second": float64(0), "max_wait_seconds": float64(20),
-		"storage_quota_bytes": float64(1 << 30),
+		"storage_quota_bytes": float64(1 << 30), "retry_budget_percent": float64(10),
 	}, ten["settings"])
 	require.Equal(t, map[string]any{"stored_bytes": float64(0)}, ten["usage"])
 
@@ -188,6 +188,8 @@ func TestOwnTenantSettings(t *testing.T) {
 		{`{"settings":{"max_response_bytes":8388609}}`, "settings.max_response_bytes"},
 		{`{"settings":{"rate_limit_per_second":-1}}`, "settings.rate_limit_per_second"},
 		{`{"settings":{"max_wait_seconds":301}}`, "settings.max_wait_seconds"},
+		{`{"settings":{"retry_budget_percent":101}}`, "settings.retry_budget_percent"},
+		{`{"settings":{"retry_budget_percent":-1}}`, "settings.retry_budget_percent"},
 		{`{"settings":{"storage_quota_bytes":1048575}}`, "settings.storage_quota_bytes"},
 		{`{"settings":{"storage_quota_bytes":1099511627777}}`, "settings.storage_quota_bytes"},
 		{`{"settings":{"max_response_bytes":2000000,"storage_quota_bytes":1500000}}`, "settings.storage_quota_bytes"},

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/retrybudget"
 )
 
 // authenticate verifies the bearer token, which must carry iat, and puts
@@ -74,6 +76,14 @@ func (s *service) requireScope(scopes ...string) func(http.Handler) http.Handler
 // refused requests costs its neighbours as little as possible. The limiter
 // uses the rate of the tenant's last admitted request, which is at most as
 // old as the tenant cache's entry.
+//
+// The retry budget decides next, the same way: a request whose
+// Idem-Attempt says it is a retry, past the tenant's retry_budget_percent
+// of first attempts on this replica, is refused with 429
+// retry_budget_exhausted before the tenant lookup, so during a store
+// outage (when the lookup itself may fail) the budget still holds the
+// retries off, and a refused retry has touched nothing: its key is as it
+// was.
 func (s *service) resolveTenant(next http.Handler) http.Handler {
 	return s.tenantResolver(s.tenants.Active)(next)
 }
@@ -103,6 +113,23 @@ func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tena
 				s.rateLimited(w, r, wait)
 				return
 			}
+			attempt := retrybudget.ParseAttempt(r.Header.Values(retrybudget.Header))
+			d := s.retries.Admit(p.Tenant, attempt)
+			if s.observer != nil {
+				s.observer.ObserveAttempt(p.Tenant, attempt, !d.Allowed)
+			}
+			if !d.Allowed {
+				id := p.Tenant
+				st.logTenant.Store(&id)
+				s.writeProblem(w, r, &idem.Error{
+					Code: idem.CodeRetryBudgetExhausted,
+					Detail: fmt.Sprintf("this request is attempt %d (cause %s) and the tenant's retries already use its retry budget on this replica "+
+						"(retry_budget_percent of first attempts over %s, at least %d): stop retrying this call and report its original cause",
+						attempt.Number, attempt.Cause, s.retries.Window(), retrybudget.Floor),
+					RetryAfter: d.RetryAfter,
+				})
+				return
+			}
 			t, err := lookup(r.Context(), p.Tenant)
 			if err != nil {
 				s.writeProblem(w, r, err)
@@ -117,6 +144,7 @@ func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tena
 			}
 			id := t.ID
 			st.logTenant.Store(&id)
+			s.retries.SetPercent(t.ID, t.Settings.RetryBudgetPercent)
 			if ok, wait := s.limiter.allow(t.ID, t.Settings.RateLimitPerSecond); !ok {
 				s.rateLimited(w, r, wait)
 				return

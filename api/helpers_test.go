@@ -31,6 +31,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/api"
 	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/retrybudget"
 	"github.com/idem-dev/idem/sqlite"
 	"github.com/idem-dev/idem/tenants"
 	"github.com/idem-dev/idem/testkit/contract"
@@ -126,6 +127,10 @@ func (o *recordingObserver) ObserveClaim(_ string, action idem.ClaimAction, _ er
 }
 
 func (o *recordingObserver) InflightBudget(func() int64) {}
+
+func (o *recordingObserver) ObserveAttempt(string, retrybudget.Attempt, bool) {}
+
+func (o *recordingObserver) RetryBudget(func() []retrybudget.Stats) {}
 
 func (o *recordingObserver) ObserveWrite(_, op string, _ error) {
 	o.mu.Lock()

@@ -48,6 +48,9 @@ var problems = map[idem.Code]problemInfo{
 	idem.CodeUnsupportedMediaType: {http.StatusUnsupportedMediaType, "Unsupported media type", false},
 	idem.CodeFingerprintMismatch:  {http.StatusUnprocessableEntity, "Fingerprint mismatch", false},
 	idem.CodeRateLimited:          {http.StatusTooManyRequests, "Rate limited", true},
+	// Retryable as the same call later may pass, but the SDKs stop the
+	// logical call at once with its original cause (web/docs/retries).
+	idem.CodeRetryBudgetExhausted: {http.StatusTooManyRequests, "Retry budget exhausted", true},
 	idem.CodeStoreUnavailable:     {http.StatusServiceUnavailable, "Store unavailable", true},
 	idem.CodeServerBusy:           {http.StatusServiceUnavailable, "Server busy", true},
 	idem.CodeInternal:             {http.StatusInternalServerError, "Internal error", false},

@@ -162,7 +162,8 @@ type AttemptInfo struct {
 	Retry bool
 	Wait  time.Duration
 	// GiveUp says why no retry follows a retryable failure: "attempts",
-	// "budget", "deadline" or "context"; empty otherwise.
+	// "budget", "deadline" or "context"; "fleet-budget" when idem refused
+	// the retry (429 retry_budget_exhausted); empty otherwise.
 	GiveUp string
 	// BudgetLeft is the client's retry budget after this attempt (+Inf when
 	// the budget is off).
@@ -240,10 +241,25 @@ func (c *Client) do(ctx context.Context, ac apiCall) (callResult, error) {
 	target := u.String()
 
 	p := c.policy
+	if p.CallDeadline > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.CallDeadline)
+		defer cancel()
+	}
+	ctx, lc := withLogicalCall(ctx, ac.name == "claim")
 	var prevWait time.Duration
 	for attempt := 1; ; attempt++ {
-		res, body, err := c.attempt(ctx, ac, target, payload)
+		lc.attempts++
+		res, body, err := c.attempt(ctx, ac, target, payload, attemptHeader(lc.attempts, lc.cause))
 		info := AttemptInfo{Call: ac.name, Method: ac.method, Path: ac.path, Attempt: attempt, Status: res.status, Err: err}
+		if e := (*Error)(nil); errors.As(err, &e) && e.Code == CodeRetryBudgetExhausted && lc.attempts > 1 {
+			// idem's fleet budget refused this retry: stop now, and
+			// report what failed before, not the refusal.
+			info.GiveUp = "fleet-budget"
+			info.BudgetLeft = c.budget.left()
+			c.report(ctx, info)
+			return res, &FleetBudgetError{Call: ac.name, Attempts: lc.attempts, Cause: lc.cause, Original: lc.original, Refusal: e}
+		}
 		if err == nil {
 			c.budget.success()
 			info.BudgetLeft = c.budget.left()
@@ -264,6 +280,10 @@ func (c *Client) do(ctx context.Context, ac apiCall) (callResult, error) {
 			info.BudgetLeft = c.budget.left()
 			c.report(ctx, info)
 			return res, fmt.Errorf("%s: %w", ac.name, err)
+		}
+		lc.cause = causeOf(res, err)
+		if lc.original == nil {
+			lc.original = err
 		}
 		// Choose the wait, then check attempts, deadline and budget.
 		var wait time.Duration
@@ -321,6 +341,9 @@ func (c *Client) classify(ctx context.Context, res callResult, err error) (bool,
 	}
 	var e *Error
 	if errors.As(err, &e) {
+		if e.Code == CodeRetryBudgetExhausted {
+			return false, 0 // never retried: more retries are what it refuses
+		}
 		return c.policy.retryableStatus(e.Status), e.RetryAfter
 	}
 	if res.status != 0 {
@@ -341,7 +364,7 @@ func (e *tokenError) Unwrap() error { return e.err }
 
 // attempt sends one HTTP request and reads the whole answer within the
 // per-attempt timeout. A non-2xx answer is returned as *Error.
-func (c *Client) attempt(ctx context.Context, ac apiCall, target string, payload []byte) (callResult, []byte, error) {
+func (c *Client) attempt(ctx context.Context, ac apiCall, target string, payload []byte, attemptHeader string) (callResult, []byte, error) {
 	actx := ctx
 	if d := c.attemptTimeout(ctx); d > 0 {
 		var cancel context.CancelFunc
@@ -361,6 +384,7 @@ func (c *Client) attempt(ctx context.Context, ac apiCall, target string, payload
 	}
 	req.Header.Set("Accept", "application/json, application/problem+json")
 	req.Header.Set("User-Agent", c.userAgent)
+	req.Header.Set(HeaderAttempt, attemptHeader)
 	if c.token != nil {
 		tok, err := c.token(ctx)
 		if err != nil {

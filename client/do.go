@@ -276,6 +276,14 @@ func (c *Client) finishCtx(ctx context.Context) (context.Context, context.Cancel
 func (c *Client) claimWaiting(ctx context.Context, key string, req Request) (ClaimResult, error) {
 	req.AttemptID = c.attemptID(req) // one for the whole call, waits included
 	p := c.policy
+	if p.CallDeadline > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.CallDeadline)
+		defer cancel()
+	}
+	// One logical call, waits included: a claim after a wait says it is
+	// a retry of cause in-flight.
+	ctx, lc := withLogicalCall(ctx, true)
 	var waited time.Duration
 	for {
 		switch {
@@ -295,6 +303,10 @@ func (c *Client) claimWaiting(ctx context.Context, key string, req Request) (Cla
 		var e *Error
 		if !errors.As(err, &e) || e.Code != CodeRequestInFlight || req.NoWait || p.InFlightWait < 0 {
 			return ClaimResult{}, err
+		}
+		lc.cause = CauseInFlight
+		if lc.original == nil {
+			lc.original = err
 		}
 		ra := e.RetryAfter
 		if ra <= 0 {

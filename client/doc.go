@@ -67,6 +67,18 @@
 //     most its callers' first attempts plus 10 retries, then about one
 //     retry per 10 successes — it does not multiply the load on a
 //     struggling service.
+//   - Every attempt carries the Idem-Attempt header (HeaderAttempt): its
+//     number within the logical call and, for a retry, why the attempt
+//     before failed ("2;cause=unavailable"; Do's claims after an
+//     in-flight wait say cause=in-flight). idem holds each tenant's
+//     retries to its retry_budget_percent of first attempts, fleet-wide;
+//     a retry it refuses (429 retry_budget_exhausted) ends the call at
+//     once with a *FleetBudgetError wrapping ErrFleetBudgetExhausted and
+//     the original error, so ErrorCode sees the original cause.
+//   - Two presets: Interactive (InteractivePolicy: 10 s for the whole
+//     call, 3 attempts of at most 3 s, in-flight waits up to 5 s) and
+//     Background (BackgroundPolicy: 10 minutes, 10 attempts of at most
+//     30 s, waits up to 60 s, a per-process budget of 100 retries).
 //   - Every attempt is reported to the hook (WithAttemptHook) and the
 //     logger (WithLogger): call, attempt number, status, error, whether a
 //     retry follows, the wait chosen, why the loop gave up, and the budget

@@ -34,6 +34,11 @@ const (
 	CodeFingerprintMismatch  Code = "fingerprint_mismatch"
 	CodeRateLimited          Code = "rate_limited"
 	CodeStoreUnavailable     Code = "store_unavailable"
+	// CodeRetryBudgetExhausted (429): the tenant's fleet retry budget
+	// refused this retry. The client stops retrying the call at once and
+	// returns an error carrying the cause of the attempt before (see
+	// BudgetExhaustedError).
+	CodeRetryBudgetExhausted Code = "retry_budget_exhausted"
 	// CodeServerBusy (503, retried like store_unavailable): the server
 	// held as many request bodies as its in-flight budget allows and did
 	// not read this one.

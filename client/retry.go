@@ -84,6 +84,11 @@ type RetryPolicy struct {
 	BudgetCapacity      float64
 	BudgetRetryCost     float64
 	BudgetSuccessRefund float64
+	// CallDeadline bounds one whole call, its attempts, waits and (for
+	// Do's claim) in-flight waits together, when the context has no
+	// sooner deadline. Zero or negative means none: the context's deadline
+	// alone. The presets set it (InteractivePolicy: 10 s).
+	CallDeadline time.Duration
 }
 
 // DefaultRetryPolicy returns the policy a Client uses unless told

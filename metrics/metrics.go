@@ -17,6 +17,9 @@
 //	idem_http_request_duration_seconds{route,method,status_class}  histogram status_class 1xx…5xx, or 499 when the client went away
 //	idem_store_operation_duration_seconds{op,result}       histogram result ok|rejected|unavailable|canceled|error
 //	idem_tenant_store_share_waits_total{tenant,result}     counter   store calls that found their tenant's share of the connections in use (IDEM_DB_TENANT_SHARE) and waited: result ok|unavailable|canceled
+//	idem_attempts_total{tenant,attempt,cause}              counter   requests by Idem-Attempt: attempt first|retry; cause none (first) or the retry's cause (retrybudget.Causes)
+//	idem_retries_refused_total{tenant,cause}               counter   retries refused by the tenant's retry budget (429 retry_budget_exhausted), by the cause they named
+//	idem_retry_amplification_ratio{tenant}                 gauge     attempts per first attempt on this replica over the retry budget's window, at scrape time; absent for a tenant idle over it
 //	idem_db_pool_*                                         gauges/counters of the database connection pool (pool.go)
 //	idem_build_info{version,revision,go_version}           gauge     always 1
 //	idem_ready                                             gauge     1 when the store answers a ping at scrape time
@@ -29,8 +32,8 @@
 // operator, not a value a caller can mint. Still, only the first
 // LimitTenants tenants (IDEM_METRICS_MAX_TENANTS, default 100) get their
 // own series; the others share the label TenantOther, "(other)". One
-// tenant label has at most SeriesPerTenant (34) series, so the
-// tenant-labelled series stay below 34 × (limit + 1), 3,434 with the
+// tenant label has at most SeriesPerTenant (50) series, so the
+// tenant-labelled series stay below 50 × (limit + 1), 5,050 with the
 // default, whether there are 100 or 10,000 tenants (TestTenantCardinality
 // counts them). Keys, fingerprints and raw paths never become labels: the
 // HTTP histogram uses the chi route pattern ("/v1/keys/{key}/claim"), and a
@@ -63,6 +66,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/retrybudget"
 )
 
 // Namespace is the prefix of every metric this package exports.
@@ -130,6 +134,8 @@ type Metrics struct {
 	reaperLastSuccess    prometheus.Gauge
 	webhookAttempts      *prometheus.CounterVec
 	shareWaits           *prometheus.CounterVec
+	attempts             *prometheus.CounterVec
+	refused              *prometheus.CounterVec
 	httpDuration         *prometheus.HistogramVec
 	storeDuration        *prometheus.HistogramVec
 
@@ -137,6 +143,8 @@ type Metrics struct {
 	claimsBy  children[prometheus.Counter]
 	writesBy  children[prometheus.Counter]
 	sharesBy  children[prometheus.Counter]
+	attemptBy children[prometheus.Counter]
+	refusedBy children[prometheus.Counter]
 	httpBy    children[prometheus.Observer]
 	storeBy   children[prometheus.Observer]
 	tenantsBy sync.Map // tenant id → its label (string), see tenantLabel
@@ -215,6 +223,14 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: Namespace, Name: "tenant_store_share_waits_total",
 			Help: "Store calls of a tenant that found its share of the database connections (IDEM_DB_TENANT_SHARE) in use and waited for one of its own calls to end, by result: ok (got its turn), unavailable (the store deadline ran out: 503 store_unavailable), canceled (the caller went away).",
 		}, []string{"tenant", "result"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "attempts_total",
+			Help: "Requests of a tenant by what their Idem-Attempt header says: attempt first or retry; cause none for a first attempt, else why the previous attempt failed (timeout, network, unavailable, throttled, server-error, in-flight, other). Refused retries included.",
+		}, []string{"tenant", "attempt", "cause"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "retries_refused_total",
+			Help: "Retries refused by the tenant's retry budget on this replica (429 retry_budget_exhausted), by the cause they named.",
+		}, []string{"tenant", "cause"}),
 		webhookAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "webhook_attempts_total",
 			Help: "Webhook delivery attempts by result (delivered, retry, gave_up).",
@@ -231,6 +247,8 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.claimsBy = children[prometheus.Counter]{labels: 2, with: m.claims.WithLabelValues}
 	m.writesBy = children[prometheus.Counter]{labels: 3, with: m.writes.WithLabelValues}
 	m.sharesBy = children[prometheus.Counter]{labels: 2, with: m.shareWaits.WithLabelValues}
+	m.attemptBy = children[prometheus.Counter]{labels: 3, with: m.attempts.WithLabelValues}
+	m.refusedBy = children[prometheus.Counter]{labels: 2, with: m.refused.WithLabelValues}
 	m.httpBy = children[prometheus.Observer]{labels: 3, with: m.httpDuration.WithLabelValues}
 	m.storeBy = children[prometheus.Observer]{labels: 2, with: m.storeDuration.WithLabelValues}
 	version, revision, goVersion := BuildInfo()
@@ -238,7 +256,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(
 		m.claims, m.writes, m.orphans, m.oldestOrphanAge, m.watchLastSuccess, m.storedBytes, m.storageQuota,
 		m.reaperDeleted, m.reaperOrphansDeleted, m.reaperRuns, m.reaperLastSuccess,
-		m.webhookAttempts, m.shareWaits, m.httpDuration, m.storeDuration, m.buildInfo,
+		m.webhookAttempts, m.shareWaits, m.attempts, m.refused, m.httpDuration, m.storeDuration, m.buildInfo,
 	)
 	registerOnce(reg, collectors.NewGoCollector())
 	registerOnce(reg, collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -272,9 +290,10 @@ func (m *Metrics) LimitTenants(n int) {
 
 // SeriesPerTenant is the most series one tenant label can have: 8 claim
 // outcomes, 3 write operations × 6 results, 2 orphan gauges, 1 counter
-// of reaped orphans, 3 results of waits for the tenant's store share and
-// 2 storage gauges.
-const SeriesPerTenant = 8 + 3*6 + 2 + 1 + 3 + 2
+// of reaped orphans, 3 results of waits for the tenant's store share,
+// 2 storage gauges, 8 attempt kinds (first, and a retry of each of 7
+// causes), 7 causes of refused retries and 1 amplification gauge.
+const SeriesPerTenant = 8 + 3*6 + 2 + 1 + 3 + 2 + 8 + 7 + 1
 
 // tenantLabel returns the tenant label of a counter observation: the tenant
 // itself while it is among the admitted ones, TenantOther past the limit.
@@ -370,6 +389,64 @@ func (m *Metrics) InflightBudget(used func() int64) {
 		Namespace: Namespace, Name: "request_body_bytes_in_flight",
 		Help: "Request body bytes, and stored bytes of answers being written, held against the in-flight budget (IDEM_MAX_INFLIGHT_BYTES), each counted 4 times its size.",
 	}, func() float64 { return float64(used()) }))
+}
+
+// ObserveAttempt counts one request of tenant by its Idem-Attempt, and a
+// retry the budget refused. It implements api.Observer.
+func (m *Metrics) ObserveAttempt(tenant string, a retrybudget.Attempt, refused bool) {
+	if m == nil {
+		return
+	}
+	label := m.tenantLabel(tenant)
+	kind := "first"
+	if a.Retry() {
+		kind = "retry"
+	}
+	m.attemptBy.get(label, kind, string(a.Cause)).Inc()
+	if refused {
+		m.refusedBy.get(label, string(a.Cause), "").Inc()
+	}
+}
+
+// RetryBudget registers idem_retry_amplification_ratio, read from snapshot
+// at scrape time: per tenant, the attempts that reached this replica
+// (first attempts, retries admitted and refused) per first attempt over
+// the retry budget's window. 1 is no retry at all; a tenant whose budget
+// holds stays near 1 + retry_budget_percent/100 however hard its callers
+// retry. Tenants past LimitTenants are summed under TenantOther. It
+// implements api.Observer; the router calls it once.
+func (m *Metrics) RetryBudget(snapshot func() []retrybudget.Stats) {
+	if m == nil {
+		return
+	}
+	m.reg.MustRegister(&amplification{m: m, snapshot: snapshot, desc: prometheus.NewDesc(
+		prometheus.BuildFQName(Namespace, "", "retry_amplification_ratio"),
+		"Attempts per first attempt of the tenant on this replica over the retry budget's window (first attempts, retries admitted and refused by the budget), at scrape time; absent for a tenant without requests in the window.",
+		[]string{"tenant"}, nil)})
+}
+
+// amplification is the collector of idem_retry_amplification_ratio.
+type amplification struct {
+	m        *Metrics
+	snapshot func() []retrybudget.Stats
+	desc     *prometheus.Desc
+}
+
+func (a *amplification) Describe(ch chan<- *prometheus.Desc) { ch <- a.desc }
+
+func (a *amplification) Collect(ch chan<- prometheus.Metric) {
+	byLabel := map[string]retrybudget.Stats{}
+	for _, s := range a.snapshot() {
+		l := a.m.tenantLabel(s.Tenant)
+		sum := byLabel[l]
+		sum.First += s.First
+		sum.Retries += s.Retries
+		sum.Refused += s.Refused
+		byLabel[l] = sum
+	}
+	for _, l := range slices.Sorted(maps.Keys(byLabel)) {
+		ch <- prometheus.MustNewConstMetric(a.desc, prometheus.GaugeValue, byLabel[l].Amplification(), l)
+	}
 }
 
 // ReadyTimeout bounds the store ping behind idem_ready, like GET /readyz.

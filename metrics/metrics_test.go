@@ -20,6 +20,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/retrybudget"
 )
 
 func TestObserverCountsOutcomes(t *testing.T) {
@@ -275,6 +276,8 @@ func TestTenantCardinality(t *testing.T) {
 	var stats []idem.OrphanStat
 	var reaped []idem.Record
 	var listed []idem.Tenant
+	var windows []retrybudget.Stats
+	m.RetryBudget(func() []retrybudget.Stats { return windows })
 	for i := range tenants {
 		id := fmt.Sprintf("t%05d", i)
 		for _, a := range actions {
@@ -291,6 +294,11 @@ func TestTenantCardinality(t *testing.T) {
 		for _, err := range []error{nil, idem.StoreUnavailable("share", context.DeadlineExceeded), context.Canceled} {
 			m.ObserveShareWait(id, err)
 		}
+		m.ObserveAttempt(id, retrybudget.First, false)
+		for _, c := range retrybudget.Causes {
+			m.ObserveAttempt(id, retrybudget.Attempt{Number: 2, Cause: c}, true)
+		}
+		windows = append(windows, retrybudget.Stats{Tenant: id, First: 10, Retries: 1, Refused: 1})
 		// Tenant i has i+1 orphans: the last ones have the most.
 		stats = append(stats, idem.OrphanStat{TenantID: id, Count: int64(i + 1), OldestLeaseExpiry: now.Add(-time.Duration(i) * time.Second), ObservedAt: now})
 		reaped = append(reaped, idem.Record{TenantID: id, Key: "k", State: idem.StateInFlight, LeaseExpiresAt: now.Add(-time.Hour), ObservedAt: now})
@@ -319,7 +327,7 @@ func TestTenantCardinality(t *testing.T) {
 	}
 	series, labels := count()
 	t.Logf("%d tenants, limit %d: %d tenant-labelled series (%d per tenant label)", tenants, metrics.DefaultMaxTenants, series, metrics.SeriesPerTenant)
-	require.Equal(t, 34, metrics.SeriesPerTenant)
+	require.Equal(t, 50, metrics.SeriesPerTenant)
 	require.Equal(t, (metrics.DefaultMaxTenants+1)*metrics.SeriesPerTenant, series, "every outcome of 100 tenants plus (other)")
 	require.Len(t, labels, 2*metrics.DefaultMaxTenants+1, "the first 100 tenants in the counters, the 100 with most orphans and stored bytes in the gauges, and (other)")
 	require.True(t, labels["t00000"], "the first tenant seen keeps its counters")

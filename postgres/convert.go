@@ -198,6 +198,7 @@ func tenantFromRow(t dbsqlc.Tenant, storedBytes int64) idem.Tenant {
 			RateLimitPerSecond:     int(t.RateLimitPerSecond),
 			MaxWaitSeconds:         int(t.MaxWaitSeconds),
 			StorageQuotaBytes:      t.StorageQuotaBytes,
+			RetryBudgetPercent:     int(t.RetryBudgetPercent),
 		},
 		Disabled:    t.DisabledAt.Valid,
 		CreatedAt:   timeOf(t.CreatedAt),

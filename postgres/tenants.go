@@ -23,6 +23,7 @@ func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (id
 		RateLimitPerSecond:     int32(p.Settings.RateLimitPerSecond),
 		MaxWaitSeconds:         int32(p.Settings.MaxWaitSeconds),
 		StorageQuotaBytes:      p.Settings.StorageQuotaBytes,
+		RetryBudgetPercent:     int32(p.Settings.RetryBudgetPercent),
 		Now:                    s.clock(),
 	})
 	if pgErrorCode(err) == pgUniqueViolation {
@@ -72,6 +73,7 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 		RateLimitPerSecond:     int32(p.Settings.RateLimitPerSecond),
 		MaxWaitSeconds:         int32(p.Settings.MaxWaitSeconds),
 		StorageQuotaBytes:      p.Settings.StorageQuotaBytes,
+		RetryBudgetPercent:     int32(p.Settings.RetryBudgetPercent),
 		Disabled:               p.Disabled,
 		Now:                    s.clock(),
 	})

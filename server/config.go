@@ -17,6 +17,7 @@ import (
 	"github.com/idem-dev/idem/internal/budget"
 	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/retrybudget"
 	"github.com/idem-dev/idem/storemw"
 	"github.com/idem-dev/idem/webhooks"
 )
@@ -142,6 +143,12 @@ type Config struct {
 	// TenantCacheTTL is how long tenant settings are cached on the hot
 	// path; other replicas see a settings change after at most this long.
 	TenantCacheTTL time.Duration
+	// RetryBudgetWindow is the sliding window of each tenant's retry
+	// budget on this replica (IDEM_RETRY_BUDGET_WINDOW): retries are held
+	// to the tenant's retry_budget_percent of the first attempts seen
+	// within it. Longer smooths the share over bursts; shorter lets a
+	// tenant retry again sooner after a storm.
+	RetryBudgetWindow time.Duration
 	// HTTP server hardening.
 	ReadHeaderTimeout time.Duration
 	ReadTimeout       time.Duration
@@ -196,6 +203,7 @@ func DefaultConfig() Config {
 		ReapPause:           jobs.DefaultReapPause,
 		OrphanWatchInterval: 15 * time.Second,
 		TenantCacheTTL:      5 * time.Second,
+		RetryBudgetWindow:   retrybudget.DefaultWindow,
 		ReadHeaderTimeout:   5 * time.Second,
 		ReadTimeout:         30 * time.Second,
 		WriteTimeout:        30 * time.Second,
@@ -282,6 +290,8 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*durationValue)(&c.OrphanWatchInterval) }},
 		{"tenant-cache-ttl", "IDEM_TENANT_CACHE_TTL", "how long tenant settings are cached on the hot path", false,
 			func(c *Config) flag.Value { return (*durationValue)(&c.TenantCacheTTL) }},
+		{"retry-budget-window", "IDEM_RETRY_BUDGET_WINDOW", "sliding window of each tenant's retry budget (retry_budget_percent) on this replica", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.RetryBudgetWindow) }},
 		{"read-header-timeout", "IDEM_READ_HEADER_TIMEOUT", "time allowed to read request headers", false,
 			func(c *Config) flag.Value { return (*durationValue)(&c.ReadHeaderTimeout) }},
 		{"read-timeout", "IDEM_READ_TIMEOUT", "time allowed to read a whole request", false,
@@ -554,6 +564,9 @@ func (c Config) Validate() error {
 	}
 	if c.TenantCacheTTL < 0 {
 		bad("IDEM_TENANT_CACHE_TTL must not be negative (got %s)", c.TenantCacheTTL)
+	}
+	if c.RetryBudgetWindow < time.Second || c.RetryBudgetWindow > time.Hour {
+		bad("IDEM_RETRY_BUDGET_WINDOW must be between 1s and 1h (got %s)", c.RetryBudgetWindow)
 	}
 	if c.DBMaxConns < 1 || c.DBMaxConns > 1000 {
 		bad("IDEM_DB_MAX_CONNS must be between 1 and 1000 (got %d)", c.DBMaxConns)

@@ -27,6 +27,7 @@ import (
 	"github.com/idem-dev/idem/jobs"
 	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/retrybudget"
 	"github.com/idem-dev/idem/storemw"
 	"github.com/idem-dev/idem/tenants"
 	"github.com/idem-dev/idem/web"
@@ -243,6 +244,7 @@ func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 		Observer:             s.metrics,
 		Webhooks:             s.webhooks,
 		AllowPrivateWebhooks: s.cfg.WebhookAllowPrivate,
+		RetryBudget:          retrybudget.New(s.cfg.RetryBudgetWindow, nil),
 	})
 	metricsHandler := promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry})
 	if s.cfg.MetricsAddr == "" {

@@ -152,6 +152,7 @@ func tenantFromRow(t dbsqlc.Tenant, storedBytes int64) idem.Tenant {
 			RateLimitPerSecond:     int(t.RateLimitPerSecond),
 			MaxWaitSeconds:         int(t.MaxWaitSeconds),
 			StorageQuotaBytes:      t.StorageQuotaBytes,
+			RetryBudgetPercent:     int(t.RetryBudgetPercent),
 		},
 		Disabled:    t.DisabledAt != nil,
 		CreatedAt:   timeOf(t.CreatedAt),

@@ -36,6 +36,7 @@ func (s *Store) createTenant(ctx context.Context, p idem.CreateTenantParams) (db
 		RateLimitPerSecond:     int64(p.Settings.RateLimitPerSecond),
 		MaxWaitSeconds:         int64(p.Settings.MaxWaitSeconds),
 		StorageQuotaBytes:      p.Settings.StorageQuotaBytes,
+		RetryBudgetPercent:     int64(p.Settings.RetryBudgetPercent),
 		Now:                    micros(s.clock()),
 	})
 	if code := sqliteCode(err); code == sqlitelib.SQLITE_CONSTRAINT_PRIMARYKEY || code == sqlitelib.SQLITE_CONSTRAINT_UNIQUE {
@@ -89,6 +90,7 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 			RateLimitPerSecond:     int64(p.Settings.RateLimitPerSecond),
 			MaxWaitSeconds:         int64(p.Settings.MaxWaitSeconds),
 			StorageQuotaBytes:      p.Settings.StorageQuotaBytes,
+			RetryBudgetPercent:     int64(p.Settings.RetryBudgetPercent),
 			Disabled:               disabled,
 			Now:                    micros(s.clock()),
 		})

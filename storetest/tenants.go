@@ -19,6 +19,7 @@ func testTenantCreateGet(t *testing.T, s *suite) {
 	st.MaxResponseBytes = 4096
 	st.RateLimitPerSecond = 50
 	st.MaxWaitSeconds = 7
+	st.RetryBudgetPercent = 35
 
 	created, err := b.store.CreateTenant(b.ctx, idem.CreateTenantParams{ID: "acme", Name: "Acme Corp", Settings: st})
 	require.NoError(t, err)
@@ -91,6 +92,7 @@ func testTenantUpdate(t *testing.T, s *suite) {
 	st.LeaseSecondsMax = 60
 	st.RateLimitPerSecond = 7
 	st.MaxWaitSeconds = 0
+	st.RetryBudgetPercent = 100
 	upd, err := b.store.UpdateTenant(b.ctx, idem.UpdateTenantParams{ID: "acme", Name: "Renamed", Settings: st, Disabled: true})
 	require.NoError(t, err)
 	require.Equal(t, "acme", upd.ID)

@@ -124,8 +124,8 @@ func (o *optInt) Set(s string) error {
 // settingsFlags registers one flag per tenant setting and returns the
 // patch they build.
 func settingsFlags(fs *flag.FlagSet) func() idem.SettingsPatch {
-	var f [7]optInt
-	names := []string{"replay-window-seconds", "reaper-threshold-seconds", "lease-seconds-default", "lease-seconds-max", "max-response-bytes", "rate-limit-per-second", "max-wait-seconds"}
+	var f [8]optInt
+	names := []string{"replay-window-seconds", "reaper-threshold-seconds", "lease-seconds-default", "lease-seconds-max", "max-response-bytes", "rate-limit-per-second", "max-wait-seconds", "retry-budget-percent"}
 	help := []string{
 		"how long a completed response is replayed (default 86400)",
 		"how long any record is kept before the reaper deletes it (default 259200)",
@@ -134,6 +134,7 @@ func settingsFlags(fs *flag.FlagSet) func() idem.SettingsPatch {
 		"largest stored response in bytes (default 1048576)",
 		"requests per second allowed, 0 for no limit (default 0)",
 		"longest a claim of a key in flight may wait for its holder, 0 for no waiting (default 20)",
+		"share of first attempts that retries may add per replica over 10 s before a retry gets 429 retry_budget_exhausted, 100 for no budget (default 10)",
 	}
 	for i := range names {
 		fs.Var(&f[i], names[i], "tenant setting: "+help[i])
@@ -149,6 +150,7 @@ func settingsFlags(fs *flag.FlagSet) func() idem.SettingsPatch {
 			MaxResponseBytes:       f[4].v,
 			RateLimitPerSecond:     f[5].v,
 			MaxWaitSeconds:         f[6].v,
+			RetryBudgetPercent:     f[7].v,
 			StorageQuotaBytes:      quota.v,
 		}
 	}
@@ -275,12 +277,12 @@ func printTenants(e env, list []idem.Tenant, asJSON bool) int {
 		return printJSON(e, out)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tDISABLED\tREPLAY_WINDOW_S\tREAPER_THRESHOLD_S\tLEASE_DEFAULT_S\tLEASE_MAX_S\tMAX_RESPONSE_BYTES\tRATE_LIMIT\tMAX_WAIT_S\tSTORAGE_QUOTA_BYTES\tSTORED_BYTES")
+	fmt.Fprintln(tw, "ID\tNAME\tDISABLED\tREPLAY_WINDOW_S\tREAPER_THRESHOLD_S\tLEASE_DEFAULT_S\tLEASE_MAX_S\tMAX_RESPONSE_BYTES\tRATE_LIMIT\tMAX_WAIT_S\tRETRY_BUDGET_PCT\tSTORAGE_QUOTA_BYTES\tSTORED_BYTES")
 	for _, t := range list {
 		s := t.Settings
-		fmt.Fprintf(tw, "%s\t%s\t%t\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", t.ID, t.Name, t.Disabled,
+		fmt.Fprintf(tw, "%s\t%s\t%t\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", t.ID, t.Name, t.Disabled,
 			s.ReplayWindowSeconds, s.ReaperThresholdSeconds, s.LeaseSecondsDefault, s.LeaseSecondsMax, s.MaxResponseBytes, s.RateLimitPerSecond, s.MaxWaitSeconds,
-			s.StorageQuotaBytes, t.StoredBytes)
+			s.RetryBudgetPercent, s.StorageQuotaBytes, t.StoredBytes)
 	}
 	if err := tw.Flush(); err != nil {
 		return fail(e, "write: %v", err)

@@ -88,6 +88,8 @@ export interface Bounds {
 export declare class Client {
     /** The effective retry policy, defaults filled in. */
     readonly policy: EffectivePolicy;
+    /** The logical call of each run's claim that got 409 request_in_flight, by its bounds, until its next claim. */
+    private readonly waitingClaims;
     /** @internal */
     readonly clock: Clock;
     /** @internal */

@@ -3,7 +3,7 @@ import { Codes, IdemError } from "./errors.js";
 import { headerPreferenceApplied, preferWait } from "./frontdoor.js";
 import { validateKey } from "./keys.js";
 import { StoredResponse } from "./response.js";
-import { RetryBudget, backoffMs, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, retryableTransportError, withDefaults, } from "./retry.js";
+import { FleetBudgetError, RetryBudget, attemptHeader, backoffMs, causeOf, headerAttempt, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, retryableTransportError, withDefaults, } from "./retry.js";
 import { run } from "./run.js";
 function keyPath(key, suffix = "") {
     return "/v1/keys/" + encodeURIComponent(key) + suffix;
@@ -18,6 +18,8 @@ function keyPath(key, suffix = "") {
 export class Client {
     /** The effective retry policy, defaults filled in. */
     policy;
+    /** The logical call of each run's claim that got 409 request_in_flight, by its bounds, until its next claim. */
+    waitingClaims = new WeakMap();
     /** @internal */
     clock;
     /** @internal */
@@ -56,6 +58,8 @@ export class Client {
         let deadline = o.deadline ?? Infinity;
         if (o.timeoutMs !== undefined)
             deadline = Math.min(deadline, this.clock.now() + o.timeoutMs);
+        if (this.policy.callDeadlineMs > 0)
+            deadline = Math.min(deadline, this.clock.now() + this.policy.callDeadlineMs);
         return { signal: o.signal, deadline };
     }
     /**
@@ -96,7 +100,22 @@ export class Client {
             body.attempt_id = attemptId;
         if (waitSeconds !== undefined && waitSeconds >= 1)
             body.wait_seconds = Math.floor(waitSeconds);
-        const res = await this.call({ name: "claim", method: "POST", path: keyPath(key, "/claim"), body }, b);
+        // run's claims after a 409 request_in_flight (same bounds) continue
+        // one logical call: Idem-Attempt counts on, cause in-flight.
+        const lc = this.waitingClaims.get(b) ?? { attempts: 0, cause: undefined, original: undefined };
+        this.waitingClaims.delete(b);
+        let res;
+        try {
+            res = await this.call({ name: "claim", method: "POST", path: keyPath(key, "/claim"), body }, b, lc);
+        }
+        catch (err) {
+            if (err instanceof IdemError && err.code === Codes.requestInFlight) {
+                lc.cause = "in-flight";
+                lc.original ??= err;
+                this.waitingClaims.set(b, lc);
+            }
+            throw err;
+        }
         checkClaimAnswer(res.status, res.headers, res.data);
         const record = res.data;
         const replayed = res.status === 200;
@@ -194,7 +213,7 @@ export class Client {
         return res.data;
     }
     /** Runs one call under the retry policy. */
-    async call(ac, b) {
+    async call(ac, b, lc = { attempts: 0, cause: undefined, original: undefined }) {
         const p = this.policy;
         const payload = ac.body === undefined ? undefined : JSON.stringify(ac.body);
         let target = this.base + ac.path;
@@ -202,7 +221,8 @@ export class Client {
         if (qs)
             target += "?" + qs;
         for (let attempt = 1;; attempt++) {
-            const { result, error } = await this.attempt(ac, target, payload, b);
+            lc.attempts++;
+            const { result, error } = await this.attempt(ac, target, payload, b, attemptHeader(lc.attempts, lc.cause));
             const info = {
                 call: ac.name, method: ac.method, path: ac.path, attempt, status: result?.status ?? error?.status ?? 0,
                 error, retry: false, waitMs: 0, giveUp: undefined, budgetLeft: 0,
@@ -214,6 +234,16 @@ export class Client {
                 return result;
             }
             error.call = ac.name;
+            if (error.code === Codes.retryBudgetExhausted) {
+                // idem's fleet budget refused this retry: stop now, and report
+                // what failed before, not the refusal.
+                info.giveUp = "fleet_budget";
+                info.budgetLeft = this.budget.left();
+                this.report(info);
+                if (lc.original)
+                    throw new FleetBudgetError(ac.name, lc.attempts, lc.cause, lc.original, error);
+                throw error.finish(attempt, undefined);
+            }
             const retryable = !b.signal?.aborted && (error.status === 0 ? error.retryable : retryableStatus(error.status, p.retry500));
             if (!retryable) {
                 // The service answered sensibly: it is healthy.
@@ -223,6 +253,8 @@ export class Client {
                 this.report(info);
                 throw error.finish(attempt, b.signal?.aborted ? "aborted" : undefined);
             }
+            lc.cause = causeOf(error);
+            lc.original ??= error;
             const wait = error.retryAfterMs > 0 ? retryAfterWaitMs(p, error.retryAfterMs, this.random) : backoffMs(p, attempt - 1, this.random);
             let giveUp;
             if (attempt >= p.maxAttempts)
@@ -256,7 +288,7 @@ export class Client {
         return Math.min(timeout, b.deadline - this.clock.now());
     }
     /** Sends one HTTP request and reads the whole answer within the attempt's timeout. */
-    async attempt(ac, target, payload, b) {
+    async attempt(ac, target, payload, b, attempt) {
         if (b.signal?.aborted) {
             return { error: new IdemError({ code: Codes.network, title: "Aborted", detail: "the call was aborted", cause: b.signal.reason }) };
         }
@@ -270,6 +302,7 @@ export class Client {
         const headers = {
             Accept: "application/json, application/problem+json",
             "User-Agent": this.userAgent,
+            [headerAttempt]: attempt,
         };
         if (payload !== undefined)
             headers["Content-Type"] = "application/json";

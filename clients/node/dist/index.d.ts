@@ -2,7 +2,7 @@ export { Client, type AttemptInfo, type CallOptions, type ClaimOptions, type Cli
 export { Codes, IdemError, NoSideEffect, isIdemError, isNoSideEffect, type Code, type FieldError, type GiveUpReason } from "./errors.js";
 export { key, maxKeyBytes, validateKey } from "./keys.js";
 export { StoredResponse, type ResponseInit, type WireResponse } from "./response.js";
-export { RetryBudget, backoffCeilingMs, backoffMs, defaultRetryPolicy, parseHttpDate, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, withDefaults, type Clock, type EffectivePolicy, type RetryPolicy, } from "./retry.js";
+export { FleetBudgetError, RetryBudget, background, headerAttempt, interactive, backoffCeilingMs, backoffMs, defaultRetryPolicy, parseHttpDate, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, withDefaults, type AttemptCause, type Clock, type EffectivePolicy, type RetryPolicy, } from "./retry.js";
 export { Claim, renewalPoint, run, type RunOptions, type RunResult } from "./run.js";
 export type { ClaimRequest, ClaimResult, KeyPage, KeyRecord, Settings, State, Tenant, Usage } from "./types.js";
 export { FrontDoor, FrontDoorError, checkIJSON, defaultStoredHeaders, escapeLabel, escapeScope, fingerprintDocument, headerNotReplayable, notReplayableDetail, mismatchDetail, headerPreferenceApplied, isJSON, operation, parseKey, pathRoute, preferWait, problemResponse, problems, requirement, scopedKey, splitTarget, storableStatus, storageQuotaDetail, tenantUnknownDetail, unstorableStatus, storeStatus, storedHeaders, validLabelText, validRequestId, type Answer, type FingerprintRules, type FrontDoorCode, type FrontDoorOptions, type FrontRequest, type HandlerAnswer, type MethodRules, type Outcome, type RequestParts, type Requirement, } from "./frontdoor.js";

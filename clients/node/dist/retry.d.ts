@@ -1,3 +1,4 @@
+import { IdemError } from "./errors.js";
 /**
  * The retry policy of every call a {@link Client} makes. A field left out
  * takes its default, the same as the Go SDK's and the docs' retry contract.
@@ -25,11 +26,56 @@ export interface RetryPolicy {
     budgetRetryCost?: number;
     /** Tokens a sane answer (2xx, or a non-retryable 4xx) puts back, up to the capacity. Default 0.1. */
     budgetSuccessRefund?: number;
+    /** Bounds one whole call (its attempts, waits and `run`'s in-flight waits) when the call gives no sooner deadline. Default 0: none. The presets set it. */
+    callDeadlineMs?: number;
 }
 /** A {@link RetryPolicy} with every field filled in. */
 export type EffectivePolicy = Required<RetryPolicy>;
 /** The defaults of {@link RetryPolicy}. */
 export declare const defaultRetryPolicy: Readonly<EffectivePolicy>;
+/**
+ * The preset for a call a person waits on (/docs/retries#presets): 10 s for
+ * the whole call, 3 attempts of at most 3 s, waits of 0.2 s growing to 2 s,
+ * at most 5 s waiting for another holder of the key, the per-process budget
+ * as by default (10 retries, 0.1 back per success).
+ */
+export declare const interactive: Readonly<RetryPolicy>;
+/**
+ * The preset for a job nobody waits on: 10 minutes for the whole call, 10
+ * attempts of at most 30 s, waits of 1 s growing to 60 s, up to 5 minutes
+ * waiting for another holder of the key, a per-process budget of 100
+ * retries (0.5 back per success).
+ */
+export declare const background: Readonly<RetryPolicy>;
+/** The `Idem-Attempt` request header (/docs/retries#attempt): "1", "2;cause=timeout". */
+export declare const headerAttempt = "Idem-Attempt";
+/** Why the attempt before a retry failed: the `cause` of `Idem-Attempt`. */
+export type AttemptCause = "timeout" | "network" | "unavailable" | "throttled" | "server-error" | "in-flight";
+/** The attempts of one logical call across the HTTP calls that make it. @internal */
+export interface LogicalCall {
+    attempts: number;
+    cause: AttemptCause | undefined;
+    /** The first retryable failure's error. */
+    original: IdemError | undefined;
+}
+/** The `Idem-Attempt` value of attempt n after a failure of cause. */
+export declare function attemptHeader(n: number, cause?: AttemptCause): string;
+/** The `Idem-Attempt` cause of a failed attempt. */
+export declare function causeOf(err: IdemError): AttemptCause;
+/**
+ * The error of a call whose retry idem refused with 429
+ * `retry_budget_exhausted`: the tenant's retries use its fleet retry
+ * budget. No further attempt was sent. Its code, status and detail are the
+ * original failure's (`original`: the 503, the timeout), so a caller
+ * handles the outage as before; `attemptCause` names it, `refusal` is the
+ * 429 (its `retryAfterMs` says when the budget has room again).
+ */
+export declare class FleetBudgetError extends IdemError {
+    readonly original: IdemError;
+    readonly refusal: IdemError;
+    readonly attemptCause: AttemptCause | undefined;
+    constructor(call: string, attempts: number, attemptCause: AttemptCause | undefined, original: IdemError, refusal: IdemError);
+}
 /** Fills the missing fields of p with the defaults. */
 export declare function withDefaults(p?: RetryPolicy): EffectivePolicy;
 /**

@@ -4,8 +4,12 @@ import { headerPreferenceApplied, preferWait } from "./frontdoor.js";
 import { validateKey } from "./keys.js";
 import { StoredResponse, type ResponseInit } from "./response.js";
 import {
+  FleetBudgetError,
   RetryBudget,
+  attemptHeader,
   backoffMs,
+  causeOf,
+  headerAttempt,
   parseRetryAfter,
   realClock,
   retryAfterWaitMs,
@@ -14,6 +18,7 @@ import {
   withDefaults,
   type Clock,
   type EffectivePolicy,
+  type LogicalCall,
   type RetryPolicy,
 } from "./retry.js";
 import { run, type Claim, type RunOptions, type RunResult } from "./run.js";
@@ -127,6 +132,8 @@ function keyPath(key: string, suffix = ""): string {
 export class Client {
   /** The effective retry policy, defaults filled in. */
   readonly policy: EffectivePolicy;
+  /** The logical call of each run's claim that got 409 request_in_flight, by its bounds, until its next claim. */
+  private readonly waitingClaims = new WeakMap<Bounds, LogicalCall>();
   /** @internal */
   readonly clock: Clock;
   /** @internal */
@@ -167,6 +174,7 @@ export class Client {
   bounds(o: CallOptions = {}): Bounds {
     let deadline = o.deadline ?? Infinity;
     if (o.timeoutMs !== undefined) deadline = Math.min(deadline, this.clock.now() + o.timeoutMs);
+    if (this.policy.callDeadlineMs > 0) deadline = Math.min(deadline, this.clock.now() + this.policy.callDeadlineMs);
     return { signal: o.signal, deadline };
   }
 
@@ -210,7 +218,21 @@ export class Client {
     if (req.leaseSeconds !== undefined && req.leaseSeconds > 0) body.lease_seconds = Math.ceil(req.leaseSeconds);
     if (attemptId !== undefined) body.attempt_id = attemptId;
     if (waitSeconds !== undefined && waitSeconds >= 1) body.wait_seconds = Math.floor(waitSeconds);
-    const res = await this.call({ name: "claim", method: "POST", path: keyPath(key, "/claim"), body }, b);
+    // run's claims after a 409 request_in_flight (same bounds) continue
+    // one logical call: Idem-Attempt counts on, cause in-flight.
+    const lc = this.waitingClaims.get(b) ?? { attempts: 0, cause: undefined, original: undefined };
+    this.waitingClaims.delete(b);
+    let res: CallResult;
+    try {
+      res = await this.call({ name: "claim", method: "POST", path: keyPath(key, "/claim"), body }, b, lc);
+    } catch (err) {
+      if (err instanceof IdemError && err.code === Codes.requestInFlight) {
+        lc.cause = "in-flight";
+        lc.original ??= err;
+        this.waitingClaims.set(b, lc);
+      }
+      throw err;
+    }
     checkClaimAnswer(res.status, res.headers, res.data);
     const record = res.data as KeyRecord & { resumed?: boolean };
     const replayed = res.status === 200;
@@ -312,7 +334,7 @@ export class Client {
   }
 
   /** Runs one call under the retry policy. */
-  private async call(ac: ApiCall, b: Bounds): Promise<CallResult> {
+  private async call(ac: ApiCall, b: Bounds, lc: LogicalCall = { attempts: 0, cause: undefined, original: undefined }): Promise<CallResult> {
     const p = this.policy;
     const payload = ac.body === undefined ? undefined : JSON.stringify(ac.body);
     let target = this.base + ac.path;
@@ -320,7 +342,8 @@ export class Client {
     if (qs) target += "?" + qs;
 
     for (let attempt = 1; ; attempt++) {
-      const { result, error } = await this.attempt(ac, target, payload, b);
+      lc.attempts++;
+      const { result, error } = await this.attempt(ac, target, payload, b, attemptHeader(lc.attempts, lc.cause));
       const info: AttemptInfo = {
         call: ac.name, method: ac.method, path: ac.path, attempt, status: result?.status ?? error?.status ?? 0,
         error, retry: false, waitMs: 0, giveUp: undefined, budgetLeft: 0,
@@ -332,6 +355,15 @@ export class Client {
         return result!;
       }
       error.call = ac.name;
+      if (error.code === Codes.retryBudgetExhausted) {
+        // idem's fleet budget refused this retry: stop now, and report
+        // what failed before, not the refusal.
+        info.giveUp = "fleet_budget";
+        info.budgetLeft = this.budget.left();
+        this.report(info);
+        if (lc.original) throw new FleetBudgetError(ac.name, lc.attempts, lc.cause, lc.original, error);
+        throw error.finish(attempt, undefined);
+      }
       const retryable = !b.signal?.aborted && (error.status === 0 ? error.retryable : retryableStatus(error.status, p.retry500));
       if (!retryable) {
         // The service answered sensibly: it is healthy.
@@ -340,6 +372,8 @@ export class Client {
         this.report(info);
         throw error.finish(attempt, b.signal?.aborted ? "aborted" : undefined);
       }
+      lc.cause = causeOf(error);
+      lc.original ??= error;
       const wait = error.retryAfterMs > 0 ? retryAfterWaitMs(p, error.retryAfterMs, this.random) : backoffMs(p, attempt - 1, this.random);
       let giveUp: GiveUpReason | undefined;
       if (attempt >= p.maxAttempts) giveUp = "attempts";
@@ -371,7 +405,7 @@ export class Client {
   }
 
   /** Sends one HTTP request and reads the whole answer within the attempt's timeout. */
-  private async attempt(ac: ApiCall, target: string, payload: string | undefined, b: Bounds): Promise<{ result?: CallResult; error?: IdemError }> {
+  private async attempt(ac: ApiCall, target: string, payload: string | undefined, b: Bounds, attempt: string): Promise<{ result?: CallResult; error?: IdemError }> {
     if (b.signal?.aborted) {
       return { error: new IdemError({ code: Codes.network, title: "Aborted", detail: "the call was aborted", cause: b.signal.reason }) };
     }
@@ -384,6 +418,7 @@ export class Client {
     const headers: Record<string, string> = {
       Accept: "application/json, application/problem+json",
       "User-Agent": this.userAgent,
+      [headerAttempt]: attempt,
     };
     if (payload !== undefined) headers["Content-Type"] = "application/json";
     if (this.token) {

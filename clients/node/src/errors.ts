@@ -23,6 +23,8 @@ export const Codes = {
   unsupportedMediaType: "unsupported_media_type",
   fingerprintMismatch: "fingerprint_mismatch",
   rateLimited: "rate_limited",
+  /** 429: the tenant's fleet retry budget refused this retry; the client stops retrying the call at once and reports the original cause. */
+  retryBudgetExhausted: "retry_budget_exhausted",
   storeUnavailable: "store_unavailable",
   serverBusy: "server_busy",
   /** 507, never retried: the tenant stores its storage_quota_bytes or more; a claim of a new key was refused before anything ran. */
@@ -54,7 +56,7 @@ export interface FieldError {
  * `aborted` (the caller's signal fired), `in_flight_wait` (the wait for
  * another holder of the key ran out).
  */
-export type GiveUpReason = "attempts" | "budget" | "deadline" | "aborted" | "in_flight_wait";
+export type GiveUpReason = "attempts" | "budget" | "deadline" | "aborted" | "in_flight_wait" | "fleet_budget";
 
 /** The fields an {@link IdemError} is built from. */
 export interface IdemErrorInit {

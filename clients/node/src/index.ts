@@ -4,7 +4,11 @@ export { Codes, IdemError, NoSideEffect, isIdemError, isNoSideEffect, type Code,
 export { key, maxKeyBytes, validateKey } from "./keys.js";
 export { StoredResponse, type ResponseInit, type WireResponse } from "./response.js";
 export {
+  FleetBudgetError,
   RetryBudget,
+  background,
+  headerAttempt,
+  interactive,
   backoffCeilingMs,
   backoffMs,
   defaultRetryPolicy,
@@ -14,6 +18,7 @@ export {
   retryAfterWaitMs,
   retryableStatus,
   withDefaults,
+  type AttemptCause,
   type Clock,
   type EffectivePolicy,
   type RetryPolicy,

@@ -1,3 +1,5 @@
+import { Codes, IdemError } from "./errors.js";
+
 /**
  * The retry policy of every call a {@link Client} makes. A field left out
  * takes its default, the same as the Go SDK's and the docs' retry contract.
@@ -25,6 +27,8 @@ export interface RetryPolicy {
   budgetRetryCost?: number;
   /** Tokens a sane answer (2xx, or a non-retryable 4xx) puts back, up to the capacity. Default 0.1. */
   budgetSuccessRefund?: number;
+  /** Bounds one whole call (its attempts, waits and `run`'s in-flight waits) when the call gives no sooner deadline. Default 0: none. The presets set it. */
+  callDeadlineMs?: number;
 }
 
 /** A {@link RetryPolicy} with every field filled in. */
@@ -43,7 +47,86 @@ export const defaultRetryPolicy: Readonly<EffectivePolicy> = Object.freeze({
   budgetCapacity: 10,
   budgetRetryCost: 1,
   budgetSuccessRefund: 0.1,
+  callDeadlineMs: 0,
 });
+
+/**
+ * The preset for a call a person waits on (/docs/retries#presets): 10 s for
+ * the whole call, 3 attempts of at most 3 s, waits of 0.2 s growing to 2 s,
+ * at most 5 s waiting for another holder of the key, the per-process budget
+ * as by default (10 retries, 0.1 back per success).
+ */
+export const interactive: Readonly<RetryPolicy> = Object.freeze({
+  callDeadlineMs: 10_000, maxAttempts: 3, attemptTimeoutMs: 3000, baseDelayMs: 200, maxDelayMs: 2000,
+  inFlightWaitMs: 5000, budgetCapacity: 10, budgetSuccessRefund: 0.1,
+});
+
+/**
+ * The preset for a job nobody waits on: 10 minutes for the whole call, 10
+ * attempts of at most 30 s, waits of 1 s growing to 60 s, up to 5 minutes
+ * waiting for another holder of the key, a per-process budget of 100
+ * retries (0.5 back per success).
+ */
+export const background: Readonly<RetryPolicy> = Object.freeze({
+  callDeadlineMs: 600_000, maxAttempts: 10, attemptTimeoutMs: 30_000, baseDelayMs: 1000, maxDelayMs: 60_000,
+  inFlightWaitMs: 300_000, budgetCapacity: 100, budgetSuccessRefund: 0.5,
+});
+
+/** The `Idem-Attempt` request header (/docs/retries#attempt): "1", "2;cause=timeout". */
+export const headerAttempt = "Idem-Attempt";
+
+/** Why the attempt before a retry failed: the `cause` of `Idem-Attempt`. */
+export type AttemptCause = "timeout" | "network" | "unavailable" | "throttled" | "server-error" | "in-flight";
+
+/** The attempts of one logical call across the HTTP calls that make it. @internal */
+export interface LogicalCall {
+  attempts: number;
+  cause: AttemptCause | undefined;
+  /** The first retryable failure's error. */
+  original: IdemError | undefined;
+}
+
+/** The `Idem-Attempt` value of attempt n after a failure of cause. */
+export function attemptHeader(n: number, cause?: AttemptCause): string {
+  return n <= 1 || !cause ? String(Math.max(1, n)) : `${n};cause=${cause}`;
+}
+
+/** The `Idem-Attempt` cause of a failed attempt. */
+export function causeOf(err: IdemError): AttemptCause {
+  if (err.code === Codes.requestInFlight) return "in-flight";
+  if (err.status === 503) return "unavailable";
+  if (err.status === 429) return "throttled";
+  if (err.status === 408) return "timeout";
+  if (err.status >= 500) return "server-error";
+  const c = err.cause;
+  if (c instanceof Error && (c.name === "TimeoutError" || (c.cause instanceof Error && c.cause.name === "TimeoutError"))) return "timeout";
+  return "network";
+}
+
+/**
+ * The error of a call whose retry idem refused with 429
+ * `retry_budget_exhausted`: the tenant's retries use its fleet retry
+ * budget. No further attempt was sent. Its code, status and detail are the
+ * original failure's (`original`: the 503, the timeout), so a caller
+ * handles the outage as before; `attemptCause` names it, `refusal` is the
+ * 429 (its `retryAfterMs` says when the budget has room again).
+ */
+export class FleetBudgetError extends IdemError {
+  readonly original: IdemError;
+  readonly refusal: IdemError;
+  readonly attemptCause: AttemptCause | undefined;
+
+  constructor(call: string, attempts: number, attemptCause: AttemptCause | undefined, original: IdemError, refusal: IdemError) {
+    super({ status: original.status, code: original.code, type: original.type, title: original.title,
+      detail: `${original.detail || original.title} (stopped: the tenant's fleet retry budget refused the retry; original cause ${attemptCause ?? "unknown"})`,
+      retryable: false, retryAfterMs: refusal.retryAfterMs, requestId: refusal.requestId, call, cause: original });
+    this.name = "FleetBudgetError";
+    this.original = original;
+    this.refusal = refusal;
+    this.attemptCause = attemptCause;
+    this.finish(attempts, "fleet_budget");
+  }
+}
 
 /** Fills the missing fields of p with the defaults. */
 export function withDefaults(p: RetryPolicy = {}): EffectivePolicy {

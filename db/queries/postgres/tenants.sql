@@ -5,14 +5,15 @@ WITH clock AS (
 INSERT INTO tenants (
     id, name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, retry_budget_percent, created_at, updated_at
 )
 SELECT
     sqlc.arg('id')::text, sqlc.arg('name')::text,
     sqlc.arg('replay_window_seconds')::integer, sqlc.arg('reaper_threshold_seconds')::integer,
     sqlc.arg('lease_seconds_default')::integer, sqlc.arg('lease_seconds_max')::integer,
     sqlc.arg('max_response_bytes')::integer, sqlc.arg('rate_limit_per_second')::integer,
-    sqlc.arg('max_wait_seconds')::integer, sqlc.arg('storage_quota_bytes')::bigint, clock.now, clock.now
+    sqlc.arg('max_wait_seconds')::integer, sqlc.arg('storage_quota_bytes')::bigint,
+    sqlc.arg('retry_budget_percent')::integer, clock.now, clock.now
 FROM clock
 RETURNING *;
 
@@ -43,6 +44,7 @@ UPDATE tenants t SET
     rate_limit_per_second = sqlc.arg('rate_limit_per_second')::integer,
     max_wait_seconds = sqlc.arg('max_wait_seconds')::integer,
     storage_quota_bytes = sqlc.arg('storage_quota_bytes')::bigint,
+    retry_budget_percent = sqlc.arg('retry_budget_percent')::integer,
     disabled_at = CASE WHEN sqlc.arg('disabled')::boolean
         THEN coalesce(t.disabled_at, clock.now) ELSE NULL END,
     updated_at = clock.now

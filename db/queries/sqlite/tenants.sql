@@ -2,11 +2,11 @@
 INSERT INTO tenants (
     id, name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, disabled_at, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, retry_budget_percent, disabled_at, created_at, updated_at
 ) VALUES (
     sqlc.arg(id), sqlc.arg(name), sqlc.arg(replay_window_seconds), sqlc.arg(reaper_threshold_seconds),
     sqlc.arg(lease_seconds_default), sqlc.arg(lease_seconds_max), sqlc.arg(max_response_bytes),
-    sqlc.arg(rate_limit_per_second), sqlc.arg(max_wait_seconds), sqlc.arg(storage_quota_bytes), NULL, sqlc.arg(now), sqlc.arg(now)
+    sqlc.arg(rate_limit_per_second), sqlc.arg(max_wait_seconds), sqlc.arg(storage_quota_bytes), sqlc.arg(retry_budget_percent), NULL, sqlc.arg(now), sqlc.arg(now)
 )
 RETURNING *;
 
@@ -31,6 +31,7 @@ UPDATE tenants SET
     rate_limit_per_second = sqlc.arg(rate_limit_per_second),
     max_wait_seconds = sqlc.arg(max_wait_seconds),
     storage_quota_bytes = sqlc.arg(storage_quota_bytes),
+    retry_budget_percent = sqlc.arg(retry_budget_percent),
     disabled_at = CASE WHEN CAST(sqlc.arg(disabled) AS INTEGER) != 0 THEN COALESCE(disabled_at, sqlc.arg(now)) ELSE NULL END,
     updated_at = sqlc.arg(now)
 WHERE id = sqlc.arg(id)

@@ -13,21 +13,22 @@ import (
 
 const createTenant = `-- name: CreateTenant :one
 WITH clock AS (
-    SELECT coalesce($11::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($12::timestamptz, now())::timestamptz AS now
 )
 INSERT INTO tenants (
     id, name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, retry_budget_percent, created_at, updated_at
 )
 SELECT
     $1::text, $2::text,
     $3::integer, $4::integer,
     $5::integer, $6::integer,
     $7::integer, $8::integer,
-    $9::integer, $10::bigint, clock.now, clock.now
+    $9::integer, $10::bigint,
+    $11::integer, clock.now, clock.now
 FROM clock
-RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds, storage_quota_bytes
+RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds, storage_quota_bytes, retry_budget_percent
 `
 
 type CreateTenantParams struct {
@@ -41,6 +42,7 @@ type CreateTenantParams struct {
 	RateLimitPerSecond     int32
 	MaxWaitSeconds         int32
 	StorageQuotaBytes      int64
+	RetryBudgetPercent     int32
 	Now                    pgtype.Timestamptz
 }
 
@@ -56,6 +58,7 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		arg.RateLimitPerSecond,
 		arg.MaxWaitSeconds,
 		arg.StorageQuotaBytes,
+		arg.RetryBudgetPercent,
 		arg.Now,
 	)
 	var i Tenant
@@ -73,6 +76,7 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		&i.UpdatedAt,
 		&i.MaxWaitSeconds,
 		&i.StorageQuotaBytes,
+		&i.RetryBudgetPercent,
 	)
 	return i, err
 }
@@ -92,7 +96,7 @@ func (q *Queries) DeleteTenant(ctx context.Context, id string) (int64, error) {
 }
 
 const getTenant = `-- name: GetTenant :one
-SELECT t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes,
+SELECT t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes, t.retry_budget_percent,
     (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = t.id)::bigint AS stored_bytes
 FROM tenants t WHERE t.id = $1
 `
@@ -120,13 +124,14 @@ func (q *Queries) GetTenant(ctx context.Context, id string) (GetTenantRow, error
 		&i.Tenant.UpdatedAt,
 		&i.Tenant.MaxWaitSeconds,
 		&i.Tenant.StorageQuotaBytes,
+		&i.Tenant.RetryBudgetPercent,
 		&i.StoredBytes,
 	)
 	return i, err
 }
 
 const listTenants = `-- name: ListTenants :many
-SELECT t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes,
+SELECT t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes, t.retry_budget_percent,
     (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = t.id)::bigint AS stored_bytes
 FROM tenants t ORDER BY t.id
 `
@@ -159,6 +164,7 @@ func (q *Queries) ListTenants(ctx context.Context) ([]ListTenantsRow, error) {
 			&i.Tenant.UpdatedAt,
 			&i.Tenant.MaxWaitSeconds,
 			&i.Tenant.StorageQuotaBytes,
+			&i.Tenant.RetryBudgetPercent,
 			&i.StoredBytes,
 		); err != nil {
 			return nil, err
@@ -173,7 +179,7 @@ func (q *Queries) ListTenants(ctx context.Context) ([]ListTenantsRow, error) {
 
 const updateTenant = `-- name: UpdateTenant :one
 WITH clock AS (
-    SELECT coalesce($12::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($13::timestamptz, now())::timestamptz AS now
 )
 UPDATE tenants t SET
     name = $1::text,
@@ -185,12 +191,13 @@ UPDATE tenants t SET
     rate_limit_per_second = $7::integer,
     max_wait_seconds = $8::integer,
     storage_quota_bytes = $9::bigint,
-    disabled_at = CASE WHEN $10::boolean
+    retry_budget_percent = $10::integer,
+    disabled_at = CASE WHEN $11::boolean
         THEN coalesce(t.disabled_at, clock.now) ELSE NULL END,
     updated_at = clock.now
 FROM clock
-WHERE t.id = $11
-RETURNING t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes,
+WHERE t.id = $12
+RETURNING t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes, t.retry_budget_percent,
     (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = t.id)::bigint AS stored_bytes
 `
 
@@ -204,6 +211,7 @@ type UpdateTenantParams struct {
 	RateLimitPerSecond     int32
 	MaxWaitSeconds         int32
 	StorageQuotaBytes      int64
+	RetryBudgetPercent     int32
 	Disabled               bool
 	ID                     string
 	Now                    pgtype.Timestamptz
@@ -227,6 +235,7 @@ func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (Upd
 		arg.RateLimitPerSecond,
 		arg.MaxWaitSeconds,
 		arg.StorageQuotaBytes,
+		arg.RetryBudgetPercent,
 		arg.Disabled,
 		arg.ID,
 		arg.Now,
@@ -246,6 +255,7 @@ func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (Upd
 		&i.Tenant.UpdatedAt,
 		&i.Tenant.MaxWaitSeconds,
 		&i.Tenant.StorageQuotaBytes,
+		&i.Tenant.RetryBudgetPercent,
 		&i.StoredBytes,
 	)
 	return i, err

@@ -76,6 +76,7 @@ type Tenant struct {
 	UpdatedAt              int64
 	MaxWaitSeconds         int64
 	StorageQuotaBytes      int64
+	RetryBudgetPercent     int64
 }
 
 type TenantUsage struct {

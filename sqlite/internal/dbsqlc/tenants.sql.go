@@ -13,13 +13,13 @@ const createTenant = `-- name: CreateTenant :one
 INSERT INTO tenants (
     id, name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, disabled_at, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, retry_budget_percent, disabled_at, created_at, updated_at
 ) VALUES (
     ?1, ?2, ?3, ?4,
     ?5, ?6, ?7,
-    ?8, ?9, ?10, NULL, ?11, ?11
+    ?8, ?9, ?10, ?11, NULL, ?12, ?12
 )
-RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds, storage_quota_bytes
+RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds, storage_quota_bytes, retry_budget_percent
 `
 
 type CreateTenantParams struct {
@@ -33,6 +33,7 @@ type CreateTenantParams struct {
 	RateLimitPerSecond     int64
 	MaxWaitSeconds         int64
 	StorageQuotaBytes      int64
+	RetryBudgetPercent     int64
 	Now                    int64
 }
 
@@ -48,6 +49,7 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		arg.RateLimitPerSecond,
 		arg.MaxWaitSeconds,
 		arg.StorageQuotaBytes,
+		arg.RetryBudgetPercent,
 		arg.Now,
 	)
 	var i Tenant
@@ -65,6 +67,7 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		&i.UpdatedAt,
 		&i.MaxWaitSeconds,
 		&i.StorageQuotaBytes,
+		&i.RetryBudgetPercent,
 	)
 	return i, err
 }
@@ -84,7 +87,7 @@ func (q *Queries) DeleteTenant(ctx context.Context, id string) (int64, error) {
 }
 
 const getTenant = `-- name: GetTenant :one
-SELECT tenants.id, tenants.name, tenants.replay_window_seconds, tenants.reaper_threshold_seconds, tenants.lease_seconds_default, tenants.lease_seconds_max, tenants.max_response_bytes, tenants.rate_limit_per_second, tenants.disabled_at, tenants.created_at, tenants.updated_at, tenants.max_wait_seconds, tenants.storage_quota_bytes, CAST((SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = tenants.id) AS INTEGER) AS stored_bytes
+SELECT tenants.id, tenants.name, tenants.replay_window_seconds, tenants.reaper_threshold_seconds, tenants.lease_seconds_default, tenants.lease_seconds_max, tenants.max_response_bytes, tenants.rate_limit_per_second, tenants.disabled_at, tenants.created_at, tenants.updated_at, tenants.max_wait_seconds, tenants.storage_quota_bytes, tenants.retry_budget_percent, CAST((SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = tenants.id) AS INTEGER) AS stored_bytes
 FROM tenants WHERE id = ?1
 `
 
@@ -111,13 +114,14 @@ func (q *Queries) GetTenant(ctx context.Context, id string) (GetTenantRow, error
 		&i.Tenant.UpdatedAt,
 		&i.Tenant.MaxWaitSeconds,
 		&i.Tenant.StorageQuotaBytes,
+		&i.Tenant.RetryBudgetPercent,
 		&i.StoredBytes,
 	)
 	return i, err
 }
 
 const listTenants = `-- name: ListTenants :many
-SELECT tenants.id, tenants.name, tenants.replay_window_seconds, tenants.reaper_threshold_seconds, tenants.lease_seconds_default, tenants.lease_seconds_max, tenants.max_response_bytes, tenants.rate_limit_per_second, tenants.disabled_at, tenants.created_at, tenants.updated_at, tenants.max_wait_seconds, tenants.storage_quota_bytes, CAST((SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = tenants.id) AS INTEGER) AS stored_bytes
+SELECT tenants.id, tenants.name, tenants.replay_window_seconds, tenants.reaper_threshold_seconds, tenants.lease_seconds_default, tenants.lease_seconds_max, tenants.max_response_bytes, tenants.rate_limit_per_second, tenants.disabled_at, tenants.created_at, tenants.updated_at, tenants.max_wait_seconds, tenants.storage_quota_bytes, tenants.retry_budget_percent, CAST((SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = tenants.id) AS INTEGER) AS stored_bytes
 FROM tenants ORDER BY id
 `
 
@@ -149,6 +153,7 @@ func (q *Queries) ListTenants(ctx context.Context) ([]ListTenantsRow, error) {
 			&i.Tenant.UpdatedAt,
 			&i.Tenant.MaxWaitSeconds,
 			&i.Tenant.StorageQuotaBytes,
+			&i.Tenant.RetryBudgetPercent,
 			&i.StoredBytes,
 		); err != nil {
 			return nil, err
@@ -175,10 +180,11 @@ UPDATE tenants SET
     rate_limit_per_second = ?7,
     max_wait_seconds = ?8,
     storage_quota_bytes = ?9,
-    disabled_at = CASE WHEN CAST(?10 AS INTEGER) != 0 THEN COALESCE(disabled_at, ?11) ELSE NULL END,
-    updated_at = ?11
-WHERE id = ?12
-RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds, storage_quota_bytes
+    retry_budget_percent = ?10,
+    disabled_at = CASE WHEN CAST(?11 AS INTEGER) != 0 THEN COALESCE(disabled_at, ?12) ELSE NULL END,
+    updated_at = ?12
+WHERE id = ?13
+RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds, storage_quota_bytes, retry_budget_percent
 `
 
 type UpdateTenantParams struct {
@@ -191,6 +197,7 @@ type UpdateTenantParams struct {
 	RateLimitPerSecond     int64
 	MaxWaitSeconds         int64
 	StorageQuotaBytes      int64
+	RetryBudgetPercent     int64
 	Disabled               int64
 	Now                    int64
 	ID                     string
@@ -208,6 +215,7 @@ func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (Ten
 		arg.RateLimitPerSecond,
 		arg.MaxWaitSeconds,
 		arg.StorageQuotaBytes,
+		arg.RetryBudgetPercent,
 		arg.Disabled,
 		arg.Now,
 		arg.ID,
@@ -227,6 +235,7 @@ func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (Ten
 		&i.UpdatedAt,
 		&i.MaxWaitSeconds,
 		&i.StorageQuotaBytes,
+		&i.RetryBudgetPercent,
 	)
 	return i, err
 }

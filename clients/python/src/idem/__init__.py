@@ -30,6 +30,7 @@ from ._client import Claim, Client, LeaseLost
 from ._core import RENEWAL_POINT, AttemptInfo
 from ._errors import (
     FieldError,
+    FleetBudgetExhausted,
     IdemError,
     InvalidAnswer,
     InvalidKeyError,
@@ -42,11 +43,12 @@ from ._errors import (
 from ._keys import MAX_KEY_BYTES, derive_key, validate_key
 from ._resume import (RESUME_EVENT_TYPE, SIGNATURE_TOLERANCE, AsyncResumeFunction, ResumeAnswer, ResumeCall,
                       ResumeFunction, ResumeResult, decode_call, verify_signature)
-from ._retry import RetryBudget, RetryPolicy, parse_retry_after
+from ._retry import HEADER_ATTEMPT, RetryBudget, RetryPolicy, parse_retry_after
 from ._types import ClaimResult, KeyPage, Record, Response, RunResult
 
 __all__ = [
-    "AsyncClaim", "AsyncClient", "AttemptInfo", "Claim", "ClaimResult", "Client", "FieldError", "IdemError",
+    "AsyncClaim", "AsyncClient", "AttemptInfo", "Claim", "ClaimResult", "Client", "FieldError", "FleetBudgetExhausted",
+    "HEADER_ATTEMPT", "IdemError",
     "InvalidAnswer", "InvalidKeyError", "KeyPage", "LeaseLost", "MAX_KEY_BYTES", "NoSideEffect", "ProblemError", "RENEWAL_POINT",
     "RESUME_EVENT_TYPE", "SIGNATURE_TOLERANCE", "AsyncResumeFunction", "ResumeAnswer", "ResumeCall", "ResumeFunction",
     "ResumeResult", "Record", "Response", "RetryBudget", "RetryPolicy", "RunResult", "TokenError", "TransportError",

@@ -11,7 +11,7 @@ from typing import Any, Awaitable, Callable
 import httpx
 
 from ._client import _USER_AGENT, POOL_LIMITS, LeaseLost
-from ._core import (RENEWAL_POINT, AttemptInfo, Call, ClaimState, Core, TokenSource, has_no_side_effect,
+from ._core import (RENEWAL_POINT, AttemptInfo, Call, ClaimState, Core, Logical, TokenSource, has_no_side_effect,
                     is_lease_lost, lease_length, replayed_result, wall_now)
 from ._errors import KEY_NOT_FOUND, IdemError, ProblemError
 from ._keys import validate_key
@@ -107,20 +107,23 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _call(self, call: Call, deadline: float | None) -> tuple[int, httpx.Headers, Any]:
+    async def _call(self, call: Call, deadline: float | None,
+                    logical: Logical | None = None) -> tuple[int, httpx.Headers, Any]:
         core = self._core
+        logical = logical or Logical()
         attempt = 0
         while True:
             attempt += 1
+            logical.attempts += 1
             try:
-                headers = core.headers(call)
+                headers = core.headers(call, logical)
                 try:
                     resp = await self._send(call.method, core.url(call), call.body, headers, core.attempt_timeout(deadline))
                 except httpx.HTTPError as e:
                     raise core.transport(call, e) from e
                 data = core.answer(call, resp)
             except IdemError as err:
-                wait = core.next_wait(call, attempt, err, deadline)
+                wait = core.next_wait(call, attempt, err, deadline, logical)
                 await self._sleep(wait)
                 continue
             core.succeeded(call, attempt, resp.status_code)
@@ -191,16 +194,17 @@ class AsyncClient:
         deadline = core.deadline(timeout)
         attempt_id = core.new_attempt_id()
         waited = 0.0
+        logical = Logical()  # one logical call, in-flight waits included
         while True:
             start = core.monotonic()
             try:
                 call = core.claim_call(key, operation, request, fingerprint, lease, attempt_id,
                                        core.server_wait(waited, deadline, no_wait, wait))
-                cr = await self._call(call, deadline)
+                cr = await self._call(call, deadline, logical)
                 break
             except IdemError as err:
                 waited += core.monotonic() - start  # the server may have held the claim
-                wait = core.in_flight_wait(err, waited, deadline, no_wait)
+                wait = core.in_flight_wait(err, waited, deadline, no_wait, logical)
                 await self._sleep(wait)
                 waited += wait
         res = core.claim_result(*cr)

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import httpx
 
-from ._core import (RENEWAL_POINT, AttemptInfo, Call, ClaimState, Core, TokenSource, has_no_side_effect,
+from ._core import (RENEWAL_POINT, AttemptInfo, Call, ClaimState, Core, Logical, TokenSource, has_no_side_effect,
                     is_lease_lost, lease_length, replayed_result, wall_now)
 from ._errors import KEY_NOT_FOUND, IdemError, ProblemError
 from ._keys import validate_key
@@ -126,20 +126,23 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, call: Call, deadline: float | None) -> tuple[int, httpx.Headers, Any]:
+    def _call(self, call: Call, deadline: float | None,
+                    logical: Logical | None = None) -> tuple[int, httpx.Headers, Any]:
         core = self._core
+        logical = logical or Logical()
         attempt = 0
         while True:
             attempt += 1
+            logical.attempts += 1
             try:
-                headers = core.headers(call)
+                headers = core.headers(call, logical)
                 try:
                     resp = self._send(call.method, core.url(call), call.body, headers, core.attempt_timeout(deadline))
                 except httpx.HTTPError as e:
                     raise core.transport(call, e) from e
                 data = core.answer(call, resp)
             except IdemError as err:
-                wait = core.next_wait(call, attempt, err, deadline)
+                wait = core.next_wait(call, attempt, err, deadline, logical)
                 self._sleep(wait)
                 continue
             core.succeeded(call, attempt, resp.status_code)
@@ -265,16 +268,17 @@ class Client:
         deadline = core.deadline(timeout)
         attempt_id = core.new_attempt_id()
         waited = 0.0
+        logical = Logical()  # one logical call, in-flight waits included
         while True:
             start = core.monotonic()
             try:
                 call = core.claim_call(key, operation, request, fingerprint, lease, attempt_id,
                                        core.server_wait(waited, deadline, no_wait, wait))
-                cr = self._call(call, deadline)
+                cr = self._call(call, deadline, logical)
                 break
             except IdemError as err:
                 waited += core.monotonic() - start  # the server may have held the claim
-                wait = core.in_flight_wait(err, waited, deadline, no_wait)
+                wait = core.in_flight_wait(err, waited, deadline, no_wait, logical)
                 self._sleep(wait)
                 waited += wait
         res = core.claim_result(*cr)

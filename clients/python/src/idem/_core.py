@@ -18,6 +18,8 @@ import httpx
 
 from ._errors import (
     REQUEST_IN_FLIGHT,
+    RETRY_BUDGET_EXHAUSTED,
+    FleetBudgetExhausted,
     IdemError,
     InvalidAnswer,
     NoSideEffect,
@@ -26,7 +28,7 @@ from ._errors import (
     TransportError,
 )
 from ._keys import validate_key
-from ._retry import RetryBudget, RetryPolicy, problem_from, transport_error
+from ._retry import HEADER_ATTEMPT, RetryBudget, RetryPolicy, attempt_header, cause_of, problem_from, transport_error
 from ._types import ClaimResult, KeyPage, Record, Response, RunResult
 from .frontdoor import HEADER_PREFERENCE_APPLIED, prefer_wait
 
@@ -61,6 +63,22 @@ class AttemptInfo:
     #: Why no retry follows a retryable failure: "attempts", "budget", "deadline"; None otherwise.
     give_up: str | None
     budget_left: float
+
+
+@dataclass
+class Logical:
+    """The attempts of one logical call across its HTTP calls: run()'s
+    claim and its in-flight waits are one call, so the server sees a claim
+    after a wait as a retry (cause in-flight)."""
+
+    attempts: int = 0
+    cause: str | None = None
+    original: IdemError | None = None
+
+    def failed(self, err: IdemError, cause: str | None = None) -> None:
+        self.cause = cause or cause_of(err)
+        if self.original is None:
+            self.original = err
 
 
 @dataclass(frozen=True)
@@ -111,7 +129,11 @@ class Core:
     # -- requests -------------------------------------------------------
 
     def deadline(self, timeout: float | None) -> float | None:
-        """The monotonic deadline of a call with an overall timeout."""
+        """The monotonic deadline of a call with an overall timeout, and at
+        most the policy's call_deadline (the presets set one)."""
+        cd = self.policy.call_deadline
+        if cd is not None and cd > 0 and (timeout is None or cd < timeout):
+            timeout = cd
         return None if timeout is None else self.monotonic() + timeout
 
     def left(self, deadline: float | None) -> float | None:
@@ -125,8 +147,10 @@ class Core:
             d = max(left, 0.001)
         return d
 
-    def headers(self, call: Call) -> dict[str, str]:
+    def headers(self, call: Call, logical: Logical | None = None) -> dict[str, str]:
         h = {"Accept": "application/json, application/problem+json", "User-Agent": self.user_agent}
+        if logical is not None:
+            h[HEADER_ATTEMPT] = attempt_header(logical.attempts, logical.cause)
         if call.body is not None:
             h["Content-Type"] = "application/json"
         tok = self.token
@@ -162,11 +186,25 @@ class Core:
         self.budget.success()
         self.report(AttemptInfo(call.name, call.method, call.path, attempt, status, None, False, 0.0, None, self.budget.left))
 
-    def next_wait(self, call: Call, attempt: int, err: IdemError, deadline: float | None) -> float:
+    def next_wait(self, call: Call, attempt: int, err: IdemError, deadline: float | None,
+                  logical: Logical | None = None) -> float:
         """Decide about a failed attempt: return the wait before the next
-        one, or raise err (with give_up set when it was retryable)."""
+        one, or raise err (with give_up set when it was retryable). A retry
+        idem's fleet budget refused (429 retry_budget_exhausted) ends the
+        call at once with FleetBudgetExhausted and the original cause."""
         status = err.status if isinstance(err, ProblemError) else 0
         p = self.policy
+        if (isinstance(err, ProblemError) and err.code == RETRY_BUDGET_EXHAUSTED and logical is not None
+                and logical.original is not None):
+            stop = FleetBudgetExhausted(call.name, logical.attempts, logical.cause or "", logical.original, err)
+            self.report(AttemptInfo(call.name, call.method, call.path, attempt, status, stop, False, 0.0,
+                                    "fleet_budget", self.budget.left))
+            raise stop
+        if isinstance(err, ProblemError) and err.code == RETRY_BUDGET_EXHAUSTED:
+            self.report(AttemptInfo(call.name, call.method, call.path, attempt, status, err, False, 0.0, None, self.budget.left))
+            raise err  # never retried: more retries are what it refuses
+        if logical is not None:
+            logical.failed(err)
         if not p.retryable(err):
             if 0 < status < 500:
                 self.budget.success()  # the service answered sensibly: it is healthy
@@ -317,7 +355,8 @@ class Core:
             d = min(d, at - 1)
         return float(math.floor(d)) if d >= 1 else 0.0
 
-    def in_flight_wait(self, err: IdemError, waited: float, deadline: float | None, no_wait: bool) -> float:
+    def in_flight_wait(self, err: IdemError, waited: float, deadline: float | None, no_wait: bool,
+                       logical: Logical | None = None) -> float:
         """Decide about a failed claim of run(): return the wait before
         claiming again when another holder has the key (409
         request_in_flight: the server did not hold the claim, or its hold
@@ -327,6 +366,8 @@ class Core:
         p = self.policy
         if not isinstance(err, ProblemError) or err.code != REQUEST_IN_FLIGHT or no_wait or p.in_flight_wait is None:
             raise err
+        if logical is not None:
+            logical.failed(err, "in-flight")
         ra = err.retry_after if err.retry_after > 0 else p.base_delay
         wait = p.retry_after_wait(ra)
         if waited + wait > p.in_flight_wait:

@@ -21,6 +21,9 @@ PAYLOAD_TOO_LARGE = "payload_too_large"
 UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
 FINGERPRINT_MISMATCH = "fingerprint_mismatch"
 RATE_LIMITED = "rate_limited"
+#: 429: the tenant's fleet retry budget refused this retry; the client stops
+#: retrying the call at once and raises with the original cause.
+RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
 STORE_UNAVAILABLE = "store_unavailable"
 SERVER_BUSY = "server_busy"
 #: 507, never retried: the tenant stores its storage_quota_bytes or more, so a
@@ -103,6 +106,32 @@ class TransportError(IdemError):
     def __init__(self, message: str, *, retryable: bool) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+class FleetBudgetExhausted(IdemError):
+    """idem refused a retry of this call with 429 retry_budget_exhausted: the
+    tenant's retries use its retry budget across the fleet. The client sent
+    no further attempt. ``original`` is the error of the attempt before the
+    refusal (the 503, the timeout) and ``cause`` its Idem-Attempt cause;
+    ``code`` is the original's, so callers handle the outage as they would
+    have; ``refusal`` is the 429 itself (its retry_after says when the
+    budget has room again)."""
+
+    give_up: str | None = "fleet_budget"
+
+    def __init__(self, call: str, attempts: int, cause: str, original: IdemError, refusal: ProblemError) -> None:
+        super().__init__(f"idem: {call}: stopped after {attempts} attempts: the tenant's fleet retry budget refused "
+                         f"the retry (original cause {cause}): {original}")
+        self.call = call
+        self.attempts = attempts
+        self.cause = cause
+        self.original = original
+        self.refusal = refusal
+        self.__cause__ = original
+
+    @property
+    def code(self) -> str:
+        return self.original.code
 
 
 class InvalidAnswer(IdemError):

@@ -43,6 +43,28 @@ class RetryPolicy:
     budget_capacity: float | None = 10.0
     budget_retry_cost: float = 1.0
     budget_success_refund: float = 0.1
+    #: Bounds one whole call (its attempts, waits and run()'s in-flight waits)
+    #: when the call gives no sooner ``timeout``; None: only the call's own.
+    call_deadline: float | None = None
+
+    @classmethod
+    def interactive(cls) -> RetryPolicy:
+        """The preset for a call a person waits on (/docs/retries#presets):
+        10 s for the whole call, 3 attempts of at most 3 s, waits of 0.2 s
+        growing to 2 s, at most 5 s waiting for another holder of the key,
+        the per-process budget as by default (10 retries, 0.1 back per
+        success)."""
+        return cls(call_deadline=10.0, max_attempts=3, attempt_timeout=3.0, base_delay=0.2, max_delay=2.0,
+                   in_flight_wait=5.0, budget_capacity=10.0, budget_success_refund=0.1)
+
+    @classmethod
+    def background(cls) -> RetryPolicy:
+        """The preset for a job nobody waits on: 10 minutes for the whole
+        call, 10 attempts of at most 30 s, waits of 1 s growing to 60 s, up
+        to 5 minutes waiting for another holder of the key, a per-process
+        budget of 100 retries (0.5 back per success)."""
+        return cls(call_deadline=600.0, max_attempts=10, attempt_timeout=30.0, base_delay=1.0, max_delay=60.0,
+                   in_flight_wait=300.0, budget_capacity=100.0, budget_success_refund=0.5)
 
     def full_jitter_ceiling(self, n: int) -> float:
         """min(max_delay, base_delay * 2**n): the exclusive bound of the
@@ -81,6 +103,34 @@ class RetryPolicy:
         if isinstance(err, TransportError):
             return err.retryable
         return False
+
+
+#: The Idem-Attempt request header (/docs/retries#attempt): "1", "2;cause=timeout".
+HEADER_ATTEMPT = "Idem-Attempt"
+
+
+def attempt_header(n: int, cause: str | None) -> str:
+    """The Idem-Attempt value of attempt n after a failure of cause."""
+    return str(n) if n <= 1 or not cause else f"{n};cause={cause}"
+
+
+def cause_of(err: BaseException) -> str:
+    """The Idem-Attempt cause of a failed attempt: timeout, network,
+    unavailable (503), throttled (429), server-error (other 5xx) or
+    in-flight (409 request_in_flight)."""
+    if isinstance(err, ProblemError):
+        if err.code == "request_in_flight":
+            return "in-flight"
+        if err.status == 503:
+            return "unavailable"
+        if err.status == 429:
+            return "throttled"
+        if err.status == 408:
+            return "timeout"
+        return "server-error"
+    if isinstance(err, TransportError) and isinstance(err.__cause__, httpx.TimeoutException):
+        return "timeout"
+    return "network"
 
 
 class RetryBudget:

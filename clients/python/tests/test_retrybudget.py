@@ -1,0 +1,187 @@
+"""The fleet retry budget (issue 28) from the Python SDK, against the real
+server binary on both stores: every attempt carries Idem-Attempt with the
+cause of the retry; a 429 retry_budget_exhausted ends the call at once with
+FleetBudgetError carrying the original cause; the presets."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import secrets
+import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+from conftest import Server, _cli, start_server
+
+from idem import AsyncClient, Client, FleetBudgetExhausted, ProblemError, RetryPolicy
+
+UNAVAILABLE = (b'{"type":"/docs/errors#store_unavailable","title":"Store unavailable","status":503,'
+               b'"detail":"the store does not answer","code":"store_unavailable","retryable":true}')
+
+
+class FlakyFront:
+    """A forwarding proxy in front of the real server that answers the first
+    ``fail`` requests 503 store_unavailable itself (as a replica whose store
+    is away would) and records the Idem-Attempt header of every request."""
+
+    def __init__(self, target: str, fail: int) -> None:
+        self.fail = fail
+        self.seen: list[str | None] = []
+        self._lock = threading.Lock()
+        t = urlsplit(target)
+        front = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _any(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with front._lock:
+                    front.seen.append(self.headers.get("Idem-Attempt"))
+                    failing = front.fail > 0
+                    front.fail -= 1 if failing else 0
+                if failing:
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/problem+json")
+                    self.send_header("Retry-After", "1")
+                    self.send_header("Content-Length", str(len(UNAVAILABLE)))
+                    self.end_headers()
+                    self.wfile.write(UNAVAILABLE)
+                    return
+                conn = http.client.HTTPConnection(t.hostname or "127.0.0.1", t.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn.request(self.command, self.path, body=body or None, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("content-length", "connection", "transfer-encoding", "date", "server"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_POST = _any
+
+        self._srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._srv.server_address[1]}"
+        threading.Thread(target=self._srv.serve_forever, daemon=True).start()
+
+    def headers(self) -> list[str | None]:
+        with self._lock:
+            return list(self.seen)
+
+    def close(self) -> None:
+        self._srv.shutdown()
+        self._srv.server_close()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def budget_server(request: pytest.FixtureRequest, binary: str) -> Iterator[tuple[Server, str]]:
+    # A window of an hour: nothing leaves it while the tests run.
+    yield from ((s, binary) for s in start_server(binary, request.param, {"IDEM_RETRY_BUDGET_WINDOW": "1h"}))
+
+
+def tenant(server: Server, binary: str, percent: int) -> str:
+    """A new tenant at retry_budget_percent percent, and a token of it."""
+    name = "py-" + secrets.token_hex(4)
+    _cli(binary, server.env, "tenant", "create", name, "--retry-budget-percent", str(percent))
+    return _cli(binary, server.env, "token", "--tenant", name, "--scope", "keys:write", "--ttl", "2h")
+
+
+def use_up_floor(server: Server, token: str) -> None:
+    """Ten retries reach the server: the floor of a tenant at 0 percent."""
+    for i in range(10):
+        req = urllib.request.Request(f"{server.url}/v1/keys/warm-{i}/release", method="POST",
+                                     data=b'{"fencing_token":1}',
+                                     headers={"Authorization": "Bearer " + token, "Content-Type": "application/json",
+                                              "Idem-Attempt": "2;cause=timeout"})
+        try:
+            urllib.request.urlopen(req, timeout=10)
+        except urllib.error.HTTPError as e:
+            assert e.code == 404, e.read()  # served: key_not_found, not 429
+
+
+FAST = RetryPolicy(base_delay=0.01, max_delay=0.02, retry_after_jitter=0.0, max_attempts=5)
+
+
+def test_every_attempt_says_which_it_is(budget_server: tuple[Server, str]) -> None:
+    server, binary = budget_server
+    front = FlakyFront(server.url, fail=2)
+    try:
+        with Client(front.url, token=tenant(server, binary, 100), policy=FAST) as c:
+            cr = c.claim("order-1", operation="POST /orders", request={"n": 1})
+            assert cr.record.state == "in_flight"
+            assert front.headers() == ["1", "2;cause=unavailable", "3;cause=unavailable"]
+            c.complete("order-1", cr.record.fencing_token, __import__("idem").Response(201, {}, b"{}"))
+            assert front.headers()[3] == "1", "a new logical call starts at 1"
+    finally:
+        front.close()
+
+
+def test_budget_refusal_stops_the_call_with_the_original_cause(budget_server: tuple[Server, str]) -> None:
+    server, binary = budget_server
+    token = tenant(server, binary, 0)
+    use_up_floor(server, token)
+    front = FlakyFront(server.url, fail=1)
+    try:
+        with Client(front.url, token=token, policy=FAST) as c:
+            with pytest.raises(FleetBudgetExhausted) as info:
+                c.claim("order-1", operation="POST /orders", request={"n": 1})
+            err = info.value
+            assert err.code == "store_unavailable", "the original cause, not the refusal"
+            assert err.cause == "unavailable"
+            assert err.attempts == 2
+            assert isinstance(err.original, ProblemError) and err.original.status == 503
+            assert err.refusal.code == "retry_budget_exhausted" and err.refusal.retry_after > 0
+            assert front.headers() == ["1", "2;cause=unavailable"], "no attempt after the refusal, though 5 were allowed"
+        # The refused retry left the key as it was: a later first attempt claims it.
+        with Client(server.url, token=token) as c:
+            assert c.claim("order-1", operation="POST /orders", request={"n": 1}).record.state == "in_flight"
+    finally:
+        front.close()
+
+
+def test_async_budget_refusal(budget_server: tuple[Server, str]) -> None:
+    server, binary = budget_server
+    token = tenant(server, binary, 0)
+    use_up_floor(server, token)
+    front = FlakyFront(server.url, fail=1)
+
+    async def go() -> None:
+        async with AsyncClient(front.url, token=token, policy=FAST) as c:
+            with pytest.raises(FleetBudgetExhausted) as info:
+                await c.claim("order-2", operation="POST /orders", request={"n": 1})
+            assert info.value.code == "store_unavailable" and info.value.cause == "unavailable"
+
+    try:
+        asyncio.run(go())
+        assert front.headers() == ["1", "2;cause=unavailable"]
+    finally:
+        front.close()
+
+
+def test_presets(budget_server: tuple[Server, str]) -> None:
+    i, b = RetryPolicy.interactive(), RetryPolicy.background()
+    assert (i.call_deadline, i.max_attempts, i.budget_capacity) == (10.0, 3, 10.0)
+    assert (b.call_deadline, b.max_attempts) == (600.0, 10)
+    assert b.budget_capacity is not None and i.budget_capacity is not None and b.budget_capacity > i.budget_capacity
+    # The call deadline bounds a call given no timeout: every 503 says
+    # Retry-After: 1, longer than the whole call may take, so one attempt.
+    server, binary = budget_server
+    front = FlakyFront(server.url, fail=1000)
+    try:
+        p = RetryPolicy(call_deadline=0.3, max_attempts=1000, base_delay=0.01, retry_after_jitter=0.0)
+        with Client(front.url, token=tenant(server, binary, 100), policy=p) as c:
+            with pytest.raises(ProblemError) as info:
+                c.claim("order-1", operation="POST /orders")
+            assert info.value.give_up == "deadline"
+        assert len(front.headers()) == 1
+    finally:
+        front.close()

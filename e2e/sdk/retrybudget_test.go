@@ -1,0 +1,180 @@
+package sdk_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/client"
+	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/testkit/servertest"
+)
+
+// flakyFront is a reverse proxy in front of the real server that answers
+// the first fail requests 503 store_unavailable itself (as a replica whose
+// store is away would) and records every Idem-Attempt header it sees.
+type flakyFront struct {
+	mu      sync.Mutex
+	fail    int
+	seen    []string
+	handler http.Handler
+}
+
+func newFlakyFront(t *testing.T, target string, fail int) (*flakyFront, string) {
+	t.Helper()
+	u, err := url.Parse(target)
+	require.NoError(t, err)
+	f := &flakyFront{fail: fail, handler: httputil.NewSingleHostReverseProxy(u)}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.seen = append(f.seen, r.Header.Get(client.HeaderAttempt))
+		failing := f.fail > 0
+		if failing {
+			f.fail--
+		}
+		f.mu.Unlock()
+		if failing {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"type":"/docs/errors#store_unavailable","title":"Store unavailable","status":503,"detail":"the store does not answer","code":"store_unavailable","retryable":true}`))
+			return
+		}
+		f.handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return f, srv.URL
+}
+
+func (f *flakyFront) headers() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.seen...)
+}
+
+// startBudgetServer starts the real server with a retry budget window of an
+// hour (nothing leaves it during the test) and tenant acme at percent.
+func startBudgetServer(t *testing.T, backend string, percent int) (*servertest.Server, string) {
+	t.Helper()
+	srv := servertest.Start(t, servertest.Options{Backend: backend,
+		Configure: func(c *server.Config) { c.RetryBudgetWindow = time.Hour }})
+	srv.CreateTenant(t, "acme", idem.SettingsPatch{RetryBudgetPercent: &percent})
+	return srv, srv.Token(t, "acme", "keys:write", "keys:read")
+}
+
+// TestE2EAttemptHeader: every attempt of a call says which it is, and a
+// retry why: the proxy fails the first two with 503, the third reaches the
+// server and claims.
+func TestE2EAttemptHeader(t *testing.T) {
+	t.Parallel()
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			srv, tok := startBudgetServer(t, backend, 100)
+			front, base := newFlakyFront(t, srv.URL(), 2)
+			c, err := client.New(base, client.WithToken(tok), client.WithRetryPolicy(fastPolicy))
+			require.NoError(t, err)
+			cr, err := c.Claim(context.Background(), "order-1", client.Request{Operation: "POST /orders", Payload: map[string]any{"n": 1}})
+			require.NoError(t, err)
+			require.Equal(t, client.StateInFlight, cr.State)
+			require.Equal(t, []string{"1", "2;cause=unavailable", "3;cause=unavailable"}, front.headers())
+
+			// A new logical call starts again at 1.
+			_, err = c.Complete(context.Background(), "order-1", cr.FencingToken, confirmed)
+			require.NoError(t, err)
+			require.Equal(t, "1", front.headers()[3])
+
+			// A front door passes its caller's attempt on: the claim says 4.
+			ctx := client.WithAttempt(context.Background(), 4, client.CauseTimeout)
+			_, err = c.Claim(ctx, "order-1", client.Request{Operation: "POST /orders", Payload: map[string]any{"n": 1}})
+			require.NoError(t, err, "a replay")
+			require.Equal(t, "4;cause=timeout", front.headers()[4])
+		})
+	}
+}
+
+// TestE2EFleetBudgetStopsRetrying: when idem refuses a retry with 429
+// retry_budget_exhausted, the client sends no further attempt, and its
+// error carries the original cause (the 503 before it); the key is as it
+// was, and a later call claims it.
+func TestE2EFleetBudgetStopsRetrying(t *testing.T) {
+	t.Parallel()
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			srv, tok := startBudgetServer(t, backend, 0)
+			// Use up the floor: 10 retries reach the server.
+			raw, err := client.New(srv.URL(), client.WithToken(tok))
+			require.NoError(t, err)
+			for i := range 10 {
+				hc := &http.Client{Timeout: 10 * time.Second}
+				req, _ := http.NewRequest(http.MethodGet, srv.URL()+fmt.Sprintf("/v1/keys/warm-%d", i), nil)
+				req.Header.Set("Authorization", "Bearer "+tok)
+				req.Header.Set(client.HeaderAttempt, "2;cause=timeout")
+				resp, err := hc.Do(req)
+				require.NoError(t, err)
+				_ = resp.Body.Close()
+				require.Equal(t, http.StatusNotFound, resp.StatusCode)
+			}
+
+			front, base := newFlakyFront(t, srv.URL(), 1)
+			c, err := client.New(base, client.WithToken(tok), client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 5, BaseDelay: 10 * time.Millisecond, RetryAfterJitter: -1}))
+			require.NoError(t, err)
+			_, err = c.Claim(context.Background(), "order-1", client.Request{Operation: "POST /orders", Payload: map[string]any{"n": 1}})
+			require.Error(t, err)
+			require.ErrorIs(t, err, client.ErrFleetBudgetExhausted)
+			require.ErrorIs(t, err, client.ErrStoreUnavailable, "the original cause is in the error")
+			require.Equal(t, client.CodeStoreUnavailable, client.ErrorCode(err))
+			var fb *client.FleetBudgetError
+			require.ErrorAs(t, err, &fb)
+			require.Equal(t, client.CauseUnavailable, fb.Cause)
+			require.Equal(t, 2, fb.Attempts)
+			require.Equal(t, client.CodeRetryBudgetExhausted, fb.Refusal.Code)
+			require.Positive(t, fb.Refusal.RetryAfter)
+			require.Equal(t, []string{"1", "2;cause=unavailable"}, front.headers(), "no attempt after the refusal, though 5 were allowed")
+
+			_, err = raw.Get(context.Background(), "order-1")
+			require.ErrorIs(t, err, client.ErrKeyNotFound, "the refused retry stored nothing")
+			cr, err := raw.Claim(context.Background(), "order-1", client.Request{Operation: "POST /orders", Payload: map[string]any{"n": 1}})
+			require.NoError(t, err, "a later call claims the key")
+			require.Equal(t, client.StateInFlight, cr.State)
+		})
+	}
+}
+
+// TestE2EPresets: the presets' numbers, and the interactive preset's
+// overall deadline bounds a call whose context has none.
+func TestE2EPresets(t *testing.T) {
+	t.Parallel()
+	in, bg := client.InteractivePolicy(), client.BackgroundPolicy()
+	require.Equal(t, 10*time.Second, in.CallDeadline)
+	require.Equal(t, 3, in.MaxAttempts)
+	require.Equal(t, client.DefaultBudgetCapacity, in.BudgetCapacity)
+	require.Equal(t, 10*time.Minute, bg.CallDeadline)
+	require.Equal(t, 10, bg.MaxAttempts)
+	require.Greater(t, bg.BudgetCapacity, in.BudgetCapacity)
+
+	srv, tok := startBudgetServer(t, servertest.BackendSQLite, 100)
+	front, base := newFlakyFront(t, srv.URL(), 1000)
+	p := client.InteractivePolicy()
+	p.CallDeadline = 300 * time.Millisecond // the preset's 10 s, shortened for the test
+	p.MaxAttempts = 1000
+	p.BaseDelay, p.MaxDelay, p.RetryAfterJitter = 10*time.Millisecond, 10*time.Millisecond, -1
+	c, err := client.New(base, client.WithToken(tok), client.WithRetryPolicy(p))
+	require.NoError(t, err)
+	_, err = c.Claim(context.Background(), "order-1", client.Request{Operation: "POST /orders"})
+	require.Error(t, err)
+	require.ErrorIs(t, err, client.ErrStoreUnavailable, "the last attempt's error")
+	// Each 503 says Retry-After: 1, longer than the whole call may take:
+	// without the call deadline the loop would go on for 1000 attempts.
+	require.Len(t, front.headers(), 1, "the call deadline ended the loop, not the attempt cap")
+}

@@ -1,0 +1,107 @@
+package retrybudget
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseAttempt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in   []string
+		want Attempt
+	}{
+		{nil, First},
+		{[]string{"1"}, First},
+		{[]string{"2;cause=timeout"}, Attempt{2, CauseTimeout}},
+		{[]string{"3; cause=server-error"}, Attempt{3, CauseServerError}}, // RFC 9651 allows spaces after ';'
+		{[]string{"3 ;cause=server-error"}, First},                        // but none before it
+		{[]string{"3;cause=server-error"}, Attempt{3, CauseServerError}},
+		{[]string{"4;cause=in-flight"}, Attempt{4, CauseInFlight}},
+		{[]string{"2"}, Attempt{2, CauseOther}},
+		{[]string{"2;cause=sunspots"}, Attempt{2, CauseOther}},
+		{[]string{`2;cause="timeout"`}, Attempt{2, CauseOther}}, // a String, not a Token
+		{[]string{"0"}, First},
+		{[]string{"-3"}, First},
+		{[]string{"abc"}, First},
+		{[]string{"2", "3"}, First}, // two lines make a List, not an Item
+		{[]string{"2.5"}, First},
+		{[]string{"9999999999999999"}, First}, // past RFC 9651's 15 digits
+	} {
+		require.Equal(t, tc.want, ParseAttempt(tc.in), "%q", tc.in)
+	}
+}
+
+func TestFormatRoundTrip(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "1", Format(1, CauseTimeout))
+	require.Equal(t, "2;cause=timeout", Format(2, CauseTimeout))
+	for _, c := range Causes {
+		require.Equal(t, Attempt{5, c}, ParseAttempt([]string{Format(5, c)}))
+	}
+}
+
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+func TestBudgetShareAndFloor(t *testing.T) {
+	t.Parallel()
+	c := &clock{t: time.Unix(1_000_000, 0)}
+	b := New(10*time.Second, c.now)
+	retry := Attempt{2, CauseUnavailable}
+	b.Admit("a", First)
+	b.SetPercent("a", 10)
+	// 199 more first attempts: 200 in the window, 10 % is 20 retries.
+	for range 199 {
+		require.True(t, b.Admit("a", First).Allowed)
+	}
+	for i := range 20 {
+		require.True(t, b.Admit("a", retry).Allowed, "retry %d", i)
+	}
+	d := b.Admit("a", retry)
+	require.False(t, d.Allowed)
+	require.Equal(t, 10*time.Second, d.RetryAfter)
+	require.True(t, b.Admit("a", First).Allowed, "first attempts are always served")
+
+	// A quiet tenant (no first attempts, percent 0) has the floor.
+	b.Admit("q", First)
+	b.SetPercent("q", 0)
+	for i := range Floor {
+		require.True(t, b.Admit("q", retry).Allowed, "retry %d", i)
+	}
+	require.False(t, b.Admit("q", retry).Allowed)
+
+	// The window slides: after it, room again; Retry-After counted down.
+	c.t = c.t.Add(4 * time.Second)
+	require.Equal(t, 6*time.Second, b.Admit("q", retry).RetryAfter)
+	c.t = c.t.Add(6 * time.Second)
+	require.True(t, b.Admit("q", retry).Allowed)
+
+	// Off admits every retry.
+	b.Admit("off", First)
+	b.SetPercent("off", Off)
+	for range 100 {
+		require.True(t, b.Admit("off", retry).Allowed)
+	}
+}
+
+func TestSnapshotAmplification(t *testing.T) {
+	t.Parallel()
+	c := &clock{t: time.Unix(1_000_000, 0)}
+	b := New(10*time.Second, c.now)
+	for range 10 {
+		b.Admit("a", First)
+	}
+	for range 15 {
+		b.Admit("a", Attempt{2, CauseTimeout})
+	}
+	s := b.Snapshot()
+	require.Len(t, s, 1)
+	require.Equal(t, Stats{Tenant: "a", First: 10, Retries: 10, Refused: 5}, s[0])
+	require.InDelta(t, 2.5, s[0].Amplification(), 1e-9)
+	c.t = c.t.Add(11 * time.Second)
+	require.Empty(t, b.Snapshot(), "an idle tenant leaves the snapshot")
+}

@@ -1,0 +1,274 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/retrybudget"
+	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/testkit/contract"
+	"github.com/idem-dev/idem/testkit/servertest"
+)
+
+// The retry budget (issue 28; web/docs/retries): through real HTTP on both
+// stores. Every server here runs with a window of an hour, so nothing
+// leaves the window while a test runs however slow the machine: the
+// figures below are exact, not timing-dependent.
+
+// startBudgeted starts a server whose retry budget window is an hour, with
+// tenant id at retry_budget_percent percent.
+func startBudgeted(t *testing.T, backend, url string, tenants map[string]int) *servertest.Server {
+	t.Helper()
+	ts := servertest.Start(t, servertest.Options{Backend: backend, DatabaseURL: url,
+		Configure: func(c *server.Config) { c.RetryBudgetWindow = time.Hour }})
+	for id, pct := range tenants {
+		ts.CreateTenant(t, id, idem.SettingsPatch{RetryBudgetPercent: &pct})
+	}
+	return ts
+}
+
+// attemptClient sends requests with an Idem-Attempt header, every answer
+// checked against openapi.yaml.
+type attemptClient struct {
+	ts   *servertest.Server
+	http *http.Client
+	tok  string
+}
+
+func newAttemptClient(t *testing.T, ts *servertest.Server, tenant string) *attemptClient {
+	return &attemptClient{ts: ts, tok: ts.Token(t, tenant, "keys:write", "keys:read"),
+		http: &http.Client{Transport: contract.Transport(t, http.DefaultTransport), Timeout: 30 * time.Second}}
+}
+
+type budgetAnswer struct {
+	status int
+	body   map[string]any
+	header http.Header
+}
+
+// call sends method path with body and the header attempt ("" for none).
+func (c *attemptClient) call(t *testing.T, method, path, attempt, body string) budgetAnswer {
+	t.Helper()
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, c.ts.URL()+path, r)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+c.tok)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if attempt != "" {
+		req.Header.Set(retrybudget.Header, attempt)
+	}
+	resp, err := c.http.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var out map[string]any
+	if len(b) > 0 {
+		require.NoError(t, json.Unmarshal(b, &out), "%s %s: %s", method, path, b)
+	}
+	return budgetAnswer{resp.StatusCode, out, resp.Header}
+}
+
+const budgetClaim = `{"operation":"POST /v1/payments","request":{"amount":1}}`
+
+func (c *attemptClient) claim(t *testing.T, key, attempt string) budgetAnswer {
+	t.Helper()
+	return c.call(t, http.MethodPost, "/v1/keys/"+key+"/claim", attempt, budgetClaim)
+}
+
+// requireRefused checks a 429 retry_budget_exhausted problem.
+func requireRefused(t *testing.T, a budgetAnswer) {
+	t.Helper()
+	require.Equal(t, http.StatusTooManyRequests, a.status, "%v", a.body)
+	require.Equal(t, "retry_budget_exhausted", a.body["code"])
+	require.Equal(t, true, a.body["retryable"])
+	require.NotEmpty(t, a.header.Get("Retry-After"))
+	require.Equal(t, "application/problem+json", a.header.Get("Content-Type"))
+}
+
+// record returns the stored record of key, or key_not_found.
+func record(t *testing.T, ts *servertest.Server, tenant, key string) (idem.Record, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return ts.Store().GetRecord(ctx, idem.GetRecordParams{TenantID: tenant, Key: key})
+}
+
+func eachBackend(t *testing.T, f func(t *testing.T, backend string)) {
+	for _, backend := range []string{servertest.BackendSQLite, servertest.BackendPostgres} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			f(t, backend)
+		})
+	}
+}
+
+// TestRetryBudgetBurst: with retry_budget_percent 10 and 200 first
+// attempts in the window, a burst of 60 concurrent retries has exactly 20
+// admitted (10 % of 200) and 40 refused with 429 retry_budget_exhausted;
+// first attempts sent during and after the burst are all served; every
+// refused claim left no record; the metrics count it all.
+func TestRetryBudgetBurst(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, backend string) {
+		ts := startBudgeted(t, backend, "", map[string]int{"acme": 10})
+		c := newAttemptClient(t, ts, "acme")
+		for i := range 200 {
+			attempt := "1"
+			if i%2 == 0 {
+				attempt = "" // a missing header is a first attempt
+			}
+			require.Equal(t, http.StatusCreated, c.claim(t, fmt.Sprintf("first-%d", i), attempt).status)
+		}
+
+		const retries = 60
+		answers := make([]budgetAnswer, retries)
+		var wg sync.WaitGroup
+		for i := range retries {
+			wg.Go(func() { answers[i] = c.claim(t, fmt.Sprintf("retry-%d", i), "2;cause=unavailable") })
+		}
+		wg.Wait()
+		admitted := 0
+		for i, a := range answers {
+			key := fmt.Sprintf("retry-%d", i)
+			rec, err := record(t, ts, "acme", key)
+			if a.status == http.StatusCreated {
+				admitted++
+				require.NoError(t, err)
+				require.Equal(t, idem.StateInFlight, rec.State)
+				continue
+			}
+			requireRefused(t, a)
+			require.ErrorIs(t, err, idem.ErrKeyNotFound, "a refused claim of %s stored nothing", key)
+		}
+		require.Equal(t, 20, admitted, "10 %% of 200 first attempts")
+
+		// First attempts keep being served: 20 more (the allowance grows
+		// by 2), then exactly 2 more retries pass.
+		for i := range 20 {
+			require.Equal(t, http.StatusCreated, c.claim(t, fmt.Sprintf("later-%d", i), "1").status)
+		}
+		require.Equal(t, http.StatusCreated, c.claim(t, "again-1", "3;cause=timeout").status)
+		require.Equal(t, http.StatusCreated, c.claim(t, "again-2", "3;cause=timeout").status)
+		requireRefused(t, c.claim(t, "again-3", "3;cause=timeout"))
+
+		m := newAPIClient(t, ts)
+		require.Equal(t, 40.0, m.metric(t, `idem_retries_refused_total{cause="unavailable",tenant="acme"}`))
+		require.Equal(t, 1.0, m.metric(t, `idem_retries_refused_total{cause="timeout",tenant="acme"}`))
+		require.Equal(t, 220.0, m.metric(t, `idem_attempts_total{attempt="first",cause="none",tenant="acme"}`))
+		require.Equal(t, 60.0, m.metric(t, `idem_attempts_total{attempt="retry",cause="unavailable",tenant="acme"}`))
+		require.InDelta(t, float64(220+63)/220, m.metric(t, `idem_retry_amplification_ratio{tenant="acme"}`), 1e-9)
+	})
+}
+
+// TestRetryBudgetFloor: a quiet tenant with no first attempts at all and
+// retry_budget_percent 0 still gets the floor, 10 retries per window.
+func TestRetryBudgetFloor(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, backend string) {
+		ts := startBudgeted(t, backend, "", map[string]int{"quiet": 0, "off": 100})
+		c := newAttemptClient(t, ts, "quiet")
+		for i := range retrybudget.Floor {
+			require.Equal(t, http.StatusCreated, c.claim(t, fmt.Sprintf("k-%d", i), "2;cause=network").status, "retry %d", i)
+		}
+		requireRefused(t, c.claim(t, "k-last", "2;cause=network"))
+
+		// 100 turns the budget off: 50 retries without any first attempt.
+		off := newAttemptClient(t, ts, "off")
+		off.call(t, http.MethodGet, "/v1/keys/none", "1", "") // the tenant's settings are read once
+		for i := range 50 {
+			require.Equal(t, http.StatusCreated, off.claim(t, fmt.Sprintf("k-%d", i), "5;cause=timeout").status, "retry %d", i)
+		}
+	})
+}
+
+// TestRefusedRetryLeavesKey: a refused retry is decided before its body is
+// read or the store is called: its key, in flight or absent, is exactly as
+// it was, and the same calls made as first attempts afterwards go through.
+func TestRefusedRetryLeavesKey(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, backend string) {
+		ts := startBudgeted(t, backend, "", map[string]int{"acme": 0})
+		c := newAttemptClient(t, ts, "acme")
+		claimed := c.claim(t, "held", "1")
+		require.Equal(t, http.StatusCreated, claimed.status)
+		token := int64(claimed.body["fencing_token"].(float64))
+		before, err := record(t, ts, "acme", "held")
+		require.NoError(t, err)
+
+		// Use the floor up with reads.
+		for range retrybudget.Floor {
+			require.Equal(t, http.StatusOK, c.call(t, http.MethodGet, "/v1/keys/held", "2;cause=timeout", "").status)
+		}
+		complete := fmt.Sprintf(`{"fencing_token":%d,"response":{"status":201,"body":"{}"}}`, token)
+		requireRefused(t, c.call(t, http.MethodPost, "/v1/keys/held/complete", "2;cause=timeout", complete))
+		requireRefused(t, c.call(t, http.MethodPost, "/v1/keys/held/release", "2;cause=timeout", fmt.Sprintf(`{"fencing_token":%d}`, token)))
+		requireRefused(t, c.call(t, http.MethodPost, "/v1/keys/held/checkpoint", "2;cause=timeout", fmt.Sprintf(`{"fencing_token":%d,"recovery_point":"x"}`, token)))
+		requireRefused(t, c.claim(t, "fresh", "2;cause=server-error"))
+		// Not even a malformed body is looked at: no 400, the 429.
+		requireRefused(t, c.call(t, http.MethodPost, "/v1/keys/fresh/claim", "2;cause=server-error", `{not json`))
+
+		after, err := record(t, ts, "acme", "held")
+		require.NoError(t, err)
+		before.ObservedAt, after.ObservedAt = time.Time{}, time.Time{}
+		require.Equal(t, before, after, "the refused retries changed nothing")
+		_, err = record(t, ts, "acme", "fresh")
+		require.ErrorIs(t, err, idem.ErrKeyNotFound)
+
+		// Afterwards, as first attempts: the claim and the complete go through.
+		require.Equal(t, http.StatusCreated, c.claim(t, "fresh", "1").status)
+		done := c.call(t, http.MethodPost, "/v1/keys/held/complete", "1", complete)
+		require.Equal(t, http.StatusOK, done.status, "%v", done.body)
+		rec, err := record(t, ts, "acme", "held")
+		require.NoError(t, err)
+		require.Equal(t, idem.StateCompleted, rec.State)
+		require.Equal(t, token, rec.FencingToken, "the one claim's token, never replaced")
+	})
+}
+
+// TestRetryBudgetPerReplica: two replicas on one database each hold the
+// tenant's retries to the share of the first attempts they see: 10 % of
+// 200 first attempts each, so 20 retries each and 40 across the fleet,
+// 10 % of its 400, with no coordination between them.
+func TestRetryBudgetPerReplica(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, backend string) {
+		a := startBudgeted(t, backend, "", map[string]int{"acme": 10})
+		b := startBudgeted(t, "", a.Config().DatabaseURL, nil)
+		ca, cb := newAttemptClient(t, a, "acme"), newAttemptClient(t, b, "acme")
+		for range 200 {
+			require.Equal(t, http.StatusOK, ca.call(t, http.MethodGet, "/v1/keys", "1", "").status)
+			require.Equal(t, http.StatusOK, cb.call(t, http.MethodGet, "/v1/keys", "", "").status)
+		}
+		admitted := map[string]int{}
+		for i := range 30 {
+			for name, c := range map[string]*attemptClient{"a": ca, "b": cb} {
+				got := c.claim(t, fmt.Sprintf("%s-%d", name, i), "2;cause=unavailable")
+				if got.status == http.StatusCreated {
+					admitted[name]++
+				} else {
+					requireRefused(t, got)
+				}
+			}
+		}
+		require.Equal(t, map[string]int{"a": 20, "b": 20}, admitted)
+		recs, err := a.Store().ListRecords(context.Background(), idem.ListRecordsParams{TenantID: "acme", Limit: 1000})
+		require.NoError(t, err)
+		require.Len(t, recs, 40, "one record per admitted retry, none for a refused one")
+	})
+}
