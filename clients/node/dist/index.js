@@ -5,6 +5,7 @@ export { key, maxKeyBytes, validateKey } from "./keys.js";
 export { StoredResponse } from "./response.js";
 export { RetryBudget, backoffCeilingMs, backoffMs, defaultRetryPolicy, parseHttpDate, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, withDefaults, } from "./retry.js";
 export { Claim, renewalPoint, run } from "./run.js";
-export { FrontDoor, FrontDoorError, checkIJSON, defaultStoredHeaders, escapeLabel, escapeScope, fingerprintDocument, headerNotReplayable, notReplayableDetail, mismatchDetail, headerPreferenceApplied, isJSON, operation, parseKey, pathRoute, preferWait, problemResponse, problems, requirement, scopedKey, splitTarget, storableStatus, storageQuotaDetail, tenantUnknownDetail, unstorableStatus, storeStatus, storedHeaders, validLabelText, validRequestId, } from "./frontdoor.js";
+export { FrontDoor } from "./frontdoor.js";
+export { FrontDoorError, checkIJSON, defaultStoredHeaders, escapeLabel, escapeScope, fingerprintDocument, headerNotReplayable, notReplayableDetail, mismatchDetail, headerPreferenceApplied, isJSON, operation, parseKey, pathRoute, preferWait, problemResponse, problems, requirement, scopedKey, splitTarget, storableStatus, storageQuotaDetail, tenantUnknownDetail, unstorableStatus, storeStatus, storedHeaders, validLabelText, validRequestId, } from "./rules.js";
 export { expressErrorHandler, expressMiddleware } from "./express.js";
 export { withIdempotency } from "./fetch.js";
