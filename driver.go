@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -41,6 +42,20 @@ type Driver interface {
 	// write (durability.go); a driver that cannot tell answers
 	// DurabilityUnknown.
 	Durability(ctx context.Context) (Durability, error)
+	// Listener returns the driver's listening connection of key events
+	// when it has one that can be lost and come back (PostgreSQL's
+	// LISTEN), so the server gives it its logger and counts its
+	// reconnections; nil when it has none (SQLite's are in-process).
+	Listener() Listener
+}
+
+// Listener is a driver's listening connection of key events
+// (Driver.Listener).
+type Listener interface {
+	// SetLogger gives it the logger its losses and returns are logged to.
+	SetLogger(*slog.Logger)
+	// ListenReconnects counts its reconnections since the driver opened.
+	ListenReconnects() int64
 }
 
 // PoolStats is a snapshot of a driver's connection pool (Driver.PoolStats).

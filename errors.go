@@ -4,29 +4,36 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idem-dev/idem/client/errcode"
 )
 
-// Code is the stable, machine-readable name of an error. The HTTP layer maps
-// each code to one status (see package api); clients match on it.
-type Code string
+// Code is the stable, machine-readable name of an error. The one list of
+// codes and their one table (status, title, retryability) is package
+// errcode, in the SDK module, so that the API and the front doors (the
+// gateway here, client/idemhttp in the SDK) answer from the same rows
+// without the SDK importing the server; the HTTP layer (package api) maps
+// each code to its row; clients match on it.
+type Code = errcode.Code
 
-// The error codes of the HTTP contract.
+// The error codes of the HTTP contract (errcode's, under the domain's
+// names).
 const (
-	CodeInvalidRequest       Code = "invalid_request"
-	CodeInvalidKey           Code = "invalid_key"
-	CodeUnauthenticated      Code = "unauthenticated"
-	CodeForbidden            Code = "forbidden"
-	CodeTenantUnknown        Code = "tenant_unknown"
-	CodeKeyNotFound          Code = "key_not_found"
-	CodeTenantNotFound       Code = "tenant_not_found"
-	CodeRequestInFlight      Code = "request_in_flight"
-	CodeLeaseLost            Code = "lease_lost"
-	CodeAlreadyCompleted     Code = "already_completed"
-	CodeTenantExists         Code = "tenant_exists"
-	CodePayloadTooLarge      Code = "payload_too_large"
-	CodeUnsupportedMediaType Code = "unsupported_media_type"
-	CodeFingerprintMismatch  Code = "fingerprint_mismatch"
-	CodeRateLimited          Code = "rate_limited"
+	CodeInvalidRequest       = errcode.InvalidRequest
+	CodeInvalidKey           = errcode.InvalidKey
+	CodeUnauthenticated      = errcode.Unauthenticated
+	CodeForbidden            = errcode.Forbidden
+	CodeTenantUnknown        = errcode.TenantUnknown
+	CodeKeyNotFound          = errcode.KeyNotFound
+	CodeTenantNotFound       = errcode.TenantNotFound
+	CodeRequestInFlight      = errcode.RequestInFlight
+	CodeLeaseLost            = errcode.LeaseLost
+	CodeAlreadyCompleted     = errcode.AlreadyCompleted
+	CodeTenantExists         = errcode.TenantExists
+	CodePayloadTooLarge      = errcode.PayloadTooLarge
+	CodeUnsupportedMediaType = errcode.UnsupportedMediaType
+	CodeFingerprintMismatch  = errcode.FingerprintMismatch
+	CodeRateLimited          = errcode.RateLimited
 	// CodeRetryBudgetExhausted: the request said it is a retry
 	// (Idem-Attempt above 1) and the tenant's retries on this replica
 	// already use its retry_budget_percent of first attempts in the
@@ -34,21 +41,21 @@ const (
 	// as it was. The problem says retryable (the same call later may pass)
 	// but an SDK stops retrying the logical call at once and reports the
 	// original cause: more retries are what the budget refuses.
-	CodeRetryBudgetExhausted Code = "retry_budget_exhausted"
-	CodeStoreUnavailable     Code = "store_unavailable"
+	CodeRetryBudgetExhausted = errcode.RetryBudgetExhausted
+	CodeStoreUnavailable     = errcode.StoreUnavailable
 	// CodeServerBusy: the server holds as many request bodies as its
 	// in-flight budget allows; retry after Retry-After.
-	CodeServerBusy Code = "server_busy"
+	CodeServerBusy = errcode.ServerBusy
 	// CodeStorageQuotaExceeded: the tenant's records store its
 	// storage_quota_bytes or more, so a claim that would create a record is
 	// refused before any work runs; it succeeds again once records are
 	// released or purged. A complete or checkpoint whose bytes do not fit
 	// gets it too, after the store kept what it must (UnstoredResponse,
 	// CheckpointNotStored): the key is never made runnable again by it.
-	CodeStorageQuotaExceeded Code = "storage_quota_exceeded"
+	CodeStorageQuotaExceeded = errcode.StorageQuotaExceeded
 	// CodeInternal is any error without a code of its own; its details are
 	// never shown to callers.
-	CodeInternal Code = "internal"
+	CodeInternal = errcode.Internal
 )
 
 // FieldError names one invalid field of a request.

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/auth"
+	"github.com/idem-dev/idem/client/errcode"
 	"github.com/idem-dev/idem/internal/budget"
 	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/metrics"
@@ -188,12 +189,12 @@ func New(opts Options) *chi.Mux {
 	r := chi.NewRouter()
 	r.Use(requestID, s.accessLog, s.recoverer)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		s.writeProblem(w, r, idem.Errorf(codeNotFound, "no such endpoint"))
+		s.writeProblem(w, r, idem.Errorf(errcode.NotFound, "no such endpoint"))
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		// RFC 9110 §15.5.6: a 405 lists the methods the resource has.
 		w.Header().Set("Allow", strings.Join(allowedMethods(r, req), ", "))
-		s.writeProblem(w, req, idem.Errorf(codeMethodNotAllowed, "method %s is not allowed here", req.Method))
+		s.writeProblem(w, req, idem.Errorf(errcode.MethodNotAllowed, "method %s is not allowed here", req.Method))
 	})
 
 	r.Get("/healthz", s.healthz)

@@ -10,58 +10,14 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/client/errcode"
 	"github.com/idem-dev/idem/metrics"
 )
 
-// problemInfo is one row of the contract's error table.
-type problemInfo struct {
-	status    int
-	title     string
-	retryable bool
-}
-
-// Codes of this package that the domain does not define: an unknown route or
-// method. The contract is silent about them; they follow the same shape.
-const (
-	codeNotFound         idem.Code = "not_found"
-	codeMethodNotAllowed idem.Code = "method_not_allowed"
-)
-
-// problems maps every code to its status, title and retryability (contract
-// §3). Codes missing here are answered as internal errors.
-var problems = map[idem.Code]problemInfo{
-	idem.CodeInvalidRequest:       {http.StatusBadRequest, "Invalid request", false},
-	idem.CodeInvalidKey:           {http.StatusBadRequest, "Invalid idempotency key", false},
-	idem.CodeUnauthenticated:      {http.StatusUnauthorized, "Unauthenticated", false},
-	idem.CodeForbidden:            {http.StatusForbidden, "Forbidden", false},
-	idem.CodeTenantUnknown:        {http.StatusForbidden, "Unknown tenant", false},
-	idem.CodeKeyNotFound:          {http.StatusNotFound, "Key not found", false},
-	idem.CodeTenantNotFound:       {http.StatusNotFound, "Tenant not found", false},
-	idem.CodeWebhookNotFound:      {http.StatusNotFound, "Webhook endpoint not found", false},
-	idem.CodeWebhookDisabled:      {http.StatusConflict, "Webhook endpoint disabled", false},
-	idem.CodeWebhookLimitReached:  {http.StatusConflict, "Webhook endpoint limit reached", false},
-	idem.CodeRequestInFlight:      {http.StatusConflict, "Request in flight", true},
-	idem.CodeLeaseLost:            {http.StatusConflict, "Lease lost", false},
-	idem.CodeAlreadyCompleted:     {http.StatusConflict, "Already completed", false},
-	idem.CodeTenantExists:         {http.StatusConflict, "Tenant exists", false},
-	idem.CodePayloadTooLarge:      {http.StatusRequestEntityTooLarge, "Payload too large", false},
-	idem.CodeUnsupportedMediaType: {http.StatusUnsupportedMediaType, "Unsupported media type", false},
-	idem.CodeFingerprintMismatch:  {http.StatusUnprocessableEntity, "Fingerprint mismatch", false},
-	idem.CodeRateLimited:          {http.StatusTooManyRequests, "Rate limited", true},
-	// Retryable as the same call later may pass, but the SDKs stop the
-	// logical call at once with its original cause (web/docs/retries).
-	idem.CodeRetryBudgetExhausted: {http.StatusTooManyRequests, "Retry budget exhausted", true},
-	idem.CodeStoreUnavailable:     {http.StatusServiceUnavailable, "Store unavailable", true},
-	idem.CodeServerBusy:           {http.StatusServiceUnavailable, "Server busy", true},
-	idem.CodeInternal:             {http.StatusInternalServerError, "Internal error", false},
-	// Not retryable as such: only releases and the reaper's purge free the
-	// quota, which a retry does not wait for. On a complete the key is
-	// completed without the response (a retry of the request is answered
-	// not replayable); on a checkpoint the lease was renewed.
-	idem.CodeStorageQuotaExceeded: {http.StatusInsufficientStorage, "Storage quota exceeded", false},
-	codeNotFound:                  {http.StatusNotFound, "Not found", false},
-	codeMethodNotAllowed:          {http.StatusMethodNotAllowed, "Method not allowed", false},
-}
+// problems are the rows of the one error table (package errcode) the API
+// answers with: every code of the contract (§3). Codes missing here are
+// answered as internal errors.
+var problems = errcode.Of(errcode.API)
 
 // problem is the RFC 9457 body of every error.
 type problem struct {
@@ -117,12 +73,12 @@ func (s *service) writeProblem(w http.ResponseWriter, r *http.Request, err error
 		detail = "an internal error occurred; quote the request id when reporting it"
 	}
 	if detail == "" {
-		detail = info.title
+		detail = info.Title
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
-	if info.retryable {
+	if info.Retryable {
 		wait := e.RetryAfter
 		if e.Code == idem.CodeStoreUnavailable && wait <= 0 {
 			wait = time.Second
@@ -132,14 +88,14 @@ func (s *service) writeProblem(w http.ResponseWriter, r *http.Request, err error
 	if e.Code == idem.CodeUnauthenticated {
 		h.Set("WWW-Authenticate", `Bearer error="invalid_token"`)
 	}
-	w.WriteHeader(info.status)
+	w.WriteHeader(info.Status)
 	_ = json.NewEncoder(w).Encode(problem{
 		Type:      "/docs/errors#" + string(e.Code),
-		Title:     info.title,
-		Status:    info.status,
+		Title:     info.Title,
+		Status:    info.Status,
 		Detail:    detail,
 		Code:      e.Code,
-		Retryable: info.retryable,
+		Retryable: info.Retryable,
 		Errors:    e.Fields,
 		RequestID: requestIDFrom(r.Context()),
 	})

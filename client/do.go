@@ -329,6 +329,18 @@ func (c *Client) claimWaiting(ctx context.Context, key string, req Request) (Cla
 	}
 }
 
+// ServerWait is the wait a claim may ask the server to hold it for while
+// another request holds the key, given the caller's own wish (a front
+// door passing Prefer: wait=N, as Do does with Request.NoWait): within the
+// next attempt's timeout less a second, so that the held answer comes
+// back, in whole seconds; 0 when not even one fits.
+func (c *Client) ServerWait(ctx context.Context, wait time.Duration) time.Duration {
+	if wait <= 0 {
+		return 0
+	}
+	return c.serverWait(ctx, wait)
+}
+
 // serverWait returns how long a claim may ask the server to hold it while
 // another request holds the key: what is left of the in-flight budget,
 // within the next attempt's timeout (and so the deadline) less a second for

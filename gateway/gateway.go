@@ -188,6 +188,7 @@ func (g *Gateway) Reload() error {
 // exchange is one request through the gateway, for the access log and the
 // metrics.
 type exchange struct {
+	rid      string
 	start    time.Time
 	route    string
 	outcome  string
@@ -219,6 +220,7 @@ const (
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	x := &exchange{start: time.Now()}
 	rid := frontdoor.RequestID(w, r)
+	x.rid = rid
 	sw := &statuswriter.Writer{ResponseWriter: w}
 	g.serve(sw, r, x)
 	x.status = sw.Status
@@ -242,76 +244,135 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 	if x.route == "" {
 		x.route = "(unmatched)"
 	}
-	key, protected, err := rr.methods.KeyFor(r)
+	d := &request{g: g, x: x, rt: rt, rr: rr, routeName: routeName}
+	defer func() {
+		if d.held > 0 {
+			g.budget.Release(d.owner, d.held)
+		}
+	}()
+	frontdoor.Serve(w, r, d)
+}
+
+// request is the gateway's front door for one request (frontdoor.Door):
+// its port is the store, its work the upstream call, and it keeps the
+// request's share of the in-flight budget and its outcome for the access
+// log.
+type request struct {
+	g         *Gateway
+	x         *exchange
+	rt        *routing
+	rr        *route
+	routeName string
+	r         *http.Request
+
+	scope  string
+	owner  string
+	held   int64 // of the budget, released once the answer is written
+	answer int64 // of held, reserved for the upstream's answer
+	body   []byte
+	tenant idem.Tenant
+}
+
+// errFailOpen is the claim's error when the store failed on a route that
+// fails open: the request is passed through unprotected.
+var errFailOpen = errors.New("gateway: the store failed; the route fails open")
+
+func (d *request) Methods() frontdoor.Methods { return d.rr.methods }
+
+func (d *request) Pass(w http.ResponseWriter, r *http.Request) {
+	d.x.outcome = outcomePassthrough
+	d.g.passThrough(w, r, d.rr, d.x, r.Body)
+}
+
+// Scope is the route's scope of the caller. No route scopes keys: every
+// key is a record key as it is, a ":" included (frontdoor.ScopedKey's
+// refusal guards scoped records, and there are none).
+func (d *request) Scope(r *http.Request) (string, bool, error) {
+	scope, err := d.rr.scope(r)
 	if err != nil {
-		g.refuse(w, r, x, err)
-		return
+		return "", false, err
 	}
-	if !protected {
-		x.outcome = outcomePassthrough
-		g.passThrough(w, r, rr, x, r.Body)
-		return
-	}
-	scope, err := rr.scope(r)
-	if err != nil {
-		g.refuse(w, r, x, err)
-		return
-	} else if scope == "" && !rt.scoped {
-		// No route scopes keys: every key is a record key as it is, a ":"
-		// included (frontdoor.ScopedKey's refusal guards scoped records,
-		// and there are none).
-	} else if key, err = frontdoor.ScopedKey(scope, key); err != nil {
-		g.refuse(w, r, x, err)
-		return
-	}
-	owner := budgetOwner(r, scope)
-	held, ok := g.reserveBody(r, owner, rr.maxBody)
+	d.scope = scope
+	return scope, scope != "" || d.rt.scoped, nil
+}
+
+// ReadBody charges the budget for the body before a byte of it is read,
+// reads it within the body read timeout, and keeps of the charge only
+// what the body holds.
+func (d *request) ReadBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	g := d.g
+	d.owner = budgetOwner(r, d.scope)
+	held, ok := g.reserveBody(r, d.owner, d.rr.maxBody)
 	if !ok {
-		g.busy(w, r, x)
-		return
+		return nil, d.busy()
 	}
-	defer func() { g.budget.Release(owner, held) }()
-	body, err := g.readBody(w, r, rr.maxBody)
+	d.held = held
+	body, err := g.readBody(w, r, d.rr.maxBody)
 	if err != nil {
-		g.refuse(w, r, x, err)
-		return
+		return nil, err
 	}
 	// A body of unknown length was charged the route's limit: keep only
 	// what it holds.
-	if keep := int64(len(body)) * BodyMemoryFactor; keep < held {
-		g.budget.Release(owner, held-keep)
-		held = keep
+	if keep := int64(len(body)) * BodyMemoryFactor; keep < d.held {
+		g.budget.Release(d.owner, d.held-keep)
+		d.held = keep
 	}
-	path, query := frontdoor.Target(r)
-	doc, err := frontdoor.Document(frontdoor.Parts{
-		Path: path, Query: query, ContentType: r.Header.Get("Content-Type"), Body: body, Header: r.Header,
-	}, rr.rules)
-	if err != nil {
-		g.refuse(w, r, x, err)
-		return
-	}
-	fp, err := canon.Fingerprint(doc)
-	if err != nil {
-		g.refuse(w, r, x, &frontdoor.Error{Code: frontdoor.CodeInvalidRequest, Detail: "the request body cannot be fingerprinted: " + err.Error(),
-			Fields: []frontdoor.FieldError{{Field: "body", Message: err.Error()}}})
-		return
-	}
-	op := frontdoor.Operation(r.Method, routeName)
+	d.body = body
+	return body, nil
+}
 
-	sctx := r.Context()
+func (d *request) Rules() frontdoor.Rules { return d.rr.rules }
+
+func (d *request) Route(*http.Request) string { return d.routeName }
+
+func (d *request) LeaseBound() bool { return false }
+
+func (d *request) Store5xx() bool { return d.rr.store5xx }
+
+// Refuse answers a refusal, or passes the request through when the store
+// failed on a route that fails open.
+func (d *request) Refuse(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, errFailOpen) {
+		d.g.passThrough(w, r, d.rr, d.x, io.NopCloser(bytes.NewReader(d.body)))
+		return
+	}
+	if d.x.outcome == "" {
+		d.x.outcome = outcomeRefused
+	}
+	frontdoor.Refuse(w, r, err)
+}
+
+// busy is the refusal of a protected request for lack of in-flight
+// budget, before anything was claimed or sent upstream.
+func (d *request) busy() error {
+	d.x.outcome = outcomeBusy
+	return &frontdoor.Error{Code: frontdoor.CodeServerBusy, RetryAfter: time.Second,
+		Detail: "the gateway holds as many request bodies and answers as it may; the request was not processed, retry after Retry-After with the same key"}
+}
+
+// Claim fingerprints the document and claims the key in the store under
+// the tenant's settings, translating the store's refusals into the front
+// door's.
+func (d *request) Claim(sctx context.Context, r *http.Request, req frontdoor.ClaimRequest) (*frontdoor.Claimed, error) {
+	g, rr, x := d.g, d.rr, d.x
+	d.r = r
+	fp, err := canon.Fingerprint(req.Document)
+	if err != nil {
+		return nil, &frontdoor.Error{Code: frontdoor.CodeInvalidRequest, Detail: "the request body cannot be fingerprinted: " + err.Error(),
+			Fields: []frontdoor.FieldError{{Field: "body", Message: err.Error()}}}
+	}
+	c := &frontdoor.Claimed{Key: req.Key}
 	t, err := g.tenants.Active(sctx, g.opts.Tenant)
 	var res idem.ClaimResult
-	var answer int64
 	if err == nil {
 		// The upstream's answer is buffered up to what may be stored:
 		// reserve that before anything is claimed or sent, so the answer
 		// of a request the upstream ran always has room to be stored.
-		answer = int64(storedLimit(t, rr))
-		if !g.budget.Acquire(owner, answer) {
-			g.busy(w, r, x)
-			return
+		d.answer = int64(storedLimit(t, rr))
+		if !g.budget.Acquire(d.owner, d.answer) {
+			return nil, d.busy()
 		}
-		held += answer
+		d.held += d.answer
 		var lease time.Duration
 		lease, err = t.Settings.LeaseFor(g.leaseSeconds(r.Context(), t, rr))
 		if err == nil {
@@ -324,71 +385,17 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 			}
 			var applied bool
 			res, applied, err = g.opts.Waiters.Claim(sctx, g.store, idem.ClaimParams{
-				TenantID: t.ID, Key: key, Operation: op, Fingerprint: fp, Lease: lease,
+				TenantID: t.ID, Key: req.Key, Operation: req.Operation, Fingerprint: fp, Lease: lease,
 				ReplayWindow: t.Settings.ReplayWindow(), ReaperThreshold: t.Settings.ReaperThreshold(),
 				StorageQuotaBytes: t.ClaimQuota(),
 			}, wait)
 			if applied {
-				w.Header().Set(frontdoor.HeaderPreferenceApplied, "wait="+strconv.Itoa(int(wait/time.Second)))
+				c.WaitApplied = wait
 			}
 		}
 	}
-	switch {
-	case errors.Is(err, idem.ErrRequestInFlight):
-		g.inFlight(w, r, x, err)
-		return
-	case errors.Is(err, idem.ErrFingerprintMismatch):
-		x.outcome = outcomeMismatch
-		frontdoor.WriteProblem(w, r, &frontdoor.Error{Code: frontdoor.CodeFingerprintMismatch, Detail: frontdoor.MismatchDetail})
-		return
-	case errors.Is(err, idem.ErrStorageQuotaExceeded):
-		// The store is up and refused a new record: not a store failure,
-		// so a fail_open route does not pass the request through either.
-		x.outcome = outcomeRefused
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeStorageQuotaExceeded, "%s", frontdoor.StorageQuotaDetail))
-		return
-	case err != nil && r.Context().Err() != nil:
-		// The caller went away during the claim; nobody reads this answer
-		// and the store is not to blame.
-		x.outcome = outcomeCanceled
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeStoreUnavailable, "the request was canceled before it was claimed"))
-		return
-	case errors.Is(err, idem.ErrTenantUnknown):
-		// idem refused: the gateway's tenant is gone or disabled. The store
-		// is up, so this is no store failure: a fail_open route does not
-		// pass the request through, and no retry succeeds until an
-		// operator acts.
-		x.outcome = outcomeRefused
-		g.logger.ErrorContext(r.Context(), "gateway: idem refused the gateway's tenant (it does not exist or is disabled)",
-			"request_id", frontdoor.RequestID(w, r), "tenant", g.opts.Tenant)
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeTenantUnknown, "%s", frontdoor.TenantUnknownDetail))
-		return
-	case err != nil && !storeFailed(err):
-		// Any other refusal by idem (the store answered, with a code of the
-		// domain): a refusal, never a reason to run the request
-		// unprotected, nor a retryable 503.
-		x.outcome = outcomeRefused
-		g.logger.ErrorContext(r.Context(), "gateway: idem refused the claim",
-			"request_id", frontdoor.RequestID(w, r), "code", string(idem.ErrorCode(err)), "error", err.Error())
-		detail := "idem refused the claim"
-		var ie *idem.Error
-		if errors.As(err, &ie) && ie.Detail != "" {
-			detail += ": " + ie.Detail
-		}
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeInvalidRequest, "%s; the request was not processed and not sent upstream", detail))
-		return
-	case err != nil:
-		g.logger.ErrorContext(r.Context(), "gateway: the store failed; failing closed unless the route fails open",
-			"request_id", frontdoor.RequestID(w, r), "error", err.Error())
-		if rr.failOpen {
-			x.outcome = outcomeFailOpen
-			g.passThrough(w, r, rr, x, io.NopCloser(bytes.NewReader(body)))
-			return
-		}
-		x.outcome = outcomeStoreUnavailable
-		frontdoor.WriteProblem(w, r, withRetryAfter(frontdoor.Errorf(frontdoor.CodeStoreUnavailable,
-			"the idempotency store is unavailable; the request was not processed, retry later with the same key"), err))
-		return
+	if err != nil {
+		return c, d.claimError(r, err)
 	}
 	rec := res.Record
 	x.attempt = rec.Attempt
@@ -403,21 +410,79 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange) {
 		}
 		// A response stored while the limit was higher is charged what
 		// it holds beyond the reservation.
-		if more := int64(resp.Size()) - answer; more > 0 {
-			if !g.budget.Acquire(owner, more) {
-				g.busy(w, r, x)
-				return
+		if more := int64(resp.Size()) - d.answer; more > 0 {
+			if !g.budget.Acquire(d.owner, more) {
+				return c, d.busy()
 			}
-			held += more
+			d.held += more
 		}
-		frontdoor.WriteReplay(w, r, resp.Status, resp.Headers, resp.Body)
-		return
+		c.Replay = &frontdoor.Stored{Status: resp.Status, Headers: resp.Headers, Body: resp.Body}
+		return c, nil
 	}
 	x.outcome = outcomeExecuted
 	if res.Action == idem.ActionTakeover {
 		x.outcome = outcomeTakeover
 	}
-	g.execute(w, r, rr, x, claim{tenant: t, key: key, token: rec.FencingToken, lease: rec.LeaseExpiresAt.Sub(rec.ObservedAt)}, body)
+	d.tenant = t
+	c.Token, c.Attempt, c.Takeover = rec.FencingToken, rec.Attempt, res.Action == idem.ActionTakeover
+	c.Lease = rec.LeaseExpiresAt.Sub(rec.ObservedAt)
+	return c, nil
+}
+
+// claimError is the front door's answer to a claim the store refused or
+// failed, and the request's outcome.
+func (d *request) claimError(r *http.Request, err error) error {
+	g, x := d.g, d.x
+	switch {
+	case errors.Is(err, idem.ErrRequestInFlight):
+		x.outcome = outcomeInFlight
+		return withRetryAfter(frontdoor.Errorf(frontdoor.CodeRequestInFlight,
+			"a request with this idempotency key is being processed; retry after Retry-After seconds"), err)
+	case errors.Is(err, idem.ErrFingerprintMismatch):
+		x.outcome = outcomeMismatch
+		return &frontdoor.Error{Code: frontdoor.CodeFingerprintMismatch, Detail: frontdoor.MismatchDetail}
+	case errors.Is(err, idem.ErrStorageQuotaExceeded):
+		// The store is up and refused a new record: not a store failure,
+		// so a fail_open route does not pass the request through either.
+		x.outcome = outcomeRefused
+		return frontdoor.Errorf(frontdoor.CodeStorageQuotaExceeded, "%s", frontdoor.StorageQuotaDetail)
+	case r.Context().Err() != nil:
+		// The caller went away during the claim; nobody reads this answer
+		// and the store is not to blame.
+		x.outcome = outcomeCanceled
+		return frontdoor.Errorf(frontdoor.CodeStoreUnavailable, "the request was canceled before it was claimed")
+	case errors.Is(err, idem.ErrTenantUnknown):
+		// idem refused: the gateway's tenant is gone or disabled. The store
+		// is up, so this is no store failure: a fail_open route does not
+		// pass the request through, and no retry succeeds until an
+		// operator acts.
+		x.outcome = outcomeRefused
+		g.logger.ErrorContext(r.Context(), "gateway: idem refused the gateway's tenant (it does not exist or is disabled)",
+			"request_id", x.rid, "tenant", g.opts.Tenant)
+		return frontdoor.Errorf(frontdoor.CodeTenantUnknown, "%s", frontdoor.TenantUnknownDetail)
+	case !storeFailed(err):
+		// Any other refusal by idem (the store answered, with a code of the
+		// domain): a refusal, never a reason to run the request
+		// unprotected, nor a retryable 503.
+		x.outcome = outcomeRefused
+		g.logger.ErrorContext(r.Context(), "gateway: idem refused the claim",
+			"request_id", x.rid, "code", string(idem.ErrorCode(err)), "error", err.Error())
+		detail := "idem refused the claim"
+		var ie *idem.Error
+		if errors.As(err, &ie) && ie.Detail != "" {
+			detail += ": " + ie.Detail
+		}
+		return frontdoor.Errorf(frontdoor.CodeInvalidRequest, "%s; the request was not processed and not sent upstream", detail)
+	}
+	g.logger.ErrorContext(r.Context(), "gateway: the store failed; failing closed unless the route fails open",
+		"request_id", x.rid, "error", err.Error())
+	if d.rr.failOpen {
+		x.outcome = outcomeFailOpen
+		return errFailOpen
+	}
+	x.outcome = outcomeStoreUnavailable
+	return withRetryAfter(frontdoor.Errorf(frontdoor.CodeStoreUnavailable,
+		"the idempotency store is unavailable; the request was not processed, retry later with the same key"), err)
 }
 
 // storeFailed reports whether err is the store failing (unreachable,
@@ -526,14 +591,6 @@ func storedLimit(t idem.Tenant, rr *route) int {
 	return limit
 }
 
-// busy answers a protected request refused for lack of in-flight budget,
-// before anything was claimed or sent upstream.
-func (g *Gateway) busy(w http.ResponseWriter, r *http.Request, x *exchange) {
-	x.outcome = outcomeBusy
-	frontdoor.WriteProblem(w, r, &frontdoor.Error{Code: frontdoor.CodeServerBusy, RetryAfter: time.Second,
-		Detail: "the gateway holds as many request bodies and answers as it may; the request was not processed, retry after Retry-After with the same key"})
-}
-
 // DefaultBodyReadTimeout is Options.BodyReadTimeout when unset, the
 // server's default IDEM_READ_TIMEOUT.
 const DefaultBodyReadTimeout = 30 * time.Second
@@ -593,14 +650,6 @@ func (rr *route) scope(r *http.Request) (string, error) {
 	return "", nil
 }
 
-// inFlight answers a claim refused because another request holds the key:
-// at once, or after the Prefer: wait=N the request was held for.
-func (g *Gateway) inFlight(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
-	x.outcome = outcomeInFlight
-	frontdoor.WriteProblem(w, r, withRetryAfter(frontdoor.Errorf(frontdoor.CodeRequestInFlight,
-		"a request with this idempotency key is being processed; retry after Retry-After seconds"), err))
-}
-
 // withRetryAfter gives e the Retry-After the store chose for err (the
 // lease left, or its own back-off), if it chose one.
 func withRetryAfter(e *frontdoor.Error, err error) *frontdoor.Error {
@@ -611,33 +660,11 @@ func withRetryAfter(e *frontdoor.Error, err error) *frontdoor.Error {
 	return e
 }
 
-func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
-	x.outcome = outcomeRefused
-	var e *frontdoor.Error
-	if !errors.As(err, &e) {
-		e = frontdoor.Errorf(frontdoor.CodeInvalidRequest, "%v", err)
-	}
-	frontdoor.WriteProblem(w, r, e)
-}
-
-// claim is what the gateway holds while it runs a request.
-type claim struct {
-	tenant idem.Tenant
-	key    string
-	token  int64
-	lease  time.Duration
-}
-
-// execute calls the upstream under a claim, stores the response and sends
-// it.
-func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *exchange, c claim, body []byte) {
-	// The upstream call does not end when the caller goes away: the work
-	// may already be under way, and its answer is what the caller's retry
-	// will be replayed.
-	ctx := context.WithoutCancel(r.Context())
-	stopKeeper := g.keepLease(ctx, c, r)
+// Run calls the upstream under the claim and reads its answer, up to what
+// may be stored.
+func (d *request) Run(ctx context.Context, r *http.Request, c *frontdoor.Claimed, body []byte) (*frontdoor.Answer, error) {
+	g, rr, x := d.g, d.rr, d.x
 	uctx, cancel := context.WithTimeout(ctx, rr.timeout)
-	defer cancel()
 	began := time.Now()
 	// Whether the request reached the upstream: once its headers are
 	// written, the upstream may act on it whatever happens next.
@@ -646,25 +673,21 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 	resp, err := g.roundTrip(uctx, r, rr, io.NopCloser(bytes.NewReader(body)), int64(len(body)))
 	x.upstream = time.Since(began)
 	if err != nil {
-		stopKeeper()
+		cancel()
 		timeout := errors.Is(err, context.DeadlineExceeded) || isTimeout(err)
 		x.outcome = outcomeUpstreamUnavailable
 		if timeout {
 			x.outcome = outcomeUpstreamTimeout
 		}
 		if sent.Load() && rr.store5xx {
-			g.storeFailure(ctx, w, r, c, timeout, rr.timeout)
-			return
+			return d.failure(timeout, rr.timeout), nil
 		}
-		g.release(ctx, c, r)
-		frontdoor.WriteProblem(w, r, upstreamError(sent.Load(), timeout, rr.timeout,
+		return nil, &frontdoor.Unanswered{Release: true, Problem: upstreamError(sent.Load(), timeout, rr.timeout,
 			"the key was released, retry with the same key",
-			"the key was released (store_5xx: false), so a retry with the same key sends it again"))
-		return
+			"the key was released (store_5xx: false), so a retry with the same key sends it again")}
 	}
-	defer resp.Body.Close()
 
-	maxStored := storedLimit(c.tenant, rr)
+	maxStored := storedLimit(d.tenant, rr)
 	stored := frontdoor.StoredHeaders(resp.Header, rr.storedHeaders)
 	headerBytes := 0
 	for k, v := range stored {
@@ -684,47 +707,39 @@ func (g *Gateway) execute(w http.ResponseWriter, r *http.Request, rr *route, x *
 		// it had the request, so it may have acted. Like a request it did
 		// not answer: its 502 is stored like a 5xx (store_5xx), or the
 		// claim is left to become an orphan that a retry takes over.
-		stopKeeper()
+		resp.Body.Close()
+		cancel()
 		x.outcome = outcomeUpstreamUnavailable
 		g.logger.ErrorContext(r.Context(), "gateway: the upstream response broke off", "error", err.Error())
 		if rr.store5xx {
-			g.storeFailure(ctx, w, r, c, false, rr.timeout)
-			return
+			return d.failure(false, rr.timeout), nil
 		}
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
-			"the upstream's answer broke off: it had the request and may have acted on it; the key stays claimed until its lease runs out, then a retry with the same key sends it again (store_5xx: false)"))
-		return
+		return nil, &frontdoor.Unanswered{Problem: frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
+			"the upstream's answer broke off: it had the request and may have acted on it; the key stays claimed until its lease runs out, then a retry with the same key sends it again (store_5xx: false)")}
 	}
-	stopKeeper()
-	switch {
-	case !frontdoor.StorableStatus(resp.StatusCode):
-		// A status idem cannot store (net/http lets the upstream answer up
-		// to 999): sent as it is, recorded as not replayable whatever
-		// store_5xx says. The upstream ran; released, the key would run it
-		// again.
-		status, headers := frontdoor.Unstorable(resp.StatusCode)
-		g.complete(ctx, c, r, idem.Response{Status: status, Headers: headers})
-	case n > limit:
-		// Too large to store: the completion is recorded without the body.
-		g.complete(ctx, c, r, idem.Response{Status: resp.StatusCode, Headers: map[string]string{
-			frontdoor.HeaderNotReplayable: "response larger than " + strconv.Itoa(maxStored) + " bytes not stored",
-		}})
-	case frontdoor.StoreStatus(resp.StatusCode, rr.store5xx):
-		g.complete(ctx, c, r, idem.Response{Status: resp.StatusCode, Headers: stored, Body: buf.Bytes(), BodyEncoding: bodyEncoding(buf.Bytes())})
-	default:
-		g.release(ctx, c, r)
+	a := &frontdoor.Answer{Status: resp.StatusCode, Header: resp.Header, AddHeader: true, Stored: stored, Body: buf.Bytes(),
+		TooLarge: n > limit, NotStoredNote: "response larger than " + strconv.Itoa(maxStored) + " bytes not stored"}
+	if a.TooLarge {
+		// Streamed through once stored: what was read, then the rest.
+		a.Rest = &upstreamRest{ReadCloser: resp.Body, cancel: cancel}
+	} else {
+		resp.Body.Close()
+		cancel()
 	}
-	copyHeader(w.Header(), resp.Header)
-	if n > limit {
-		// Streamed through: what was read, then the rest.
-		w.WriteHeader(resp.StatusCode)
-		_, _ = w.Write(buf.Bytes())
-		_, _ = io.Copy(w, resp.Body)
-		return
-	}
-	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
-	w.WriteHeader(resp.StatusCode)
-	_, _ = w.Write(buf.Bytes())
+	return a, nil
+}
+
+// upstreamRest is the rest of an upstream answer too large to store, read
+// after Run returned: closing it ends the upstream call.
+type upstreamRest struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (u *upstreamRest) Close() error {
+	err := u.ReadCloser.Close()
+	u.cancel()
+	return err
 }
 
 // upstreamError is the problem of an upstream call that got no answer.
@@ -748,33 +763,32 @@ func upstreamError(sent, timeout bool, limit time.Duration, notSent, wasSent str
 		"the upstream received the request and the connection broke before its answer: it may have acted on it; %s", wasSent)
 }
 
-// storeFailure answers a request the upstream received but did not answer
-// (it timed out, or the connection broke before its answer): the upstream
-// may have acted on it, so like a 5xx answer (store_5xx, the default) the
-// gateway's 502 or 504 is stored and sent, and a retry gets it replayed
-// instead of running the request a second time. The caller learns the
-// outcome from the upstream, and sends a new key to try again.
-func (g *Gateway) storeFailure(ctx context.Context, w http.ResponseWriter, r *http.Request, c claim, timeout bool, limit time.Duration) {
+// failure is the answer to a request the upstream received but did not
+// answer (it timed out, or the connection broke before its answer): the
+// upstream may have acted on it, so like a 5xx answer (store_5xx, the
+// default) the gateway's 502 or 504 is stored and sent, and a retry gets
+// it replayed instead of running the request a second time. The caller
+// learns the outcome from the upstream, and sends a new key to try again.
+func (d *request) failure(timeout bool, limit time.Duration) *frontdoor.Answer {
 	e := frontdoor.Errorf(frontdoor.CodeUpstreamUnavailable,
 		"the upstream received the request and the connection broke before its answer was in; it may have acted on it, so this answer is stored and replayed for this key: check the outcome, and use a new key to try again")
 	if timeout {
 		e = frontdoor.Errorf(frontdoor.CodeUpstreamTimeout,
 			"the upstream received the request and did not answer within %s; it may have acted on it, so this answer is stored and replayed for this key: check the outcome, and use a new key to try again", limit)
 	}
-	body, _ := json.Marshal(frontdoor.NewProblem(e, frontdoor.RequestID(w, r)))
-	g.complete(ctx, c, r, idem.Response{Status: e.Status(), Headers: map[string]string{"Content-Type": "application/problem+json"},
-		Body: body, BodyEncoding: idem.BodyEncodingUTF8})
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(e.Status())
-	_, _ = w.Write(body)
+	body, _ := json.Marshal(frontdoor.NewProblem(e, d.x.rid))
+	return &frontdoor.Answer{Status: e.Status(), AddHeader: true,
+		Header: http.Header{"Content-Type": {"application/problem+json"}, "Cache-Control": {"no-store"}},
+		Stored: map[string]string{"Content-Type": "application/problem+json"}, Body: body}
 }
 
 // bodyEncoding is how a stored body travels in JSON: as text when it is
-// valid UTF-8.
+// valid UTF-8; none without a body.
 func bodyEncoding(b []byte) string {
-	if utf8.Valid(b) {
+	switch {
+	case b == nil:
+		return ""
+	case utf8.Valid(b):
 		return idem.BodyEncodingUTF8
 	}
 	return idem.BodyEncodingBase64
@@ -785,7 +799,7 @@ func bodyEncoding(b []byte) string {
 // lease when that is longer.
 const completeRetryMin = 5 * time.Second
 
-// complete stores the response. The upstream has run: a response that is
+// Complete stores the response. The upstream has run: a response that is
 // not stored leaves the record in flight, and once its lease runs out a
 // retry takes it over and runs the upstream a second time. So a store
 // that is unavailable (store_unavailable: a lock held elsewhere, a
@@ -795,23 +809,25 @@ const completeRetryMin = 5 * time.Second
 // accepts. Any other refusal (lease_lost: a retry took the key over
 // meanwhile) ends it at once. A response still not stored is logged and
 // sent all the same.
-func (g *Gateway) complete(ctx context.Context, c claim, r *http.Request, resp idem.Response) {
-	until := time.Now().Add(max(c.lease, completeRetryMin))
+func (d *request) Complete(ctx context.Context, c *frontdoor.Claimed, s frontdoor.Stored) error {
+	g, r := d.g, d.r
+	resp := idem.Response{Status: s.Status, Headers: s.Headers, Body: s.Body, BodyEncoding: bodyEncoding(s.Body)}
+	until := time.Now().Add(max(c.Lease, completeRetryMin))
 	pause := 50 * time.Millisecond
 	for {
 		// The quota is checked as the API checks it: a response without
 		// room completes the key as not replayable (storage_quota_exceeded,
 		// logged below; the retry is 409 response_not_replayable).
-		_, err := g.store.Complete(ctx, idem.CompleteParams{TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token, Response: resp,
-			StorageQuotaBytes: c.tenant.Settings.StorageQuotaBytes})
+		_, err := g.store.Complete(ctx, idem.CompleteParams{TenantID: d.tenant.ID, Key: c.Key, FencingToken: c.Token, Response: resp,
+			StorageQuotaBytes: d.tenant.Settings.StorageQuotaBytes})
 		if err == nil {
-			return
+			return nil
 		}
 		g.metrics.storeFailures.WithLabelValues("complete").Inc()
 		if idem.ErrorCode(err) != idem.CodeStoreUnavailable || time.Now().Add(pause).After(until) {
 			g.logger.ErrorContext(r.Context(), "gateway: the upstream answered but its response was not stored",
 				"request_id", r.Header.Get(frontdoor.HeaderRequestID), "error", err.Error())
-			return
+			return err
 		}
 		g.logger.WarnContext(r.Context(), "gateway: storing the response failed; trying again",
 			"request_id", r.Header.Get(frontdoor.HeaderRequestID), "retry_in", pause, "error", err.Error())
@@ -820,52 +836,31 @@ func (g *Gateway) complete(ctx context.Context, c claim, r *http.Request, resp i
 	}
 }
 
-func (g *Gateway) release(ctx context.Context, c claim, r *http.Request) {
-	if err := g.store.Release(ctx, idem.ReleaseParams{TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token}); err != nil {
-		g.metrics.storeFailures.WithLabelValues("release").Inc()
-		g.logger.ErrorContext(r.Context(), "gateway: releasing the key failed; it becomes an orphan", "error", err.Error())
+// Release releases the key; a failure leaves it to become an orphan.
+func (d *request) Release(ctx context.Context, c *frontdoor.Claimed) error {
+	err := d.g.store.Release(ctx, idem.ReleaseParams{TenantID: d.tenant.ID, Key: c.Key, FencingToken: c.Token})
+	if err != nil {
+		d.g.metrics.storeFailures.WithLabelValues("release").Inc()
+		d.g.logger.ErrorContext(d.r.Context(), "gateway: releasing the key failed; it becomes an orphan", "error", err.Error())
 	}
+	return err
 }
 
-// keepLease renews the claim's lease every third of it while the upstream
-// call runs, so a long call is not taken over by a retry. It returns the
-// function that stops it.
-func (g *Gateway) keepLease(ctx context.Context, c claim, r *http.Request) func() {
-	every := c.lease / 3
-	if every <= 0 {
-		every = time.Second
+// Checkpoint renews the claim's lease while the upstream call runs
+// (recovery point "upstream").
+func (d *request) Checkpoint(ctx context.Context, c *frontdoor.Claimed) error {
+	_, err := d.g.store.Checkpoint(ctx, idem.CheckpointParams{
+		TenantID: d.tenant.ID, Key: c.Key, FencingToken: c.Token, RecoveryPoint: "upstream", Lease: c.Lease,
+	})
+	if err == nil {
+		return nil
 	}
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			_, err := g.store.Checkpoint(ctx, idem.CheckpointParams{
-				TenantID: c.tenant.ID, Key: c.key, FencingToken: c.token, RecoveryPoint: "upstream", Lease: c.lease,
-			})
-			if err != nil {
-				g.metrics.storeFailures.WithLabelValues("renew").Inc()
-				g.logger.WarnContext(r.Context(), "gateway: renewing the lease failed", "error", err.Error())
-				if errors.Is(err, idem.ErrLeaseLost) || errors.Is(err, idem.ErrKeyNotFound) || errors.Is(err, idem.ErrAlreadyCompleted) {
-					return
-				}
-			}
-		}
-	}()
-	var stopped atomic.Bool
-	return func() {
-		if stopped.CompareAndSwap(false, true) {
-			close(stop)
-			<-done
-		}
+	d.g.metrics.storeFailures.WithLabelValues("renew").Inc()
+	d.g.logger.WarnContext(d.r.Context(), "gateway: renewing the lease failed", "error", err.Error())
+	if errors.Is(err, idem.ErrLeaseLost) || errors.Is(err, idem.ErrKeyNotFound) || errors.Is(err, idem.ErrAlreadyCompleted) {
+		return fmt.Errorf("%w: %w", frontdoor.ErrLeaseGone, err)
 	}
+	return err
 }
 
 // passThrough proxies a request that is not protected, streaming both ways.

@@ -175,6 +175,10 @@ func (s *Store) Ledger() idem.LedgerRollbacks { return s }
 // claims wait on (Subscribe, Watch).
 func (s *Store) KeyEvents() idem.KeyEvents { return s }
 
+// Listener implements idem.Driver: the Store's LISTEN connection can be
+// lost and comes back (listenlog.go).
+func (s *Store) Listener() idem.Listener { return s }
+
 // SerialWrites implements idem.Driver: PostgreSQL's writes run side by
 // side, each on a connection of the pool, so a tenant's reads and writes
 // share one share of it.

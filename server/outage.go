@@ -93,18 +93,11 @@ func (o *outageLog) observe(err error) {
 	}
 }
 
-// listenReporter is a store whose key events come from a listening
-// connection that can be lost (PostgreSQL's).
-type listenReporter interface {
-	SetLogger(*slog.Logger)
-	ListenReconnects() int64
-}
-
 // watchKeyEvents gives the store's listening connection the logger, so
 // its losses and reconnections are logged, and counts the reconnections
 // (idem_key_events_reconnects_total); nothing for a store without one.
-func watchKeyEvents(raw idem.Store, logger *slog.Logger, reg prometheus.Registerer) {
-	if r, ok := raw.(listenReporter); ok {
+func watchKeyEvents(raw idem.Driver, logger *slog.Logger, reg prometheus.Registerer) {
+	if r := raw.Listener(); r != nil {
 		r.SetLogger(logger)
 		metrics.RegisterListenReconnects(reg, r.ListenReconnects)
 	}

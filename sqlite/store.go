@@ -193,6 +193,9 @@ func (s *Store) Webhooks() idem.WebhookStore { return s }
 // record of rollbacks (ledger.go).
 func (s *Store) Ledger() idem.LedgerRollbacks { return s }
 
+// Listener implements idem.Driver: none, the key events are in-process.
+func (s *Store) Listener() idem.Listener { return nil }
+
 // KeyEvents implements idem.Driver: the Store publishes the changes it
 // commits to the claims waiting on them (Subscribe, Watch).
 func (s *Store) KeyEvents() idem.KeyEvents { return s }

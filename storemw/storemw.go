@@ -107,6 +107,9 @@ func (s *Store) SerialWrites() bool { return s.driver.SerialWrites() }
 // guard reads it on a schedule of its own and bounds each read itself.
 func (s *Store) Ledger() idem.LedgerRollbacks { return s.driver.Ledger() }
 
+// Listener returns the driver's listening connection of key events.
+func (s *Store) Listener() idem.Listener { return s.driver.Listener() }
+
 // Durability reports the driver's, bounded by ctx (the server's watch
 // gives each read the store deadline).
 func (s *Store) Durability(ctx context.Context) (idem.Durability, error) {

@@ -9,71 +9,54 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idem-dev/idem/client/errcode"
 )
 
-// Code is the machine-readable name of a front-door refusal.
-type Code string
+// Code is the machine-readable name of a front-door refusal: a code of the
+// one list (package errcode), which the idem API answers with too.
+type Code = errcode.Code
 
 // The codes a front door answers with (docs/frontdoor.md rule 7).
 // upstream_unavailable, upstream_timeout and server_busy come from the
 // gateway only.
 const (
-	CodeKeyMissing            Code = "idempotency_key_missing"
-	CodeInvalidKey            Code = "invalid_key"
-	CodeInvalidRequest        Code = "invalid_request"
-	CodePayloadTooLarge       Code = "payload_too_large"
-	CodeRequestInFlight       Code = "request_in_flight"
-	CodeFingerprintMismatch   Code = "fingerprint_mismatch"
-	CodeStoreUnavailable      Code = "store_unavailable"
-	CodeUpstreamUnavailable   Code = "upstream_unavailable"
-	CodeUpstreamTimeout       Code = "upstream_timeout"
-	CodeResponseNotReplayable Code = "response_not_replayable"
+	CodeKeyMissing            = errcode.KeyMissing
+	CodeInvalidKey            = errcode.InvalidKey
+	CodeInvalidRequest        = errcode.InvalidRequest
+	CodePayloadTooLarge       = errcode.PayloadTooLarge
+	CodeRequestInFlight       = errcode.RequestInFlight
+	CodeFingerprintMismatch   = errcode.FingerprintMismatch
+	CodeStoreUnavailable      = errcode.StoreUnavailable
+	CodeUpstreamUnavailable   = errcode.UpstreamUnavailable
+	CodeUpstreamTimeout       = errcode.UpstreamTimeout
+	CodeResponseNotReplayable = errcode.ResponseNotReplayable
 	// CodeServerBusy: the gateway holds as many request bodies in memory
 	// as its budget allows; retry after Retry-After.
-	CodeServerBusy Code = "server_busy"
+	CodeServerBusy = errcode.ServerBusy
 	// CodeStorageQuotaExceeded: idem refused the claim of a new key because
 	// the tenant stores its storage_quota_bytes or more. Nothing was
 	// claimed or run; a retry cannot succeed until the tenant's usage
 	// falls (records purged or released) or its quota is raised, so it is
 	// not retryable and not store_unavailable (the store is up).
-	CodeStorageQuotaExceeded Code = "storage_quota_exceeded"
+	CodeStorageQuotaExceeded = errcode.StorageQuotaExceeded
 	// CodeTenantUnknown: idem refused the front door's claim because the
 	// front door's own tenant (the gateway's --tenant, the middleware's
 	// token's) does not exist or is disabled. The store is up and refused,
 	// so it is no store failure (a fail_open route does not pass the
 	// request through) and a retry cannot succeed until an operator
 	// enables the tenant: not retryable.
-	CodeTenantUnknown Code = "tenant_unknown"
+	CodeTenantUnknown = errcode.TenantUnknown
 )
 
-// ProblemInfo is the fixed part of a code's problem body.
-type ProblemInfo struct {
-	Status    int
-	Title     string
-	Retryable bool
-}
-
-// Problems maps every code to its status, title and retryability. Only
-// request_in_flight, store_unavailable and server_busy are retryable
-// unchanged (after Retry-After). An upstream error released the key when
-// the request never reached the upstream (the client may retry it, with
-// no promise that it succeeds); once the upstream had the request, the
-// gateway stores the error like a 5xx and a retry gets it replayed.
-var Problems = map[Code]ProblemInfo{
-	CodeKeyMissing:            {http.StatusBadRequest, "Idempotency key missing", false},
-	CodeInvalidKey:            {http.StatusBadRequest, "Invalid idempotency key", false},
-	CodeInvalidRequest:        {http.StatusBadRequest, "Invalid request", false},
-	CodePayloadTooLarge:       {http.StatusRequestEntityTooLarge, "Payload too large", false},
-	CodeRequestInFlight:       {http.StatusConflict, "Request in flight", true},
-	CodeFingerprintMismatch:   {http.StatusUnprocessableEntity, "Idempotency key reused with another request", false},
-	CodeStoreUnavailable:      {http.StatusServiceUnavailable, "Idempotency store unavailable", true},
-	CodeUpstreamUnavailable:   {http.StatusBadGateway, "Upstream unavailable", false},
-	CodeUpstreamTimeout:       {http.StatusGatewayTimeout, "Upstream timeout", false},
-	CodeResponseNotReplayable: {http.StatusConflict, "Response not replayable", false},
-	CodeServerBusy:            {http.StatusServiceUnavailable, "Server busy", true},
-	CodeStorageQuotaExceeded:  {http.StatusInsufficientStorage, "Storage quota exceeded", false},
-	CodeTenantUnknown:         {http.StatusForbidden, "Tenant unknown", false},
-}
+// Problems are the rows of the one error table (package errcode) a front
+// door answers with, with the front doors' titles. Only request_in_flight,
+// store_unavailable and server_busy are retryable unchanged (after
+// Retry-After). An upstream error released the key when the request never
+// reached the upstream (the client may retry it, with no promise that it
+// succeeds); once the upstream had the request, the gateway stores the
+// error like a 5xx and a retry gets it replayed.
+var Problems = errcode.Of(errcode.FrontDoor)
 
 // StorageQuotaDetail is the detail of CodeStorageQuotaExceeded, the same
 // in every front door: the caller learns that nothing ran and that a

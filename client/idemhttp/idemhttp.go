@@ -200,117 +200,150 @@ type middleware struct {
 	opts Options
 }
 
-// errReleased marks a 5xx answer released under ReleaseServerErrors.
-var errReleased = errors.New("handler answered 5xx; key released")
-
-// errCallerGone marks a claim released because the caller went away before
-// the handler started.
-var errCallerGone = errors.New("the caller went away before the handler started; key released")
-
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	key, protected, err := m.opts.Methods.KeyFor(r)
-	if err != nil {
-		writeErr(w, r, err)
-		return
-	}
-	if !protected {
-		next.ServeHTTP(w, r)
-		return
-	}
-	if m.opts.Scope != nil {
-		scope, err := m.opts.Scope(r)
-		if err != nil {
-			frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeInvalidKey, "the key cannot be scoped to the caller"))
-			return
-		}
-		if key, err = frontdoor.ScopedKey(scope, key); err != nil {
-			writeErr(w, r, err)
-			return
-		}
-	}
-	body, err := frontdoor.ReadBody(w, r, m.opts.MaxBodyBytes)
-	if err != nil {
-		writeErr(w, r, err)
-		return
-	}
-	_ = r.Body.Close()
-	path, query := frontdoor.Target(r)
-	doc, err := frontdoor.Document(frontdoor.Parts{
-		Path: path, Query: query, ContentType: r.Header.Get("Content-Type"), Body: body, Header: r.Header,
-	}, m.opts.Fingerprint)
-	if err != nil {
-		writeErr(w, r, err)
-		return
-	}
+	frontdoor.Serve(w, r, &door{m: m, next: next})
+}
 
-	req := client.Request{
-		Operation: frontdoor.Operation(r.Method, m.opts.Route(r)),
-		Payload:   json.RawMessage(doc),
+// door is the middleware's front door for one request (frontdoor.Door):
+// its port is the idem API reached through the client.
+type door struct {
+	m    *middleware
+	next http.Handler
+}
+
+func (d *door) Methods() frontdoor.Methods { return d.m.opts.Methods }
+
+func (d *door) Pass(w http.ResponseWriter, r *http.Request) { d.next.ServeHTTP(w, r) }
+
+func (d *door) Scope(r *http.Request) (string, bool, error) {
+	if d.m.opts.Scope == nil {
+		return "", false, nil
+	}
+	scope, err := d.m.opts.Scope(r)
+	if err != nil {
+		return "", true, frontdoor.Errorf(frontdoor.CodeInvalidKey, "the key cannot be scoped to the caller")
+	}
+	return scope, true, nil
+}
+
+func (d *door) ReadBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body, err := frontdoor.ReadBody(w, r, d.m.opts.MaxBodyBytes)
+	if err == nil {
+		_ = r.Body.Close()
+	}
+	return body, err
+}
+
+func (d *door) Rules() frontdoor.Rules { return d.m.opts.Fingerprint }
+
+func (d *door) Route(r *http.Request) string { return d.m.opts.Route(r) }
+
+func (d *door) LeaseBound() bool { return true }
+
+func (d *door) Store5xx() bool { return !d.m.opts.ReleaseServerErrors }
+
+func (d *door) Refuse(w http.ResponseWriter, r *http.Request, err error) { frontdoor.Refuse(w, r, err) }
+
+// Claim claims the key through the client, as one claim with the caller's
+// own wait (Prefer: wait=N): a held key is answered at once.
+func (d *door) Claim(ctx context.Context, r *http.Request, req frontdoor.ClaimRequest) (*frontdoor.Claimed, error) {
+	m := d.m
+	cr, err := m.c.Claim(ctx, req.Key, client.Request{
+		Operation: req.Operation,
+		Payload:   json.RawMessage(req.Document),
 		Lease:     m.opts.Lease,
-		NoWait:    true,
-		Wait:      m.preferWait(r),
-	}
-	// The caller going away stops the claim (and a Prefer: wait hold), but
-	// not a handler that has started: its context is the request's values
-	// without the request's cancellation from then on (as the gateway's
-	// upstream call). A handler that stopped writing when the caller hung
-	// up would otherwise return normally with part of its answer, and that
-	// part would be stored and replayed as the complete answer; run to its
-	// end, its whole answer is stored for the caller's retry.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	defer cancel()
-	detach := context.AfterFunc(r.Context(), cancel)
-	defer detach()
-	var rec *recorder
-	res, err := m.c.Do(ctx, key, req, func(ctx context.Context, _ *client.Claim) (client.Response, error) {
-		if !detach() {
-			// The caller went away before the handler started: nothing ran,
-			// so the key is released and the retry runs the handler.
-			return client.Response{}, fmt.Errorf("%w: %w", client.ErrNoSideEffect, errCallerGone)
-		}
-		rec = newRecorder()
-		r2 := r.WithContext(ctx)
-		r2.Body = io.NopCloser(bytes.NewReader(body))
-		r2.ContentLength = int64(len(body))
-		next.ServeHTTP(rec, r2)
-		if !frontdoor.StorableStatus(rec.status) {
-			// Sent as it is, stored as not replayable: the handler ran, so
-			// the key must neither be released nor left in flight.
-			return unstorable(rec.status), nil
-		}
-		if !frontdoor.StoreStatus(rec.status, !m.opts.ReleaseServerErrors) {
-			return client.Response{}, fmt.Errorf("%w: %w", client.ErrNoSideEffect, errReleased)
-		}
-		return m.stored(rec), nil
+		Wait:      m.c.ServerWait(ctx, m.preferWait(r)),
 	})
-	applied := res.WaitApplied
-	var ce *client.Error
-	if errors.As(err, &ce) && ce.WaitApplied > 0 {
-		applied = ce.WaitApplied
-	}
-	if applied > 0 {
-		w.Header().Set(frontdoor.HeaderPreferenceApplied, "wait="+strconv.Itoa(int(applied/time.Second)))
-	}
-	if rec != nil && errors.Is(err, client.ErrPayloadTooLarge) && frontdoor.StorableStatus(rec.status) {
-		// The tenant's max_response_bytes is under MaxStoredBytes: store the
-		// answer without its body, as one over MaxStoredBytes, so that the
-		// retry is 409 response_not_replayable instead of a second run
-		// once the claim's lease is over.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
-		_, err = m.c.Complete(ctx, key, res.FencingToken, notReplayable(rec.status, m.size(rec)))
-		cancel()
-	}
-	switch {
-	case rec != nil:
-		if err != nil && !errors.Is(err, errReleased) {
-			m.opts.Logger.ErrorContext(r.Context(), "idem: the handler ran but its response was not stored", "error", err)
+	if err != nil {
+		c := &frontdoor.Claimed{}
+		var ce *client.Error
+		if errors.As(err, &ce) {
+			c.WaitApplied = ce.WaitApplied
 		}
-		rec.flushTo(w)
-	case err == nil:
-		frontdoor.WriteReplay(w, r, res.Response.Status, res.Response.Headers, res.Response.Body)
-	default:
-		m.writeClaimError(w, r, err)
+		return c, m.claimError(r, err)
 	}
+	c := &frontdoor.Claimed{Key: req.Key, Token: cr.FencingToken, Attempt: cr.Attempt, Takeover: cr.Resumed,
+		WaitApplied: cr.WaitApplied, Point: cr.RecoveryPoint, Data: cr.RecoveryData}
+	if cr.Replayed {
+		var resp client.Response
+		if cr.Response != nil {
+			resp = *cr.Response
+		}
+		c.Replay = &frontdoor.Stored{Status: resp.Status, Headers: resp.Headers, Body: resp.Body}
+		return c, nil
+	}
+	c.Lease = m.opts.Lease
+	if c.Lease <= 0 {
+		// The lease the server granted, on the server's clock (its
+		// answer's Date): this host's clock may be off by more than a
+		// lease (client.Do's rule).
+		c.Lease = cr.LeaseLeft
+		if c.Lease <= 0 {
+			c.Lease = time.Until(cr.LeaseExpiresAt)
+		}
+		if cr.LeaseExpiresAt.IsZero() || c.Lease <= 0 {
+			c.Lease = 30 * time.Second
+		}
+	}
+	return c, nil
+}
+
+// Checkpoint renews the lease, saving the last recovery point again
+// (client.RenewalPoint before there is one).
+func (d *door) Checkpoint(ctx context.Context, c *frontdoor.Claimed) error {
+	point := c.Point
+	if point == "" {
+		point = client.RenewalPoint
+	}
+	_, err := d.m.c.Checkpoint(ctx, c.Key, c.Token, point, c.Data, d.m.opts.Lease)
+	if errors.Is(err, client.ErrLeaseLost) || errors.Is(err, client.ErrKeyNotFound) {
+		return fmt.Errorf("%w: %w", frontdoor.ErrLeaseGone, err)
+	}
+	return err
+}
+
+// Complete stores the answer; a failure is logged (the answer is sent all
+// the same), except the tenant's max_response_bytes refusing it, which the
+// flow answers by storing it without its body.
+func (d *door) Complete(ctx context.Context, c *frontdoor.Claimed, s frontdoor.Stored) error {
+	_, err := d.m.c.Complete(ctx, c.Key, c.Token, client.Response{Status: s.Status, Headers: s.Headers, Body: s.Body})
+	if errors.Is(err, client.ErrPayloadTooLarge) {
+		return fmt.Errorf("%w: %w", frontdoor.ErrResponseTooLarge, err)
+	}
+	if err != nil {
+		d.m.opts.Logger.ErrorContext(ctx, "idem: the handler ran but its response was not stored", "error", err)
+	}
+	return err
+}
+
+// Release releases the key; a failure leaves it to become an orphan.
+func (d *door) Release(ctx context.Context, c *frontdoor.Claimed) error {
+	if err := d.m.c.Release(ctx, c.Key, c.Token); err != nil && !errors.Is(err, client.ErrKeyNotFound) {
+		return err
+	}
+	return nil
+}
+
+// Run runs the handler once, buffering its whole answer. A caller gone
+// before it started releases the key: nothing ran, and the retry runs it.
+func (d *door) Run(ctx context.Context, r *http.Request, _ *frontdoor.Claimed, body []byte) (*frontdoor.Answer, error) {
+	if r.Context().Err() != nil {
+		return nil, &frontdoor.Unanswered{Release: true, Problem: d.m.unavailable(nil)}
+	}
+	rec := newRecorder()
+	r2 := r.WithContext(ctx)
+	r2.Body = io.NopCloser(bytes.NewReader(body))
+	r2.ContentLength = int64(len(body))
+	d.next.ServeHTTP(rec, r2)
+	size := d.m.size(rec)
+	return &frontdoor.Answer{
+		Status: rec.status, Header: rec.header, Body: rec.body.Bytes(),
+		Stored: frontdoor.StoredHeaders(rec.header, d.m.opts.Headers),
+		// A 5xx that ReleaseServerErrors releases is released whatever its
+		// size.
+		TooLarge:      size > d.m.opts.MaxStoredBytes && frontdoor.StoreStatus(rec.status, d.Store5xx()),
+		NotStoredNote: "response of " + strconv.Itoa(size) + " bytes not stored",
+	}, nil
 }
 
 // preferWait returns the wait to ask the server for: the request's
@@ -328,15 +361,6 @@ func (m *middleware) preferWait(r *http.Request) time.Duration {
 	return wait
 }
 
-// stored is the response to store for rec: the whole of it, or without its
-// body (marked frontdoor.HeaderNotReplayable) when it is over the limit.
-func (m *middleware) stored(rec *recorder) client.Response {
-	if size := m.size(rec); size > m.opts.MaxStoredBytes {
-		return notReplayable(rec.status, size)
-	}
-	return client.Response{Status: rec.status, Headers: frontdoor.StoredHeaders(rec.header, m.opts.Headers), Body: rec.body.Bytes()}
-}
-
 // size is what storing rec whole takes: its body and stored headers.
 func (m *middleware) size(rec *recorder) int {
 	size := rec.body.Len()
@@ -346,31 +370,8 @@ func (m *middleware) size(rec *recorder) int {
 	return size
 }
 
-// notReplayable is the response stored in place of one too large to keep:
-// its status, no body, marked frontdoor.HeaderNotReplayable.
-func notReplayable(status, size int) client.Response {
-	return client.Response{Status: status, Headers: map[string]string{
-		frontdoor.HeaderNotReplayable: "response of " + strconv.Itoa(size) + " bytes not stored",
-	}}
-}
-
-// unstorable is the response stored in place of one whose status idem
-// cannot store (frontdoor.StorableStatus, frontdoor.Unstorable).
-func unstorable(status int) client.Response {
-	s, h := frontdoor.Unstorable(status)
-	return client.Response{Status: s, Headers: h}
-}
-
-func writeErr(w http.ResponseWriter, r *http.Request, err error) {
-	var e *frontdoor.Error
-	if !errors.As(err, &e) {
-		e = frontdoor.Errorf(frontdoor.CodeInvalidRequest, "%v", err)
-	}
-	frontdoor.WriteProblem(w, r, e)
-}
-
-// writeClaimError answers a claim that did not let the handler run.
-func (m *middleware) writeClaimError(w http.ResponseWriter, r *http.Request, err error) {
+// claimError is the answer to a claim that did not let the handler run.
+func (m *middleware) claimError(r *http.Request, err error) *frontdoor.Error {
 	var ce *client.Error
 	errors.As(err, &ce)
 	switch {
@@ -379,27 +380,27 @@ func (m *middleware) writeClaimError(w http.ResponseWriter, r *http.Request, err
 		if ce != nil {
 			e.RetryAfter = ce.RetryAfter
 		}
-		frontdoor.WriteProblem(w, r, e)
+		return e
 	case errors.Is(err, client.ErrFingerprintMismatch):
-		frontdoor.WriteProblem(w, r, &frontdoor.Error{Code: frontdoor.CodeFingerprintMismatch, Detail: frontdoor.MismatchDetail})
+		return &frontdoor.Error{Code: frontdoor.CodeFingerprintMismatch, Detail: frontdoor.MismatchDetail}
 	case errors.Is(err, client.ErrPayloadTooLarge):
 		// idem's request limit (IDEM_MAX_BODY_BYTES) is under MaxBodyBytes:
 		// a retry cannot succeed, so not the retryable 503.
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodePayloadTooLarge,
-			"the request body is too large for the idempotency service to fingerprint"))
+		return frontdoor.Errorf(frontdoor.CodePayloadTooLarge,
+			"the request body is too large for the idempotency service to fingerprint")
 	case errors.Is(err, client.ErrInvalidKey):
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeInvalidKey, "%s", ce.Detail))
+		return frontdoor.Errorf(frontdoor.CodeInvalidKey, "%s", ce.Detail)
 	case errors.Is(err, client.ErrStorageQuotaExceeded):
 		// idem is up and refused the new key: a 503 store_unavailable
 		// would have the caller retry what cannot succeed until the
 		// tenant's usage falls.
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeStorageQuotaExceeded, "%s", frontdoor.StorageQuotaDetail))
+		return frontdoor.Errorf(frontdoor.CodeStorageQuotaExceeded, "%s", frontdoor.StorageQuotaDetail)
 	case errors.Is(err, client.ErrTenantUnknown):
 		// The middleware's tenant does not exist or is disabled: idem is up
 		// and refused, and no retry succeeds until an operator enables the
 		// tenant, so not the retryable 503 (issue 21, hole 2's class).
 		m.opts.Logger.ErrorContext(r.Context(), "idem: the idempotency service refused the middleware's tenant (it does not exist or is disabled)", "error", err)
-		frontdoor.WriteProblem(w, r, frontdoor.Errorf(frontdoor.CodeTenantUnknown, "%s", frontdoor.TenantUnknownDetail))
+		return frontdoor.Errorf(frontdoor.CodeTenantUnknown, "%s", frontdoor.TenantUnknownDetail)
 	case errors.Is(err, client.ErrUnauthenticated) || errors.Is(err, client.ErrForbidden):
 		// idem refused the middleware's own token (expired, signed with a
 		// rotated secret, of a deleted tenant, or without keys:write). That
@@ -408,13 +409,13 @@ func (m *middleware) writeClaimError(w http.ResponseWriter, r *http.Request, err
 		// 503 (nothing was claimed, so the retry with the same key is safe),
 		// never a 401 or 403 that would blame the caller's own credentials.
 		m.opts.Logger.ErrorContext(r.Context(), "idem: the idempotency service refused the middleware's token (check its expiry, tenant and the keys:write scope); failing closed", "error", err)
-		m.writeUnavailable(w, r, ce)
+		return m.unavailable(ce)
 	case ce != nil && ce.Code == client.CodeInvalidRequest && len(ce.Fields) > 0 && isDocumentField(ce.Fields[0].Field):
 		// The body is not I-JSON: idem refused the fingerprint document
 		// (request.body…), the one place that rule is checked.
-		frontdoor.WriteProblem(w, r, &frontdoor.Error{Code: frontdoor.CodeInvalidRequest,
+		return &frontdoor.Error{Code: frontdoor.CodeInvalidRequest,
 			Detail: "the request body cannot be fingerprinted: " + ce.Fields[0].Field + " " + ce.Fields[0].Message,
-			Fields: []frontdoor.FieldError{{Field: "body", Message: ce.Fields[0].Message}}})
+			Fields: []frontdoor.FieldError{{Field: "body", Message: ce.Fields[0].Message}}}
 	case errors.Is(err, client.ErrInvalidRequest):
 		// idem refused the claim itself (an operation label from
 		// Options.Route it does not accept, say): the same claim is refused
@@ -425,25 +426,25 @@ func (m *middleware) writeClaimError(w http.ResponseWriter, r *http.Request, err
 		for _, f := range ce.Fields {
 			e.Fields = append(e.Fields, frontdoor.FieldError{Field: f.Field, Message: f.Message})
 		}
-		frontdoor.WriteProblem(w, r, e)
+		return e
 	default:
 		if r.Context().Err() == nil {
 			m.opts.Logger.ErrorContext(r.Context(), "idem: the idempotency service is unavailable; failing closed", "error", err)
 		}
-		m.writeUnavailable(w, r, ce)
+		return m.unavailable(ce)
 	}
 }
 
-// writeUnavailable answers the retryable 503 store_unavailable (fail
+// unavailable is the retryable 503 store_unavailable (fail
 // closed), with Retry-After the longer of UnavailableRetryAfter and idem's
 // own hint (ce may be nil).
-func (m *middleware) writeUnavailable(w http.ResponseWriter, r *http.Request, ce *client.Error) {
+func (m *middleware) unavailable(ce *client.Error) *frontdoor.Error {
 	e := frontdoor.Errorf(frontdoor.CodeStoreUnavailable, "the request was not processed; retry later with the same idempotency key")
 	e.RetryAfter = m.opts.UnavailableRetryAfter
 	if ce != nil && ce.RetryAfter > e.RetryAfter {
 		e.RetryAfter = ce.RetryAfter
 	}
-	frontdoor.WriteProblem(w, r, e)
+	return e
 }
 
 // isDocumentField reports whether a field error of idem's claim answer
@@ -482,14 +483,4 @@ func (rec *recorder) Write(b []byte) (int, error) {
 		rec.WriteHeader(http.StatusOK)
 	}
 	return rec.body.Write(b)
-}
-
-// flushTo sends the buffered response with all its headers.
-func (rec *recorder) flushTo(w http.ResponseWriter) {
-	for k, v := range rec.header {
-		w.Header()[k] = v
-	}
-	w.Header().Set("Content-Length", strconv.Itoa(rec.body.Len()))
-	w.WriteHeader(rec.status)
-	_, _ = w.Write(rec.body.Bytes())
 }

@@ -168,13 +168,7 @@ keeps every record; delete removes the tenant and all of its records for
 good, so it asks for --yes.`
 
 func runTenant(ctx context.Context, e env, args []string) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		w := e.stdout
-		code := 0
-		if len(args) == 0 {
-			w, code = e.stderr, 2
-		}
-		fmt.Fprintln(w, e.expand(tenantUsage))
+	if w, code, ok := e.groupHelp(args, tenantUsage); ok {
 		fmt.Fprintf(w, "\nRun '%s tenant create --help' for the flags.\n", e.prog)
 		return code
 	}

@@ -38,12 +38,7 @@ func (h headerFlags) Set(v string) error {
 }
 
 func runKeys(ctx context.Context, e env, args []string) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		w, code := e.stdout, 0
-		if len(args) == 0 {
-			w, code = e.stderr, 2
-		}
-		fmt.Fprintln(w, e.expand(keysUsage))
+	if _, code, ok := e.groupHelp(args, keysUsage); ok {
 		return code
 	}
 	action := idem.ResolveAction(args[0])

@@ -33,12 +33,7 @@ at their next check (IDEM_LEDGER_CHECK_INTERVAL). See the operating docs
 (/docs/operating/#high-availability).`
 
 func runLedger(ctx context.Context, e env, args []string) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		w, code := e.stdout, 0
-		if len(args) == 0 {
-			w, code = e.stderr, 2
-		}
-		fmt.Fprintln(w, e.expand(ledgerUsage))
+	if _, code, ok := e.groupHelp(args, ledgerUsage); ok {
 		return code
 	}
 	sub := args[0]

@@ -48,6 +48,22 @@ func (e env) expand(text string) string {
 	return strings.ReplaceAll(text, "PROG", e.prog)
 }
 
+// groupHelp answers a command group (keys, ledger, tenant, webhooks)
+// called for help or without a subcommand: its usage on stdout (exit 0)
+// for help, on stderr (exit 2) without a subcommand; ok is false when args
+// name a subcommand. w is where the usage went, for a line more.
+func (e env) groupHelp(args []string, usage string) (w io.Writer, code int, ok bool) {
+	if len(args) > 0 && args[0] != "-h" && args[0] != "--help" && args[0] != "help" {
+		return nil, 0, false
+	}
+	w = e.stdout
+	if len(args) == 0 {
+		w, code = e.stderr, 2
+	}
+	fmt.Fprintln(w, e.expand(usage))
+	return w, code, true
+}
+
 // command is one subcommand.
 type command struct {
 	name    string

@@ -28,12 +28,7 @@ Running servers deliver what is queued; set --enabled=true re-enables an
 endpoint the server disabled after sustained failure.`
 
 func runWebhooks(ctx context.Context, e env, args []string) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		w, code := e.stdout, 0
-		if len(args) == 0 {
-			w, code = e.stderr, 2
-		}
-		fmt.Fprintln(w, e.expand(webhooksUsage))
+	if _, code, ok := e.groupHelp(args, webhooksUsage); ok {
 		return code
 	}
 	sub, args := args[0], args[1:]

@@ -1,8 +1,10 @@
+import type { Bounds, CallOptions } from "./bounds.js";
 import { IdemError, type GiveUpReason } from "./errors.js";
 import { StoredResponse, type ResponseInit } from "./response.js";
 import { type Clock, type EffectivePolicy, type RetryPolicy } from "./retry.js";
 import { type Claim, type RunOptions, type RunResult } from "./run.js";
 import type { ClaimRequest, ClaimResult, KeyPage, KeyRecord, State, Tenant } from "./types.js";
+export type { Bounds, CallOptions };
 /** Describes one attempt of a call, as passed to {@link ClientOptions.onAttempt}. Never holds a token. */
 export interface AttemptInfo {
     /** The call, e.g. `claim` or `complete`. */
@@ -50,15 +52,6 @@ export interface ClientOptions {
      */
     attemptIds?: boolean;
 }
-/** Bounds one logical call: the caller's signal and one overall deadline, never reset per attempt. */
-export interface CallOptions {
-    /** Aborts the call (no retry follows). */
-    signal?: AbortSignal;
-    /** The overall deadline, epoch milliseconds. */
-    deadline?: number;
-    /** The overall deadline relative to now, in milliseconds (the earlier of the two wins). */
-    timeoutMs?: number;
-}
 /** Options of a claim. */
 export interface ClaimOptions extends CallOptions {
     /** The attempt id of this logical claim (default: a random one when the client sends attempt ids). */
@@ -71,12 +64,6 @@ export interface ClaimOptions extends CallOptions {
      * attempt timeout. {@link run} sets it itself.
      */
     waitSeconds?: number;
-}
-/** The time bounds of one logical call, resolved once. */
-export interface Bounds {
-    signal: AbortSignal | undefined;
-    /** Epoch ms, Infinity for none. */
-    deadline: number;
 }
 /**
  * A client of one idem service. Every call runs in one retry loop: the

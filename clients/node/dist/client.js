@@ -1,9 +1,9 @@
 import { randomUUID } from "node:crypto";
 import { Codes, IdemError } from "./errors.js";
-import { headerPreferenceApplied, preferWait } from "./frontdoor.js";
 import { validateKey } from "./keys.js";
 import { StoredResponse } from "./response.js";
 import { FleetBudgetError, RetryBudget, attemptHeader, backoffMs, causeOf, headerAttempt, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, retryableTransportError, withDefaults, } from "./retry.js";
+import { headerPreferenceApplied, preferWait } from "./rules.js";
 import { run } from "./run.js";
 function keyPath(key, suffix = "") {
     return "/v1/keys/" + encodeURIComponent(key) + suffix;

@@ -1,6 +1,7 @@
 // Express middleware: the front-door rules around Express route handlers.
 import { tracingChannel } from "node:diagnostics_channel";
-import { FrontDoor, FrontDoorError, cutBodyDetail, isJSON, pathRoute, splitTarget } from "./frontdoor.js";
+import { FrontDoor } from "./frontdoor.js";
+import { FrontDoorError, cutBodyDetail, isJSON, pathRoute, splitTarget } from "./rules.js";
 const failed = Symbol("idem.handlerFailed");
 let traced = false;
 /**

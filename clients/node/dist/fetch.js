@@ -1,6 +1,7 @@
 // A wrapper for fetch-style handlers (Request → Response): Hono, Next.js
 // route handlers, Bun/Deno-style servers.
-import { FrontDoor, FrontDoorError, cutBodyDetail, pathRoute, splitTarget } from "./frontdoor.js";
+import { FrontDoor } from "./frontdoor.js";
+import { FrontDoorError, cutBodyDetail, pathRoute, splitTarget } from "./rules.js";
 const nullBodyStatus = new Set([101, 204, 205, 304]);
 function toResponse(status, headers, body) {
     return new Response(nullBodyStatus.has(status) || body.length === 0 ? null : body, { status, headers });

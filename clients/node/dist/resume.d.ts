@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Client } from "./client.js";
-import { type Answer } from "./frontdoor.js";
+import { type Answer } from "./rules.js";
 import { StoredResponse, type ResponseInit } from "./response.js";
 import { Claim } from "./run.js";
 /** The body `type` of a completer call. */

@@ -5,7 +5,7 @@
 import { createHmac, randomBytes, timingSafeEqual } from "node:crypto";
 import { isNoSideEffect } from "./errors.js";
 import { readLimited } from "./fetch.js";
-import { FrontDoorError, checkIJSON, headerRequestId, problemResponse, validRequestId } from "./frontdoor.js";
+import { FrontDoorError, checkIJSON, headerRequestId, problemResponse, validRequestId } from "./rules.js";
 import { validateKey } from "./keys.js";
 import { StoredResponse } from "./response.js";
 import { Claim } from "./run.js";

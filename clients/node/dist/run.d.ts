@@ -1,13 +1,33 @@
-import type { Bounds, CallOptions, Client } from "./client.js";
+import type { Bounds, CallOptions } from "./bounds.js";
 import { StoredResponse, type ResponseInit } from "./response.js";
+import { type Clock, type EffectivePolicy } from "./retry.js";
 import type { ResumeCall } from "./resume.js";
-import type { ClaimRequest } from "./types.js";
+import type { ClaimRequest, ClaimResult } from "./types.js";
 /**
  * The recovery point the lease keeper saves when it renews a lease before
  * the function's first checkpoint. {@link Claim.recoveryPoint} hides it: a
  * takeover of such a claim sees no recovery point.
  */
 export declare const renewalPoint = "idem:lease-renewal";
+/**
+ * What {@link run} and {@link Claim} need of the idem client: its policy,
+ * clock and the bounded calls of the lifecycle. {@link Client} is one; the
+ * helper names this port instead of importing the client core, which
+ * imports the helper.
+ */
+export interface RunPort {
+    readonly policy: EffectivePolicy;
+    readonly clock: Clock;
+    readonly random: () => number;
+    bounds(o?: CallOptions): Bounds;
+    newAttemptId(): string | undefined;
+    fits(b: Bounds, waitMs: number): boolean;
+    attemptTimeoutMs(b: Bounds): number;
+    claimWithin(key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, waitSeconds?: number): Promise<ClaimResult>;
+    checkpointWithin(key: string, fencingToken: number, recoveryPoint: string, data: unknown, leaseSeconds: number | undefined, b: Bounds): Promise<unknown>;
+    completeWithin(key: string, fencingToken: number, response: ResponseInit | StoredResponse, b: Bounds): Promise<unknown>;
+    releaseWithin(key: string, fencingToken: number, b: Bounds): Promise<void>;
+}
 /** Options of {@link run}. */
 export interface RunOptions extends CallOptions {
     /** Throw `request_in_flight` at once instead of waiting for another holder of the key (with `waitSeconds`, once the server held the claim that long). */
@@ -69,7 +89,7 @@ export declare class Claim {
     /** When the lease was last known renewed (clock ms). @internal */
     renewedAt: number;
     /** @internal */
-    constructor(client: Client, key: string, 
+    constructor(client: RunPort, key: string, 
     /** The claim's fencing token, which every write on the key carries. */
     fencingToken: number, 
     /** 1 for a fresh claim, more after takeovers; in a resume (see {@link Claim.resume}) the completer's attempt, 1-based. */
@@ -132,4 +152,4 @@ export declare class Claim {
  * fired or fires meanwhile, until the deadline but at least one attempt
  * timeout from then: the outcome of work already done is worth recording.
  */
-export declare function run(client: Client, key: string, req: ClaimRequest, fn: (claim: Claim) => Promise<ResponseInit | StoredResponse> | ResponseInit | StoredResponse, opts?: RunOptions): Promise<RunResult>;
+export declare function run(client: RunPort, key: string, req: ClaimRequest, fn: (claim: Claim) => Promise<ResponseInit | StoredResponse> | ResponseInit | StoredResponse, opts?: RunOptions): Promise<RunResult>;

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
+import type { Bounds, CallOptions } from "./bounds.js";
 import { Codes, IdemError, type GiveUpReason, type NoSideEffect } from "./errors.js";
-import { headerPreferenceApplied, preferWait } from "./frontdoor.js";
 import { validateKey } from "./keys.js";
 import { StoredResponse, type ResponseInit } from "./response.js";
 import {
@@ -21,8 +21,11 @@ import {
   type LogicalCall,
   type RetryPolicy,
 } from "./retry.js";
+import { headerPreferenceApplied, preferWait } from "./rules.js";
 import { run, type Claim, type RunOptions, type RunResult } from "./run.js";
 import type { ClaimRequest, ClaimResult, KeyPage, KeyRecord, State, Tenant } from "./types.js";
+
+export type { Bounds, CallOptions };
 
 /** Describes one attempt of a call, as passed to {@link ClientOptions.onAttempt}. Never holds a token. */
 export interface AttemptInfo {
@@ -73,16 +76,6 @@ export interface ClientOptions {
   attemptIds?: boolean;
 }
 
-/** Bounds one logical call: the caller's signal and one overall deadline, never reset per attempt. */
-export interface CallOptions {
-  /** Aborts the call (no retry follows). */
-  signal?: AbortSignal;
-  /** The overall deadline, epoch milliseconds. */
-  deadline?: number;
-  /** The overall deadline relative to now, in milliseconds (the earlier of the two wins). */
-  timeoutMs?: number;
-}
-
 /** Options of a claim. */
 export interface ClaimOptions extends CallOptions {
   /** The attempt id of this logical claim (default: a random one when the client sends attempt ids). */
@@ -109,13 +102,6 @@ interface CallResult {
   status: number;
   headers: Headers;
   data: unknown;
-}
-
-/** The time bounds of one logical call, resolved once. */
-export interface Bounds {
-  signal: AbortSignal | undefined;
-  /** Epoch ms, Infinity for none. */
-  deadline: number;
 }
 
 function keyPath(key: string, suffix = ""): string {

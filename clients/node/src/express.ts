@@ -1,7 +1,8 @@
 // Express middleware: the front-door rules around Express route handlers.
 import { tracingChannel } from "node:diagnostics_channel";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { FrontDoor, FrontDoorError, cutBodyDetail, isJSON, pathRoute, splitTarget, type FrontDoorOptions, type HandlerAnswer } from "./frontdoor.js";
+import { FrontDoor, type FrontDoorOptions, type HandlerAnswer } from "./frontdoor.js";
+import { FrontDoorError, cutBodyDetail, isJSON, pathRoute, splitTarget } from "./rules.js";
 
 /** The parts of an Express request the middleware reads (structural, so that no Express types are needed). */
 export interface ExpressRequest extends IncomingMessage {

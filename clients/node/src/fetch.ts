@@ -1,6 +1,7 @@
 // A wrapper for fetch-style handlers (Request → Response): Hono, Next.js
 // route handlers, Bun/Deno-style servers.
-import { FrontDoor, FrontDoorError, cutBodyDetail, pathRoute, splitTarget, type Answer, type FrontDoorOptions } from "./frontdoor.js";
+import { FrontDoor, type FrontDoorOptions } from "./frontdoor.js";
+import { FrontDoorError, cutBodyDetail, pathRoute, splitTarget, type Answer } from "./rules.js";
 
 /** Options of {@link withIdempotency}; `route` and `scope` see the handler's extra arguments (a Hono context, say). */
 export interface FetchOptions<A extends unknown[]> extends FrontDoorOptions {

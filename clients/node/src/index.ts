@@ -25,8 +25,8 @@ export {
 } from "./retry.js";
 export { Claim, renewalPoint, run, type RunOptions, type RunResult } from "./run.js";
 export type { ClaimRequest, ClaimResult, KeyPage, KeyRecord, Settings, State, Tenant, Usage } from "./types.js";
+export { FrontDoor, type FrontDoorOptions, type FrontRequest, type HandlerAnswer, type Outcome, type FrontDoorPort } from "./frontdoor.js";
 export {
-  FrontDoor,
   FrontDoorError,
   checkIJSON,
   defaultStoredHeaders,
@@ -58,14 +58,10 @@ export {
   type Answer,
   type FingerprintRules,
   type FrontDoorCode,
-  type FrontDoorOptions,
-  type FrontRequest,
-  type HandlerAnswer,
   type MethodRules,
-  type Outcome,
   type RequestParts,
   type Requirement,
-} from "./frontdoor.js";
+} from "./rules.js";
 export { expressErrorHandler, expressMiddleware, type ExpressOptions, type ExpressRequest } from "./express.js";
 export { withIdempotency, type FetchOptions } from "./fetch.js";
 export {

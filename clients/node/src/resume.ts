@@ -8,7 +8,7 @@ import type { Client } from "./client.js";
 import { isNoSideEffect } from "./errors.js";
 import type { ExpressRequest } from "./express.js";
 import { readLimited } from "./fetch.js";
-import { FrontDoorError, checkIJSON, headerRequestId, problemResponse, validRequestId, type Answer } from "./frontdoor.js";
+import { FrontDoorError, checkIJSON, headerRequestId, problemResponse, validRequestId, type Answer } from "./rules.js";
 import { validateKey } from "./keys.js";
 import { StoredResponse, type ResponseInit, type WireResponse } from "./response.js";
 import { Claim } from "./run.js";

@@ -1,8 +1,8 @@
-import type { Bounds, CallOptions, Client } from "./client.js";
+import type { Bounds, CallOptions } from "./bounds.js";
 import { Codes, IdemError, isIdemError, isNoSideEffect } from "./errors.js";
 import { validateKey } from "./keys.js";
 import { StoredResponse, type ResponseInit } from "./response.js";
-import { retryAfterWaitMs } from "./retry.js";
+import { retryAfterWaitMs, type Clock, type EffectivePolicy } from "./retry.js";
 import type { ResumeCall } from "./resume.js";
 import type { ClaimRequest, ClaimResult } from "./types.js";
 
@@ -12,6 +12,26 @@ import type { ClaimRequest, ClaimResult } from "./types.js";
  * takeover of such a claim sees no recovery point.
  */
 export const renewalPoint = "idem:lease-renewal";
+
+/**
+ * What {@link run} and {@link Claim} need of the idem client: its policy,
+ * clock and the bounded calls of the lifecycle. {@link Client} is one; the
+ * helper names this port instead of importing the client core, which
+ * imports the helper.
+ */
+export interface RunPort {
+  readonly policy: EffectivePolicy;
+  readonly clock: Clock;
+  readonly random: () => number;
+  bounds(o?: CallOptions): Bounds;
+  newAttemptId(): string | undefined;
+  fits(b: Bounds, waitMs: number): boolean;
+  attemptTimeoutMs(b: Bounds): number;
+  claimWithin(key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, waitSeconds?: number): Promise<ClaimResult>;
+  checkpointWithin(key: string, fencingToken: number, recoveryPoint: string, data: unknown, leaseSeconds: number | undefined, b: Bounds): Promise<unknown>;
+  completeWithin(key: string, fencingToken: number, response: ResponseInit | StoredResponse, b: Bounds): Promise<unknown>;
+  releaseWithin(key: string, fencingToken: number, b: Bounds): Promise<void>;
+}
 
 /** Options of {@link run}. */
 export interface RunOptions extends CallOptions {
@@ -61,7 +81,7 @@ export class Claim {
 
   /** @internal */
   constructor(
-    private readonly client: Client,
+    private readonly client: RunPort,
     readonly key: string,
     /** The claim's fencing token, which every write on the key carries. */
     readonly fencingToken: number,
@@ -160,7 +180,7 @@ export class Claim {
  * timeout from then: the outcome of work already done is worth recording.
  */
 export async function run(
-  client: Client,
+  client: RunPort,
   key: string,
   req: ClaimRequest,
   fn: (claim: Claim) => Promise<ResponseInit | StoredResponse> | ResponseInit | StoredResponse,
@@ -219,7 +239,7 @@ export async function run(
  * next run would run fn again), and the call's deadline but at least one
  * attempt timeout from now.
  */
-function finishBounds(client: Client, b: Bounds): Bounds {
+function finishBounds(client: RunPort, b: Bounds): Bounds {
   return { signal: undefined, deadline: Math.max(b.deadline, client.clock.now() + (client.policy.attemptTimeoutMs || 10_000)) };
 }
 
@@ -229,7 +249,7 @@ function finishBounds(client: Client, b: Bounds): Bounds {
  * Retry-After of its 409. The time the server held a claim counts as waited.
  * With noWait only the caller's own waitSeconds is asked for, once.
  */
-async function claimWaiting(client: Client, key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, noWait: boolean,
+async function claimWaiting(client: RunPort, key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, noWait: boolean,
   ownWaitSeconds: number): Promise<ClaimResult> {
   const p = client.policy;
   let waited = 0;
@@ -261,13 +281,13 @@ async function claimWaiting(client: Client, key: string, req: ClaimRequest, b: B
  * timeout (and so the deadline) less a second for the answer to come back,
  * in whole seconds; 0 (not sent) when not even one fits.
  */
-function serverWaitSeconds(client: Client, b: Bounds, budgetMs: number): number {
+function serverWaitSeconds(client: RunPort, b: Bounds, budgetMs: number): number {
   const ms = Math.min(budgetMs, client.attemptTimeoutMs(b) - 1000);
   return ms >= 1000 ? Math.floor(ms / 1000) : 0;
 }
 
 /** Renews the claim's lease every third of it until stopped; on loss aborts the claim's signal. Runs on real time: the lease runs on the service's clock. */
-function keepLease(client: Client, claim: Claim, leaseMs: number, lost: AbortController): { stop(): Promise<void> } {
+function keepLease(client: RunPort, claim: Claim, leaseMs: number, lost: AbortController): { stop(): Promise<void> } {
   const interval = Math.max(Math.floor(leaseMs / 3), 100);
   let stopped = false;
   let timer: NodeJS.Timeout | undefined;
