@@ -30,17 +30,24 @@ const (
 // problems maps every code to its status, title and retryability (contract
 // §3). Codes missing here are answered as internal errors.
 var problems = map[idem.Code]problemInfo{
-	idem.CodeInvalidRequest:       {http.StatusBadRequest, "Invalid request", false},
-	idem.CodeInvalidKey:           {http.StatusBadRequest, "Invalid idempotency key", false},
-	idem.CodeUnauthenticated:      {http.StatusUnauthorized, "Unauthenticated", false},
-	idem.CodeForbidden:            {http.StatusForbidden, "Forbidden", false},
-	idem.CodeTenantUnknown:        {http.StatusForbidden, "Unknown tenant", false},
-	idem.CodeKeyNotFound:          {http.StatusNotFound, "Key not found", false},
-	idem.CodeTenantNotFound:       {http.StatusNotFound, "Tenant not found", false},
-	idem.CodeWebhookNotFound:      {http.StatusNotFound, "Webhook endpoint not found", false},
-	idem.CodeWebhookDisabled:      {http.StatusConflict, "Webhook endpoint disabled", false},
-	idem.CodeWebhookLimitReached:  {http.StatusConflict, "Webhook endpoint limit reached", false},
-	idem.CodeRequestInFlight:      {http.StatusConflict, "Request in flight", true},
+	idem.CodeInvalidRequest:        {http.StatusBadRequest, "Invalid request", false},
+	idem.CodeInvalidKey:            {http.StatusBadRequest, "Invalid idempotency key", false},
+	idem.CodeUnauthenticated:       {http.StatusUnauthorized, "Unauthenticated", false},
+	idem.CodeForbidden:             {http.StatusForbidden, "Forbidden", false},
+	idem.CodeTenantUnknown:         {http.StatusForbidden, "Unknown tenant", false},
+	idem.CodeKeyNotFound:           {http.StatusNotFound, "Key not found", false},
+	idem.CodeTenantNotFound:        {http.StatusNotFound, "Tenant not found", false},
+	idem.CodeWebhookNotFound:       {http.StatusNotFound, "Webhook endpoint not found", false},
+	idem.CodeWebhookDisabled:       {http.StatusConflict, "Webhook endpoint disabled", false},
+	idem.CodeWebhookLimitReached:   {http.StatusConflict, "Webhook endpoint limit reached", false},
+	idem.CodeCompleterNotFound:     {http.StatusNotFound, "Completer not found", false},
+	idem.CodeCompleterLimitReached: {http.StatusConflict, "Completer limit reached", false},
+	idem.CodeRequestInFlight:       {http.StatusConflict, "Request in flight", true},
+	// The completer holds the key (its first attempt died, the outcome is
+	// being found out): Retry-After is the next completer attempt.
+	idem.CodeOutcomeUnknown: {http.StatusConflict, "Outcome unknown", true},
+	// The completer gave up: only a person's resolution moves the key on.
+	idem.CodeOutcomeReview:        {http.StatusConflict, "Outcome under review", false},
 	idem.CodeLeaseLost:            {http.StatusConflict, "Lease lost", false},
 	idem.CodeAlreadyCompleted:     {http.StatusConflict, "Already completed", false},
 	idem.CodeTenantExists:         {http.StatusConflict, "Tenant exists", false},
