@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -345,4 +346,73 @@ func TestCompleterUnknownBoundedThenReview(t *testing.T) {
 			require.Equal(t, 1, book.count("doomed"), "never run again on a guess")
 		})
 	}
+}
+
+// Two replicas on one PostgreSQL share the completer's work on 64
+// orphans, and one of them is killed with SIGKILL in the middle of it: every
+// orphan is completed, each exactly once (one completer_completed audit
+// entry, one charge), and the dead replica's unfinished attempts are taken
+// again by the survivor after their lease, with a new fencing token.
+func TestCompleterReplicasKill9(t *testing.T) {
+	t.Parallel()
+	env := completerEnv(t, "postgres", map[string]string{"IDEM_DB_MAX_CONNS": "8"})
+	mustCLI(t, env, "tenant", "create", "acme")
+	admin := mintToken(t, env, "acme", "tenant:admin")
+	writer := mintToken(t, env, "acme", "keys:write")
+	a, b := startServer(t, env), startServer(t, env)
+	c := newClient(true)
+	book := &orderBook{}
+
+	ep := newResumeEndpoint(t)
+	secret := registerCompleter(t, c, b.url, admin, ep.srv.URL+"/resume")
+	// The endpoint writes through the survivor: its checkpoints must not
+	// depend on the replica that called it.
+	sdk, err := client.New(b.url, client.WithToken(writer))
+	require.NoError(t, err)
+	resume := sdk.ResumeHandler(secret, func(ctx context.Context, call client.ResumeCall, claim *client.Claim) (client.Response, error) {
+		select { // slow enough that attempts are in flight when a replica dies
+		case <-time.After(200 * time.Millisecond):
+		case <-ctx.Done():
+			return client.Response{}, ctx.Err()
+		}
+		return book.confirm(ctx, claim)
+	})
+	var h http.Handler = resume
+	ep.handler.Store(&h)
+
+	const n = 64
+	keys := make([]string, n)
+	for i := range n {
+		keys[i] = fmt.Sprintf("order-%02d", i)
+		srvURL := a.url
+		if i%2 == 1 {
+			srvURL = b.url
+		}
+		// The workers charge once in the resume path only: the dying
+		// worker here claims and dies before its charge.
+		res := mustCall(t, c, http.MethodPost, srvURL+"/v1/keys/"+keys[i]+"/claim", writer,
+			map[string]any{"operation": "POST /orders", "fingerprint": "fp-" + keys[i], "lease_seconds": 1})
+		require.Equal(t, http.StatusCreated, res.status, string(res.body))
+	}
+	require.Eventually(t, func() bool { return ep.calls.Load() >= 12 }, 30*time.Second, 10*time.Millisecond)
+	code, _ := a.stop(t, syscall.SIGKILL, 10*time.Second)
+	require.Equal(t, -1, code, "the replica must have died from SIGKILL")
+
+	require.Eventually(t, func() bool {
+		res := mustCall(t, c, http.MethodGet, b.url+"/v1/keys?state=completed&limit=100", writer, nil)
+		var page struct{ Items []json.RawMessage }
+		require.NoError(t, json.Unmarshal(res.body, &page))
+		return len(page.Items) == n
+	}, 60*time.Second, 100*time.Millisecond, "every orphan is completed by the survivor")
+	for _, k := range keys {
+		require.Equal(t, 1, book.count(k), "%s charged once", k)
+		completed := 0
+		for _, act := range auditActions(t, c, b.url, admin, k) {
+			if act == "completer_completed" {
+				completed++
+			}
+		}
+		require.Equal(t, 1, completed, "%s completed once", k)
+	}
+	t.Logf("%d resume calls for %d orphans (the dead replica's unanswered attempts were made again)", ep.calls.Load(), n)
 }
