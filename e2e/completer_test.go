@@ -256,6 +256,9 @@ func TestCompleterUnknownBoundedThenReview(t *testing.T) {
 			seen := map[string]int{}
 			held := make(chan struct{})
 			var heldOnce sync.Once
+			// Before the endpoint closes (cleanups run last first): a failed
+			// assertion must not leave the third call hanging.
+			t.Cleanup(func() { heldOnce.Do(func() { close(held) }) })
 			resume := sdk.ResumeHandler(secret, func(ctx context.Context, call client.ResumeCall, claim *client.Claim) (client.Response, error) {
 				return book.confirm(ctx, claim)
 			})
@@ -308,6 +311,18 @@ func TestCompleterUnknownBoundedThenReview(t *testing.T) {
 			res = mustCall(t, c, http.MethodGet, srv.url+"/v1/keys?completer=unknown", writer, nil)
 			require.Equal(t, http.StatusOK, res.status, string(res.body))
 			require.Contains(t, string(res.body), `"key":"slow"`)
+			page, err := sdk.List(t.Context(), client.ListOptions{Completer: "unknown"})
+			require.NoError(t, err)
+			var listed *client.Record
+			for i := range page.Items {
+				if page.Items[i].Key == "slow" {
+					listed = &page.Items[i]
+				}
+			}
+			require.NotNil(t, listed, "the SDK lists it too")
+			require.NotNil(t, listed.Completer)
+			require.Contains(t, []string{"resuming", "unknown"}, listed.Completer.State)
+			require.Equal(t, 3, listed.Completer.Attempts)
 			heldOnce.Do(func() { close(held) })
 
 			require.Eventually(t, func() bool {
