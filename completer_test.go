@@ -96,4 +96,7 @@ func TestDecideClaimCompleterHold(t *testing.T) {
 		require.Equal(t, tc.retry, e.RetryAfter)
 	}
 	require.Equal(t, idem.ActionRejectMismatch, idem.DecideClaim(rec(idem.CompletionReview, now), idem.ClaimParams{Operation: "other", Fingerprint: "fp"}, now))
+	flagged := rec(idem.CompletionUnknown, now)
+	flagged.Review = &idem.Review{Note: "a person looks at it"}
+	require.Equal(t, idem.ActionRejectReview, idem.DecideClaim(flagged, p, now), "a person's flag stops the completer: the key waits for the person")
 }

@@ -129,7 +129,10 @@ func DecideClaim(stored *Record, p ClaimParams, now time.Time) ClaimAction {
 		return ActionRejectMismatch
 	}
 	if c := stored.Completion; c != nil && state != StateCompleted {
-		if c.State == CompletionReview {
+		// A key the completer held that a person flagged for review
+		// meanwhile is no longer picked (CompleterStore.PickCompletions):
+		// it waits for the person as one the completer gave up on.
+		if c.State == CompletionReview || stored.Review != nil {
 			return ActionRejectReview
 		}
 		return ActionRejectUnknown

@@ -237,6 +237,14 @@ func testCompleterUnknownHolds(t *testing.T, s *suite) {
 	require.Len(t, stats, 1)
 	require.Equal(t, idem.CompletionUnknown, stats[0].State)
 	require.EqualValues(t, 1, stats[0].Count)
+
+	// A person flags it meanwhile: the completer leaves it to the person,
+	// and a retry is told so.
+	rec := b.get(t, "acme", "k")
+	b.resolve(t, resolution("acme", "k", idem.ResolveReview, rec.FencingToken))
+	require.Empty(t, b.pick(t), "the completer does not take up a key a person flagged")
+	_, err = b.store.Claim(b.ctx, ClaimParams("acme", "k"))
+	requireCode(t, err, idem.ErrOutcomeReview)
 }
 
 func testCompleterReview(t *testing.T, s *suite) {
