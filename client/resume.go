@@ -96,9 +96,15 @@ func (e *retryLaterError) Unwrap() error { return e.cause }
 // ResumeHandler returns the http.Handler of a resume endpoint signed with
 // secret (the whsec_… the completer's create answered). A call whose
 // signature does not verify, or whose timestamp is more than
-// ResumeTolerance from now, is refused with 401 and fn does not run. fn
-// runs under the request's context, which ends when idem gives up on the
-// call (its timeout); a panic of fn answers unknown.
+// ResumeTolerance from now, is refused with 401 and fn does not run.
+//
+// fn's context is not the request's: it runs until the completer's lease
+// on the key ends (the call's lease_expires_at), even when the completer
+// hangs up first (it timed out, or its replica died). Work that made an
+// external call then still gets to its checkpoint, which the next attempt
+// resumes from, instead of being cut between the two and done again; once
+// the lease ends the next attempt takes the key with a new fencing token,
+// and a write of this one gets lease_lost. A panic of fn answers unknown.
 func (c *Client) ResumeHandler(secret string, fn ResumeFunc) http.Handler {
 	key, keyErr := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -125,7 +131,13 @@ func (c *Client) ResumeHandler(secret string, fn ResumeFunc) http.Handler {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		writeResumeAnswer(w, c.resume(r.Context(), call, fn))
+		ctx := context.WithoutCancel(r.Context())
+		if !call.LeaseExpiresAt.IsZero() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, call.LeaseExpiresAt)
+			defer cancel()
+		}
+		writeResumeAnswer(w, c.resume(ctx, call, fn))
 	})
 }
 

@@ -23,6 +23,11 @@ const resumeSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 // signedCall posts body to h signed with secret at ts.
 func signedCall(t *testing.T, h http.Handler, secret string, ts time.Time, body string) *httptest.ResponseRecorder {
 	t.Helper()
+	return signedCallCtx(t, context.Background(), h, secret, ts, body)
+}
+
+func signedCallCtx(t *testing.T, ctx context.Context, h http.Handler, secret string, ts time.Time, body string) *httptest.ResponseRecorder {
+	t.Helper()
 	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
 	if err != nil {
 		t.Fatal(err)
@@ -30,7 +35,7 @@ func signedCall(t *testing.T, h http.Handler, secret string, ts time.Time, body 
 	stamp := strconv.FormatInt(ts.Unix(), 10)
 	mac := hmac.New(sha256.New, key)
 	mac.Write([]byte("rsm_1." + stamp + "." + body))
-	req := httptest.NewRequest(http.MethodPost, "/resume", strings.NewReader(body))
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/resume", strings.NewReader(body))
 	req.Header.Set("webhook-id", "rsm_1")
 	req.Header.Set("webhook-timestamp", stamp)
 	req.Header.Set("webhook-signature", "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)))
@@ -40,7 +45,7 @@ func signedCall(t *testing.T, h http.Handler, secret string, ts time.Time, body 
 }
 
 const resumeBody = `{"type":"key.resume","tenant":"acme","key":"order-1","operation":"POST /orders","attempt":1,"max_attempts":8,` +
-	`"fencing_token":42,"recovery_point":"charged","recovery_data":{"charge":"ch_1"},"lease_expires_at":"2026-12-01T23:00:00Z","deadline":"2026-12-02T01:00:00Z"}`
+	`"fencing_token":42,"recovery_point":"charged","recovery_data":{"charge":"ch_1"},"lease_expires_at":"2099-12-01T23:00:00Z","deadline":"2099-12-02T01:00:00Z"}`
 
 // The handler runs the function only for a call signed with the secret
 // and stamped within the tolerance (401 otherwise), hands it a resumed
@@ -99,5 +104,21 @@ func TestResumeHandler(t *testing.T) {
 	}
 	if ran != 5 {
 		t.Fatalf("ran %d times, want 5", ran)
+	}
+
+	// The completer hanging up (its replica died) does not cut the work
+	// short before the completer's lease ends: it gets to its checkpoint.
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	var alive bool
+	h := c.ResumeHandler(resumeSecret, func(ctx context.Context, _ client.ResumeCall, _ *client.Claim) (client.Response, error) {
+		alive = ctx.Err() == nil
+		_, hasDeadline := ctx.Deadline()
+		alive = alive && hasDeadline
+		return client.Response{Status: 200}, nil
+	})
+	signedCallCtx(t, gone, h, resumeSecret, now, resumeBody)
+	if !alive {
+		t.Fatal("the function's context ended with the request's, or has no deadline (the completer's lease)")
 	}
 }
