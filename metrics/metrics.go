@@ -435,7 +435,9 @@ func ClaimOutcome(action idem.ClaimAction, err error) string {
 			return OutcomeCanceled
 		}
 		switch idem.ErrorCode(err) {
-		case idem.CodeRequestInFlight:
+		case idem.CodeRequestInFlight, idem.CodeOutcomeUnknown, idem.CodeOutcomeReview:
+			// The key is held: by a worker, or by the completer (its
+			// first attempt died; idem_orphans_by_state counts those).
 			return OutcomeInFlight
 		case idem.CodeFingerprintMismatch:
 			return OutcomeMismatch
