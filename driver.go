@@ -20,6 +20,9 @@ type Driver interface {
 	// Webhooks returns the driver's webhook outbox and delivery log, or
 	// nil when it keeps none (the server then refuses to start).
 	Webhooks() WebhookStore
+	// Completers returns the driver's completer side (completer.go), or
+	// nil when it has none (the server then runs no completer).
+	Completers() CompleterStore
 	// KeyEvents returns the driver's notification source for claims
 	// waiting on a key in flight, or nil when it has none (claims then
 	// answer request_in_flight at once).

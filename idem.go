@@ -77,6 +77,9 @@ type Record struct {
 	// Review is the review flag a person set (ResolveReview); nil when the
 	// record is not flagged. A release or completion clears it.
 	Review *Review
+	// Completion is the completer's hold on the record (completer.go); nil
+	// when the completer never took it. A completion or release clears it.
+	Completion *Completion
 	// Response is the stored response; nil until completed.
 	Response *Response
 	// ReplayWindow and ReaperThreshold are the tenant's settings at the time

@@ -44,6 +44,13 @@ const (
 	// was lost. The attempt is handed back as it is (same fencing token,
 	// attempt and recovery point) with its lease renewed from now.
 	ActionRecover
+	// ActionRejectUnknown: the completer holds the key (completer.go): the
+	// first attempt died and its outcome is being found out. A retry never
+	// takes it over; it may come back at the next completer attempt.
+	ActionRejectUnknown
+	// ActionRejectReview: the completer flagged the key for review; only a
+	// person's resolution moves it on.
+	ActionRejectReview
 )
 
 // String returns the action's name.
@@ -61,6 +68,10 @@ func (a ClaimAction) String() string {
 		return "reject_mismatch"
 	case ActionRecover:
 		return "recover"
+	case ActionRejectUnknown:
+		return "reject_unknown"
+	case ActionRejectReview:
+		return "reject_review"
 	}
 	return "unknown"
 }
@@ -117,6 +128,15 @@ func DecideClaim(stored *Record, p ClaimParams, now time.Time) ClaimAction {
 	if stored.Operation != p.Operation || stored.Fingerprint != p.Fingerprint {
 		return ActionRejectMismatch
 	}
+	if c := stored.Completion; c != nil && state != StateCompleted {
+		// A key the completer held that a person flagged for review
+		// meanwhile is no longer picked (CompleterStore.PickCompletions):
+		// it waits for the person as one the completer gave up on.
+		if c.State == CompletionReview || stored.Review != nil {
+			return ActionRejectReview
+		}
+		return ActionRejectUnknown
+	}
 	switch state {
 	case StateInFlight:
 		if p.AttemptID != "" && stored.AttemptID == p.AttemptID {
@@ -145,6 +165,17 @@ func ClaimError(action ClaimAction, stored *Record, now time.Time) error {
 		return &Error{
 			Code:   CodeFingerprintMismatch,
 			Detail: "key '" + stored.Key + "' was first used with a different request",
+		}
+	case ActionRejectUnknown:
+		return &Error{
+			Code:       CodeOutcomeUnknown,
+			Detail:     "key '" + stored.Key + "': its first attempt stopped without an answer and idem's completer is finding out what happened; retry after Retry-After (the next completer attempt)",
+			RetryAfter: stored.Completion.RetryAt(*stored, now),
+		}
+	case ActionRejectReview:
+		return &Error{
+			Code:   CodeOutcomeReview,
+			Detail: "key '" + stored.Key + "': the outcome of its first attempt is unknown and waits for a person's review; a retry is refused until the key is resolved (released or completed)",
 		}
 	}
 	return nil

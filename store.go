@@ -203,7 +203,10 @@ type ListRecordsParams struct {
 	TenantID string
 	// State filters by API state; "" lists every state.
 	State State
-	Limit int
+	// Completion filters by the completer's hold (unknown, review); ""
+	// lists every record.
+	Completion CompletionFilter
+	Limit      int
 	// After continues after the last row of a previous page: rows strictly
 	// older than (After.Time, After.Key) by (CreatedAt, Key) descending.
 	After *Cursor
@@ -213,7 +216,11 @@ type ListRecordsParams struct {
 type ListOrphansParams struct {
 	// TenantID limits the list to one tenant; "" lists every tenant.
 	TenantID string
-	Limit    int
+	// Completion filters by the completer's hold (unknown, review); ""
+	// lists every orphan. The completer's records in unknown and review
+	// are orphans (their lease ended), held from retries.
+	Completion CompletionFilter
+	Limit      int
 	// After continues after (After.Time, After.TenantID, After.Key) by
 	// (LeaseExpiresAt, TenantID, Key) ascending.
 	After *Cursor

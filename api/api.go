@@ -79,11 +79,15 @@ type Options struct {
 	// routes.
 	Webhooks idem.WebhookStore
 	// AllowPrivateWebhooks accepts endpoint URLs on loopback, link-local
-	// and private addresses (IDEM_WEBHOOK_ALLOW_PRIVATE).
+	// and private addresses (IDEM_WEBHOOK_ALLOW_PRIVATE), webhooks' and
+	// completers' alike.
 	AllowPrivateWebhooks bool
 	// RetryBudget is this replica's retry budget of every tenant; nil
 	// means one with retrybudget.DefaultWindow.
 	RetryBudget *retrybudget.Budget
+	// Completers is the store's completer side; nil serves no
+	// /v1/completers routes.
+	Completers idem.CompleterStore
 }
 
 // Observer receives the outcome of requests, claims and writes, for
@@ -135,6 +139,7 @@ type service struct {
 
 	webhooks             idem.WebhookStore
 	allowPrivateWebhooks bool
+	completers           idem.CompleterStore
 }
 
 // New returns the router serving /v1/..., /healthz and /readyz. The caller
@@ -154,6 +159,7 @@ func New(opts Options) *chi.Mux {
 
 		webhooks:             opts.Webhooks,
 		allowPrivateWebhooks: opts.AllowPrivateWebhooks,
+		completers:           opts.Completers,
 	}
 	if s.maxWait <= 0 {
 		s.maxWait = idem.MaxWaitSecondsLimit * time.Second
@@ -251,6 +257,16 @@ func New(opts Options) *chi.Mux {
 				r.Delete("/v1/webhooks/{id}", handle(s, s.deleteWebhook))
 				r.Post("/v1/webhooks/{id}/test", handle(s, s.testWebhook))
 				r.Get("/v1/webhooks/{id}/deliveries", handle(s, s.listDeliveries))
+			})
+		}
+		if s.completers != nil {
+			r.Group(func(r chi.Router) {
+				r.Use(s.requireScope(auth.ScopeTenantAdmin))
+				r.Use(s.resolveTenant)
+				r.Post("/v1/completers", handle(s, s.createCompleter))
+				r.Get("/v1/completers", handle(s, s.listCompleters))
+				r.Get("/v1/completers/{id}", handle(s, s.getCompleter))
+				r.Delete("/v1/completers/{id}", handle(s, s.deleteCompleter))
 			})
 		}
 		r.With(s.requireScope(auth.ScopeTenantAdmin), s.resolveTenant).

@@ -103,8 +103,21 @@ type recordJSON struct {
 	ReplayUntil    jsonTime      `json:"replay_until"`
 	PurgeAfter     jsonTime      `json:"purge_after"`
 	Response       *responseJSON `json:"response"`
-	// Review is the review flag a person set; null when there is none.
+	// Review is the review flag a person (or the completer, giving up)
+	// set; null when there is none.
 	Review *reviewJSON `json:"review"`
+	// Completer is the completer's hold on the record (completer.go);
+	// null when the completer never took it or let it go.
+	Completer *completionJSON `json:"completer"`
+}
+
+// completionJSON is the completer's hold on a record.
+type completionJSON struct {
+	State         idem.CompletionState `json:"state"`
+	CompleterID   string               `json:"completer_id"`
+	Attempts      int                  `json:"attempts"`
+	NextAttemptAt jsonTime             `json:"next_attempt_at"`
+	Deadline      jsonTime             `json:"deadline"`
 }
 
 // reviewJSON is the review flag of a record.
@@ -157,6 +170,12 @@ func encodeRecord(r idem.Record) recordJSON {
 	}
 	if r.Review != nil {
 		out.Review = &reviewJSON{Note: r.Review.Note, At: timeJSON(r.Review.At)}
+	}
+	if c := r.Completion; c != nil {
+		out.Completer = &completionJSON{State: c.State, CompleterID: c.CompleterID, Attempts: c.Attempts, Deadline: timeJSON(c.Deadline)}
+		if c.State == idem.CompletionUnknown {
+			out.Completer.NextAttemptAt = timeJSON(c.NextAttemptAt)
+		}
 	}
 	return out
 }

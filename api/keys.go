@@ -378,25 +378,45 @@ func (s *service) getKey(ctx context.Context, req *getKeyRequest) (recordJSON, e
 	return encodeRecord(rec), nil
 }
 
-// listKeysRequest is GET /v1/keys?state=&limit=&cursor=.
+// listKeysRequest is GET /v1/keys?state=&completer=&limit=&cursor=.
 type listKeysRequest struct {
 	pageParams
-	state idem.State
+	state      idem.State
+	completion idem.CompletionFilter
 }
 
 func (l *listKeysRequest) bind(r *http.Request) error {
-	if q := r.URL.Query(); q.Has("state") {
+	q := r.URL.Query()
+	if q.Has("state") {
 		l.state = idem.State(q.Get("state"))
 		if !l.state.Valid() {
 			return fieldError("state", "must be one of in_flight, completed, orphaned, expired", nil)
 		}
 	}
+	var err error
+	if l.completion, err = bindCompletionFilter(r); err != nil {
+		return err
+	}
 	return l.pageParams.bind(r)
+}
+
+// bindCompletionFilter reads ?completer=unknown|review: the records the
+// completer holds, or gave up on.
+func bindCompletionFilter(r *http.Request) (idem.CompletionFilter, error) {
+	q := r.URL.Query()
+	if !q.Has("completer") {
+		return idem.FilterAnyCompletion, nil
+	}
+	f := idem.CompletionFilter(q.Get("completer"))
+	if f == idem.FilterAnyCompletion || !f.Valid() {
+		return "", fieldError("completer", "must be unknown or review", nil)
+	}
+	return f, nil
 }
 
 func (s *service) listKeys(ctx context.Context, req *listKeysRequest) (listJSON[recordJSON], error) {
 	recs, err := s.store.ListRecords(ctx, idem.ListRecordsParams{
-		TenantID: tenantFrom(ctx).ID, State: req.state, Limit: req.limit + 1, After: req.after,
+		TenantID: tenantFrom(ctx).ID, State: req.state, Completion: req.completion, Limit: req.limit + 1, After: req.after,
 	})
 	if err != nil {
 		return listJSON[recordJSON]{}, fmt.Errorf("list keys: %w", err)

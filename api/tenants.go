@@ -124,7 +124,8 @@ func (s *service) deleteTenant(ctx context.Context, req *deleteTenantRequest) (n
 // listOrphansRequest is GET /v1/admin/orphans?tenant=&limit=&cursor=.
 type listOrphansRequest struct {
 	pageParams
-	tenant string
+	tenant     string
+	completion idem.CompletionFilter
 }
 
 func (l *listOrphansRequest) bind(r *http.Request) error {
@@ -135,11 +136,15 @@ func (l *listOrphansRequest) bind(r *http.Request) error {
 		}
 		l.tenant = v
 	}
+	var err error
+	if l.completion, err = bindCompletionFilter(r); err != nil {
+		return err
+	}
 	return l.pageParams.bind(r)
 }
 
 func (s *service) listOrphans(ctx context.Context, req *listOrphansRequest) (listJSON[orphanJSON], error) {
-	recs, err := s.store.ListOrphans(ctx, idem.ListOrphansParams{TenantID: req.tenant, Limit: req.limit + 1, After: req.after})
+	recs, err := s.store.ListOrphans(ctx, idem.ListOrphansParams{TenantID: req.tenant, Completion: req.completion, Limit: req.limit + 1, After: req.after})
 	if err != nil {
 		return listJSON[orphanJSON]{}, fmt.Errorf("list orphans: %w", err)
 	}

@@ -152,6 +152,9 @@ func (c *Client) Get(ctx context.Context, key string) (Record, error) {
 // /v1/keys).
 func (c *Client) List(ctx context.Context, opts ListOptions) (KeyPage, error) {
 	q := pageQuery("state", string(opts.State), opts.Limit, opts.Cursor)
+	if opts.Completer != "" {
+		q.Set("completer", opts.Completer)
+	}
 	var out KeyPage
 	_, err := c.do(ctx, apiCall{name: "list keys", method: http.MethodGet, path: "/v1/keys", query: q, out: &out})
 	return out, err

@@ -13,27 +13,36 @@ type Code string
 
 // The error codes of the idem HTTP contract, version 1.
 const (
-	CodeInvalidRequest       Code = "invalid_request"
-	CodeInvalidKey           Code = "invalid_key"
-	CodeUnauthenticated      Code = "unauthenticated"
-	CodeForbidden            Code = "forbidden"
-	CodeNotFound             Code = "not_found"
-	CodeMethodNotAllowed     Code = "method_not_allowed"
-	CodeTenantUnknown        Code = "tenant_unknown"
-	CodeKeyNotFound          Code = "key_not_found"
-	CodeTenantNotFound       Code = "tenant_not_found"
-	CodeWebhookNotFound      Code = "webhook_not_found"
-	CodeWebhookDisabled      Code = "webhook_disabled"
-	CodeWebhookLimitReached  Code = "webhook_limit_reached"
-	CodeRequestInFlight      Code = "request_in_flight"
-	CodeLeaseLost            Code = "lease_lost"
-	CodeAlreadyCompleted     Code = "already_completed"
-	CodeTenantExists         Code = "tenant_exists"
-	CodePayloadTooLarge      Code = "payload_too_large"
-	CodeUnsupportedMediaType Code = "unsupported_media_type"
-	CodeFingerprintMismatch  Code = "fingerprint_mismatch"
-	CodeRateLimited          Code = "rate_limited"
-	CodeStoreUnavailable     Code = "store_unavailable"
+	CodeInvalidRequest      Code = "invalid_request"
+	CodeInvalidKey          Code = "invalid_key"
+	CodeUnauthenticated     Code = "unauthenticated"
+	CodeForbidden           Code = "forbidden"
+	CodeNotFound            Code = "not_found"
+	CodeMethodNotAllowed    Code = "method_not_allowed"
+	CodeTenantUnknown       Code = "tenant_unknown"
+	CodeKeyNotFound         Code = "key_not_found"
+	CodeTenantNotFound      Code = "tenant_not_found"
+	CodeWebhookNotFound     Code = "webhook_not_found"
+	CodeWebhookDisabled     Code = "webhook_disabled"
+	CodeWebhookLimitReached Code = "webhook_limit_reached"
+	CodeRequestInFlight     Code = "request_in_flight"
+	// CodeOutcomeUnknown: the key's first attempt died and idem's
+	// completer holds it while it finds out what happened; retryable after
+	// Retry-After (the next completer attempt).
+	CodeOutcomeUnknown Code = "outcome_unknown"
+	// CodeOutcomeReview: the completer gave up on the key; not retryable
+	// until a person resolves it.
+	CodeOutcomeReview         Code = "outcome_review"
+	CodeCompleterNotFound     Code = "completer_not_found"
+	CodeCompleterLimitReached Code = "completer_limit_reached"
+	CodeLeaseLost             Code = "lease_lost"
+	CodeAlreadyCompleted      Code = "already_completed"
+	CodeTenantExists          Code = "tenant_exists"
+	CodePayloadTooLarge       Code = "payload_too_large"
+	CodeUnsupportedMediaType  Code = "unsupported_media_type"
+	CodeFingerprintMismatch   Code = "fingerprint_mismatch"
+	CodeRateLimited           Code = "rate_limited"
+	CodeStoreUnavailable      Code = "store_unavailable"
 	// CodeRetryBudgetExhausted (429): the tenant's fleet retry budget
 	// refused this retry. The client stops retrying the call at once and
 	// returns an error carrying the cause of the attempt before (see

@@ -88,6 +88,20 @@ type Record struct {
 	ReplayUntil    time.Time       `json:"replay_until,omitzero"`
 	PurgeAfter     time.Time       `json:"purge_after,omitzero"`
 	Response       *Response       `json:"response,omitempty"`
+	// Completer is idem's completer's hold on the record (a worker died
+	// holding it; see ResumeHandler); nil when it never took it.
+	Completer *Completion `json:"completer,omitempty"`
+}
+
+// Completion is the completer's hold on a record: "resuming" (an attempt
+// runs), "unknown" (the next is due at NextAttemptAt) or "review" (it gave
+// up; a person must release or complete the key).
+type Completion struct {
+	State         string    `json:"state"`
+	CompleterID   string    `json:"completer_id"`
+	Attempts      int       `json:"attempts"`
+	NextAttemptAt time.Time `json:"next_attempt_at,omitzero"`
+	Deadline      time.Time `json:"deadline,omitzero"`
 }
 
 // UnmarshalJSON decodes a record, reading JSON nulls as zero values
@@ -248,6 +262,9 @@ type NewTenant struct {
 type ListOptions struct {
 	// State filters by API state; empty lists all.
 	State State
+	// Completer, "unknown" or "review", lists only the records idem's
+	// completer holds or gave up on; empty lists all.
+	Completer string
 	// Limit is the page size; zero takes the server's default.
 	Limit int
 	// Cursor is NextCursor of the previous page; empty for the first.

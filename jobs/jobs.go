@@ -51,6 +51,9 @@ type Config struct {
 	// every new orphan (the store behind it, undecorated: the decorators
 	// of idem.Store do not carry the webhook methods).
 	Webhooks idem.WebhookStore
+	// Completers, when set, makes the orphan watch set the completer's
+	// gauges (idem_orphans_by_state) from CompletionStats.
+	Completers idem.CompleterStore
 }
 
 func (c Config) withDefaults() Config {
@@ -243,6 +246,13 @@ func (r *Runner) WatchOnce(ctx context.Context) error {
 		return fmt.Errorf("list tenants: %w", err)
 	}
 	r.m.SetStorage(tenants)
+	if cs := r.cfg.Completers; cs != nil {
+		cstats, err := cs.CompletionStats(ctx)
+		if err != nil {
+			return fmt.Errorf("completion stats: %w", err)
+		}
+		r.m.SetCompletions(cstats)
+	}
 	ws := r.cfg.Webhooks
 	if ws == nil {
 		return nil

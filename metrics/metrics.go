@@ -8,6 +8,9 @@
 //	idem_orphans{tenant}                                   gauge     orphaned keys (in_flight, lease expired), from the orphan watch
 //	idem_oldest_orphan_age_seconds{tenant}                 gauge     seconds since the oldest orphan's lease expired
 //	idem_orphan_watch_last_success_timestamp_seconds       gauge     unix time of the last successful orphan watch
+//	idem_orphans_by_state{state}                           gauge     keys the completer holds or gave up on: resuming|unknown|review (completer.go), from the orphan watch
+//	idem_oldest_orphan_by_state_age_seconds{state}         gauge     seconds since the completer last moved the oldest of them
+//	idem_completer_attempts_total{outcome}                 counter   completer attempts: completed|not_done|unknown|review
 //	idem_tenant_stored_bytes{tenant}                       gauge     bytes the tenant's records store (usage.stored_bytes), from the orphan watch
 //	idem_tenant_storage_quota_bytes{tenant}                gauge     the tenant's storage_quota_bytes, from the orphan watch
 //	idem_reaper_deleted_total{state}                       counter   records deleted by the reaper, by API state at deletion
@@ -133,6 +136,9 @@ type Metrics struct {
 	reaperRuns           *prometheus.CounterVec
 	reaperLastSuccess    prometheus.Gauge
 	webhookAttempts      *prometheus.CounterVec
+	completionKeys       *prometheus.GaugeVec
+	completionOldestAge  *prometheus.GaugeVec
+	completerAttempts    *prometheus.CounterVec
 	shareWaits           *prometheus.CounterVec
 	attempts             *prometheus.CounterVec
 	refused              *prometheus.CounterVec
@@ -235,6 +241,18 @@ func New(reg prometheus.Registerer) *Metrics {
 			Namespace: Namespace, Name: "webhook_attempts_total",
 			Help: "Webhook delivery attempts by result (delivered, retry, gave_up).",
 		}, []string{"result"}),
+		completionKeys: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "orphans_by_state",
+			Help: "Keys the completer holds (resuming: an attempt runs; unknown: the next attempt is due later) or gave up on (review: a person must resolve them), all tenants, as of the last orphan watch. Every state is always present.",
+		}, []string{"state"}),
+		completionOldestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "oldest_orphan_by_state_age_seconds",
+			Help: "Seconds since the completer last moved the oldest key in each state (0 when none), as of the last orphan watch.",
+		}, []string{"state"}),
+		completerAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "completer_attempts_total",
+			Help: "Completer attempts on orphaned keys by outcome (completed, not_done, unknown, review).",
+		}, []string{"outcome"}),
 		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "build_info",
 			Help: "Always 1; its labels say which build runs: version, VCS revision and Go version.",
@@ -257,7 +275,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.claims, m.writes, m.orphans, m.oldestOrphanAge, m.watchLastSuccess, m.storedBytes, m.storageQuota,
 		m.reaperDeleted, m.reaperOrphansDeleted, m.reaperRuns, m.reaperLastSuccess,
 		m.webhookAttempts, m.shareWaits, m.attempts, m.refused, m.httpDuration, m.storeDuration, m.buildInfo,
+		m.completionKeys, m.completionOldestAge, m.completerAttempts,
 	)
+	for _, st := range []idem.CompletionState{idem.CompletionResuming, idem.CompletionUnknown, idem.CompletionReview} {
+		m.completionKeys.WithLabelValues(string(st)).Set(0)
+		m.completionOldestAge.WithLabelValues(string(st)).Set(0)
+	}
 	registerOnce(reg, collectors.NewGoCollector())
 	registerOnce(reg, collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -489,7 +512,9 @@ func ClaimOutcome(action idem.ClaimAction, err error) string {
 			return OutcomeCanceled
 		}
 		switch idem.ErrorCode(err) {
-		case idem.CodeRequestInFlight:
+		case idem.CodeRequestInFlight, idem.CodeOutcomeUnknown, idem.CodeOutcomeReview:
+			// The key is held: by a worker, or by the completer (its
+			// first attempt died; idem_orphans_by_state counts those).
 			return OutcomeInFlight
 		case idem.CodeFingerprintMismatch:
 			return OutcomeMismatch
@@ -635,6 +660,33 @@ func (m *Metrics) SetOrphans(stats []idem.OrphanStat) {
 		},
 		m.orphanTenants)
 	m.watchLastSuccess.SetToCurrentTime()
+}
+
+// SetCompletions sets the completer's gauges (idem_orphans_by_state and
+// its oldest age) from stats, the result of CompleterStore.CompletionStats:
+// summed over tenants, ages on the database clock.
+func (m *Metrics) SetCompletions(stats []idem.CompletionStat) {
+	if m == nil {
+		return
+	}
+	count := map[idem.CompletionState]int64{}
+	age := map[idem.CompletionState]time.Duration{}
+	for _, s := range stats {
+		count[s.State] += s.Count
+		age[s.State] = max(age[s.State], s.ObservedAt.Sub(s.Oldest))
+	}
+	for _, st := range []idem.CompletionState{idem.CompletionResuming, idem.CompletionUnknown, idem.CompletionReview} {
+		m.completionKeys.WithLabelValues(string(st)).Set(float64(count[st]))
+		m.completionOldestAge.WithLabelValues(string(st)).Set(max(age[st], 0).Seconds())
+	}
+}
+
+// ObserveCompleterAttempt counts one completer attempt by outcome.
+func (m *Metrics) ObserveCompleterAttempt(outcome idem.CompletionOutcome) {
+	if m == nil {
+		return
+	}
+	m.completerAttempts.WithLabelValues(string(outcome)).Inc()
 }
 
 // setTopTenants sets per-tenant gauges from items, ranked by the rank key

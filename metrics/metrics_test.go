@@ -198,6 +198,8 @@ func TestOutcomeMapping(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "created", metrics.ClaimOutcome(idem.ActionCreate, nil))
 	require.Equal(t, "in_flight", metrics.ClaimOutcome(0, &idem.Error{Code: idem.CodeRequestInFlight}))
+	require.Equal(t, "in_flight", metrics.ClaimOutcome(0, &idem.Error{Code: idem.CodeOutcomeUnknown}), "held by the completer")
+	require.Equal(t, "in_flight", metrics.ClaimOutcome(0, &idem.Error{Code: idem.CodeOutcomeReview}), "held for review")
 	require.Equal(t, "error", metrics.ClaimOutcome(0, idem.Errorf(idem.CodeStoreUnavailable, "down")))
 	require.Equal(t, "ok", metrics.StoreResult(nil))
 	require.Equal(t, "rejected", metrics.StoreResult(idem.ErrKeyNotFound))

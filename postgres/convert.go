@@ -42,6 +42,7 @@ func recordFromRow(k dbsqlc.IdempotencyKey, observedAt pgtype.Timestamptz) (idem
 		AttemptID:              k.AttemptID,
 		ObservedAt:             observedAt,
 	})
+	rec.Completion = completionOf(k.CompleterState, k.CompleterID, k.CompleterAttempts, k.CompleterNextAt, k.CompleterDeadline)
 	if k.ResponseStatus == nil {
 		return rec, nil
 	}
@@ -134,7 +135,21 @@ func recordFromListRow(r listRow) idem.Record {
 			rec.Review.Note = *r.ReviewNote
 		}
 	}
+	rec.Completion = completionOf(r.CompleterState, r.CompleterID, r.CompleterAttempts, r.CompleterNextAt, r.CompleterDeadline)
 	return rec
+}
+
+// completionOf converts the completer's columns; nil when it never took
+// the record or let it go.
+func completionOf(state, id *string, attempts int32, next, deadline pgtype.Timestamptz) *idem.Completion {
+	if state == nil {
+		return nil
+	}
+	c := &idem.Completion{State: idem.CompletionState(*state), Attempts: int(attempts), NextAttemptAt: timeOf(next), Deadline: timeOf(deadline)}
+	if id != nil {
+		c.CompleterID = *id
+	}
+	return c
 }
 
 // auditFromRow converts a key_audit row.
@@ -175,6 +190,11 @@ func listRecords[R ~struct {
 	PurgeAfter             pgtype.Timestamptz
 	ReviewNote             *string
 	ReviewAt               pgtype.Timestamptz
+	CompleterState         *string
+	CompleterID            *string
+	CompleterAttempts      int32
+	CompleterNextAt        pgtype.Timestamptz
+	CompleterDeadline      pgtype.Timestamptz
 	ObservedAt             pgtype.Timestamptz
 }](rows []R) []idem.Record {
 	out := make([]idem.Record, 0, len(rows))

@@ -77,7 +77,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 				return idem.ClaimResult{}, err
 			}
 			return idem.ClaimResult{Action: action, Record: rec}, nil
-		case idem.ActionRejectInFlight, idem.ActionRejectMismatch:
+		case idem.ActionRejectInFlight, idem.ActionRejectMismatch, idem.ActionRejectUnknown, idem.ActionRejectReview:
 			return idem.ClaimResult{}, idem.ClaimError(action, stored, stored.ObservedAt)
 		}
 		// Takeover: the lease ran out since the upsert.
@@ -286,7 +286,7 @@ func (s *Store) getKey(ctx context.Context, tenantID, key string) (*idem.Record,
 
 // ListRecords lists a tenant's records without responses, newest first.
 func (s *Store) ListRecords(ctx context.Context, p idem.ListRecordsParams) ([]idem.Record, error) {
-	arg := dbsqlc.ListKeysParams{TenantID: p.TenantID, StateFilter: string(p.State), AfterTime: cursorNewest, RowLimit: int32(p.Limit), Now: s.clock()}
+	arg := dbsqlc.ListKeysParams{TenantID: p.TenantID, StateFilter: string(p.State), CompletionFilter: string(p.Completion), AfterTime: cursorNewest, RowLimit: int32(p.Limit), Now: s.clock()}
 	if p.After != nil {
 		arg.AfterTime = pgtype.Timestamptz{Time: p.After.Time, Valid: true}
 		arg.AfterKey = p.After.Key
@@ -300,7 +300,7 @@ func (s *Store) ListRecords(ctx context.Context, p idem.ListRecordsParams) ([]id
 
 // ListOrphans lists orphaned records, oldest lease expiry first.
 func (s *Store) ListOrphans(ctx context.Context, p idem.ListOrphansParams) ([]idem.Record, error) {
-	arg := dbsqlc.ListOrphanKeysParams{TenantFilter: p.TenantID, AfterTime: cursorOldest, RowLimit: int32(p.Limit), Now: s.clock()}
+	arg := dbsqlc.ListOrphanKeysParams{TenantFilter: p.TenantID, CompletionFilter: string(p.Completion), AfterTime: cursorOldest, RowLimit: int32(p.Limit), Now: s.clock()}
 	if p.After != nil {
 		arg.AfterTime = pgtype.Timestamptz{Time: p.After.Time, Valid: true}
 		arg.AfterTenantID = p.After.TenantID

@@ -174,6 +174,16 @@ type Config struct {
 	// loopback, link-local and private addresses
 	// (IDEM_WEBHOOK_ALLOW_PRIVATE): for tests and closed networks only.
 	WebhookAllowPrivate bool
+	// The completer (jobs.Completer, issue 24): poll interval, per-call
+	// timeout, attempts and total deadline per key, full-jitter backoff
+	// base and cap between unknown attempts. Its calls follow the
+	// webhooks' target rules (WebhookAllowPrivate).
+	CompleterInterval    time.Duration
+	CompleterTimeout     time.Duration
+	CompleterMaxAttempts int
+	CompleterDeadline    time.Duration
+	CompleterBackoffBase time.Duration
+	CompleterBackoffCap  time.Duration
 }
 
 // DefaultConfig returns the configuration with every default of the
@@ -217,6 +227,13 @@ func DefaultConfig() Config {
 		WebhookMaxAge:             webhooks.DefaultMaxAge,
 		WebhookDisableAfter:       webhooks.DefaultDisableAfter,
 		WebhookDisableMinFailures: webhooks.DefaultDisableMinFailures,
+
+		CompleterInterval:    jobs.DefaultCompleterInterval,
+		CompleterTimeout:     jobs.DefaultCompleterTimeout,
+		CompleterMaxAttempts: jobs.DefaultCompleterMaxAttempts,
+		CompleterDeadline:    jobs.DefaultCompleterDeadline,
+		CompleterBackoffBase: jobs.DefaultCompleterBackoffBase,
+		CompleterBackoffCap:  jobs.DefaultCompleterBackoffCap,
 	}
 }
 
@@ -320,6 +337,18 @@ func settings() []setting {
 			func(c *Config) flag.Value { return (*intValue)(&c.WebhookDisableMinFailures) }},
 		{"webhook-allow-private", "IDEM_WEBHOOK_ALLOW_PRIVATE", "allow webhook endpoints on loopback, link-local and private addresses (tests and closed networks only)", false,
 			func(c *Config) flag.Value { return (*boolValue)(&c.WebhookAllowPrivate) }},
+		{"completer-interval", "IDEM_COMPLETER_INTERVAL", "how often the completer looks for orphans to resume when it found none", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.CompleterInterval) }},
+		{"completer-timeout", "IDEM_COMPLETER_TIMEOUT", "longest one call of a resume endpoint may take (connect, TLS, request, answer)", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.CompleterTimeout) }},
+		{"completer-max-attempts", "IDEM_COMPLETER_MAX_ATTEMPTS", "resume attempts per key before it goes to review", false,
+			func(c *Config) flag.Value { return (*intValue)(&c.CompleterMaxAttempts) }},
+		{"completer-deadline", "IDEM_COMPLETER_DEADLINE", "how long after its first resume attempt a key goes to review", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.CompleterDeadline) }},
+		{"completer-backoff-base", "IDEM_COMPLETER_BACKOFF_BASE", "first pause ceiling after an unknown resume attempt; it doubles per attempt up to the cap (full jitter)", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.CompleterBackoffBase) }},
+		{"completer-backoff-cap", "IDEM_COMPLETER_BACKOFF_CAP", "largest pause between two resume attempts of a key", false,
+			func(c *Config) flag.Value { return (*durationValue)(&c.CompleterBackoffCap) }},
 	}
 }
 
@@ -550,6 +579,11 @@ func (c Config) Validate() error {
 		{"IDEM_WEBHOOK_RETRY_CAP", c.WebhookRetryCap},
 		{"IDEM_WEBHOOK_MAX_AGE", c.WebhookMaxAge},
 		{"IDEM_WEBHOOK_DISABLE_AFTER", c.WebhookDisableAfter},
+		{"IDEM_COMPLETER_INTERVAL", c.CompleterInterval},
+		{"IDEM_COMPLETER_TIMEOUT", c.CompleterTimeout},
+		{"IDEM_COMPLETER_DEADLINE", c.CompleterDeadline},
+		{"IDEM_COMPLETER_BACKOFF_BASE", c.CompleterBackoffBase},
+		{"IDEM_COMPLETER_BACKOFF_CAP", c.CompleterBackoffCap},
 	}
 	for _, p := range positive {
 		if p.d <= 0 {
@@ -567,6 +601,9 @@ func (c Config) Validate() error {
 	}
 	if c.RetryBudgetWindow < time.Second || c.RetryBudgetWindow > time.Hour {
 		bad("IDEM_RETRY_BUDGET_WINDOW must be between 1s and 1h (got %s)", c.RetryBudgetWindow)
+	}
+	if c.CompleterMaxAttempts < 1 || c.CompleterMaxAttempts > 100 {
+		bad("IDEM_COMPLETER_MAX_ATTEMPTS must be between 1 and 100 (got %d)", c.CompleterMaxAttempts)
 	}
 	if c.DBMaxConns < 1 || c.DBMaxConns > 1000 {
 		bad("IDEM_DB_MAX_CONNS must be between 1 and 1000 (got %d)", c.DBMaxConns)

@@ -69,6 +69,9 @@ type Server struct {
 	// webhooks is the store's webhook side; deliverer sends its outbox.
 	webhooks  idem.WebhookStore
 	deliverer *webhooks.Deliverer
+	// completer drives the orphans of tenants with a completer to an
+	// outcome (jobs.Completer, issue 24).
+	completer *jobs.Completer
 	// operator are the operator-only listeners beside the public one:
 	// /metrics on cfg.MetricsAddr, /debug/pprof/ on cfg.PprofAddr, each
 	// present only when its address is set.
@@ -210,6 +213,22 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 		ReapPause:           reapPause(cfg.ReapPause),
 		OrphanWatchInterval: cfg.OrphanWatchInterval,
 		Webhooks:            ws,
+		Completers:          s.store.Completers(),
+	}, logger, s.metrics)
+	cs := s.store.Completers()
+	if cs == nil {
+		_ = raw.Close()
+		return nil, fmt.Errorf("store %s keeps no completers", s.db)
+	}
+	s.completer = jobs.NewCompleter(cs, s.store, jobs.CompleterConfig{
+		Interval:     cfg.CompleterInterval,
+		Timeout:      cfg.CompleterTimeout,
+		MaxAttempts:  cfg.CompleterMaxAttempts,
+		Deadline:     cfg.CompleterDeadline,
+		BackoffBase:  cfg.CompleterBackoffBase,
+		BackoffCap:   cfg.CompleterBackoffCap,
+		StoreTimeout: cfg.StoreTimeout,
+		AllowPrivate: cfg.WebhookAllowPrivate,
 	}, logger, s.metrics)
 	s.deliverer = webhooks.New(ws, webhooks.Config{
 		Interval:           cfg.WebhookInterval,
@@ -245,6 +264,7 @@ func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 		Webhooks:             s.webhooks,
 		AllowPrivateWebhooks: s.cfg.WebhookAllowPrivate,
 		RetryBudget:          retrybudget.New(s.cfg.RetryBudgetWindow, nil),
+		Completers:           s.store.Completers(),
 	})
 	metricsHandler := promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry})
 	if s.cfg.MetricsAddr == "" {
@@ -399,9 +419,10 @@ func (s *Server) Run(ctx context.Context) error {
 
 	jobsCtx, stopJobs := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopJobs()
-	jobsDone := make(chan error, 3)
+	jobsDone := make(chan error, 4)
 	go func() { jobsDone <- s.jobs.Run(jobsCtx) }()
 	go func() { jobsDone <- s.deliverer.Run(jobsCtx) }()
+	go func() { jobsDone <- s.completer.Run(jobsCtx) }()
 	go func() { jobsDone <- s.watchStore(jobsCtx) }()
 
 	serveErr := make(chan error, 1)
@@ -452,7 +473,7 @@ func (s *Server) Run(ctx context.Context) error {
 		_ = osrv.Close()
 	}
 	stopJobs()
-	for range 3 {
+	for range 4 {
 		if err := <-jobsDone; err != nil && !errors.Is(err, context.Canceled) {
 			errs = append(errs, fmt.Errorf("background jobs: %w", err))
 		}

@@ -36,6 +36,11 @@ func recordFromRow(k dbsqlc.IdempotencyKey, now time.Time) (idem.Record, error) 
 		PurgeAfter:             k.PurgeAfter,
 		ReviewNote:             k.ReviewNote,
 		ReviewAt:               k.ReviewAt,
+		CompleterState:         k.CompleterState,
+		CompleterID:            k.CompleterID,
+		CompleterAttempts:      k.CompleterAttempts,
+		CompleterNextAt:        k.CompleterNextAt,
+		CompleterDeadline:      k.CompleterDeadline,
 	}, now)
 	if k.RecoveryData != nil {
 		rec.RecoveryData = json.RawMessage(k.RecoveryData)
@@ -89,6 +94,15 @@ func recordFromListRow(r listRow, now time.Time) idem.Record {
 			rec.Review.Note = *r.ReviewNote
 		}
 	}
+	if r.CompleterState != nil {
+		rec.Completion = &idem.Completion{
+			State: idem.CompletionState(*r.CompleterState), Attempts: int(r.CompleterAttempts),
+			NextAttemptAt: timeOrZero(r.CompleterNextAt), Deadline: timeOrZero(r.CompleterDeadline),
+		}
+		if r.CompleterID != nil {
+			rec.Completion.CompleterID = *r.CompleterID
+		}
+	}
 	return rec
 }
 
@@ -130,6 +144,11 @@ func listRecords[R ~struct {
 	PurgeAfter             int64
 	ReviewNote             *string
 	ReviewAt               *int64
+	CompleterState         *string
+	CompleterID            *string
+	CompleterAttempts      int64
+	CompleterNextAt        *int64
+	CompleterDeadline      *int64
 }](rows []R, now time.Time) []idem.Record {
 	out := make([]idem.Record, 0, len(rows))
 	for _, r := range rows {

@@ -223,42 +223,7 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 			}
 			return nil
 		}
-		resp, unstored := p.Response, idem.UnstoredResponse(p.Response)
-		// A response no bigger than the unstored one is stored whatever the
-		// usage: storing it costs less.
-		grow := int64(resp.Size())
-		if grow <= int64(unstored.Size()) {
-			grow = 0
-		}
-		if fits, err := fitsQuota(ctx, q, p.TenantID, grow, p.StorageQuotaBytes); err != nil {
-			return err
-		} else if !fits {
-			// Completed all the same (the work ran), without the response.
-			resp = unstored
-			if headers, err = json.Marshal(resp.Headers); err != nil {
-				return fmt.Errorf("encode headers: %w", err)
-			}
-			refusal = idem.ResponseNotStored(p.TenantID, p.Response.Size(), p.StorageQuotaBytes)
-		}
-		status := int64(resp.Status)
-		headersText := string(headers)
-		row, err := q.CompleteKey(ctx, dbsqlc.CompleteKeyParams{
-			TenantID:             p.TenantID,
-			Key:                  p.Key,
-			ResponseStatus:       &status,
-			ResponseHeaders:      &headersText,
-			ResponseBody:         resp.Body,
-			ResponseBodyEncoding: &resp.BodyEncoding,
-			StoredBytes:          stored.StoredBytes() + int64(resp.Size()),
-			Now:                  micros(now),
-			ReplayUntil:          microsPtr(now.Add(stored.ReplayWindow)),
-			PurgeAfter:           micros(now.Add(stored.ReaperThreshold)),
-		})
-		if err != nil {
-			return fmt.Errorf("update record: %w", err)
-		}
-		rec, err = recordFromRow(row, now)
-		keepEmptyBody(&rec, resp.Body != nil)
+		rec, refusal, err = completeInTx(ctx, q, stored, p, headers, now)
 		return err
 	})
 	if err == nil && refusal != nil && !errors.Is(refusal, idem.ErrStorageQuotaExceeded) {
@@ -271,6 +236,49 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 		return rec, refusal
 	}
 	return rec, err
+}
+
+// completeInTx stores the response of a complete that stored (read in the
+// same transaction) and p's checks allowed: the caller's response, or the
+// unstored one when it does not fit the quota (refusal then says so).
+func completeInTx(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, p idem.CompleteParams, headers []byte, now time.Time) (rec idem.Record, refusal error, err error) {
+	resp, unstored := p.Response, idem.UnstoredResponse(p.Response)
+	// A response no bigger than the unstored one is stored whatever the
+	// usage: storing it costs less.
+	grow := int64(resp.Size())
+	if grow <= int64(unstored.Size()) {
+		grow = 0
+	}
+	if fits, err := fitsQuota(ctx, q, p.TenantID, grow, p.StorageQuotaBytes); err != nil {
+		return idem.Record{}, nil, err
+	} else if !fits {
+		// Completed all the same (the work ran), without the response.
+		resp = unstored
+		if headers, err = json.Marshal(resp.Headers); err != nil {
+			return idem.Record{}, nil, fmt.Errorf("encode headers: %w", err)
+		}
+		refusal = idem.ResponseNotStored(p.TenantID, p.Response.Size(), p.StorageQuotaBytes)
+	}
+	status := int64(resp.Status)
+	headersText := string(headers)
+	row, err := q.CompleteKey(ctx, dbsqlc.CompleteKeyParams{
+		TenantID:             p.TenantID,
+		Key:                  p.Key,
+		ResponseStatus:       &status,
+		ResponseHeaders:      &headersText,
+		ResponseBody:         resp.Body,
+		ResponseBodyEncoding: &resp.BodyEncoding,
+		StoredBytes:          stored.StoredBytes() + int64(resp.Size()),
+		Now:                  micros(now),
+		ReplayUntil:          microsPtr(now.Add(stored.ReplayWindow)),
+		PurgeAfter:           micros(now.Add(stored.ReaperThreshold)),
+	})
+	if err != nil {
+		return idem.Record{}, nil, fmt.Errorf("update record: %w", err)
+	}
+	rec, err = recordFromRow(row, now)
+	keepEmptyBody(&rec, resp.Body != nil)
+	return rec, refusal, err
 }
 
 // keepEmptyBody gives a stored empty response body back as an empty, non-nil
@@ -354,11 +362,12 @@ func (s *Store) GetRecord(ctx context.Context, p idem.GetRecordParams) (idem.Rec
 func (s *Store) ListRecords(ctx context.Context, p idem.ListRecordsParams) ([]idem.Record, error) {
 	now := s.clock()
 	arg := dbsqlc.ListKeysParams{
-		TenantID:    p.TenantID,
-		AfterTime:   cursorNewest,
-		StateFilter: string(p.State),
-		Now:         micros(now),
-		RowLimit:    int64(p.Limit),
+		TenantID:         p.TenantID,
+		AfterTime:        cursorNewest,
+		StateFilter:      string(p.State),
+		Now:              micros(now),
+		CompletionFilter: string(p.Completion),
+		RowLimit:         int64(p.Limit),
 	}
 	if p.After != nil {
 		arg.AfterTime, arg.AfterKey = micros(p.After.Time), p.After.Key
@@ -374,10 +383,11 @@ func (s *Store) ListRecords(ctx context.Context, p idem.ListRecordsParams) ([]id
 func (s *Store) ListOrphans(ctx context.Context, p idem.ListOrphansParams) ([]idem.Record, error) {
 	now := s.clock()
 	arg := dbsqlc.ListOrphanKeysParams{
-		Now:          micros(now),
-		TenantFilter: p.TenantID,
-		AfterTime:    cursorOldest,
-		RowLimit:     int64(p.Limit),
+		Now:              micros(now),
+		TenantFilter:     p.TenantID,
+		CompletionFilter: string(p.Completion),
+		AfterTime:        cursorOldest,
+		RowLimit:         int64(p.Limit),
 	}
 	if p.After != nil {
 		arg.AfterTime, arg.AfterTenantID, arg.AfterKey = micros(p.After.Time), p.After.TenantID, p.After.Key

@@ -92,6 +92,11 @@ var _ idem.Driver = (*Store)(nil)
 // calls (nil when the driver keeps none).
 func (s *Store) Webhooks() idem.WebhookStore { return s.webhooks }
 
+// Completers returns the driver's completer side unwrapped: the completer
+// job bounds each of its calls itself (jobs.CompleterConfig.StoreTimeout),
+// and its picks are no tenant's request to share out.
+func (s *Store) Completers() idem.CompleterStore { return s.driver.Completers() }
+
 // KeyEvents returns the driver's own notification source: its Subscribe
 // and Watch are not held to the deadline or the share (the claims a
 // waiter makes are).

@@ -27,6 +27,8 @@ func (d testDriver) PoolStats() idem.PoolStats    { return idem.PoolStats{MaxCon
 func (d testDriver) SerialWrites() bool           { return false }
 func (d testDriver) Ledger() idem.LedgerRollbacks { return nil }
 func (d testDriver) Listener() idem.Listener      { return nil }
+
+func (d testDriver) Completers() idem.CompleterStore { return nil }
 func (d testDriver) Durability(context.Context) (idem.Durability, error) {
 	return idem.Durability{Mode: idem.DurabilityUnknown}, nil
 }

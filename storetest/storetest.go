@@ -187,6 +187,7 @@ func groups() []group {
 			{"OtherTenantNeverSeesKey", testIsolationInvisible},
 		}},
 		webhookGroup(),
+		completerGroup(),
 	}
 }
 

@@ -514,6 +514,11 @@ func describe(err error) string {
 	return reasonNoAnswer
 }
 
+// Describe is describe for the completer's calls, which share the
+// delivery client's rules (NewClient): why a request failed, without the
+// URL or any address.
+func Describe(err error) string { return describe(err) }
+
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()

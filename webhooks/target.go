@@ -177,3 +177,22 @@ func dialControl(network, address string, _ syscall.RawConn) error {
 	}
 	return nil
 }
+
+// NewCompleter checks a tenant's new completer (the resume endpoint of
+// issue 24): its URL as a webhook endpoint's (ValidateURL, and the same
+// connect-time refusal of private targets when called, since the completer
+// calls it with NewClient), its operation pattern; and returns it with a
+// fresh id and signing secret. A bad input is an invalid_request naming
+// its field.
+func NewCompleter(tenantID, rawURL, pattern string, allowPrivate bool) (idem.Completer, error) {
+	if err := CheckURL(rawURL, allowPrivate); err != nil {
+		return idem.Completer{}, err
+	}
+	if err := idem.ValidateOperationPattern(pattern); err != nil {
+		return idem.Completer{}, err
+	}
+	return idem.Completer{
+		TenantID: tenantID, ID: idem.NewCompleterID(), URL: rawURL,
+		Secret: idem.NewWebhookSecret(), OperationPattern: pattern,
+	}, nil
+}

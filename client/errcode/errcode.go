@@ -27,24 +27,34 @@ type Code string
 // Problem schema's enum; web/docs/errors), then those only the front doors
 // answer (docs/frontdoor.md rule 7).
 const (
-	InvalidRequest       Code = "invalid_request"
-	InvalidKey           Code = "invalid_key"
-	Unauthenticated      Code = "unauthenticated"
-	Forbidden            Code = "forbidden"
-	TenantUnknown        Code = "tenant_unknown"
-	KeyNotFound          Code = "key_not_found"
-	TenantNotFound       Code = "tenant_not_found"
-	WebhookNotFound      Code = "webhook_not_found"
-	WebhookDisabled      Code = "webhook_disabled"
-	WebhookLimitReached  Code = "webhook_limit_reached"
-	RequestInFlight      Code = "request_in_flight"
-	LeaseLost            Code = "lease_lost"
-	AlreadyCompleted     Code = "already_completed"
-	TenantExists         Code = "tenant_exists"
-	PayloadTooLarge      Code = "payload_too_large"
-	UnsupportedMediaType Code = "unsupported_media_type"
-	FingerprintMismatch  Code = "fingerprint_mismatch"
-	RateLimited          Code = "rate_limited"
+	InvalidRequest      Code = "invalid_request"
+	InvalidKey          Code = "invalid_key"
+	Unauthenticated     Code = "unauthenticated"
+	Forbidden           Code = "forbidden"
+	TenantUnknown       Code = "tenant_unknown"
+	KeyNotFound         Code = "key_not_found"
+	TenantNotFound      Code = "tenant_not_found"
+	WebhookNotFound     Code = "webhook_not_found"
+	WebhookDisabled     Code = "webhook_disabled"
+	WebhookLimitReached Code = "webhook_limit_reached"
+	RequestInFlight     Code = "request_in_flight"
+	// OutcomeUnknown: the key's first attempt died and idem's completer
+	// holds it while it finds out what happened; retryable after
+	// Retry-After (the next completer attempt).
+	OutcomeUnknown Code = "outcome_unknown"
+	// OutcomeReview: the completer gave up on the key (or a person flagged
+	// it while the completer held it); not retryable until a person
+	// resolves it.
+	OutcomeReview         Code = "outcome_review"
+	CompleterNotFound     Code = "completer_not_found"
+	CompleterLimitReached Code = "completer_limit_reached"
+	LeaseLost             Code = "lease_lost"
+	AlreadyCompleted      Code = "already_completed"
+	TenantExists          Code = "tenant_exists"
+	PayloadTooLarge       Code = "payload_too_large"
+	UnsupportedMediaType  Code = "unsupported_media_type"
+	FingerprintMismatch   Code = "fingerprint_mismatch"
+	RateLimited           Code = "rate_limited"
 	// RetryBudgetExhausted: a retry (Idem-Attempt above 1) refused by the
 	// tenant's fleet retry budget before any body read or store call.
 	// Retryable as the same call later may pass, but the SDKs stop the
@@ -106,22 +116,26 @@ type Info struct {
 // table is the one table of codes. Titles are those of the documentation
 // (web/docs/errors, openapi.yaml) unless the row says otherwise.
 var table = map[Code]Info{
-	InvalidRequest:       {Status: http.StatusBadRequest, Title: "Invalid request", By: Both},
-	InvalidKey:           {Status: http.StatusBadRequest, Title: "Invalid idempotency key", By: Both},
-	Unauthenticated:      {Status: http.StatusUnauthorized, Title: "Unauthenticated", By: API},
-	Forbidden:            {Status: http.StatusForbidden, Title: "Forbidden", By: API},
-	TenantUnknown:        {Status: http.StatusForbidden, Title: "Tenant unknown", By: Both},
-	KeyNotFound:          {Status: http.StatusNotFound, Title: "Key not found", By: API},
-	TenantNotFound:       {Status: http.StatusNotFound, Title: "Tenant not found", By: API},
-	WebhookNotFound:      {Status: http.StatusNotFound, Title: "Webhook endpoint not found", By: API},
-	WebhookDisabled:      {Status: http.StatusConflict, Title: "Webhook endpoint disabled", By: API},
-	WebhookLimitReached:  {Status: http.StatusConflict, Title: "Webhook endpoint limit reached", By: API},
-	RequestInFlight:      {Status: http.StatusConflict, Title: "Request in flight", Retryable: true, By: Both},
-	LeaseLost:            {Status: http.StatusConflict, Title: "Lease lost", By: API},
-	AlreadyCompleted:     {Status: http.StatusConflict, Title: "Already completed", By: API},
-	TenantExists:         {Status: http.StatusConflict, Title: "Tenant exists", By: API},
-	PayloadTooLarge:      {Status: http.StatusRequestEntityTooLarge, Title: "Payload too large", By: Both},
-	UnsupportedMediaType: {Status: http.StatusUnsupportedMediaType, Title: "Unsupported media type", By: API},
+	InvalidRequest:        {Status: http.StatusBadRequest, Title: "Invalid request", By: Both},
+	InvalidKey:            {Status: http.StatusBadRequest, Title: "Invalid idempotency key", By: Both},
+	Unauthenticated:       {Status: http.StatusUnauthorized, Title: "Unauthenticated", By: API},
+	Forbidden:             {Status: http.StatusForbidden, Title: "Forbidden", By: API},
+	TenantUnknown:         {Status: http.StatusForbidden, Title: "Tenant unknown", By: Both},
+	KeyNotFound:           {Status: http.StatusNotFound, Title: "Key not found", By: API},
+	TenantNotFound:        {Status: http.StatusNotFound, Title: "Tenant not found", By: API},
+	WebhookNotFound:       {Status: http.StatusNotFound, Title: "Webhook endpoint not found", By: API},
+	WebhookDisabled:       {Status: http.StatusConflict, Title: "Webhook endpoint disabled", By: API},
+	WebhookLimitReached:   {Status: http.StatusConflict, Title: "Webhook endpoint limit reached", By: API},
+	RequestInFlight:       {Status: http.StatusConflict, Title: "Request in flight", Retryable: true, By: Both},
+	OutcomeUnknown:        {Status: http.StatusConflict, Title: "Outcome unknown", Retryable: true, By: API},
+	OutcomeReview:         {Status: http.StatusConflict, Title: "Outcome under review", By: API},
+	CompleterNotFound:     {Status: http.StatusNotFound, Title: "Completer not found", By: API},
+	CompleterLimitReached: {Status: http.StatusConflict, Title: "Completer limit reached", By: API},
+	LeaseLost:             {Status: http.StatusConflict, Title: "Lease lost", By: API},
+	AlreadyCompleted:      {Status: http.StatusConflict, Title: "Already completed", By: API},
+	TenantExists:          {Status: http.StatusConflict, Title: "Tenant exists", By: API},
+	PayloadTooLarge:       {Status: http.StatusRequestEntityTooLarge, Title: "Payload too large", By: Both},
+	UnsupportedMediaType:  {Status: http.StatusUnsupportedMediaType, Title: "Unsupported media type", By: API},
 	FingerprintMismatch: {Status: http.StatusUnprocessableEntity, Title: "Fingerprint mismatch", By: Both,
 		FrontDoorTitle: "Idempotency key reused with another request"},
 	RateLimited:          {Status: http.StatusTooManyRequests, Title: "Rate limited", Retryable: true, By: API},

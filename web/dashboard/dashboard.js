@@ -535,6 +535,17 @@
         "Counted by the replica that served /metrics" + (state.mode === "tenant" ? ", for tenant " + state.tenant : ", all tenants") + "; totals since it started.";
   }
 
+  // completerPill shows the completer's hold on a key (issue 24): unknown
+  // (the outcome is being found out; the next attempt's time), or review
+  // (it gave up: a person must release or complete the key).
+  function completerPill(c) {
+    if (!c) return el("span", { class: "muted", text: "—" });
+    const next = c.state === "unknown" && c.next_attempt_at ? ", next " + fmtTime(c.next_attempt_at) : "";
+    const cls = c.state === "review" ? "pill review" : "pill warn";
+    return el("span", { class: cls, title: "completer " + c.completer_id + ", attempt " + c.attempts + next + ", deadline " + fmtTime(c.deadline),
+      text: c.state + " · " + c.attempts + (c.attempts === 1 ? " attempt" : " attempts") });
+  }
+
   function renderKeys(now) {
     const body = $("keys-body");
     body.replaceChildren();
@@ -553,7 +564,9 @@
         el("td", { class: "ago", title: fmtTime(o.lease_expires_at) }, Number.isNaN(exp) ? "—" : ago(now - exp) + " ago",
           el("span", { class: "sub", text: fmtTime(o.lease_expires_at) })),
         el("td", { class: "ago", title: fmtTime(o.created_at) }, o.created_at ? ago(now - Date.parse(o.created_at)) + " ago" : "—"),
-        el("td", { class: "review-cell" }, o.review ? el("span", { class: "pill review", title: o.review.note, text: "review" }) : ""));
+        el("td", { class: "review-cell" }, o.review ? el("span", { class: "pill review", title: o.review.note, text: "review" }) : ""),
+        el("td", { class: "completer-cell" }, completerPill(o.completer)));
+      if (o.completer) tr.dataset.completer = o.completer.state;
       tr.addEventListener("click", () => openRecord(o.tenant, o.key));
       if (state.selected && state.selected.tenant === o.tenant && state.selected.key === o.key) tr.classList.add("selected");
       body.append(tr);
@@ -644,6 +657,12 @@
       if (r.lease_expires_at) add("lease expires", fmtTime(r.lease_expires_at));
       if (r.completed_at) add("completed", fmtTime(r.completed_at));
       if (r.response) add("response status", String(r.response.status));
+      if (r.completer) {
+        add("completer", r.completer.state + ", " + r.completer.attempts + (r.completer.attempts === 1 ? " attempt" : " attempts") +
+          (r.completer.state === "unknown" && r.completer.next_attempt_at ? ", next " + fmtTime(r.completer.next_attempt_at) : "") +
+          (r.completer.state === "review" ? ": a person must release or complete it" : ""));
+        add("completer deadline", fmtTime(r.completer.deadline));
+      }
     } else {
       add("state", "gone: released or reaped; the next claim of this key runs the work again");
     }

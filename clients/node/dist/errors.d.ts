@@ -16,6 +16,10 @@ export declare const Codes: {
     readonly keyNotFound: "key_not_found";
     readonly tenantNotFound: "tenant_not_found";
     readonly requestInFlight: "request_in_flight";
+    /** 409, retryable after Retry-After: the key's first attempt died and idem's completer holds it while it finds out what happened. */
+    readonly outcomeUnknown: "outcome_unknown";
+    /** 409, not retryable: the completer gave up; a person must resolve the key. */
+    readonly outcomeReview: "outcome_review";
     readonly leaseLost: "lease_lost";
     readonly alreadyCompleted: "already_completed";
     readonly tenantExists: "tenant_exists";
@@ -32,6 +36,8 @@ export declare const Codes: {
     readonly webhookNotFound: "webhook_not_found";
     readonly webhookDisabled: "webhook_disabled";
     readonly webhookLimitReached: "webhook_limit_reached";
+    readonly completerNotFound: "completer_not_found";
+    readonly completerLimitReached: "completer_limit_reached";
     readonly notFound: "not_found";
     readonly methodNotAllowed: "method_not_allowed";
     readonly internal: "internal";

@@ -16,6 +16,10 @@ export const Codes = {
   keyNotFound: "key_not_found",
   tenantNotFound: "tenant_not_found",
   requestInFlight: "request_in_flight",
+  /** 409, retryable after Retry-After: the key's first attempt died and idem's completer holds it while it finds out what happened. */
+  outcomeUnknown: "outcome_unknown",
+  /** 409, not retryable: the completer gave up; a person must resolve the key. */
+  outcomeReview: "outcome_review",
   leaseLost: "lease_lost",
   alreadyCompleted: "already_completed",
   tenantExists: "tenant_exists",
@@ -32,6 +36,8 @@ export const Codes = {
   webhookNotFound: "webhook_not_found",
   webhookDisabled: "webhook_disabled",
   webhookLimitReached: "webhook_limit_reached",
+  completerNotFound: "completer_not_found",
+  completerLimitReached: "completer_limit_reached",
   notFound: "not_found",
   methodNotAllowed: "method_not_allowed",
   internal: "internal",

@@ -68,11 +68,18 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
         ELSE greatest(excluded.created_at + k.reaper_threshold_seconds * interval '1 second',
             excluded.lease_expires_at) END,
     stored_bytes = CASE WHEN k.state = 'completed' THEN excluded.stored_bytes ELSE k.stored_bytes END,
-    stored_bytes_before = k.stored_bytes
+    stored_bytes_before = k.stored_bytes,
+    -- a record the completer held never gets here (see WHERE); a completed
+    -- one forgets the completer's past attempts
+    completer_id = NULL,
+    completer_attempts = 0,
+    completer_deadline = NULL
 WHERE
     -- takeover of an orphan by the same request
     (k.state = 'in_flight' AND k.lease_expires_at <= excluded.created_at
-        AND k.operation = excluded.operation AND k.fingerprint = excluded.fingerprint)
+        AND k.operation = excluded.operation AND k.fingerprint = excluded.fingerprint
+        -- never a record the completer holds or flagged (completer.go)
+        AND k.completer_state IS NULL)
     -- a completed record past its replay window counts as absent (a new
     -- record: only below the quota)
     OR (k.state = 'completed' AND k.replay_until <= excluded.created_at
@@ -238,6 +245,8 @@ UPDATE idempotency_keys k SET
     response_body_encoding = CASE WHEN clock.room THEN sqlc.arg('response_body_encoding')::text ELSE 'utf8' END,
     review_note = NULL,
     review_at = NULL,
+    completer_state = NULL,
+    completer_next_at = NULL,
     updated_at = clock.now,
     completed_at = clock.now,
     replay_until = clock.now + k.replay_window_seconds * interval '1 second',
@@ -297,6 +306,7 @@ SELECT
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     k.review_note, k.review_at,
+    k.completer_state, k.completer_id, k.completer_attempts, k.completer_next_at, k.completer_deadline,
     clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = sqlc.arg('tenant_id')
@@ -306,6 +316,12 @@ WHERE k.tenant_id = sqlc.arg('tenant_id')
         WHEN 'orphaned' THEN k.state = 'in_flight' AND k.lease_expires_at <= clock.now
         WHEN 'completed' THEN k.state = 'completed' AND k.replay_until > clock.now
         WHEN 'expired' THEN k.state = 'completed' AND k.replay_until <= clock.now
+        ELSE false
+    END
+    AND CASE sqlc.arg('completion_filter')::text
+        WHEN '' THEN true
+        WHEN 'unknown' THEN k.completer_state IN ('resuming', 'unknown')
+        WHEN 'review' THEN k.completer_state = 'review'
         ELSE false
     END
     -- the first page passes the cursor ('infinity', ''): one form of the
@@ -329,10 +345,17 @@ SELECT
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     k.review_note, k.review_at,
+    k.completer_state, k.completer_id, k.completer_attempts, k.completer_next_at, k.completer_deadline,
     clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.state = 'in_flight' AND k.lease_expires_at <= clock.now
     AND (sqlc.arg('tenant_filter')::text = '' OR k.tenant_id = sqlc.arg('tenant_filter')::text)
+    AND CASE sqlc.arg('completion_filter')::text
+        WHEN '' THEN true
+        WHEN 'unknown' THEN k.completer_state IN ('resuming', 'unknown')
+        WHEN 'review' THEN k.completer_state = 'review'
+        ELSE false
+    END
     -- the first page passes the cursor ('-infinity', '', ''), as ListKeys
     AND (k.lease_expires_at, k.tenant_id, k.key)
         > (sqlc.arg('after_time')::timestamptz, sqlc.arg('after_tenant_id')::text, sqlc.arg('after_key')::text)
@@ -385,6 +408,7 @@ RETURNING
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     k.review_note, k.review_at,
+    k.completer_state, k.completer_id, k.completer_attempts, k.completer_next_at, k.completer_deadline,
     (SELECT clock.now FROM clock)::timestamptz AS observed_at;
 
 -- name: ShareTenant :one
@@ -427,6 +451,8 @@ UPDATE idempotency_keys k SET
     response_body_encoding = sqlc.arg('response_body_encoding')::text,
     review_note = NULL,
     review_at = NULL,
+    completer_state = NULL,
+    completer_next_at = NULL,
     updated_at = clock.now,
     completed_at = clock.now,
     replay_until = clock.now + k.replay_window_seconds * interval '1 second',

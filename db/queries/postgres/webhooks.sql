@@ -224,6 +224,8 @@ WHERE k.ctid = ANY (ARRAY(
     FROM idempotency_keys o
     WHERE o.state = 'in_flight' AND o.lease_expires_at <= (SELECT clock.now FROM clock)
         AND o.orphan_event_token IS DISTINCT FROM o.fencing_token
+        -- the completer's own takeovers are not new orphans (completer.go)
+        AND o.completer_state IS NULL
     ORDER BY o.lease_expires_at
     LIMIT sqlc.arg('row_limit')::integer
     FOR UPDATE OF o SKIP LOCKED
@@ -234,6 +236,7 @@ RETURNING
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     k.review_note, k.review_at,
+    k.completer_state, k.completer_id, k.completer_attempts, k.completer_next_at, k.completer_deadline,
     (SELECT clock.now FROM clock)::timestamptz AS observed_at;
 
 -- name: PurgeWebhookDeliveries :execrows

@@ -53,7 +53,12 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     completed_at = NULL,
     replay_until = NULL,
     purge_after = excluded.purge_after,
-    stored_bytes = excluded.stored_bytes
+    stored_bytes = excluded.stored_bytes,
+    completer_state = NULL,
+    completer_id = NULL,
+    completer_attempts = 0,
+    completer_next_at = NULL,
+    completer_deadline = NULL
 RETURNING *;
 
 -- name: TakeoverKey :one
@@ -102,6 +107,8 @@ UPDATE idempotency_keys SET
     stored_bytes = sqlc.arg(stored_bytes),
     review_note = NULL,
     review_at = NULL,
+    completer_state = NULL,
+    completer_next_at = NULL,
     updated_at = sqlc.arg(now),
     completed_at = sqlc.arg(now),
     replay_until = sqlc.arg(replay_until),
@@ -125,7 +132,8 @@ SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
        lease_expires_at, recovery_point,
        replay_window_seconds, reaper_threshold_seconds,
        created_at, updated_at, completed_at, replay_until, purge_after,
-       review_note, review_at
+       review_note, review_at,
+       completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 FROM idempotency_keys
 WHERE tenant_id = sqlc.arg(tenant_id)
   AND (created_at, key) < (CAST(sqlc.arg(after_time) AS INTEGER), CAST(sqlc.arg(after_key) AS TEXT))
@@ -136,6 +144,9 @@ WHERE tenant_id = sqlc.arg(tenant_id)
             WHEN replay_until > CAST(sqlc.arg(now) AS INTEGER) THEN 'completed'
             ELSE 'expired'
           END)
+  AND (CAST(sqlc.arg(completion_filter) AS TEXT) = ''
+       OR (CAST(sqlc.arg(completion_filter) AS TEXT) = 'unknown' AND completer_state IN ('resuming', 'unknown'))
+       OR (CAST(sqlc.arg(completion_filter) AS TEXT) = 'review' AND completer_state = 'review'))
 ORDER BY created_at DESC, key DESC
 LIMIT sqlc.arg(row_limit);
 
@@ -147,11 +158,15 @@ SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
        lease_expires_at, recovery_point,
        replay_window_seconds, reaper_threshold_seconds,
        created_at, updated_at, completed_at, replay_until, purge_after,
-       review_note, review_at
+       review_note, review_at,
+       completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 FROM idempotency_keys
 WHERE state = 'in_flight'
   AND lease_expires_at <= CAST(sqlc.arg(now) AS INTEGER)
   AND (CAST(sqlc.arg(tenant_filter) AS TEXT) = '' OR tenant_id = sqlc.arg(tenant_filter))
+  AND (CAST(sqlc.arg(completion_filter) AS TEXT) = ''
+       OR (CAST(sqlc.arg(completion_filter) AS TEXT) = 'unknown' AND completer_state IN ('resuming', 'unknown'))
+       OR (CAST(sqlc.arg(completion_filter) AS TEXT) = 'review' AND completer_state = 'review'))
   AND (lease_expires_at, tenant_id, key)
       > (CAST(sqlc.arg(after_time) AS INTEGER), CAST(sqlc.arg(after_tenant_id) AS TEXT), CAST(sqlc.arg(after_key) AS TEXT))
 ORDER BY lease_expires_at, tenant_id, key
@@ -182,7 +197,8 @@ RETURNING tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
           lease_expires_at, recovery_point,
           replay_window_seconds, reaper_threshold_seconds,
           created_at, updated_at, completed_at, replay_until, purge_after,
-          review_note, review_at;
+          review_note, review_at,
+          completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline;
 
 -- name: ResolveCompleteKey :one
 -- ResolveCompleteKey stores the response a person supplied for an orphan,
@@ -200,6 +216,8 @@ UPDATE idempotency_keys SET
     stored_bytes = sqlc.arg(stored_bytes),
     review_note = NULL,
     review_at = NULL,
+    completer_state = NULL,
+    completer_next_at = NULL,
     updated_at = sqlc.arg(now),
     completed_at = sqlc.arg(now),
     replay_until = sqlc.arg(replay_until),

@@ -163,10 +163,13 @@ SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
        lease_expires_at, recovery_point,
        replay_window_seconds, reaper_threshold_seconds,
        created_at, updated_at, completed_at, replay_until, purge_after,
-       review_note, review_at
+       review_note, review_at,
+       completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 FROM idempotency_keys
 WHERE state = 'in_flight' AND lease_expires_at <= CAST(sqlc.arg(now) AS INTEGER)
     AND orphan_event_token IS NOT fencing_token
+    -- the completer's own takeovers are not new orphans (completer.go)
+    AND completer_state IS NULL
 ORDER BY lease_expires_at
 LIMIT sqlc.arg(row_limit);
 

@@ -216,11 +216,18 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
         ELSE greatest(excluded.created_at + k.reaper_threshold_seconds * interval '1 second',
             excluded.lease_expires_at) END,
     stored_bytes = CASE WHEN k.state = 'completed' THEN excluded.stored_bytes ELSE k.stored_bytes END,
-    stored_bytes_before = k.stored_bytes
+    stored_bytes_before = k.stored_bytes,
+    -- a record the completer held never gets here (see WHERE); a completed
+    -- one forgets the completer's past attempts
+    completer_id = NULL,
+    completer_attempts = 0,
+    completer_deadline = NULL
 WHERE
     -- takeover of an orphan by the same request
     (k.state = 'in_flight' AND k.lease_expires_at <= excluded.created_at
-        AND k.operation = excluded.operation AND k.fingerprint = excluded.fingerprint)
+        AND k.operation = excluded.operation AND k.fingerprint = excluded.fingerprint
+        -- never a record the completer holds or flagged (completer.go)
+        AND k.completer_state IS NULL)
     -- a completed record past its replay window counts as absent (a new
     -- record: only below the quota)
     OR (k.state = 'completed' AND k.replay_until <= excluded.created_at
@@ -367,6 +374,8 @@ UPDATE idempotency_keys k SET
     response_body_encoding = CASE WHEN clock.room THEN $10::text ELSE 'utf8' END,
     review_note = NULL,
     review_at = NULL,
+    completer_state = NULL,
+    completer_next_at = NULL,
     updated_at = clock.now,
     completed_at = clock.now,
     replay_until = clock.now + k.replay_window_seconds * interval '1 second',
@@ -503,7 +512,7 @@ const getKey = `-- name: GetKey :one
 WITH clock AS (
     SELECT coalesce($3::timestamptz, now())::timestamptz AS now
 )
-SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
+SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.stored_bytes, k.stored_bytes_before, k.completer_state, k.completer_id, k.completer_attempts, k.completer_next_at, k.completer_deadline, clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = $1 AND k.key = $2
 `
@@ -551,6 +560,11 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 		&i.IdempotencyKey.Waited,
 		&i.IdempotencyKey.StoredBytes,
 		&i.IdempotencyKey.StoredBytesBefore,
+		&i.IdempotencyKey.CompleterState,
+		&i.IdempotencyKey.CompleterID,
+		&i.IdempotencyKey.CompleterAttempts,
+		&i.IdempotencyKey.CompleterNextAt,
+		&i.IdempotencyKey.CompleterDeadline,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -582,7 +596,7 @@ func (q *Queries) KeyWaited(ctx context.Context, arg KeyWaitedParams) (KeyWaited
 
 const listKeys = `-- name: ListKeys :many
 WITH clock AS (
-    SELECT coalesce($6::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($7::timestamptz, now())::timestamptz AS now
 )
 SELECT
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
@@ -590,6 +604,7 @@ SELECT
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     k.review_note, k.review_at,
+    k.completer_state, k.completer_id, k.completer_attempts, k.completer_next_at, k.completer_deadline,
     clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = $1
@@ -601,22 +616,29 @@ WHERE k.tenant_id = $1
         WHEN 'expired' THEN k.state = 'completed' AND k.replay_until <= clock.now
         ELSE false
     END
+    AND CASE $3::text
+        WHEN '' THEN true
+        WHEN 'unknown' THEN k.completer_state IN ('resuming', 'unknown')
+        WHEN 'review' THEN k.completer_state = 'review'
+        ELSE false
+    END
     -- the first page passes the cursor ('infinity', ''): one form of the
     -- statement, whose cursor is a bound of the listing index scan in a
     -- generic plan too (an "IS NULL OR" made it a filter, and every page
     -- read the tenant's records from the newest on)
-    AND (k.created_at, k.key) < ($3::timestamptz, $4::text)
+    AND (k.created_at, k.key) < ($4::timestamptz, $5::text)
 ORDER BY k.created_at DESC, k.key DESC
-LIMIT $5::integer
+LIMIT $6::integer
 `
 
 type ListKeysParams struct {
-	TenantID    string
-	StateFilter string
-	AfterTime   pgtype.Timestamptz
-	AfterKey    string
-	RowLimit    int32
-	Now         pgtype.Timestamptz
+	TenantID         string
+	StateFilter      string
+	CompletionFilter string
+	AfterTime        pgtype.Timestamptz
+	AfterKey         string
+	RowLimit         int32
+	Now              pgtype.Timestamptz
 }
 
 type ListKeysRow struct {
@@ -638,6 +660,11 @@ type ListKeysRow struct {
 	PurgeAfter             pgtype.Timestamptz
 	ReviewNote             *string
 	ReviewAt               pgtype.Timestamptz
+	CompleterState         *string
+	CompleterID            *string
+	CompleterAttempts      int32
+	CompleterNextAt        pgtype.Timestamptz
+	CompleterDeadline      pgtype.Timestamptz
 	ObservedAt             pgtype.Timestamptz
 }
 
@@ -649,6 +676,7 @@ func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysR
 	rows, err := q.db.Query(ctx, listKeys,
 		arg.TenantID,
 		arg.StateFilter,
+		arg.CompletionFilter,
 		arg.AfterTime,
 		arg.AfterKey,
 		arg.RowLimit,
@@ -680,6 +708,11 @@ func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysR
 			&i.PurgeAfter,
 			&i.ReviewNote,
 			&i.ReviewAt,
+			&i.CompleterState,
+			&i.CompleterID,
+			&i.CompleterAttempts,
+			&i.CompleterNextAt,
+			&i.CompleterDeadline,
 			&i.ObservedAt,
 		); err != nil {
 			return nil, err
@@ -694,7 +727,7 @@ func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysR
 
 const listOrphanKeys = `-- name: ListOrphanKeys :many
 WITH clock AS (
-    SELECT coalesce($6::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($7::timestamptz, now())::timestamptz AS now
 )
 SELECT
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
@@ -702,24 +735,32 @@ SELECT
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     k.review_note, k.review_at,
+    k.completer_state, k.completer_id, k.completer_attempts, k.completer_next_at, k.completer_deadline,
     clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.state = 'in_flight' AND k.lease_expires_at <= clock.now
     AND ($1::text = '' OR k.tenant_id = $1::text)
+    AND CASE $2::text
+        WHEN '' THEN true
+        WHEN 'unknown' THEN k.completer_state IN ('resuming', 'unknown')
+        WHEN 'review' THEN k.completer_state = 'review'
+        ELSE false
+    END
     -- the first page passes the cursor ('-infinity', '', ''), as ListKeys
     AND (k.lease_expires_at, k.tenant_id, k.key)
-        > ($2::timestamptz, $3::text, $4::text)
+        > ($3::timestamptz, $4::text, $5::text)
 ORDER BY k.lease_expires_at, k.tenant_id, k.key
-LIMIT $5::integer
+LIMIT $6::integer
 `
 
 type ListOrphanKeysParams struct {
-	TenantFilter  string
-	AfterTime     pgtype.Timestamptz
-	AfterTenantID string
-	AfterKey      string
-	RowLimit      int32
-	Now           pgtype.Timestamptz
+	TenantFilter     string
+	CompletionFilter string
+	AfterTime        pgtype.Timestamptz
+	AfterTenantID    string
+	AfterKey         string
+	RowLimit         int32
+	Now              pgtype.Timestamptz
 }
 
 type ListOrphanKeysRow struct {
@@ -741,6 +782,11 @@ type ListOrphanKeysRow struct {
 	PurgeAfter             pgtype.Timestamptz
 	ReviewNote             *string
 	ReviewAt               pgtype.Timestamptz
+	CompleterState         *string
+	CompleterID            *string
+	CompleterAttempts      int32
+	CompleterNextAt        pgtype.Timestamptz
+	CompleterDeadline      pgtype.Timestamptz
 	ObservedAt             pgtype.Timestamptz
 }
 
@@ -750,6 +796,7 @@ type ListOrphanKeysRow struct {
 func (q *Queries) ListOrphanKeys(ctx context.Context, arg ListOrphanKeysParams) ([]ListOrphanKeysRow, error) {
 	rows, err := q.db.Query(ctx, listOrphanKeys,
 		arg.TenantFilter,
+		arg.CompletionFilter,
 		arg.AfterTime,
 		arg.AfterTenantID,
 		arg.AfterKey,
@@ -782,6 +829,11 @@ func (q *Queries) ListOrphanKeys(ctx context.Context, arg ListOrphanKeysParams) 
 			&i.PurgeAfter,
 			&i.ReviewNote,
 			&i.ReviewAt,
+			&i.CompleterState,
+			&i.CompleterID,
+			&i.CompleterAttempts,
+			&i.CompleterNextAt,
+			&i.CompleterDeadline,
 			&i.ObservedAt,
 		); err != nil {
 			return nil, err
@@ -798,7 +850,7 @@ const lockKey = `-- name: LockKey :one
 WITH clock AS (
     SELECT coalesce($3::timestamptz, now())::timestamptz AS now
 )
-SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
+SELECT k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.stored_bytes, k.stored_bytes_before, k.completer_state, k.completer_id, k.completer_attempts, k.completer_next_at, k.completer_deadline, clock.now AS observed_at
 FROM idempotency_keys k, clock
 WHERE k.tenant_id = $1 AND k.key = $2
 FOR UPDATE OF k
@@ -850,6 +902,11 @@ func (q *Queries) LockKey(ctx context.Context, arg LockKeyParams) (LockKeyRow, e
 		&i.IdempotencyKey.Waited,
 		&i.IdempotencyKey.StoredBytes,
 		&i.IdempotencyKey.StoredBytesBefore,
+		&i.IdempotencyKey.CompleterState,
+		&i.IdempotencyKey.CompleterID,
+		&i.IdempotencyKey.CompleterAttempts,
+		&i.IdempotencyKey.CompleterNextAt,
+		&i.IdempotencyKey.CompleterDeadline,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -945,6 +1002,7 @@ RETURNING
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     k.review_note, k.review_at,
+    k.completer_state, k.completer_id, k.completer_attempts, k.completer_next_at, k.completer_deadline,
     (SELECT clock.now FROM clock)::timestamptz AS observed_at
 `
 
@@ -972,6 +1030,11 @@ type ReapKeysRow struct {
 	PurgeAfter             pgtype.Timestamptz
 	ReviewNote             *string
 	ReviewAt               pgtype.Timestamptz
+	CompleterState         *string
+	CompleterID            *string
+	CompleterAttempts      int32
+	CompleterNextAt        pgtype.Timestamptz
+	CompleterDeadline      pgtype.Timestamptz
 	ObservedAt             pgtype.Timestamptz
 }
 
@@ -1014,6 +1077,11 @@ func (q *Queries) ReapKeys(ctx context.Context, arg ReapKeysParams) ([]ReapKeysR
 			&i.PurgeAfter,
 			&i.ReviewNote,
 			&i.ReviewAt,
+			&i.CompleterState,
+			&i.CompleterID,
+			&i.CompleterAttempts,
+			&i.CompleterNextAt,
+			&i.CompleterDeadline,
 			&i.ObservedAt,
 		); err != nil {
 			return nil, err
@@ -1064,7 +1132,7 @@ WHERE k.tenant_id = $2 AND k.key = $3
     -- TestGenericPlans)
     AND CASE WHEN k.lease_expires_at > clock.now THEN true ELSE false END
     AND k.attempt_id = $5::text
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.stored_bytes, k.stored_bytes_before, k.completer_state, k.completer_id, k.completer_attempts, k.completer_next_at, k.completer_deadline, clock.now AS observed_at
 `
 
 type RenewAttemptLeaseParams struct {
@@ -1124,6 +1192,11 @@ func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeasePa
 		&i.IdempotencyKey.Waited,
 		&i.IdempotencyKey.StoredBytes,
 		&i.IdempotencyKey.StoredBytesBefore,
+		&i.IdempotencyKey.CompleterState,
+		&i.IdempotencyKey.CompleterID,
+		&i.IdempotencyKey.CompleterAttempts,
+		&i.IdempotencyKey.CompleterNextAt,
+		&i.IdempotencyKey.CompleterDeadline,
 		&i.ObservedAt,
 	)
 	return i, err
@@ -1144,6 +1217,8 @@ UPDATE idempotency_keys k SET
     response_body_encoding = $5::text,
     review_note = NULL,
     review_at = NULL,
+    completer_state = NULL,
+    completer_next_at = NULL,
     updated_at = clock.now,
     completed_at = clock.now,
     replay_until = clock.now + k.replay_window_seconds * interval '1 second',
@@ -1271,7 +1346,7 @@ UPDATE idempotency_keys k SET
 FROM clock
 WHERE k.tenant_id = $2 AND k.key = $3
     AND k.fencing_token = $4 AND k.state = 'in_flight'
-RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
+RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.stored_bytes, k.stored_bytes_before, k.completer_state, k.completer_id, k.completer_attempts, k.completer_next_at, k.completer_deadline, clock.now AS observed_at
 `
 
 type ReviewKeyParams struct {
@@ -1327,6 +1402,11 @@ func (q *Queries) ReviewKey(ctx context.Context, arg ReviewKeyParams) (ReviewKey
 		&i.IdempotencyKey.Waited,
 		&i.IdempotencyKey.StoredBytes,
 		&i.IdempotencyKey.StoredBytesBefore,
+		&i.IdempotencyKey.CompleterState,
+		&i.IdempotencyKey.CompleterID,
+		&i.IdempotencyKey.CompleterAttempts,
+		&i.IdempotencyKey.CompleterNextAt,
+		&i.IdempotencyKey.CompleterDeadline,
 		&i.ObservedAt,
 	)
 	return i, err

@@ -8,6 +8,15 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+type Completer struct {
+	TenantID         string
+	ID               string
+	Url              string
+	Secret           string
+	OperationPattern string
+	CreatedAt        pgtype.Timestamptz
+}
+
 type IdempotencyKey struct {
 	TenantID               string
 	Key                    string
@@ -37,6 +46,11 @@ type IdempotencyKey struct {
 	Waited                 bool
 	StoredBytes            int64
 	StoredBytesBefore      int64
+	CompleterState         *string
+	CompleterID            *string
+	CompleterAttempts      int32
+	CompleterNextAt        pgtype.Timestamptz
+	CompleterDeadline      pgtype.Timestamptz
 }
 
 type KeyAudit struct {

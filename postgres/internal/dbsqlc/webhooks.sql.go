@@ -553,6 +553,8 @@ WHERE k.ctid = ANY (ARRAY(
     FROM idempotency_keys o
     WHERE o.state = 'in_flight' AND o.lease_expires_at <= (SELECT clock.now FROM clock)
         AND o.orphan_event_token IS DISTINCT FROM o.fencing_token
+        -- the completer's own takeovers are not new orphans (completer.go)
+        AND o.completer_state IS NULL
     ORDER BY o.lease_expires_at
     LIMIT $1::integer
     FOR UPDATE OF o SKIP LOCKED
@@ -563,6 +565,7 @@ RETURNING
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     k.review_note, k.review_at,
+    k.completer_state, k.completer_id, k.completer_attempts, k.completer_next_at, k.completer_deadline,
     (SELECT clock.now FROM clock)::timestamptz AS observed_at
 `
 
@@ -590,6 +593,11 @@ type MarkOrphansRow struct {
 	PurgeAfter             pgtype.Timestamptz
 	ReviewNote             *string
 	ReviewAt               pgtype.Timestamptz
+	CompleterState         *string
+	CompleterID            *string
+	CompleterAttempts      int32
+	CompleterNextAt        pgtype.Timestamptz
+	CompleterDeadline      pgtype.Timestamptz
 	ObservedAt             pgtype.Timestamptz
 }
 
@@ -626,6 +634,11 @@ func (q *Queries) MarkOrphans(ctx context.Context, arg MarkOrphansParams) ([]Mar
 			&i.PurgeAfter,
 			&i.ReviewNote,
 			&i.ReviewAt,
+			&i.CompleterState,
+			&i.CompleterID,
+			&i.CompleterAttempts,
+			&i.CompleterNextAt,
+			&i.CompleterDeadline,
 			&i.ObservedAt,
 		); err != nil {
 			return nil, err

@@ -36,6 +36,12 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.completeKeyStmt, err = db.PrepareContext(ctx, completeKey); err != nil {
 		return nil, fmt.Errorf("error preparing query CompleteKey: %w", err)
 	}
+	if q.completionStatsStmt, err = db.PrepareContext(ctx, completionStats); err != nil {
+		return nil, fmt.Errorf("error preparing query CompletionStats: %w", err)
+	}
+	if q.createCompleterStmt, err = db.PrepareContext(ctx, createCompleter); err != nil {
+		return nil, fmt.Errorf("error preparing query CreateCompleter: %w", err)
+	}
 	if q.createKeyStmt, err = db.PrepareContext(ctx, createKey); err != nil {
 		return nil, fmt.Errorf("error preparing query CreateKey: %w", err)
 	}
@@ -44,6 +50,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	}
 	if q.createWebhookEndpointStmt, err = db.PrepareContext(ctx, createWebhookEndpoint); err != nil {
 		return nil, fmt.Errorf("error preparing query CreateWebhookEndpoint: %w", err)
+	}
+	if q.deleteCompleterStmt, err = db.PrepareContext(ctx, deleteCompleter); err != nil {
+		return nil, fmt.Errorf("error preparing query DeleteCompleter: %w", err)
 	}
 	if q.deleteTenantStmt, err = db.PrepareContext(ctx, deleteTenant); err != nil {
 		return nil, fmt.Errorf("error preparing query DeleteTenant: %w", err)
@@ -62,6 +71,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	}
 	if q.finishWebhookDeliveryStmt, err = db.PrepareContext(ctx, finishWebhookDelivery); err != nil {
 		return nil, fmt.Errorf("error preparing query FinishWebhookDelivery: %w", err)
+	}
+	if q.getCompleterStmt, err = db.PrepareContext(ctx, getCompleter); err != nil {
+		return nil, fmt.Errorf("error preparing query GetCompleter: %w", err)
 	}
 	if q.getKeyStmt, err = db.PrepareContext(ctx, getKey); err != nil {
 		return nil, fmt.Errorf("error preparing query GetKey: %w", err)
@@ -86,6 +98,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	}
 	if q.listAuditStmt, err = db.PrepareContext(ctx, listAudit); err != nil {
 		return nil, fmt.Errorf("error preparing query ListAudit: %w", err)
+	}
+	if q.listCompletersStmt, err = db.PrepareContext(ctx, listCompleters); err != nil {
+		return nil, fmt.Errorf("error preparing query ListCompleters: %w", err)
 	}
 	if q.listKeysStmt, err = db.PrepareContext(ctx, listKeys); err != nil {
 		return nil, fmt.Errorf("error preparing query ListKeys: %w", err)
@@ -114,6 +129,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.orphansToReportStmt, err = db.PrepareContext(ctx, orphansToReport); err != nil {
 		return nil, fmt.Errorf("error preparing query OrphansToReport: %w", err)
 	}
+	if q.pickCompletionCandidatesStmt, err = db.PrepareContext(ctx, pickCompletionCandidates); err != nil {
+		return nil, fmt.Errorf("error preparing query PickCompletionCandidates: %w", err)
+	}
 	if q.purgeWebhookDeliveriesStmt, err = db.PrepareContext(ctx, purgeWebhookDeliveries); err != nil {
 		return nil, fmt.Errorf("error preparing query PurgeWebhookDeliveries: %w", err)
 	}
@@ -137,6 +155,15 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	}
 	if q.reviewKeyStmt, err = db.PrepareContext(ctx, reviewKey); err != nil {
 		return nil, fmt.Errorf("error preparing query ReviewKey: %w", err)
+	}
+	if q.setCompletionReviewStmt, err = db.PrepareContext(ctx, setCompletionReview); err != nil {
+		return nil, fmt.Errorf("error preparing query SetCompletionReview: %w", err)
+	}
+	if q.setCompletionUnknownStmt, err = db.PrepareContext(ctx, setCompletionUnknown); err != nil {
+		return nil, fmt.Errorf("error preparing query SetCompletionUnknown: %w", err)
+	}
+	if q.takeCompletionStmt, err = db.PrepareContext(ctx, takeCompletion); err != nil {
+		return nil, fmt.Errorf("error preparing query TakeCompletion: %w", err)
 	}
 	if q.takeoverKeyStmt, err = db.PrepareContext(ctx, takeoverKey); err != nil {
 		return nil, fmt.Errorf("error preparing query TakeoverKey: %w", err)
@@ -175,6 +202,16 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing completeKeyStmt: %w", cerr)
 		}
 	}
+	if q.completionStatsStmt != nil {
+		if cerr := q.completionStatsStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing completionStatsStmt: %w", cerr)
+		}
+	}
+	if q.createCompleterStmt != nil {
+		if cerr := q.createCompleterStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing createCompleterStmt: %w", cerr)
+		}
+	}
 	if q.createKeyStmt != nil {
 		if cerr := q.createKeyStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing createKeyStmt: %w", cerr)
@@ -188,6 +225,11 @@ func (q *Queries) Close() error {
 	if q.createWebhookEndpointStmt != nil {
 		if cerr := q.createWebhookEndpointStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing createWebhookEndpointStmt: %w", cerr)
+		}
+	}
+	if q.deleteCompleterStmt != nil {
+		if cerr := q.deleteCompleterStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing deleteCompleterStmt: %w", cerr)
 		}
 	}
 	if q.deleteTenantStmt != nil {
@@ -218,6 +260,11 @@ func (q *Queries) Close() error {
 	if q.finishWebhookDeliveryStmt != nil {
 		if cerr := q.finishWebhookDeliveryStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing finishWebhookDeliveryStmt: %w", cerr)
+		}
+	}
+	if q.getCompleterStmt != nil {
+		if cerr := q.getCompleterStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing getCompleterStmt: %w", cerr)
 		}
 	}
 	if q.getKeyStmt != nil {
@@ -258,6 +305,11 @@ func (q *Queries) Close() error {
 	if q.listAuditStmt != nil {
 		if cerr := q.listAuditStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing listAuditStmt: %w", cerr)
+		}
+	}
+	if q.listCompletersStmt != nil {
+		if cerr := q.listCompletersStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing listCompletersStmt: %w", cerr)
 		}
 	}
 	if q.listKeysStmt != nil {
@@ -305,6 +357,11 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing orphansToReportStmt: %w", cerr)
 		}
 	}
+	if q.pickCompletionCandidatesStmt != nil {
+		if cerr := q.pickCompletionCandidatesStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing pickCompletionCandidatesStmt: %w", cerr)
+		}
+	}
 	if q.purgeWebhookDeliveriesStmt != nil {
 		if cerr := q.purgeWebhookDeliveriesStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing purgeWebhookDeliveriesStmt: %w", cerr)
@@ -343,6 +400,21 @@ func (q *Queries) Close() error {
 	if q.reviewKeyStmt != nil {
 		if cerr := q.reviewKeyStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing reviewKeyStmt: %w", cerr)
+		}
+	}
+	if q.setCompletionReviewStmt != nil {
+		if cerr := q.setCompletionReviewStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing setCompletionReviewStmt: %w", cerr)
+		}
+	}
+	if q.setCompletionUnknownStmt != nil {
+		if cerr := q.setCompletionUnknownStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing setCompletionUnknownStmt: %w", cerr)
+		}
+	}
+	if q.takeCompletionStmt != nil {
+		if cerr := q.takeCompletionStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing takeCompletionStmt: %w", cerr)
 		}
 	}
 	if q.takeoverKeyStmt != nil {
@@ -408,15 +480,19 @@ type Queries struct {
 	advanceFencingCounterStmt      *sql.Stmt
 	checkpointKeyStmt              *sql.Stmt
 	completeKeyStmt                *sql.Stmt
+	completionStatsStmt            *sql.Stmt
+	createCompleterStmt            *sql.Stmt
 	createKeyStmt                  *sql.Stmt
 	createTenantStmt               *sql.Stmt
 	createWebhookEndpointStmt      *sql.Stmt
+	deleteCompleterStmt            *sql.Stmt
 	deleteTenantStmt               *sql.Stmt
 	deleteWebhookEndpointStmt      *sql.Stmt
 	dueWebhookDeliveriesStmt       *sql.Stmt
 	enqueueEventStmt               *sql.Stmt
 	enqueueTestEventStmt           *sql.Stmt
 	finishWebhookDeliveryStmt      *sql.Stmt
+	getCompleterStmt               *sql.Stmt
 	getKeyStmt                     *sql.Stmt
 	getTenantStmt                  *sql.Stmt
 	getWebhookEndpointStmt         *sql.Stmt
@@ -425,6 +501,7 @@ type Queries struct {
 	leaseWebhookDeliveryStmt       *sql.Stmt
 	ledgerStateStmt                *sql.Stmt
 	listAuditStmt                  *sql.Stmt
+	listCompletersStmt             *sql.Stmt
 	listKeysStmt                   *sql.Stmt
 	listOrphanKeysStmt             *sql.Stmt
 	listTenantsStmt                *sql.Stmt
@@ -434,6 +511,7 @@ type Queries struct {
 	nextFencingTokenStmt           *sql.Stmt
 	orphanStatsStmt                *sql.Stmt
 	orphansToReportStmt            *sql.Stmt
+	pickCompletionCandidatesStmt   *sql.Stmt
 	purgeWebhookDeliveriesStmt     *sql.Stmt
 	reapKeysStmt                   *sql.Stmt
 	recordEndpointFailureStmt      *sql.Stmt
@@ -442,6 +520,9 @@ type Queries struct {
 	renewAttemptLeaseStmt          *sql.Stmt
 	resolveCompleteKeyStmt         *sql.Stmt
 	reviewKeyStmt                  *sql.Stmt
+	setCompletionReviewStmt        *sql.Stmt
+	setCompletionUnknownStmt       *sql.Stmt
+	takeCompletionStmt             *sql.Stmt
 	takeoverKeyStmt                *sql.Stmt
 	tenantStoredBytesStmt          *sql.Stmt
 	updateTenantStmt               *sql.Stmt
@@ -456,15 +537,19 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		advanceFencingCounterStmt:      q.advanceFencingCounterStmt,
 		checkpointKeyStmt:              q.checkpointKeyStmt,
 		completeKeyStmt:                q.completeKeyStmt,
+		completionStatsStmt:            q.completionStatsStmt,
+		createCompleterStmt:            q.createCompleterStmt,
 		createKeyStmt:                  q.createKeyStmt,
 		createTenantStmt:               q.createTenantStmt,
 		createWebhookEndpointStmt:      q.createWebhookEndpointStmt,
+		deleteCompleterStmt:            q.deleteCompleterStmt,
 		deleteTenantStmt:               q.deleteTenantStmt,
 		deleteWebhookEndpointStmt:      q.deleteWebhookEndpointStmt,
 		dueWebhookDeliveriesStmt:       q.dueWebhookDeliveriesStmt,
 		enqueueEventStmt:               q.enqueueEventStmt,
 		enqueueTestEventStmt:           q.enqueueTestEventStmt,
 		finishWebhookDeliveryStmt:      q.finishWebhookDeliveryStmt,
+		getCompleterStmt:               q.getCompleterStmt,
 		getKeyStmt:                     q.getKeyStmt,
 		getTenantStmt:                  q.getTenantStmt,
 		getWebhookEndpointStmt:         q.getWebhookEndpointStmt,
@@ -473,6 +558,7 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		leaseWebhookDeliveryStmt:       q.leaseWebhookDeliveryStmt,
 		ledgerStateStmt:                q.ledgerStateStmt,
 		listAuditStmt:                  q.listAuditStmt,
+		listCompletersStmt:             q.listCompletersStmt,
 		listKeysStmt:                   q.listKeysStmt,
 		listOrphanKeysStmt:             q.listOrphanKeysStmt,
 		listTenantsStmt:                q.listTenantsStmt,
@@ -482,6 +568,7 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		nextFencingTokenStmt:           q.nextFencingTokenStmt,
 		orphanStatsStmt:                q.orphanStatsStmt,
 		orphansToReportStmt:            q.orphansToReportStmt,
+		pickCompletionCandidatesStmt:   q.pickCompletionCandidatesStmt,
 		purgeWebhookDeliveriesStmt:     q.purgeWebhookDeliveriesStmt,
 		reapKeysStmt:                   q.reapKeysStmt,
 		recordEndpointFailureStmt:      q.recordEndpointFailureStmt,
@@ -490,6 +577,9 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		renewAttemptLeaseStmt:          q.renewAttemptLeaseStmt,
 		resolveCompleteKeyStmt:         q.resolveCompleteKeyStmt,
 		reviewKeyStmt:                  q.reviewKeyStmt,
+		setCompletionReviewStmt:        q.setCompletionReviewStmt,
+		setCompletionUnknownStmt:       q.setCompletionUnknownStmt,
+		takeCompletionStmt:             q.takeCompletionStmt,
 		takeoverKeyStmt:                q.takeoverKeyStmt,
 		tenantStoredBytesStmt:          q.tenantStoredBytesStmt,
 		updateTenantStmt:               q.updateTenantStmt,

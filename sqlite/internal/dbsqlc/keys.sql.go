@@ -18,7 +18,7 @@ UPDATE idempotency_keys SET
     updated_at = ?5,
     purge_after = ?6
 WHERE tenant_id = ?7 AND key = ?8
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 `
 
 type CheckpointKeyParams struct {
@@ -71,6 +71,11 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (I
 		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
+		&i.CompleterState,
+		&i.CompleterID,
+		&i.CompleterAttempts,
+		&i.CompleterNextAt,
+		&i.CompleterDeadline,
 	)
 	return i, err
 }
@@ -86,12 +91,14 @@ UPDATE idempotency_keys SET
     stored_bytes = ?5,
     review_note = NULL,
     review_at = NULL,
+    completer_state = NULL,
+    completer_next_at = NULL,
     updated_at = ?6,
     completed_at = ?6,
     replay_until = ?7,
     purge_after = ?8
 WHERE tenant_id = ?9 AND key = ?10
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 `
 
 type CompleteKeyParams struct {
@@ -149,6 +156,11 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Idemp
 		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
+		&i.CompleterState,
+		&i.CompleterID,
+		&i.CompleterAttempts,
+		&i.CompleterNextAt,
+		&i.CompleterDeadline,
 	)
 	return i, err
 }
@@ -189,8 +201,13 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     completed_at = NULL,
     replay_until = NULL,
     purge_after = excluded.purge_after,
-    stored_bytes = excluded.stored_bytes
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes
+    stored_bytes = excluded.stored_bytes,
+    completer_state = NULL,
+    completer_id = NULL,
+    completer_attempts = 0,
+    completer_next_at = NULL,
+    completer_deadline = NULL
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 `
 
 type CreateKeyParams struct {
@@ -253,12 +270,17 @@ func (q *Queries) CreateKey(ctx context.Context, arg CreateKeyParams) (Idempoten
 		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
+		&i.CompleterState,
+		&i.CompleterID,
+		&i.CompleterAttempts,
+		&i.CompleterNextAt,
+		&i.CompleterDeadline,
 	)
 	return i, err
 }
 
 const getKey = `-- name: GetKey :one
-SELECT idempotency_keys.tenant_id, idempotency_keys."key", idempotency_keys.state, idempotency_keys.operation, idempotency_keys.fingerprint, idempotency_keys.fencing_token, idempotency_keys.attempt, idempotency_keys.lease_expires_at, idempotency_keys.recovery_point, idempotency_keys.recovery_data, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.response_body_encoding, idempotency_keys.replay_window_seconds, idempotency_keys.reaper_threshold_seconds, idempotency_keys.created_at, idempotency_keys.updated_at, idempotency_keys.completed_at, idempotency_keys.replay_until, idempotency_keys.purge_after, idempotency_keys.attempt_id, idempotency_keys.review_note, idempotency_keys.review_at, idempotency_keys.orphan_event_token, idempotency_keys.stored_bytes,
+SELECT idempotency_keys.tenant_id, idempotency_keys."key", idempotency_keys.state, idempotency_keys.operation, idempotency_keys.fingerprint, idempotency_keys.fencing_token, idempotency_keys.attempt, idempotency_keys.lease_expires_at, idempotency_keys.recovery_point, idempotency_keys.recovery_data, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.response_body_encoding, idempotency_keys.replay_window_seconds, idempotency_keys.reaper_threshold_seconds, idempotency_keys.created_at, idempotency_keys.updated_at, idempotency_keys.completed_at, idempotency_keys.replay_until, idempotency_keys.purge_after, idempotency_keys.attempt_id, idempotency_keys.review_note, idempotency_keys.review_at, idempotency_keys.orphan_event_token, idempotency_keys.stored_bytes, idempotency_keys.completer_state, idempotency_keys.completer_id, idempotency_keys.completer_attempts, idempotency_keys.completer_next_at, idempotency_keys.completer_deadline,
        CAST(response_body IS NOT NULL AS INTEGER) AS has_response_body
 FROM idempotency_keys
 WHERE tenant_id = ?1 AND key = ?2
@@ -306,6 +328,11 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
 		&i.IdempotencyKey.StoredBytes,
+		&i.IdempotencyKey.CompleterState,
+		&i.IdempotencyKey.CompleterID,
+		&i.IdempotencyKey.CompleterAttempts,
+		&i.IdempotencyKey.CompleterNextAt,
+		&i.IdempotencyKey.CompleterDeadline,
 		&i.HasResponseBody,
 	)
 	return i, err
@@ -316,7 +343,8 @@ SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
        lease_expires_at, recovery_point,
        replay_window_seconds, reaper_threshold_seconds,
        created_at, updated_at, completed_at, replay_until, purge_after,
-       review_note, review_at
+       review_note, review_at,
+       completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 FROM idempotency_keys
 WHERE tenant_id = ?1
   AND (created_at, key) < (CAST(?2 AS INTEGER), CAST(?3 AS TEXT))
@@ -327,17 +355,21 @@ WHERE tenant_id = ?1
             WHEN replay_until > CAST(?5 AS INTEGER) THEN 'completed'
             ELSE 'expired'
           END)
+  AND (CAST(?6 AS TEXT) = ''
+       OR (CAST(?6 AS TEXT) = 'unknown' AND completer_state IN ('resuming', 'unknown'))
+       OR (CAST(?6 AS TEXT) = 'review' AND completer_state = 'review'))
 ORDER BY created_at DESC, key DESC
-LIMIT ?6
+LIMIT ?7
 `
 
 type ListKeysParams struct {
-	TenantID    string
-	AfterTime   int64
-	AfterKey    string
-	StateFilter string
-	Now         int64
-	RowLimit    int64
+	TenantID         string
+	AfterTime        int64
+	AfterKey         string
+	StateFilter      string
+	Now              int64
+	CompletionFilter string
+	RowLimit         int64
 }
 
 type ListKeysRow struct {
@@ -359,6 +391,11 @@ type ListKeysRow struct {
 	PurgeAfter             int64
 	ReviewNote             *string
 	ReviewAt               *int64
+	CompleterState         *string
+	CompleterID            *string
+	CompleterAttempts      int64
+	CompleterNextAt        *int64
+	CompleterDeadline      *int64
 }
 
 // ListKeys lists a tenant's records newest first, without responses or
@@ -373,6 +410,7 @@ func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysR
 		arg.AfterKey,
 		arg.StateFilter,
 		arg.Now,
+		arg.CompletionFilter,
 		arg.RowLimit,
 	)
 	if err != nil {
@@ -401,6 +439,11 @@ func (q *Queries) ListKeys(ctx context.Context, arg ListKeysParams) ([]ListKeysR
 			&i.PurgeAfter,
 			&i.ReviewNote,
 			&i.ReviewAt,
+			&i.CompleterState,
+			&i.CompleterID,
+			&i.CompleterAttempts,
+			&i.CompleterNextAt,
+			&i.CompleterDeadline,
 		); err != nil {
 			return nil, err
 		}
@@ -420,24 +463,29 @@ SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
        lease_expires_at, recovery_point,
        replay_window_seconds, reaper_threshold_seconds,
        created_at, updated_at, completed_at, replay_until, purge_after,
-       review_note, review_at
+       review_note, review_at,
+       completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 FROM idempotency_keys
 WHERE state = 'in_flight'
   AND lease_expires_at <= CAST(?1 AS INTEGER)
   AND (CAST(?2 AS TEXT) = '' OR tenant_id = ?2)
+  AND (CAST(?3 AS TEXT) = ''
+       OR (CAST(?3 AS TEXT) = 'unknown' AND completer_state IN ('resuming', 'unknown'))
+       OR (CAST(?3 AS TEXT) = 'review' AND completer_state = 'review'))
   AND (lease_expires_at, tenant_id, key)
-      > (CAST(?3 AS INTEGER), CAST(?4 AS TEXT), CAST(?5 AS TEXT))
+      > (CAST(?4 AS INTEGER), CAST(?5 AS TEXT), CAST(?6 AS TEXT))
 ORDER BY lease_expires_at, tenant_id, key
-LIMIT ?6
+LIMIT ?7
 `
 
 type ListOrphanKeysParams struct {
-	Now           int64
-	TenantFilter  string
-	AfterTime     int64
-	AfterTenantID string
-	AfterKey      string
-	RowLimit      int64
+	Now              int64
+	TenantFilter     string
+	CompletionFilter string
+	AfterTime        int64
+	AfterTenantID    string
+	AfterKey         string
+	RowLimit         int64
 }
 
 type ListOrphanKeysRow struct {
@@ -459,6 +507,11 @@ type ListOrphanKeysRow struct {
 	PurgeAfter             int64
 	ReviewNote             *string
 	ReviewAt               *int64
+	CompleterState         *string
+	CompleterID            *string
+	CompleterAttempts      int64
+	CompleterNextAt        *int64
+	CompleterDeadline      *int64
 }
 
 // ListOrphanKeys lists orphaned records without recovery data, oldest lease
@@ -468,6 +521,7 @@ func (q *Queries) ListOrphanKeys(ctx context.Context, arg ListOrphanKeysParams) 
 	rows, err := q.query(ctx, q.listOrphanKeysStmt, listOrphanKeys,
 		arg.Now,
 		arg.TenantFilter,
+		arg.CompletionFilter,
 		arg.AfterTime,
 		arg.AfterTenantID,
 		arg.AfterKey,
@@ -499,6 +553,11 @@ func (q *Queries) ListOrphanKeys(ctx context.Context, arg ListOrphanKeysParams) 
 			&i.PurgeAfter,
 			&i.ReviewNote,
 			&i.ReviewAt,
+			&i.CompleterState,
+			&i.CompleterID,
+			&i.CompleterAttempts,
+			&i.CompleterNextAt,
+			&i.CompleterDeadline,
 		); err != nil {
 			return nil, err
 		}
@@ -581,7 +640,8 @@ RETURNING tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
           lease_expires_at, recovery_point,
           replay_window_seconds, reaper_threshold_seconds,
           created_at, updated_at, completed_at, replay_until, purge_after,
-          review_note, review_at
+          review_note, review_at,
+          completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 `
 
 type ReapKeysParams struct {
@@ -608,6 +668,11 @@ type ReapKeysRow struct {
 	PurgeAfter             int64
 	ReviewNote             *string
 	ReviewAt               *int64
+	CompleterState         *string
+	CompleterID            *string
+	CompleterAttempts      int64
+	CompleterNextAt        *int64
+	CompleterDeadline      *int64
 }
 
 // ReapKeys deletes one bounded batch of records past purge_after and returns
@@ -642,6 +707,11 @@ func (q *Queries) ReapKeys(ctx context.Context, arg ReapKeysParams) ([]ReapKeysR
 			&i.PurgeAfter,
 			&i.ReviewNote,
 			&i.ReviewAt,
+			&i.CompleterState,
+			&i.CompleterID,
+			&i.CompleterAttempts,
+			&i.CompleterNextAt,
+			&i.CompleterDeadline,
 		); err != nil {
 			return nil, err
 		}
@@ -683,7 +753,7 @@ UPDATE idempotency_keys SET
     updated_at = ?2,
     purge_after = ?3
 WHERE tenant_id = ?4 AND key = ?5
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 `
 
 type RenewAttemptLeaseParams struct {
@@ -732,6 +802,11 @@ func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeasePa
 		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
+		&i.CompleterState,
+		&i.CompleterID,
+		&i.CompleterAttempts,
+		&i.CompleterNextAt,
+		&i.CompleterDeadline,
 	)
 	return i, err
 }
@@ -748,12 +823,14 @@ UPDATE idempotency_keys SET
     stored_bytes = ?6,
     review_note = NULL,
     review_at = NULL,
+    completer_state = NULL,
+    completer_next_at = NULL,
     updated_at = ?7,
     completed_at = ?7,
     replay_until = ?8,
     purge_after = ?9
 WHERE tenant_id = ?10 AND key = ?11
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 `
 
 type ResolveCompleteKeyParams struct {
@@ -816,6 +893,11 @@ func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKey
 		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
+		&i.CompleterState,
+		&i.CompleterID,
+		&i.CompleterAttempts,
+		&i.CompleterNextAt,
+		&i.CompleterDeadline,
 	)
 	return i, err
 }
@@ -826,7 +908,7 @@ UPDATE idempotency_keys SET
     review_at = ?2,
     updated_at = ?2
 WHERE tenant_id = ?3 AND key = ?4
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 `
 
 type ReviewKeyParams struct {
@@ -873,6 +955,11 @@ func (q *Queries) ReviewKey(ctx context.Context, arg ReviewKeyParams) (Idempoten
 		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
+		&i.CompleterState,
+		&i.CompleterID,
+		&i.CompleterAttempts,
+		&i.CompleterNextAt,
+		&i.CompleterDeadline,
 	)
 	return i, err
 }
@@ -886,7 +973,7 @@ UPDATE idempotency_keys SET
     updated_at = ?4,
     purge_after = ?5
 WHERE tenant_id = ?6 AND key = ?7
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 `
 
 type TakeoverKeyParams struct {
@@ -939,6 +1026,11 @@ func (q *Queries) TakeoverKey(ctx context.Context, arg TakeoverKeyParams) (Idemp
 		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
+		&i.CompleterState,
+		&i.CompleterID,
+		&i.CompleterAttempts,
+		&i.CompleterNextAt,
+		&i.CompleterDeadline,
 	)
 	return i, err
 }

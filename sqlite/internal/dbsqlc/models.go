@@ -4,6 +4,15 @@
 
 package dbsqlc
 
+type Completer struct {
+	TenantID         string
+	ID               string
+	Url              string
+	Secret           string
+	OperationPattern string
+	CreatedAt        int64
+}
+
 type FencingCounter struct {
 	ID    int64
 	Value int64
@@ -36,6 +45,11 @@ type IdempotencyKey struct {
 	ReviewAt               *int64
 	OrphanEventToken       *int64
 	StoredBytes            int64
+	CompleterState         *string
+	CompleterID            *string
+	CompleterAttempts      int64
+	CompleterNextAt        *int64
+	CompleterDeadline      *int64
 }
 
 type KeyAudit struct {

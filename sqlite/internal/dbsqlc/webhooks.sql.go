@@ -511,10 +511,13 @@ SELECT tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
        lease_expires_at, recovery_point,
        replay_window_seconds, reaper_threshold_seconds,
        created_at, updated_at, completed_at, replay_until, purge_after,
-       review_note, review_at
+       review_note, review_at,
+       completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 FROM idempotency_keys
 WHERE state = 'in_flight' AND lease_expires_at <= CAST(?1 AS INTEGER)
     AND orphan_event_token IS NOT fencing_token
+    -- the completer's own takeovers are not new orphans (completer.go)
+    AND completer_state IS NULL
 ORDER BY lease_expires_at
 LIMIT ?2
 `
@@ -543,6 +546,11 @@ type OrphansToReportRow struct {
 	PurgeAfter             int64
 	ReviewNote             *string
 	ReviewAt               *int64
+	CompleterState         *string
+	CompleterID            *string
+	CompleterAttempts      int64
+	CompleterNextAt        *int64
+	CompleterDeadline      *int64
 }
 
 // OrphansToReport lists orphans not yet reported for their current token,
@@ -575,6 +583,11 @@ func (q *Queries) OrphansToReport(ctx context.Context, arg OrphansToReportParams
 			&i.PurgeAfter,
 			&i.ReviewNote,
 			&i.ReviewAt,
+			&i.CompleterState,
+			&i.CompleterID,
+			&i.CompleterAttempts,
+			&i.CompleterNextAt,
+			&i.CompleterDeadline,
 		); err != nil {
 			return nil, err
 		}

@@ -1,0 +1,93 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/webhooks"
+)
+
+// Completers of the caller's tenant (scope tenant:admin): the resume
+// endpoints the completer calls for the tenant's orphans (completer.go,
+// COMPLETER-PROTOCOL.md). Their URLs follow the webhook endpoints' rules,
+// and the secret is shown once, in the answer of the create.
+
+// completerJSON is a completer as the API shows it; Secret only on create.
+type completerJSON struct {
+	ID               string    `json:"id"`
+	URL              string    `json:"url"`
+	OperationPattern string    `json:"operation_pattern"`
+	CreatedAt        time.Time `json:"created_at"`
+	Secret           string    `json:"secret,omitempty"`
+}
+
+func encodeCompleter(c idem.Completer) completerJSON {
+	return completerJSON{ID: c.ID, URL: c.URL, OperationPattern: c.OperationPattern, CreatedAt: c.CreatedAt}
+}
+
+// createCompleterRequest is the body of POST /v1/completers.
+type createCompleterRequest struct {
+	URL              string `json:"url"`
+	OperationPattern string `json:"operation_pattern"`
+}
+
+func (s *service) createCompleter(ctx context.Context, req *createCompleterRequest) (reply, error) {
+	c, err := webhooks.NewCompleter(tenantFrom(ctx).ID, req.URL, req.OperationPattern, s.allowPrivateWebhooks)
+	if err != nil {
+		return reply{}, err
+	}
+	c, err = s.completers.CreateCompleter(ctx, c)
+	if err != nil {
+		return reply{}, fmt.Errorf("create completer: %w", err)
+	}
+	out := encodeCompleter(c)
+	out.Secret = c.Secret
+	return reply{status: http.StatusCreated, body: out}, nil
+}
+
+func (s *service) listCompleters(ctx context.Context, _ *emptyRequest) (listJSON[completerJSON], error) {
+	cs, err := s.completers.ListCompleters(ctx, tenantFrom(ctx).ID)
+	if err != nil {
+		return listJSON[completerJSON]{}, fmt.Errorf("list completers: %w", err)
+	}
+	out := listJSON[completerJSON]{Items: make([]completerJSON, 0, len(cs))}
+	for _, c := range cs {
+		out.Items = append(out.Items, encodeCompleter(c))
+	}
+	return out, nil
+}
+
+// completerParam is the {id} of /v1/completers/{id}.
+type completerParam struct{ id string }
+
+func (p *completerParam) bind(r *http.Request) error {
+	p.id = chi.URLParam(r, "id")
+	if p.id == "" || len(p.id) > 64 {
+		return fieldError("id", "must be a completer id", nil)
+	}
+	return nil
+}
+
+type getCompleterRequest struct{ completerParam }
+
+func (s *service) getCompleter(ctx context.Context, req *getCompleterRequest) (completerJSON, error) {
+	c, err := s.completers.GetCompleter(ctx, tenantFrom(ctx).ID, req.id)
+	if err != nil {
+		return completerJSON{}, fmt.Errorf("get completer: %w", err)
+	}
+	return encodeCompleter(c), nil
+}
+
+type deleteCompleterRequest struct{ completerParam }
+
+func (s *service) deleteCompleter(ctx context.Context, req *deleteCompleterRequest) (noContent, error) {
+	if err := s.completers.DeleteCompleter(ctx, tenantFrom(ctx).ID, req.id); err != nil {
+		return noContent{}, fmt.Errorf("delete completer: %w", err)
+	}
+	return noContent{}, nil
+}

@@ -1,0 +1,256 @@
+package client
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The resume endpoint of idem's completer (COMPLETER-PROTOCOL.md in the
+// repository; the page "When a worker dies"). When a worker dies holding a
+// key, idem takes the key over with a fresh fencing token and calls the
+// tenant's registered resume endpoint (POST /v1/completers). ResumeHandler
+// is that endpoint: it checks the call's signature, hands the application
+// a *Claim — the very handle the function run by Do gets, under the
+// completer's token, with the dead attempt's recovery point — and answers
+// with the function's outcome. So the resume of a multi-step request runs
+// the code path of the original Do, from its last checkpoint.
+
+// ResumeTolerance is how far a call's webhook-timestamp may be from now
+// (the Standard Webhooks tolerance); older or newer calls are refused.
+const ResumeTolerance = 5 * time.Minute
+
+// MaxResumeCallBytes bounds the body of a call the handler reads (the
+// recovery data is at most the tenant's max_response_bytes).
+const MaxResumeCallBytes = 16 << 20
+
+// ResumeCall is the completer's call as the handler decoded it.
+type ResumeCall struct {
+	Tenant    string
+	Key       string
+	Operation string
+	// Attempt is this resume attempt, 1-based, of MaxAttempts.
+	Attempt     int
+	MaxAttempts int
+	// FencingToken is the token idem took the key over with; the Claim
+	// carries it.
+	FencingToken   int64
+	RecoveryPoint  string
+	RecoveryData   json.RawMessage
+	LeaseExpiresAt time.Time
+	// Deadline is when idem stops asking and flags the key for review.
+	Deadline time.Time
+}
+
+// ResumeFunc resumes the work of a key whose worker died. claim is a Do
+// function's claim: call the same function Do ran (it sees Resumed() true
+// and the RecoveryPoint() the dead attempt saved, and may Checkpoint). Its
+// outcome is the answer idem applies:
+//
+//   - a response, nil: the work is done; idem completes the key with it;
+//   - an error wrapping ErrNoSideEffect (as Do releases on it): nothing
+//     happened; idem releases the key and the next retry runs it;
+//   - NeedsReview(note): a person must look; idem flags the key for review
+//     with the note;
+//   - any other error (RetryLater(d) to ask for a pause): the outcome is
+//     unknown; idem keeps the key held and asks again later, up to its
+//     bounded attempts, then flags it for review. idem never releases or
+//     completes a key on a guess.
+type ResumeFunc func(ctx context.Context, call ResumeCall, claim *Claim) (Response, error)
+
+// NeedsReview returns the error a ResumeFunc returns when a person must
+// decide (the outcome "review"); note is kept with the key.
+func NeedsReview(note string) error { return &reviewError{note: note} }
+
+type reviewError struct{ note string }
+
+func (e *reviewError) Error() string { return "needs review: " + e.note }
+
+// RetryLater returns the error a ResumeFunc returns when it cannot tell yet
+// and wants idem to ask again no sooner than after d (the outcome
+// "unknown" with retry_after_seconds).
+func RetryLater(d time.Duration, cause error) error { return &retryLaterError{d: d, cause: cause} }
+
+type retryLaterError struct {
+	d     time.Duration
+	cause error
+}
+
+func (e *retryLaterError) Error() string {
+	if e.cause == nil {
+		return fmt.Sprintf("retry later (%s)", e.d)
+	}
+	return fmt.Sprintf("retry later (%s): %v", e.d, e.cause)
+}
+func (e *retryLaterError) Unwrap() error { return e.cause }
+
+// ResumeHandler returns the http.Handler of a resume endpoint signed with
+// secret (the whsec_… the completer's create answered). A call whose
+// signature does not verify, or whose timestamp is more than
+// ResumeTolerance from now, is refused with 401 and fn does not run.
+//
+// fn's context is not the request's: it runs until the completer's lease
+// on the key ends (the call's lease_expires_at), even when the completer
+// hangs up first (it timed out, or its replica died). Work that made an
+// external call then still gets to its checkpoint, which the next attempt
+// resumes from, instead of being cut between the two and done again; once
+// the lease ends the next attempt takes the key with a new fencing token,
+// and a write of this one gets lease_lost. A panic of fn answers unknown.
+func (c *Client) ResumeHandler(secret string, fn ResumeFunc) http.Handler {
+	key, keyErr := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if keyErr != nil || len(key) == 0 {
+			http.Error(w, "resume endpoint misconfigured: the secret is not whsec_<base64>", http.StatusInternalServerError)
+			return
+		}
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			http.Error(w, "POST only", http.StatusMethodNotAllowed)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, MaxResumeCallBytes+1))
+		if err != nil || len(body) > MaxResumeCallBytes {
+			http.Error(w, "unreadable or too large call", http.StatusBadRequest)
+			return
+		}
+		if err := VerifySignature(key, r.Header, body, c.clock.Now()); err != nil {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		call, err := decodeResumeCall(body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		ctx := context.WithoutCancel(r.Context())
+		if !call.LeaseExpiresAt.IsZero() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, call.LeaseExpiresAt)
+			defer cancel()
+		}
+		writeResumeAnswer(w, c.resume(ctx, call, fn))
+	})
+}
+
+// resumeAnswer is the protocol's answer.
+type resumeAnswer struct {
+	Outcome           string    `json:"outcome"`
+	Response          *Response `json:"response,omitempty"`
+	RetryAfterSeconds float64   `json:"retry_after_seconds,omitempty"`
+	Note              string    `json:"note,omitempty"`
+}
+
+// resume runs fn on the call's claim and says what happened.
+func (c *Client) resume(ctx context.Context, call ResumeCall, fn ResumeFunc) (a resumeAnswer) {
+	defer func() {
+		if p := recover(); p != nil {
+			a = resumeAnswer{Outcome: "unknown", Note: fmt.Sprintf("the resume function panicked: %v", p)}
+		}
+	}()
+	claim := &Claim{
+		client: c, key: call.Key, token: call.FencingToken, attempt: call.Attempt, resumed: true,
+		startPoint: call.RecoveryPoint, startData: call.RecoveryData,
+		point: call.RecoveryPoint, data: call.RecoveryData, renewed: c.clock.Now(),
+	}
+	resp, err := fn(ctx, call, claim)
+	var review *reviewError
+	var later *retryLaterError
+	switch {
+	case err == nil:
+		return resumeAnswer{Outcome: "completed", Response: &resp}
+	case errors.Is(err, ErrNoSideEffect):
+		return resumeAnswer{Outcome: "not_done"}
+	case errors.As(err, &review):
+		return resumeAnswer{Outcome: "review", Note: review.note}
+	case errors.As(err, &later):
+		return resumeAnswer{Outcome: "unknown", RetryAfterSeconds: later.d.Seconds(), Note: err.Error()}
+	}
+	return resumeAnswer{Outcome: "unknown", Note: err.Error()}
+}
+
+func writeResumeAnswer(w http.ResponseWriter, a resumeAnswer) {
+	b, err := json.Marshal(a)
+	if err != nil {
+		// A response that does not encode: the outcome stays unknown.
+		b, _ = json.Marshal(resumeAnswer{Outcome: "unknown", Note: "the response could not be encoded"})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+}
+
+// VerifySignature checks a Standard Webhooks signature: the
+// webhook-signature header holds, among space-separated "v1,<base64>"
+// entries, the HMAC-SHA256 keyed by key of "<webhook-id>.<webhook-timestamp>.<body>",
+// and the timestamp is within ResumeTolerance of now. It returns why not.
+func VerifySignature(key []byte, h http.Header, body []byte, now time.Time) error {
+	id, ts, sigs := h.Get("webhook-id"), h.Get("webhook-timestamp"), h.Get("webhook-signature")
+	if id == "" || ts == "" || sigs == "" {
+		return errors.New("missing webhook-id, webhook-timestamp or webhook-signature")
+	}
+	secs, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return errors.New("webhook-timestamp is not unix seconds")
+	}
+	if d := now.Sub(time.Unix(secs, 0)); d > ResumeTolerance || d < -ResumeTolerance {
+		return errors.New("webhook-timestamp is too far from now")
+	}
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte(id + "." + ts + "."))
+	mac.Write(body)
+	want := mac.Sum(nil)
+	for _, s := range strings.Fields(sigs) {
+		v, sig, ok := strings.Cut(s, ",")
+		if !ok || v != "v1" {
+			continue
+		}
+		got, err := base64.StdEncoding.DecodeString(sig)
+		if err == nil && hmac.Equal(got, want) {
+			return nil
+		}
+	}
+	return errors.New("no valid signature")
+}
+
+// decodeResumeCall decodes and checks a call's body.
+func decodeResumeCall(body []byte) (ResumeCall, error) {
+	var w struct {
+		Type           string          `json:"type"`
+		Tenant         string          `json:"tenant"`
+		Key            string          `json:"key"`
+		Operation      string          `json:"operation"`
+		Attempt        int             `json:"attempt"`
+		MaxAttempts    int             `json:"max_attempts"`
+		FencingToken   int64           `json:"fencing_token"`
+		RecoveryPoint  *string         `json:"recovery_point"`
+		RecoveryData   json.RawMessage `json:"recovery_data"`
+		LeaseExpiresAt time.Time       `json:"lease_expires_at"`
+		Deadline       time.Time       `json:"deadline"`
+	}
+	if err := json.Unmarshal(body, &w); err != nil {
+		return ResumeCall{}, fmt.Errorf("the call is not JSON: %w", err)
+	}
+	if w.Type != "key.resume" || w.Key == "" || w.FencingToken <= 0 {
+		return ResumeCall{}, errors.New("not a key.resume call")
+	}
+	call := ResumeCall{
+		Tenant: w.Tenant, Key: w.Key, Operation: w.Operation, Attempt: w.Attempt, MaxAttempts: w.MaxAttempts,
+		FencingToken: w.FencingToken, LeaseExpiresAt: w.LeaseExpiresAt, Deadline: w.Deadline,
+	}
+	if w.RecoveryPoint != nil {
+		call.RecoveryPoint = *w.RecoveryPoint
+	}
+	if len(w.RecoveryData) > 0 && string(w.RecoveryData) != "null" {
+		call.RecoveryData = w.RecoveryData
+	}
+	return call, nil
+}

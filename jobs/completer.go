@@ -1,0 +1,419 @@
+package jobs
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/webhooks"
+)
+
+// The completer job (issue 24; the rules are in the root package's
+// completer.go, the wire protocol in COMPLETER-PROTOCOL.md and the page
+// "When a worker dies"). Every Interval, and at once while there is more,
+// it takes over up to Concurrency orphans of tenants with a matching
+// completer (CompleterStore.PickCompletions: FOR UPDATE SKIP LOCKED on
+// PostgreSQL, the single writer on SQLite), calls each one's resume
+// endpoint, signed like a webhook, with a bounded timeout, and records the
+// outcome with its audit entry (FinishCompletion). A replica killed
+// mid-attempt records nothing: the record goes back to the completer once
+// the attempt's lease ran out and is taken again with a new fencing token,
+// so the dead attempt's answer can never be applied, and nothing is lost.
+
+// Defaults used for zero CompleterConfig fields.
+const (
+	DefaultCompleterInterval    = 5 * time.Second
+	DefaultCompleterConcurrency = 8
+	DefaultCompleterTimeout     = 30 * time.Second
+	DefaultCompleterMaxAttempts = 8
+	DefaultCompleterDeadline    = 2 * time.Hour
+	DefaultCompleterBackoffBase = 10 * time.Second
+	DefaultCompleterBackoffCap  = 10 * time.Minute
+	// maxAnswerBytes bounds the answer read from an endpoint beyond the
+	// response it may carry (the tenant's max_response_bytes, base64).
+	maxAnswerBytes = 64 << 10
+)
+
+// CompleterConfig tunes the completer job. Zero fields take the defaults.
+type CompleterConfig struct {
+	// Interval is the pause between picks when nothing was due.
+	Interval time.Duration
+	// Concurrency bounds the attempts in flight on this replica (and each
+	// pick).
+	Concurrency int
+	// Timeout bounds one call of a resume endpoint: connect, TLS, request
+	// and answer.
+	Timeout time.Duration
+	// Lease is the completer's lease on a record it took: zero means
+	// Timeout + 2×StoreTimeout + 5 s, so an attempt and its record end
+	// well inside it.
+	Lease time.Duration
+	// MaxAttempts and Deadline bound the attempts on one record; then it
+	// goes to review (idem.CompletionPolicy).
+	MaxAttempts int
+	Deadline    time.Duration
+	// BackoffBase and BackoffCap shape the full-jitter pause after an
+	// unknown attempt.
+	BackoffBase time.Duration
+	BackoffCap  time.Duration
+	// StoreTimeout bounds every store call of the job.
+	StoreTimeout time.Duration
+	// AllowPrivate lets calls go to loopback and private addresses, as
+	// webhooks (IDEM_WEBHOOK_ALLOW_PRIVATE).
+	AllowPrivate bool
+}
+
+func (c CompleterConfig) withDefaults() CompleterConfig {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.Interval, DefaultCompleterInterval)
+	def(&c.Timeout, DefaultCompleterTimeout)
+	def(&c.StoreTimeout, 5*time.Second)
+	def(&c.Lease, c.Timeout+2*c.StoreTimeout+5*time.Second)
+	def(&c.Deadline, DefaultCompleterDeadline)
+	def(&c.BackoffBase, DefaultCompleterBackoffBase)
+	def(&c.BackoffCap, DefaultCompleterBackoffCap)
+	if c.Concurrency <= 0 {
+		c.Concurrency = DefaultCompleterConcurrency
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = DefaultCompleterMaxAttempts
+	}
+	return c
+}
+
+// Policy is the per-record bound of the attempts.
+func (c CompleterConfig) Policy() idem.CompletionPolicy {
+	return idem.CompletionPolicy{MaxAttempts: c.MaxAttempts, Deadline: c.Deadline, BackoffBase: c.BackoffBase, BackoffCap: c.BackoffCap}
+}
+
+// Completer runs the completer job.
+type Completer struct {
+	store   idem.CompleterStore
+	tenants idem.Store
+	cfg     CompleterConfig
+	client  *http.Client
+	logger  *slog.Logger
+	m       *metrics.Metrics
+}
+
+// NewCompleter returns the job over cs; tenants reads the tenants' settings
+// (quota, response size). logger nil discards logs; m nil records nothing.
+func NewCompleter(cs idem.CompleterStore, tenants idem.Store, cfg CompleterConfig, logger *slog.Logger, m *metrics.Metrics) *Completer {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	cfg = cfg.withDefaults()
+	return &Completer{
+		store: cs, tenants: tenants, cfg: cfg, logger: logger.With("component", "completer"), m: m,
+		client: webhooks.NewClient(webhooks.Config{Timeout: cfg.Timeout, AllowPrivate: cfg.AllowPrivate}),
+	}
+}
+
+// Config returns the configuration with defaults applied.
+func (c *Completer) Config() CompleterConfig { return c.cfg }
+
+// Run picks and attempts until ctx is done, then waits for the attempts
+// in flight (shutting down cuts them short and records nothing).
+func (c *Completer) Run(ctx context.Context) error {
+	for ctx.Err() == nil {
+		n, err := c.RunOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			c.logger.Error("completer pass failed", "err", err)
+		}
+		if n < c.cfg.Concurrency || err != nil {
+			sleepCtx(ctx, c.cfg.Interval)
+		}
+	}
+	return nil
+}
+
+// RunOnce picks one batch (at most Concurrency records), attempts them all
+// at once and records the outcomes; it returns how many it picked.
+func (c *Completer) RunOnce(ctx context.Context) (int, error) {
+	pctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
+	picked, err := c.store.PickCompletions(pctx, idem.PickCompletionsParams{
+		Limit: c.cfg.Concurrency, Lease: c.cfg.Lease, Deadline: c.cfg.Deadline,
+	})
+	cancel()
+	if err != nil {
+		return 0, fmt.Errorf("pick completions: %w", err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(picked))
+	for i, pc := range picked {
+		wg.Go(func() { errs[i] = c.attempt(ctx, pc) })
+	}
+	wg.Wait()
+	return len(picked), errors.Join(errs...)
+}
+
+// resumeCall is the body of a call (COMPLETER-PROTOCOL.md).
+type resumeCall struct {
+	Type           string         `json:"type"`
+	Tenant         string         `json:"tenant"`
+	Key            string         `json:"key"`
+	Operation      string         `json:"operation"`
+	Attempt        int            `json:"attempt"`
+	MaxAttempts    int            `json:"max_attempts"`
+	FencingToken   int64          `json:"fencing_token"`
+	RecoveryPoint  *string        `json:"recovery_point"`
+	RecoveryData   jsontext.Value `json:"recovery_data"`
+	LeaseExpiresAt time.Time      `json:"lease_expires_at"`
+	Deadline       time.Time      `json:"deadline"`
+}
+
+// resumeAnswer is an endpoint's answer.
+type resumeAnswer struct {
+	Outcome           idem.CompletionOutcome `json:"outcome"`
+	Response          *answerResponse        `json:"response"`
+	RetryAfterSeconds float64                `json:"retry_after_seconds"`
+	Note              string                 `json:"note"`
+}
+
+type answerResponse struct {
+	Status       int               `json:"status"`
+	Headers      map[string]string `json:"headers"`
+	Body         string            `json:"body"`
+	BodyEncoding string            `json:"body_encoding"`
+}
+
+// verdict is what one attempt learnt, before it is recorded.
+type verdict struct {
+	outcome    idem.CompletionOutcome
+	response   *idem.Response
+	retryAfter time.Duration
+	note       string
+}
+
+// attempt makes one attempt on a picked record and records its outcome.
+func (c *Completer) attempt(ctx context.Context, pc idem.PickedCompletion) error {
+	start := time.Now()
+	rec := pc.Record
+	comp := *rec.Completion
+	var v verdict
+	switch {
+	case !pc.Matched:
+		v = verdict{outcome: idem.OutcomeReview, note: "no completer of the tenant matches the key's operation any more"}
+	case !rec.ObservedAt.Before(comp.Deadline):
+		v = verdict{outcome: idem.OutcomeReview, note: fmt.Sprintf("the completer's deadline (%s) passed before attempt %d", comp.Deadline.UTC().Format(time.RFC3339), comp.Attempts)}
+	default:
+		v = c.call(ctx, pc)
+		if ctx.Err() != nil {
+			// Shutting down cut the attempt short: record nothing; the
+			// record goes back to the completer after the lease.
+			return nil
+		}
+	}
+	p := idem.FinishCompletionParams{
+		TenantID: rec.TenantID, Key: rec.Key, FencingToken: rec.FencingToken, Attempt: comp.Attempts,
+		Outcome: v.outcome, Response: v.response, Note: v.note, CompleterID: pc.Completer.ID,
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.StoreTimeout)
+	defer cancel()
+	// The database clock now, as far as the job can tell: the pick's
+	// instant plus the attempt's time.
+	now := rec.ObservedAt.Add(time.Since(start))
+	if p.Outcome == idem.OutcomeCompleted {
+		t, err := c.tenants.GetTenant(sctx, rec.TenantID)
+		if err != nil {
+			return fmt.Errorf("read tenant %s: %w", rec.TenantID, err)
+		}
+		p.StorageQuotaBytes = t.Settings.StorageQuotaBytes
+		if limit := t.ResponseLimit(rec.CreatedAt); p.Response.Size() > limit {
+			p = c.unknown(p, comp, now, fmt.Sprintf("the answer's response of %d bytes is over max_response_bytes (%d)", p.Response.Size(), limit), 0)
+		} else if err := p.Validate(); err != nil {
+			p = c.unknown(p, comp, now, "the answer's response is invalid: "+err.Error(), 0)
+		}
+	} else if p.Outcome == idem.OutcomeUnknown {
+		p = c.unknown(p, comp, now, v.note, v.retryAfter)
+	}
+	p.Note = cutNote(p.Note)
+	c.m.ObserveCompleterAttempt(p.Outcome)
+	c.logger.LogAttrs(ctx, slog.LevelInfo, "completer attempt",
+		slog.String("tenant", rec.TenantID), slog.String("completer", pc.Completer.ID),
+		slog.Int("attempt", comp.Attempts), slog.String("outcome", string(p.Outcome)),
+		slog.Duration("retry_in", p.RetryIn))
+	if _, err := c.store.FinishCompletion(sctx, p); err != nil {
+		if errors.Is(err, idem.ErrLeaseLost) || errors.Is(err, idem.ErrKeyNotFound) {
+			// Taken again after this attempt's lease, or resolved by a
+			// person meanwhile: the fencing token decided.
+			return nil
+		}
+		return fmt.Errorf("record attempt %d on a key of %s: %w", comp.Attempts, rec.TenantID, err)
+	}
+	return nil
+}
+
+// unknown turns p into an unknown attempt's record: held until the next
+// attempt after the policy's backoff, or review, never a guess, when the
+// attempts or the deadline are used up.
+func (c *Completer) unknown(p idem.FinishCompletionParams, comp idem.Completion, now time.Time, why string, retryAfter time.Duration) idem.FinishCompletionParams {
+	p.Response = nil
+	wait, review := c.cfg.Policy().NextAttempt(comp.Attempts, now, comp.Deadline, retryAfter)
+	if review {
+		p.Outcome = idem.OutcomeReview
+		p.Note = fmt.Sprintf("gave up after %d attempts of %d, the deadline %s: the last one's outcome is unknown (%s)",
+			comp.Attempts, c.cfg.MaxAttempts, comp.Deadline.UTC().Format(time.RFC3339), why)
+		return p
+	}
+	p.Outcome = idem.OutcomeUnknown
+	p.RetryIn = wait
+	p.Note = "outcome unknown: " + why
+	return p
+}
+
+// call calls the endpoint and reads its answer: anything but a valid
+// answer is unknown, with why in the note.
+func (c *Completer) call(ctx context.Context, pc idem.PickedCompletion) verdict {
+	rec, comp := pc.Record, pc.Record.Completion
+	body := resumeCall{
+		Type: "key.resume", Tenant: rec.TenantID, Key: rec.Key, Operation: rec.Operation,
+		Attempt: comp.Attempts, MaxAttempts: c.cfg.MaxAttempts, FencingToken: rec.FencingToken,
+		RecoveryData: jsontext.Value("null"), LeaseExpiresAt: rec.LeaseExpiresAt.UTC(), Deadline: comp.Deadline.UTC(),
+	}
+	if rec.RecoveryPoint != "" {
+		body.RecoveryPoint = &rec.RecoveryPoint
+	}
+	if len(rec.RecoveryData) > 0 {
+		body.RecoveryData = jsontext.Value(rec.RecoveryData)
+	}
+	payload, err := json.Marshal(body)
+	if err != nil {
+		return unknownVerdict("the call could not be encoded")
+	}
+	id := "rsm_" + idem.NewEventID()[len("msg_"):]
+	now := time.Now()
+	sig, err := webhooks.Sign(pc.Completer.Secret, id, now, payload)
+	if err != nil {
+		return unknownVerdict("the completer's secret is invalid")
+	}
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, http.MethodPost, pc.Completer.URL, bytes.NewReader(payload))
+	if err != nil {
+		return unknownVerdict("invalid endpoint URL")
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "idem-completer/1")
+	req.Header.Set("webhook-id", id)
+	req.Header.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
+	req.Header.Set("webhook-signature", sig)
+	resp, err := c.client.Do(req)
+	if err != nil {
+		// The reason says what failed, never the URL nor an address.
+		return unknownVerdict(webhooks.Describe(err))
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+4*int64(maxResponseGuess)))
+	if err != nil {
+		return unknownVerdict("the answer could not be read: " + webhooks.Describe(err))
+	}
+	if resp.StatusCode != http.StatusOK {
+		return unknownVerdict(fmt.Sprintf("status %d", resp.StatusCode))
+	}
+	var a resumeAnswer
+	if err := json.Unmarshal(data, &a); err != nil {
+		return unknownVerdict("the answer is not the protocol's JSON")
+	}
+	switch a.Outcome {
+	case idem.OutcomeCompleted:
+		r, err := a.Response.decode()
+		if err != nil {
+			return unknownVerdict("completed without a valid response: " + err.Error())
+		}
+		return verdict{outcome: idem.OutcomeCompleted, response: r, note: "resumed and completed by the endpoint"}
+	case idem.OutcomeNotDone:
+		return verdict{outcome: idem.OutcomeNotDone, note: "the endpoint says nothing happened: released"}
+	case idem.OutcomeReview:
+		note := a.Note
+		if note == "" {
+			note = "the endpoint asked for a person's review"
+		}
+		return verdict{outcome: idem.OutcomeReview, note: note}
+	case idem.OutcomeUnknown:
+		v := unknownVerdict("the endpoint does not know yet")
+		if a.RetryAfterSeconds > 0 {
+			v.retryAfter = time.Duration(min(a.RetryAfterSeconds, 86400) * float64(time.Second))
+		}
+		return v
+	}
+	return unknownVerdict(fmt.Sprintf("unknown outcome %q", truncate(string(a.Outcome), 40)))
+}
+
+// maxResponseGuess bounds the response an answer may carry when read; the
+// tenant's own limit is applied after (attempt).
+const maxResponseGuess = 10 << 20
+
+func unknownVerdict(why string) verdict {
+	return verdict{outcome: idem.OutcomeUnknown, note: why}
+}
+
+// decode turns the answer's response into a stored one.
+func (r *answerResponse) decode() (*idem.Response, error) {
+	if r == nil {
+		return nil, errors.New("no response")
+	}
+	out := &idem.Response{Status: r.Status, Headers: r.Headers, BodyEncoding: r.BodyEncoding}
+	if out.Headers == nil {
+		out.Headers = map[string]string{}
+	}
+	switch r.BodyEncoding {
+	case "", idem.BodyEncodingUTF8:
+		out.Body, out.BodyEncoding = []byte(r.Body), idem.BodyEncodingUTF8
+	case idem.BodyEncodingBase64:
+		b, err := base64.StdEncoding.DecodeString(r.Body)
+		if err != nil {
+			return nil, errors.New("body is not base64")
+		}
+		out.Body = b
+	default:
+		return nil, fmt.Errorf("body_encoding %q is neither utf8 nor base64", truncate(r.BodyEncoding, 20))
+	}
+	if err := idem.ValidateResponseStatus(out.Status); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// cutNote makes a note the audit log takes: valid UTF-8 without control
+// characters, at most MaxNoteBytes.
+func cutNote(note string) string {
+	note = strings.ToValidUTF8(note, "\uFFFD")
+	note = strings.Map(func(r rune) rune {
+		if r != '\n' && r != '\t' && (r < 0x20 || r == 0x7F || r >= 0x80 && r <= 0x9F) {
+			return ' '
+		}
+		return r
+	}, note)
+	return truncate(note, idem.MaxNoteBytes)
+}
+
+// truncate cuts s to at most n bytes on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
