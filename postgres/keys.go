@@ -18,10 +18,15 @@ import (
 // (released, reaped, or its lease ran out in between).
 const claimAttempts = 8
 
-// Claim applies the claim state machine in one upsert. When the upsert does
-// not apply, it reads the stored row and lets idem.DecideClaim say why:
-// a replay, the recovery of the caller's own attempt (same attempt id, lease
-// running; the record as read), request_in_flight, or fingerprint_mismatch.
+// Claim applies the claim state machine in one statement (ClaimKey). A
+// record the claim would not change, completed within its replay window or
+// in flight with its lease running, comes back as the statement read it,
+// unwritten, and idem.DecideClaim says what it means: a replay, the
+// recovery of the caller's own attempt (same attempt id; its lease is then
+// renewed), request_in_flight, or fingerprint_mismatch. Otherwise the
+// statement creates or takes over the record. When it does neither (the
+// record changed after the statement's snapshot, or the quota is full) the
+// store reads the row and decides the same way.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
 	for range claimAttempts {
 		row, err := s.q.ClaimKey(ctx, dbsqlc.ClaimKeyParams{
@@ -37,24 +42,33 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			StorageQuotaBytes:      p.StorageQuotaBytes,
 			Now:                    s.clock(),
 		})
+		var stored *idem.Record
 		switch {
-		case err == nil:
-			rec := recordFromWriteRow(row)
+		case err == nil && row.Written:
+			rec := recordFromWriteRow(claimedRow(row))
 			action := idem.ActionTakeover
 			if rec.Attempt == 1 {
 				action = idem.ActionCreate
 			}
 			return idem.ClaimResult{Action: action, Record: rec}, nil
+		case err == nil:
+			rec, err := withResponse(recordFromWriteRow(claimedRow(row)),
+				row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.ResponseBodyEncoding)
+			if err != nil {
+				return idem.ClaimResult{}, err
+			}
+			stored = &rec
 		case pgErrorCode(err) == pgForeignKeyViolation:
 			return idem.ClaimResult{}, idem.TenantUnknown(p.TenantID, err)
 		case !errors.Is(err, pgx.ErrNoRows):
 			return idem.ClaimResult{}, s.interpretError(err, "claim key")
+		default:
+			stored, err = s.getKey(ctx, p.TenantID, p.Key)
+			if err != nil {
+				return idem.ClaimResult{}, err
+			}
 		}
 
-		stored, err := s.getKey(ctx, p.TenantID, p.Key)
-		if err != nil {
-			return idem.ClaimResult{}, err
-		}
 		action := idem.ActionCreate
 		if stored != nil {
 			action = idem.DecideClaim(stored, p, stored.ObservedAt)
@@ -83,6 +97,20 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		// Takeover: the lease ran out since the upsert.
 	}
 	return idem.ClaimResult{}, fmt.Errorf("claim key: %w", errContention)
+}
+
+// claimedRow is ClaimKey's row without its response and written flag.
+func claimedRow(r dbsqlc.ClaimKeyRow) writeRow {
+	return writeRow{
+		TenantID: r.TenantID, Key: r.Key, State: r.State, Operation: r.Operation,
+		Fingerprint: r.Fingerprint, FencingToken: r.FencingToken, Attempt: r.Attempt,
+		LeaseExpiresAt: r.LeaseExpiresAt, RecoveryPoint: r.RecoveryPoint,
+		ReplayWindowSeconds: r.ReplayWindowSeconds, ReaperThresholdSeconds: r.ReaperThresholdSeconds,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
+		ReplayUntil: r.ReplayUntil, PurgeAfter: r.PurgeAfter, ReviewNote: r.ReviewNote,
+		ReviewAt: r.ReviewAt, RecoveryData: r.RecoveryData, AttemptID: r.AttemptID,
+		ObservedAt: r.ObservedAt,
+	}
 }
 
 // checkQuota returns storage_quota_exceeded when the claim's tenant is at or
