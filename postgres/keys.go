@@ -58,8 +58,6 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 				return idem.ClaimResult{}, err
 			}
 			stored = &rec
-		case pgErrorCode(err) == pgForeignKeyViolation:
-			return idem.ClaimResult{}, idem.TenantUnknown(p.TenantID, err)
 		case !errors.Is(err, pgx.ErrNoRows):
 			return idem.ClaimResult{}, s.interpretError(err, "claim key")
 		default:
@@ -74,9 +72,16 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			action = idem.DecideClaim(stored, p, stored.ObservedAt)
 		}
 		switch action {
-		case idem.ActionCreate:
-			// Over the quota, or the row was released, reaped or its window
-			// ran out since the upsert.
+		case idem.ActionCreate, idem.ActionTakeover:
+			// The tenant is unknown or being deleted, over the quota, or the
+			// row was released, reaped, its window or lease ran out since
+			// the statement's snapshot.
+			if err := s.checkTenant(ctx, p.TenantID); err != nil {
+				return idem.ClaimResult{}, err
+			}
+			if action == idem.ActionTakeover {
+				continue
+			}
 			if err := s.checkQuota(ctx, p); err != nil {
 				return idem.ClaimResult{}, err
 			}
@@ -94,7 +99,6 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		case idem.ActionRejectInFlight, idem.ActionRejectMismatch:
 			return idem.ClaimResult{}, idem.ClaimError(action, stored, stored.ObservedAt)
 		}
-		// Takeover: the lease ran out since the upsert.
 	}
 	return idem.ClaimResult{}, fmt.Errorf("claim key: %w", errContention)
 }
@@ -111,6 +115,20 @@ func claimedRow(r dbsqlc.ClaimKeyRow) writeRow {
 		ReviewAt: r.ReviewAt, RecoveryData: r.RecoveryData, AttemptID: r.AttemptID,
 		ObservedAt: r.ObservedAt,
 	}
+}
+
+// checkTenant returns tenant_unknown when a claim may not create a record
+// of the tenant (absent, or being deleted): why ClaimKey, which reads the
+// tenant's row without locking it (migration 00016), wrote nothing.
+func (s *Store) checkTenant(ctx context.Context, tenantID string) error {
+	live, err := s.q.TenantLive(ctx, tenantID)
+	if err != nil {
+		return s.interpretError(err, "claim key: read the tenant")
+	}
+	if !live {
+		return idem.TenantUnknown(tenantID, nil)
+	}
+	return nil
 }
 
 // checkQuota returns storage_quota_exceeded when the claim's tenant is at or

@@ -167,6 +167,7 @@ func groups() []group {
 			{"ListOrderedByID", testTenantList},
 			{"Update", testTenantUpdate},
 			{"Delete", testTenantDelete},
+			{"DeleteRacesClaims", testTenantDeleteRacesClaims},
 			{"Ping", testPing},
 		}},
 		{"Quota", []testCase{

@@ -15,8 +15,8 @@
 -- statement. A completed record is immutable until its window ends, so
 -- the snapshot's answer is the answer at the statement's instant. When
 -- neither applies (a record completed or changed by another transaction
--- after the snapshot, over the quota) it returns no row; the caller then
--- reads the stored row to tell why. The nextval of a claim that conflicts
+-- after the snapshot, over the quota, the tenant unknown or being deleted)
+-- it returns no row; the caller then reads the stored row to tell why. The nextval of a claim that conflicts
 -- and does not apply is lost, which only leaves a gap.
 -- A record is created (the key absent, or expired) only while the tenant's
 -- usage is below storage_quota_bytes, read in this statement (0: no check,
@@ -68,10 +68,14 @@ SELECT
         clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond'),
     sqlc.arg('stored_bytes')::bigint, 0
 FROM clock
--- nothing to write when the snapshot holds a record the claim keeps; over
--- the quota, only a key that exists goes on to ON CONFLICT (takeover). A
--- CASE: the quota is read only after the snapshot's record is ruled out.
+-- nothing to write when the snapshot holds a record the claim keeps; a
+-- record only of a tenant the snapshot holds, not being deleted (read, not
+-- locked: migration 00016); over the quota, only a key that exists goes on
+-- to ON CONFLICT (takeover). A CASE: the quota is read only after the
+-- snapshot's record is ruled out.
 WHERE CASE WHEN EXISTS (SELECT 1 FROM stored) THEN false
+    WHEN NOT EXISTS (SELECT 1 FROM tenants t
+        WHERE t.id = sqlc.arg('tenant_id')::text AND t.deleting_at IS NULL) THEN false
     ELSE (SELECT q.room FROM quota q) OR EXISTS (
         SELECT 1 FROM idempotency_keys e
         WHERE e.tenant_id = sqlc.arg('tenant_id')::text AND e.key = sqlc.arg('key')::text) END

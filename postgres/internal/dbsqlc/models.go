@@ -77,6 +77,7 @@ type Tenant struct {
 	UpdatedAt              pgtype.Timestamptz
 	MaxWaitSeconds         int32
 	StorageQuotaBytes      int64
+	DeletingAt             pgtype.Timestamptz
 }
 
 type TenantUsage struct {
