@@ -28,6 +28,11 @@ const claimAttempts = 8
 // record changed after the statement's snapshot, or the quota is full) the
 // store reads the row and decides the same way.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	if s.hints.completed(p.TenantID, p.Key, s.hintNow()) {
+		if res, ok, err := s.claimCompleted(ctx, p); ok {
+			return res, err
+		}
+	}
 	for range claimAttempts {
 		row, err := s.q.ClaimKey(ctx, dbsqlc.ClaimKeyParams{
 			TenantID:               p.TenantID,
@@ -86,6 +91,7 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 				return idem.ClaimResult{}, err
 			}
 		case idem.ActionReplay:
+			s.hints.remember(p.TenantID, p.Key, stored.ReplayUntil)
 			return idem.ClaimResult{Action: action, Record: *stored}, nil
 		case idem.ActionRecover:
 			rec, err := s.renewAttemptLease(ctx, stored, p)
@@ -101,6 +107,27 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		}
 	}
 	return idem.ClaimResult{}, fmt.Errorf("claim key: %w", errContention)
+}
+
+// claimCompleted answers the claim of a key seen completed (s.hints) from
+// a plain read when the record is still completed within its window: a
+// replay, or fingerprint_mismatch. ok is false otherwise (the hint is
+// dropped), and ClaimKey decides.
+func (s *Store) claimCompleted(ctx context.Context, p idem.ClaimParams) (res idem.ClaimResult, ok bool, err error) {
+	stored, err := s.getKey(ctx, p.TenantID, p.Key)
+	if err != nil {
+		return idem.ClaimResult{}, true, err
+	}
+	if stored != nil && stored.StateAt(stored.ObservedAt) == idem.StateCompleted {
+		switch action := idem.DecideClaim(stored, p, stored.ObservedAt); action {
+		case idem.ActionReplay:
+			return idem.ClaimResult{Action: action, Record: *stored}, true, nil
+		case idem.ActionRejectMismatch:
+			return idem.ClaimResult{}, true, idem.ClaimError(action, stored, stored.ObservedAt)
+		}
+	}
+	s.hints.forget(p.TenantID, p.Key)
+	return idem.ClaimResult{}, false, nil
 }
 
 // claimedRow is ClaimKey's row without its response and written flag.
@@ -256,6 +283,7 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 	}
 	resp := p.Response
 	rec.Response = &resp
+	s.hints.remember(p.TenantID, p.Key, rec.ReplayUntil)
 	return rec, nil
 }
 
