@@ -144,3 +144,41 @@ func BenchmarkLifecycleHTTP(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkReplayHTTP runs what `loadgen -mode replay` sends (claims of a
+// completed key, each answered with the stored response) through the
+// router wired as package server wires it, without the network. Run with
+// -benchmem -cpuprofile for the replay handler's own cost beside the
+// store's one read. It needs TEST_DATABASE_URL.
+func BenchmarkReplayHTTP(b *testing.B) {
+	h, tok := benchRouter(b, idem.SettingsPatch{})
+	send := func(path string, body []byte) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Authorization", "Bearer "+tok)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	w := send("/v1/keys/done/claim", benchClaimBody)
+	if w.Code != http.StatusCreated {
+		b.Fatalf("claim: status %d: %s", w.Code, w.Body)
+	}
+	var claimed struct {
+		FencingToken int64 `json:"fencing_token"`
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &claimed); err != nil {
+		b.Fatal(err)
+	}
+	body := fmt.Appendf(nil, `{"fencing_token":%d,"response":{"status":201,"headers":{"Content-Type":"application/json"},"body":"{\"id\":\"ord_1\"}"}}`, claimed.FencingToken)
+	if w := send("/v1/keys/done/complete", body); w.Code != http.StatusOK {
+		b.Fatalf("complete: status %d: %s", w.Code, w.Body)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if w := send("/v1/keys/done/claim", benchClaimBody); w.Code != http.StatusOK {
+			b.Fatalf("replay: status %d: %s", w.Code, w.Body)
+		}
+	}
+}

@@ -43,15 +43,20 @@ func recordFromRow(k dbsqlc.IdempotencyKey, observedAt pgtype.Timestamptz) (idem
 		ObservedAt:             observedAt,
 	})
 	rec.Completion = completionOf(k.CompleterState, k.CompleterID, k.CompleterAttempts, k.CompleterNextAt, k.CompleterDeadline)
-	if k.ResponseStatus == nil {
+	return withResponse(rec, k.ResponseStatus, k.ResponseHeaders, k.ResponseBody, k.ResponseBodyEncoding)
+}
+
+// withResponse adds a stored response (none when status is NULL) to rec.
+func withResponse(rec idem.Record, status *int32, headers, body []byte, encoding *string) (idem.Record, error) {
+	if status == nil {
 		return rec, nil
 	}
-	resp := &idem.Response{Status: int(*k.ResponseStatus), Body: k.ResponseBody}
-	if k.ResponseBodyEncoding != nil {
-		resp.BodyEncoding = *k.ResponseBodyEncoding
+	resp := &idem.Response{Status: int(*status), Body: body}
+	if encoding != nil {
+		resp.BodyEncoding = *encoding
 	}
-	if err := json.Unmarshal(k.ResponseHeaders, &resp.Headers); err != nil {
-		return idem.Record{}, fmt.Errorf("decode stored response headers of key '%s': %w", k.Key, err)
+	if err := json.Unmarshal(headers, &resp.Headers); err != nil {
+		return idem.Record{}, fmt.Errorf("decode stored response headers of key '%s': %w", rec.Key, err)
 	}
 	rec.Response = resp
 	return rec, nil
@@ -66,11 +71,12 @@ var (
 	cursorOldest = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 )
 
-// writeRow is the shape ClaimKey and CompleteKey return: a record without
-// its response. After a claim the response is NULL; after a complete it is
-// the one the caller just stored, so it is not read back (a large body would
-// cross the wire twice).
-type writeRow = dbsqlc.ClaimKeyRow
+// writeRow is the shape the writes return (CheckpointKey; ClaimKey and
+// CompleteKey with a column more): a record without its response. After a
+// claim the response is NULL; after a complete it is the one the caller
+// just stored, so it is not read back (a large body would cross the wire
+// twice).
+type writeRow = dbsqlc.CheckpointKeyRow
 
 // recordFromWriteRow converts a record without its response (recordFromRow
 // adds a stored one; a complete, the one it was given).

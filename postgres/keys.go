@@ -18,11 +18,21 @@ import (
 // (released, reaped, or its lease ran out in between).
 const claimAttempts = 8
 
-// Claim applies the claim state machine in one upsert. When the upsert does
-// not apply, it reads the stored row and lets idem.DecideClaim say why:
-// a replay, the recovery of the caller's own attempt (same attempt id, lease
-// running; the record as read), request_in_flight, or fingerprint_mismatch.
+// Claim applies the claim state machine in one statement (ClaimKey). A
+// record the claim would not change, completed within its replay window or
+// in flight with its lease running, comes back as the statement read it,
+// unwritten, and idem.DecideClaim says what it means: a replay, the
+// recovery of the caller's own attempt (same attempt id; its lease is then
+// renewed), request_in_flight, or fingerprint_mismatch. Otherwise the
+// statement creates or takes over the record. When it does neither (the
+// record changed after the statement's snapshot, or the quota is full) the
+// store reads the row and decides the same way.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	if s.hints.completed(p.TenantID, p.Key, s.hintNow()) {
+		if res, ok, err := s.claimCompleted(ctx, p); ok {
+			return res, err
+		}
+	}
 	for range claimAttempts {
 		row, err := s.q.ClaimKey(ctx, dbsqlc.ClaimKeyParams{
 			TenantID:               p.TenantID,
@@ -37,36 +47,56 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			StorageQuotaBytes:      p.StorageQuotaBytes,
 			Now:                    s.clock(),
 		})
+		var stored *idem.Record
 		switch {
-		case err == nil:
-			rec := recordFromWriteRow(row)
+		case err == nil && row.Written:
+			rec := recordFromWriteRow(claimedRow(row))
 			action := idem.ActionTakeover
 			if rec.Attempt == 1 {
 				action = idem.ActionCreate
 			}
 			return idem.ClaimResult{Action: action, Record: rec}, nil
-		case pgErrorCode(err) == pgForeignKeyViolation:
-			return idem.ClaimResult{}, idem.TenantUnknown(p.TenantID, err)
+		case err == nil:
+			kept := recordFromWriteRow(claimedRow(row))
+			// the completer's hold decides what a claim of it answers
+			// (outcome_unknown, outcome_review), as for a record read
+			kept.Completion = completionOf(row.CompleterState, row.CompleterID, row.CompleterAttempts,
+				row.CompleterNextAt, row.CompleterDeadline)
+			rec, err := withResponse(kept,
+				row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.ResponseBodyEncoding)
+			if err != nil {
+				return idem.ClaimResult{}, err
+			}
+			stored = &rec
 		case !errors.Is(err, pgx.ErrNoRows):
 			return idem.ClaimResult{}, s.interpretError(err, "claim key")
+		default:
+			stored, err = s.getKey(ctx, p.TenantID, p.Key)
+			if err != nil {
+				return idem.ClaimResult{}, err
+			}
 		}
 
-		stored, err := s.getKey(ctx, p.TenantID, p.Key)
-		if err != nil {
-			return idem.ClaimResult{}, err
-		}
 		action := idem.ActionCreate
 		if stored != nil {
 			action = idem.DecideClaim(stored, p, stored.ObservedAt)
 		}
 		switch action {
-		case idem.ActionCreate:
-			// Over the quota, or the row was released, reaped or its window
-			// ran out since the upsert.
+		case idem.ActionCreate, idem.ActionTakeover:
+			// The tenant is unknown or being deleted, over the quota, or the
+			// row was released, reaped, its window or lease ran out since
+			// the statement's snapshot.
+			if err := s.checkTenant(ctx, p.TenantID); err != nil {
+				return idem.ClaimResult{}, err
+			}
+			if action == idem.ActionTakeover {
+				continue
+			}
 			if err := s.checkQuota(ctx, p); err != nil {
 				return idem.ClaimResult{}, err
 			}
 		case idem.ActionReplay:
+			s.hints.remember(p.TenantID, p.Key, stored.ReplayUntil)
 			return idem.ClaimResult{Action: action, Record: *stored}, nil
 		case idem.ActionRecover:
 			rec, err := s.renewAttemptLease(ctx, stored, p)
@@ -80,9 +110,57 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		case idem.ActionRejectInFlight, idem.ActionRejectMismatch, idem.ActionRejectUnknown, idem.ActionRejectReview:
 			return idem.ClaimResult{}, idem.ClaimError(action, stored, stored.ObservedAt)
 		}
-		// Takeover: the lease ran out since the upsert.
 	}
 	return idem.ClaimResult{}, fmt.Errorf("claim key: %w", errContention)
+}
+
+// claimCompleted answers the claim of a key seen completed (s.hints) from
+// a plain read when the record is still completed within its window: a
+// replay, or fingerprint_mismatch. ok is false otherwise (the hint is
+// dropped), and ClaimKey decides.
+func (s *Store) claimCompleted(ctx context.Context, p idem.ClaimParams) (res idem.ClaimResult, ok bool, err error) {
+	stored, err := s.getKey(ctx, p.TenantID, p.Key)
+	if err != nil {
+		return idem.ClaimResult{}, true, err
+	}
+	if stored != nil && stored.StateAt(stored.ObservedAt) == idem.StateCompleted {
+		switch action := idem.DecideClaim(stored, p, stored.ObservedAt); action {
+		case idem.ActionReplay:
+			return idem.ClaimResult{Action: action, Record: *stored}, true, nil
+		case idem.ActionRejectMismatch:
+			return idem.ClaimResult{}, true, idem.ClaimError(action, stored, stored.ObservedAt)
+		}
+	}
+	s.hints.forget(p.TenantID, p.Key)
+	return idem.ClaimResult{}, false, nil
+}
+
+// claimedRow is ClaimKey's row without its response and written flag.
+func claimedRow(r dbsqlc.ClaimKeyRow) writeRow {
+	return writeRow{
+		TenantID: r.TenantID, Key: r.Key, State: r.State, Operation: r.Operation,
+		Fingerprint: r.Fingerprint, FencingToken: r.FencingToken, Attempt: r.Attempt,
+		LeaseExpiresAt: r.LeaseExpiresAt, RecoveryPoint: r.RecoveryPoint,
+		ReplayWindowSeconds: r.ReplayWindowSeconds, ReaperThresholdSeconds: r.ReaperThresholdSeconds,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
+		ReplayUntil: r.ReplayUntil, PurgeAfter: r.PurgeAfter, ReviewNote: r.ReviewNote,
+		ReviewAt: r.ReviewAt, RecoveryData: r.RecoveryData, AttemptID: r.AttemptID,
+		ObservedAt: r.ObservedAt,
+	}
+}
+
+// checkTenant returns tenant_unknown when a claim may not create a record
+// of the tenant (absent, or being deleted): why ClaimKey, which reads the
+// tenant's row without locking it (migration 00016), wrote nothing.
+func (s *Store) checkTenant(ctx context.Context, tenantID string) error {
+	live, err := s.q.TenantLive(ctx, tenantID)
+	if err != nil {
+		return s.interpretError(err, "claim key: read the tenant")
+	}
+	if !live {
+		return idem.TenantUnknown(tenantID, nil)
+	}
+	return nil
 }
 
 // checkQuota returns storage_quota_exceeded when the claim's tenant is at or
@@ -210,6 +288,7 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 	}
 	resp := p.Response
 	rec.Response = &resp
+	s.hints.remember(p.TenantID, p.Key, rec.ReplayUntil)
 	return rec, nil
 }
 

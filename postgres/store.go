@@ -63,6 +63,8 @@ type Store struct {
 	closed atomic.Bool
 	// listener is the one connection that hears key events (see Subscribe).
 	listener *listener
+	// hints are the keys seen completed: their claims read first (Claim).
+	hints *completedHints
 }
 
 // Open connects to the database at url, applies the embedded migrations and
@@ -83,7 +85,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		pool.Close()
 		return nil, err
 	}
-	return &Store{pool: pool, q: dbsqlc.New(pool), now: opts.Now, listener: newListener(pool.Config().ConnConfig)}, nil
+	return &Store{pool: pool, q: dbsqlc.New(pool), now: opts.Now, listener: newListener(pool.Config().ConnConfig), hints: newCompletedHints()}, nil
 }
 
 // Migrate applies the embedded migrations to the database at url and
@@ -218,6 +220,15 @@ func (s *Store) clock() pgtype.Timestamptz {
 		return pgtype.Timestamptz{}
 	}
 	return pgtype.Timestamptz{Time: s.now().Truncate(time.Microsecond), Valid: true}
+}
+
+// hintNow is the instant a hint is checked at: the injected clock, else
+// this process's (a hint only decides which statement asks first).
+func (s *Store) hintNow() time.Time {
+	if s.now == nil {
+		return time.Now()
+	}
+	return s.now()
 }
 
 // interpretError is interpretError plus the closed-pool case.

@@ -253,3 +253,90 @@ func startProxy(t *testing.T, target string) *proxy {
 	u.Host = l.Addr().String()
 	return &proxy{url: u.String(), stop: stop}
 }
+
+// TestKeptClaimsTakeNoRowLock holds the row locks of a completed record
+// and of a record in flight in another transaction (a write of each in
+// progress) and checks that the claims that leave them as they are (a
+// replay, a fingerprint mismatch, request_in_flight) are answered from the
+// statement's snapshot without waiting for those locks: the claim statement
+// writes nothing then. (The deadline only bounds the test when a claim
+// waits on a lock: none of these should.)
+func TestKeptClaimsTakeNoRowLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	rec, err := b.store.Claim(ctx, storetest.ClaimParams("acme", "done"))
+	require.NoError(t, err)
+	done, err := b.store.Complete(ctx, idem.CompleteParams{TenantID: "acme", Key: "done", FencingToken: rec.Record.FencingToken,
+		Response: idem.Response{Status: 201, Body: []byte(`{"id":1}`), BodyEncoding: idem.BodyEncodingUTF8}})
+	require.NoError(t, err)
+	_, err = b.store.Claim(ctx, storetest.ClaimParams("acme", "busy"))
+	require.NoError(t, err)
+
+	locker := openStore(t, b.url, Options{MaxConns: 1})
+	tx, err := locker.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var n int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM (SELECT 1 FROM idempotency_keys WHERE tenant_id = 'acme' FOR UPDATE) l").Scan(&n))
+	require.Equal(t, 2, n)
+
+	bounded, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	res, err := b.store.Claim(bounded, storetest.ClaimParams("acme", "done"))
+	require.NoError(t, err)
+	require.Equal(t, idem.ActionReplay, res.Action)
+	require.Equal(t, done.FencingToken, res.Record.FencingToken)
+	require.Equal(t, done.Response.Body, res.Record.Response.Body)
+	p := storetest.ClaimParams("acme", "done")
+	p.Fingerprint = "sha256:other"
+	_, err = b.store.Claim(bounded, p)
+	require.Equal(t, idem.CodeFingerprintMismatch, idem.ErrorCode(err), "got %v", err)
+	_, err = b.store.Claim(bounded, storetest.ClaimParams("acme", "busy"))
+	require.Equal(t, idem.CodeRequestInFlight, idem.ErrorCode(err), "got %v", err)
+}
+
+// TestReplayOfACompletedKeyIsAPlainRead: a key this Store completed (or
+// replayed) is claimed with a plain read first, so its replay and its
+// fingerprint mismatch are answered while another transaction holds SHARE
+// on idempotency_keys, which holds back every statement with an INSERT in
+// its plan (ClaimKey's ROW EXCLUSIVE) and no read. A key the Store has not
+// seen completed still goes through ClaimKey (not sent here: it would
+// wait). (The deadline only bounds the test if a claim waited.)
+func TestReplayOfACompletedKeyIsAPlainRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	rec, err := b.store.Claim(ctx, storetest.ClaimParams("acme", "done"))
+	require.NoError(t, err)
+	done, err := b.store.Complete(ctx, idem.CompleteParams{TenantID: "acme", Key: "done", FencingToken: rec.Record.FencingToken,
+		Response: idem.Response{Status: 201, Body: []byte(`{"id":1}`), BodyEncoding: idem.BodyEncodingUTF8}})
+	require.NoError(t, err)
+
+	locker := openStore(t, b.url, Options{MaxConns: 1})
+	tx, err := locker.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE idempotency_keys IN SHARE MODE")
+	require.NoError(t, err)
+
+	bounded, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	res, err := b.store.Claim(bounded, storetest.ClaimParams("acme", "done"))
+	require.NoError(t, err)
+	require.Equal(t, idem.ActionReplay, res.Action)
+	require.Equal(t, done.FencingToken, res.Record.FencingToken)
+	require.Equal(t, done.Response.Body, res.Record.Response.Body)
+	p := storetest.ClaimParams("acme", "done")
+	p.Fingerprint = "sha256:other"
+	_, err = b.store.Claim(bounded, p)
+	require.Equal(t, idem.CodeFingerprintMismatch, idem.ErrorCode(err), "got %v", err)
+	require.NoError(t, tx.Rollback(ctx))
+
+	// Past its window the hint is not trusted: the key is created afresh.
+	b.clock.Set(done.ReplayUntil)
+	res, err = b.store.Claim(ctx, storetest.ClaimParams("acme", "done"))
+	require.NoError(t, err)
+	require.Equal(t, idem.ActionCreate, res.Action)
+	require.Greater(t, res.Record.FencingToken, done.FencingToken)
+}

@@ -86,15 +86,51 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 	return tenantFromRow(t.Tenant, t.StoredBytes), nil
 }
 
-// DeleteTenant deletes a tenant; its records go with it (ON DELETE
-// CASCADE) in the same statement.
+// deleteBatch is how many records of a deleted tenant one statement
+// deletes before the final transaction.
+const deleteBatch = 1000
+
+// DeleteTenant deletes a tenant and its records (migration 00016): it
+// marks the tenant deleting (no claim creates a record of it from then
+// on, every other call finds it gone), deletes its records in batches,
+// and then, in one transaction, locks the tenant's row, takes SHARE ROW
+// EXCLUSIVE on idempotency_keys (waiting for the writes in progress,
+// claims that read the tenant before the mark included, and holding new
+// ones back until it commits), deletes the records left and the tenant's
+// row; its usage rows, audit entries, endpoints and deliveries cascade. A
+// record never outlives its tenant, and the claims never lock the
+// tenant's row. Every writer waits only for that last transaction, which
+// deletes what the claims in progress at the mark created.
 func (s *Store) DeleteTenant(ctx context.Context, id string) error {
-	n, err := s.q.DeleteTenant(ctx, id)
+	n, err := s.q.MarkTenantDeleting(ctx, id)
 	if err != nil {
 		return s.interpretError(err, "delete tenant")
 	}
 	if n == 0 {
 		return idem.TenantNotFound(id)
 	}
-	return nil
+	for {
+		n, err := s.q.DeleteTenantKeys(ctx, dbsqlc.DeleteTenantKeysParams{TenantID: id, RowLimit: deleteBatch})
+		if err != nil {
+			return s.interpretError(err, "delete tenant: delete its records")
+		}
+		if n < deleteBatch {
+			break
+		}
+	}
+	return s.inTx(ctx, "delete tenant", func(q *dbsqlc.Queries) error {
+		if _, err := q.LockTenantForDelete(ctx, id); errors.Is(err, pgx.ErrNoRows) {
+			return idem.TenantNotFound(id) // another deletion finished it
+		} else if err != nil {
+			return err
+		}
+		if err := q.LockKeysForTenantDelete(ctx); err != nil {
+			return err
+		}
+		if _, err := q.DeleteTenantRest(ctx, id); err != nil {
+			return err
+		}
+		_, err := q.DeleteTenant(ctx, id)
+		return err
+	})
 }

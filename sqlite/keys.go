@@ -14,9 +14,16 @@ import (
 	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
 )
 
-// Claim applies the claim state machine in one IMMEDIATE transaction: read
-// the row, idem.DecideClaim, then create, take over, replay or refuse.
+// Claim applies the claim state machine. A claim that leaves the record as
+// it is (keptAnswer: a replay, request_in_flight, fingerprint_mismatch) is
+// answered from one read beside the writer, without the writer slot or a
+// write transaction. Every other claim runs in one IMMEDIATE transaction:
+// read the row, idem.DecideClaim, then create, take over, recover, replay
+// or refuse, decided again on the row as the transaction reads it.
 func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult, error) {
+	if res, ok, err := s.keptAnswer(ctx, p); ok {
+		return res, err
+	}
 	var res idem.ClaimResult
 	err := s.inTx(ctx, "claim key", func(q *dbsqlc.Queries, now time.Time) error {
 		stored, err := getKey(ctx, q, p.TenantID, p.Key, now)
@@ -51,6 +58,40 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 		return err
 	})
 	return res, err
+}
+
+// keptAnswer answers a claim from one read when the claim would leave the
+// record as it is: completed within its replay window (a replay or a
+// fingerprint mismatch) or in flight with its lease running (refused, or
+// the caller's own attempt, which the write path recovers). A completed
+// record is immutable until its window ends, so the read's answer is the
+// answer at the read's instant; a record in flight can only change by a
+// write, which the read either saw or precedes. ok is false when the claim
+// needs the write path. Like every write, it first checks that the path
+// still names the opened file.
+func (s *Store) keptAnswer(ctx context.Context, p idem.ClaimParams) (res idem.ClaimResult, ok bool, err error) {
+	if err := s.checkFile("claim key"); err != nil {
+		return idem.ClaimResult{}, true, err
+	}
+	now := s.clock()
+	stored, err := getKey(ctx, s.q, p.TenantID, p.Key, now)
+	if err != nil {
+		return idem.ClaimResult{}, true, s.interpretError(err, "claim key")
+	}
+	if stored == nil {
+		return idem.ClaimResult{}, false, nil
+	}
+	switch action := idem.DecideClaim(stored, p, now); action {
+	case idem.ActionReplay:
+		return idem.ClaimResult{Action: action, Record: *stored}, true, nil
+	case idem.ActionRejectInFlight:
+		return idem.ClaimResult{}, true, idem.ClaimError(action, stored, now)
+	case idem.ActionRejectMismatch:
+		if st := stored.StateAt(now); st == idem.StateCompleted || st == idem.StateInFlight {
+			return idem.ClaimResult{}, true, idem.ClaimError(action, stored, now)
+		}
+	}
+	return idem.ClaimResult{}, false, nil
 }
 
 // create inserts a fresh in-flight record, overwriting an expired one.

@@ -50,3 +50,45 @@ func TestQueuedWriterHonoursContext(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.ActionCreate, res.Action)
 }
+
+// TestKeptClaimsNeedNoWriter holds the writer slot (a long write in
+// progress) and checks that the claims that leave the record as it is are
+// answered beside it, from one read: the replay of a completed key, the
+// fingerprint mismatch on it, request_in_flight on a key in flight. A
+// claim that must write still queues. (The deadline only bounds the test
+// when a claim waits for the slot: none of these should.)
+func TestKeptClaimsNeedNoWriter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	storetest.CreateTenant(t, b.store, "acme")
+	ctx := context.Background()
+	rec, err := b.store.Claim(ctx, storetest.ClaimParams("acme", "done"))
+	require.NoError(t, err)
+	done, err := b.store.Complete(ctx, idem.CompleteParams{TenantID: "acme", Key: "done", FencingToken: rec.Record.FencingToken,
+		Response: idem.Response{Status: 201, Body: []byte(`{"id":1}`), BodyEncoding: idem.BodyEncodingUTF8}})
+	require.NoError(t, err)
+	_, err = b.store.Claim(ctx, storetest.ClaimParams("acme", "busy"))
+	require.NoError(t, err)
+
+	require.NoError(t, b.store.lockWriter(ctx))
+	bounded, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	res, err := b.store.Claim(bounded, storetest.ClaimParams("acme", "done"))
+	require.NoError(t, err)
+	require.Equal(t, idem.ActionReplay, res.Action)
+	require.Equal(t, done.FencingToken, res.Record.FencingToken)
+	require.Equal(t, done.Response.Body, res.Record.Response.Body)
+
+	p := storetest.ClaimParams("acme", "done")
+	p.Fingerprint = "sha256:other"
+	_, err = b.store.Claim(bounded, p)
+	require.Equal(t, idem.CodeFingerprintMismatch, idem.ErrorCode(err), "got %v", err)
+	_, err = b.store.Claim(bounded, storetest.ClaimParams("acme", "busy"))
+	require.Equal(t, idem.CodeRequestInFlight, idem.ErrorCode(err), "got %v", err)
+
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancelShort()
+	_, err = b.store.Claim(short, storetest.ClaimParams("acme", "fresh"))
+	require.Equal(t, idem.CodeStoreUnavailable, idem.ErrorCode(err), "a fresh claim waits for the writer: got %v", err)
+	b.store.unlockWriter()
+}

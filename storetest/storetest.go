@@ -85,6 +85,7 @@ func groups() []group {
 			{"ExpiredCreatesAfresh", testClaimExpiredCreatesAfresh},
 			{"ExpiredBoundary", testClaimExpiredBoundary},
 			{"DatabaseClockLeaseExpiry", testClaimDatabaseClock},
+			{"KeptRecordTakesNoToken", testClaimKeptRecordTakesNoToken},
 		}},
 		{"AttemptID", []testCase{
 			{"SameAttemptRecovered", testAttemptRecovered},
@@ -97,6 +98,10 @@ func groups() []group {
 			{"CompleteRace", testRaceComplete},
 			{"CompleteVersusTakeover", testRaceCompleteVersusTakeover},
 			{"ReapRace", testRaceReap},
+			{"ClaimsVersusComplete", testRaceClaimsVersusComplete},
+			{"ClaimsVersusRelease", testRaceClaimsVersusRelease},
+			{"ClaimsAtExpiry", testRaceClaimsAtExpiry},
+			{"ReplaysVersusTenantDelete", testRaceReplaysVersusTenantDelete},
 		}},
 		{"Fencing", []testCase{
 			{"TokensIncrease", testFencingTokensIncrease},
@@ -162,6 +167,7 @@ func groups() []group {
 			{"ListOrderedByID", testTenantList},
 			{"Update", testTenantUpdate},
 			{"Delete", testTenantDelete},
+			{"DeleteRacesClaims", testTenantDeleteRacesClaims},
 			{"Ping", testPing},
 		}},
 		{"Quota", []testCase{

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -228,4 +229,45 @@ func testIsolationInvisible(t *testing.T, s *suite) {
 	recs, err = b.store.ListOrphans(b.ctx, idem.ListOrphansParams{TenantID: "beta", Limit: 100})
 	require.NoError(t, err)
 	require.Equal(t, []string{"beta/own"}, tenantKeys(recs))
+}
+
+// testTenantDeleteRacesClaims races claims of fresh keys with the deletion
+// of their tenant: each claim creates its record (before the deletion) or
+// is tenant_unknown, and once DeleteTenant has returned no record of the
+// tenant is left — not one a claim in progress created after the deletion
+// began — so the tenant's id, created again, starts empty with no usage.
+// A record never outlives its tenant (the guarantee the PostgreSQL foreign
+// key gave before migration 00016).
+func testTenantDeleteRacesClaims(t *testing.T, s *suite) {
+	b := s.setup(t)
+	for round := range 4 {
+		b.tenant(t, "gone")
+		for i := range 8 {
+			b.create(t, "gone", fmt.Sprintf("before-%d-%d", round, i))
+		}
+		errs := make([]error, racers)
+		var delErr error
+		race(racers+1, func(i int) {
+			if i == racers {
+				delErr = b.store.DeleteTenant(b.ctx, "gone")
+				return
+			}
+			_, errs[i] = b.store.Claim(b.ctx, ClaimParams("gone", fmt.Sprintf("race-%d-%d", round, i)))
+		})
+		require.NoError(t, delErr)
+		for i, err := range errs {
+			if err != nil {
+				requireCode(t, err, idem.ErrTenantUnknown, "racer %d", i)
+			}
+		}
+		_, err := b.store.Claim(b.ctx, ClaimParams("gone", "after"))
+		requireCode(t, err, idem.ErrTenantUnknown, "a claim after the deletion")
+
+		again := b.tenant(t, "gone")
+		require.Zero(t, again.StoredBytes, "round %d: the new tenant counts the old one's records", round)
+		recs, err := b.store.ListRecords(b.ctx, idem.ListRecordsParams{TenantID: "gone", Limit: 1000})
+		require.NoError(t, err)
+		require.Empty(t, recs, "round %d: records outlived their tenant", round)
+		require.NoError(t, b.store.DeleteTenant(b.ctx, "gone"))
+	}
 }

@@ -6,20 +6,49 @@
 -- ClaimKey creates the record, or in the same statement takes over an
 -- orphaned one with the same operation and fingerprint (attempt+1, new
 -- token, recovery point kept), or replaces a completed one past its replay
--- window with a fresh record. It returns no row when none of these applies;
--- the caller then reads the stored row to tell why. The nextval of a claim
--- that conflicts and does not apply is lost, which only leaves a gap.
+-- window with a fresh record. A record the claim would not change (the
+-- first row of "stored": completed within its replay window, or in flight
+-- with its lease running) is not written at all: the statement returns it
+-- as its snapshot holds it, response included (written false), and the
+-- caller decides a replay, a refusal or the recovery of its attempt from
+-- it. Such a claim is one read: no row lock, no sequence value, no second
+-- statement. A completed record is immutable until its window ends, so
+-- the snapshot's answer is the answer at the statement's instant. When
+-- neither applies (a record completed or changed by another transaction
+-- after the snapshot, over the quota, the tenant unknown or being deleted)
+-- it returns no row; the caller then reads the stored row to tell why. The nextval of a claim that conflicts
+-- and does not apply is lost, which only leaves a gap.
 -- A record is created (the key absent, or expired) only while the tenant's
 -- usage is below storage_quota_bytes, read in this statement (0: no check,
 -- and the counters are not read); a takeover keeps the record and its
 -- bytes, so the quota never refuses it. The claim counts what it stores
 -- (stored_bytes) in the same statement.
 WITH clock AS (
-    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now,
-        sqlc.arg('storage_quota_bytes')::bigint = 0
-            OR (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
-                WHERE u.tenant_id = sqlc.arg('tenant_id')::text)
-                < sqlc.arg('storage_quota_bytes')::bigint AS room
+    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+),
+stored AS (
+    SELECT
+        e.tenant_id, e.key, e.state, e.operation, e.fingerprint, e.fencing_token,
+        e.attempt, e.lease_expires_at, e.recovery_point,
+        e.replay_window_seconds, e.reaper_threshold_seconds, e.created_at,
+        e.updated_at, e.completed_at, e.replay_until, e.purge_after,
+        e.review_note, e.review_at, e.recovery_data, e.attempt_id,
+        e.response_status, e.response_headers, e.response_body, e.response_body_encoding,
+        e.completer_state, e.completer_id, e.completer_attempts, e.completer_next_at, e.completer_deadline
+    FROM idempotency_keys e, clock
+    WHERE e.tenant_id = sqlc.arg('tenant_id')::text AND e.key = sqlc.arg('key')::text
+        -- as CASEs, so no plan makes them a range scan of the orphan index
+        -- (TestGenericPlans)
+        AND CASE WHEN e.state = 'completed' THEN e.replay_until > clock.now
+            ELSE CASE WHEN e.lease_expires_at > clock.now THEN true ELSE false END END
+),
+-- read only when a record would be created (an InitPlan, evaluated on
+-- first use)
+quota AS (
+    SELECT sqlc.arg('storage_quota_bytes')::bigint = 0
+        OR (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
+            WHERE u.tenant_id = sqlc.arg('tenant_id')::text)
+            < sqlc.arg('storage_quota_bytes')::bigint AS room
 ),
 w AS (
 INSERT INTO idempotency_keys AS k (
@@ -40,10 +69,17 @@ SELECT
         clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond'),
     sqlc.arg('stored_bytes')::bigint, 0
 FROM clock
--- over the quota, only a key that exists goes on to ON CONFLICT (takeover)
-WHERE clock.room OR EXISTS (
-    SELECT 1 FROM idempotency_keys e
-    WHERE e.tenant_id = sqlc.arg('tenant_id')::text AND e.key = sqlc.arg('key')::text)
+-- nothing to write when the snapshot holds a record the claim keeps; a
+-- record only of a tenant the snapshot holds, not being deleted (read, not
+-- locked: migration 00016); over the quota, only a key that exists goes on
+-- to ON CONFLICT (takeover). A CASE: the quota is read only after the
+-- snapshot's record is ruled out.
+WHERE CASE WHEN EXISTS (SELECT 1 FROM stored) THEN false
+    WHEN NOT EXISTS (SELECT 1 FROM tenants t
+        WHERE t.id = sqlc.arg('tenant_id')::text AND t.deleting_at IS NULL) THEN false
+    ELSE (SELECT q.room FROM quota q) OR EXISTS (
+        SELECT 1 FROM idempotency_keys e
+        WHERE e.tenant_id = sqlc.arg('tenant_id')::text AND e.key = sqlc.arg('key')::text) END
 ON CONFLICT (tenant_id, key) DO UPDATE SET
     state = 'in_flight',
     operation = excluded.operation,
@@ -83,7 +119,7 @@ WHERE
     -- a completed record past its replay window counts as absent (a new
     -- record: only below the quota)
     OR (k.state = 'completed' AND k.replay_until <= excluded.created_at
-        AND (SELECT c.room FROM clock c))
+        AND (SELECT q.room FROM quota q))
 RETURNING
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
     k.attempt, k.lease_expires_at, k.recovery_point,
@@ -99,16 +135,33 @@ counted AS (
     WHERE u.tenant_id = w.tenant_id AND u.slot = pg_backend_pid() % 64
         AND w.stored_bytes <> w.stored_bytes_before
 )
--- The record without its response, which a claim has just set to NULL
--- (writeRow in postgres/convert.go; the same columns as CompleteKey's).
+-- The record written, without its response, which a claim has just set
+-- to NULL (the same columns as CompleteKey's), or the record kept, with
+-- its response. At most one of the two exists.
 SELECT
     w.tenant_id, w.key, w.state, w.operation, w.fingerprint, w.fencing_token,
     w.attempt, w.lease_expires_at, w.recovery_point,
     w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
     w.updated_at, w.completed_at, w.replay_until, w.purge_after,
     w.review_note, w.review_at, w.recovery_data, w.attempt_id,
-    w.updated_at AS observed_at
-FROM w;
+    NULL::integer AS response_status, NULL::jsonb AS response_headers,
+    NULL::bytea AS response_body, NULL::text AS response_body_encoding,
+    -- a record a claim writes is never one the completer holds
+    NULL::text AS completer_state, NULL::text AS completer_id, 0::integer AS completer_attempts,
+    NULL::timestamptz AS completer_next_at, NULL::timestamptz AS completer_deadline,
+    w.updated_at AS observed_at, true AS written
+FROM w
+UNION ALL
+SELECT
+    s.tenant_id, s.key, s.state, s.operation, s.fingerprint, s.fencing_token,
+    s.attempt, s.lease_expires_at, s.recovery_point,
+    s.replay_window_seconds, s.reaper_threshold_seconds, s.created_at,
+    s.updated_at, s.completed_at, s.replay_until, s.purge_after,
+    s.review_note, s.review_at, s.recovery_data, s.attempt_id,
+    s.response_status, s.response_headers, s.response_body, s.response_body_encoding,
+    s.completer_state, s.completer_id, s.completer_attempts, s.completer_next_at, s.completer_deadline,
+    clock.now AS observed_at, false AS written
+FROM stored s, clock;
 
 -- name: GetKey :one
 WITH clock AS (

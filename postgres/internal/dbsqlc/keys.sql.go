@@ -164,11 +164,29 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (C
 const claimKey = `-- name: ClaimKey :one
 
 WITH clock AS (
-    SELECT coalesce($1::timestamptz, now())::timestamptz AS now,
-        $2::bigint = 0
-            OR (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
-                WHERE u.tenant_id = $3::text)
-                < $2::bigint AS room
+    SELECT coalesce($1::timestamptz, now())::timestamptz AS now
+),
+stored AS (
+    SELECT
+        e.tenant_id, e.key, e.state, e.operation, e.fingerprint, e.fencing_token,
+        e.attempt, e.lease_expires_at, e.recovery_point,
+        e.replay_window_seconds, e.reaper_threshold_seconds, e.created_at,
+        e.updated_at, e.completed_at, e.replay_until, e.purge_after,
+        e.review_note, e.review_at, e.recovery_data, e.attempt_id,
+        e.response_status, e.response_headers, e.response_body, e.response_body_encoding,
+        e.completer_state, e.completer_id, e.completer_attempts, e.completer_next_at, e.completer_deadline
+    FROM idempotency_keys e, clock
+    WHERE e.tenant_id = $2::text AND e.key = $3::text
+        -- as CASEs, so no plan makes them a range scan of the orphan index
+        -- (TestGenericPlans)
+        AND CASE WHEN e.state = 'completed' THEN e.replay_until > clock.now
+            ELSE CASE WHEN e.lease_expires_at > clock.now THEN true ELSE false END END
+),
+quota AS (
+    SELECT $4::bigint = 0
+        OR (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
+            WHERE u.tenant_id = $2::text)
+            < $4::bigint AS room
 ),
 w AS (
 INSERT INTO idempotency_keys AS k (
@@ -177,7 +195,7 @@ INSERT INTO idempotency_keys AS k (
     created_at, updated_at, purge_after, stored_bytes, stored_bytes_before
 )
 SELECT
-    $3::text, $4::text, 'in_flight',
+    $2::text, $3::text, 'in_flight',
     $5::text, $6::text,
     nextval('fencing_tokens'), 1, $7::text,
     clock.now + $8::bigint * interval '1 microsecond',
@@ -189,9 +207,12 @@ SELECT
         clock.now + $8::bigint * interval '1 microsecond'),
     $11::bigint, 0
 FROM clock
-WHERE clock.room OR EXISTS (
-    SELECT 1 FROM idempotency_keys e
-    WHERE e.tenant_id = $3::text AND e.key = $4::text)
+WHERE CASE WHEN EXISTS (SELECT 1 FROM stored) THEN false
+    WHEN NOT EXISTS (SELECT 1 FROM tenants t
+        WHERE t.id = $2::text AND t.deleting_at IS NULL) THEN false
+    ELSE (SELECT q.room FROM quota q) OR EXISTS (
+        SELECT 1 FROM idempotency_keys e
+        WHERE e.tenant_id = $2::text AND e.key = $3::text) END
 ON CONFLICT (tenant_id, key) DO UPDATE SET
     state = 'in_flight',
     operation = excluded.operation,
@@ -231,7 +252,7 @@ WHERE
     -- a completed record past its replay window counts as absent (a new
     -- record: only below the quota)
     OR (k.state = 'completed' AND k.replay_until <= excluded.created_at
-        AND (SELECT c.room FROM clock c))
+        AND (SELECT q.room FROM quota q))
 RETURNING
     k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
     k.attempt, k.lease_expires_at, k.recovery_point,
@@ -252,15 +273,31 @@ SELECT
     w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
     w.updated_at, w.completed_at, w.replay_until, w.purge_after,
     w.review_note, w.review_at, w.recovery_data, w.attempt_id,
-    w.updated_at AS observed_at
+    NULL::integer AS response_status, NULL::jsonb AS response_headers,
+    NULL::bytea AS response_body, NULL::text AS response_body_encoding,
+    -- a record a claim writes is never one the completer holds
+    NULL::text AS completer_state, NULL::text AS completer_id, 0::integer AS completer_attempts,
+    NULL::timestamptz AS completer_next_at, NULL::timestamptz AS completer_deadline,
+    w.updated_at AS observed_at, true AS written
 FROM w
+UNION ALL
+SELECT
+    s.tenant_id, s.key, s.state, s.operation, s.fingerprint, s.fencing_token,
+    s.attempt, s.lease_expires_at, s.recovery_point,
+    s.replay_window_seconds, s.reaper_threshold_seconds, s.created_at,
+    s.updated_at, s.completed_at, s.replay_until, s.purge_after,
+    s.review_note, s.review_at, s.recovery_data, s.attempt_id,
+    s.response_status, s.response_headers, s.response_body, s.response_body_encoding,
+    s.completer_state, s.completer_id, s.completer_attempts, s.completer_next_at, s.completer_deadline,
+    clock.now AS observed_at, false AS written
+FROM stored s, clock
 `
 
 type ClaimKeyParams struct {
 	Now                    pgtype.Timestamptz
-	StorageQuotaBytes      int64
 	TenantID               string
 	Key                    string
+	StorageQuotaBytes      int64
 	Operation              string
 	Fingerprint            string
 	AttemptID              *string
@@ -291,7 +328,17 @@ type ClaimKeyRow struct {
 	ReviewAt               pgtype.Timestamptz
 	RecoveryData           []byte
 	AttemptID              *string
+	ResponseStatus         *int32
+	ResponseHeaders        []byte
+	ResponseBody           []byte
+	ResponseBodyEncoding   *string
+	CompleterState         *string
+	CompleterID            *string
+	CompleterAttempts      int32
+	CompleterNextAt        pgtype.Timestamptz
+	CompleterDeadline      pgtype.Timestamptz
 	ObservedAt             pgtype.Timestamptz
+	Written                bool
 }
 
 // Every query takes the clock as the nullable parameter "now": NULL means the
@@ -300,24 +347,40 @@ type ClaimKeyRow struct {
 // ClaimKey creates the record, or in the same statement takes over an
 // orphaned one with the same operation and fingerprint (attempt+1, new
 // token, recovery point kept), or replaces a completed one past its replay
-// window with a fresh record. It returns no row when none of these applies;
-// the caller then reads the stored row to tell why. The nextval of a claim
-// that conflicts and does not apply is lost, which only leaves a gap.
+// window with a fresh record. A record the claim would not change (the
+// first row of "stored": completed within its replay window, or in flight
+// with its lease running) is not written at all: the statement returns it
+// as its snapshot holds it, response included (written false), and the
+// caller decides a replay, a refusal or the recovery of its attempt from
+// it. Such a claim is one read: no row lock, no sequence value, no second
+// statement. A completed record is immutable until its window ends, so
+// the snapshot's answer is the answer at the statement's instant. When
+// neither applies (a record completed or changed by another transaction
+// after the snapshot, over the quota, the tenant unknown or being deleted)
+// it returns no row; the caller then reads the stored row to tell why. The nextval of a claim that conflicts
+// and does not apply is lost, which only leaves a gap.
 // A record is created (the key absent, or expired) only while the tenant's
 // usage is below storage_quota_bytes, read in this statement (0: no check,
 // and the counters are not read); a takeover keeps the record and its
 // bytes, so the quota never refuses it. The claim counts what it stores
 // (stored_bytes) in the same statement.
-// over the quota, only a key that exists goes on to ON CONFLICT (takeover)
+// read only when a record would be created (an InitPlan, evaluated on
+// first use)
+// nothing to write when the snapshot holds a record the claim keeps; a
+// record only of a tenant the snapshot holds, not being deleted (read, not
+// locked: migration 00016); over the quota, only a key that exists goes on
+// to ON CONFLICT (takeover). A CASE: the quota is read only after the
+// snapshot's record is ruled out.
 // adds the write's difference to the tenant's usage, in this statement
-// The record without its response, which a claim has just set to NULL
-// (writeRow in postgres/convert.go; the same columns as CompleteKey's).
+// The record written, without its response, which a claim has just set
+// to NULL (the same columns as CompleteKey's), or the record kept, with
+// its response. At most one of the two exists.
 func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow, error) {
 	row := q.db.QueryRow(ctx, claimKey,
 		arg.Now,
-		arg.StorageQuotaBytes,
 		arg.TenantID,
 		arg.Key,
+		arg.StorageQuotaBytes,
 		arg.Operation,
 		arg.Fingerprint,
 		arg.AttemptID,
@@ -348,7 +411,17 @@ func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow
 		&i.ReviewAt,
 		&i.RecoveryData,
 		&i.AttemptID,
+		&i.ResponseStatus,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
+		&i.ResponseBodyEncoding,
+		&i.CompleterState,
+		&i.CompleterID,
+		&i.CompleterAttempts,
+		&i.CompleterNextAt,
+		&i.CompleterDeadline,
 		&i.ObservedAt,
+		&i.Written,
 	)
 	return i, err
 }

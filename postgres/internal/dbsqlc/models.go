@@ -92,6 +92,7 @@ type Tenant struct {
 	MaxWaitSeconds         int32
 	StorageQuotaBytes      int64
 	RetryBudgetPercent     int32
+	DeletingAt             pgtype.Timestamptz
 }
 
 type TenantUsage struct {

@@ -28,7 +28,7 @@ SELECT
     $9::integer, $10::bigint,
     $11::integer, clock.now, clock.now
 FROM clock
-RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds, storage_quota_bytes, retry_budget_percent
+RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds, storage_quota_bytes, retry_budget_percent, deleting_at
 `
 
 type CreateTenantParams struct {
@@ -77,6 +77,7 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		&i.MaxWaitSeconds,
 		&i.StorageQuotaBytes,
 		&i.RetryBudgetPercent,
+		&i.DeletingAt,
 	)
 	return i, err
 }
@@ -85,8 +86,9 @@ const deleteTenant = `-- name: DeleteTenant :execrows
 DELETE FROM tenants WHERE id = $1
 `
 
-// DeleteTenant deletes a tenant; ON DELETE CASCADE deletes its records in
-// the same statement.
+// DeleteTenant deletes the tenant's row, after DeleteTenantRest in the
+// same transaction; ON DELETE CASCADE takes its usage rows, audit entries,
+// endpoints and their deliveries.
 func (q *Queries) DeleteTenant(ctx context.Context, id string) (int64, error) {
 	result, err := q.db.Exec(ctx, deleteTenant, id)
 	if err != nil {
@@ -95,10 +97,49 @@ func (q *Queries) DeleteTenant(ctx context.Context, id string) (int64, error) {
 	return result.RowsAffected(), nil
 }
 
+const deleteTenantKeys = `-- name: DeleteTenantKeys :execrows
+DELETE FROM idempotency_keys k
+WHERE k.tenant_id = $1 AND k.key IN (
+    SELECT e.key FROM idempotency_keys e WHERE e.tenant_id = $1
+    LIMIT $2::integer)
+`
+
+type DeleteTenantKeysParams struct {
+	TenantID string
+	RowLimit int32
+}
+
+// DeleteTenantKeys deletes a batch of a tenant's records, through the
+// primary key's prefix, while the tenant is being deleted.
+func (q *Queries) DeleteTenantKeys(ctx context.Context, arg DeleteTenantKeysParams) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteTenantKeys, arg.TenantID, arg.RowLimit)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const deleteTenantRest = `-- name: DeleteTenantRest :execrows
+DELETE FROM idempotency_keys WHERE tenant_id = $1
+`
+
+// DeleteTenantRest deletes the records a deletion's batches left: those of
+// the claims that read the tenant before deleting_at. The caller holds
+// LockTenantForDelete and SHARE ROW EXCLUSIVE on idempotency_keys, so no
+// other write of a record runs and this statement's snapshot, taken after
+// the lock, holds every record committed.
+func (q *Queries) DeleteTenantRest(ctx context.Context, id string) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteTenantRest, id)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const getTenant = `-- name: GetTenant :one
-SELECT t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes, t.retry_budget_percent,
+SELECT t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes, t.retry_budget_percent, t.deleting_at,
     (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = t.id)::bigint AS stored_bytes
-FROM tenants t WHERE t.id = $1
+FROM tenants t WHERE t.id = $1 AND t.deleting_at IS NULL
 `
 
 type GetTenantRow struct {
@@ -106,7 +147,9 @@ type GetTenantRow struct {
 	StoredBytes int64
 }
 
-// GetTenant and ListTenants add the tenant's usage (TenantStoredBytes).
+// GetTenant and ListTenants add the tenant's usage (TenantStoredBytes). A
+// tenant being deleted (deleting_at, migration 00016) is gone for them and
+// for every other statement but the deletion's.
 func (q *Queries) GetTenant(ctx context.Context, id string) (GetTenantRow, error) {
 	row := q.db.QueryRow(ctx, getTenant, id)
 	var i GetTenantRow
@@ -125,15 +168,16 @@ func (q *Queries) GetTenant(ctx context.Context, id string) (GetTenantRow, error
 		&i.Tenant.MaxWaitSeconds,
 		&i.Tenant.StorageQuotaBytes,
 		&i.Tenant.RetryBudgetPercent,
+		&i.Tenant.DeletingAt,
 		&i.StoredBytes,
 	)
 	return i, err
 }
 
 const listTenants = `-- name: ListTenants :many
-SELECT t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes, t.retry_budget_percent,
+SELECT t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes, t.retry_budget_percent, t.deleting_at,
     (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = t.id)::bigint AS stored_bytes
-FROM tenants t ORDER BY t.id
+FROM tenants t WHERE t.deleting_at IS NULL ORDER BY t.id
 `
 
 type ListTenantsRow struct {
@@ -165,6 +209,7 @@ func (q *Queries) ListTenants(ctx context.Context) ([]ListTenantsRow, error) {
 			&i.Tenant.MaxWaitSeconds,
 			&i.Tenant.StorageQuotaBytes,
 			&i.Tenant.RetryBudgetPercent,
+			&i.Tenant.DeletingAt,
 			&i.StoredBytes,
 		); err != nil {
 			return nil, err
@@ -175,6 +220,60 @@ func (q *Queries) ListTenants(ctx context.Context) ([]ListTenantsRow, error) {
 		return nil, err
 	}
 	return items, nil
+}
+
+const lockKeysForTenantDelete = `-- name: LockKeysForTenantDelete :exec
+LOCK TABLE idempotency_keys IN SHARE ROW EXCLUSIVE MODE
+`
+
+// LockKeysForTenantDelete waits for every write of a record in progress
+// and holds new ones back until the deletion's transaction ends (SHARE ROW
+// EXCLUSIVE conflicts with the ROW EXCLUSIVE every write takes before its
+// snapshot; reads go on).
+func (q *Queries) LockKeysForTenantDelete(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, lockKeysForTenantDelete)
+	return err
+}
+
+const lockTenantForDelete = `-- name: LockTenantForDelete :one
+SELECT t.id FROM tenants t WHERE t.id = $1 AND t.deleting_at IS NOT NULL FOR UPDATE
+`
+
+// LockTenantForDelete locks the row of a tenant being deleted, before any
+// of its records (the order every transaction that locks both keeps).
+func (q *Queries) LockTenantForDelete(ctx context.Context, id string) (string, error) {
+	row := q.db.QueryRow(ctx, lockTenantForDelete, id)
+	var id_2 string
+	err := row.Scan(&id_2)
+	return id_2, err
+}
+
+const markTenantDeleting = `-- name: MarkTenantDeleting :execrows
+UPDATE tenants SET deleting_at = coalesce(deleting_at, now()) WHERE id = $1
+`
+
+// MarkTenantDeleting starts a tenant's deletion (migration 00016): from its
+// commit on, no claim creates a record of the tenant and every other call
+// finds it gone. A deletion that stopped half-way is taken up again.
+func (q *Queries) MarkTenantDeleting(ctx context.Context, id string) (int64, error) {
+	result, err := q.db.Exec(ctx, markTenantDeleting, id)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const tenantLive = `-- name: TenantLive :one
+SELECT EXISTS (SELECT 1 FROM tenants t WHERE t.id = $1 AND t.deleting_at IS NULL) AS live
+`
+
+// TenantLive reports whether a claim may create a record of the tenant: it
+// exists and is not being deleted.
+func (q *Queries) TenantLive(ctx context.Context, id string) (bool, error) {
+	row := q.db.QueryRow(ctx, tenantLive, id)
+	var live bool
+	err := row.Scan(&live)
+	return live, err
 }
 
 const updateTenant = `-- name: UpdateTenant :one
@@ -196,8 +295,8 @@ UPDATE tenants t SET
         THEN coalesce(t.disabled_at, clock.now) ELSE NULL END,
     updated_at = clock.now
 FROM clock
-WHERE t.id = $12
-RETURNING t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes, t.retry_budget_percent,
+WHERE t.id = $12 AND t.deleting_at IS NULL
+RETURNING t.id, t.name, t.replay_window_seconds, t.reaper_threshold_seconds, t.lease_seconds_default, t.lease_seconds_max, t.max_response_bytes, t.rate_limit_per_second, t.disabled_at, t.created_at, t.updated_at, t.max_wait_seconds, t.storage_quota_bytes, t.retry_budget_percent, t.deleting_at,
     (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u WHERE u.tenant_id = t.id)::bigint AS stored_bytes
 `
 
@@ -256,6 +355,7 @@ func (q *Queries) UpdateTenant(ctx context.Context, arg UpdateTenantParams) (Upd
 		&i.Tenant.MaxWaitSeconds,
 		&i.Tenant.StorageQuotaBytes,
 		&i.Tenant.RetryBudgetPercent,
+		&i.Tenant.DeletingAt,
 		&i.StoredBytes,
 	)
 	return i, err
