@@ -101,6 +101,7 @@ func TestDashboardShowsRetryAmplification(t *testing.T) {
 			})()`))
 			require.Equal(t, []int{20, 10, 5}, sums)
 			require.Contains(t, browser.Run(b, chromedp.Text(chromedp.CSS("#amp-note"))), "replica")
+			b.Screenshot("retry-amplification")
 
 			// A tenant's own token: no section (the endpoint is scope admin).
 			b.Do(

@@ -398,7 +398,7 @@
     }
     $("amp-note").textContent = "Counted by the replica that answered, in its memory (each replica keeps its own; " +
       "behind a load balancer each sees about the same share). The ratio is over the retry budget's " +
-      body.window_seconds + " s window; the chart has one point per minute. Amplification = " +
+      fmtWindow(body.window_seconds * 1000) + " window; the chart has one point per minute. Amplification = " +
       "(first attempts + retries + refused retries) ÷ first attempts; 1.00× is no retry.";
   }
 
@@ -412,12 +412,12 @@
         el("span", {
           class: "amp-ratio" + (idle ? "" : ratio > AMP_WARN ? " warn" : " good"),
           "data-ratio": ratio.toFixed(2),
-          "aria-label": t.tenant + ": amplification " + (idle ? "none, no attempts" : fmtRatio(ratio)) + " over the last " + body.window_seconds + " s",
+          "aria-label": t.tenant + ": amplification " + (idle ? "none, no attempts" : fmtRatio(ratio)) + " over the last " + fmtWindow(body.window_seconds * 1000),
           text: idle ? "–" : fmtRatio(ratio),
         }),
         el("span", { class: "muted small", text: idle
-          ? "no attempts in the last " + body.window_seconds + " s"
-          : "last " + body.window_seconds + " s: " + w.first_attempts + " first, " + w.retries + " retries, " + w.refused + " refused" })),
+          ? "no attempts in the last " + fmtWindow(body.window_seconds * 1000)
+          : "last " + fmtWindow(body.window_seconds * 1000) + ": " + w.first_attempts + " first, " + w.retries + " retries, " + w.refused + " refused" })),
       el("div", { class: "amp-legend", "aria-hidden": "true" }, ...AMP_SERIES.map((s) =>
         el("span", null, el("span", { class: "swatch", style: "background:" + s.color }), s.label))),
       ampChart(t),
