@@ -128,3 +128,36 @@ func TestRetryAmplificationHistory(t *testing.T) {
 		require.Equal(t, http.StatusForbidden, status)
 	})
 }
+
+// TestRetryAmplificationPerReplica: two replicas on one database answer
+// with their own counts, as openapi.yaml says: the replica that served the
+// requests shows them, the other shows an hour of zeros and no tenant.
+func TestRetryAmplificationPerReplica(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, backend string) {
+		a := startBudgeted(t, backend, "", map[string]int{"acme": 10})
+		b := startBudgeted(t, "", a.Config().DatabaseURL, nil)
+		ca := newAttemptClient(t, a, "acme")
+		for i := range 5 {
+			require.Equal(t, http.StatusCreated, ca.claim(t, fmt.Sprintf("k-%d", i), "").status)
+		}
+		require.Equal(t, http.StatusCreated, ca.claim(t, "k-retry", "2;cause=network").status)
+
+		status, got := getAmplification(t, newAPIClient(t, a), a.Token(t, "", "admin"), "")
+		require.Equal(t, http.StatusOK, status)
+		require.Len(t, got.Tenants, 1)
+		require.Equal(t, int64(5), got.Tenants[0].Window.FirstAttempts)
+		require.Equal(t, int64(1), got.Tenants[0].Window.Retries)
+		require.InDelta(t, 6.0/5, got.Tenants[0].Amplification, 1e-9)
+
+		other := newAPIClient(t, b)
+		status, got = getAmplification(t, other, b.Token(t, "", "admin"), "")
+		require.Equal(t, http.StatusOK, status)
+		require.Empty(t, got.Tenants, "the other replica saw none of it")
+		status, got = getAmplification(t, other, b.Token(t, "", "admin"), "?tenant=acme")
+		require.Equal(t, http.StatusOK, status)
+		for _, k := range got.Tenants[0].Buckets {
+			require.Zero(t, k.FirstAttempts+k.Retries+k.Refused)
+		}
+	})
+}
