@@ -223,6 +223,7 @@ func New(opts Options) *chi.Mux {
 			r.Post("/v1/admin/tenants/{id}/keys/{key}/resolve", handle(s, s.resolveAny))
 			r.Get("/v1/admin/tenants/{id}/keys/{key}/audit", handle(s, s.listAnyKeyAudit))
 			r.Get("/v1/admin/audit", handle(s, s.listAnyAudit))
+			r.Get("/v1/admin/retry-amplification", handle(s, s.retryAmplification))
 		})
 
 		r.Group(func(r chi.Router) {

@@ -40,6 +40,9 @@ type Budget struct {
 type tenant struct {
 	percent int
 	slots   [slots]counts
+	// minutes is the last hour of the tenant, one counts per minute of
+	// the clock (span = Unix time / HistoryBucket), for the dashboard.
+	minutes [HistoryBuckets]counts
 }
 
 type counts struct {
@@ -105,21 +108,26 @@ func (b *Budget) Admit(id string, a Attempt) Decision {
 		b.tenants[id] = t
 	}
 	c := t.current(span)
+	m := t.minute(minuteOf(now))
 	if !a.Retry() {
 		c.first++
+		m.first++
 		return Decision{Allowed: true}
 	}
 	if t.percent >= Off {
 		c.retries++
+		m.retries++
 		return Decision{Allowed: true}
 	}
 	first, retries, _ := t.sum(span)
 	allowance := max(int64(Floor), first*int64(t.percent)/100)
 	if retries < allowance {
 		c.retries++
+		m.retries++
 		return Decision{Allowed: true}
 	}
 	c.refused++
+	m.refused++
 	return Decision{RetryAfter: b.untilOldestRetry(t, span, now)}
 }
 
@@ -162,21 +170,24 @@ func (b *Budget) untilOldestRetry(t *tenant, span int64, now time.Time) time.Dur
 	return max(leaves.Sub(now), time.Millisecond)
 }
 
-// sweepIdle drops tenants with nothing in the window (deleted tenants, or
-// ones whose callers went quiet) once per 1024 new tenants, so the map
-// holds about the tenants active within a window. Called with b.mu held.
+// sweepIdle drops tenants with nothing in the window nor in the last hour
+// (deleted tenants, or ones whose callers went quiet) once per 1024 new
+// tenants, so the map holds about the tenants active within an hour: its
+// memory is bounded by them, about 2.3 KiB each. Called with b.mu held.
 func (b *Budget) sweepIdle(span int64) {
 	b.sweep++
 	if b.sweep < 1024 {
 		return
 	}
 	b.sweep = 0
-	b.dropIdle(span)
+	b.dropIdle(span, minuteOf(b.now()))
 }
 
-func (b *Budget) dropIdle(span int64) {
+// dropIdle drops the tenants with nothing in the window ending at span nor
+// in the hour ending at minute.
+func (b *Budget) dropIdle(span, minute int64) {
 	for id, t := range b.tenants {
-		if f, r, x := t.sum(span); f == 0 && r == 0 && x == 0 {
+		if f, r, x := t.sum(span); f == 0 && r == 0 && x == 0 && !t.seenSince(minute) {
 			delete(b.tenants, id)
 		}
 	}
@@ -198,15 +209,19 @@ func (s Stats) Amplification() float64 {
 }
 
 // Snapshot returns the window of every tenant with attempts in it, and
-// drops the others.
+// drops the tenants idle for an hour.
 func (b *Budget) Snapshot() []Stats {
-	span := b.now().UnixNano() / int64(b.slot)
+	now := b.now()
+	span := now.UnixNano() / int64(b.slot)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.dropIdle(span)
+	b.dropIdle(span, minuteOf(now))
 	out := make([]Stats, 0, len(b.tenants))
 	for id, t := range b.tenants {
 		f, r, x := t.sum(span)
+		if f == 0 && r == 0 && x == 0 {
+			continue
+		}
 		out = append(out, Stats{Tenant: id, First: f, Retries: r, Refused: x})
 	}
 	return out

@@ -105,3 +105,60 @@ func TestSnapshotAmplification(t *testing.T) {
 	c.t = c.t.Add(11 * time.Second)
 	require.Empty(t, b.Snapshot(), "an idle tenant leaves the snapshot")
 }
+
+// TestHistory: the last hour keeps one bucket per minute of what Admit
+// counted (refused retries apart), outlives the window, slides minute by
+// minute, and lets the tenant go once it has been idle for an hour.
+func TestHistory(t *testing.T) {
+	t.Parallel()
+	c := &clock{t: time.Unix(1_000_000*60, 0)} // on a minute
+	b := New(10*time.Second, c.now)
+	for range 20 {
+		b.Admit("a", First)
+	}
+	for range 15 {
+		b.Admit("a", Attempt{2, CauseUnavailable}) // 10 admitted (the floor), 5 refused
+	}
+	c.t = c.t.Add(90 * time.Second) // the next minute but one, the window long gone
+	b.Admit("a", First)
+	b.Admit("b", Attempt{3, CauseTimeout})
+
+	h := b.History("a")
+	require.Len(t, h.Buckets, HistoryBuckets)
+	last := h.Buckets[HistoryBuckets-1]
+	require.Equal(t, time.Unix(1_000_001*60, 0).UTC(), last.Start)
+	require.Equal(t, Bucket{Start: last.Start, First: 1}, last)
+	require.Equal(t, Bucket{Start: time.Unix(1_000_000*60, 0).UTC(), First: 20, Retries: 10, Refused: 5}, h.Buckets[HistoryBuckets-2])
+	require.InDelta(t, 35.0/20, h.Buckets[HistoryBuckets-2].Amplification(), 1e-9)
+	require.Equal(t, Stats{Tenant: "a", First: 1}, h.Window)
+	var total Bucket
+	for _, k := range h.Buckets {
+		total.First += k.First
+		total.Retries += k.Retries
+		total.Refused += k.Refused
+	}
+	require.Equal(t, Bucket{First: 21, Retries: 10, Refused: 5}, total)
+
+	all := b.Histories()
+	require.Len(t, all, 2)
+	require.Equal(t, "a", all[0].Window.Tenant)
+	require.Equal(t, "b", all[1].Window.Tenant)
+	require.Equal(t, int64(1), all[1].Buckets[HistoryBuckets-1].Retries)
+
+	never := b.History("nobody")
+	require.Len(t, never.Buckets, HistoryBuckets)
+	require.Equal(t, Stats{Tenant: "nobody"}, never.Window)
+
+	// The window is empty but the hour is not: the tenant stays, out of
+	// the snapshot (the gauge) but in the history.
+	c.t = c.t.Add(30 * time.Second)
+	require.Empty(t, b.Snapshot())
+	require.Len(t, b.Histories(), 2)
+	require.Equal(t, int64(20), b.History("a").Buckets[HistoryBuckets-3].First)
+
+	// An hour later the minutes have slid out, and the tenants are gone.
+	c.t = c.t.Add(time.Hour)
+	require.Empty(t, b.Snapshot())
+	require.Empty(t, b.Histories())
+	require.Empty(t, b.tenants)
+}

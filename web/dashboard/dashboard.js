@@ -204,6 +204,7 @@
     state.inflightGen = gen;
     const done = () => { if (state.inflightGen === gen) state.inflightGen = -1; };
     $("status-dot").className = "dot busy";
+    refreshAmplification(gen);
     let data;
     try {
       if (state.mode === "operator") {
@@ -349,6 +350,137 @@
     if (v >= 1000) return (v / 1000).toFixed(1) + "k";
     if (v >= 10 || Number.isInteger(v)) return String(Math.round(v));
     return v.toFixed(1);
+  }
+
+  // ---------- retry amplification ----------
+
+  const AMP_SERIES = [
+    { id: "attempts", label: "All attempts", color: "#c92a2a", value: (b) => b.first_attempts + b.retries + b.refused },
+    { id: "first", label: "First attempts", color: "#3b5bdb", value: (b) => b.first_attempts },
+    { id: "refused", label: "Retries refused", color: "#f08c00", value: (b) => b.refused },
+  ];
+  const AMP_WARN = 1.5; // a ratio past this shows in the warning colour
+
+  // refreshAmplification reads the retry budget's last hour (an admin
+  // endpoint: operator tokens only) apart from the orphans, so a failure
+  // here never hides them, and one there never hides this.
+  async function refreshAmplification(gen) {
+    const section = $("amp");
+    if (state.mode !== "operator") { section.hidden = true; return; }
+    section.hidden = false;
+    let body;
+    try {
+      body = await api("/v1/admin/retry-amplification");
+    } catch (err) {
+      if (gen !== state.gen) return;
+      $("amp-note").textContent = "Cannot read the retry amplification (" + err.message + "); retrying on the next refresh.";
+      return;
+    }
+    if (gen !== state.gen) return;
+    renderAmplification(body);
+  }
+
+  function fmtRatio(v) { return v.toFixed(2) + "×"; }
+
+  // renderAmplification shows, per tenant, the ratio over the budget's
+  // window now and the last hour by minute: an inline SVG (attempts,
+  // first attempts and refused retries per minute above, the minute's
+  // amplification below) and the same numbers in a table.
+  function renderAmplification(body) {
+    const list = $("amp-list");
+    const tenants = body.tenants || [];
+    list.replaceChildren(...tenants.map((t) => ampTenant(t, body)));
+    const empty = $("amp-empty");
+    empty.hidden = tenants.length > 0;
+    if (!tenants.length) {
+      empty.replaceChildren(el("strong", { text: "No attempts in the last hour" }),
+        "This replica has counted no request of any tenant in the last hour.");
+    }
+    $("amp-note").textContent = "Counted by the replica that answered, in its memory (each replica keeps its own; " +
+      "behind a load balancer each sees about the same share). The ratio is over the retry budget's " +
+      fmtWindow(body.window_seconds * 1000) + " window; the chart has one point per minute. Amplification = " +
+      "(first attempts + retries + refused retries) ÷ first attempts; 1.00× is no retry.";
+  }
+
+  function ampTenant(t, body) {
+    const ratio = t.amplification;
+    const w = t.window;
+    const idle = w.first_attempts + w.retries + w.refused === 0;
+    return el("div", { class: "amp-tenant", "data-tenant": t.tenant },
+      el("div", { class: "amp-head" },
+        el("span", { class: "tenant-name", text: t.tenant }),
+        el("span", {
+          class: "amp-ratio" + (idle ? "" : ratio > AMP_WARN ? " warn" : " good"),
+          "data-ratio": ratio.toFixed(2),
+          "aria-label": t.tenant + ": amplification " + (idle ? "none, no attempts" : fmtRatio(ratio)) + " over the last " + fmtWindow(body.window_seconds * 1000),
+          text: idle ? "–" : fmtRatio(ratio),
+        }),
+        el("span", { class: "muted small", text: idle
+          ? "no attempts in the last " + fmtWindow(body.window_seconds * 1000)
+          : "last " + fmtWindow(body.window_seconds * 1000) + ": " + w.first_attempts + " first, " + w.retries + " retries, " + w.refused + " refused" })),
+      el("div", { class: "amp-legend", "aria-hidden": "true" }, ...AMP_SERIES.map((s) =>
+        el("span", null, el("span", { class: "swatch", style: "background:" + s.color }), s.label))),
+      ampChart(t),
+      ampTable(t));
+  }
+
+  // ampChart draws the buckets (oldest first, one a minute) as inline SVG.
+  function ampChart(t) {
+    const W = 640, H = 200, L = 44, R = 8, plotH = 70, gap = 34, top1 = 12, top2 = top1 + plotH + gap;
+    const n = t.buckets.length;
+    const x = (i) => L + (W - L - R) * (n > 1 ? i / (n - 1) : 1);
+    const sum = (k) => t.buckets.reduce((a, b) => a + b[k], 0);
+    const peak = Math.max(0, ...t.buckets.map((b) => b.amplification));
+    const root = svg("svg", {
+      viewBox: "0 0 " + W + " " + H, role: "img", class: "chart-svg", "data-tenant": t.tenant,
+      "aria-label": "Retry amplification of " + t.tenant + " over the last hour: " + sum("first_attempts") + " first attempts, " +
+        sum("retries") + " retries admitted, " + sum("refused") + " refused; highest minute " + fmtRatio(peak) + ". The table below has every minute.",
+    });
+    const axis = (top, label, max) => {
+      root.append(svg("text", { x: L, y: top - 2, class: "chart-title" }, label));
+      root.append(svg("line", { x1: L, x2: W - R, y1: top + plotH, y2: top + plotH, class: "chart-axis" }));
+      root.append(svg("text", { x: L - 6, y: top + 8, class: "chart-tick", "text-anchor": "end" }, fmtAxis(max)));
+      root.append(svg("text", { x: L - 6, y: top + plotH, class: "chart-tick", "text-anchor": "end" }, "0"));
+      return (v) => top + plotH - (plotH * v) / max;
+    };
+    const line = (id, label, color, pts) => {
+      if (!pts.length) return;
+      const d = pts.map(([i, v], k) => (k ? "L" : "M") + x(i).toFixed(1) + " " + v.toFixed(1)).join(" ");
+      root.append(svg("path", { d, class: "chart-line", stroke: color, "data-series": id, "data-points": String(pts.length) },
+        svg("title", {}, label)));
+    };
+    const y1 = axis(top1, "Attempts / min", Math.max(1, ...t.buckets.map(AMP_SERIES[0].value)));
+    for (const s of AMP_SERIES) line(s.id, s.label + " / min", s.color, t.buckets.map((b, i) => [i, y1(s.value(b))]));
+    // The ratio of a minute without attempts is no point at all.
+    const y2 = axis(top2, "Amplification (× first attempts)", Math.max(2, Math.ceil(peak)));
+    const ratioPts = [];
+    t.buckets.forEach((b, i) => { if (b.first_attempts + b.retries + b.refused > 0) ratioPts.push([i, y2(b.amplification)]); });
+    line("amplification", "Amplification", "#862e9c", ratioPts);
+    for (const p of ratioPts) root.append(svg("circle", { cx: x(p[0]).toFixed(1), cy: p[1].toFixed(1), r: 2, fill: "#862e9c" }));
+    for (const [i, label] of [[0, "−60 min"], [(n - 1) / 2, "−30 min"], [n - 1, "now"]]) {
+      root.append(svg("text", { x: x(i).toFixed(1), y: H - 4, class: "chart-tick", "text-anchor": i === 0 ? "start" : i === n - 1 ? "end" : "middle" }, label));
+    }
+    return root;
+  }
+
+  // ampTable lists the minutes with attempts, newest first: the chart's
+  // numbers as text.
+  function ampTable(t) {
+    const rows = t.buckets.filter((b) => b.first_attempts + b.retries + b.refused > 0).reverse();
+    const caption = "Minutes with attempts of " + t.tenant + " (" + rows.length + " of " + t.buckets.length + ")";
+    return el("details", null,
+      el("summary", { text: caption }),
+      el("table", { class: "table amp-table", "data-tenant": t.tenant },
+        el("caption", { class: "sr-only", text: caption }),
+        el("thead", null, el("tr", null,
+          el("th", { text: "Minute" }), el("th", { class: "num", text: "First attempts" }), el("th", { class: "num", text: "Retries" }),
+          el("th", { class: "num", text: "Refused" }), el("th", { class: "num", text: "Amplification" }))),
+        el("tbody", null, ...rows.map((b) => el("tr", { "data-start": b.start },
+          el("td", { text: new Date(b.start).toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" }) }),
+          el("td", { class: "num", text: String(b.first_attempts) }),
+          el("td", { class: "num", text: String(b.retries) }),
+          el("td", { class: "num", text: String(b.refused) }),
+          el("td", { class: "num", text: fmtRatio(b.amplification) }))))));
   }
 
   function handleError(err) {
