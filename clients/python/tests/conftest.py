@@ -122,6 +122,11 @@ def server(request: pytest.FixtureRequest, binary: str) -> Iterator[Server]:
     yield from start_server(binary, request.param)
 
 
+def mint_token(binary: str, server: Server, scope: str) -> str:
+    """Another token of tenant acme on server, with scope (e.g. "tenant:admin")."""
+    return _cli(binary, server.env, "token", "--tenant", "acme", "--scope", scope, "--ttl", "2h")
+
+
 def new_key(prefix: str = "py") -> str:
     return f"{prefix}-{secrets.token_hex(8)}"
 

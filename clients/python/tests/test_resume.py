@@ -17,6 +17,7 @@ import secrets
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -27,7 +28,7 @@ import uvicorn
 from fastapi import FastAPI
 from flask import Flask
 
-from conftest import Server, new_key
+from conftest import Server, mint_token, new_key, start_server
 from idem import (AsyncClaim, AsyncClient, Claim, Client, NoSideEffect, ProblemError, Response, ResumeAnswer, ResumeCall,
                   ResumeResult, verify_signature)
 from idem.asgi import IdempotencyMiddleware as ASGIIdempotency
@@ -74,6 +75,8 @@ class Shop:
         self.charges: dict[str, int] = {}
         self.emails: dict[str, int] = {}
         self.crash_after_charge: set[str] = set()
+        #: Orders whose step 2 (the e-mail) fails before its side effect.
+        self.mail_down: set[str] = set()
         self.resumed: list[ResumeCall] = []
 
     def _count(self, d: dict[str, int], k: str) -> None:
@@ -91,6 +94,8 @@ class Shop:
             self.crash_after_charge.discard(order)
             raise RuntimeError("the worker died after the charge")
         if claim.recovery_point != "emailed":
+            if order in self.mail_down:
+                raise RuntimeError("the mail service is down")
             self._count(self.emails, order)
             claim.checkpoint("emailed", {"charge": charge})
         return Response(201, {"Content-Type": "application/json"}, json.dumps({"order": order, "charge": charge}).encode())
@@ -106,6 +111,8 @@ class Shop:
             self.crash_after_charge.discard(order)
             raise RuntimeError("the worker died after the charge")
         if claim.recovery_point != "emailed":
+            if order in self.mail_down:
+                raise RuntimeError("the mail service is down")
             self._count(self.emails, order)
             await claim.checkpoint("emailed", {"charge": charge})
         return Response(201, {"Content-Type": "application/json"}, json.dumps({"order": order, "charge": charge}).encode())
@@ -144,21 +151,28 @@ class Shop:
         return picked if picked is not None else await self.place_order_async(claim, call.key)
 
 
-def _serve_wsgi(app: Any) -> Iterator[str]:
+def _serve_wsgi(app: Any, sock: socket.socket | None = None) -> Iterator[str]:
+    """Serve app with werkzeug on loopback: on sock (bound and listening)
+    when given, else on a free port."""
     from werkzeug.serving import make_server
 
-    srv = make_server("127.0.0.1", 0, app, threaded=True)
+    if sock is None:
+        srv = make_server("127.0.0.1", 0, app, threaded=True)
+    else:
+        srv = make_server("127.0.0.1", sock.getsockname()[1], app, threaded=True, fd=sock.fileno())
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     try:
-        yield f"http://127.0.0.1:{srv.server_port}"
+        yield f"http://127.0.0.1:{srv.socket.getsockname()[1]}"
     finally:
         srv.shutdown()
 
 
-def _serve_asgi(app: Any) -> Iterator[str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+def _serve_asgi(app: Any, sock: socket.socket | None = None) -> Iterator[str]:
+    """Serve app with uvicorn on loopback: on sock when given, else on a free port."""
+    if sock is None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     t.start()
@@ -457,3 +471,183 @@ def test_standalone_mounts(server: Server) -> None:
             assert post(base + path, call_body(k, 3)).json() == {"outcome": "review", "note": "card charged twice? check PSP"}
             assert post(base + path, call_body(k, 3), secret=WRONG_SECRET).status_code == 401
             assert [c.key for c in shop.resumed].count(k) == 1
+
+
+# The real completer. The idem binary runs with its completer on and fast;
+# each framework app (Flask, FastAPI) serves the SDK's resume endpoint and is
+# registered as the tenant's completer for its own operation. A worker dies
+# through run() after step 1 and its checkpoint; nobody but the completer
+# touches the key until the test's assertions.
+
+COMPLETER_ENV = {
+    "IDEM_WEBHOOK_ALLOW_PRIVATE": "1",  # the apps listen on loopback
+    "IDEM_COMPLETER_INTERVAL": "100ms",
+    "IDEM_COMPLETER_TIMEOUT": "10s",
+    "IDEM_COMPLETER_BACKOFF_BASE": "200ms",
+    "IDEM_COMPLETER_BACKOFF_CAP": "1s",
+    "IDEM_COMPLETER_MAX_ATTEMPTS": "100",  # the raising test must not reach review
+    "IDEM_COMPLETER_DEADLINE": "1h",
+    "IDEM_ORPHAN_WATCH_INTERVAL": "100ms",
+    "IDEM_TENANT_CACHE_TTL": "0s",
+}
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def completing(request: pytest.FixtureRequest, binary: str) -> Iterator[Server]:
+    """The real server with its completer on and fast."""
+    yield from start_server(binary, request.param, COMPLETER_ENV)
+
+
+@dataclass
+class Resumable:
+    """A framework app serving the SDK's resume endpoint, registered as the
+    completer of operation on server; reader reads records and the audit."""
+
+    server: Server
+    shop: Shop
+    operation: str
+    reader: str
+
+
+@pytest.fixture(scope="module")
+def resumable(kind: str, completing: Server, binary: str) -> Iterator[Resumable]:
+    admin = mint_token(binary, completing, "tenant:admin")
+    # The app's port first: the registration needs the URL, the app the secret it returns.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    operation = f"POST /{kind}-orders"
+    r = HTTP.post(completing.url + "/v1/completers", headers={"Authorization": "Bearer " + admin},
+                  json={"url": f"http://127.0.0.1:{sock.getsockname()[1]}/idem/resume", "operation_pattern": operation})
+    assert r.status_code == 201, r.text
+    secret = r.json()["secret"]
+    assert secret.startswith("whsec_")
+    shop = Shop()
+    app = MAKERS[kind](completing, shop, secret=secret)
+    serving = _serve_wsgi(app, sock) if kind == "flask" else _serve_asgi(app, sock)
+    try:
+        for _ in serving:
+            yield Resumable(completing, shop, operation, mint_token(binary, completing, "keys:read"))
+    finally:
+        sock.close()
+
+
+def _record(r: Resumable, key: str) -> dict[str, Any]:
+    """The key's record as the API answers it (with its completer member)."""
+    res = HTTP.get(f"{r.server.url}/v1/keys/{key}", headers={"Authorization": "Bearer " + r.reader})
+    assert res.status_code == 200, res.text
+    doc: dict[str, Any] = res.json()
+    return doc
+
+
+def _wait_record(r: Resumable, key: str, cond: Callable[[dict[str, Any]], bool], timeout: float = 30) -> dict[str, Any]:
+    """Poll the key's record until cond holds; fail after timeout seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        rec = _record(r, key)
+        if cond(rec):
+            return rec
+        if time.monotonic() > end:
+            pytest.fail(f"{key}: not reached in {timeout} s; the record: {rec}")
+        time.sleep(0.05)
+
+
+def _audit(r: Resumable, key: str) -> list[dict[str, Any]]:
+    """The key's audit entries, oldest first."""
+    res = HTTP.get(f"{r.server.url}/v1/keys/{key}/audit", params={"limit": 100}, headers={"Authorization": "Bearer " + r.reader})
+    assert res.status_code == 200, res.text
+    return list(reversed(res.json()["items"]))
+
+
+def _die_after_charge(r: Resumable, client: Client, key: str) -> int:
+    """A worker, through run(), claims with a 1 s lease, charges (step 1),
+    checkpoints "charged" and dies: run() stops renewing and never
+    completes. Returns its fencing token."""
+    tokens: list[int] = []
+
+    def work(claim: Claim) -> Response:
+        tokens.append(claim.fencing_token)
+        return r.shop.place_order(claim, key)
+
+    r.shop.crash_after_charge.add(key)
+    with pytest.raises(RuntimeError, match="died after the charge"):
+        client.run(key, work, operation=r.operation, request={"amount": 1000}, lease=1)
+    assert r.shop.charges[key] == 1 and key not in r.shop.emails
+    return tokens[0]
+
+
+def test_real_completer_resumes_dead_worker_exactly_once(resumable: Resumable) -> None:
+    """The completer takes the dead worker's key over and calls the app's
+    resume endpoint; the resume function skips step 1 (the recovery point)
+    and does step 2; the key completes with its answer: one charge, one
+    e-mail, a retry replays it, the late worker gets lease_lost, the audit
+    shows the completer's completion."""
+    r = resumable
+    k = new_key("order")
+    with Client(r.server.url, token=r.server.token) as client:
+        stale = _die_after_charge(r, client, k)
+        rec = _wait_record(r, k, lambda d: d["state"] == "completed")
+        assert rec["completer"] is None
+        assert rec["response"]["status"] == 201
+        body = {"order": k, "charge": f"ch_{k}"}
+        assert json.loads(rec["response"]["body"]) == body
+        assert r.shop.charges[k] == 1, "step 1 happened once"
+        assert r.shop.emails[k] == 1, "step 2 happened once"
+        calls = [c for c in r.shop.resumed if c.key == k]
+        assert len(calls) == 1, "one resume call"
+        call = calls[0]
+        assert (call.operation, call.attempt, call.recovery_point, call.recovery_data) == (r.operation, 1, "charged", {"charge": f"ch_{k}"})
+        assert call.fencing_token > stale and call.webhook_id.startswith("rsm_")
+
+        with pytest.raises(ProblemError) as late:
+            client.complete(k, stale, Response(200, {}, b"late"))
+        assert (late.value.status, late.value.code) == (409, "lease_lost"), "the late original worker is fenced off"
+
+        again = client.run(k, lambda c: r.shop.place_order(c, k), operation=r.operation, request={"amount": 1000})
+        assert again.replayed and again.response.status == 201 and json.loads(again.response.body) == body
+        assert r.shop.charges[k] == 1 and r.shop.emails[k] == 1
+        assert _record(r, k)["response"] == rec["response"], "the late complete changed nothing"
+
+    audit = _audit(r, k)
+    assert [a["action"] for a in audit] == ["completer_completed"]
+    assert audit[0]["actor"]["scope"] == "completer" and audit[0]["actor"]["subject"].startswith("completer:")
+    assert audit[0]["fencing_token"] == call.fencing_token
+
+
+def test_real_completer_resume_raises_key_stays_held(resumable: Resumable) -> None:
+    """The resume function raises at step 2 (before its side effect): the
+    answer is unknown, the key stays held by the completer (state unknown),
+    a retry gets 409 outcome_unknown and nothing runs twice; once the
+    function recovers the completer completes the key, still one charge
+    and one e-mail."""
+    r = resumable
+    k = new_key("order")
+    r.shop.mail_down.add(k)
+    with Client(r.server.url, token=r.server.token) as client:
+        stale = _die_after_charge(r, client, k)
+        rec = _wait_record(r, k, lambda d: (d.get("completer") or {}).get("state") == "unknown")
+        # Held: not completed, not released (its lease may show it orphaned between attempts).
+        assert rec["state"] in ("in_flight", "orphaned") and rec["completer"]["attempts"] >= 1
+        assert rec["recovery_point"] == "charged"
+
+        with pytest.raises(ProblemError) as retry:
+            client.claim(k, operation=r.operation, request={"amount": 1000})
+        assert (retry.value.status, retry.value.code) == (409, "outcome_unknown"), "a retry never takes the key over"
+        with pytest.raises(ProblemError) as late:
+            client.complete(k, stale, Response(200, {}, b"late"))
+        assert late.value.code == "lease_lost"
+        assert r.shop.charges[k] == 1 and k not in r.shop.emails, "no side effect doubled"
+        assert _record(r, k)["state"] in ("in_flight", "orphaned")
+        held = [a["action"] for a in _audit(r, k)]
+        assert held and set(held) == {"completer_unknown"}
+
+        r.shop.mail_down.discard(k)
+        rec = _wait_record(r, k, lambda d: d["state"] == "completed")
+        assert json.loads(rec["response"]["body"]) == {"order": k, "charge": f"ch_{k}"}
+        assert r.shop.charges[k] == 1 and r.shop.emails[k] == 1
+        calls = [c for c in r.shop.resumed if c.key == k]
+        assert len(calls) >= 2 and all(c.recovery_point == "charged" for c in calls)
+        assert [c.attempt for c in calls] == list(range(1, len(calls) + 1))
+
+    actions = [a["action"] for a in _audit(r, k)]
+    assert actions == ["completer_unknown"] * (len(calls) - 1) + ["completer_completed"]
