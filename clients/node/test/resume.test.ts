@@ -4,19 +4,21 @@
 // over (a claim that the server holds until the dead worker's lease runs
 // out), signs its calls itself from the Standard Webhooks rule (node:crypto,
 // not the SDK's code) and completes the key with the answered response.
-import { serve } from "@hono/node-server";
+import { getRequestListener, serve } from "@hono/node-server";
 import express from "express";
 import { Hono } from "hono";
 import assert from "node:assert/strict";
 import { createHmac, randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
-import type { Server as HTTPServer } from "node:http";
+import { createServer, type RequestListener, type Server as HTTPServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { after, before, describe, test } from "node:test";
 import {
   Claim,
   Client,
+  IdemError,
   NoSideEffect,
   ResumeAnswer,
   expressMiddleware,
@@ -75,6 +77,8 @@ class Shop {
   emails = new Map<string, number>();
   /** Keys whose next run dies after the charge (the worker crashes). */
   crashAfterCharge = new Set<string>();
+  /** Orders whose step 2 (the e-mail) fails before its side effect. */
+  mailDown = new Set<string>();
   /** The calls the resume endpoint passed to the resume function. */
   resumed: ResumeCall[] = [];
 
@@ -89,6 +93,7 @@ class Shop {
     }
     if (this.crashAfterCharge.delete(orderKey)) throw new Error("the worker died after the charge");
     if (claim.recoveryPoint !== "emailed") {
+      if (this.mailDown.has(orderKey)) throw new Error("the mail service is down");
       this.emails.set(orderKey, (this.emails.get(orderKey) ?? 0) + 1);
       await claim.checkpoint("emailed", { charge });
     }
@@ -129,7 +134,8 @@ interface App {
   close(): Promise<void>;
 }
 
-async function expressApp(opts: ResumeOptions): Promise<App> {
+/** The Express app with the resume endpoint mounted. */
+function expressRoutes(opts: ResumeOptions): express.Express {
   const app = express();
   // The resume route before the idempotency middleware (the completer's
   // call has no Idempotency-Key) and before any body parser (it verifies
@@ -138,15 +144,25 @@ async function expressApp(opts: ResumeOptions): Promise<App> {
   app.use(expressMiddleware({ client: opts.client, log: () => {} }));
   app.use(express.json());
   app.post("/orders", (_req, res) => res.status(201).json({ ok: true }));
-  const srv = app.listen(0, "127.0.0.1");
+  return app;
+}
+
+async function expressApp(opts: ResumeOptions): Promise<App> {
+  const srv = expressRoutes(opts).listen(0, "127.0.0.1");
   await new Promise<void>((r) => srv.once("listening", () => r()));
   return { url: `http://127.0.0.1:${(srv.address() as AddressInfo).port}/idem/resume`, close: () => new Promise((r) => { srv.closeAllConnections(); srv.close(() => r()); }) };
 }
 
-async function honoApp(opts: ResumeOptions): Promise<App> {
+/** The Hono app with the resume endpoint mounted. */
+function honoRoutes(opts: ResumeOptions): Hono {
   const app = new Hono();
   const endpoint = fetchResumeHandler(opts);
   app.post("/idem/resume", (c) => endpoint(c.req.raw));
+  return app;
+}
+
+async function honoApp(opts: ResumeOptions): Promise<App> {
+  const app = honoRoutes(opts);
   let srv: HTTPServer | undefined;
   const url = await new Promise<string>((r) => {
     srv = serve({ fetch: app.fetch, port: 0, hostname: "127.0.0.1" }, (info) => r(`http://127.0.0.1:${info.port}/idem/resume`)) as HTTPServer;
@@ -381,4 +397,186 @@ for (const store of stores()) {
       });
     });
   }
+}
+
+// The real completer. The idem binary runs with its completer on and fast;
+// an Express app and a Hono app serve the SDK's resume endpoint, each
+// registered as the tenant's completer for its own operation. A worker dies
+// through run() after step 1 and its checkpoint; nobody but the completer
+// touches the key until the assertions.
+
+const completerEnv: Record<string, string> = {
+  IDEM_WEBHOOK_ALLOW_PRIVATE: "1", // the apps listen on loopback
+  IDEM_COMPLETER_INTERVAL: "100ms",
+  IDEM_COMPLETER_TIMEOUT: "10s",
+  IDEM_COMPLETER_BACKOFF_BASE: "200ms",
+  IDEM_COMPLETER_BACKOFF_CAP: "1s",
+  IDEM_COMPLETER_MAX_ATTEMPTS: "100", // the raising test must not reach review
+  IDEM_COMPLETER_DEADLINE: "1h",
+  IDEM_ORPHAN_WATCH_INTERVAL: "100ms",
+  IDEM_TENANT_CACHE_TTL: "0s",
+};
+
+const routes: Record<keyof typeof frameworks, (opts: ResumeOptions) => RequestListener> = {
+  express: (opts) => expressRoutes(opts),
+  hono: (opts) => getRequestListener(honoRoutes(opts).fetch),
+};
+
+/** A framework app serving the resume endpoint, registered as the completer of operation. */
+interface Resumable {
+  shop: Shop;
+  operation: string;
+  close(): Promise<void>;
+}
+
+interface Wire {
+  state: string;
+  fencing_token: number;
+  recovery_point: string | null;
+  completer: { state: string; attempts: number } | null;
+  response: { status: number; body: string } | null;
+}
+
+interface AuditEntry {
+  action: string;
+  fencing_token: number;
+  actor: { subject: string; scope: string };
+}
+
+for (const store of stores()) {
+  describe(`the real completer on ${store} resumes through the resume endpoint of express and hono`, () => {
+    let srv: Server;
+    let client: Client;
+    const apps = new Map<string, Resumable>();
+
+    const api = async <T>(path: string): Promise<T> => {
+      const res = await fetch(srv.url + path, { headers: { Authorization: "Bearer " + srv.token } });
+      const text = await res.text();
+      assert.equal(res.status, 200, text);
+      return JSON.parse(text) as T;
+    };
+    const record = (k: string) => api<Wire>(`/v1/keys/${k}`);
+    /** The key's audit entries, oldest first. */
+    const audit = async (k: string) => (await api<{ items: AuditEntry[] }>(`/v1/keys/${k}/audit?limit=100`)).items.reverse();
+    /** Polls the key's record until cond holds; fails after timeoutMs. */
+    const waitRecord = async (k: string, cond: (r: Wire) => boolean, timeoutMs = 30_000): Promise<Wire> => {
+      const end = Date.now() + timeoutMs;
+      for (;;) {
+        const rec = await record(k);
+        if (cond(rec)) return rec;
+        if (Date.now() > end) assert.fail(`${k}: not reached in ${timeoutMs} ms; the record: ${JSON.stringify(rec)}`);
+        await sleep(50);
+      }
+    };
+    /** A worker, through run(), claims with a 1 s lease, charges (step 1), checkpoints and dies: it stops renewing and never completes. Returns its token. */
+    const dieAfterCharge = async (app: Resumable, k: string): Promise<number> => {
+      let token = 0;
+      app.shop.crashAfterCharge.add(k);
+      await assert.rejects(client.run(k, { operation: app.operation, request: { amount: 1000 }, leaseSeconds: 1 }, (claim) => {
+        token = claim.fencingToken;
+        return app.shop.placeOrder(claim, k);
+      }), /died after the charge/);
+      assert.equal(app.shop.charges.get(k), 1);
+      assert.equal(app.shop.emails.get(k), undefined);
+      return token;
+    };
+    const isCode = (status: number, code: string) => (err: unknown) => err instanceof IdemError && err.status === status && err.code === code;
+
+    before(async () => {
+      srv = await startServer(store, {}, completerEnv);
+      client = new Client({ baseUrl: srv.url, token: srv.token });
+      const admin = srv.mint("t1", "tenant:admin");
+      for (const fw of Object.keys(routes) as (keyof typeof routes)[]) {
+        // The app's port first: the registration needs the URL, the app the secret it returns.
+        const http = createServer();
+        await new Promise<void>((r) => http.listen(0, "127.0.0.1", () => r()));
+        const operation = `POST /${fw}-orders`;
+        const url = `http://127.0.0.1:${(http.address() as AddressInfo).port}/idem/resume`;
+        const res = await fetch(srv.url + "/v1/completers", { method: "POST", headers: { Authorization: "Bearer " + admin, "Content-Type": "application/json" },
+          body: JSON.stringify({ url, operation_pattern: operation }) });
+        const doc = (await res.json()) as { secret: string };
+        assert.equal(res.status, 201, JSON.stringify(doc));
+        assert.match(doc.secret, /^whsec_/);
+        const shop = new Shop();
+        http.on("request", routes[fw]({ client, secret: doc.secret, resume: shop.resume, log: () => {} }));
+        apps.set(fw, { shop, operation, close: () => new Promise((r) => { http.closeAllConnections(); http.close(() => r()); }) });
+      }
+    });
+    after(async () => {
+      for (const app of apps.values()) await app.close();
+      await srv?.stop();
+    });
+
+    for (const fw of Object.keys(routes)) {
+      test(`${fw}: a worker dead after step 1 is resumed at step 2 by the completer and completed exactly once`, async () => {
+        const app = apps.get(fw)!;
+        const k = newKey("order");
+        const stale = await dieAfterCharge(app, k);
+        const rec = await waitRecord(k, (r) => r.state === "completed");
+        assert.equal(rec.completer, null);
+        assert.equal(rec.response!.status, 201);
+        const body = JSON.parse(rec.response!.body) as { order: string; charge: string };
+        assert.equal(body.order, k);
+        assert.equal(app.shop.charges.get(k), 1, "step 1 happened once");
+        assert.equal(app.shop.emails.get(k), 1, "step 2 happened once");
+        const calls = app.shop.resumed.filter((c) => c.key === k);
+        assert.equal(calls.length, 1, "one resume call");
+        const call = calls[0]!;
+        assert.equal(call.operation, app.operation);
+        assert.equal(call.attempt, 1);
+        assert.equal(call.recoveryPoint, "charged");
+        assert.deepEqual(call.recoveryData, { charge: body.charge }, "the answer carries step 1's result from the recovery data");
+        assert.ok(call.fencingToken > stale);
+        assert.ok(call.webhookId.startsWith("rsm_"));
+
+        await assert.rejects(client.complete(k, stale, { status: 200, body: "late" }), isCode(409, "lease_lost"), "the late original worker is fenced off");
+        const again = await client.run(k, { operation: app.operation, request: { amount: 1000 } }, (claim) => app.shop.placeOrder(claim, k));
+        assert.equal(again.replayed, true);
+        assert.equal(again.response.status, 201);
+        assert.equal(again.response.text(), rec.response!.body);
+        assert.equal(app.shop.charges.get(k), 1);
+        assert.equal(app.shop.emails.get(k), 1);
+        assert.deepEqual((await record(k)).response, rec.response, "the late complete changed nothing");
+
+        const entries = await audit(k);
+        assert.deepEqual(entries.map((e) => e.action), ["completer_completed"]);
+        assert.equal(entries[0]!.actor.scope, "completer");
+        assert.match(entries[0]!.actor.subject, /^completer:/);
+        assert.equal(entries[0]!.fencing_token, call.fencingToken);
+      });
+
+      test(`${fw}: a resume function that raises keeps the key held (outcome_unknown), nothing doubled, until it recovers`, async () => {
+        const app = apps.get(fw)!;
+        const k = newKey("order");
+        app.shop.mailDown.add(k);
+        const stale = await dieAfterCharge(app, k);
+        const rec = await waitRecord(k, (r) => r.completer?.state === "unknown");
+        // Held: not completed, not released (its lease may show it orphaned between attempts).
+        assert.ok(["in_flight", "orphaned"].includes(rec.state), rec.state);
+        assert.ok(rec.completer!.attempts >= 1);
+        assert.equal(rec.recovery_point, "charged");
+
+        await assert.rejects(client.claim(k, { operation: app.operation, request: { amount: 1000 } }), isCode(409, "outcome_unknown"), "a retry never takes the key over");
+        await assert.rejects(client.complete(k, stale, { status: 200, body: "late" }), isCode(409, "lease_lost"));
+        assert.equal(app.shop.charges.get(k), 1, "no side effect doubled");
+        assert.equal(app.shop.emails.get(k), undefined);
+        assert.ok(["in_flight", "orphaned"].includes((await record(k)).state));
+        const held = (await audit(k)).map((e) => e.action);
+        assert.ok(held.length >= 1);
+        assert.deepEqual([...new Set(held)], ["completer_unknown"]);
+
+        app.shop.mailDown.delete(k);
+        const done = await waitRecord(k, (r) => r.state === "completed");
+        assert.equal((JSON.parse(done.response!.body) as { order: string }).order, k);
+        assert.equal(app.shop.charges.get(k), 1);
+        assert.equal(app.shop.emails.get(k), 1);
+        const calls = app.shop.resumed.filter((c) => c.key === k);
+        assert.ok(calls.length >= 2);
+        assert.deepEqual(calls.map((c) => c.attempt), calls.map((_, i) => i + 1));
+        assert.ok(calls.every((c) => c.recoveryPoint === "charged"));
+        const actions = (await audit(k)).map((e) => e.action);
+        assert.deepEqual(actions, [...Array<string>(calls.length - 1).fill("completer_unknown"), "completer_completed"]);
+      });
+    }
+  });
 }
