@@ -11,6 +11,7 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/retrybudget"
 )
 
 // problemInfo is one row of the contract's error table.
@@ -81,6 +82,23 @@ func retryAfterSeconds(d time.Duration) int {
 	return max(s, 1)
 }
 
+// budgetSpent reports whether the answer of code should carry
+// Idem-Retry-Budget: exhausted: on a refused retry always, and on any other
+// failure an SDK retries (a retryable code or a 5xx) of a known tenant when
+// its fleet retry budget on this replica is spent (Budget.Invite), so the
+// callers stop on the failure they have instead of each sending a retry to
+// be refused (web/docs/retries#budget-signal).
+func (s *service) budgetSpent(r *http.Request, code idem.Code, info problemInfo) bool {
+	if code == idem.CodeRetryBudgetExhausted {
+		return true
+	}
+	if !info.retryable && info.status < 500 {
+		return false
+	}
+	tenant := principalFrom(r.Context()).Tenant
+	return tenant != "" && s.retries.Invite(tenant)
+}
+
 // writeProblem answers err as application/problem+json. An error without a
 // known code is a 500 "internal" whose cause is logged and never shown.
 //
@@ -128,6 +146,9 @@ func (s *service) writeProblem(w http.ResponseWriter, r *http.Request, err error
 			wait = time.Second
 		}
 		h.Set("Retry-After", strconv.Itoa(retryAfterSeconds(wait)))
+	}
+	if s.budgetSpent(r, e.Code, info) {
+		h.Set(retrybudget.SignalHeader, retrybudget.Exhausted)
 	}
 	if e.Code == idem.CodeUnauthenticated {
 		h.Set("WWW-Authenticate", `Bearer error="invalid_token"`)
