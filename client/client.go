@@ -285,6 +285,15 @@ func (c *Client) do(ctx context.Context, ac apiCall) (callResult, error) {
 		if lc.original == nil {
 			lc.original = err
 		}
+		if e := (*Error)(nil); errors.As(err, &e) && e.FleetBudgetSpent {
+			// idem says the fleet budget is spent: a retry would only
+			// be refused (an attempt reaching idem all the same), so
+			// stop now as for the refusal, with the original cause.
+			info.GiveUp = "fleet-budget"
+			info.BudgetLeft = c.budget.left()
+			c.report(ctx, info)
+			return res, &FleetBudgetError{Call: ac.name, Attempts: lc.attempts, Cause: lc.cause, Original: lc.original}
+		}
 		// Choose the wait, then check attempts, deadline and budget.
 		var wait time.Duration
 		if ra > 0 {
@@ -438,6 +447,8 @@ func (c *Client) problem(resp *http.Response, data []byte) *Error {
 		RequestID:   resp.Header.Get("X-Request-Id"),
 		Retryable:   c.policy.retryableStatus(resp.StatusCode),
 		WaitApplied: waitApplied(resp.Header),
+
+		FleetBudgetSpent: budgetSpent(resp.Header),
 	}
 	var pd struct {
 		Type      string       `json:"type"`
