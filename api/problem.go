@@ -84,7 +84,8 @@ func retryAfterSeconds(d time.Duration) int {
 
 // budgetSpent reports whether the answer of code should carry
 // Idem-Retry-Budget: exhausted: on a refused retry always, and on any other
-// failure an SDK retries (a retryable code or a 5xx) of a known tenant when
+// failure an SDK retries (a retryable code, or a 500 an SDK may be set to
+// retry) of a known tenant when
 // its fleet retry budget on this replica is spent (Budget.Invite), so the
 // callers stop on the failure they have instead of each sending a retry to
 // be refused (web/docs/retries#budget-signal).
@@ -92,8 +93,8 @@ func (s *service) budgetSpent(r *http.Request, code idem.Code, info problemInfo)
 	if code == idem.CodeRetryBudgetExhausted {
 		return true
 	}
-	if !info.retryable && info.status < 500 {
-		return false
+	if !info.retryable && code != idem.CodeInternal {
+		return false // 507 storage_quota_exceeded included: never retried
 	}
 	tenant := principalFrom(r.Context()).Tenant
 	return tenant != "" && s.retries.Invite(tenant)
