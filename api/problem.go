@@ -12,6 +12,7 @@ import (
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/client/errcode"
 	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/retrybudget"
 )
 
 // problems are the rows of the one error table (package errcode) the API
@@ -35,6 +36,24 @@ type problem struct {
 func retryAfterSeconds(d time.Duration) int {
 	s := int(math.Ceil(d.Seconds()))
 	return max(s, 1)
+}
+
+// budgetSpent reports whether the answer of code should carry
+// Idem-Retry-Budget: exhausted: on a refused retry always, and on any other
+// failure an SDK retries (a retryable code, or a 500 an SDK may be set to
+// retry) of a known tenant when
+// its fleet retry budget on this replica is spent (Budget.Invite), so the
+// callers stop on the failure they have instead of each sending a retry to
+// be refused (web/docs/retries#budget-signal).
+func (s *service) budgetSpent(r *http.Request, code idem.Code, info errcode.Info) bool {
+	if code == idem.CodeRetryBudgetExhausted {
+		return true
+	}
+	if !info.Retryable && code != idem.CodeInternal {
+		return false // 507 storage_quota_exceeded included: never retried
+	}
+	tenant := principalFrom(r.Context()).Tenant
+	return tenant != "" && s.retries.Invite(tenant)
 }
 
 // writeProblem answers err as application/problem+json. An error without a
@@ -84,6 +103,9 @@ func (s *service) writeProblem(w http.ResponseWriter, r *http.Request, err error
 			wait = time.Second
 		}
 		h.Set("Retry-After", strconv.Itoa(retryAfterSeconds(wait)))
+	}
+	if s.budgetSpent(r, e.Code, info) {
+		h.Set(retrybudget.SignalHeader, retrybudget.Exhausted)
 	}
 	if e.Code == idem.CodeUnauthenticated {
 		h.Set("WWW-Authenticate", `Bearer error="invalid_token"`)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -17,6 +18,22 @@ import (
 // attempts by it and holds each tenant's retries to its
 // retry_budget_percent of first attempts, fleet-wide.
 const HeaderAttempt = "Idem-Attempt"
+
+// HeaderRetryBudget is the response header by which idem says, on a
+// retryable failure, that the tenant's fleet retry budget is spent: an RFC
+// 9651 Item, the Token "exhausted" (parameters, if any, are ignored). The
+// client then sends no retry of that call: it returns a *FleetBudgetError
+// with the failure as its original cause, as for a refused retry.
+const HeaderRetryBudget = "Idem-Retry-Budget"
+
+// budgetSpent reports whether h says the fleet retry budget is spent.
+func budgetSpent(h http.Header) bool {
+	v := h.Get(HeaderRetryBudget)
+	if i := strings.IndexByte(v, ';'); i >= 0 {
+		v = v[:i]
+	}
+	return strings.TrimSpace(v) == "exhausted"
+}
 
 // The causes of a retry, the cause parameter of HeaderAttempt.
 const (
@@ -127,7 +144,9 @@ type FleetBudgetError struct {
 	// Original is that attempt's error: what the caller should act on.
 	Original error
 	// Refusal is the 429 retry_budget_exhausted answer; its RetryAfter
-	// says when the tenant's budget has room again.
+	// says when the tenant's budget has room again. It is nil when the
+	// client sent no retry at all because the failed attempt's answer said
+	// the budget is spent (HeaderRetryBudget; Original has that answer).
 	Refusal *Error
 }
 

@@ -163,7 +163,9 @@ type AttemptInfo struct {
 	Wait  time.Duration
 	// GiveUp says why no retry follows a retryable failure: "attempts",
 	// "budget", "deadline" or "context"; "fleet-budget" when idem refused
-	// the retry (429 retry_budget_exhausted); empty otherwise.
+	// the retry (429 retry_budget_exhausted); "fleet-signal" when the
+	// failure's answer said the fleet budget is spent (Idem-Retry-Budget:
+	// exhausted) and no retry was sent; empty otherwise.
 	GiveUp string
 	// BudgetLeft is the client's retry budget after this attempt (+Inf when
 	// the budget is off).
@@ -284,6 +286,15 @@ func (c *Client) do(ctx context.Context, ac apiCall) (callResult, error) {
 		lc.cause = causeOf(res, err)
 		if lc.original == nil {
 			lc.original = err
+		}
+		if e := (*Error)(nil); errors.As(err, &e) && e.FleetBudgetSpent {
+			// idem says the fleet budget is spent: a retry would only
+			// be refused (an attempt reaching idem all the same), so
+			// stop now as for the refusal, with the original cause.
+			info.GiveUp = "fleet-signal"
+			info.BudgetLeft = c.budget.left()
+			c.report(ctx, info)
+			return res, &FleetBudgetError{Call: ac.name, Attempts: lc.attempts, Cause: lc.cause, Original: lc.original}
 		}
 		// Choose the wait, then check attempts, deadline and budget.
 		var wait time.Duration
@@ -438,6 +449,8 @@ func (c *Client) problem(resp *http.Response, data []byte) *Error {
 		RequestID:   resp.Header.Get("X-Request-Id"),
 		Retryable:   c.policy.retryableStatus(resp.StatusCode),
 		WaitApplied: waitApplied(resp.Header),
+
+		FleetBudgetSpent: budgetSpent(resp.Header),
 	}
 	var pd struct {
 		Type      string       `json:"type"`

@@ -308,6 +308,11 @@ func (c *Client) claimWaiting(ctx context.Context, key string, req Request) (Cla
 		if lc.original == nil {
 			lc.original = err
 		}
+		if e.FleetBudgetSpent {
+			// No retry after a wait either: idem says the tenant's fleet
+			// retry budget is spent.
+			return ClaimResult{}, &FleetBudgetError{Call: "claim", Attempts: lc.attempts, Cause: lc.cause, Original: lc.original}
+		}
 		ra := e.RetryAfter
 		if ra <= 0 {
 			ra = p.BaseDelay

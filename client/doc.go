@@ -74,7 +74,11 @@
 //     retries to its retry_budget_percent of first attempts, fleet-wide;
 //     a retry it refuses (429 retry_budget_exhausted) ends the call at
 //     once with a *FleetBudgetError wrapping ErrFleetBudgetExhausted and
-//     the original error, so ErrorCode sees the original cause.
+//     the original error, so ErrorCode sees the original cause. A
+//     failure whose answer says Idem-Retry-Budget: exhausted
+//     (HeaderRetryBudget: the budget is spent) ends the call the same
+//     way before any retry is sent (Refusal nil), in Do's in-flight
+//     waits too: a retry idem would refuse is still an attempt reaching it.
 //   - Two presets: Interactive (InteractivePolicy: 10 s for the whole
 //     call, 3 attempts of at most 3 s, in-flight waits up to 5 s) and
 //     Background (BackgroundPolicy: 10 minutes, 10 attempts of at most

@@ -99,6 +99,10 @@ type Error struct {
 	// (Request.Wait) before this answer, from Preference-Applied; zero
 	// when it held none (it may refuse to: its waiter limit, a shutdown).
 	WaitApplied time.Duration
+	// FleetBudgetSpent is true when the answer carried Idem-Retry-Budget:
+	// exhausted: the tenant's fleet retry budget is spent, so the client
+	// sent no retry of the call (it returned a *FleetBudgetError).
+	FleetBudgetSpent bool
 }
 
 // Error implements error.

@@ -22,6 +22,19 @@ import (
 // Token parameter cause, e.g. "Idem-Attempt: 2;cause=timeout".
 const Header = "Idem-Attempt"
 
+// SignalHeader is the response header by which idem tells a caller, on a
+// retryable failure (503, other 5xx, 429, 409 request_in_flight), that the
+// tenant's fleet retry budget on this replica is spent: an RFC 9651 Item,
+// the Token exhausted ("Idem-Retry-Budget: exhausted"). It is absent
+// otherwise. An SDK that reads it sends no retry of that call and reports
+// the failure's own cause, as for a 429 retry_budget_exhausted: every
+// caller learns of the budget from the failure it already has, not from a
+// refused retry of its own (itself an attempt reaching idem).
+const SignalHeader = "Idem-Retry-Budget"
+
+// Exhausted is SignalHeader's value when the budget is spent.
+const Exhausted = "exhausted"
+
 // Cause is why the previous attempt of a logical call failed, the value of
 // the cause parameter.
 type Cause string

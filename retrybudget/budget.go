@@ -50,6 +50,7 @@ type counts struct {
 	first   int64
 	retries int64 // retries admitted
 	refused int64
+	offered int64 // retryable failures answered without the exhausted signal
 }
 
 // New returns a Budget with a window of window (DefaultWindow when zero or
@@ -129,6 +130,44 @@ func (b *Budget) Admit(id string, a Attempt) Decision {
 	c.refused++
 	m.refused++
 	return Decision{RetryAfter: b.untilOldestRetry(t, span, now)}
+}
+
+// Invite is asked, for a retryable failure (503, other 5xx, 429, 409
+// request_in_flight) about to be answered to tenant id, whether the answer
+// should say the budget is spent (Idem-Retry-Budget: exhausted), so that no
+// caller sends a retry only to have it refused: a refusal is itself an
+// attempt reaching idem, and a caller would otherwise learn of the budget
+// only from its own. It is spent when the retries admitted in the window,
+// or the failures already answered without the signal (each invites a
+// retry), reach the allowance Admit uses. Otherwise the failure is counted
+// as one such invitation, so a burst of failures invites no more retries
+// than the allowance however long the callers wait before retrying (a
+// Retry-After of a second lets a whole second of failures through a
+// signal that only looked at admitted retries). A percent of Off, or a
+// tenant Admit has not seen, is never spent.
+func (b *Budget) Invite(id string) bool {
+	span := b.now().UnixNano() / int64(b.slot)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t, ok := b.tenants[id]
+	if !ok || t.percent >= Off {
+		return false
+	}
+	var first, retries, offered int64
+	for i := range t.slots {
+		c := &t.slots[i]
+		if c.span > span-slots && c.span <= span {
+			first += c.first
+			retries += c.retries
+			offered += c.offered
+		}
+	}
+	allowance := max(int64(Floor), first*int64(t.percent)/100)
+	if max(retries, offered) >= allowance {
+		return true
+	}
+	t.current(span).offered++
+	return false
 }
 
 // current returns the slot of span, emptied when it held an older span.

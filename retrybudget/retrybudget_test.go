@@ -162,3 +162,43 @@ func TestHistory(t *testing.T) {
 	require.Empty(t, b.Histories())
 	require.Empty(t, b.tenants)
 }
+
+// TestInvite: the signal says spent once the failures answered without it
+// (each inviting a retry) or the retries admitted fill the allowance; the
+// invitations leave with the window; off and unknown tenants are never
+// spent.
+func TestInvite(t *testing.T) {
+	t.Parallel()
+	c := &clock{t: time.Unix(1_000_000, 0)}
+	b := New(10*time.Second, c.now)
+	for range 200 {
+		b.Admit("a", First)
+	}
+	b.SetPercent("a", 10) // allowance 20
+	for i := range 20 {
+		require.False(t, b.Invite("a"), "failure %d invites a retry", i)
+	}
+	require.True(t, b.Invite("a"), "20 retries invited: spent")
+	require.True(t, b.Admit("a", Attempt{2, CauseUnavailable}).Allowed, "the signal is advice: the refusal rule is unchanged")
+
+	c.t = c.t.Add(10 * time.Second) // the window is empty again
+	for range 200 {
+		b.Admit("a", First)
+	}
+	require.False(t, b.Invite("a"))
+
+	// Spent by admitted retries alone.
+	b.Admit("q", First)
+	b.SetPercent("q", 0)
+	for range Floor {
+		require.True(t, b.Admit("q", Attempt{2, CauseTimeout}).Allowed)
+	}
+	require.True(t, b.Invite("q"))
+
+	b.Admit("off", First)
+	b.SetPercent("off", Off)
+	for range 100 {
+		require.False(t, b.Invite("off"))
+	}
+	require.False(t, b.Invite("never-seen"))
+}

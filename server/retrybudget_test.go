@@ -272,3 +272,68 @@ func TestRetryBudgetPerReplica(t *testing.T) {
 		require.Len(t, recs, 40, "one record per admitted retry, none for a refused one")
 	})
 }
+
+// TestRetryBudgetSignal: Idem-Retry-Budget: exhausted is on the retryable
+// failures of a tenant whose budget is spent, and on nothing else. With
+// retry_budget_percent 0 the allowance is the floor, 10 retries: the first
+// 10 failures (409 request_in_flight, a retry each may make) go out without
+// it, each inviting a retry, and every later one carries it; on a
+// tenant whose 10 retries were admitted, the first failure carries it; a
+// refused retry always does; answers that invite no retry (2xx, 404, 400)
+// never do, nor anything of a tenant with the budget off.
+func TestRetryBudgetSignal(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, backend string) {
+		ts := startBudgeted(t, backend, "", map[string]int{"acme": 0, "busy": 10, "off": 100})
+		signal := func(a budgetAnswer) string { return a.header.Get(retrybudget.SignalHeader) }
+
+		c := newAttemptClient(t, ts, "acme")
+		for i := range 3 {
+			a := c.claim(t, fmt.Sprintf("k-%d", i), "1")
+			require.Equal(t, http.StatusCreated, a.status)
+			require.Empty(t, signal(a), "a success never carries the signal")
+		}
+		for i := range retrybudget.Floor {
+			a := c.claim(t, "k-0", "1") // the key is in flight: 409
+			require.Equal(t, http.StatusConflict, a.status)
+			require.Equal(t, "request_in_flight", a.body["code"])
+			require.Empty(t, signal(a), "failure %d: the budget has room for its retry", i)
+		}
+		for i := range 5 {
+			a := c.claim(t, "k-0", "1")
+			require.Equal(t, http.StatusConflict, a.status)
+			require.Equal(t, retrybudget.Exhausted, signal(a), "failure %d past the allowance", i)
+		}
+		nf := c.call(t, http.MethodGet, "/v1/keys/none", "1", "")
+		require.Equal(t, http.StatusNotFound, nf.status)
+		require.Empty(t, signal(nf), "a 404 invites no retry")
+		bad := c.call(t, http.MethodPost, "/v1/keys/k-bad/claim", "1", `{"operation":`)
+		require.Equal(t, http.StatusBadRequest, bad.status)
+		require.Empty(t, signal(bad), "a 400 invites no retry")
+		// The signal is advice: first attempts are served as before.
+		require.Equal(t, http.StatusCreated, c.claim(t, "k-after", "1").status)
+
+		// Spent by admitted retries: the floor's 10, then the next
+		// failure says so, and the refused retry too.
+		busy := newAttemptClient(t, ts, "busy")
+		require.Equal(t, http.StatusCreated, busy.claim(t, "b-0", "1").status)
+		for i := range retrybudget.Floor {
+			require.Equal(t, http.StatusCreated, busy.claim(t, fmt.Sprintf("r-%d", i), "2;cause=unavailable").status)
+		}
+		a := busy.claim(t, "b-0", "1")
+		require.Equal(t, http.StatusConflict, a.status)
+		require.Equal(t, retrybudget.Exhausted, signal(a))
+		refused := busy.claim(t, "r-last", "2;cause=unavailable")
+		requireRefused(t, refused)
+		require.Equal(t, retrybudget.Exhausted, signal(refused))
+
+		// Off: never spent.
+		off := newAttemptClient(t, ts, "off")
+		require.Equal(t, http.StatusCreated, off.claim(t, "o-0", "1").status)
+		for i := range 30 {
+			a := off.claim(t, "o-0", "2;cause=in-flight")
+			require.Equal(t, http.StatusConflict, a.status)
+			require.Empty(t, signal(a), "failure %d with the budget off", i)
+		}
+	})
+}

@@ -116,6 +116,7 @@ type second struct {
 	Attempts     int64   `json:"attempts"`        // HTTP requests reaching idem
 	First        int64   `json:"first"`           // of those, first attempts of an HTTP call
 	FleetRefused int64   `json:"fleet_refused"`   // retries refused by idem's fleet budget (429)
+	FleetSignal  int64   `json:"fleet_signal"`    // retries not sent: the failure said Idem-Retry-Budget: exhausted
 	ProcRefused  int64   `json:"process_refused"` // retries a client's own budget did not make
 	Amplify      float64 `json:"amplification"`   // attempts ÷ first attempts
 }
@@ -274,7 +275,7 @@ func stormPhase(ctx context.Context, cfg stormConfig, base, token string, proxy 
 	total := cfg.steady + cfg.outage + cfg.recovery
 	n := int(math.Ceil(total.Seconds()))
 	secs := make([]struct {
-		calls, ok, attempts, first, fleet, proc atomic.Int64
+		calls, ok, attempts, first, fleet, signal, proc atomic.Int64
 	}, n+60)
 	start := time.Now()
 	at := func() int { return min(int(time.Since(start)/time.Second), len(secs)-1) }
@@ -291,6 +292,8 @@ func stormPhase(ctx context.Context, cfg stormConfig, base, token string, proxy 
 		switch info.GiveUp {
 		case "fleet-budget":
 			s.fleet.Add(1)
+		case "fleet-signal":
+			s.signal.Add(1)
 		case "budget":
 			s.proc.Add(1)
 		}
@@ -361,7 +364,7 @@ func stormPhase(ctx context.Context, cfg stormConfig, base, token string, proxy 
 	for i := range n {
 		s := &secs[i]
 		x := second{Calls: s.calls.Load(), Succeeded: s.ok.Load(), Attempts: s.attempts.Load(), First: s.first.Load(),
-			FleetRefused: s.fleet.Load(), ProcRefused: s.proc.Load()}
+			FleetRefused: s.fleet.Load(), FleetSignal: s.signal.Load(), ProcRefused: s.proc.Load()}
 		if x.First > 0 {
 			x.Amplify = float64(x.Attempts) / float64(x.First)
 		}
@@ -374,7 +377,7 @@ func stormPhase(ctx context.Context, cfg stormConfig, base, token string, proxy 
 // returns false when a goal of the budget-on run (or 0 duplicates) fails.
 func (r stormRun) report(w io.Writer) bool {
 	fmt.Fprintf(w, "\n== fleet budget %s (retry_budget_percent %d); outage seconds %d-%d ==\n", r.Budget, r.Percent, r.OutageStart, r.OutageEnd-1)
-	fmt.Fprintf(w, "%4s %7s %9s %9s %7s %7s %9s %9s\n", "s", "calls", "attempts", "first", "ampl", "ok%", "fleet429", "procbudg")
+	fmt.Fprintf(w, "%4s %7s %9s %9s %7s %7s %9s %9s %9s\n", "s", "calls", "attempts", "first", "ampl", "ok%", "fleet429", "signalled", "procbudg")
 	for i, s := range r.Seconds {
 		ok := 0.0
 		if s.Calls > 0 {
@@ -384,7 +387,7 @@ func (r stormRun) report(w io.Writer) bool {
 		if i >= r.OutageStart && i < r.OutageEnd {
 			mark = " outage"
 		}
-		fmt.Fprintf(w, "%4d %7d %9d %9d %7.2f %7.1f %9d %9d%s\n", i, s.Calls, s.Attempts, s.First, s.Amplify, ok, s.FleetRefused, s.ProcRefused, mark)
+		fmt.Fprintf(w, "%4d %7d %9d %9d %7.2f %7.1f %9d %9d %9d%s\n", i, s.Calls, s.Attempts, s.First, s.Amplify, ok, s.FleetRefused, s.FleetSignal, s.ProcRefused, mark)
 	}
 	sum := func(from, to int, f func(second) int64) float64 {
 		var t int64
@@ -407,6 +410,8 @@ func (r stormRun) report(w io.Writer) bool {
 	successAfter := 100 * okAfter / math.Max(calls, 1)
 	fmt.Fprintf(w, "side effects %d, duplicates %d\n", r.SideEffects, r.Duplicates)
 	fmt.Fprintf(w, "outage: attempts %.2f x first attempts (goal with the budget on: <= 1.1); past the fleet budget (refusals left out) %.2f x\n", outageAmp, admittedAmp)
+	fmt.Fprintf(w, "outage: %.0f retries refused (429 retry_budget_exhausted), %.0f not sent (the failure said Idem-Retry-Budget: exhausted)\n",
+		sum(r.OutageStart, r.OutageEnd, func(s second) int64 { return s.FleetRefused }), sum(r.OutageStart, r.OutageEnd, func(s second) int64 { return s.FleetSignal }))
 	fmt.Fprintf(w, "first 5 s after recovery: attempts %.2f x the steady rate of %.0f/s (goal: <= 1.5)\n", waveRatio, steadyRate)
 	fmt.Fprintf(w, "from 5 s after recovery: %.2f %% of logical calls succeeded (goal: >= 99)\n", successAfter)
 	fmt.Fprintf(w, "RESULT storm budget=%s percent=%d outage_amplification=%.3f outage_admitted=%.3f recovery_wave=%.3f success_after=%.2f duplicates=%d\n",

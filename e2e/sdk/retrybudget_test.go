@@ -178,3 +178,110 @@ func TestE2EPresets(t *testing.T) {
 	// without the call deadline the loop would go on for 1000 attempts.
 	require.Len(t, front.headers(), 1, "the call deadline ended the loop, not the attempt cap")
 }
+
+// spendFloor sends the floor's 10 retries of tenant acme (at percent 0)
+// straight to the server: its fleet budget is spent from then on.
+func spendFloor(t *testing.T, srv *servertest.Server, tok string) {
+	t.Helper()
+	hc := &http.Client{Timeout: 10 * time.Second}
+	for i := range 10 {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL()+fmt.Sprintf("/v1/keys/warm-%d", i), nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set(client.HeaderAttempt, "2;cause=timeout")
+		resp, err := hc.Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusNotFound, resp.StatusCode)
+	}
+}
+
+// TestE2EFleetBudgetSignalStopsWaiting: once the tenant's budget is spent,
+// the real server's 409 request_in_flight says so (Idem-Retry-Budget:
+// exhausted) and Do sends no claim after it, though its in-flight wait
+// would allow several: exactly one attempt reaches idem (counted at the
+// proxy), the error is a *FleetBudgetError without a refusal whose
+// original cause is the 409, and the holder's claim is untouched. Without
+// the signal Do would wait and claim again, to be refused.
+func TestE2EFleetBudgetSignalStopsWaiting(t *testing.T) {
+	t.Parallel()
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			srv, tok := startBudgetServer(t, backend, 0)
+			raw, err := client.New(srv.URL(), client.WithToken(tok))
+			require.NoError(t, err)
+			held, err := raw.Claim(context.Background(), "held", client.Request{Operation: "POST /orders", Payload: map[string]any{"n": 1}})
+			require.NoError(t, err)
+			spendFloor(t, srv, tok)
+
+			front, base := newFlakyFront(t, srv.URL(), 0)
+			c, err := client.New(base, client.WithToken(tok), client.WithRetryPolicy(client.RetryPolicy{
+				MaxAttempts: 5, BaseDelay: 10 * time.Millisecond, RetryAfterJitter: -1, InFlightWait: 30 * time.Second}))
+			require.NoError(t, err)
+			ran := false
+			_, err = c.Do(context.Background(), "held", client.Request{Operation: "POST /orders", Payload: map[string]any{"n": 1}, NoWait: false},
+				func(context.Context, *client.Claim) (client.Response, error) { ran = true; return confirmed, nil })
+			require.Error(t, err)
+			require.False(t, ran)
+			require.ErrorIs(t, err, client.ErrFleetBudgetExhausted)
+			require.ErrorIs(t, err, client.ErrRequestInFlight, "the original cause")
+			var fb *client.FleetBudgetError
+			require.ErrorAs(t, err, &fb)
+			require.Nil(t, fb.Refusal, "stopped before any refusal")
+			require.Equal(t, 1, fb.Attempts)
+			require.Equal(t, client.CauseInFlight, fb.Cause)
+			require.Len(t, front.headers(), 1, "no claim after the signal")
+
+			rec, err := raw.Get(context.Background(), "held")
+			require.NoError(t, err)
+			require.Equal(t, client.StateInFlight, rec.State)
+			_, err = raw.Complete(context.Background(), "held", held.FencingToken, confirmed)
+			require.NoError(t, err, "the holder's claim is intact")
+		})
+	}
+}
+
+// TestE2EFleetBudgetSignalStopsRetrying: a 503 that says the budget is
+// spent (a replica whose store is away answers it with the header, here
+// the proxy) ends the call after that one attempt, though 5 were allowed,
+// with the 503 as the original cause.
+func TestE2EFleetBudgetSignalStopsRetrying(t *testing.T) {
+	t.Parallel()
+	srv, tok := startBudgetServer(t, servertest.BackendSQLite, 10)
+	u, err := url.Parse(srv.URL())
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	var mu sync.Mutex
+	attempts := 0
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		attempts++
+		n := attempts
+		mu.Unlock()
+		if n == 1 {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.Header().Set("Retry-After", "1")
+			w.Header().Set(client.HeaderRetryBudget, "exhausted")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"type":"/docs/errors#store_unavailable","title":"Store unavailable","status":503,"detail":"the store does not answer","code":"store_unavailable","retryable":true}`))
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	c, err := client.New(front.URL, client.WithToken(tok), client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 5, BaseDelay: 10 * time.Millisecond, RetryAfterJitter: -1}))
+	require.NoError(t, err)
+	_, err = c.Claim(context.Background(), "order-1", client.Request{Operation: "POST /orders"})
+	require.ErrorIs(t, err, client.ErrFleetBudgetExhausted)
+	require.ErrorIs(t, err, client.ErrStoreUnavailable)
+	var fb *client.FleetBudgetError
+	require.ErrorAs(t, err, &fb)
+	require.Equal(t, client.CauseUnavailable, fb.Cause)
+	require.Nil(t, fb.Refusal)
+	mu.Lock()
+	require.Equal(t, 1, attempts, "no retry after the signal")
+	mu.Unlock()
+	// The next call is a new one: it goes through.
+	_, err = c.Claim(context.Background(), "order-1", client.Request{Operation: "POST /orders"})
+	require.NoError(t, err)
+}

@@ -2,7 +2,7 @@ import { randomUUID } from "node:crypto";
 import { Codes, IdemError } from "./errors.js";
 import { validateKey } from "./keys.js";
 import { StoredResponse } from "./response.js";
-import { FleetBudgetError, RetryBudget, attemptHeader, backoffMs, causeOf, headerAttempt, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, retryableTransportError, withDefaults, } from "./retry.js";
+import { FleetBudgetError, budgetSpent, headerRetryBudget, RetryBudget, attemptHeader, backoffMs, causeOf, headerAttempt, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, retryableTransportError, withDefaults, } from "./retry.js";
 import { headerPreferenceApplied, preferWait } from "./rules.js";
 import { run } from "./run.js";
 function keyPath(key, suffix = "") {
@@ -112,6 +112,9 @@ export class Client {
             if (err instanceof IdemError && err.code === Codes.requestInFlight) {
                 lc.cause = "in-flight";
                 lc.original ??= err;
+                // No claim after a wait either when idem says the budget is spent.
+                if (err.fleetBudgetSpent)
+                    throw new FleetBudgetError("claim", lc.attempts, "in-flight", lc.original, undefined);
                 this.waitingClaims.set(b, lc);
             }
             throw err;
@@ -255,6 +258,15 @@ export class Client {
             }
             lc.cause = causeOf(error);
             lc.original ??= error;
+            if (error.fleetBudgetSpent) {
+                // idem says the fleet budget is spent: a retry would only be
+                // refused (an attempt reaching idem all the same), so stop now as
+                // for the refusal, with the original cause.
+                info.giveUp = "fleet_signal";
+                info.budgetLeft = this.budget.left();
+                this.report(info);
+                throw new FleetBudgetError(ac.name, lc.attempts, lc.cause, lc.original, undefined);
+            }
             const wait = error.retryAfterMs > 0 ? retryAfterWaitMs(p, error.retryAfterMs, this.random) : backoffMs(p, attempt - 1, this.random);
             let giveUp;
             if (attempt >= p.maxAttempts)
@@ -371,6 +383,7 @@ export class Client {
             retryAfterMs: parseRetryAfter(resp.headers.get("Retry-After"), this.clock.now()) ?? 0,
             requestId: resp.headers.get("X-Request-Id") ?? "",
             waitAppliedSeconds: waitApplied(resp.headers),
+            fleetBudgetSpent: budgetSpent(resp.headers.get(headerRetryBudget)),
             fields: Array.isArray(pd.errors) ? pd.errors : [],
         });
     }

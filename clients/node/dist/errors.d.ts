@@ -57,9 +57,11 @@ export interface FieldError {
  * `attempts` (the attempt cap), `budget` (the client's retry budget is
  * empty), `deadline` (the time left cannot fit the wait plus an attempt),
  * `aborted` (the caller's signal fired), `in_flight_wait` (the wait for
- * another holder of the key ran out).
+ * another holder of the key ran out), `fleet_budget` (idem refused the
+ * retry: 429 `retry_budget_exhausted`), `fleet_signal` (the failure said
+ * `Idem-Retry-Budget: exhausted`, so no retry was sent).
  */
-export type GiveUpReason = "attempts" | "budget" | "deadline" | "aborted" | "in_flight_wait" | "fleet_budget";
+export type GiveUpReason = "attempts" | "budget" | "deadline" | "aborted" | "in_flight_wait" | "fleet_budget" | "fleet_signal";
 /** The fields an {@link IdemError} is built from. */
 export interface IdemErrorInit {
     status?: number;
@@ -70,6 +72,7 @@ export interface IdemErrorInit {
     retryable?: boolean;
     retryAfterMs?: number;
     waitAppliedSeconds?: number;
+    fleetBudgetSpent?: boolean;
     requestId?: string;
     fields?: FieldError[];
     call?: string;
@@ -101,6 +104,12 @@ export declare class IdemError extends Error {
      * may refuse to: its waiter limit, a shutdown).
      */
     readonly waitAppliedSeconds: number;
+    /**
+     * Whether the answer carried `Idem-Retry-Budget: exhausted`: the tenant's
+     * fleet retry budget is spent, so the client sent no retry (it threw a
+     * {@link FleetBudgetError} with this error as the original).
+     */
+    readonly fleetBudgetSpent: boolean;
     /** The invalid fields of an `invalid_request`. */
     readonly fields: FieldError[];
     /** The call that failed, e.g. `claim`. */

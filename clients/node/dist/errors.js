@@ -71,6 +71,12 @@ export class IdemError extends Error {
      * may refuse to: its waiter limit, a shutdown).
      */
     waitAppliedSeconds;
+    /**
+     * Whether the answer carried `Idem-Retry-Budget: exhausted`: the tenant's
+     * fleet retry budget is spent, so the client sent no retry (it threw a
+     * {@link FleetBudgetError} with this error as the original).
+     */
+    fleetBudgetSpent;
     /** The invalid fields of an `invalid_request`. */
     fields;
     /** The call that failed, e.g. `claim`. */
@@ -91,6 +97,7 @@ export class IdemError extends Error {
         this.retryAfterMs = init.retryAfterMs ?? 0;
         this.requestId = init.requestId ?? "";
         this.waitAppliedSeconds = init.waitAppliedSeconds ?? 0;
+        this.fleetBudgetSpent = init.fleetBudgetSpent ?? false;
         this.fields = init.fields ?? [];
         this.call = init.call ?? "";
         this.message = this.describe();

@@ -2,7 +2,7 @@ export { Client, type AttemptInfo, type CallOptions, type ClaimOptions, type Cli
 export { Codes, IdemError, NoSideEffect, isIdemError, isNoSideEffect, type Code, type FieldError, type GiveUpReason } from "./errors.js";
 export { key, maxKeyBytes, validateKey } from "./keys.js";
 export { StoredResponse, type ResponseInit, type WireResponse } from "./response.js";
-export { FleetBudgetError, RetryBudget, background, headerAttempt, interactive, backoffCeilingMs, backoffMs, defaultRetryPolicy, parseHttpDate, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, withDefaults, type AttemptCause, type Clock, type EffectivePolicy, type RetryPolicy, } from "./retry.js";
+export { FleetBudgetError, headerRetryBudget, RetryBudget, background, headerAttempt, interactive, backoffCeilingMs, backoffMs, defaultRetryPolicy, parseHttpDate, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, withDefaults, type AttemptCause, type Clock, type EffectivePolicy, type RetryPolicy, } from "./retry.js";
 export { Claim, renewalPoint, run, type RunOptions, type RunResult } from "./run.js";
 export type { ClaimRequest, ClaimResult, KeyPage, KeyRecord, Settings, State, Tenant, Usage } from "./types.js";
 export { FrontDoor, type FrontDoorOptions, type FrontRequest, type HandlerAnswer, type Outcome, type FrontDoorPort } from "./frontdoor.js";

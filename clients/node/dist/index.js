@@ -3,7 +3,7 @@ export { Client } from "./client.js";
 export { Codes, IdemError, NoSideEffect, isIdemError, isNoSideEffect } from "./errors.js";
 export { key, maxKeyBytes, validateKey } from "./keys.js";
 export { StoredResponse } from "./response.js";
-export { FleetBudgetError, RetryBudget, background, headerAttempt, interactive, backoffCeilingMs, backoffMs, defaultRetryPolicy, parseHttpDate, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, withDefaults, } from "./retry.js";
+export { FleetBudgetError, headerRetryBudget, RetryBudget, background, headerAttempt, interactive, backoffCeilingMs, backoffMs, defaultRetryPolicy, parseHttpDate, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, withDefaults, } from "./retry.js";
 export { Claim, renewalPoint, run } from "./run.js";
 export { FrontDoor } from "./frontdoor.js";
 export { FrontDoorError, checkIJSON, defaultStoredHeaders, escapeLabel, escapeScope, fingerprintDocument, headerNotReplayable, notReplayableDetail, mismatchDetail, headerPreferenceApplied, isJSON, operation, parseKey, pathRoute, preferWait, problemResponse, problems, requirement, scopedKey, splitTarget, storableStatus, storageQuotaDetail, tenantUnknownDetail, unstorableStatus, storeStatus, storedHeaders, validLabelText, validRequestId, } from "./rules.js";

@@ -68,14 +68,20 @@ export declare function causeOf(err: IdemError): AttemptCause;
  * budget. No further attempt was sent. Its code, status and detail are the
  * original failure's (`original`: the 503, the timeout), so a caller
  * handles the outage as before; `attemptCause` names it, `refusal` is the
- * 429 (its `retryAfterMs` says when the budget has room again).
+ * 429 (its `retryAfterMs` says when the budget has room again), or
+ * undefined when no retry was sent at all because the failure's answer
+ * said the budget is spent (`Idem-Retry-Budget: exhausted`).
  */
 export declare class FleetBudgetError extends IdemError {
     readonly original: IdemError;
-    readonly refusal: IdemError;
+    readonly refusal: IdemError | undefined;
     readonly attemptCause: AttemptCause | undefined;
-    constructor(call: string, attempts: number, attemptCause: AttemptCause | undefined, original: IdemError, refusal: IdemError);
+    constructor(call: string, attempts: number, attemptCause: AttemptCause | undefined, original: IdemError, refusal: IdemError | undefined);
 }
+/** The response header by which idem says, on a retryable failure, that the tenant's fleet retry budget is spent. */
+export declare const headerRetryBudget = "Idem-Retry-Budget";
+/** Whether an `Idem-Retry-Budget` value says the budget is spent (the RFC 9651 Token `exhausted`; parameters ignored). */
+export declare function budgetSpent(value: string | null): boolean;
 /** Fills the missing fields of p with the defaults. */
 export declare function withDefaults(p?: RetryPolicy): EffectivePolicy;
 /**

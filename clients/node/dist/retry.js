@@ -63,22 +63,31 @@ export function causeOf(err) {
  * budget. No further attempt was sent. Its code, status and detail are the
  * original failure's (`original`: the 503, the timeout), so a caller
  * handles the outage as before; `attemptCause` names it, `refusal` is the
- * 429 (its `retryAfterMs` says when the budget has room again).
+ * 429 (its `retryAfterMs` says when the budget has room again), or
+ * undefined when no retry was sent at all because the failure's answer
+ * said the budget is spent (`Idem-Retry-Budget: exhausted`).
  */
 export class FleetBudgetError extends IdemError {
     original;
     refusal;
     attemptCause;
     constructor(call, attempts, attemptCause, original, refusal) {
+        const why = refusal ? "the tenant's fleet retry budget refused the retry" : "idem said the tenant's fleet retry budget is spent";
         super({ status: original.status, code: original.code, type: original.type, title: original.title,
-            detail: `${original.detail || original.title} (stopped: the tenant's fleet retry budget refused the retry; original cause ${attemptCause ?? "unknown"})`,
-            retryable: false, retryAfterMs: refusal.retryAfterMs, requestId: refusal.requestId, call, cause: original });
+            detail: `${original.detail || original.title} (stopped: ${why}; original cause ${attemptCause ?? "unknown"})`,
+            retryable: false, retryAfterMs: (refusal ?? original).retryAfterMs, requestId: (refusal ?? original).requestId, call, cause: original });
         this.name = "FleetBudgetError";
         this.original = original;
         this.refusal = refusal;
         this.attemptCause = attemptCause;
         this.finish(attempts, "fleet_budget");
     }
+}
+/** The response header by which idem says, on a retryable failure, that the tenant's fleet retry budget is spent. */
+export const headerRetryBudget = "Idem-Retry-Budget";
+/** Whether an `Idem-Retry-Budget` value says the budget is spent (the RFC 9651 Token `exhausted`; parameters ignored). */
+export function budgetSpent(value) {
+    return value !== null && value.split(";", 1)[0].trim() === "exhausted";
 }
 /** Fills the missing fields of p with the defaults. */
 export function withDefaults(p = {}) {

@@ -5,6 +5,8 @@ import { validateKey } from "./keys.js";
 import { StoredResponse, type ResponseInit } from "./response.js";
 import {
   FleetBudgetError,
+  budgetSpent,
+  headerRetryBudget,
   RetryBudget,
   attemptHeader,
   backoffMs,
@@ -215,6 +217,8 @@ export class Client {
       if (err instanceof IdemError && err.code === Codes.requestInFlight) {
         lc.cause = "in-flight";
         lc.original ??= err;
+        // No claim after a wait either when idem says the budget is spent.
+        if (err.fleetBudgetSpent) throw new FleetBudgetError("claim", lc.attempts, "in-flight", lc.original, undefined);
         this.waitingClaims.set(b, lc);
       }
       throw err;
@@ -360,6 +364,15 @@ export class Client {
       }
       lc.cause = causeOf(error);
       lc.original ??= error;
+      if (error.fleetBudgetSpent) {
+        // idem says the fleet budget is spent: a retry would only be
+        // refused (an attempt reaching idem all the same), so stop now as
+        // for the refusal, with the original cause.
+        info.giveUp = "fleet_signal";
+        info.budgetLeft = this.budget.left();
+        this.report(info);
+        throw new FleetBudgetError(ac.name, lc.attempts, lc.cause, lc.original, undefined);
+      }
       const wait = error.retryAfterMs > 0 ? retryAfterWaitMs(p, error.retryAfterMs, this.random) : backoffMs(p, attempt - 1, this.random);
       let giveUp: GiveUpReason | undefined;
       if (attempt >= p.maxAttempts) giveUp = "attempts";
@@ -466,6 +479,7 @@ export class Client {
       retryAfterMs: parseRetryAfter(resp.headers.get("Retry-After"), this.clock.now()) ?? 0,
       requestId: resp.headers.get("X-Request-Id") ?? "",
       waitAppliedSeconds: waitApplied(resp.headers),
+      fleetBudgetSpent: budgetSpent(resp.headers.get(headerRetryBudget)),
       fields: Array.isArray(pd.errors) ? (pd.errors as { field: string; message: string }[]) : [],
     });
   }

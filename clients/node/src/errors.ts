@@ -60,9 +60,11 @@ export interface FieldError {
  * `attempts` (the attempt cap), `budget` (the client's retry budget is
  * empty), `deadline` (the time left cannot fit the wait plus an attempt),
  * `aborted` (the caller's signal fired), `in_flight_wait` (the wait for
- * another holder of the key ran out).
+ * another holder of the key ran out), `fleet_budget` (idem refused the
+ * retry: 429 `retry_budget_exhausted`), `fleet_signal` (the failure said
+ * `Idem-Retry-Budget: exhausted`, so no retry was sent).
  */
-export type GiveUpReason = "attempts" | "budget" | "deadline" | "aborted" | "in_flight_wait" | "fleet_budget";
+export type GiveUpReason = "attempts" | "budget" | "deadline" | "aborted" | "in_flight_wait" | "fleet_budget" | "fleet_signal";
 
 /** The fields an {@link IdemError} is built from. */
 export interface IdemErrorInit {
@@ -74,6 +76,7 @@ export interface IdemErrorInit {
   retryable?: boolean;
   retryAfterMs?: number;
   waitAppliedSeconds?: number;
+  fleetBudgetSpent?: boolean;
   requestId?: string;
   fields?: FieldError[];
   call?: string;
@@ -106,6 +109,12 @@ export class IdemError extends Error {
    * may refuse to: its waiter limit, a shutdown).
    */
   readonly waitAppliedSeconds: number;
+  /**
+   * Whether the answer carried `Idem-Retry-Budget: exhausted`: the tenant's
+   * fleet retry budget is spent, so the client sent no retry (it threw a
+   * {@link FleetBudgetError} with this error as the original).
+   */
+  readonly fleetBudgetSpent: boolean;
   /** The invalid fields of an `invalid_request`. */
   readonly fields: FieldError[];
   /** The call that failed, e.g. `claim`. */
@@ -127,6 +136,7 @@ export class IdemError extends Error {
     this.retryAfterMs = init.retryAfterMs ?? 0;
     this.requestId = init.requestId ?? "";
     this.waitAppliedSeconds = init.waitAppliedSeconds ?? 0;
+    this.fleetBudgetSpent = init.fleetBudgetSpent ?? false;
     this.fields = init.fields ?? [];
     this.call = init.call ?? "";
     this.message = this.describe();

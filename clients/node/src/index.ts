@@ -5,6 +5,7 @@ export { key, maxKeyBytes, validateKey } from "./keys.js";
 export { StoredResponse, type ResponseInit, type WireResponse } from "./response.js";
 export {
   FleetBudgetError,
+  headerRetryBudget,
   RetryBudget,
   background,
   headerAttempt,

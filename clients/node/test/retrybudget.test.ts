@@ -13,8 +13,11 @@ import { startServer, stores, type Server } from "./server.js";
 const unavailable = JSON.stringify({ type: "/docs/errors#store_unavailable", title: "Store unavailable", status: 503,
   detail: "the store does not answer", code: "store_unavailable", retryable: true });
 
-/** A forwarding proxy in front of the real server: it answers the first `fail` requests 503 itself and records every Idem-Attempt header. */
-async function flakyFront(target: string, fail: number): Promise<{ url: string; seen: (string | undefined)[] }> {
+/**
+ * A forwarding proxy in front of the real server: it answers the first `fail` requests 503 itself (with `signal`, saying
+ * Idem-Retry-Budget: exhausted, as a replica whose store is away does once the budget is spent) and records every Idem-Attempt header.
+ */
+async function flakyFront(target: string, fail: number, signal = false): Promise<{ url: string; seen: (string | undefined)[] }> {
   const t = new URL(target);
   const seen: (string | undefined)[] = [];
   const srv = createServer((req, res) => {
@@ -24,7 +27,7 @@ async function flakyFront(target: string, fail: number): Promise<{ url: string; 
       seen.push(req.headers["idem-attempt"] as string | undefined);
       if (fail > 0) {
         fail--;
-        res.writeHead(503, { "Content-Type": "application/problem+json", "Retry-After": "1" });
+        res.writeHead(503, { "Content-Type": "application/problem+json", "Retry-After": "1", ...(signal ? { "Idem-Retry-Budget": "exhausted" } : {}) });
         res.end(unavailable);
         return;
       }
@@ -87,13 +90,52 @@ for (const store of stores()) {
       assert.equal(err.attemptCause, "unavailable");
       assert.equal(err.attempts, 2);
       assert.equal(err.giveUp, "fleet_budget");
-      assert.equal(err.refusal.code, "retry_budget_exhausted");
-      assert.ok(err.refusal.retryAfterMs > 0);
+      assert.equal(err.refusal?.code, "retry_budget_exhausted");
+      assert.ok((err.refusal?.retryAfterMs ?? 0) > 0);
       assert.deepEqual(front.seen, ["1", "2;cause=unavailable"], "no attempt after the refusal, though 5 were allowed");
 
       const direct = new Client({ baseUrl: srv.url, token });
       await assert.rejects(direct.get("order-1"), (e: unknown) => e instanceof IdemError && e.code === "key_not_found");
       assert.equal((await direct.claim("order-1", { operation: "POST /orders", request: { n: 1 } })).record.state, "in_flight");
+    });
+
+    test("a failure that says the budget is spent ends the call before any retry", async () => {
+      const front = await flakyFront(srv.url, 1, true);
+      const c = new Client({ baseUrl: front.url, token: tenant(10), retry: fast });
+      const err = await c.claim("order-1", { operation: "POST /orders", request: { n: 1 } }).then(() => undefined, (e: unknown) => e);
+      assert.ok(err instanceof FleetBudgetError, String(err));
+      assert.equal(err.code, "store_unavailable");
+      assert.equal(err.attemptCause, "unavailable");
+      assert.equal(err.refusal, undefined);
+      assert.equal(err.attempts, 1);
+      assert.deepEqual(front.seen, ["1"], "no retry after the signal, though 5 were allowed");
+      assert.equal((await c.claim("order-1", { operation: "POST /orders", request: { n: 1 } })).record.state, "in_flight");
+    });
+
+    test("run stops waiting when the real server's 409 says the budget is spent", async () => {
+      const token = tenant(0);
+      const direct = new Client({ baseUrl: srv.url, token });
+      const held = await direct.claim("held", { operation: "POST /orders", request: { n: 1 } });
+      for (let i = 0; i < 10; i++) {
+        const r = await fetch(`${srv.url}/v1/keys/warm-${i}`, { headers: { Authorization: `Bearer ${token}`, "Idem-Attempt": "2;cause=timeout" } });
+        assert.equal(r.status, 404);
+        await r.text();
+      }
+      const front = await flakyFront(srv.url, 0);
+      const c = new Client({ baseUrl: front.url, token, retry: { ...fast, inFlightWaitMs: 30_000 } });
+      let ran = false;
+      const err = await c.run("held", { operation: "POST /orders", request: { n: 1 } }, () => {
+        ran = true;
+        return { status: 201, body: "{}" };
+      }).then(() => undefined, (e: unknown) => e);
+      assert.ok(err instanceof FleetBudgetError, String(err));
+      assert.equal(ran, false);
+      assert.equal(err.code, "request_in_flight", "the original cause");
+      assert.equal(err.attemptCause, "in-flight");
+      assert.equal(err.refusal, undefined);
+      assert.equal(front.seen.length, 1, "no claim after the signal");
+      assert.equal((await direct.get("held")).state, "in_flight");
+      await direct.complete("held", held.fencingToken, { status: 201, body: "{}" });
     });
 
     test("the presets, and the call deadline bounds a call given none", async () => {

@@ -26,9 +26,11 @@ UNAVAILABLE = (b'{"type":"/docs/errors#store_unavailable","title":"Store unavail
 class FlakyFront:
     """A forwarding proxy in front of the real server that answers the first
     ``fail`` requests 503 store_unavailable itself (as a replica whose store
-    is away would) and records the Idem-Attempt header of every request."""
+    is away would; with ``signal``, saying Idem-Retry-Budget: exhausted as
+    such a replica does once the tenant's budget is spent) and records the
+    Idem-Attempt header of every request."""
 
-    def __init__(self, target: str, fail: int) -> None:
+    def __init__(self, target: str, fail: int, signal: bool = False) -> None:
         self.fail = fail
         self.seen: list[str | None] = []
         self._lock = threading.Lock()
@@ -49,6 +51,8 @@ class FlakyFront:
                     self.send_response(503)
                     self.send_header("Content-Type", "application/problem+json")
                     self.send_header("Retry-After", "1")
+                    if signal:
+                        self.send_header("Idem-Retry-Budget", "exhausted")
                     self.send_header("Content-Length", str(len(UNAVAILABLE)))
                     self.end_headers()
                     self.wfile.write(UNAVAILABLE)
@@ -185,3 +189,57 @@ def test_presets(budget_server: tuple[Server, str]) -> None:
         assert len(front.headers()) == 1
     finally:
         front.close()
+
+
+def test_budget_signal_stops_before_any_retry(budget_server: tuple[Server, str]) -> None:
+    """A 503 that says Idem-Retry-Budget: exhausted ends the call after that
+    one attempt, though 5 were allowed, with the 503 as the original cause."""
+    server, binary = budget_server
+    front = FlakyFront(server.url, fail=1, signal=True)
+    try:
+        with Client(front.url, token=tenant(server, binary, 10), policy=FAST) as c:
+            with pytest.raises(FleetBudgetExhausted) as info:
+                c.claim("order-1", operation="POST /orders", request={"n": 1})
+            err = info.value
+            assert err.code == "store_unavailable" and err.cause == "unavailable"
+            assert err.refusal is None and err.attempts == 1
+            assert front.headers() == ["1"], "no retry after the signal"
+            assert c.claim("order-1", operation="POST /orders", request={"n": 1}).record.state == "in_flight"
+    finally:
+        front.close()
+
+
+def test_run_stops_waiting_on_the_servers_signal(budget_server: tuple[Server, str]) -> None:
+    """The real server's 409 request_in_flight says the spent budget once the
+    floor's retries are used: run() claims once (counted at the proxy) and
+    does not wait to claim again; the holder's claim is untouched."""
+    server, binary = budget_server
+    token = tenant(server, binary, 0)
+    with Client(server.url, token=token) as raw:
+        held = raw.claim("held", operation="POST /orders", request={"n": 1})
+        use_up_floor(server, token)
+        front = FlakyFront(server.url, fail=0)
+        try:
+            policy = RetryPolicy(base_delay=0.01, max_delay=0.02, retry_after_jitter=0.0, max_attempts=5, in_flight_wait=30.0)
+            with Client(front.url, token=token, policy=policy) as c:
+                ran = []
+                with pytest.raises(FleetBudgetExhausted) as info:
+                    c.run("held", lambda claim: ran.append(1) or __import__("idem").Response(201, {}, b"{}"),
+                          operation="POST /orders", request={"n": 1})
+                assert not ran
+                assert info.value.code == "request_in_flight" and info.value.cause == "in-flight"
+                assert info.value.refusal is None
+            assert len(front.headers()) == 1, "no claim after the signal"
+
+            async def go() -> None:
+                async with AsyncClient(front.url, token=token, policy=policy) as ac:
+                    async def fn(claim: object) -> object:
+                        raise AssertionError("must not run")
+                    with pytest.raises(FleetBudgetExhausted):
+                        await ac.run("held", fn, operation="POST /orders", request={"n": 1})
+            asyncio.run(go())
+            assert len(front.headers()) == 2, "one claim of the async run, none after the signal"
+        finally:
+            front.close()
+        assert raw.get("held").state == "in_flight"
+        raw.complete("held", held.record.fencing_token, __import__("idem").Response(201, {}, b"{}"))

@@ -205,6 +205,11 @@ class Core:
             raise err  # never retried: more retries are what it refuses
         if logical is not None:
             logical.failed(err)
+        if isinstance(err, ProblemError) and err.fleet_budget_spent and p.retryable(err):
+            # idem says the fleet budget is spent: a retry would only be
+            # refused (an attempt reaching idem all the same), so stop now
+            # as for the refusal, with the original cause.
+            raise self.fleet_budget_stop(call, attempt, status, err, logical)
         if not p.retryable(err):
             if 0 < status < 500:
                 self.budget.success()  # the service answered sensibly: it is healthy
@@ -225,6 +230,18 @@ class Core:
             err.give_up = give_up
             raise err
         return wait
+
+    def fleet_budget_stop(self, call: Call, attempt: int, status: int, err: ProblemError,
+                          logical: Logical | None) -> FleetBudgetExhausted:
+        """The error ending a call whose failure said Idem-Retry-Budget:
+        exhausted, reported as a give-up of the fleet budget."""
+        attempts = logical.attempts if logical is not None else attempt
+        cause = (logical.cause if logical is not None else None) or cause_of(err)
+        original = (logical.original if logical is not None else None) or err
+        stop = FleetBudgetExhausted(call.name, attempts, cause, original, None)
+        self.report(AttemptInfo(call.name, call.method, call.path, attempt, status, stop, False, 0.0,
+                                "fleet_signal", self.budget.left))
+        return stop
 
     def report(self, info: AttemptInfo) -> None:
         if self.on_attempt is not None:
@@ -368,6 +385,8 @@ class Core:
             raise err
         if logical is not None:
             logical.failed(err, "in-flight")
+        if err.fleet_budget_spent:  # no claim after a wait either
+            raise self.fleet_budget_stop(Call("claim", "POST", ""), logical.attempts if logical else 1, err.status, err, logical)
         ra = err.retry_after if err.retry_after > 0 else p.base_delay
         wait = p.retry_after_wait(ra)
         if waited + wait > p.in_flight_wait:

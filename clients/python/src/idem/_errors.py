@@ -29,6 +29,9 @@ RATE_LIMITED = "rate_limited"
 #: 429: the tenant's fleet retry budget refused this retry; the client stops
 #: retrying the call at once and raises with the original cause.
 RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
+#: The response header by which idem says, on a retryable failure, that the
+#: tenant's fleet retry budget is spent: an RFC 9651 Token, ``exhausted``.
+HEADER_RETRY_BUDGET = "Idem-Retry-Budget"
 STORE_UNAVAILABLE = "store_unavailable"
 SERVER_BUSY = "server_busy"
 #: 507, never retried: the tenant stores its storage_quota_bytes or more, so a
@@ -89,6 +92,10 @@ class ProblemError(IdemError):
     #: before this answer (its Preference-Applied); 0 when it held none (it
     #: may refuse to: its waiter limit, a shutdown).
     wait_applied: int = 0
+    #: True when the answer carried ``Idem-Retry-Budget: exhausted``: the
+    #: tenant's fleet retry budget is spent, so the client sent no retry (it
+    #: raised FleetBudgetExhausted with this error as the original).
+    fleet_budget_spent: bool = False
 
     def __post_init__(self) -> None:
         super().__init__(str(self))
@@ -122,11 +129,13 @@ class FleetBudgetExhausted(IdemError):
     refusal (the 503, the timeout) and ``cause`` its Idem-Attempt cause;
     ``code`` is the original's, so callers handle the outage as they would
     have; ``refusal`` is the 429 itself (its retry_after says when the
-    budget has room again)."""
+    budget has room again), or None when the client sent no retry at all
+    because the failed attempt's answer said the budget is spent
+    (``Idem-Retry-Budget: exhausted``)."""
 
     give_up: str | None = "fleet_budget"
 
-    def __init__(self, call: str, attempts: int, cause: str, original: IdemError, refusal: ProblemError) -> None:
+    def __init__(self, call: str, attempts: int, cause: str, original: IdemError, refusal: ProblemError | None) -> None:
         super().__init__(f"idem: {call}: stopped after {attempts} attempts: the tenant's fleet retry budget refused "
                          f"the retry (original cause {cause}): {original}")
         self.call = call

@@ -232,7 +232,14 @@ def problem_from(status: int, headers: httpx.Headers, body: bytes, now: datetime
     return ProblemError(status=status, problem_code=code, title=title, detail=detail, type=typ, retryable=retryable,
                         retry_after=parse_retry_after(headers.get("Retry-After"), now),
                         request_id=headers.get("X-Request-Id", ""), fields=fields, call=call,
-                        wait_applied=max(prefer_wait(headers.get_list(HEADER_PREFERENCE_APPLIED)), 0))
+                        wait_applied=max(prefer_wait(headers.get_list(HEADER_PREFERENCE_APPLIED)), 0),
+                        fleet_budget_spent=budget_spent(headers.get("Idem-Retry-Budget")))
+
+
+def budget_spent(value: str | None) -> bool:
+    """Whether an Idem-Retry-Budget value says the fleet budget is spent
+    (the Token ``exhausted``; parameters ignored)."""
+    return value is not None and value.split(";", 1)[0].strip() == "exhausted"
 
 
 __all__ = ["RetryPolicy", "RetryBudget", "parse_retry_after", "IdemError", "TokenError"]
