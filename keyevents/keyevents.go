@@ -188,7 +188,9 @@ const leaseSlack = 5 * time.Millisecond
 // applied reports whether the wait was honoured: false when wait <= 0, or
 // when the claim found the key in flight and could not wait (the waiter
 // limit was reached, the event source is down, the Waiters are closed) and
-// answered at once. A caller whose context ends gets its error: a client
+// answered at once. An event source that is down answers the outcome of
+// one more claim made after Subscribe failed (it may have taken a while:
+// the key may have changed, the lease shortened). A caller whose context ends gets its error: a client
 // that went away frees its place at once.
 //
 // Each store call is bounded on its own (storemw.WithDeadline); the wait is
@@ -211,6 +213,16 @@ func (w *Waiters) Claim(ctx context.Context, store idem.Store, p idem.ClaimParam
 	defer w.release(p.TenantID)
 	sub, serr := w.events.Subscribe(ctx, p.TenantID, p.Key)
 	if serr != nil {
+		if ctx.Err() != nil {
+			return res, false, fmt.Errorf("wait for key: %w", ctx.Err())
+		}
+		// The source cannot listen (PostgreSQL's Subscribe waited up to
+		// its listenTimeout for a reconnecting LISTEN connection): answer
+		// without waiting, but what the key is now, as at the end of a
+		// wait — the replay of a completion made meanwhile, the 409 with
+		// the lease left now, store_unavailable when the store went away
+		// too — never the first claim's stale 409.
+		res, err = store.Claim(ctx, p)
 		return res, false, err
 	}
 	defer sub.Close()

@@ -111,10 +111,31 @@ func pprofHandler() http.Handler {
 	return mux
 }
 
+// Option is an option of New that is not a setting: a seam for tests,
+// which no environment variable or flag reaches.
+type Option func(*options)
+
+type options struct {
+	wrapDriver func(idem.Driver) idem.Driver
+}
+
+// WithDriver has New wrap the driver it opened (migrated, before the store
+// middleware and everything else sees it): tests put a fault into one of
+// its capabilities — e.g. key-event subscriptions that fail while the
+// store works (testkit/listenerdown) — and the server runs as it would on
+// a driver that has it.
+func WithDriver(wrap func(idem.Driver) idem.Driver) Option {
+	return func(o *options) { o.wrapDriver = wrap }
+}
+
 // New validates cfg, opens the store (running its migrations), prepares
 // development mode when no signing key is configured with SQLite, and
 // builds the HTTP handler. It does not listen yet; see Listen and Run.
-func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) {
+func New(ctx context.Context, cfg Config, logger *slog.Logger, opts ...Option) (*Server, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, &ConfigError{Err: err}
 	}
@@ -155,6 +176,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) 
 	raw, err := db.open(ctx, cfg)
 	if err != nil {
 		return nil, err
+	}
+	if o.wrapDriver != nil {
+		raw = o.wrapDriver(raw)
 	}
 	s.rawStore = raw
 

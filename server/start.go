@@ -34,7 +34,7 @@ const (
 // ledger or a failed migration is returned at once. The Server returned
 // has its public listener bound (the same socket: no connection is
 // refused at the handover) and its operator listeners too.
-func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error) {
+func Start(ctx context.Context, cfg Config, logger *slog.Logger, opts ...Option) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, &ConfigError{Err: err}
 	}
@@ -42,7 +42,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 		logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.DBStartTimeout <= 0 {
-		return New(ctx, cfg, logger)
+		return New(ctx, cfg, logger, opts...)
 	}
 
 	ln, lerr := net.Listen("tcp", cfg.Addr)
@@ -64,7 +64,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 	go func() { defer close(served); _ = tmp.Serve(w) }()
 
 	began := time.Now()
-	srv, err := New(ctx, cfg, logger)
+	srv, err := New(ctx, cfg, logger, opts...)
 	if err != nil && startRetryable(err) {
 		// "listening" is logged once the store is open (Run); until then
 		// this line says where the 503s come from.
@@ -85,7 +85,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Server, error
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):
-			srv, err = New(ctx, cfg, logger)
+			srv, err = New(ctx, cfg, logger, opts...)
 		}
 		wait = min(2*wait, startRetryCap)
 	}

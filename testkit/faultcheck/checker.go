@@ -259,6 +259,33 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 		add("quota-bounds-storage", "issue 21 hole 4", "the tenant stores %d bytes under a storage quota of %d (allowed overshoot %d: one record at the edge)",
 			h.QuotaUsed, h.Quota, QuotaOvershoot)
 	}
+
+	// 9. A request that asked to wait (Prefer: wait) is not answered the
+	// 409 request_in_flight of a claim made before its key was completed:
+	// openapi.yaml (claimKey) — a held claim answers the replay as soon as
+	// the holder completes, and one that cannot be held answers what a
+	// claim then finds, never an older 409. A replay received proves the
+	// key completed by then; a 409 received more than staleAfter later
+	// came from a claim before the completion (a claim after it replays)
+	// that was then held back. Freezes and cuts delay answers: skipped.
+	replayed := map[string]time.Time{}
+	for _, x := range sent {
+		if x.Complete && x.Replayed() {
+			if t, ok := replayed[x.Ident]; !ok || x.End.Before(t) {
+				replayed[x.Ident] = x.End
+			}
+		}
+	}
+	for _, x := range sent {
+		r, ok := replayed[x.Ident]
+		if x.Wait <= 0 || !x.Complete || !ok || x.Status != http.StatusConflict || problemCode(x.Resp) != "request_in_flight" ||
+			!x.End.After(r.Add(staleAfter)) || h.overlaps(r, x.End, FaultStoreCut, FaultFreeze, FaultKill9) != nil {
+			continue
+		}
+		add("wait-sees-completion", "", "key %s: a request with Prefer: wait=%d (sent %s after the schedule's first) answered 409 request_in_flight %s after a replay of its key was received (completed by then; faults: %s)",
+			showIdent(x.Ident), x.Wait, x.Start.Sub(sent[0].Start).Round(time.Millisecond), x.End.Sub(r).Round(time.Millisecond), faultsDuring(h, x))
+	}
+
 	return rep
 }
 
@@ -266,6 +293,12 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 // answer of a run whose outcome it cannot know (the gateway's upstream
 // broke or timed out after it had the request).
 var storedProblem = map[string]bool{"upstream_unavailable": true, "upstream_timeout": true}
+
+// staleAfter is how much later than a replay of its key a waiting
+// request's 409 may arrive and still be the answer of a claim made just
+// before the completion (the answer's way back through the front door on
+// a loaded machine).
+const staleAfter = time.Second
 
 // faultAfterglow is how long after a fault ended its effects may still be
 // seen: connection pools reconnect, a restarted server warms up.

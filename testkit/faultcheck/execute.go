@@ -41,6 +41,9 @@ func send(base string, s *Sent, dropAfter time.Duration) {
 	for _, v := range s.Headers {
 		fmt.Fprintf(&h, "%s: %s\r\n", ScopeHeader, v)
 	}
+	if s.Wait > 0 {
+		fmt.Fprintf(&h, "Prefer: wait=%d\r\n", s.Wait)
+	}
 	h.WriteString("\r\n")
 	if _, err := io.WriteString(c, h.String()); err != nil {
 		s.Err = "write: " + err.Error()
@@ -144,6 +147,9 @@ func Execute(r *Rig, s Schedule) *History {
 			case FaultFreeze:
 				what := r.Freeze(f.For)
 				h.fault(f.Kind, what, start, time.Now())
+			case FaultListenerDown:
+				what := r.ListenerDown(f.For)
+				h.fault(f.Kind, what, start, time.Now())
 			case FaultKill9:
 				what := r.Kill9()
 				h.fault(f.Kind, what+" killed with -9 and restarted", start, time.Now())
@@ -172,7 +178,7 @@ func Execute(r *Rig, s Schedule) *History {
 		wg.Go(func() {
 			time.Sleep(time.Until(t0.Add(op.At)))
 			snt := &Sent{Op: i, Ident: identOf(id.Scope, id.Key), Scope: id.Scope, Key: id.Key,
-				Path: "/fc/" + id.Route + "/" + id.Key, Body: id.body(), Disconnect: op.Disconnect}
+				Path: "/fc/" + id.Route + "/" + id.Key, Body: id.body(), Disconnect: op.Disconnect, Wait: op.Wait}
 			if id.Scope != "" {
 				snt.Headers = []string{id.Scope}
 			}

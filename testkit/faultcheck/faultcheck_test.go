@@ -19,7 +19,7 @@ var (
 	flagFrontDoors = flag.String("faultcheck.frontdoors", "gateway,idemhttp,asgi,wsgi,express,fetch", "front doors to drive")
 	flagStores     = flag.String("faultcheck.stores", "sqlite,postgres", "stores to run on")
 	flagDump       = flag.Bool("faultcheck.dump", false, "log every request and answer of every schedule")
-	flagFaults     = flag.String("faultcheck.faults", "default", "fault kinds: default (all but KnownFailing), all, or a comma list of "+strings.Join(AllFaults, ","))
+	flagFaults     = flag.String("faultcheck.faults", "default", "fault kinds: default (all but KnownFailing and OptIn), all, or a comma list of "+strings.Join(AllFaults, ","))
 )
 
 var bins Bins //nolint:gochecknoglobals // built once by TestMain, read-only afterwards
@@ -49,6 +49,10 @@ func faultsFor(frontdoor string) (on []Fault, left map[Fault]string) {
 	case "default":
 		left = map[Fault]string{}
 		for _, f := range AllFaults {
+			if why, ok := OptIn[f]; ok {
+				left[f] = why
+				continue
+			}
 			if hole, ok := KnownFailing[frontdoor][f]; ok {
 				left[f] = hole
 				continue
@@ -108,19 +112,22 @@ func runFrontDoor(t *testing.T, seed uint64, fd, store string) {
 			l = append(l, f+" ("+hole+")")
 		}
 		sort.Strings(l)
-		t.Logf("left out until their holes are fixed (KnownFailing; -faultcheck.faults=all runs them): %s", strings.Join(l, ", "))
+		t.Logf("left out (KnownFailing: until their holes are fixed; OptIn; -faultcheck.faults=all runs them): %s", strings.Join(l, ", "))
 	}
-	r := NewRig(t, bins, fd, store)
+	r := NewRig(t, bins, fd, store, faults...)
 	problems, err := LoadProblems(bins.Root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := Env{FrontDoor: fd, Scoped: true, FailOpen: fd == "gateway", UnscopedRoute: fd == "gateway", StoreCut: r.CanCut(), Freeze: r.CanFreeze(), Lease: Lease}
+	env := Env{FrontDoor: fd, Scoped: true, FailOpen: fd == "gateway", UnscopedRoute: fd == "gateway", StoreCut: r.CanCut(), Freeze: r.CanFreeze(), ListenerDown: r.CanListenerDown(), Lease: Lease}
 	if !r.CanCut() && slices.Contains(faults, FaultStoreCut) {
 		t.Logf("fault storecut not run: the gateway on SQLite has no path to cut")
 	}
 	if !r.CanFreeze() && slices.Contains(faults, FaultFreeze) {
 		t.Logf("fault freeze not run: the gateway's PostgreSQL is shared (no process to stop, no file lock)")
+	}
+	if !r.CanListenerDown() && slices.Contains(faults, FaultListenerDown) {
+		t.Logf("fault listenerdown not run: the gateway binary opens its own store (no listenerserve)")
 	}
 	started := time.Now()
 	stats := map[string]int{}

@@ -25,17 +25,28 @@ const (
 	FaultDupScope    Fault = "dupscope"    // the scope header sent twice (the caller's and "mallory")
 	FaultHog         Fault = "hog"         // another tenant declares large bodies to the idem server and drips them
 	FaultQuota       Fault = "quota"       // the tenant's storage quota set just above its usage, then many new keys at once
+	// FaultListenerDown: requests sent with Prefer: wait while the idem
+	// server's key-event subscriptions fail for a while (its LISTEN
+	// connection reconnecting; apps only: the server is listenerserve).
+	FaultListenerDown Fault = "listenerdown"
 )
 
 // AllFaults is every fault kind, the default set.
 var AllFaults = []Fault{FaultDisconnect, FaultStream, FaultHandlerFail, FaultStoreCut, FaultFreeze, FaultKill9,
-	FaultSettings, FaultSquat, FaultDupScope, FaultHog, FaultQuota}
+	FaultSettings, FaultSquat, FaultDupScope, FaultHog, FaultQuota, FaultListenerDown}
 
 // KnownFailing lists, per front door, the fault kinds that find a hole of
 // issue 21 still open on this branch (the hole's number in the value): the
 // default run leaves them out until the fix merges; -faultcheck.faults=all
 // runs them. Empty it as the fixes land. Nothing else is left out.
 var KnownFailing = map[string]map[Fault]string{}
+
+// OptIn lists the fault kinds the default run leaves out, and why: they
+// change the rig for the whole run, so the default keeps driving the real
+// binary. -faultcheck.faults=all or a list naming them runs them.
+var OptIn = map[Fault]string{
+	FaultListenerDown: "opt-in: the apps' idem server is then listenerserve, not the idem binary",
+}
 
 // Op is one request of a schedule.
 type Op struct {
@@ -44,6 +55,7 @@ type Op struct {
 	Disconnect string        // "", before_body, mid_body, mid_answer, mid_stream
 	DropAfter  time.Duration // mid_answer: how long after the request the client goes away
 	DupScope   bool          // send the scope header twice (the caller's, then "mallory")
+	Wait       int           // listenerdown: send Prefer: wait=Wait
 }
 
 // Ident is one (scope, key) of a schedule with the one request its caller
@@ -86,6 +98,7 @@ type Env struct {
 	UnscopedRoute bool
 	StoreCut      bool // a path to cut exists
 	Freeze        bool // the store can be frozen
+	ListenerDown  bool // the idem server's key-event subscriptions can be held down
 	Lease         time.Duration
 }
 
@@ -190,6 +203,15 @@ func Generate(seed uint64, index int, faults []Fault, env Env) Schedule {
 		// is not on its path.
 		s.Hog = on(FaultHog) && env.FrontDoor != "gateway" && r.IntN(2) == 0
 	}
+	// Drawn last, so that the schedules of the other kinds stay as they were.
+	if on(FaultListenerDown) && env.ListenerDown && !s.Quota {
+		for i := range s.Ops {
+			if r.IntN(3) != 0 && !s.Ops[i].DupScope {
+				s.Ops[i].Wait = 5
+			}
+		}
+		s.Faults = append(s.Faults, FaultAt{At: time.Duration(r.IntN(400)) * time.Millisecond, Kind: FaultListenerDown, For: time.Duration(1200+r.IntN(800)) * time.Millisecond})
+	}
 	slices.SortStableFunc(s.Ops, func(a, b Op) int { return int(a.At - b.At) })
 	return s
 }
@@ -226,6 +248,9 @@ func (s Schedule) String() string {
 		}
 		if o.DupScope {
 			b.WriteString(" with the scope header twice (caller's, then mallory)")
+		}
+		if o.Wait > 0 {
+			fmt.Fprintf(&b, " with Prefer: wait=%d", o.Wait)
 		}
 		b.WriteString("\n")
 	}

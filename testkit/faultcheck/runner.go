@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,10 +28,12 @@ import (
 	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
-// Bins are the binaries a run starts: the real idem server and the Go app.
+// Bins are the binaries a run starts: the real idem server and the Go app,
+// and listenerserve (the server wiring whose key-event subscriptions a
+// signal holds down, for the listenerdown kind).
 type Bins struct {
-	Idem, GoApp string
-	Root        string // the repository's root
+	Idem, GoApp, ListenerServe string
+	Root                       string // the repository's root
 }
 
 // Build builds the idem binary (go build ./cmd/server) and the Go app into
@@ -40,8 +43,8 @@ func Build(dir string) (Bins, error) {
 	if err != nil {
 		return Bins{}, err
 	}
-	b := Bins{Idem: filepath.Join(dir, "idem"), GoApp: filepath.Join(dir, "goapp"), Root: root}
-	for _, p := range [][2]string{{b.Idem, "./cmd/server"}, {b.GoApp, "./testkit/faultcheck/goapp"}} {
+	b := Bins{Idem: filepath.Join(dir, "idem"), GoApp: filepath.Join(dir, "goapp"), ListenerServe: filepath.Join(dir, "listenerserve"), Root: root}
+	for _, p := range [][2]string{{b.Idem, "./cmd/server"}, {b.GoApp, "./testkit/faultcheck/goapp"}, {b.ListenerServe, "./testkit/faultcheck/listenerserve"}} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", p[0], p[1])
 		cmd.Dir = root
@@ -222,6 +225,7 @@ type Rig struct {
 	Store     string
 
 	env        map[string]string // the store's environment
+	listener   bool              // serve is listenerserve (the listenerdown kind is on)
 	serveAddr  string            // set by the first start; restarts keep it
 	mu         sync.Mutex        // guards serve and gateway, replaced by a kill -9
 	serve      *proc
@@ -285,15 +289,19 @@ func firstFile(dir string, names ...string) (string, error) {
 }
 
 // NewRig starts the processes of frontdoor on store. They are killed when
-// the test ends.
-func NewRig(tb testing.TB, b Bins, frontdoor, store string) *Rig {
+// the test ends. With FaultListenerDown among faults (and an app front
+// door) the idem server is listenerserve, the same wiring with its
+// key-event subscriptions switchable (Rig.ListenerDown); otherwise the
+// idem binary's serve.
+func NewRig(tb testing.TB, b Bins, frontdoor, store string, faults ...Fault) *Rig {
 	tb.Helper()
 	argv, err := AppArgv(b, frontdoor)
 	if err != nil {
 		tb.Fatalf("faultcheck: front door %s: %v", frontdoor, err)
 	}
 	r := &Rig{tb: tb, bins: b, FrontDoor: frontdoor, Store: store, appArgv: argv,
-		http: &http.Client{Timeout: 30 * time.Second}}
+		http:     &http.Client{Timeout: 30 * time.Second},
+		listener: frontdoor != "gateway" && slices.Contains(faults, FaultListenerDown)}
 	dir := tb.TempDir()
 	r.env = map[string]string{
 		"IDEM_JWT_HS256_SECRET": secret, "IDEM_CREATE_DB": "1",
@@ -401,7 +409,11 @@ func (r *Rig) startServe(addr string) {
 	// process that cannot reach its store at start exits): try again for
 	// a while, as a supervisor would.
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		p, err = start(baseEnv(env), "", idemListening, r.bins.Idem, "serve")
+		argv := []string{r.bins.Idem, "serve"}
+		if r.listener {
+			argv = []string{r.bins.ListenerServe}
+		}
+		p, err = start(baseEnv(env), "", idemListening, argv...)
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -494,6 +506,28 @@ func (r *Rig) Cut() func() {
 	}
 	p.Cut()
 	return p.Restore
+}
+
+// CanListenerDown says whether key-event subscriptions can be held down:
+// apps only (the idem server is listenerserve); the gateway binary opens
+// its own store.
+func (r *Rig) CanListenerDown() bool { return r.listener }
+
+// ListenerDown holds the idem server's key-event subscriptions down for d
+// (SIGUSR1, then SIGUSR2 to listenerserve): each Subscribe meanwhile
+// blocks until d ends, then fails store_unavailable, as PostgreSQL's does
+// while its LISTEN connection reconnects; the store keeps working.
+func (r *Rig) ListenerDown(d time.Duration) string {
+	r.mu.Lock()
+	p := r.serve
+	r.mu.Unlock()
+	_ = p.cmd.Process.Signal(syscall.SIGUSR1)
+	time.Sleep(d)
+	r.mu.Lock()
+	p = r.serve // a kill -9 meanwhile restarted it: its switch is up
+	r.mu.Unlock()
+	_ = p.cmd.Process.Signal(syscall.SIGUSR2)
+	return "key-event subscriptions of idem serve held down (each failed when released)"
 }
 
 // CanFreeze says whether the store can be frozen for this rig: apps freeze

@@ -51,6 +51,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Configure, when set, may change any setting before the server starts.
 	Configure func(*server.Config)
+	// WrapDriver, when set, wraps the store the server opened
+	// (server.WithDriver): a test's fault in one of the driver's
+	// capabilities, e.g. testkit/listenerdown.
+	WrapDriver func(idem.Driver) idem.Driver
 }
 
 // Server is a running test server.
@@ -95,7 +99,11 @@ func Start(t *testing.T, opts Options) *Server {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	srv, err := server.New(ctx, cfg, logger)
+	var sopts []server.Option
+	if opts.WrapDriver != nil {
+		sopts = append(sopts, server.WithDriver(opts.WrapDriver))
+	}
+	srv, err := server.New(ctx, cfg, logger, sopts...)
 	require.NoError(t, err, "servertest: start server")
 	if err := srv.Listen(); err != nil {
 		_ = srv.Close()
