@@ -381,6 +381,12 @@ func (m *middleware) claimError(r *http.Request, err error) *frontdoor.Error {
 			e.RetryAfter = ce.RetryAfter
 		}
 		return e
+	case ce != nil && (ce.Code == client.CodeOutcomeUnknown || ce.Code == client.CodeOutcomeReview):
+		// idem's completer holds the key (rule 8): 409 request_in_flight
+		// with its Retry-After while it finds out what the first request
+		// did, 409 outcome_review (not retryable) once it gave up. Never
+		// the retryable 503: idem is up and answered.
+		return frontdoor.Held(frontdoor.Code(ce.Code), ce.RetryAfter)
 	case errors.Is(err, client.ErrFingerprintMismatch):
 		return &frontdoor.Error{Code: frontdoor.CodeFingerprintMismatch, Detail: frontdoor.MismatchDetail}
 	case errors.Is(err, client.ErrPayloadTooLarge):
