@@ -438,6 +438,19 @@ func (d *request) claimError(r *http.Request, err error) error {
 		x.outcome = outcomeInFlight
 		return withRetryAfter(frontdoor.Errorf(frontdoor.CodeRequestInFlight,
 			"a request with this idempotency key is being processed; retry after Retry-After seconds"), err)
+	case errors.Is(err, idem.ErrOutcomeUnknown) || errors.Is(err, idem.ErrOutcomeReview):
+		// idem's completer holds the key (rule 8): in flight while it
+		// finds out what the first request did, a refusal once it gave
+		// up. The store is up and answered: never fail_open.
+		e := frontdoor.Held(idem.ErrorCode(err), 0)
+		if e.Code == frontdoor.CodeRequestInFlight {
+			x.outcome = outcomeInFlight
+			return withRetryAfter(e, err)
+		}
+		x.outcome = outcomeRefused
+		g.logger.WarnContext(r.Context(), "gateway: the key waits for a person's review (idem's completer gave up on it)",
+			"request_id", x.rid)
+		return e
 	case errors.Is(err, idem.ErrFingerprintMismatch):
 		x.outcome = outcomeMismatch
 		return &frontdoor.Error{Code: frontdoor.CodeFingerprintMismatch, Detail: frontdoor.MismatchDetail}

@@ -56,7 +56,14 @@ type rig struct {
 
 func newRig(t *testing.T, backend, config string, mutate ...func(*gateway.Options)) *rig {
 	t.Helper()
-	r := &rig{idem: servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{tenant}})}
+	return newRigOn(t, servertest.Options{Backend: backend}, config, mutate...)
+}
+
+// newRigOn is newRig on a server started with sopts (its tenant added).
+func newRigOn(t *testing.T, sopts servertest.Options, config string, mutate ...func(*gateway.Options)) *rig {
+	t.Helper()
+	sopts.Tenants = append(sopts.Tenants, tenant)
+	r := &rig{idem: servertest.Start(t, sopts)}
 	r.upstream = conformance.NewUpstream()
 	up := httptest.NewServer(r.upstream)
 	t.Cleanup(up.Close)

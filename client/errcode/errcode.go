@@ -44,7 +44,8 @@ const (
 	OutcomeUnknown Code = "outcome_unknown"
 	// OutcomeReview: the completer gave up on the key (or a person flagged
 	// it while the completer held it); not retryable until a person
-	// resolves it.
+	// resolves it. The front doors answer it too (docs/frontdoor.md rule
+	// 8); they answer outcome_unknown as request_in_flight.
 	OutcomeReview         Code = "outcome_review"
 	CompleterNotFound     Code = "completer_not_found"
 	CompleterLimitReached Code = "completer_limit_reached"
@@ -128,7 +129,7 @@ var table = map[Code]Info{
 	WebhookLimitReached:   {Status: http.StatusConflict, Title: "Webhook endpoint limit reached", By: API},
 	RequestInFlight:       {Status: http.StatusConflict, Title: "Request in flight", Retryable: true, By: Both},
 	OutcomeUnknown:        {Status: http.StatusConflict, Title: "Outcome unknown", Retryable: true, By: API},
-	OutcomeReview:         {Status: http.StatusConflict, Title: "Outcome under review", By: API},
+	OutcomeReview:         {Status: http.StatusConflict, Title: "Outcome under review", By: Both},
 	CompleterNotFound:     {Status: http.StatusNotFound, Title: "Completer not found", By: API},
 	CompleterLimitReached: {Status: http.StatusConflict, Title: "Completer limit reached", By: API},
 	LeaseLost:             {Status: http.StatusConflict, Title: "Lease lost", By: API},

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -181,6 +182,20 @@ func TestPolicyVectors(t *testing.T) {
 			RetryAfter bool   `json:"retry_after"`
 			Detail     string `json:"detail"`
 		} `json:"problems"`
+		Held []struct {
+			Name string `json:"name"`
+			Idem struct {
+				Code              string   `json:"code"`
+				RetryAfterSeconds *float64 `json:"retry_after_seconds"`
+			} `json:"idem"`
+			Expect struct {
+				Status     int     `json:"status"`
+				Code       string  `json:"code"`
+				Retryable  bool    `json:"retryable"`
+				RetryAfter *string `json:"retry_after"`
+				Detail     string  `json:"detail"`
+			} `json:"expect"`
+		} `json:"held"`
 		RequestIDs []struct {
 			Header string `json:"header"`
 			Kept   bool   `json:"kept"`
@@ -226,6 +241,7 @@ func TestPolicyVectors(t *testing.T) {
 		string(frontdoor.CodeFingerprintMismatch):   frontdoor.MismatchDetail,
 		string(frontdoor.CodeStorageQuotaExceeded):  frontdoor.StorageQuotaDetail,
 		string(frontdoor.CodeTenantUnknown):         frontdoor.TenantUnknownDetail,
+		string(frontdoor.CodeOutcomeReview):         frontdoor.OutcomeReviewDetail,
 	}
 	for _, v := range file.Problems {
 		assert.Equal(t, v.Detail, fixed[v.Code], "detail of %s", v.Code)
@@ -247,6 +263,34 @@ func TestPolicyVectors(t *testing.T) {
 			}, p)
 		})
 	}
+	// Rule 8: idem's answers for a key its completer holds, through Held
+	// (the gateway's and client/idemhttp's one mapping) and WriteProblem.
+	require.NotEmpty(t, file.Held)
+	for _, v := range file.Held {
+		t.Run("held/"+v.Name, func(t *testing.T) {
+			var ra time.Duration
+			if v.Idem.RetryAfterSeconds != nil {
+				ra = time.Duration(*v.Idem.RetryAfterSeconds * float64(time.Second))
+			}
+			e := frontdoor.Held(frontdoor.Code(v.Idem.Code), ra)
+			require.NotNil(t, e)
+			r := httptest.NewRequest(http.MethodPost, "/x", nil)
+			w := httptest.NewRecorder()
+			frontdoor.WriteProblem(w, r, e)
+			assert.Equal(t, v.Expect.Status, w.Code)
+			if v.Expect.RetryAfter == nil {
+				assert.Empty(t, w.Header().Values("Retry-After"))
+			} else {
+				assert.Equal(t, *v.Expect.RetryAfter, w.Header().Get("Retry-After"))
+			}
+			var p frontdoor.Problem
+			require.NoError(t, json.Unmarshal(w.Body.Bytes(), &p))
+			assert.Equal(t, v.Expect.Code, string(p.Code))
+			assert.Equal(t, v.Expect.Retryable, p.Retryable)
+			assert.Equal(t, v.Expect.Detail, p.Detail)
+		})
+	}
+	assert.Nil(t, frontdoor.Held(frontdoor.CodeRequestInFlight, time.Second), "only the completer's codes")
 	for _, v := range file.RequestIDs {
 		assert.Equal(t, v.Kept, frontdoor.ValidRequestID(v.Header), "%q", v.Header)
 	}

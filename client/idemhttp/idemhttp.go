@@ -82,6 +82,16 @@
 //     the claim 403 tenant_unknown): 403 tenant_unknown, not retryable
 //     (frontdoor.TenantUnknownDetail), and the handler does not run; no
 //     retry succeeds until an operator enables the tenant.
+//   - A key idem's completer holds (the first request died in flight;
+//     docs/frontdoor.md rule 8): 409 request_in_flight with idem's
+//     Retry-After while the completer finds out what it did
+//     (outcome_unknown), 409 outcome_review, not retryable, once it gave
+//     up and a person must resolve the key; the handler does not run.
+//   - A caller's Idem-Attempt field (the retry contract: "2;cause=timeout",
+//     its retry of its own call) is passed on with the claim
+//     (client.WithAttempt), so idem's fleet retry budget counts the
+//     retries that arrive through the middleware; a missing or unparsable
+//     one is a first attempt.
 //   - The idem service unreachable or failing, or refusing the
 //     middleware's own token (401 unauthenticated, 403 forbidden: a fault
 //     of the service's credentials that a rotation fixes, never the
@@ -248,6 +258,12 @@ func (d *door) Refuse(w http.ResponseWriter, r *http.Request, err error) { front
 // own wait (Prefer: wait=N): a held key is answered at once.
 func (d *door) Claim(ctx context.Context, r *http.Request, req frontdoor.ClaimRequest) (*frontdoor.Claimed, error) {
 	m := d.m
+	if n, cause, ok := callerAttempt(r.Header.Values(client.HeaderAttempt)); ok && n > 1 {
+		// The caller's retry of its own call (the retry contract's
+		// Idem-Attempt): the claim says so, so idem's fleet retry budget
+		// counts the retries that arrive through the middleware.
+		ctx = client.WithAttempt(ctx, n, cause)
+	}
 	cr, err := m.c.Claim(ctx, req.Key, client.Request{
 		Operation: req.Operation,
 		Payload:   json.RawMessage(req.Document),
@@ -381,6 +397,12 @@ func (m *middleware) claimError(r *http.Request, err error) *frontdoor.Error {
 			e.RetryAfter = ce.RetryAfter
 		}
 		return e
+	case ce != nil && (ce.Code == client.CodeOutcomeUnknown || ce.Code == client.CodeOutcomeReview):
+		// idem's completer holds the key (rule 8): 409 request_in_flight
+		// with its Retry-After while it finds out what the first request
+		// did, 409 outcome_review (not retryable) once it gave up. Never
+		// the retryable 503: idem is up and answered.
+		return frontdoor.Held(frontdoor.Code(ce.Code), ce.RetryAfter)
 	case errors.Is(err, client.ErrFingerprintMismatch):
 		return &frontdoor.Error{Code: frontdoor.CodeFingerprintMismatch, Detail: frontdoor.MismatchDetail}
 	case errors.Is(err, client.ErrPayloadTooLarge):
@@ -483,4 +505,64 @@ func (rec *recorder) Write(b []byte) (int, error) {
 		rec.WriteHeader(http.StatusOK)
 	}
 	return rec.body.Write(b)
+}
+
+// callerAttempt reads the caller's Idem-Attempt field (an RFC 9651 Item:
+// an Integer with an optional cause Token parameter, "2;cause=timeout").
+// ok is false for a missing or unparsable field, which counts as a first
+// attempt (the retry contract: never an error). Parameters other than
+// cause, and a cause that is not a Token, are ignored.
+func callerAttempt(values []string) (n int, cause string, ok bool) {
+	if len(values) != 1 {
+		return 0, "", false
+	}
+	parts := strings.Split(strings.Trim(values[0], " "), ";")
+	num := parts[0]
+	if num == "" || len(num) > 15 || strings.Trim(num, "0123456789") != "" {
+		return 0, "", false
+	}
+	n, err := strconv.Atoi(num)
+	if err != nil || n < 1 {
+		return 0, "", false
+	}
+	for _, p := range parts[1:] {
+		name, value, _ := strings.Cut(strings.TrimLeft(p, " "), "=")
+		if !sfKey(name) {
+			return 0, "", false
+		}
+		if name == "cause" && sfToken(value) {
+			cause = value
+		}
+	}
+	return n, cause, true
+}
+
+// sfKey reports whether s is an RFC 9651 key: lcalpha or "*", then
+// lcalpha, digits, "_", "-", "." or "*".
+func sfKey(s string) bool {
+	if s == "" || !(s[0] >= 'a' && s[0] <= 'z' || s[0] == '*') {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || strings.IndexByte("_-.*", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// sfToken reports whether s is an RFC 9651 Token: ALPHA or "*", then
+// tchar, ":" or "/".
+func sfToken(s string) bool {
+	if s == "" || !(s[0] >= 'a' && s[0] <= 'z' || s[0] >= 'A' && s[0] <= 'Z' || s[0] == '*') {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~:/", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }

@@ -5,7 +5,7 @@
 import { randomBytes } from "node:crypto";
 import { Codes, IdemError, NoSideEffect, isIdemError } from "./errors.js";
 import { StoredResponse } from "./response.js";
-import { defaultStoredHeaders, fingerprintDocument, FrontDoorError, headerKey, headerNotReplayable, headerPreferenceApplied, headerReplayed, headerRequestId, mismatchDetail, notReplayable, notReplayableDetail, operation, parseKey, parsePointer, preferWait, problemResponse, requirement, scopedKey, storableStatus, storageQuotaDetail, storedHeaders, storeStatus, tenantUnknownDetail, validRequestId } from "./rules.js";
+import { defaultStoredHeaders, fingerprintDocument, FrontDoorError, headerKey, headerNotReplayable, headerPreferenceApplied, headerReplayed, headerRequestId, held, mismatchDetail, notReplayable, notReplayableDetail, operation, parseKey, parsePointer, preferWait, problemResponse, requirement, scopedKey, storableStatus, storageQuotaDetail, storedHeaders, storeStatus, tenantUnknownDetail, validRequestId } from "./rules.js";
 /** Preference-Applied: wait=<seconds> when idem held the claim (RFC 7240: only an honoured preference is named), else nothing. */
 function applied(seconds) {
     return seconds > 0 ? [[headerPreferenceApplied, `wait=${seconds}`]] : [];
@@ -172,6 +172,12 @@ export class FrontDoor {
         if (err instanceof IdemError) {
             if (err.code === Codes.requestInFlight)
                 return new FrontDoorError("request_in_flight", "a request with this idempotency key is being processed; retry later", err.retryAfterMs);
+            // idem's completer holds the key (rule 8): in flight while it finds
+            // out what the first request did, a refusal for a person once it
+            // gave up; never the retryable 503 (idem is up and answered).
+            const h = held(err.code, err.retryAfterMs);
+            if (h)
+                return h;
             if (err.code === Codes.fingerprintMismatch)
                 return new FrontDoorError("fingerprint_mismatch", mismatchDetail);
             if (err.code === Codes.invalidKey)

@@ -8,7 +8,7 @@ export declare const headerPreferenceApplied = "Preference-Applied";
 /** The longest operation label idem accepts; longer labels are cut at a character boundary. */
 export declare const maxOperationBytes = 128;
 /** The codes a front door answers with. */
-export type FrontDoorCode = "idempotency_key_missing" | "invalid_key" | "invalid_request" | "payload_too_large" | "request_in_flight" | "fingerprint_mismatch" | "store_unavailable" | "response_not_replayable" | "storage_quota_exceeded" | "tenant_unknown" | "unauthenticated" | "method_not_allowed";
+export type FrontDoorCode = "idempotency_key_missing" | "invalid_key" | "invalid_request" | "payload_too_large" | "request_in_flight" | "fingerprint_mismatch" | "store_unavailable" | "response_not_replayable" | "storage_quota_exceeded" | "tenant_unknown" | "outcome_review" | "unauthenticated" | "method_not_allowed";
 /** Status, title and retryability of every front-door problem. */
 export declare const problems: Readonly<Record<FrontDoorCode, {
     status: number;
@@ -23,6 +23,27 @@ export declare const problems: Readonly<Record<FrontDoorCode, {
  * tenant.
  */
 export declare const tenantUnknownDetail = "the idempotency service refused this service's tenant (it does not exist or is disabled): the request was not processed; it cannot succeed until an operator enables the tenant";
+/**
+ * The detail of the 409 request_in_flight answered for a key idem's
+ * completer holds (outcome_unknown, docs/frontdoor.md rule 8), the same in
+ * every front door: the caller's retry with the same key is right, the key
+ * is being finished.
+ */
+export declare const outcomeUnknownDetail = "the first request with this idempotency key stopped before it answered, and the idempotency service is finding out whether it took effect; retry after Retry-After with the same key";
+/**
+ * The detail of outcome_review (rule 8), the same in every front door:
+ * idem's completer gave up on the key, and a retry waits on a person, not
+ * on time.
+ */
+export declare const outcomeReviewDetail = "the first request with this idempotency key stopped before it answered, and whether it took effect is unknown: a person must resolve the key (complete or release it) before a retry with it can succeed; this request was not processed";
+/**
+ * The answer to a claim idem refused because its completer holds the key
+ * (rule 8), undefined for any other code: outcome_unknown is 409
+ * request_in_flight with idem's Retry-After (the key is being finished;
+ * the caller's retry is right), outcome_review 409 outcome_review, not
+ * retryable (a person must resolve the key). Neither is a store failure.
+ */
+export declare function held(code: string, retryAfterMs?: number): FrontDoorError | undefined;
 /**
  * The detail of storage_quota_exceeded, the same in every front door: idem
  * refused the claim of a new key because the tenant stores its

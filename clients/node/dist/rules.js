@@ -26,6 +26,7 @@ export const problems = {
     response_not_replayable: { status: 409, title: "Response not replayable", retryable: false },
     storage_quota_exceeded: { status: 507, title: "Storage quota exceeded", retryable: false },
     tenant_unknown: { status: 403, title: "Tenant unknown", retryable: false },
+    outcome_review: { status: 409, title: "Outcome under review", retryable: false },
     unauthenticated: { status: 401, title: "Unauthenticated", retryable: false },
     method_not_allowed: { status: 405, title: "Method not allowed", retryable: false },
 };
@@ -37,6 +38,33 @@ export const problems = {
  * tenant.
  */
 export const tenantUnknownDetail = "the idempotency service refused this service's tenant (it does not exist or is disabled): the request was not processed; it cannot succeed until an operator enables the tenant";
+/**
+ * The detail of the 409 request_in_flight answered for a key idem's
+ * completer holds (outcome_unknown, docs/frontdoor.md rule 8), the same in
+ * every front door: the caller's retry with the same key is right, the key
+ * is being finished.
+ */
+export const outcomeUnknownDetail = "the first request with this idempotency key stopped before it answered, and the idempotency service is finding out whether it took effect; retry after Retry-After with the same key";
+/**
+ * The detail of outcome_review (rule 8), the same in every front door:
+ * idem's completer gave up on the key, and a retry waits on a person, not
+ * on time.
+ */
+export const outcomeReviewDetail = "the first request with this idempotency key stopped before it answered, and whether it took effect is unknown: a person must resolve the key (complete or release it) before a retry with it can succeed; this request was not processed";
+/**
+ * The answer to a claim idem refused because its completer holds the key
+ * (rule 8), undefined for any other code: outcome_unknown is 409
+ * request_in_flight with idem's Retry-After (the key is being finished;
+ * the caller's retry is right), outcome_review 409 outcome_review, not
+ * retryable (a person must resolve the key). Neither is a store failure.
+ */
+export function held(code, retryAfterMs = 0) {
+    if (code === "outcome_unknown")
+        return new FrontDoorError("request_in_flight", outcomeUnknownDetail, retryAfterMs);
+    if (code === "outcome_review")
+        return new FrontDoorError("outcome_review", outcomeReviewDetail);
+    return undefined;
+}
 /**
  * The detail of storage_quota_exceeded, the same in every front door: idem
  * refused the claim of a new key because the tenant stores its

@@ -7,7 +7,7 @@ import type { CallOptions } from "./bounds.js";
 import { Codes, IdemError, NoSideEffect, isIdemError } from "./errors.js";
 import type { ResponseInit } from "./response.js";
 import { StoredResponse } from "./response.js";
-import { type Answer, cutBodyDetail, defaultStoredHeaders, fingerprintDocument, type FingerprintRules, FrontDoorError, headerKey, headerNotReplayable, headerPreferenceApplied, headerReplayed, headerRequestId, type MethodRules, mismatchDetail, notReplayable, notReplayableDetail, operation, parseKey, parsePointer, preferWait, problemResponse, requirement, scopedKey, storableStatus, storageQuotaDetail, storedHeaders, storeStatus, tenantUnknownDetail, validRequestId } from "./rules.js";
+import { type Answer, cutBodyDetail, defaultStoredHeaders, fingerprintDocument, type FingerprintRules, FrontDoorError, headerKey, headerNotReplayable, headerPreferenceApplied, headerReplayed, headerRequestId, held, type MethodRules, mismatchDetail, notReplayable, notReplayableDetail, operation, parseKey, parsePointer, preferWait, problemResponse, requirement, scopedKey, storableStatus, storageQuotaDetail, storedHeaders, storeStatus, tenantUnknownDetail, validRequestId } from "./rules.js";
 import type { Claim, RunOptions, RunResult } from "./run.js";
 import type { ClaimRequest } from "./types.js";
 
@@ -263,6 +263,11 @@ export class FrontDoor {
   private claimRefusal(err: unknown): FrontDoorError {
     if (err instanceof IdemError) {
       if (err.code === Codes.requestInFlight) return new FrontDoorError("request_in_flight", "a request with this idempotency key is being processed; retry later", err.retryAfterMs);
+      // idem's completer holds the key (rule 8): in flight while it finds
+      // out what the first request did, a refusal for a person once it
+      // gave up; never the retryable 503 (idem is up and answered).
+      const h = held(err.code, err.retryAfterMs);
+      if (h) return h;
       if (err.code === Codes.fingerprintMismatch) return new FrontDoorError("fingerprint_mismatch", mismatchDetail);
       if (err.code === Codes.invalidKey) return new FrontDoorError("invalid_key", err.detail);
       if (err.code === Codes.payloadTooLarge) {

@@ -12,7 +12,7 @@ import { createServer, request as httpRequest, type IncomingMessage, type Server
 import { connect, type AddressInfo } from "node:net";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { Client, FrontDoor, expressErrorHandler, expressMiddleware, storageQuotaDetail, withIdempotency } from "../src/index.js";
+import { Client, FrontDoor, expressErrorHandler, expressMiddleware, outcomeReviewDetail, outcomeUnknownDetail, storageQuotaDetail, withIdempotency } from "../src/index.js";
 import { repoRoot, startServer, stores, type Server } from "./server.js";
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -1452,5 +1452,111 @@ for (const store of stores()) {
         }
       });
     }
+  });
+}
+
+for (const store of stores()) {
+  // docs/frontdoor.md rule 8, in a real Express app: a handler that charges
+  // and throws leaves its claim to run out (lease 1 s); idem's real
+  // completer takes the key over and the resume endpoint answers "unknown,
+  // ask again in 120 s" (or, for the other key, "needs a person"). The
+  // caller's retry is 409 request_in_flight, retryable, with idem's
+  // Retry-After — or 409 outcome_review, not retryable, without
+  // Retry-After — and the handler does not run again; the completer keeps
+  // the key. Before, both were the retryable 503 store_unavailable.
+  describe(`a key idem's completer holds on ${store}`, () => {
+    let srv: Server;
+    let endpoint: HTTPServer;
+    const calls = new Map<string, number>();
+    before(async () => {
+      srv = await startServer(store, {}, {
+        IDEM_WEBHOOK_ALLOW_PRIVATE: "1", IDEM_COMPLETER_INTERVAL: "100ms",
+        IDEM_COMPLETER_BACKOFF_BASE: "50ms", IDEM_COMPLETER_BACKOFF_CAP: "200ms",
+      });
+      // A resume endpoint that never resumes a key: "review" for a key whose name has it, else unknown for 120 s.
+      endpoint = createServer((req, res) => {
+        let raw = "";
+        req.on("data", (c) => (raw += c));
+        req.on("end", () => {
+          const key = (JSON.parse(raw) as { key: string }).key;
+          calls.set(key, (calls.get(key) ?? 0) + 1);
+          const answer = key.includes("review") ? { outcome: "review", note: "the provider cannot say" } : { outcome: "unknown", retry_after_seconds: 120 };
+          res.writeHead(200, { "Content-Type": "application/json" }).end(JSON.stringify(answer));
+        });
+      });
+      const url = await listen(endpoint);
+      const res = await fetch(`${srv.url}/v1/completers`, {
+        method: "POST",
+        headers: { Authorization: `Bearer ${srv.mint("t1", "tenant:admin")}`, "Content-Type": "application/json" },
+        body: JSON.stringify({ url: `${url}/resume` }),
+      });
+      assert.equal(res.status, 201, await res.text());
+    });
+    after(async () => {
+      await new Promise((r) => endpoint.close(r));
+      await srv.stop();
+    });
+    const record = async (key: string): Promise<Any> => {
+      const res = await fetch(`${srv.url}/v1/keys/${key}`, { headers: { Authorization: `Bearer ${srv.token}` } });
+      assert.equal(res.status, 200);
+      return res.json();
+    };
+    const waitHeld = async (key: string, state: string): Promise<Any> => {
+      for (const end = Date.now() + 30_000; Date.now() < end; await sleep(20)) {
+        const rec = await record(key);
+        if (rec.completer?.state === state) return rec;
+      }
+      assert.fail(`the completer never held ${key} in state ${state}`);
+    };
+
+    test("express: 409 request_in_flight with idem's Retry-After, then 409 outcome_review; the handler never runs again", async () => {
+      let charges = 0;
+      const app = express();
+      app.use(expressMiddleware({ client: new Client({ baseUrl: srv.url, token: srv.token }), leaseSeconds: 1, log: () => {} }));
+      app.post("/charge", () => {
+        charges++;
+        throw new Error("the worker died after the charge");
+      });
+      app.use(expressErrorHandler());
+      app.use((_err: unknown, _req: express.Request, res: express.Response, _next: express.NextFunction) => {
+        res.status(500).end();
+      });
+      const server = createServer(app);
+      const url = await listen(server);
+      try {
+        const id = randomUUID();
+        const unknown = `held-unknown-${id}`;
+        const review = `held-review-${id}`;
+        for (const key of [unknown, review]) assert.equal((await post(`${url}/charge`, key, {})).status, 500);
+        assert.equal(charges, 2);
+
+        const held = await waitHeld(unknown, "unknown");
+        for (let i = 0; i < 2; i++) {
+          const got = await post(`${url}/charge`, unknown, {});
+          assert.equal(got.status, 409, got.text);
+          assert.equal(got.headers.get("Content-Type"), "application/problem+json");
+          const p = JSON.parse(got.text);
+          assert.deepEqual([p.code, p.retryable, p.detail], ["request_in_flight", true, outcomeUnknownDetail]);
+          const ra = Number(got.headers.get("Retry-After"));
+          assert.ok(ra >= 100 && ra <= 120, `Retry-After is idem's, the next completer attempt in 120 s: ${ra}`);
+        }
+
+        await waitHeld(review, "review");
+        for (let i = 0; i < 2; i++) {
+          const got = await post(`${url}/charge`, review, {});
+          assert.equal(got.status, 409, got.text);
+          const p = JSON.parse(got.text);
+          assert.deepEqual([p.code, p.title, p.retryable, p.detail], ["outcome_review", "Outcome under review", false, outcomeReviewDetail]);
+          assert.equal(got.headers.get("Retry-After"), null);
+        }
+        assert.equal(charges, 2, "the handler did not run again");
+        const later = await record(unknown);
+        assert.equal(later.completer.state, "unknown", "the completer still holds it");
+        assert.equal(later.fencing_token, held.fencing_token, "no retry took it over");
+        assert.equal(calls.get(unknown), 1, "the retries made no completer attempt");
+      } finally {
+        await new Promise((r) => server.close(r));
+      }
+    });
   });
 }

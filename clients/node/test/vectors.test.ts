@@ -9,6 +9,7 @@ import {
   Client, Codes, FrontDoorError, IdemError, RetryBudget, StoredResponse, backoffCeilingMs, backoffMs, checkIJSON, defaultStoredHeaders, fingerprintDocument,
   key, operation, parseKey, parseRetryAfter, problems, requirement, retryAfterWaitMs, scopedKey, storableStatus, storeStatus, storedHeaders,
   notReplayableDetail, mismatchDetail, preferWait, storageQuotaDetail, tenantUnknownDetail, validRequestId, validateKey, withDefaults,
+  held, outcomeReviewDetail,
 } from "../src/index.js";
 import { repoRoot } from "./server.js";
 
@@ -204,7 +205,7 @@ describe("testvectors/frontdoor", () => {
   test("policy.problems: the fixed details are the vectors'", () => {
     // The vectors hold each fixed detail once; the constants must say the same.
     const fixed = Object.fromEntries(pol.problems.filter((v: { detail?: string }) => v.detail !== undefined).map((v: { code: string; detail: string }) => [v.code, v.detail]));
-    assert.deepEqual(fixed, { fingerprint_mismatch: mismatchDetail, response_not_replayable: notReplayableDetail, storage_quota_exceeded: storageQuotaDetail, tenant_unknown: tenantUnknownDetail });
+    assert.deepEqual(fixed, { fingerprint_mismatch: mismatchDetail, response_not_replayable: notReplayableDetail, storage_quota_exceeded: storageQuotaDetail, tenant_unknown: tenantUnknownDetail, outcome_review: outcomeReviewDetail });
   });
   for (const v of pol.problems) {
     const known = (problems as Record<string, { status: number; title: string; retryable: boolean }>)[v.code];
@@ -225,6 +226,23 @@ describe("testvectors/frontdoor", () => {
       assert.equal(a.headers.some(([k]) => k === "Retry-After"), v.retry_after);
     });
   }
+  // Rule 8: idem's answers for a key its completer holds, through held() and problemResponse.
+  assert.ok(pol.held.length > 0);
+  for (const v of pol.held) {
+    test(`policy.held: ${v.name}`, async () => {
+      const { problemResponse } = await import("../src/index.js");
+      const e = held(v.idem.code, (v.idem.retry_after_seconds ?? 0) * 1000);
+      assert.ok(e, v.name);
+      const a = problemResponse(e, "rid");
+      const body = JSON.parse(Buffer.from(a.body).toString());
+      assert.equal(a.status, v.expect.status);
+      assert.equal(body.code, v.expect.code);
+      assert.equal(body.retryable, v.expect.retryable);
+      assert.equal(body.detail, v.expect.detail);
+      assert.equal(a.headers.find(([k]) => k === "Retry-After")?.[1] ?? null, v.expect.retry_after);
+    });
+  }
+  test("policy.held: only the completer's codes", () => assert.equal(held("request_in_flight", 1000), undefined));
   assert.ok(pol.prefer_wait.length > 0);
   for (const v of pol.prefer_wait) test(`policy.prefer_wait: ${JSON.stringify(v.fields)}`, () => assert.equal(preferWait(v.fields), v.expect));
   for (const v of pol.request_ids) test(`policy.request_ids: ${JSON.stringify(v.header).slice(0, 30)}`, () => assert.equal(validRequestId(v.header), v.kept));

@@ -89,7 +89,8 @@ def test_policy() -> None:
     fixed = {frontdoor.RESPONSE_NOT_REPLAYABLE: frontdoor.NOT_REPLAYABLE_DETAIL,
              frontdoor.FINGERPRINT_MISMATCH: frontdoor.MISMATCH_DETAIL,
              frontdoor.STORAGE_QUOTA_EXCEEDED: frontdoor.STORAGE_QUOTA_DETAIL,
-             frontdoor.TENANT_UNKNOWN: frontdoor.TENANT_UNKNOWN_DETAIL}
+             frontdoor.TENANT_UNKNOWN: frontdoor.TENANT_UNKNOWN_DETAIL,
+             frontdoor.OUTCOME_REVIEW: frontdoor.OUTCOME_REVIEW_DETAIL}
     assert {tc["code"]: tc["detail"] for tc in v["problems"] if "detail" in tc} == fixed
     gateway_only = {"upstream_unavailable", "upstream_timeout", "server_busy"}
     for tc in v["problems"]:
@@ -106,6 +107,17 @@ def test_policy() -> None:
         assert ("Retry-After" in h) == tc["retry_after"]
         if tc["retry_after"]:
             assert int(h["Retry-After"]) >= 1
+    # Rule 8: idem's answers for a key its completer holds, through held() and problem().
+    assert v["held"]
+    for tc in v["held"]:
+        err = frontdoor.held(tc["idem"]["code"], tc["idem"].get("retry_after_seconds", 0.0))
+        assert err is not None, tc["name"]
+        status, headers, body = frontdoor.problem(err, "req-1")
+        doc, h, want = json.loads(body), dict(headers), tc["expect"]
+        assert (status, doc["code"], doc["retryable"], doc["detail"]) == \
+            (want["status"], want["code"], want["retryable"], want["detail"]), tc["name"]
+        assert h.get("Retry-After") == want["retry_after"], tc["name"]
+    assert frontdoor.held(frontdoor.REQUEST_IN_FLIGHT, 1.0) is None
     for tc in v["request_ids"]:
         assert frontdoor.valid_request_id(tc["header"]) == tc["kept"], tc["header"]
     assert v["prefer_wait"]

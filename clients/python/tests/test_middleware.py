@@ -895,3 +895,94 @@ def test_repeated_scope_header_refused(kind: str, server: Server) -> None:
         ok = HTTP.post(a.url + "/charges/1", json=BODY, headers=[("Idempotency-Key", new_key("scope")), ("X-Account-Id", "acct1")])
         assert ok.status_code == 201, ok.text
         assert len(a.effects.charges) == 1
+
+
+#: The fixed details of rule 8, held once in the shared vectors.
+_HELD = {h["idem"]["code"]: h["expect"]["detail"] for h in json.loads(
+    (Path(__file__).resolve().parents[3] / "testvectors/frontdoor/policy.json").read_text())["held"]}
+
+#: The server's completer picks orphans at once, and may call a resume endpoint on loopback.
+COMPLETER_ENV = {"IDEM_WEBHOOK_ALLOW_PRIVATE": "1", "IDEM_COMPLETER_INTERVAL": "100ms",
+                 "IDEM_COMPLETER_BACKOFF_BASE": "50ms", "IDEM_COMPLETER_BACKOFF_CAP": "200ms"}
+
+
+def _resume_endpoint() -> tuple[str, dict[str, int], Any]:
+    """A resume endpoint that never resumes a key: "review" for a key whose
+    name contains it, else "unknown, ask again in 120 s". It returns its URL,
+    the calls per key and the server (to shut down)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    calls: dict[str, int] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            key = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["key"]
+            calls[key] = calls.get(key, 0) + 1
+            answer = {"outcome": "review", "note": "the provider cannot say"} if "review" in key else \
+                {"outcome": "unknown", "retry_after_seconds": 120}
+            body = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{srv.server_port}/resume", calls, srv
+
+
+def _completer_state(server: Server, key: str) -> Any:
+    r = HTTP.get(f"{server.url}/v1/keys/{key}", headers={"Authorization": f"Bearer {server.token}"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_completer_held_keys(store: str, binary: str) -> None:
+    """docs/frontdoor.md rule 8, in a real Flask app: a view that charges and
+    raises leaves its claim to run out (lease 1 s); idem's real completer
+    takes the key over and the resume endpoint answers "unknown, ask again
+    in 120 s" (or, for the other key, "needs a person"). The caller's retry
+    is 409 request_in_flight, retryable, with idem's Retry-After — or 409
+    outcome_review, not retryable, without Retry-After — and the view does
+    not run again; the completer keeps the key. Before, both were the
+    retryable 503 store_unavailable."""
+    for srv in start_server(binary, store, COMPLETER_ENV):
+        admin = _cli(binary, srv.env, "token", "--tenant", "acme", "--scope", "tenant:admin", "--ttl", "1h")
+        url, calls, endpoint = _resume_endpoint()
+        try:
+            r = HTTP.post(srv.url + "/v1/completers", json={"url": url}, headers={"Authorization": f"Bearer {admin}"})
+            assert r.status_code == 201, r.text
+            for a in serve("flask", srv.url, srv.token, lease=1):
+                unknown, review = new_key("held-unknown"), new_key("held-review")
+                for key in (unknown, review):
+                    assert post(a.url + "/boom", key).status_code == 500
+                assert len(a.effects.charges) == 2
+
+                wait_for(lambda: (_completer_state(srv, unknown).get("completer") or {}).get("state") == "unknown", timeout=30)
+                held = _completer_state(srv, unknown)
+                for _ in range(2):
+                    got = post(a.url + "/boom", unknown)
+                    assert got.status_code == 409, got.text
+                    assert got.headers["Content-Type"] == "application/problem+json"
+                    p = got.json()
+                    assert (p["code"], p["retryable"], p["detail"]) == ("request_in_flight", True, _HELD["outcome_unknown"]), p
+                    assert 100 <= int(got.headers["Retry-After"]) <= 120, got.headers["Retry-After"]
+
+                wait_for(lambda: (_completer_state(srv, review).get("completer") or {}).get("state") == "review", timeout=30)
+                for _ in range(2):
+                    got = post(a.url + "/boom", review)
+                    assert got.status_code == 409, got.text
+                    p = got.json()
+                    assert (p["code"], p["title"], p["retryable"], p["detail"]) == \
+                        ("outcome_review", "Outcome under review", False, _HELD["outcome_review"]), p
+                    assert "Retry-After" not in got.headers
+                assert len(a.effects.charges) == 2, "the view did not run again"
+                after = _completer_state(srv, unknown)
+                assert after["completer"]["state"] == "unknown" and after["fencing_token"] == held["fencing_token"], after
+                assert calls[unknown] == 1, "the retries made no completer attempt"
+        finally:
+            endpoint.shutdown()

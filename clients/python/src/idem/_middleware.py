@@ -165,8 +165,9 @@ def problem_answer(err: FrontDoorError, rid: str) -> Answer:
 
 
 def claim_failed(err: IdemError) -> FrontDoorError:
-    """Map an error of the claim to the caller's problem: in flight 409,
-    mismatch 422, a document idem refuses as too large 413, the tenant's
+    """Map an error of the claim to the caller's problem: in flight 409 (a key
+    idem's completer holds too; 409 outcome_review once it gave up), mismatch
+    422, a document idem refuses as too large 413, the tenant's
     storage quota used up 507 (not retryable), the middleware's tenant
     disabled or gone 403 tenant_unknown (not retryable), a claim idem
     refuses as invalid 400 invalid_request (not retryable), and everything
@@ -177,6 +178,11 @@ def claim_failed(err: IdemError) -> FrontDoorError:
         if err.code == frontdoor.REQUEST_IN_FLIGHT:
             return FrontDoorError(frontdoor.REQUEST_IN_FLIGHT, "another request with this idempotency key is in progress; retry after Retry-After",
                                   retry_after=err.retry_after)
+        held = frontdoor.held(err.code, err.retry_after)
+        if held is not None:
+            # idem's completer holds the key (rule 8): in flight while it finds out what the first request did,
+            # a refusal for a person once it gave up; never the retryable 503 (idem is up and answered).
+            return held
         if err.code == frontdoor.FINGERPRINT_MISMATCH:
             return FrontDoorError(frontdoor.FINGERPRINT_MISMATCH, frontdoor.MISMATCH_DETAIL)
         if err.code == frontdoor.PAYLOAD_TOO_LARGE:

@@ -50,6 +50,20 @@ TENANT_UNKNOWN = "tenant_unknown"
 TENANT_UNKNOWN_DETAIL = ("the idempotency service refused this service's tenant (it does not exist or is disabled): "
                          "the request was not processed; it cannot succeed until an operator enables the tenant")
 
+#: idem's completer holds the key (docs/frontdoor.md rule 8). outcome_unknown
+#: (it is finding out what the first request did) is answered as a retryable
+#: 409 request_in_flight with idem's Retry-After; outcome_review (it gave up,
+#: a person must resolve the key) as 409 outcome_review, not retryable.
+OUTCOME_UNKNOWN = "outcome_unknown"
+OUTCOME_REVIEW = "outcome_review"
+#: The detail of the request_in_flight answered for outcome_unknown, the same in every front door.
+OUTCOME_UNKNOWN_DETAIL = ("the first request with this idempotency key stopped before it answered, and the idempotency "
+                          "service is finding out whether it took effect; retry after Retry-After with the same key")
+#: The detail of outcome_review, the same in every front door.
+OUTCOME_REVIEW_DETAIL = ("the first request with this idempotency key stopped before it answered, and whether it took effect "
+                         "is unknown: a person must resolve the key (complete or release it) before a retry with it can "
+                         "succeed; this request was not processed")
+
 #: code -> (status, title, retryable)
 PROBLEMS: dict[str, tuple[int, str, bool]] = {
     KEY_MISSING: (400, "Idempotency key missing", False),
@@ -57,6 +71,7 @@ PROBLEMS: dict[str, tuple[int, str, bool]] = {
     INVALID_REQUEST: (400, "Invalid request", False),
     "payload_too_large": (413, "Payload too large", False),
     REQUEST_IN_FLIGHT: (409, "Request in flight", True),
+    OUTCOME_REVIEW: (409, "Outcome under review", False),
     FINGERPRINT_MISMATCH: (422, "Idempotency key reused with another request", False),
     STORE_UNAVAILABLE: (503, "Idempotency store unavailable", True),
     "response_not_replayable": (409, "Response not replayable", False),
@@ -498,6 +513,19 @@ def valid_request_id(rid: str | None) -> bool:
 def request_id(caller: str | None) -> str:
     """The caller's request id when valid, else a new one."""
     return caller if caller and valid_request_id(caller) else secrets.token_hex(16)
+
+
+def held(code: str, retry_after: float = 0.0) -> FrontDoorError | None:
+    """The answer to a claim idem refused because its completer holds the
+    key (rule 8), None for any other code: outcome_unknown is 409
+    request_in_flight with idem's Retry-After (the key is being finished;
+    the caller's retry is right), outcome_review 409 outcome_review, not
+    retryable (a person must resolve the key). Neither is a store failure."""
+    if code == OUTCOME_UNKNOWN:
+        return FrontDoorError(REQUEST_IN_FLIGHT, OUTCOME_UNKNOWN_DETAIL, retry_after=retry_after)
+    if code == OUTCOME_REVIEW:
+        return FrontDoorError(OUTCOME_REVIEW, OUTCOME_REVIEW_DETAIL)
+    return None
 
 
 def problem(err: FrontDoorError, rid: str) -> tuple[int, list[tuple[str, str]], bytes]:
