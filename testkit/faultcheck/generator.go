@@ -37,6 +37,9 @@ var AllFaults = []Fault{FaultDisconnect, FaultStream, FaultHandlerFail, FaultSto
 // runs them. Empty it as the fixes land. Nothing else is left out.
 var KnownFailing = map[string]map[Fault]string{}
 
+// quotaIdents is how many keys a quota schedule completes at once.
+const quotaIdents = 24
+
 // Op is one request of a schedule.
 type Op struct {
 	At         time.Duration // after the schedule's start
@@ -109,7 +112,10 @@ func Generate(seed uint64, index int, faults []Fault, env Env) Schedule {
 	nIdents := 3 + r.IntN(4)
 	if on(FaultQuota) && r.IntN(3) == 0 {
 		s.Quota = true
-		nIdents = 10
+		// More keys than the store has connections: with every answer
+		// stored the usage passes the documented overshoot (QuotaOvershoot),
+		// so an unbounded complete shows.
+		nIdents = quotaIdents
 	}
 	for i := range nIdents {
 		id := Ident{
@@ -153,6 +159,13 @@ func Generate(seed uint64, index int, faults []Fault, env Env) Schedule {
 			continue
 		}
 		n := 2 + r.IntN(3)
+		if s.Quota {
+			// each key once or twice: about the burst of a quota
+			// schedule when it had 10 keys (36 requests on average, 30
+			// then), within the tenant's shares of the server's
+			// in-flight budget and of the store's pool
+			n = 1 + r.IntN(2)
+		}
 		for range n {
 			op := Op{At: time.Duration(r.IntN(900)) * time.Millisecond, Ident: i}
 			if r.IntN(3) == 0 {
