@@ -107,7 +107,8 @@ func send(base string, s *Sent, dropAfter time.Duration) {
 
 // Execute runs schedule s on the rig and returns its history.
 func Execute(r *Rig, s Schedule) *History {
-	h := &History{}
+	h := &History{Before: r.lastFaults}
+	defer func() { r.lastFaults = h.Faults }()
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	var stopHog func()
@@ -202,7 +203,7 @@ func Execute(r *Rig, s Schedule) *History {
 		start := time.Now()
 		if err == nil {
 			h.fault(FaultQuota, fmt.Sprintf("usage after the schedule: %d bytes (quota %d)", used, quota), start, start)
-			h.QuotaUsed, h.Quota = used, quota
+			h.QuotaUsed, h.Quota, h.QuotaWriters = used, quota, r.QuotaWriters()
 		}
 		_ = r.PatchTenant(map[string]any{"settings": map[string]any{"storage_quota_bytes": 1 << 30, "max_response_bytes": 1 << 20}})
 	}

@@ -168,6 +168,18 @@ func runFrontDoor(t *testing.T, seed uint64, fd, store string) {
 			for _, f := range h.Faults {
 				fmt.Fprintf(&b, "  %s %s (%s)\n", f.Kind, f.What, f.End.Sub(f.Start).Round(time.Millisecond))
 			}
+			if len(h.Before) > 0 && len(h.Sent) > 0 {
+				first := h.Sent[0].Start
+				for _, x := range h.Sent {
+					if x.Start.Before(first) {
+						first = x.Start
+					}
+				}
+				b.WriteString("faults of the schedule before (their afterglow may reach this one):\n")
+				for _, f := range h.Before {
+					fmt.Fprintf(&b, "  %s %s, ended %s before this schedule's first request\n", f.Kind, f.What, first.Sub(f.End).Round(time.Millisecond))
+				}
+			}
 			b.WriteString("every violation:\n")
 			for _, v := range rep.Violations {
 				fmt.Fprintf(&b, "  %s\n", v)

@@ -48,6 +48,9 @@ var OptIn = map[Fault]string{
 	FaultListenerDown: "opt-in: the apps' idem server is then listenerserve, not the idem binary",
 }
 
+// quotaIdents is how many keys a quota schedule completes at once.
+const quotaIdents = 24
+
 // Op is one request of a schedule.
 type Op struct {
 	At         time.Duration // after the schedule's start
@@ -122,7 +125,10 @@ func Generate(seed uint64, index int, faults []Fault, env Env) Schedule {
 	nIdents := 3 + r.IntN(4)
 	if on(FaultQuota) && r.IntN(3) == 0 {
 		s.Quota = true
-		nIdents = 10
+		// More keys than the store has connections: with every answer
+		// stored the usage passes the documented overshoot (QuotaOvershoot),
+		// so an unbounded complete shows.
+		nIdents = quotaIdents
 	}
 	for i := range nIdents {
 		id := Ident{
@@ -166,6 +172,13 @@ func Generate(seed uint64, index int, faults []Fault, env Env) Schedule {
 			continue
 		}
 		n := 2 + r.IntN(3)
+		if s.Quota {
+			// each key once or twice: about the burst of a quota
+			// schedule when it had 10 keys (36 requests on average, 30
+			// then), within the tenant's shares of the server's
+			// in-flight budget and of the store's pool
+			n = 1 + r.IntN(2)
+		}
 		for range n {
 			op := Op{At: time.Duration(r.IntN(900)) * time.Millisecond, Ident: i}
 			if r.IntN(3) == 0 {

@@ -59,9 +59,19 @@ type History struct {
 	mu     sync.Mutex
 	Sent   []*Sent
 	Faults []*Injected
+	// Before is the faults of the schedule run just before on the same
+	// rig. A schedule starts as soon as the one before settled, and its
+	// settle ends at the first answers after the faults, so the effects of
+	// a fault that ended there (a pool still holding connections a cut
+	// closed) may reach this schedule's first requests within
+	// faultAfterglow: they are this tenant's own faults all the same.
+	Before []*Injected
 	// QuotaUsed and Quota are the tenant's stored bytes after a quota
 	// schedule and the quota it ran under.
 	QuotaUsed, Quota int64
+	// QuotaWriters is how many writes of the tenant's records the store
+	// may run at once (Rig.QuotaWriters).
+	QuotaWriters int
 }
 
 func (h *History) add(s *Sent) {
@@ -78,7 +88,7 @@ func (h *History) fault(kind, what string, start, end time.Time) {
 
 // overlaps says whether a fault of one of kinds ran within [from, to].
 func (h *History) overlaps(from, to time.Time, kinds ...string) *Injected {
-	for _, f := range h.Faults {
+	for _, f := range append(h.Before[:len(h.Before):len(h.Before)], h.Faults...) {
 		for _, k := range kinds {
 			if f.Kind == k && !f.Start.After(to) && !f.End.Before(from) {
 				return f

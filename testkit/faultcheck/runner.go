@@ -242,6 +242,9 @@ type Rig struct {
 	admin      string // operator token
 	hogToken   string
 	BaseURL    string // where the clients send
+	// lastFaults is the faults of the schedule Execute ran last
+	// (History.Before of the next).
+	lastFaults []*Injected
 	http       *http.Client
 }
 
@@ -288,6 +291,21 @@ func firstFile(dir string, names ...string) (string, error) {
 	return "", fmt.Errorf("no app in %s (looked for %s)", dir, strings.Join(names, ", "))
 }
 
+// poolConns is the PostgreSQL pool of the idem server and the gateway.
+const poolConns = 10
+
+// QuotaWriters is how many writes of the tenant's records the rig's store
+// may run at once: on PostgreSQL one per connection of the writing
+// process's pool (the gateway's, or the idem server's behind an app), on
+// SQLite one (a single writer, each complete checks the quota in its
+// write transaction).
+func (r *Rig) QuotaWriters() int {
+	if r.Store == "postgres" {
+		return poolConns
+	}
+	return 1
+}
+
 // NewRig starts the processes of frontdoor on store. They are killed when
 // the test ends. With FaultListenerDown among faults (and an app front
 // door) the idem server is listenerserve, the same wiring with its
@@ -310,6 +328,8 @@ func NewRig(tb testing.TB, b Bins, frontdoor, store string, faults ...Fault) *Ri
 		"IDEM_TENANT_CACHE_TTL": "0",
 		"IDEM_MAX_BODY_BYTES":   fmt.Sprint(maxBodyBytes), "IDEM_MAX_INFLIGHT_BYTES": fmt.Sprint(maxInflightBytes),
 		"IDEM_ORPHAN_WATCH_INTERVAL": "200ms", "IDEM_STORE_TIMEOUT": "2s",
+		// The server's default pool, named so the quota's bound is known.
+		"IDEM_DB_MAX_CONNS": fmt.Sprint(poolConns),
 	}
 	gwStore := ""
 	if store == "postgres" {

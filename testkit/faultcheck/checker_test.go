@@ -1,0 +1,79 @@
+package faultcheck
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+)
+
+// TestQuotaBoundIsTheDocumentedOne: quota-bounds-storage allows what
+// openapi.yaml promises for storage_quota_bytes (one answer per store
+// connection writing at once, and each key's few bytes), and still finds a
+// quota that bounds nothing (hole 4: every answer of the schedule stored).
+func TestQuotaBoundIsTheDocumentedOne(t *testing.T) {
+	var s Schedule
+	for i := 0; ; i++ {
+		if s = Generate(1, i, []Fault{FaultQuota}, Env{FrontDoor: "gateway", Scoped: true, Lease: Lease}); s.Quota {
+			break
+		}
+	}
+	var answer, claims int64
+	for _, id := range s.Idents {
+		b, _ := json.Marshal(runBody{Run: "go12345-67", Req: id.Key, Scope: id.Scope, Pad: id.Pad})
+		answer = max(answer, int64(len(b)))
+		claims += int64(len(id.Key) + 100)
+	}
+	const quota = 8192
+	check := func(used int64, writers int) []Violation {
+		h := &History{Quota: quota, QuotaUsed: used, QuotaWriters: writers}
+		return Check(s, h, nil, nil).Violations
+	}
+	// PostgreSQL: every connection of the pool completed at the edge, each
+	// seeing the usage before the others' answers
+	racing := quota + int64(poolConns)*answer + int64(len(s.Idents))*100
+	if v := check(racing, poolConns); len(v) != 0 {
+		t.Errorf("%d racing completes on %d connections, within the documented bound, reported: %v", poolConns, poolConns, v)
+	}
+	// a quota that bounds nothing: every answer stored
+	all := claims + int64(len(s.Idents))*(answer+200)
+	if all <= racing {
+		t.Fatalf("the quota schedule has too few keys (%d) to tell an unbounded quota (%d bytes) from racing completes (%d)", len(s.Idents), all, racing)
+	}
+	if v := check(all, poolConns); len(v) != 1 || v[0].Invariant != "quota-bounds-storage" {
+		t.Errorf("every answer stored (%d bytes on a quota of %d) not reported: %v", all, quota, v)
+	}
+	// SQLite's single writer: one answer at the edge, not a pool's worth
+	if v := check(quota+4*answer, 1); len(v) != 1 {
+		t.Errorf("four answers over on a single writer not reported: %v", v)
+	}
+}
+
+// TestRefusalAfterTheScheduleBeforesFault: a 503 store_unavailable at the
+// start of a schedule that began right after the schedule before restored
+// its store cut is the tenant's own fault (the pool still held the
+// connections the cut closed; the seed 3082651004 gateway/PostgreSQL
+// report); one that no fault of either schedule came near is still
+// reported.
+func TestRefusalAfterTheScheduleBeforesFault(t *testing.T) {
+	t0 := time.Now()
+	s := Schedule{Idents: []Ident{{Key: "k", Route: "unscoped", Mode: "ok"}}}
+	refused := func(at time.Time) *Sent {
+		return &Sent{Op: 0, Ident: identOf("", "k"), Key: "k", Start: at, End: at.Add(time.Millisecond), Status: 503, Complete: true,
+			Header: http.Header{"Content-Type": {"application/problem+json"}},
+			Resp:   []byte(`{"type":"urn:idem:problem:store_unavailable","title":"Idempotency store unavailable","status":503,"code":"store_unavailable","retryable":true}`)}
+	}
+	cut := &Injected{Kind: FaultStoreCut, What: "path to the store cut", Start: t0.Add(-400 * time.Millisecond), End: t0.Add(-14 * time.Millisecond)}
+	v := Check(s, &History{Sent: []*Sent{refused(t0)}, Before: []*Injected{cut}}, nil, nil).Violations
+	if len(v) != 0 {
+		t.Errorf("a 503 14ms after the schedule before restored its cut reported: %v", v)
+	}
+	v = Check(s, &History{Sent: []*Sent{refused(t0)}}, nil, nil).Violations
+	if len(v) != 1 || v[0].Invariant != "no-refusal-without-fault" {
+		t.Errorf("a 503 without any fault not reported: %v", v)
+	}
+	v = Check(s, &History{Sent: []*Sent{refused(t0.Add(5 * time.Second))}, Before: []*Injected{cut}}, nil, nil).Violations
+	if len(v) != 1 || v[0].Invariant != "no-refusal-without-fault" {
+		t.Errorf("a 503 5s after the schedule before's cut not reported: %v", v)
+	}
+}
