@@ -182,6 +182,11 @@ func waitingHandler(real *atomic.Pointer[http.Handler]) http.Handler {
 			(*h).ServeHTTP(w, r)
 			return
 		}
+		// Every waiting answer closes its connection: kept alive, it would
+		// be closed by the handover's Shutdown under a client sending its
+		// next request on it (an EOF instead of an answer); on a new
+		// connection that request reaches the real handler.
+		w.Header().Set("Connection", "close")
 		if r.URL.Path == "/healthz" {
 			w.Header().Set("X-Request-Id", requestID())
 			w.Header().Set("Content-Type", "application/json")
