@@ -42,6 +42,7 @@ import (
 
 	"github.com/pressly/goose/v3"
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+	sqlitelib "modernc.org/sqlite/lib"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/db/schema"
@@ -297,7 +298,19 @@ func openDB(ctx context.Context, path string, create bool) (*sql.DB, os.FileInfo
 	db.SetMaxOpenConns(maxOpenConns)
 	db.SetMaxIdleConns(maxOpenConns)
 	db.SetConnMaxIdleTime(0)
-	if err := db.PingContext(ctx); err != nil {
+	// Processes opening a new file at once race to switch it to WAL, and
+	// SQLite answers that switch SQLITE_BUSY without waiting on the busy
+	// timeout: the first connection is tried again (a new one each time,
+	// as the failed one is not pooled) for up to busyTimeout.
+	busyUntil := time.Now().Add(busyTimeout)
+	for {
+		err = db.PingContext(ctx)
+		if err == nil || sqliteCode(err) != sqlitelib.SQLITE_BUSY || time.Now().After(busyUntil) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
 		_ = db.Close()
 		return nil, nil, interpretError(err, "open sqlite database "+path)
 	}
