@@ -427,6 +427,14 @@ func TestLargeResponsesAndServerErrors(t *testing.T) {
 		require.Equal(t, http.StatusInternalServerError, send(t, http.MethodPost, r.url+"/orders/release?status=500", "5xx-2", `{}`).status)
 		require.Equal(t, idem.ErrKeyNotFound.Code, r.getRecordErr(t, "5xx-2"), "store_5xx false released the key")
 		require.Equal(t, int64(3), r.upstream.Count())
+
+		// A 5xx over max_stored_bytes with store_5xx false is released like
+		// any other 5xx (rule 5: the size of an answer that is not stored
+		// does not matter), as idemhttp and the Python and Node middleware
+		// do. Before, the gateway stored it as not replayable.
+		require.Equal(t, http.StatusInternalServerError, send(t, http.MethodPost, r.url+"/orders/release?status=500&size=200000", "5xx-big", `{}`).status)
+		require.Equal(t, idem.ErrKeyNotFound.Code, r.getRecordErr(t, "5xx-big"), "store_5xx false released the large 5xx")
+		require.Equal(t, int64(4), r.upstream.Count())
 	})
 }
 

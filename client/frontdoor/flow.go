@@ -240,17 +240,19 @@ func run(w http.ResponseWriter, r *http.Request, d Door, c *Claimed, body []byte
 		// key would run it again.
 		status, headers := Unstorable(a.Status)
 		_ = d.Complete(sctx, c, Stored{Status: status, Headers: headers})
+	case !StoreStatus(a.Status, d.Store5xx()):
+		// A 5xx with Store5xx off: released, whatever its size (nothing
+		// of it is stored, so the limit does not apply).
+		_ = d.Release(sctx, c)
 	case a.TooLarge:
 		_ = d.Complete(sctx, c, notReplayable(a))
-	case StoreStatus(a.Status, d.Store5xx()):
+	default:
 		if err := d.Complete(sctx, c, Stored{Status: a.Status, Headers: a.Stored, Body: a.Body}); errors.Is(err, ErrResponseTooLarge) {
 			// Stored without its body, as one over the front door's own
 			// limit, so the retry is 409 response_not_replayable instead
 			// of a second run once the claim's lease is over.
 			_ = d.Complete(sctx, c, notReplayable(a))
 		}
-	default:
-		_ = d.Release(sctx, c)
 	}
 	send(w, a)
 }

@@ -357,7 +357,7 @@ func (d *door) Run(ctx context.Context, r *http.Request, _ *frontdoor.Claimed, b
 		Stored: frontdoor.StoredHeaders(rec.header, d.m.opts.Headers),
 		// A 5xx that ReleaseServerErrors releases is released whatever its
 		// size.
-		TooLarge:      size > d.m.opts.MaxStoredBytes && frontdoor.StoreStatus(rec.status, d.Store5xx()),
+		TooLarge:      size > d.m.opts.MaxStoredBytes,
 		NotStoredNote: "response of " + strconv.Itoa(size) + " bytes not stored",
 	}, nil
 }
