@@ -23,7 +23,10 @@ import (
 //   - not_done: the key is released (the next retry runs it);
 //   - unknown (and every other answer, a timeout, an error): the key stays
 //     held (CompletionUnknown) and is tried again after a full-jitter
-//     backoff, at most MaxAttempts times and until the Deadline;
+//     backoff — when the endpoint gave no answer of the protocol, not
+//     before the attempt's lease ran out, as it may still be at work
+//     under the attempt's token — at most MaxAttempts times and until
+//     the Deadline;
 //   - review, or the attempts or the deadline run out: the key is flagged
 //     for review (CompletionReview) until a person resolves it. It is never
 //     released or completed on a guess.

@@ -202,6 +202,10 @@ type verdict struct {
 	response   *idem.Response
 	retryAfter time.Duration
 	note       string
+	// answered: the endpoint gave the protocol's answer, so its attempt
+	// is over. Without one (a timeout, a hang-up, a proxy's 502) it may
+	// still be running under the attempt's token.
+	answered bool
 }
 
 // attempt makes one attempt on a picked record and records its outcome.
@@ -244,7 +248,16 @@ func (c *Completer) attempt(ctx context.Context, pc idem.PickedCompletion) error
 			p = c.unknown(p, comp, now, "the answer's response is invalid: "+err.Error(), 0)
 		}
 	} else if p.Outcome == idem.OutcomeUnknown {
-		p = c.unknown(p, comp, now, v.note, v.retryAfter)
+		retryAfter := v.retryAfter
+		if !v.answered {
+			// The endpoint may still be at work under this attempt's
+			// token (the SDKs' handlers run the function until the
+			// call's lease_expires_at after the completer hung up): the
+			// next attempt, a new token, must not start it again beside
+			// it, so it waits for the lease to run out.
+			retryAfter = max(retryAfter, rec.LeaseExpiresAt.Sub(now))
+		}
+		p = c.unknown(p, comp, now, v.note, retryAfter)
 	}
 	p.Note = cutNote(p.Note)
 	c.m.ObserveCompleterAttempt(p.Outcome)
@@ -338,7 +351,9 @@ func (c *Completer) call(ctx context.Context, pc idem.PickedCompletion) verdict 
 	case idem.OutcomeCompleted:
 		r, err := a.Response.decode()
 		if err != nil {
-			return unknownVerdict("completed without a valid response: " + err.Error())
+			v := unknownVerdict("completed without a valid response: " + err.Error())
+			v.answered = true
+			return v
 		}
 		return verdict{outcome: idem.OutcomeCompleted, response: r, note: "resumed and completed by the endpoint"}
 	case idem.OutcomeNotDone:
@@ -351,12 +366,15 @@ func (c *Completer) call(ctx context.Context, pc idem.PickedCompletion) verdict 
 		return verdict{outcome: idem.OutcomeReview, note: note}
 	case idem.OutcomeUnknown:
 		v := unknownVerdict("the endpoint does not know yet")
+		v.answered = true
 		if a.RetryAfterSeconds > 0 {
 			v.retryAfter = time.Duration(min(a.RetryAfterSeconds, 86400) * float64(time.Second))
 		}
 		return v
 	}
-	return unknownVerdict(fmt.Sprintf("unknown outcome %q", truncate(string(a.Outcome), 40)))
+	v := unknownVerdict(fmt.Sprintf("unknown outcome %q", truncate(string(a.Outcome), 40)))
+	v.answered = true
+	return v
 }
 
 // maxResponseGuess bounds the response an answer may carry when read; the
