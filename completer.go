@@ -293,8 +293,11 @@ type FinishCompletionParams struct {
 }
 
 // Validate checks what a store trusts in a finish: a known outcome, a
-// response (with a status idem can replay) exactly for a completion, and
-// the note (ValidateNote, cut to MaxNoteBytes by the caller).
+// response exactly for a completion, one idem can replay (a status the API
+// serves, and headers a worker's complete could store: the resume
+// endpoint's answer is no more trusted than the API's input, and a header
+// with a CR or LF would break a front door's replay), and the note
+// (ValidateNote, cut to MaxNoteBytes by the caller).
 func (p FinishCompletionParams) Validate() error {
 	switch p.Outcome {
 	case OutcomeCompleted, OutcomeNotDone, OutcomeUnknown, OutcomeReview:
@@ -308,7 +311,10 @@ func (p FinishCompletionParams) Validate() error {
 		return err
 	}
 	if p.Response != nil {
-		return ValidateResponseStatus(p.Response.Status)
+		if err := ValidateResponseStatus(p.Response.Status); err != nil {
+			return err
+		}
+		return ValidateResponseHeaders(p.Response.Headers)
 	}
 	return nil
 }
