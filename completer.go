@@ -12,8 +12,8 @@ import (
 )
 
 // The completer drives orphans to an outcome without a person (issue 24;
-// the wire protocol is COMPLETER-PROTOCOL.md, the page "When a worker
-// dies" in web/docs/operating). A tenant registers a resume endpoint
+// the wire protocol is the page "When a worker dies", web/docs/worker-dies,
+// and the createCompleter callback of openapi.yaml). A tenant registers a resume endpoint
 // (Completer); the completer job takes an orphan of that tenant over with
 // a fresh fencing token, exactly as a retry's takeover would (attempt+1,
 // the recovery point kept), calls the endpoint and applies its answer:

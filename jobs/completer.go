@@ -24,8 +24,8 @@ import (
 )
 
 // The completer job (issue 24; the rules are in the root package's
-// completer.go, the wire protocol in COMPLETER-PROTOCOL.md and the page
-// "When a worker dies"). Every Interval, and at once while there is more,
+// completer.go, the wire protocol on the page "When a worker dies",
+// web/docs/worker-dies, and in openapi.yaml's createCompleter callback). Every Interval, and at once while there is more,
 // it takes over up to Concurrency orphans of tenants with a matching
 // completer (CompleterStore.PickCompletions: FOR UPDATE SKIP LOCKED on
 // PostgreSQL, the single writer on SQLite), calls each one's resume
@@ -166,7 +166,7 @@ func (c *Completer) RunOnce(ctx context.Context) (int, error) {
 	return len(picked), errors.Join(errs...)
 }
 
-// resumeCall is the body of a call (COMPLETER-PROTOCOL.md).
+// resumeCall is the body of a call (ResumeCall in openapi.yaml).
 type resumeCall struct {
 	Type           string         `json:"type"`
 	Tenant         string         `json:"tenant"`
