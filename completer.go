@@ -12,8 +12,8 @@ import (
 )
 
 // The completer drives orphans to an outcome without a person (issue 24;
-// the wire protocol is COMPLETER-PROTOCOL.md, the page "When a worker
-// dies" in web/docs/operating). A tenant registers a resume endpoint
+// the wire protocol is the page "When a worker dies", web/docs/worker-dies,
+// and the createCompleter callback of openapi.yaml). A tenant registers a resume endpoint
 // (Completer); the completer job takes an orphan of that tenant over with
 // a fresh fencing token, exactly as a retry's takeover would (attempt+1,
 // the recovery point kept), calls the endpoint and applies its answer:
@@ -23,7 +23,10 @@ import (
 //   - not_done: the key is released (the next retry runs it);
 //   - unknown (and every other answer, a timeout, an error): the key stays
 //     held (CompletionUnknown) and is tried again after a full-jitter
-//     backoff, at most MaxAttempts times and until the Deadline;
+//     backoff — when the endpoint gave no answer of the protocol, not
+//     before the attempt's lease ran out, as it may still be at work
+//     under the attempt's token — at most MaxAttempts times and until
+//     the Deadline;
 //   - review, or the attempts or the deadline run out: the key is flagged
 //     for review (CompletionReview) until a person resolves it. It is never
 //     released or completed on a guess.
@@ -290,8 +293,11 @@ type FinishCompletionParams struct {
 }
 
 // Validate checks what a store trusts in a finish: a known outcome, a
-// response (with a status idem can replay) exactly for a completion, and
-// the note (ValidateNote, cut to MaxNoteBytes by the caller).
+// response exactly for a completion, one idem can replay (a status the API
+// serves, and headers a worker's complete could store: the resume
+// endpoint's answer is no more trusted than the API's input, and a header
+// with a CR or LF would break a front door's replay), and the note
+// (ValidateNote, cut to MaxNoteBytes by the caller).
 func (p FinishCompletionParams) Validate() error {
 	switch p.Outcome {
 	case OutcomeCompleted, OutcomeNotDone, OutcomeUnknown, OutcomeReview:
@@ -305,7 +311,10 @@ func (p FinishCompletionParams) Validate() error {
 		return err
 	}
 	if p.Response != nil {
-		return ValidateResponseStatus(p.Response.Status)
+		if err := ValidateResponseStatus(p.Response.Status); err != nil {
+			return err
+		}
+		return ValidateResponseHeaders(p.Response.Headers)
 	}
 	return nil
 }

@@ -14,7 +14,7 @@ import (
 
 // Completers of the caller's tenant (scope tenant:admin): the resume
 // endpoints the completer calls for the tenant's orphans (completer.go,
-// COMPLETER-PROTOCOL.md). Their URLs follow the webhook endpoints' rules,
+// web/docs/worker-dies). Their URLs follow the webhook endpoints' rules,
 // and the secret is shown once, in the answer of the create.
 
 // completerJSON is a completer as the API shows it; Secret only on create.

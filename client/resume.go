@@ -15,8 +15,8 @@ import (
 	"time"
 )
 
-// The resume endpoint of idem's completer (COMPLETER-PROTOCOL.md in the
-// repository; the page "When a worker dies"). When a worker dies holding a
+// The resume endpoint of idem's completer (the page "When a worker dies",
+// /docs/worker-dies/; the createCompleter callback of openapi.yaml). When a worker dies holding a
 // key, idem takes the key over with a fresh fencing token and calls the
 // tenant's registered resume endpoint (POST /v1/completers). ResumeHandler
 // is that endpoint: it checks the call's signature, hands the application

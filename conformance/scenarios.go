@@ -13,9 +13,6 @@ import (
 	"time"
 )
 
-// The draft every core and recommended scenario cites.
-const draft = "draft-ietf-httpapi-idempotency-key-header-07"
-
 // Scenarios returns every scenario, in the order Run runs them: core, then
 // recommended, then idem.
 func Scenarios() []Scenario {

@@ -302,7 +302,7 @@ func TestCompleterUnknownBoundedThenReview(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				return seen["slow"] >= 3
-			}, 20*time.Second, 20*time.Millisecond)
+			}, 60*time.Second, 20*time.Millisecond, "the hang and the 500 each wait out their attempt's lease (8 s)")
 			res := mustCall(t, c, http.MethodPost, srv.url+"/v1/keys/slow/claim", writer,
 				map[string]any{"operation": "POST /orders", "fingerprint": "fp-slow"})
 			require.Equal(t, http.StatusConflict, res.status, string(res.body))

@@ -24,8 +24,8 @@ import (
 )
 
 // The completer job (issue 24; the rules are in the root package's
-// completer.go, the wire protocol in COMPLETER-PROTOCOL.md and the page
-// "When a worker dies"). Every Interval, and at once while there is more,
+// completer.go, the wire protocol on the page "When a worker dies",
+// web/docs/worker-dies, and in openapi.yaml's createCompleter callback). Every Interval, and at once while there is more,
 // it takes over up to Concurrency orphans of tenants with a matching
 // completer (CompleterStore.PickCompletions: FOR UPDATE SKIP LOCKED on
 // PostgreSQL, the single writer on SQLite), calls each one's resume
@@ -166,7 +166,7 @@ func (c *Completer) RunOnce(ctx context.Context) (int, error) {
 	return len(picked), errors.Join(errs...)
 }
 
-// resumeCall is the body of a call (COMPLETER-PROTOCOL.md).
+// resumeCall is the body of a call (ResumeCall in openapi.yaml).
 type resumeCall struct {
 	Type           string         `json:"type"`
 	Tenant         string         `json:"tenant"`
@@ -202,6 +202,10 @@ type verdict struct {
 	response   *idem.Response
 	retryAfter time.Duration
 	note       string
+	// answered: the endpoint gave the protocol's answer, so its attempt
+	// is over. Without one (a timeout, a hang-up, a proxy's 502) it may
+	// still be running under the attempt's token.
+	answered bool
 }
 
 // attempt makes one attempt on a picked record and records its outcome.
@@ -244,7 +248,16 @@ func (c *Completer) attempt(ctx context.Context, pc idem.PickedCompletion) error
 			p = c.unknown(p, comp, now, "the answer's response is invalid: "+err.Error(), 0)
 		}
 	} else if p.Outcome == idem.OutcomeUnknown {
-		p = c.unknown(p, comp, now, v.note, v.retryAfter)
+		retryAfter := v.retryAfter
+		if !v.answered {
+			// The endpoint may still be at work under this attempt's
+			// token (the SDKs' handlers run the function until the
+			// call's lease_expires_at after the completer hung up): the
+			// next attempt, a new token, must not start it again beside
+			// it, so it waits for the lease to run out.
+			retryAfter = max(retryAfter, rec.LeaseExpiresAt.Sub(now))
+		}
+		p = c.unknown(p, comp, now, v.note, retryAfter)
 	}
 	p.Note = cutNote(p.Note)
 	c.m.ObserveCompleterAttempt(p.Outcome)
@@ -338,7 +351,9 @@ func (c *Completer) call(ctx context.Context, pc idem.PickedCompletion) verdict 
 	case idem.OutcomeCompleted:
 		r, err := a.Response.decode()
 		if err != nil {
-			return unknownVerdict("completed without a valid response: " + err.Error())
+			v := unknownVerdict("completed without a valid response: " + err.Error())
+			v.answered = true
+			return v
 		}
 		return verdict{outcome: idem.OutcomeCompleted, response: r, note: "resumed and completed by the endpoint"}
 	case idem.OutcomeNotDone:
@@ -351,12 +366,15 @@ func (c *Completer) call(ctx context.Context, pc idem.PickedCompletion) verdict 
 		return verdict{outcome: idem.OutcomeReview, note: note}
 	case idem.OutcomeUnknown:
 		v := unknownVerdict("the endpoint does not know yet")
+		v.answered = true
 		if a.RetryAfterSeconds > 0 {
 			v.retryAfter = time.Duration(min(a.RetryAfterSeconds, 86400) * float64(time.Second))
 		}
 		return v
 	}
-	return unknownVerdict(fmt.Sprintf("unknown outcome %q", truncate(string(a.Outcome), 40)))
+	v := unknownVerdict(fmt.Sprintf("unknown outcome %q", truncate(string(a.Outcome), 40)))
+	v.answered = true
+	return v
 }
 
 // maxResponseGuess bounds the response an answer may carry when read; the

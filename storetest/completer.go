@@ -21,6 +21,7 @@ func completerGroup() group {
 		{"PicksMatchingOrphansOnly", testCompleterPicksMatching},
 		{"TakeoverFencesWorker", testCompleterTakeoverFences},
 		{"Completed", testCompleterCompleted},
+		{"CompletedHeadersChecked", testCompleterCompletedHeadersChecked},
 		{"NotDoneReleases", testCompleterNotDone},
 		{"UnknownHoldsKey", testCompleterUnknownHolds},
 		{"ReviewRefusesRetry", testCompleterReview},
@@ -245,6 +246,31 @@ func testCompleterUnknownHolds(t *testing.T, s *suite) {
 	require.Empty(t, b.pick(t), "the completer does not take up a key a person flagged")
 	_, err = b.store.Claim(b.ctx, ClaimParams("acme", "k"))
 	requireCode(t, err, idem.ErrOutcomeReview)
+}
+
+// A resume endpoint's response is checked as a worker's complete is: a
+// header no front door could replay (CR or LF in the value, a name that is
+// no HTTP token) is refused, and the record is left as the attempt took it.
+func testCompleterCompletedHeadersChecked(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	b.completer(t, "acme", "")
+	b.orphan(t, "acme", "k")
+	pc := b.pick(t)[0]
+	for _, h := range []map[string]string{
+		{"X-Order": "1\r\nSet-Cookie: session=stolen"},
+		{"X Order": "1"},
+	} {
+		_, err := b.finish(t, pc, idem.OutcomeCompleted, &idem.Response{Status: 201, Headers: h, BodyEncoding: idem.BodyEncodingUTF8}, 0)
+		requireCode(t, err, idem.ErrInvalidRequest, "%v", h)
+		rec := b.get(t, "acme", "k")
+		require.Equal(t, idem.StateInFlight, rec.State)
+		require.Equal(t, idem.CompletionResuming, rec.Completion.State, "the attempt still holds it")
+	}
+	require.Empty(t, b.audit(t, "acme", "k"), "nothing recorded")
+	rec, err := b.finish(t, pc, idem.OutcomeCompleted, &idem.Response{Status: 201, Headers: map[string]string{"X-Order": "1"}, BodyEncoding: idem.BodyEncodingUTF8}, 0)
+	require.NoError(t, err)
+	require.Equal(t, idem.StateCompleted, rec.State)
 }
 
 func testCompleterReview(t *testing.T, s *suite) {

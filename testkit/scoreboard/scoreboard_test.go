@@ -130,8 +130,10 @@ func TestScoreboard(t *testing.T) {
 		}
 	}
 	t.Log("\n" + md)
-	// idem's promise: every front door passes every core and recommended
-	// scenario on both stores.
+	// idem's promise: every front door passes every scenario, idem's own
+	// rules included, on both stores (the rig gives each the expiry and
+	// the StoreDown hook, so none is skipped). The Python and Node.js
+	// front doors meet the kit only here.
 	for _, c := range cols {
 		if !c.Idem {
 			continue
@@ -140,7 +142,7 @@ func TestScoreboard(t *testing.T) {
 			t.Errorf("%s on %s did not run: %s", c.Name, c.Store, c.Error)
 		}
 		for _, x := range c.Report.Results {
-			if x.Class != conformance.ClassIdem && x.Outcome() != "pass" {
+			if x.Outcome() != "pass" {
 				t.Errorf("%s on %s: %s %s: %s", c.Name, c.Store, x.Name, x.Outcome(), x.Detail)
 			}
 		}

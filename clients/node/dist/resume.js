@@ -1,5 +1,5 @@
 // The resume endpoint idem's completer calls for an orphaned key (issue 24,
-// COMPLETER-PROTOCOL.md): verify the Standard Webhooks signature, decode the
+// the page "When a worker dies", /docs/worker-dies/): verify the Standard Webhooks signature, decode the
 // call, run the application's resume function with a Claim holding the
 // fencing token idem took the key over with, and answer the outcome.
 import { createHmac, randomBytes, timingSafeEqual } from "node:crypto";

@@ -1,4 +1,4 @@
-// The resume endpoint (issue 24, COMPLETER-PROTOCOL.md) in a real Express
+// The resume endpoint (issue 24, the page "When a worker dies") in a real Express
 // app and a real Hono app on real HTTP, against the real idem server on
 // both stores. The test plays idem's completer: it takes an orphaned key
 // over (a claim that the server holds until the dead worker's lease runs

@@ -1,0 +1,107 @@
+package jobs_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/jobs"
+	"github.com/idem-dev/idem/postgres"
+	"github.com/idem-dev/idem/sqlite"
+	"github.com/idem-dev/idem/testkit/pgtest"
+)
+
+// forEachRealClock runs fn against both stores on their own clocks (the
+// completer job reckons the database's time from the pick's instant and
+// the time its call took, so a frozen test clock would mislead it).
+func forEachRealClock(t *testing.T, fn func(t *testing.T, s idem.Driver)) {
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "idem.db"), sqlite.Options{})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		fn(t, s)
+	})
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		s, err := postgres.Open(context.Background(), pgtest.URL(t), postgres.Options{})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		fn(t, s)
+	})
+}
+
+// A resume endpoint that is still at work when the completer's call times
+// out (the SDKs' handlers keep running the function until the call's
+// lease_expires_at) must not be called again, under a new token, before
+// that lease ran out: the next attempt is due no sooner, whatever the
+// backoff, so two runs of the work never overlap.
+func TestCompleterTimedOutAttemptWaitsOutItsLease(t *testing.T) {
+	t.Parallel()
+	forEachRealClock(t, func(t *testing.T, s idem.Driver) {
+		ctx := context.Background()
+		createTenant(t, s, "acme")
+		release := make(chan struct{})
+		var mu sync.Mutex
+		var calls []time.Time // each call's lease_expires_at
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			var call struct {
+				LeaseExpiresAt time.Time `json:"lease_expires_at"`
+			}
+			_ = json.NewDecoder(r.Body).Decode(&call)
+			mu.Lock()
+			calls = append(calls, call.LeaseExpiresAt)
+			mu.Unlock()
+			<-release // the function is still running after the completer hung up
+		}))
+		t.Cleanup(srv.Close)
+		t.Cleanup(func() { close(release) })
+		_, err := s.Completers().CreateCompleter(ctx, idem.Completer{
+			TenantID: "acme", ID: idem.NewCompleterID(), URL: srv.URL + "/resume", Secret: idem.NewWebhookSecret(),
+		})
+		require.NoError(t, err)
+		_, err = s.Claim(ctx, idem.ClaimParams{
+			TenantID: "acme", Key: "k", Operation: "POST /v1/payments", Fingerprint: "fp-k",
+			Lease: time.Millisecond, ReplayWindow: time.Minute, ReaperThreshold: time.Hour,
+		})
+		require.NoError(t, err)
+
+		job := jobs.NewCompleter(s.Completers(), s, jobs.CompleterConfig{
+			Timeout: 200 * time.Millisecond, Lease: time.Minute, StoreTimeout: 5 * time.Second,
+			BackoffBase: time.Millisecond, BackoffCap: time.Millisecond, AllowPrivate: true,
+		}, nil, nil)
+		// Wait for the claim's 1 ms lease to run out: the first pass that
+		// picks the orphan calls the endpoint, gives up after the timeout
+		// and records the outcome unknown.
+		require.Eventually(t, func() bool {
+			n, err := job.RunOnce(ctx)
+			require.NoError(t, err)
+			return n == 1
+		}, 10*time.Second, 10*time.Millisecond)
+
+		mu.Lock()
+		require.Len(t, calls, 1)
+		leaseEnd := calls[0]
+		mu.Unlock()
+		rec, err := s.GetRecord(ctx, idem.GetRecordParams{TenantID: "acme", Key: "k"})
+		require.NoError(t, err)
+		require.NotNil(t, rec.Completion)
+		require.Equal(t, idem.CompletionUnknown, rec.Completion.State)
+		require.False(t, rec.Completion.NextAttemptAt.Before(leaseEnd),
+			"the next attempt (%s) waits out the timed-out attempt's lease (%s)", rec.Completion.NextAttemptAt, leaseEnd)
+		n, err := job.RunOnce(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n, "no second attempt beside the first")
+		mu.Lock()
+		require.Len(t, calls, 1, "one call while the first may still run")
+		mu.Unlock()
+	})
+}
