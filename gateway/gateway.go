@@ -27,7 +27,11 @@
 // max_stored_bytes, or of a status idem cannot store (outside 100–599:
 // frontdoor.StorableStatus, whatever store_5xx says), is passed through and
 // recorded as completed without its body; a replay then answers 409
-// response_not_replayable.
+// response_not_replayable. A caller's retry (Idem-Attempt above 1) is
+// counted against the tenant's fleet retry budget, which the gateway keeps
+// itself since it does not go through the API that keeps idem's: past it,
+// 429 retry_budget_exhausted before the body is read (docs/frontdoor.md
+// rule 9).
 package gateway
 
 import (
