@@ -27,7 +27,11 @@
 // max_stored_bytes, or of a status idem cannot store (outside 100–599:
 // frontdoor.StorableStatus, whatever store_5xx says), is passed through and
 // recorded as completed without its body; a replay then answers 409
-// response_not_replayable.
+// response_not_replayable. A caller's retry (Idem-Attempt above 1) is
+// counted against the tenant's fleet retry budget, which the gateway keeps
+// itself since it does not go through the API that keeps idem's: past it,
+// 429 retry_budget_exhausted before the body is read (docs/frontdoor.md
+// rule 9).
 package gateway
 
 import (
@@ -56,6 +60,7 @@ import (
 	"github.com/idem-dev/idem/internal/statuswriter"
 	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/retrybudget"
 	"github.com/idem-dev/idem/storemw"
 	"github.com/idem-dev/idem/tenants"
 )
@@ -109,12 +114,20 @@ type Options struct {
 	// body mid-way gets 400 instead of holding the connection and the
 	// bytes read so far for good.
 	BodyReadTimeout time.Duration
+	// RetryBudget is the gateway's fleet retry budget (docs/frontdoor.md
+	// rule 9): the gateway claims in the store directly, not through the
+	// API that keeps idem's, so it keeps the budget of its tenant itself,
+	// per replica, by the same rule (retry_budget_percent of the first
+	// attempts over the window, at least retrybudget.Floor). nil means one
+	// with retrybudget.DefaultWindow.
+	RetryBudget *retrybudget.Budget
 }
 
 // Gateway is the front door's http.Handler.
 type Gateway struct {
 	opts      Options
 	budget    *budget.Bytes
+	retries   *retrybudget.Budget
 	store     idem.Store
 	tenants   *tenants.Service
 	routing   atomic.Pointer[routing]
@@ -145,12 +158,15 @@ func New(opts Options) (*Gateway, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.RetryBudget == nil {
+		opts.RetryBudget = retrybudget.New(retrybudget.DefaultWindow, nil)
+	}
 	// The gateway writes one tenant's records: a tenant share of its
 	// pool would have no other tenant to keep connections for.
 	store := storemw.Wrap(opts.Store, storemw.Options{Timeout: opts.StoreTimeout, Metrics: opts.Metrics})
 	g := &Gateway{
 		opts: opts, budget: budget.NewShared(opts.MaxInflightBytes, 0), store: store, tenants: tenants.NewService(store, opts.TenantCacheTTL),
-		transport: opts.Transport, logger: opts.Logger,
+		transport: opts.Transport, logger: opts.Logger, retries: opts.RetryBudget,
 	}
 	g.metrics = newMetrics(opts.Registerer, g.budget.Used)
 	if g.transport == nil {
@@ -214,6 +230,7 @@ const (
 	outcomeUpstreamTimeout     = "upstream_timeout"
 	outcomeCanceled            = "canceled"
 	outcomeBusy                = "busy"
+	outcomeRetryBudget         = "retry_budget"
 )
 
 // ServeHTTP implements http.Handler.
@@ -342,6 +359,32 @@ func (d *request) Refuse(w http.ResponseWriter, r *http.Request, err error) {
 	frontdoor.Refuse(w, r, err)
 }
 
+// Admit decides the caller's attempt by the tenant's fleet retry budget
+// (frontdoor.Budget; rule 9), before the body is read, the tenant looked
+// up or anything claimed: a refused retry costs the store nothing and
+// leaves its key as it was, during a store outage too. It decides on the
+// retry_budget_percent of the tenant's last request (Claim records it).
+func (d *request) Admit(r *http.Request, _ frontdoor.Attempt) error {
+	g := d.g
+	// The server's own reading of the field (frontdoor.CallerAttempt reads
+	// every vector the same way), with the causes the metrics count by.
+	at := retrybudget.ParseAttempt(r.Header.Values(retrybudget.Header))
+	dec := g.retries.Admit(g.opts.Tenant, at)
+	if g.opts.Metrics != nil {
+		g.opts.Metrics.ObserveAttempt(g.opts.Tenant, at, !dec.Allowed)
+	}
+	if dec.Allowed {
+		return nil
+	}
+	d.x.outcome = outcomeRetryBudget
+	return frontdoor.BudgetRefusal(dec.RetryAfter)
+}
+
+// Spent reports whether the tenant's fleet retry budget is spent, for a
+// retryable refusal of the claim (frontdoor.Budget): its answer then says
+// so (Idem-Retry-Budget: exhausted), as idem's own answers do.
+func (d *request) Spent(*http.Request) bool { return d.g.retries.Invite(d.g.opts.Tenant) }
+
 // busy is the refusal of a protected request for lack of in-flight
 // budget, before anything was claimed or sent upstream.
 func (d *request) busy() error {
@@ -365,6 +408,7 @@ func (d *request) Claim(sctx context.Context, r *http.Request, req frontdoor.Cla
 	t, err := g.tenants.Active(sctx, g.opts.Tenant)
 	var res idem.ClaimResult
 	if err == nil {
+		g.retries.SetPercent(t.ID, t.Settings.RetryBudgetPercent)
 		// The upstream's answer is buffered up to what may be stored:
 		// reserve that before anything is claimed or sent, so the answer
 		// of a request the upstream ran always has room to be stored.

@@ -140,7 +140,7 @@ var table = map[Code]Info{
 	FingerprintMismatch: {Status: http.StatusUnprocessableEntity, Title: "Fingerprint mismatch", By: Both,
 		FrontDoorTitle: "Idempotency key reused with another request"},
 	RateLimited:          {Status: http.StatusTooManyRequests, Title: "Rate limited", Retryable: true, By: API},
-	RetryBudgetExhausted: {Status: http.StatusTooManyRequests, Title: "Retry budget exhausted", Retryable: true, By: API},
+	RetryBudgetExhausted: {Status: http.StatusTooManyRequests, Title: "Retry budget exhausted", Retryable: true, By: Both},
 	StoreUnavailable: {Status: http.StatusServiceUnavailable, Title: "Store unavailable", Retryable: true, By: Both,
 		FrontDoorTitle: "Idempotency store unavailable"},
 	ServerBusy:           {Status: http.StatusServiceUnavailable, Title: "Server busy", Retryable: true, By: Both},

@@ -23,6 +23,10 @@ type ClaimRequest struct {
 	Key       string
 	Operation string
 	Document  []byte
+	// Attempt is the caller's Idem-Attempt (CallerAttempt): a Port that
+	// claims through the idem API passes a retry on with the claim, so
+	// idem's fleet retry budget counts it (rule 9).
+	Attempt Attempt
 }
 
 // Stored is a response as a front door stores it: status, the allowlisted
@@ -181,6 +185,17 @@ func Serve(w http.ResponseWriter, r *http.Request, d Door) {
 			return
 		}
 	}
+	// Rule 9: the caller's retry is a retry of its logical call. A door
+	// that keeps the fleet retry budget itself decides it here, before the
+	// body is read or anything claimed.
+	attempt := CallerAttempt(r.Header.Values(HeaderAttempt))
+	budget, keepsBudget := d.(Budget)
+	if keepsBudget {
+		if err := budget.Admit(r, attempt); err != nil {
+			d.Refuse(w, r, err)
+			return
+		}
+	}
 	body, err := d.ReadBody(w, r)
 	if err != nil {
 		d.Refuse(w, r, err)
@@ -195,11 +210,14 @@ func Serve(w http.ResponseWriter, r *http.Request, d Door) {
 		return
 	}
 	// The caller going away stops the claim (and a Prefer: wait hold).
-	c, err := d.Claim(r.Context(), r, ClaimRequest{Key: key, Operation: Operation(r.Method, d.Route(r)), Document: doc})
+	c, err := d.Claim(r.Context(), r, ClaimRequest{Key: key, Operation: Operation(r.Method, d.Route(r)), Document: doc, Attempt: attempt})
 	if c != nil && c.WaitApplied > 0 {
 		w.Header().Set(HeaderPreferenceApplied, "wait="+strconv.Itoa(int(c.WaitApplied/time.Second)))
 	}
 	if err != nil {
+		if keepsBudget {
+			markSpent(err, budget, r)
+		}
 		d.Refuse(w, r, err)
 		return
 	}

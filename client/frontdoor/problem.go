@@ -17,7 +17,8 @@ import (
 // one list (package errcode), which the idem API answers with too.
 type Code = errcode.Code
 
-// The codes a front door answers with (docs/frontdoor.md rule 7).
+// The codes a front door answers with (docs/frontdoor.md rule 7;
+// retry_budget_exhausted is in budget.go, rule 9).
 // upstream_unavailable, upstream_timeout and server_busy come from the
 // gateway only.
 const (
@@ -98,6 +99,10 @@ type Error struct {
 	RetryAfter time.Duration
 	// Fields lists invalid parts of the request, if any.
 	Fields []FieldError
+	// BudgetSpent adds HeaderRetryBudget to a retryable refusal: the
+	// tenant's fleet retry budget is spent, so the caller sends no retry
+	// now (rule 9).
+	BudgetSpent bool
 }
 
 // Error implements error.
@@ -166,6 +171,9 @@ func WriteProblem(w http.ResponseWriter, r *http.Request, e *Error) {
 	h.Set("Cache-Control", "no-store")
 	if p.Retryable {
 		h.Set("Retry-After", strconv.Itoa(RetryAfterSeconds(e.RetryAfter)))
+		if e.BudgetSpent {
+			h.Set(HeaderRetryBudget, RetryBudgetExhausted)
+		}
 	}
 	w.WriteHeader(p.Status)
 	_ = json.NewEncoder(w).Encode(p)

@@ -204,6 +204,31 @@ func TestPolicyVectors(t *testing.T) {
 			Fields []string `json:"fields"`
 			Expect int      `json:"expect"`
 		} `json:"prefer_wait"`
+		Attempts []struct {
+			Name   string   `json:"name"`
+			Fields []string `json:"fields"`
+			Expect struct {
+				Number  int     `json:"number"`
+				Cause   *string `json:"cause"`
+				Forward *string `json:"forward"`
+			} `json:"expect"`
+		} `json:"attempts"`
+		Budget []struct {
+			Name string `json:"name"`
+			Idem struct {
+				Code              string   `json:"code"`
+				RetryAfterSeconds *float64 `json:"retry_after_seconds"`
+				Spent             bool     `json:"spent"`
+			} `json:"idem"`
+			Expect struct {
+				Status     int     `json:"status"`
+				Code       string  `json:"code"`
+				Retryable  bool    `json:"retryable"`
+				RetryAfter *string `json:"retry_after"`
+				Signal     bool    `json:"signal"`
+				Detail     *string `json:"detail"`
+			} `json:"expect"`
+		} `json:"budget"`
 	}
 	load(t, "policy.json", &file)
 
@@ -242,6 +267,7 @@ func TestPolicyVectors(t *testing.T) {
 		string(frontdoor.CodeStorageQuotaExceeded):  frontdoor.StorageQuotaDetail,
 		string(frontdoor.CodeTenantUnknown):         frontdoor.TenantUnknownDetail,
 		string(frontdoor.CodeOutcomeReview):         frontdoor.OutcomeReviewDetail,
+		string(frontdoor.CodeRetryBudgetExhausted):  frontdoor.RetryBudgetDetail,
 	}
 	for _, v := range file.Problems {
 		assert.Equal(t, v.Detail, fixed[v.Code], "detail of %s", v.Code)
@@ -297,6 +323,59 @@ func TestPolicyVectors(t *testing.T) {
 	require.NotEmpty(t, file.PreferWait)
 	for _, v := range file.PreferWait {
 		assert.Equal(t, v.Expect, frontdoor.PreferWait(v.Fields), "%q", v.Fields)
+	}
+	// Rule 9: the caller's Idem-Attempt, and what is passed on to idem.
+	require.NotEmpty(t, file.Attempts)
+	for _, v := range file.Attempts {
+		a := frontdoor.CallerAttempt(v.Fields)
+		assert.Equal(t, v.Expect.Number, a.Number, v.Name)
+		cause := ""
+		if v.Expect.Cause != nil {
+			cause = *v.Expect.Cause
+		}
+		assert.Equal(t, cause, a.Cause, v.Name)
+		if v.Expect.Forward == nil {
+			assert.False(t, a.Retry(), v.Name)
+		} else {
+			assert.True(t, a.Retry(), v.Name)
+			assert.Equal(t, *v.Expect.Forward, a.String(), v.Name)
+		}
+	}
+	// Rule 9: the budget's refusal and signal, through BudgetRefusal and
+	// SpentBudget (the gateway's and client/idemhttp's one mapping) and
+	// WriteProblem.
+	require.NotEmpty(t, file.Budget)
+	for _, v := range file.Budget {
+		t.Run("budget/"+v.Name, func(t *testing.T) {
+			var ra time.Duration
+			if v.Idem.RetryAfterSeconds != nil {
+				ra = time.Duration(*v.Idem.RetryAfterSeconds * float64(time.Second))
+			}
+			e := frontdoor.SpentBudget(&frontdoor.Error{Code: frontdoor.Code(v.Idem.Code), RetryAfter: ra}, v.Idem.Spent)
+			if v.Idem.Code == string(frontdoor.CodeRetryBudgetExhausted) {
+				e = frontdoor.BudgetRefusal(ra)
+			}
+			w := httptest.NewRecorder()
+			frontdoor.WriteProblem(w, httptest.NewRequest(http.MethodPost, "/x", nil), e)
+			assert.Equal(t, v.Expect.Status, w.Code)
+			if v.Expect.RetryAfter == nil {
+				assert.Empty(t, w.Header().Values("Retry-After"))
+			} else {
+				assert.Equal(t, *v.Expect.RetryAfter, w.Header().Get("Retry-After"))
+			}
+			if v.Expect.Signal {
+				assert.Equal(t, []string{"exhausted"}, w.Header().Values(frontdoor.HeaderRetryBudget))
+			} else {
+				assert.Empty(t, w.Header().Values(frontdoor.HeaderRetryBudget))
+			}
+			var p frontdoor.Problem
+			require.NoError(t, json.Unmarshal(w.Body.Bytes(), &p))
+			assert.Equal(t, v.Expect.Code, string(p.Code))
+			assert.Equal(t, v.Expect.Retryable, p.Retryable)
+			if v.Expect.Detail != nil {
+				assert.Equal(t, *v.Expect.Detail, p.Detail)
+			}
+		})
 	}
 }
 

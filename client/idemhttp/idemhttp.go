@@ -91,7 +91,12 @@
 //     its retry of its own call) is passed on with the claim
 //     (client.WithAttempt), so idem's fleet retry budget counts the
 //     retries that arrive through the middleware; a missing or unparsable
-//     one is a first attempt.
+//     one is a first attempt (frontdoor.CallerAttempt). A retry the budget
+//     refuses: 429 retry_budget_exhausted with Retry-After and
+//     Idem-Retry-Budget: exhausted, nothing claimed; a retryable refusal
+//     whose idem answer said the budget is spent (or whose own retry idem
+//     refused) carries Idem-Retry-Budget: exhausted too
+//     (docs/frontdoor.md rule 9).
 //   - The idem service unreachable or failing, or refusing the
 //     middleware's own token (401 unauthenticated, 403 forbidden: a fault
 //     of the service's credentials that a rotation fixes, never the
@@ -258,11 +263,11 @@ func (d *door) Refuse(w http.ResponseWriter, r *http.Request, err error) { front
 // own wait (Prefer: wait=N): a held key is answered at once.
 func (d *door) Claim(ctx context.Context, r *http.Request, req frontdoor.ClaimRequest) (*frontdoor.Claimed, error) {
 	m := d.m
-	if n, cause, ok := callerAttempt(r.Header.Values(client.HeaderAttempt)); ok && n > 1 {
-		// The caller's retry of its own call (the retry contract's
-		// Idem-Attempt): the claim says so, so idem's fleet retry budget
-		// counts the retries that arrive through the middleware.
-		ctx = client.WithAttempt(ctx, n, cause)
+	if req.Attempt.Retry() {
+		// The caller's retry of its own call (rule 9): the claim says so,
+		// so idem's fleet retry budget counts the retries that arrive
+		// through the middleware.
+		ctx = client.WithAttempt(ctx, req.Attempt.Number, req.Attempt.Cause)
 	}
 	cr, err := m.c.Claim(ctx, req.Key, client.Request{
 		Operation: req.Operation,
@@ -386,11 +391,43 @@ func (m *middleware) size(rec *recorder) int {
 	return size
 }
 
-// claimError is the answer to a claim that did not let the handler run.
+// claimError is the answer to a claim that did not let the handler run. A
+// retryable one whose idem answer said the fleet retry budget is spent
+// says so too (rule 9): the client does not retry a 409 request_in_flight
+// itself, so its signal reaches the caller only this way.
 func (m *middleware) claimError(r *http.Request, err error) *frontdoor.Error {
+	e := m.refusal(r, err)
+	if ce := (*client.Error)(nil); errors.As(err, &ce) && ce.FleetBudgetSpent {
+		frontdoor.SpentBudget(e, true)
+	}
+	return e
+}
+
+// refusal maps err, the error of a claim, to the front door's refusal.
+func (m *middleware) refusal(r *http.Request, err error) *frontdoor.Error {
+	if fb := (*client.FleetBudgetError)(nil); errors.As(err, &fb) {
+		// idem's fleet retry budget stopped the claim (rule 9). Refused as
+		// the caller's retry, with no failure before it: 429
+		// retry_budget_exhausted. Stopped after a failure of the claim's
+		// own (its retry refused, or the failure saying the budget is
+		// spent): that failure's answer, which names the cause, saying the
+		// budget is spent. Either way nothing was claimed.
+		if fb.Original == nil {
+			var ra time.Duration
+			if fb.Refusal != nil {
+				ra = fb.Refusal.RetryAfter
+			}
+			return frontdoor.BudgetRefusal(ra)
+		}
+		return frontdoor.SpentBudget(m.claimError(r, fb.Original), true)
+	}
 	var ce *client.Error
 	errors.As(err, &ce)
 	switch {
+	case ce != nil && ce.Code == client.CodeRetryBudgetExhausted:
+		// A refusal the client did not wrap (a first attempt is never
+		// refused; kept for a server that refuses one all the same).
+		return frontdoor.BudgetRefusal(ce.RetryAfter)
 	case errors.Is(err, client.ErrRequestInFlight):
 		e := frontdoor.Errorf(frontdoor.CodeRequestInFlight, "a request with this idempotency key is being processed; retry later")
 		if ce != nil {
@@ -505,64 +542,4 @@ func (rec *recorder) Write(b []byte) (int, error) {
 		rec.WriteHeader(http.StatusOK)
 	}
 	return rec.body.Write(b)
-}
-
-// callerAttempt reads the caller's Idem-Attempt field (an RFC 9651 Item:
-// an Integer with an optional cause Token parameter, "2;cause=timeout").
-// ok is false for a missing or unparsable field, which counts as a first
-// attempt (the retry contract: never an error). Parameters other than
-// cause, and a cause that is not a Token, are ignored.
-func callerAttempt(values []string) (n int, cause string, ok bool) {
-	if len(values) != 1 {
-		return 0, "", false
-	}
-	parts := strings.Split(strings.Trim(values[0], " "), ";")
-	num := parts[0]
-	if num == "" || len(num) > 15 || strings.Trim(num, "0123456789") != "" {
-		return 0, "", false
-	}
-	n, err := strconv.Atoi(num)
-	if err != nil || n < 1 {
-		return 0, "", false
-	}
-	for _, p := range parts[1:] {
-		name, value, _ := strings.Cut(strings.TrimLeft(p, " "), "=")
-		if !sfKey(name) {
-			return 0, "", false
-		}
-		if name == "cause" && sfToken(value) {
-			cause = value
-		}
-	}
-	return n, cause, true
-}
-
-// sfKey reports whether s is an RFC 9651 key: lcalpha or "*", then
-// lcalpha, digits, "_", "-", "." or "*".
-func sfKey(s string) bool {
-	if s == "" || !(s[0] >= 'a' && s[0] <= 'z' || s[0] == '*') {
-		return false
-	}
-	for i := 1; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || strings.IndexByte("_-.*", c) >= 0) {
-			return false
-		}
-	}
-	return true
-}
-
-// sfToken reports whether s is an RFC 9651 Token: ALPHA or "*", then
-// tchar, ":" or "/".
-func sfToken(s string) bool {
-	if s == "" || !(s[0] >= 'a' && s[0] <= 'z' || s[0] >= 'A' && s[0] <= 'Z' || s[0] == '*') {
-		return false
-	}
-	for i := 1; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~:/", c) >= 0) {
-			return false
-		}
-	}
-	return true
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/idem-dev/idem/gateway"
 	"github.com/idem-dev/idem/keyevents"
 	"github.com/idem-dev/idem/metrics"
+	"github.com/idem-dev/idem/retrybudget"
 	"github.com/idem-dev/idem/server"
 )
 
@@ -101,8 +102,15 @@ in-flight budget of protected request bodies (IDEM_MAX_INFLIGHT_BYTES).`)
 	}
 	defer waiters.Close()
 	reg := prometheus.NewRegistry() // metrics.New adds the Go and process collectors
+	// The gateway keeps its tenant's fleet retry budget itself, as idem
+	// serve does for the API (docs/frontdoor.md rule 9), and exports it as
+	// idem serve does (idem_attempts_total, idem_retries_refused_total,
+	// idem_retry_amplification_ratio).
+	retries := retrybudget.New(cfg.RetryBudgetWindow, nil)
+	m := metrics.New(reg)
+	m.RetryBudget(retries.Snapshot)
 	g, err := gateway.New(gateway.Options{
-		Store: store, Metrics: metrics.New(reg), Tenant: tenant, Upstream: upstream, ConfigFile: file,
+		RetryBudget: retries, Store: store, Metrics: m, Tenant: tenant, Upstream: upstream, ConfigFile: file,
 		StoreTimeout: cfg.StoreTimeout, TenantCacheTTL: cfg.TenantCacheTTL, Registerer: reg, Logger: logger,
 		Waiters: waiters, BodyReadTimeout: cfg.ReadTimeout, MaxInflightBytes: cfg.MaxInflightBytes, InflightShare: cfg.InflightShare,
 	})

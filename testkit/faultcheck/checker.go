@@ -5,10 +5,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"mime"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -285,6 +287,55 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 		}
 		add("wait-sees-completion", "", "key %s: a request with Prefer: wait=%d (sent %s after the schedule's first) answered 409 request_in_flight %s after a replay of its key was received (completed by then; faults: %s)",
 			showIdent(x.Ident), x.Wait, x.Start.Sub(sent[0].Start).Round(time.Millisecond), x.End.Sub(r).Round(time.Millisecond), faultsDuring(h, x))
+	}
+
+	// 10. The fleet retry budget at the front door (docs/frontdoor.md rule
+	// 9): a budget schedule spent it (the front door counts its callers'
+	// retries and refuses past the allowance); a refusal is 429
+	// retry_budget_exhausted with Retry-After and Idem-Retry-Budget:
+	// exhausted, only ever to a retry (first attempts are always served);
+	// and a key whose every request was refused so is left as it was: no
+	// run of it starts before the settle's first attempt.
+	if s.Budget && !h.BudgetSpent {
+		add("budget-spent", "", "the front door refused none of %d retries (Idem-Attempt: 2) at retry_budget_percent 0: it does not count its callers' retries against the fleet retry budget", budgetWarmups)
+	}
+	refusedOnly := map[string]bool{}
+	for _, x := range sent {
+		if x.Settle || strings.HasPrefix(x.Ident, "\x01ambiguous") {
+			continue
+		}
+		refused := x.Complete && x.Status == http.StatusTooManyRequests && problemCode(x.Resp) == "retry_budget_exhausted"
+		if seen, ok := refusedOnly[x.Ident]; !ok || seen {
+			refusedOnly[x.Ident] = refused
+		}
+		if !refused {
+			continue
+		}
+		if x.Attempt == "" {
+			add("first-attempt-served", "", "key %s: a first attempt (no Idem-Attempt) was refused 429 retry_budget_exhausted", showIdent(x.Ident))
+		}
+		if x.Header.Get("Retry-After") == "" || x.Header.Get("Idem-Retry-Budget") != "exhausted" {
+			add("budget-refusal-signals", "", "key %s: 429 retry_budget_exhausted without Retry-After (%q) or Idem-Retry-Budget: exhausted (%q)",
+				showIdent(x.Ident), x.Header.Get("Retry-After"), x.Header.Get("Idem-Retry-Budget"))
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(refusedOnly)) {
+		if !refusedOnly[id] {
+			continue
+		}
+		var settled time.Time
+		for _, x := range sent {
+			if x.Settle && x.Ident == id {
+				settled = x.Start
+				break
+			}
+		}
+		for _, r := range byIdent[id] {
+			if settled.IsZero() || r.Start.T < settled.UnixMilli() {
+				add("refused-leaves-key", "", "key %s: every request of it was refused 429 retry_budget_exhausted, yet run %s started before the settle's first attempt",
+					showIdent(id), r.Start.Run)
+			}
+		}
 	}
 
 	return rep

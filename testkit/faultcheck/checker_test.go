@@ -77,3 +77,50 @@ func TestRefusalAfterTheScheduleBeforesFault(t *testing.T) {
 		t.Errorf("a 503 5s after the schedule before's cut not reported: %v", v)
 	}
 }
+
+// TestBudgetInvariantsCanFail: a budget schedule (every second one) finds a
+// front door that never refuses a retry, a refusal without its signal, a
+// first attempt refused, and a run of a key whose every request was
+// refused; and passes the history of a front door that does it right.
+func TestBudgetInvariantsCanFail(t *testing.T) {
+	s := Generate(7, 1, []Fault{FaultBudget}, Env{FrontDoor: "express", Scoped: true, Lease: Lease})
+	if !s.Budget {
+		t.Fatal("schedule 1 has no budget")
+	}
+	id := s.Idents[0]
+	ident := identOf(id.Scope, id.Key)
+	t0 := time.Now()
+	refusal := func(attempt string, signal bool) *Sent {
+		h := http.Header{"Content-Type": {"application/problem+json"}, "Retry-After": {"3"}}
+		if signal {
+			h.Set("Idem-Retry-Budget", "exhausted")
+		}
+		return &Sent{Ident: ident, Scope: id.Scope, Key: id.Key, Attempt: attempt, Start: t0, End: t0.Add(time.Millisecond), Complete: true,
+			Status: http.StatusTooManyRequests, Header: h,
+			Resp: []byte(`{"type":"urn:idem:problem:retry_budget_exhausted","title":"Retry budget exhausted","status":429,"code":"retry_budget_exhausted","retryable":true}`)}
+	}
+	settle := &Sent{Ident: ident, Scope: id.Scope, Key: id.Key, Settle: true, Start: t0.Add(time.Second), End: t0.Add(time.Second)}
+	problems := map[string]Problem{"retry_budget_exhausted": {Code: "retry_budget_exhausted", Status: 429, Retryable: true}}
+	names := func(h *History, runs []*Run) map[string]bool {
+		out := map[string]bool{}
+		for _, v := range Check(s, h, runs, problems).Violations {
+			out[v.Invariant] = true
+		}
+		return out
+	}
+	good := &History{BudgetSpent: true, Sent: []*Sent{refusal("2;cause=timeout", true), settle}}
+	afterSettle := []*Run{{Start: Event{Run: "r1", Key: id.Key, Scope: id.Scope, T: t0.Add(2 * time.Second).UnixMilli()}}}
+	if v := names(good, afterSettle); len(v) != 0 {
+		t.Errorf("a front door that refuses and leaves the key: %v", v)
+	}
+	if v := names(&History{Sent: good.Sent}, afterSettle); !v["budget-spent"] {
+		t.Errorf("a front door that never refuses a retry: %v", v)
+	}
+	if v := names(&History{BudgetSpent: true, Sent: []*Sent{refusal("", false), settle}}, afterSettle); !v["first-attempt-served"] || !v["budget-refusal-signals"] {
+		t.Errorf("a first attempt refused without the signal: %v", v)
+	}
+	before := []*Run{{Start: Event{Run: "r0", Key: id.Key, Scope: id.Scope, T: t0.UnixMilli()}}}
+	if v := names(good, before); !v["refused-leaves-key"] {
+		t.Errorf("a run of a key whose every request was refused: %v", v)
+	}
+}

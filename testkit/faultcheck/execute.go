@@ -44,6 +44,9 @@ func send(base string, s *Sent, dropAfter time.Duration) {
 	if s.Wait > 0 {
 		fmt.Fprintf(&h, "Prefer: wait=%d\r\n", s.Wait)
 	}
+	if s.Attempt != "" {
+		fmt.Fprintf(&h, "Idem-Attempt: %s\r\n", s.Attempt)
+	}
 	h.WriteString("\r\n")
 	if _, err := io.WriteString(c, h.String()); err != nil {
 		s.Err = "write: " + err.Error()
@@ -120,6 +123,10 @@ func Execute(r *Rig, s Schedule) *History {
 			h.fault(FaultHog, "24 connections of tenant hog drip bodies declared 64 KiB", start, time.Now())
 		}()
 	}
+	if s.Budget {
+		spendBudget(r, s, h)
+		defer func() { _ = r.PatchTenant(map[string]any{"settings": map[string]any{"retry_budget_percent": 10}}) }()
+	}
 	var quota int64
 	if s.Quota {
 		start := time.Now()
@@ -179,7 +186,7 @@ func Execute(r *Rig, s Schedule) *History {
 		wg.Go(func() {
 			time.Sleep(time.Until(t0.Add(op.At)))
 			snt := &Sent{Op: i, Ident: identOf(id.Scope, id.Key), Scope: id.Scope, Key: id.Key,
-				Path: "/fc/" + id.Route + "/" + id.Key, Body: id.body(), Disconnect: op.Disconnect, Wait: op.Wait}
+				Path: "/fc/" + id.Route + "/" + id.Key, Body: id.body(), Disconnect: op.Disconnect, Wait: op.Wait, Attempt: op.Attempt}
 			if id.Scope != "" {
 				snt.Headers = []string{id.Scope}
 			}
@@ -208,6 +215,48 @@ func Execute(r *Rig, s Schedule) *History {
 		_ = r.PatchTenant(map[string]any{"settings": map[string]any{"storage_quota_bytes": 1 << 30, "max_response_bytes": 1 << 20}})
 	}
 	return h
+}
+
+// budgetWarmups bounds the retries spendBudget sends: the allowance is the
+// floor (retrybudget.Floor, 10) at retry_budget_percent 0, or 10 % of the
+// first attempts in the window while a front door still has the tenant's
+// earlier percent cached.
+const budgetWarmups = 80
+
+// spendBudget sets the tenant's retry_budget_percent to 0 and sends retries
+// (Idem-Attempt: 2;cause=timeout) of fresh keys, outside the schedule's,
+// through the front door until it refuses one with 429
+// retry_budget_exhausted: the budget is then spent for the window (10 s),
+// longer than the schedule's requests take.
+func spendBudget(r *Rig, s Schedule, h *History) {
+	start := time.Now()
+	err := r.PatchTenant(map[string]any{"settings": map[string]any{"retry_budget_percent": 0}})
+	route := "closed"
+	if r.FrontDoor == "gateway" {
+		route = "unscoped" // the gateway's scoped routes need the scope header
+	}
+	admitted := 0
+	for i := range budgetWarmups {
+		key := fmt.Sprintf("warm%d-%d-%d", s.Seed, s.Index, i)
+		snt := &Sent{Op: -2, Key: key, Path: "/fc/" + route + "/" + key, Attempt: "2;cause=timeout",
+			Body: Ident{Key: key, Mode: "ok"}.body()}
+		send(r.BaseURL, snt, 0)
+		if snt.Status == http.StatusTooManyRequests && problemCode(snt.Resp) == "retry_budget_exhausted" {
+			h.BudgetSpent = true
+			break
+		}
+		admitted++
+	}
+	what := fmt.Sprintf("retry_budget_percent 0; %d retries of fresh keys admitted", admitted)
+	if h.BudgetSpent {
+		what += ", then one refused 429 retry_budget_exhausted"
+	} else {
+		what += ", none refused"
+	}
+	if err != nil {
+		what += " (error: " + err.Error() + ")"
+	}
+	h.fault(FaultBudget, what, start, time.Now())
 }
 
 // What the settings fault did, as the report names it.

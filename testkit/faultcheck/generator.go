@@ -29,11 +29,18 @@ const (
 	// server's key-event subscriptions fail for a while (its LISTEN
 	// connection reconnecting; apps only: the server is listenerserve).
 	FaultListenerDown Fault = "listenerdown"
+	// FaultBudget: the tenant's fleet retry budget spent (retry_budget_percent
+	// 0, retries sent until the front door refuses one), then the
+	// schedule's callers send some requests as retries (Idem-Attempt above
+	// 1): the front door refuses them 429 retry_budget_exhausted, leaving
+	// their keys as they were, and serves first attempts (docs/frontdoor.md
+	// rule 9).
+	FaultBudget Fault = "budget"
 )
 
 // AllFaults is every fault kind, the default set.
 var AllFaults = []Fault{FaultDisconnect, FaultStream, FaultHandlerFail, FaultStoreCut, FaultFreeze, FaultKill9,
-	FaultSettings, FaultSquat, FaultDupScope, FaultHog, FaultQuota, FaultListenerDown}
+	FaultSettings, FaultSquat, FaultDupScope, FaultHog, FaultQuota, FaultListenerDown, FaultBudget}
 
 // KnownFailing lists, per front door, the fault kinds that find a hole of
 // issue 21 still open on this branch (the hole's number in the value): the
@@ -59,6 +66,7 @@ type Op struct {
 	DropAfter  time.Duration // mid_answer: how long after the request the client goes away
 	DupScope   bool          // send the scope header twice (the caller's, then "mallory")
 	Wait       int           // listenerdown: send Prefer: wait=Wait
+	Attempt    string        // budget: send Idem-Attempt: Attempt (a retry)
 }
 
 // Ident is one (scope, key) of a schedule with the one request its caller
@@ -89,6 +97,9 @@ type Schedule struct {
 	Faults []FaultAt
 	Hog    bool
 	Quota  bool
+	// Budget: the tenant's fleet retry budget is spent before the
+	// schedule's requests (FaultBudget).
+	Budget bool
 }
 
 // Env is what a front door offers the generator.
@@ -225,6 +236,20 @@ func Generate(seed uint64, index int, faults []Fault, env Env) Schedule {
 		}
 		s.Faults = append(s.Faults, FaultAt{At: time.Duration(r.IntN(400)) * time.Millisecond, Kind: FaultListenerDown, For: time.Duration(1200+r.IntN(800)) * time.Millisecond})
 	}
+	// Drawn after the others, so that the schedules without it stay as
+	// they were. Every second schedule has it, so a default run (two
+	// schedules per front door and store) always spends the budget once.
+	if on(FaultBudget) && (index%2 == 1 || r.IntN(3) == 0) {
+		s.Budget = true
+		retries := []string{"2;cause=timeout", "3;cause=unavailable", "2;cause=network"}
+		for i := range s.Ops {
+			// The first key's caller only ever retries: its key must stay
+			// unknown until the settle's first attempt runs it.
+			if !s.Ops[i].DupScope && (s.Ops[i].Ident == 0 || r.IntN(2) == 0) {
+				s.Ops[i].Attempt = retries[r.IntN(len(retries))]
+			}
+		}
+	}
 	slices.SortStableFunc(s.Ops, func(a, b Op) int { return int(a.At - b.At) })
 	return s
 }
@@ -239,6 +264,9 @@ func (s Schedule) String() string {
 	}
 	if s.Quota {
 		b.WriteString(" [quota: storage quota set just above the usage, max_response_bytes 4096]")
+	}
+	if s.Budget {
+		b.WriteString(" [budget: retry_budget_percent 0 and the fleet retry budget spent before the requests]")
 	}
 	b.WriteString("\n")
 	for i, id := range s.Idents {
@@ -264,6 +292,9 @@ func (s Schedule) String() string {
 		}
 		if o.Wait > 0 {
 			fmt.Fprintf(&b, " with Prefer: wait=%d", o.Wait)
+		}
+		if o.Attempt != "" {
+			fmt.Fprintf(&b, " as a retry (Idem-Attempt: %s)", o.Attempt)
 		}
 		b.WriteString("\n")
 	}

@@ -33,6 +33,7 @@ type Sent struct {
 	Disconnect string // "", before_body, mid_body, mid_answer, mid_stream
 	Settle     bool   // sent after the faults ended, to read the key's outcome
 	Wait       int    // Prefer: wait=Wait sent (0: none)
+	Attempt    string // Idem-Attempt sent ("": none, a first attempt)
 
 	Start, End time.Time
 	Status     int
@@ -72,6 +73,9 @@ type History struct {
 	// QuotaWriters is how many writes of the tenant's records the store
 	// may run at once (Rig.QuotaWriters).
 	QuotaWriters int
+	// BudgetSpent says whether the front door refused a retry (429
+	// retry_budget_exhausted) before a budget schedule's requests.
+	BudgetSpent bool
 }
 
 func (h *History) add(s *Sent) {
@@ -166,6 +170,6 @@ func readLog(path string, offset int64) ([]*Run, error) {
 
 // String is one line of a dump of the history.
 func (s *Sent) String() string {
-	return fmt.Sprintf("+%s op %d key %q scope %q headers %q disconnect=%q settle=%v: status %d replayed=%v complete=%v err=%q body %.200q",
-		s.Start.Format("15:04:05.000"), s.Op, s.Key, s.Scope, s.Headers, s.Disconnect, s.Settle, s.Status, s.Replayed(), s.Complete, s.Err, s.Resp)
+	return fmt.Sprintf("+%s op %d key %q scope %q headers %q attempt=%q disconnect=%q settle=%v: status %d replayed=%v complete=%v err=%q body %.200q",
+		s.Start.Format("15:04:05.000"), s.Op, s.Key, s.Scope, s.Headers, s.Attempt, s.Disconnect, s.Settle, s.Status, s.Replayed(), s.Complete, s.Err, s.Resp)
 }

@@ -111,7 +111,10 @@ export declare class Client {
     /** A fresh attempt id when the client sends them. @internal */
     newAttemptId(): string | undefined;
     /** @internal */
-    claimWithin(key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, waitSeconds?: number): Promise<ClaimResult>;
+    claimWithin(key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, waitSeconds?: number, seed?: {
+        number: number;
+        cause?: string | undefined;
+    }): Promise<ClaimResult>;
     /**
      * Saves a recovery point (a phase name and optional JSON data) on a
      * claimed key and renews its lease (POST /v1/keys/{key}/checkpoint). A

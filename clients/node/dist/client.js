@@ -85,7 +85,7 @@ export class Client {
         return this.attemptIds ? randomUUID() : undefined;
     }
     /** @internal */
-    async claimWithin(key, req, b, attemptId, waitSeconds) {
+    async claimWithin(key, req, b, attemptId, waitSeconds, seed) {
         checkKey("claim", key);
         const body = {};
         if (req.operation !== undefined)
@@ -102,7 +102,11 @@ export class Client {
             body.wait_seconds = Math.floor(waitSeconds);
         // run's claims after a 409 request_in_flight (same bounds) continue
         // one logical call: Idem-Attempt counts on, cause in-flight.
-        const lc = this.waitingClaims.get(b) ?? { attempts: 0, cause: undefined, original: undefined };
+        // A front door's seed (its caller's Idem-Attempt): the claim is that
+        // attempt, and its retries count on from it.
+        const lc = this.waitingClaims.get(b) ??
+            (seed && seed.number > 1 ? { attempts: seed.number - 1, cause: seed.cause, original: undefined }
+                : { attempts: 0, cause: undefined, original: undefined });
         this.waitingClaims.delete(b);
         let res;
         try {

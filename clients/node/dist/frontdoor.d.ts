@@ -118,8 +118,14 @@ export declare class FrontDoor {
     private stored;
     /** What storing a handler's answer whole takes: its body and stored headers. */
     private size;
-    /** Maps a claim that did not let the handler run to its refusal. */
+    /**
+     * Maps a claim that did not let the handler run to its refusal; a
+     * retryable one whose idem answer said the fleet retry budget is spent
+     * says so too (rule 9).
+     */
     private claimRefusal;
+    /** The refusal of claimRefusal. */
+    private refusal;
     /** The retryable 503 store_unavailable (fail closed), Retry-After the longer of unavailableRetryAfterSeconds and idem's hint. */
     private unavailable;
 }

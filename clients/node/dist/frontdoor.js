@@ -4,8 +4,9 @@
 // idem Client satisfies, so the flow does not import the client core.
 import { randomBytes } from "node:crypto";
 import { Codes, IdemError, NoSideEffect, isIdemError } from "./errors.js";
+import { FleetBudgetError, headerAttempt } from "./retry.js";
 import { StoredResponse } from "./response.js";
-import { defaultStoredHeaders, fingerprintDocument, FrontDoorError, headerKey, headerNotReplayable, headerPreferenceApplied, headerReplayed, headerRequestId, held, mismatchDetail, notReplayable, notReplayableDetail, operation, parseKey, parsePointer, preferWait, problemResponse, requirement, scopedKey, storableStatus, storageQuotaDetail, storedHeaders, storeStatus, tenantUnknownDetail, validRequestId } from "./rules.js";
+import { budgetRefusal, callerAttempt, spentBudget, defaultStoredHeaders, fingerprintDocument, FrontDoorError, headerKey, headerNotReplayable, headerPreferenceApplied, headerReplayed, headerRequestId, held, mismatchDetail, notReplayable, notReplayableDetail, operation, parseKey, parsePointer, preferWait, problemResponse, requirement, scopedKey, storableStatus, storageQuotaDetail, storedHeaders, storeStatus, tenantUnknownDetail, validRequestId } from "./rules.js";
 /** Preference-Applied: wait=<seconds> when idem held the claim (RFC 7240: only an honoured preference is named), else nothing. */
 function applied(seconds) {
     return seconds > 0 ? [[headerPreferenceApplied, `wait=${seconds}`]] : [];
@@ -88,6 +89,8 @@ export class FrontDoor {
             throw err;
         }
         const wait = this.preferWait(req.header("Prefer"));
+        // Rule 9: the caller's retry goes on with the claim, so idem's fleet retry budget counts it.
+        const attempt = callerAttempt(req.header(headerAttempt));
         let ran = false;
         let token = 0;
         let answer;
@@ -104,7 +107,7 @@ export class FrontDoor {
                 if (!storeStatus(a.status, this.o.storeServerErrors))
                     throw new Released("handler answered 5xx; key released");
                 return this.stored(a);
-            }, { noWait: true, ...(wait > 0 ? { waitSeconds: wait } : {}) });
+            }, { noWait: true, ...(wait > 0 ? { waitSeconds: wait } : {}), ...(attempt.number > 1 ? { attempt } : {}) });
         }
         catch (err) {
             if (ran) {
@@ -167,8 +170,25 @@ export class FrontDoor {
             size += Buffer.byteLength(k) + Buffer.byteLength(v);
         return size;
     }
-    /** Maps a claim that did not let the handler run to its refusal. */
+    /**
+     * Maps a claim that did not let the handler run to its refusal; a
+     * retryable one whose idem answer said the fleet retry budget is spent
+     * says so too (rule 9).
+     */
     claimRefusal(err) {
+        const e = this.refusal(err);
+        return spentBudget(e, err instanceof IdemError && err.fleetBudgetSpent);
+    }
+    /** The refusal of claimRefusal. */
+    refusal(err) {
+        // idem's fleet retry budget (rule 9): a claim stopped after a failure
+        // of its own (its retry refused, or the failure saying the budget is
+        // spent) is that failure's answer, saying the budget is spent; the
+        // caller's retry refused is 429 retry_budget_exhausted.
+        if (err instanceof FleetBudgetError)
+            return spentBudget(this.claimRefusal(err.original), true);
+        if (err instanceof IdemError && err.code === Codes.retryBudgetExhausted)
+            return budgetRefusal(err.retryAfterMs);
         if (err instanceof IdemError) {
             if (err.code === Codes.requestInFlight)
                 return new FrontDoorError("request_in_flight", "a request with this idempotency key is being processed; retry later", err.retryAfterMs);

@@ -8,7 +8,7 @@ export declare const headerPreferenceApplied = "Preference-Applied";
 /** The longest operation label idem accepts; longer labels are cut at a character boundary. */
 export declare const maxOperationBytes = 128;
 /** The codes a front door answers with. */
-export type FrontDoorCode = "idempotency_key_missing" | "invalid_key" | "invalid_request" | "payload_too_large" | "request_in_flight" | "fingerprint_mismatch" | "store_unavailable" | "response_not_replayable" | "storage_quota_exceeded" | "tenant_unknown" | "outcome_review" | "unauthenticated" | "method_not_allowed";
+export type FrontDoorCode = "idempotency_key_missing" | "invalid_key" | "invalid_request" | "payload_too_large" | "request_in_flight" | "fingerprint_mismatch" | "store_unavailable" | "response_not_replayable" | "storage_quota_exceeded" | "tenant_unknown" | "outcome_review" | "retry_budget_exhausted" | "unauthenticated" | "method_not_allowed";
 /** Status, title and retryability of every front-door problem. */
 export declare const problems: Readonly<Record<FrontDoorCode, {
     status: number;
@@ -101,6 +101,8 @@ export declare class FrontDoorError extends Error {
         field: string;
         message: string;
     }[]);
+    /** The tenant's fleet retry budget is spent: a retryable refusal carries `Idem-Retry-Budget: exhausted` (rule 9). */
+    budgetSpent: boolean;
 }
 /**
  * Parses the Idempotency-Key field values of a request (one entry per
@@ -242,3 +244,23 @@ export interface Answer {
 }
 /** The RFC 9457 answer of a refusal, with Retry-After for the retryable codes and the request id as instance. */
 export declare function problemResponse(e: FrontDoorError, requestId: string): Answer;
+/** The detail of retry_budget_exhausted, the same in every front door. */
+export declare const retryBudgetDetail: string;
+/** What a caller's Idem-Attempt says: the 1-based attempt and, for a retry, the cause it named. */
+export interface CallerAttempt {
+    number: number;
+    cause: string | undefined;
+}
+/**
+ * The attempt a caller's Idem-Attempt field lines name: an RFC 9651 Item,
+ * an Integer of 1 or more with an optional cause Token parameter. A missing
+ * field, or one that is not such an Item (two lines, a list, a decimal,
+ * junk), is a first attempt, never a refusal; a cause that is not a Token
+ * is none; other parameters are ignored (the reading of the Go and Python
+ * front doors and the idem server, proven by the attempts vectors).
+ */
+export declare function callerAttempt(fields: readonly string[]): CallerAttempt;
+/** The answer to a retry the fleet retry budget refused: 429 retry_budget_exhausted with Retry-After and Idem-Retry-Budget: exhausted. */
+export declare function budgetRefusal(retryAfterMs?: number): FrontDoorError;
+/** e saying the fleet retry budget is spent when spent and e is retryable: a refusal nobody retries never carries it. */
+export declare function spentBudget(e: FrontDoorError, spent: boolean): FrontDoorError;

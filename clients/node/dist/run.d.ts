@@ -23,7 +23,10 @@ export interface RunPort {
     newAttemptId(): string | undefined;
     fits(b: Bounds, waitMs: number): boolean;
     attemptTimeoutMs(b: Bounds): number;
-    claimWithin(key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, waitSeconds?: number): Promise<ClaimResult>;
+    claimWithin(key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, waitSeconds?: number, seed?: {
+        number: number;
+        cause?: string | undefined;
+    }): Promise<ClaimResult>;
     checkpointWithin(key: string, fencingToken: number, recoveryPoint: string, data: unknown, leaseSeconds: number | undefined, b: Bounds): Promise<unknown>;
     completeWithin(key: string, fencingToken: number, response: ResponseInit | StoredResponse, b: Bounds): Promise<unknown>;
     releaseWithin(key: string, fencingToken: number, b: Bounds): Promise<void>;
@@ -41,6 +44,16 @@ export interface RunOptions extends CallOptions {
     waitSeconds?: number;
     /** The attempt id of this logical call (default: a random one when the client sends attempt ids). */
     attemptId?: string;
+    /**
+     * The call continues a logical call that began before this process (a
+     * front door passing on its caller's `Idem-Attempt`): the first claim
+     * says attempt `number` after `cause`, and its retries count on from it,
+     * so idem's fleet retry budget counts the caller's retry.
+     */
+    attempt?: {
+        number: number;
+        cause?: string | undefined;
+    };
 }
 /** The outcome of {@link run}. */
 export interface RunResult {

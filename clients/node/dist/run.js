@@ -129,7 +129,7 @@ export async function run(client, key, req, fn, opts = {}) {
         throw invalid;
     const b = client.bounds(opts);
     const attemptId = opts.attemptId ?? client.newAttemptId();
-    const cr = await claimWaiting(client, key, req, b, attemptId, opts.noWait === true, opts.waitSeconds ?? 0);
+    const cr = await claimWaiting(client, key, req, b, attemptId, opts.noWait === true, opts.waitSeconds ?? 0, opts.attempt);
     if (cr.replayed) {
         return { response: cr.response ?? new StoredResponse(200), replayed: true, resumed: false, attempt: cr.attempt, fencingToken: cr.fencingToken,
             waitAppliedSeconds: cr.waitAppliedSeconds };
@@ -186,7 +186,7 @@ function finishBounds(client, b) {
  * Retry-After of its 409. The time the server held a claim counts as waited.
  * With noWait only the caller's own waitSeconds is asked for, once.
  */
-async function claimWaiting(client, key, req, b, attemptId, noWait, ownWaitSeconds) {
+async function claimWaiting(client, key, req, b, attemptId, noWait, ownWaitSeconds, seed) {
     const p = client.policy;
     let waited = 0;
     for (;;) {
@@ -194,7 +194,7 @@ async function claimWaiting(client, key, req, b, attemptId, noWait, ownWaitSecon
         try {
             const wait = noWait ? (ownWaitSeconds > 0 ? serverWaitSeconds(client, b, ownWaitSeconds * 1000) : 0)
                 : p.inFlightWaitMs <= 0 ? 0 : serverWaitSeconds(client, b, p.inFlightWaitMs - waited);
-            return await client.claimWithin(key, req, b, attemptId, wait);
+            return await client.claimWithin(key, req, b, attemptId, wait, seed);
         }
         catch (err) {
             waited += client.clock.now() - start; // the server may have held the claim

@@ -18,6 +18,7 @@ import {
   retryableStatus,
   retryableTransportError,
   withDefaults,
+  type AttemptCause,
   type Clock,
   type EffectivePolicy,
   type LogicalCall,
@@ -197,7 +198,8 @@ export class Client {
   }
 
   /** @internal */
-  async claimWithin(key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, waitSeconds?: number): Promise<ClaimResult> {
+  async claimWithin(key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, waitSeconds?: number,
+    seed?: { number: number; cause?: string | undefined }): Promise<ClaimResult> {
     checkKey("claim", key);
     const body: Record<string, unknown> = {};
     if (req.operation !== undefined) body.operation = req.operation;
@@ -208,7 +210,11 @@ export class Client {
     if (waitSeconds !== undefined && waitSeconds >= 1) body.wait_seconds = Math.floor(waitSeconds);
     // run's claims after a 409 request_in_flight (same bounds) continue
     // one logical call: Idem-Attempt counts on, cause in-flight.
-    const lc = this.waitingClaims.get(b) ?? { attempts: 0, cause: undefined, original: undefined };
+    // A front door's seed (its caller's Idem-Attempt): the claim is that
+    // attempt, and its retries count on from it.
+    const lc: LogicalCall = this.waitingClaims.get(b) ??
+      (seed && seed.number > 1 ? { attempts: seed.number - 1, cause: seed.cause as AttemptCause | undefined, original: undefined }
+        : { attempts: 0, cause: undefined, original: undefined });
     this.waitingClaims.delete(b);
     let res: CallResult;
     try {

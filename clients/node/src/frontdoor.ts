@@ -5,9 +5,10 @@
 import { randomBytes } from "node:crypto";
 import type { CallOptions } from "./bounds.js";
 import { Codes, IdemError, NoSideEffect, isIdemError } from "./errors.js";
+import { FleetBudgetError, headerAttempt } from "./retry.js";
 import type { ResponseInit } from "./response.js";
 import { StoredResponse } from "./response.js";
-import { type Answer, cutBodyDetail, defaultStoredHeaders, fingerprintDocument, type FingerprintRules, FrontDoorError, headerKey, headerNotReplayable, headerPreferenceApplied, headerReplayed, headerRequestId, held, type MethodRules, mismatchDetail, notReplayable, notReplayableDetail, operation, parseKey, parsePointer, preferWait, problemResponse, requirement, scopedKey, storableStatus, storageQuotaDetail, storedHeaders, storeStatus, tenantUnknownDetail, validRequestId } from "./rules.js";
+import { type Answer, budgetRefusal, callerAttempt, spentBudget, cutBodyDetail, defaultStoredHeaders, fingerprintDocument, type FingerprintRules, FrontDoorError, headerKey, headerNotReplayable, headerPreferenceApplied, headerReplayed, headerRequestId, held, type MethodRules, mismatchDetail, notReplayable, notReplayableDetail, operation, parseKey, parsePointer, preferWait, problemResponse, requirement, scopedKey, storableStatus, storageQuotaDetail, storedHeaders, storeStatus, tenantUnknownDetail, validRequestId } from "./rules.js";
 import type { Claim, RunOptions, RunResult } from "./run.js";
 import type { ClaimRequest } from "./types.js";
 
@@ -185,6 +186,8 @@ export class FrontDoor {
     }
 
     const wait = this.preferWait(req.header("Prefer"));
+    // Rule 9: the caller's retry goes on with the claim, so idem's fleet retry budget counts it.
+    const attempt = callerAttempt(req.header(headerAttempt));
     let ran = false;
     let token = 0;
     let answer: HandlerAnswer | undefined;
@@ -200,7 +203,7 @@ export class FrontDoor {
           if (!storableStatus(a.status)) return notReplayable(a.status, 0);
           if (!storeStatus(a.status, this.o.storeServerErrors)) throw new Released("handler answered 5xx; key released");
           return this.stored(a);
-        }, { noWait: true, ...(wait > 0 ? { waitSeconds: wait } : {}) });
+        }, { noWait: true, ...(wait > 0 ? { waitSeconds: wait } : {}), ...(attempt.number > 1 ? { attempt } : {}) });
     } catch (err) {
       if (ran) {
         if (err instanceof Released) return { kind: "ran", headers: [] };
@@ -259,8 +262,24 @@ export class FrontDoor {
     return size;
   }
 
-  /** Maps a claim that did not let the handler run to its refusal. */
+  /**
+   * Maps a claim that did not let the handler run to its refusal; a
+   * retryable one whose idem answer said the fleet retry budget is spent
+   * says so too (rule 9).
+   */
   private claimRefusal(err: unknown): FrontDoorError {
+    const e = this.refusal(err);
+    return spentBudget(e, err instanceof IdemError && err.fleetBudgetSpent);
+  }
+
+  /** The refusal of claimRefusal. */
+  private refusal(err: unknown): FrontDoorError {
+    // idem's fleet retry budget (rule 9): a claim stopped after a failure
+    // of its own (its retry refused, or the failure saying the budget is
+    // spent) is that failure's answer, saying the budget is spent; the
+    // caller's retry refused is 429 retry_budget_exhausted.
+    if (err instanceof FleetBudgetError) return spentBudget(this.claimRefusal(err.original), true);
+    if (err instanceof IdemError && err.code === Codes.retryBudgetExhausted) return budgetRefusal(err.retryAfterMs);
     if (err instanceof IdemError) {
       if (err.code === Codes.requestInFlight) return new FrontDoorError("request_in_flight", "a request with this idempotency key is being processed; retry later", err.retryAfterMs);
       // idem's completer holds the key (rule 8): in flight while it finds

@@ -6,6 +6,7 @@
 // two header helpers from here, not from the middleware.
 import { createHash } from "node:crypto";
 import { StoredResponse } from "./response.js";
+import { headerRetryBudget } from "./retry.js";
 
 /** The request header of the key, the replay marker and the request id. */
 export const headerKey = "Idempotency-Key";
@@ -29,6 +30,7 @@ export type FrontDoorCode =
   | "storage_quota_exceeded"
   | "tenant_unknown"
   | "outcome_review"
+  | "retry_budget_exhausted"
   // The resume endpoint's own refusals (resume.ts): a call whose webhook
   // signature does not verify, a method other than POST. Titles as the idem
   // server's table (client/errcode).
@@ -48,6 +50,7 @@ export const problems: Readonly<Record<FrontDoorCode, { status: number; title: s
   storage_quota_exceeded: { status: 507, title: "Storage quota exceeded", retryable: false },
   tenant_unknown: { status: 403, title: "Tenant unknown", retryable: false },
   outcome_review: { status: 409, title: "Outcome under review", retryable: false },
+  retry_budget_exhausted: { status: 429, title: "Retry budget exhausted", retryable: true },
   unauthenticated: { status: 401, title: "Unauthenticated", retryable: false },
   method_not_allowed: { status: 405, title: "Method not allowed", retryable: false },
 };
@@ -159,6 +162,9 @@ export class FrontDoorError extends Error {
     super(`frontdoor: ${code}: ${detail}`);
     this.name = "FrontDoorError";
   }
+
+  /** The tenant's fleet retry budget is spent: a retryable refusal carries `Idem-Retry-Budget: exhausted` (rule 9). */
+  budgetSpent = false;
 }
 
 const keyMax = 255;
@@ -729,5 +735,66 @@ export function problemResponse(e: FrontDoorError, requestId: string): Answer {
     [headerRequestId, requestId],
   ];
   if (info.retryable) headers.push(["Retry-After", String(Math.max(1, Math.ceil(e.retryAfterMs / 1000)))]);
+  if (info.retryable && e.budgetSpent) headers.push([headerRetryBudget, "exhausted"]);
   return { status: info.status, headers, body: new TextEncoder().encode(JSON.stringify(body)) };
+}
+
+// -- rule 9: the caller's Idem-Attempt and the fleet retry budget ----------
+
+
+/** The detail of retry_budget_exhausted, the same in every front door. */
+export const retryBudgetDetail =
+  "this request is a retry and the tenant's fleet retry budget is spent: it was not processed and the idempotency key is as it was; " +
+  "stop retrying now and report the failure that made you retry (Retry-After says when the budget has room again)";
+
+/** What a caller's Idem-Attempt says: the 1-based attempt and, for a retry, the cause it named. */
+export interface CallerAttempt {
+  number: number;
+  cause: string | undefined;
+}
+
+const sfKey = /^[a-z*][a-z0-9_\-.*]*$/;
+const sfToken = /^[A-Za-z*][A-Za-z0-9!#$%&'*+\-.^_`|~:/]*$/;
+const sfNumber = /^-?(?:[0-9]{1,15}|[0-9]{1,12}\.[0-9]{1,3})$/;
+
+/**
+ * The attempt a caller's Idem-Attempt field lines name: an RFC 9651 Item,
+ * an Integer of 1 or more with an optional cause Token parameter. A missing
+ * field, or one that is not such an Item (two lines, a list, a decimal,
+ * junk), is a first attempt, never a refusal; a cause that is not a Token
+ * is none; other parameters are ignored (the reading of the Go and Python
+ * front doors and the idem server, proven by the attempts vectors).
+ */
+export function callerAttempt(fields: readonly string[]): CallerAttempt {
+  const first = { number: 1, cause: undefined };
+  if (fields.length !== 1) return first;
+  const parts = fields[0]!.replace(/^[ \t]+|[ \t]+$/g, "").split(";");
+  if (!/^[0-9]{1,15}$/.test(parts[0]!)) return first;
+  const n = Number(parts[0]);
+  if (n < 1) return first;
+  let cause: string | undefined;
+  for (const p of parts.slice(1)) {
+    const q = p.replace(/^ +/, "");
+    const eq = q.indexOf("=");
+    const name = eq < 0 ? q : q.slice(0, eq);
+    const value = eq < 0 ? undefined : q.slice(eq + 1);
+    if (!sfKey.test(name)) return first;
+    if (value !== undefined && !(sfToken.test(value) || sfNumber.test(value) || value === "?0" || value === "?1" ||
+      (value.length >= 2 && value.startsWith('"') && value.endsWith('"')))) return first;
+    if (name === "cause" && n > 1 && value !== undefined && sfToken.test(value)) cause = value;
+  }
+  return { number: n, cause };
+}
+
+/** The answer to a retry the fleet retry budget refused: 429 retry_budget_exhausted with Retry-After and Idem-Retry-Budget: exhausted. */
+export function budgetRefusal(retryAfterMs = 0): FrontDoorError {
+  const e = new FrontDoorError("retry_budget_exhausted", retryBudgetDetail, retryAfterMs);
+  e.budgetSpent = true;
+  return e;
+}
+
+/** e saying the fleet retry budget is spent when spent and e is retryable: a refusal nobody retries never carries it. */
+export function spentBudget(e: FrontDoorError, spent: boolean): FrontDoorError {
+  if (spent && problems[e.code].retryable) e.budgetSpent = true;
+  return e;
 }

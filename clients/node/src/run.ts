@@ -27,7 +27,8 @@ export interface RunPort {
   newAttemptId(): string | undefined;
   fits(b: Bounds, waitMs: number): boolean;
   attemptTimeoutMs(b: Bounds): number;
-  claimWithin(key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, waitSeconds?: number): Promise<ClaimResult>;
+  claimWithin(key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, waitSeconds?: number,
+    seed?: { number: number; cause?: string | undefined }): Promise<ClaimResult>;
   checkpointWithin(key: string, fencingToken: number, recoveryPoint: string, data: unknown, leaseSeconds: number | undefined, b: Bounds): Promise<unknown>;
   completeWithin(key: string, fencingToken: number, response: ResponseInit | StoredResponse, b: Bounds): Promise<unknown>;
   releaseWithin(key: string, fencingToken: number, b: Bounds): Promise<void>;
@@ -46,6 +47,13 @@ export interface RunOptions extends CallOptions {
   waitSeconds?: number;
   /** The attempt id of this logical call (default: a random one when the client sends attempt ids). */
   attemptId?: string;
+  /**
+   * The call continues a logical call that began before this process (a
+   * front door passing on its caller's `Idem-Attempt`): the first claim
+   * says attempt `number` after `cause`, and its retries count on from it,
+   * so idem's fleet retry budget counts the caller's retry.
+   */
+  attempt?: { number: number; cause?: string | undefined };
 }
 
 /** The outcome of {@link run}. */
@@ -190,7 +198,7 @@ export async function run(
   if (invalid) throw invalid;
   const b = client.bounds(opts);
   const attemptId = opts.attemptId ?? client.newAttemptId();
-  const cr = await claimWaiting(client, key, req, b, attemptId, opts.noWait === true, opts.waitSeconds ?? 0);
+  const cr = await claimWaiting(client, key, req, b, attemptId, opts.noWait === true, opts.waitSeconds ?? 0, opts.attempt);
   if (cr.replayed) {
     return { response: cr.response ?? new StoredResponse(200), replayed: true, resumed: false, attempt: cr.attempt, fencingToken: cr.fencingToken,
       waitAppliedSeconds: cr.waitAppliedSeconds };
@@ -250,7 +258,7 @@ function finishBounds(client: RunPort, b: Bounds): Bounds {
  * With noWait only the caller's own waitSeconds is asked for, once.
  */
 async function claimWaiting(client: RunPort, key: string, req: ClaimRequest, b: Bounds, attemptId: string | undefined, noWait: boolean,
-  ownWaitSeconds: number): Promise<ClaimResult> {
+  ownWaitSeconds: number, seed?: { number: number; cause?: string | undefined }): Promise<ClaimResult> {
   const p = client.policy;
   let waited = 0;
   for (;;) {
@@ -258,7 +266,7 @@ async function claimWaiting(client: RunPort, key: string, req: ClaimRequest, b: 
     try {
       const wait = noWait ? (ownWaitSeconds > 0 ? serverWaitSeconds(client, b, ownWaitSeconds * 1000) : 0)
         : p.inFlightWaitMs <= 0 ? 0 : serverWaitSeconds(client, b, p.inFlightWaitMs - waited);
-      return await client.claimWithin(key, req, b, attemptId, wait);
+      return await client.claimWithin(key, req, b, attemptId, wait, seed);
     } catch (err) {
       waited += client.clock.now() - start; // the server may have held the claim
       if (!(err instanceof IdemError) || err.code !== Codes.requestInFlight || noWait || p.inFlightWaitMs <= 0) throw err;

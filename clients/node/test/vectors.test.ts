@@ -9,8 +9,9 @@ import {
   Client, Codes, FrontDoorError, IdemError, RetryBudget, StoredResponse, backoffCeilingMs, backoffMs, checkIJSON, defaultStoredHeaders, fingerprintDocument,
   key, operation, parseKey, parseRetryAfter, problems, requirement, retryAfterWaitMs, scopedKey, storableStatus, storeStatus, storedHeaders,
   notReplayableDetail, mismatchDetail, preferWait, storageQuotaDetail, tenantUnknownDetail, validRequestId, validateKey, withDefaults,
-  held, outcomeReviewDetail,
+  held, outcomeReviewDetail, callerAttempt, retryBudgetDetail, FrontDoor, FleetBudgetError, type RunOptions,
 } from "../src/index.js";
+import { attemptHeader, type AttemptCause } from "../src/retry.js";
 import { repoRoot } from "./server.js";
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -205,7 +206,7 @@ describe("testvectors/frontdoor", () => {
   test("policy.problems: the fixed details are the vectors'", () => {
     // The vectors hold each fixed detail once; the constants must say the same.
     const fixed = Object.fromEntries(pol.problems.filter((v: { detail?: string }) => v.detail !== undefined).map((v: { code: string; detail: string }) => [v.code, v.detail]));
-    assert.deepEqual(fixed, { fingerprint_mismatch: mismatchDetail, response_not_replayable: notReplayableDetail, storage_quota_exceeded: storageQuotaDetail, tenant_unknown: tenantUnknownDetail, outcome_review: outcomeReviewDetail });
+    assert.deepEqual(fixed, { fingerprint_mismatch: mismatchDetail, response_not_replayable: notReplayableDetail, storage_quota_exceeded: storageQuotaDetail, tenant_unknown: tenantUnknownDetail, outcome_review: outcomeReviewDetail, retry_budget_exhausted: retryBudgetDetail });
   });
   for (const v of pol.problems) {
     const known = (problems as Record<string, { status: number; title: string; retryable: boolean }>)[v.code];
@@ -243,6 +244,50 @@ describe("testvectors/frontdoor", () => {
     });
   }
   test("policy.held: only the completer's codes", () => assert.equal(held("request_in_flight", 1000), undefined));
+  // Rule 9: the caller's Idem-Attempt, what the front door's claim says
+  // (run's attempt option, sent as the client's own header), and idem's
+  // answers to the claim through FrontDoor.serve over a port that answers
+  // them.
+  const door = (run: (opts?: RunOptions) => Promise<never>) => new FrontDoor({
+    client: { run: (_k, _r, _fn, opts) => run(opts), complete: async () => undefined }, log: () => undefined,
+  });
+  const request = (attempt: readonly string[]) => ({
+    method: "POST", route: "/x", path: "/x", query: "", body: async () => new TextEncoder().encode("{}"),
+    header: (n: string) => n.toLowerCase() === "idempotency-key" ? ["k"] : n.toLowerCase() === "idem-attempt" ? [...attempt] : n.toLowerCase() === "content-type" ? ["application/json"] : [],
+  });
+  assert.ok(pol.attempts.length > 0);
+  for (const v of pol.attempts) {
+    test(`policy.attempts: ${v.name}`, async () => {
+      const a = callerAttempt(v.fields);
+      assert.deepEqual([a.number, a.cause ?? null], [v.expect.number, v.expect.cause]);
+      let sent = "";
+      await door(async (opts) => {
+        const n = opts?.attempt?.number ?? 1;
+        sent = attemptHeader(n, opts?.attempt?.cause as AttemptCause | undefined);
+        throw new IdemError({ status: 503, code: Codes.storeUnavailable, retryable: true });
+      }).serve(request(v.fields), async () => { throw new Error("not run"); });
+      assert.equal(sent, v.expect.forward ?? "1");
+    });
+  }
+  assert.ok(pol.budget.length > 0);
+  for (const v of pol.budget) {
+    test(`policy.budget: ${v.name}`, async () => {
+      const status = ({ retry_budget_exhausted: 429, store_unavailable: 503, request_in_flight: 409 } as Record<string, number>)[v.idem.code] ?? 422;
+      let err: IdemError = new IdemError({ status, code: v.idem.code, retryable: status !== 422, retryAfterMs: (v.idem.retry_after_seconds ?? 0) * 1000,
+        fleetBudgetSpent: v.idem.spent });
+      // What the client throws on the signal of a failure of the claim's own.
+      if (v.idem.spent && !v.idem.seeded && status !== 422) err = new FleetBudgetError("claim", 1, "unavailable", err, undefined);
+      const out = await door(async () => { throw err; }).serve(request([]), async () => { throw new Error("not run"); });
+      assert.equal(out.kind, "answer");
+      if (out.kind !== "answer") return;
+      const body = JSON.parse(Buffer.from(out.answer.body).toString());
+      const h = (n: string) => out.answer.headers.find(([k]) => k === n)?.[1] ?? null;
+      assert.deepEqual([out.answer.status, body.code, body.retryable], [v.expect.status, v.expect.code, v.expect.retryable]);
+      assert.equal(h("Retry-After"), v.expect.retry_after);
+      assert.equal(h("Idem-Retry-Budget") === "exhausted", v.expect.signal);
+      if (v.expect.detail !== null) assert.equal(body.detail, v.expect.detail);
+    });
+  }
   assert.ok(pol.prefer_wait.length > 0);
   for (const v of pol.prefer_wait) test(`policy.prefer_wait: ${JSON.stringify(v.fields)}`, () => assert.equal(preferWait(v.fields), v.expect));
   for (const v of pol.request_ids) test(`policy.request_ids: ${JSON.stringify(v.header).slice(0, 30)}`, () => assert.equal(validRequestId(v.header), v.kept));

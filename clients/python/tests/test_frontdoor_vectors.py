@@ -13,6 +13,10 @@ import pytest
 from conftest import Server, new_key
 from idem import Client, frontdoor
 from idem.frontdoor import FrontDoorError
+from idem._core import seeded
+from idem._errors import FleetBudgetExhausted, ProblemError
+from idem._middleware import claim_failed
+from idem._retry import attempt_header
 
 VECTORS = Path(__file__).resolve().parents[3] / "testvectors" / "frontdoor"
 
@@ -90,7 +94,8 @@ def test_policy() -> None:
              frontdoor.FINGERPRINT_MISMATCH: frontdoor.MISMATCH_DETAIL,
              frontdoor.STORAGE_QUOTA_EXCEEDED: frontdoor.STORAGE_QUOTA_DETAIL,
              frontdoor.TENANT_UNKNOWN: frontdoor.TENANT_UNKNOWN_DETAIL,
-             frontdoor.OUTCOME_REVIEW: frontdoor.OUTCOME_REVIEW_DETAIL}
+             frontdoor.OUTCOME_REVIEW: frontdoor.OUTCOME_REVIEW_DETAIL,
+             frontdoor.RETRY_BUDGET_EXHAUSTED: frontdoor.RETRY_BUDGET_DETAIL}
     assert {tc["code"]: tc["detail"] for tc in v["problems"] if "detail" in tc} == fixed
     gateway_only = {"upstream_unavailable", "upstream_timeout", "server_busy"}
     for tc in v["problems"]:
@@ -123,3 +128,29 @@ def test_policy() -> None:
     assert v["prefer_wait"]
     for tc in v["prefer_wait"]:
         assert frontdoor.prefer_wait(tc["fields"]) == tc["expect"], tc["fields"]
+    # Rule 9: the caller's Idem-Attempt, and what the claim passes on (the client's own header of the seeded call).
+    assert v["attempts"]
+    for tc in v["attempts"]:
+        n, cause = frontdoor.caller_attempt(tc["fields"])
+        want = tc["expect"]
+        assert (n, cause) == (want["number"], want["cause"]), tc["name"]
+        logical = seeded((n, cause))
+        sent = attempt_header(logical.attempts + 1, logical.cause)
+        assert sent == (want["forward"] or "1"), tc["name"]
+    # Rule 9: idem's answer to the claim -> the middleware's (claim_failed, the one mapping of both middleware).
+    assert v["budget"]
+    for tc in v["budget"]:
+        idem_ans, want = tc["idem"], tc["expect"]
+        status = {"retry_budget_exhausted": 429, "store_unavailable": 503, "request_in_flight": 409}.get(idem_ans["code"], 422)
+        err = ProblemError(status, idem_ans["code"], retry_after=idem_ans.get("retry_after_seconds", 0.0),
+                           retryable=status != 422, fleet_budget_spent=idem_ans["spent"])
+        if idem_ans["spent"] and not idem_ans["seeded"] and status != 422:
+            err = FleetBudgetExhausted("claim", 1, "unavailable", err, None)  # what the client raises on the signal
+        got = claim_failed(err)
+        st, headers, body = frontdoor.problem(got, "req-1")
+        doc, h = json.loads(body), dict(headers)
+        assert (st, doc["code"], doc["retryable"]) == (want["status"], want["code"], want["retryable"]), tc["name"]
+        assert h.get("Retry-After") == want["retry_after"], tc["name"]
+        assert (h.get(frontdoor.HEADER_RETRY_BUDGET) == "exhausted") == want["signal"], tc["name"]
+        if want["detail"] is not None:
+            assert doc["detail"] == want["detail"], tc["name"]

@@ -12,7 +12,7 @@ import httpx
 
 from ._client import _USER_AGENT, POOL_LIMITS, LeaseLost
 from ._core import (RENEWAL_POINT, AttemptInfo, Call, ClaimState, Core, Logical, TokenSource, has_no_side_effect,
-                    is_lease_lost, lease_length, replayed_result, wall_now)
+                    is_lease_lost, lease_length, replayed_result, seeded, wall_now)
 from ._errors import KEY_NOT_FOUND, IdemError, ProblemError
 from ._keys import validate_key
 from ._retry import RetryPolicy
@@ -186,7 +186,8 @@ class AsyncClient:
 
     async def run(self, key: str, fn: Callable[[AsyncClaim], Awaitable[Response]], *, operation: str = "",
                   request: Any = None, fingerprint: str | None = None, lease: float | None = None, no_wait: bool = False,
-                  wait: float | None = None, no_side_effect: tuple[type[BaseException], ...] = (), timeout: float | None = None) -> RunResult:
+                  wait: float | None = None, no_side_effect: tuple[type[BaseException], ...] = (), timeout: float | None = None,
+                  attempt: tuple[int, str | None] | None = None) -> RunResult:
         """See Client.run. When the lease is lost while fn runs, fn's task is
         cancelled and LeaseLost is raised."""
         core = self._core
@@ -194,7 +195,7 @@ class AsyncClient:
         deadline = core.deadline(timeout)
         attempt_id = core.new_attempt_id()
         waited = 0.0
-        logical = Logical()  # one logical call, in-flight waits included
+        logical = seeded(attempt)  # one logical call, in-flight waits included
         while True:
             start = core.monotonic()
             try:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import httpx
 
 from ._core import (RENEWAL_POINT, AttemptInfo, Call, ClaimState, Core, Logical, TokenSource, has_no_side_effect,
-                    is_lease_lost, lease_length, replayed_result, wall_now)
+                    is_lease_lost, lease_length, replayed_result, seeded, wall_now)
 from ._errors import KEY_NOT_FOUND, IdemError, ProblemError
 from ._keys import validate_key
 from ._retry import RetryPolicy
@@ -236,7 +236,8 @@ class Client:
 
     def run(self, key: str, fn: Callable[[Claim], Response], *, operation: str = "", request: Any = None,
             fingerprint: str | None = None, lease: float | None = None, no_wait: bool = False, wait: float | None = None,
-            no_side_effect: tuple[type[BaseException], ...] = (), timeout: float | None = None) -> RunResult:
+            no_side_effect: tuple[type[BaseException], ...] = (), timeout: float | None = None,
+            attempt: tuple[int, str | None] | None = None) -> RunResult:
         """Run fn under the idempotency protocol for key:
 
         1. Claim the key. Completed already: return the stored response
@@ -262,13 +263,19 @@ class Client:
            raises NoSideEffect (or a type in no_side_effect): release the
            key and re-raise. Any other exception leaves the claim to expire
            into an orphan (fn may have had a side effect) and propagates.
+
+        ``attempt=(n, cause)`` says the call continues a logical call that
+        began before this process (a front door passing on its caller's
+        Idem-Attempt): the first claim says attempt n after cause, and the
+        retries count on from it, so idem's fleet retry budget counts the
+        caller's retry.
         """
         core = self._core
         validate_key(key)
         deadline = core.deadline(timeout)
         attempt_id = core.new_attempt_id()
         waited = 0.0
-        logical = Logical()  # one logical call, in-flight waits included
+        logical = seeded(attempt)  # one logical call, in-flight waits included
         while True:
             start = core.monotonic()
             try:

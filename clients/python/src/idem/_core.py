@@ -81,6 +81,16 @@ class Logical:
             self.original = err
 
 
+def seeded(attempt: tuple[int, str | None] | None) -> Logical:
+    """The logical call of a run() that continues a caller's: a front door
+    passing on its caller's Idem-Attempt (n, cause) claims as attempt n
+    after cause, and its own retries count on from it (rule 9 of the
+    front-door contract)."""
+    if attempt is None or attempt[0] <= 1:
+        return Logical()
+    return Logical(attempts=attempt[0] - 1, cause=attempt[1])
+
+
 @dataclass(frozen=True)
 class Call:
     """One HTTP call of the contract."""

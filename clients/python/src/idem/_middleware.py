@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from urllib.parse import quote
 
 from . import frontdoor
-from ._errors import FORBIDDEN, UNAUTHENTICATED, IdemError, NoSideEffect, ProblemError
+from ._errors import FORBIDDEN, UNAUTHENTICATED, FleetBudgetExhausted, IdemError, NoSideEffect, ProblemError
 from ._types import Response, RunResult
 from .frontdoor import FrontDoorError
 
@@ -56,6 +56,8 @@ class Protected:
     document: dict[str, Any]
     #: The wait the claim asks for (the request's Prefer: wait=N within max_wait), seconds; 0 for none.
     wait: float = 0.0
+    #: The caller's Idem-Attempt (rule 9): (number, cause), passed on with the claim when a retry.
+    attempt: tuple[int, str | None] = (1, None)
 
 
 @dataclass
@@ -112,7 +114,8 @@ def prepare(opts: Options, method: str, route: str, query: str, headers: list[tu
         raise FrontDoorError(frontdoor.PAYLOAD_TOO_LARGE, f"the request body is larger than {opts.max_body_bytes} bytes")
     ctype = next((v for k, v in headers if k.lower() == "content-type"), None)
     doc = frontdoor.document(query, ctype, body, path=path)
-    return Protected(key, frontdoor.operation(method, route), doc, prefer_wait(opts, headers))
+    attempt = frontdoor.caller_attempt([v for k, v in headers if k.lower() == frontdoor.HEADER_ATTEMPT.lower()])
+    return Protected(key, frontdoor.operation(method, route), doc, prefer_wait(opts, headers), attempt)
 
 
 def scope_of(name: str, headers: list[tuple[str, str]]) -> str:
@@ -165,6 +168,15 @@ def problem_answer(err: FrontDoorError, rid: str) -> Answer:
 
 
 def claim_failed(err: IdemError) -> FrontDoorError:
+    """claim_refused, saying the fleet retry budget is spent (rule 9) on a
+    retryable refusal whose idem answer said so."""
+    out = claim_refused(err)
+    if isinstance(err, ProblemError) and err.fleet_budget_spent:
+        frontdoor.spent_budget(out, True)
+    return out
+
+
+def claim_refused(err: IdemError) -> FrontDoorError:
     """Map an error of the claim to the caller's problem: in flight 409 (a key
     idem's completer holds too; 409 outcome_review once it gave up), mismatch
     422, a document idem refuses as too large 413, the tenant's
@@ -173,8 +185,16 @@ def claim_failed(err: IdemError) -> FrontDoorError:
     refuses as invalid 400 invalid_request (not retryable), and everything
     else fails closed as 503 — idem's refusal of the middleware's own token
     (401 unauthenticated, 403 forbidden) too: a fault of the service's
-    credentials that a rotation fixes, never the caller's."""
+    credentials that a rotation fixes, never the caller's. idem's fleet
+    retry budget (rule 9): a refusal of the caller's retry passed on is 429
+    retry_budget_exhausted; a claim stopped after a failure of its own (its
+    retry refused, or the failure saying the budget is spent) is that
+    failure's answer, saying the budget is spent."""
+    if isinstance(err, FleetBudgetExhausted):
+        return frontdoor.spent_budget(claim_failed(err.original), True)
     if isinstance(err, ProblemError):
+        if err.code == frontdoor.RETRY_BUDGET_EXHAUSTED:
+            return frontdoor.budget_refusal(err.retry_after)
         if err.code == frontdoor.REQUEST_IN_FLIGHT:
             return FrontDoorError(frontdoor.REQUEST_IN_FLIGHT, "another request with this idempotency key is in progress; retry after Retry-After",
                                   retry_after=err.retry_after)

@@ -184,7 +184,8 @@ class IdempotencyMiddleware:
 
         try:
             res = await self.client.run(prot.key, handler, operation=prot.operation, request=prot.document,
-                                        lease=self.opts.lease, no_wait=True, wait=prot.wait, timeout=self.opts.timeout)
+                                        lease=self.opts.lease, no_wait=True, wait=prot.wait, timeout=self.opts.timeout,
+                                        attempt=prot.attempt)
         except Release:
             return ran[0]
         except IdemError as err:

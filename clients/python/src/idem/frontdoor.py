@@ -64,6 +64,19 @@ OUTCOME_REVIEW_DETAIL = ("the first request with this idempotency key stopped be
                          "is unknown: a person must resolve the key (complete or release it) before a retry with it can "
                          "succeed; this request was not processed")
 
+#: The caller's retry refused by the tenant's fleet retry budget (rule 9): retryable later, but the caller should
+#: stop retrying the call now.
+RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
+#: The detail of retry_budget_exhausted, the same in every front door.
+RETRY_BUDGET_DETAIL = ("this request is a retry and the tenant's fleet retry budget is spent: it was not processed and the "
+                       "idempotency key is as it was; stop retrying now and report the failure that made you retry "
+                       "(Retry-After says when the budget has room again)")
+#: The request field naming the attempt of a logical call, and the response field saying the fleet retry budget is
+#: spent (its value RETRY_BUDGET_SPENT).
+HEADER_ATTEMPT = "Idem-Attempt"
+HEADER_RETRY_BUDGET = "Idem-Retry-Budget"
+RETRY_BUDGET_SPENT = "exhausted"
+
 #: code -> (status, title, retryable)
 PROBLEMS: dict[str, tuple[int, str, bool]] = {
     KEY_MISSING: (400, "Idempotency key missing", False),
@@ -73,6 +86,7 @@ PROBLEMS: dict[str, tuple[int, str, bool]] = {
     REQUEST_IN_FLIGHT: (409, "Request in flight", True),
     OUTCOME_REVIEW: (409, "Outcome under review", False),
     FINGERPRINT_MISMATCH: (422, "Idempotency key reused with another request", False),
+    RETRY_BUDGET_EXHAUSTED: (429, "Retry budget exhausted", True),
     STORE_UNAVAILABLE: (503, "Idempotency store unavailable", True),
     "response_not_replayable": (409, "Response not replayable", False),
     STORAGE_QUOTA_EXCEEDED: (507, "Storage quota exceeded", False),
@@ -122,6 +136,8 @@ class FrontDoorError(Exception):
     detail: str = ""
     retry_after: float = 0.0
     fields: list[dict[str, str]] = field(default_factory=list)
+    #: The tenant's fleet retry budget is spent: a retryable refusal carries Idem-Retry-Budget: exhausted (rule 9).
+    budget_spent: bool = False
 
     def __post_init__(self) -> None:
         super().__init__(f"frontdoor: {self.code}: {self.detail}")
@@ -541,4 +557,56 @@ def problem(err: FrontDoorError, rid: str) -> tuple[int, list[tuple[str, str]], 
                (HEADER_REQUEST_ID, rid), ("Content-Length", str(len(body)))]
     if retryable:
         headers.append(("Retry-After", str(max(math.ceil(err.retry_after), 1))))
+        if err.budget_spent:
+            headers.append((HEADER_RETRY_BUDGET, RETRY_BUDGET_SPENT))
     return status, headers, body
+
+
+# -- rule 9: the caller's Idem-Attempt and the fleet retry budget ---------------------
+
+_DIGITS = re.compile(r"[0-9]{1,15}")
+_SF_KEY = re.compile(r"[a-z*][a-z0-9_\-.*]*")
+_SF_TOKEN = re.compile(r"[A-Za-z*][A-Za-z0-9!#$%&'*+\-.^_`|~:/]*")
+_SF_NUMBER = re.compile(r"-?(?:[0-9]{1,15}|[0-9]{1,12}\.[0-9]{1,3})")
+
+
+def caller_attempt(fields: Sequence[str]) -> tuple[int, str | None]:
+    """The attempt a caller's Idem-Attempt field lines name: (number, cause).
+    An RFC 9651 Item, an Integer of 1 or more with an optional cause Token
+    parameter ("2;cause=timeout"). A missing field, or one that is not such
+    an Item (two lines, a list, a decimal, junk), is a first attempt, never
+    a refusal; a cause that is not a Token is none; other parameters are
+    ignored (the same reading as the Go front doors and the idem server,
+    proven by the attempts vectors)."""
+    if len(fields) != 1:
+        return 1, None
+    parts = fields[0].strip(" \t").split(";")
+    if not _DIGITS.fullmatch(parts[0]) or int(parts[0]) < 1:
+        return 1, None
+    n, cause = int(parts[0]), None
+    for p in parts[1:]:
+        name, eq, value = p.lstrip(" ").partition("=")
+        if not _SF_KEY.fullmatch(name) or (eq and not _sf_bare_item(value)):
+            return 1, None
+        if name == "cause" and n > 1 and _SF_TOKEN.fullmatch(value):
+            cause = value
+    return n, (cause if n > 1 else None)
+
+
+def _sf_bare_item(v: str) -> bool:
+    return bool(_SF_TOKEN.fullmatch(v) or _SF_NUMBER.fullmatch(v) or v in ("?0", "?1")
+                or (len(v) >= 2 and v[0] == '"' and v[-1] == '"'))
+
+
+def budget_refusal(retry_after: float = 0.0) -> FrontDoorError:
+    """The answer to a retry the fleet retry budget refused: 429
+    retry_budget_exhausted with Retry-After and Idem-Retry-Budget: exhausted."""
+    return FrontDoorError(RETRY_BUDGET_EXHAUSTED, RETRY_BUDGET_DETAIL, retry_after=retry_after, budget_spent=True)
+
+
+def spent_budget(err: FrontDoorError, spent: bool) -> FrontDoorError:
+    """err saying the fleet retry budget is spent when spent and err is
+    retryable: a refusal nobody retries never carries it."""
+    if spent and PROBLEMS[err.code][2]:
+        err.budget_spent = True
+    return err

@@ -266,7 +266,8 @@ class IdempotencyMiddleware:
 
         try:
             res = self.client.run(prot.key, handler, operation=prot.operation, request=prot.document,
-                                  lease=self.opts.lease, no_wait=True, wait=prot.wait, timeout=self.opts.timeout)
+                                  lease=self.opts.lease, no_wait=True, wait=prot.wait, timeout=self.opts.timeout,
+                                  attempt=prot.attempt)
         except _HandlerFailed as failed:
             log.warning("idem: the handler raised; nothing stored, the claim is left to expire")
             return failed.answer
