@@ -8,6 +8,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
+
 	"github.com/idem-dev/idem"
 )
 
@@ -221,7 +224,7 @@ func encodeTenant(t idem.Tenant) tenantJSON {
 type responseInput struct {
 	Status       *int              `json:"status"`
 	Headers      map[string]string `json:"headers"`
-	Body         json.RawMessage   `json:"body"`
+	Body         jsontext.Value    `json:"body"`
 	BodyEncoding string            `json:"body_encoding"`
 }
 
@@ -249,7 +252,7 @@ func (in *responseInput) decode() (idem.Response, error) {
 	}
 	var text string
 	if len(in.Body) > 0 && !bytes.Equal(in.Body, []byte("null")) {
-		if err := json.Unmarshal(in.Body, &text); err != nil {
+		if err := jsonv2.Unmarshal(in.Body, &text); err != nil {
 			return idem.Response{}, fieldError("response.body", "must be a string", err)
 		}
 	}

@@ -3,7 +3,6 @@ package api
 import (
 	"bytes"
 	"encoding/json"
-	"io"
 	"testing"
 	"time"
 
@@ -18,18 +17,9 @@ var jsonClaimBody = []byte(`{"operation":"POST /v1/payments","request":{"amount"
 var jsonCompleteBody = []byte(`{"fencing_token":1,"response":{"status":201,"headers":{"Content-Type":"application/json"},"body":"{\"id\":\"ord_1\"}"}}`)
 
 // decodeStrict is decodeBody's decoding of a body, without the HTTP
-// request around it: encoding/json with unknown fields refused, then the
-// I-JSON check.
+// request around it.
 func decodeStrict(b *testing.B, body []byte, dst any) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(dst); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		b.Fatal("data after the value")
-	}
-	if err := canon.CheckIJSON(body); err != nil {
+	if err := decodeRequest(body, "application/json", dst); err != nil {
 		b.Fatal(err)
 	}
 }
