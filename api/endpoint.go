@@ -3,7 +3,6 @@ package api
 import (
 	"bytes"
 	"context"
-	jsonv1 "encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -123,11 +122,11 @@ func (s *service) writeJSON(w http.ResponseWriter, r *http.Request, resp any) {
 		}
 	}()
 	buf.Reset()
-	if err := jsonv1.NewEncoder(buf).Encode(resp); err != nil {
-		// Encode writes what json.Marshal returns plus a newline.
+	if err := json.MarshalWrite(buf, resp, answerOptions); err != nil {
 		s.writeProblem(w, r, fmt.Errorf("encode response: %w", err))
 		return
 	}
+	buf.WriteByte('\n')
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(buf.Bytes())

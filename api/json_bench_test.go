@@ -2,9 +2,10 @@ package api
 
 import (
 	"bytes"
-	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/go-json-experiment/json"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/canon"
@@ -40,7 +41,7 @@ func BenchmarkLifecycleJSON(b *testing.B) {
 			b.Fatal(err)
 		}
 		out.Reset()
-		if err := json.NewEncoder(&out).Encode(claimJSON{Key: "k-1", State: idem.StateInFlight, FencingToken: 1, Attempt: 1, LeaseExpiresAt: timeJSON(now)}); err != nil {
+		if err := json.MarshalWrite(&out, claimJSON{Key: "k-1", State: idem.StateInFlight, FencingToken: 1, Attempt: 1, LeaseExpiresAt: timeJSON(now)}, answerOptions); err != nil {
 			b.Fatal(err)
 		}
 		var complete completeRequest
@@ -52,7 +53,7 @@ func BenchmarkLifecycleJSON(b *testing.B) {
 		out.Reset()
 		rec := idem.Record{Key: "k-1", State: idem.StateCompleted, Operation: "POST /v1/payments", Fingerprint: "sha256:ab", FencingToken: 1, Attempt: 1,
 			CreatedAt: now, CompletedAt: now, ReplayUntil: now, PurgeAfter: now, Response: &resp}
-		if err := json.NewEncoder(&out).Encode(encodeRecord(rec)); err != nil {
+		if err := json.MarshalWrite(&out, encodeRecord(rec), answerOptions); err != nil {
 			b.Fatal(err)
 		}
 	}
