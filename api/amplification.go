@@ -16,7 +16,7 @@ import (
 
 // amplificationRequest is GET /v1/admin/retry-amplification?tenant=.
 type amplificationRequest struct {
-	tenant string
+	tenant string `json:"-"` // from the query, never the body
 }
 
 func (a *amplificationRequest) bind(r *http.Request) error {

@@ -73,7 +73,9 @@ func (p *completerParam) bind(r *http.Request) error {
 	return nil
 }
 
-type getCompleterRequest struct{ completerParam }
+type getCompleterRequest struct {
+	completerParam `json:"-"`
+}
 
 func (s *service) getCompleter(ctx context.Context, req *getCompleterRequest) (completerJSON, error) {
 	c, err := s.completers.GetCompleter(ctx, tenantFrom(ctx).ID, req.id)
@@ -83,7 +85,9 @@ func (s *service) getCompleter(ctx context.Context, req *getCompleterRequest) (c
 	return encodeCompleter(c), nil
 }
 
-type deleteCompleterRequest struct{ completerParam }
+type deleteCompleterRequest struct {
+	completerParam `json:"-"`
+}
 
 func (s *service) deleteCompleter(ctx context.Context, req *deleteCompleterRequest) (noContent, error) {
 	if err := s.completers.DeleteCompleter(ctx, tenantFrom(ctx).ID, req.id); err != nil {

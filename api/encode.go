@@ -3,12 +3,28 @@ package api
 import (
 	"bytes"
 	"encoding/base64"
-	"encoding/json"
 	"net/http"
 	"time"
 	"unicode/utf8"
 
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
+
 	"github.com/idem-dev/idem"
+)
+
+// answerOptions write answers byte for byte as encoding/json did before
+// them, so no client sees a change: map keys sorted; <, >, &, U+2028 and
+// U+2029 escaped; nil slices and maps as null; invalid UTF-8 as U+FFFD
+// (which the server does not hold: request bodies refuse it). Each answer
+// ends with a newline, as json.Encoder's did.
+var answerOptions = json.JoinOptions(
+	json.Deterministic(true),
+	jsontext.EscapeForHTML(true),
+	jsontext.EscapeForJS(true),
+	json.FormatNilSliceAsNull(true),
+	json.FormatNilMapAsNull(true),
+	jsontext.AllowInvalidUTF8(true),
 )
 
 // jsonTime is a time as the API writes it: RFC 3339 in UTC with the
@@ -17,13 +33,15 @@ type jsonTime time.Time
 
 func timeJSON(t time.Time) jsonTime { return jsonTime(t) }
 
-// MarshalJSON writes t for encoding/json: null for the zero time.
-func (t jsonTime) MarshalJSON() ([]byte, error) {
+// MarshalJSONTo writes t: null for the zero time.
+func (t jsonTime) MarshalJSONTo(enc *jsontext.Encoder) error {
 	tt := time.Time(t)
 	if tt.IsZero() {
-		return []byte("null"), nil
+		return enc.WriteToken(jsontext.Null)
 	}
-	return tt.UTC().MarshalJSON() // RFC 3339 with the fraction it has
+	var buf [48]byte
+	b := tt.UTC().AppendFormat(append(buf[:0], '"'), time.RFC3339Nano)
+	return enc.WriteValue(append(b, '"'))
 }
 
 func stringOrNull(s string) *string {
@@ -34,7 +52,7 @@ func stringOrNull(s string) *string {
 }
 
 // rawOrNull returns raw, or nil (encoded as null) when it is empty.
-func rawOrNull(raw json.RawMessage) json.RawMessage {
+func rawOrNull(raw []byte) jsontext.Value {
 	if len(raw) == 0 {
 		return nil
 	}
@@ -71,19 +89,19 @@ func encodeResponse(r *idem.Response) *responseJSON {
 // checkpoint data may be as large as the tenant's max_response_bytes, and
 // GET /v1/keys/{key} returns it whole.
 type recoveryJSON struct {
-	raw     json.RawMessage
+	raw     []byte
 	omitted bool
 }
 
-// IsZero reports whether the member is left out (encoding/json omitzero).
+// IsZero reports whether the member is left out (omitzero).
 func (r recoveryJSON) IsZero() bool { return r.omitted }
 
-// MarshalJSON writes the saved JSON, or null.
-func (r recoveryJSON) MarshalJSON() ([]byte, error) {
+// MarshalJSONTo writes the saved JSON, or null.
+func (r recoveryJSON) MarshalJSONTo(enc *jsontext.Encoder) error {
 	if len(r.raw) == 0 {
-		return []byte("null"), nil
+		return enc.WriteToken(jsontext.Null)
 	}
-	return r.raw, nil
+	return enc.WriteValue(jsontext.Value(r.raw))
 }
 
 // recordJSON is the full record of GET /v1/keys/{key}; listings leave out
@@ -132,7 +150,7 @@ type orphanJSON struct {
 	Tenant string `json:"tenant"`
 	recordJSON
 	// Response shadows recordJSON's member of the same name (a shallower
-	// field wins in encoding/json) and, always zero, is left out: an orphan
+	// field wins in json, as in Go) and, always zero, is left out: an orphan
 	// has no response.
 	Response struct{} `json:"response,omitzero"`
 }
@@ -182,14 +200,14 @@ func encodeRecord(r idem.Record) recordJSON {
 
 // claimJSON is the 201 body of a claim.
 type claimJSON struct {
-	Key            string          `json:"key"`
-	State          idem.State      `json:"state"`
-	FencingToken   int64           `json:"fencing_token"`
-	Attempt        int             `json:"attempt"`
-	Resumed        bool            `json:"resumed"`
-	LeaseExpiresAt jsonTime        `json:"lease_expires_at"`
-	RecoveryPoint  *string         `json:"recovery_point"`
-	RecoveryData   json.RawMessage `json:"recovery_data"`
+	Key            string         `json:"key"`
+	State          idem.State     `json:"state"`
+	FencingToken   int64          `json:"fencing_token"`
+	Attempt        int            `json:"attempt"`
+	Resumed        bool           `json:"resumed"`
+	LeaseExpiresAt jsonTime       `json:"lease_expires_at"`
+	RecoveryPoint  *string        `json:"recovery_point"`
+	RecoveryData   jsontext.Value `json:"recovery_data"`
 }
 
 // tenantJSON is a tenant as the API shows it.
@@ -221,7 +239,7 @@ func encodeTenant(t idem.Tenant) tenantJSON {
 type responseInput struct {
 	Status       *int              `json:"status"`
 	Headers      map[string]string `json:"headers"`
-	Body         json.RawMessage   `json:"body"`
+	Body         jsontext.Value    `json:"body"`
 	BodyEncoding string            `json:"body_encoding"`
 }
 

@@ -3,14 +3,17 @@ package api
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
+
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/canon"
@@ -21,7 +24,9 @@ import (
 //
 // A request struct may implement binder (path and query parameters, read
 // after the body so the body can never set them) and validator (checks that
-// need no store). A response may implement statusCoder and headerWriter; a
+// need no store). Parameters live in unexported fields; a struct of them
+// embedded in a request is tagged `json:"-"` (json refuses to decode into a
+// struct with no member it can see unless a tag says so). A response may implement statusCoder and headerWriter; a
 // response whose status is 204 has no body.
 
 type binder interface {
@@ -117,11 +122,11 @@ func (s *service) writeJSON(w http.ResponseWriter, r *http.Request, resp any) {
 		}
 	}()
 	buf.Reset()
-	if err := json.NewEncoder(buf).Encode(resp); err != nil {
-		// Encode writes what json.Marshal returns plus a newline.
+	if err := json.MarshalWrite(buf, resp, answerOptions); err != nil {
 		s.writeProblem(w, r, fmt.Errorf("encode response: %w", err))
 		return
 	}
+	buf.WriteByte('\n')
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(buf.Bytes())
@@ -145,106 +150,88 @@ func (s *service) decodeBody(w http.ResponseWriter, r *http.Request, owner strin
 	if err != nil {
 		return held, err
 	}
+	return held, decodeRequest(body, r.Header.Get("Content-Type"), dst)
+}
+
+// decodeRequest decodes a request body sent as contentType into dst; an
+// empty body is {}.
+func decodeRequest(body []byte, contentType string, dst any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("{}")
-	} else if err := checkJSONContentType(r.Header.Get("Content-Type")); err != nil {
-		return held, err
+	} else if err := checkJSONContentType(contentType); err != nil {
+		return err
 	} else if bytes.Equal(bytes.TrimSpace(body), []byte("null")) {
-		// encoding/json decodes null into a struct as "nothing to do".
-		return held, idem.Errorf(idem.CodeInvalidRequest, "the request body must be a JSON object, not null")
+		// json takes a null body as the zero request.
+		return idem.Errorf(idem.CodeInvalidRequest, "the request body must be a JSON object, not null")
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(dst); err != nil {
-		return held, decodeError(err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return held, idem.Errorf(idem.CodeInvalidRequest, "the request body holds data after the JSON value")
-	}
-	// encoding/json keeps the last of duplicate member names and replaces
-	// invalid UTF-8 and lone surrogates silently; refuse them instead, so
-	// what is fingerprinted and stored is what the caller sent.
-	if err := canon.CheckIJSON(body); err != nil {
-		return held, ijsonError(err)
-	}
-	// encoding/json takes null for "absent" everywhere; the contract allows
-	// it only where a field says nullable (the JSON values request, data,
-	// response.body).
-	if bytes.Contains(body, []byte("null")) {
-		if field := nullField(body, reflect.TypeOf(dst), ""); field != "" {
-			return held, fieldError(field, "must not be null; leave it out instead", nil)
-		}
-	}
-	return held, nil
-}
-
-var rawMessageType = reflect.TypeFor[json.RawMessage]()
-
-// nullField returns the path of the first member of the JSON object doc
-// that is null where t's field is not a json.RawMessage, or "". It follows
-// nested objects into struct and map fields; doc has already decoded into
-// t, so anything it cannot read is left to that decoding.
-func nullField(doc []byte, t reflect.Type, path string) string {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	var members map[string]json.RawMessage
-	if json.Unmarshal(doc, &members) != nil {
-		return ""
-	}
-	for name, raw := range members {
-		var ft reflect.Type
-		switch t.Kind() {
-		case reflect.Struct:
-			ft = jsonField(t, name)
-		case reflect.Map:
-			ft = t.Elem()
-		}
-		if ft == nil || ft == rawMessageType {
-			continue
-		}
-		p := name
-		if path != "" {
-			p = path + "." + name
-		}
-		if isNull(raw) {
-			return p
-		}
-		if v := bytes.TrimSpace(raw); len(v) > 0 && v[0] == '{' {
-			if f := nullField(v, ft, p); f != "" {
-				return f
-			}
-		}
-	}
-	return ""
-}
-
-// jsonField returns the type of t's field that decodes the member name (as
-// encoding/json matches it, embedded structs included), or nil.
-func jsonField(t reflect.Type, name string) reflect.Type {
-	for i := range t.NumField() {
-		f := t.Field(i)
-		if f.Anonymous && f.Type.Kind() == reflect.Struct {
-			if ft := jsonField(f.Type, name); ft != nil {
-				return ft
-			}
-			continue
-		}
-		if !f.IsExported() {
-			continue
-		}
-		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if tag == "-" {
-			continue
-		}
-		if tag == "" {
-			tag = f.Name
-		}
-		if strings.EqualFold(tag, name) {
-			return f.Type
-		}
+	if err := json.Unmarshal(body, dst, strictRequest); err != nil {
+		return refusal(body, dst, err)
 	}
 	return nil
+}
+
+// strictRequest is how request bodies decode: one JSON value that is I-JSON
+// (RFC 7493: no duplicate member names, no invalid UTF-8 or lone
+// surrogates; json's defaults), no member the request type does not have,
+// and no null where the contract does not allow it (refuseNull). What is
+// fingerprinted and stored is then what the caller sent.
+var strictRequest = json.JoinOptions(json.RejectUnknownMembers(true), json.WithUnmarshalers(refuseNull))
+
+// errNull is refuseNull's refusal.
+var errNull = errors.New("must not be null; leave it out instead")
+
+// refuseNull refuses a member that is null, unless its field is a
+// jsontext.Value: the contract allows null only where a field says
+// nullable (the JSON values request, data, response.body), and json takes
+// null as the zero value, which would read as "absent". It is called
+// before every value is decoded; array elements are left to their type,
+// as they always were.
+var refuseNull = json.UnmarshalFromFunc(func(dec *jsontext.Decoder, v any) error {
+	if dec.PeekKind() != 'n' {
+		return json.SkipFunc
+	}
+	if _, nullable := v.(*jsontext.Value); nullable {
+		return json.SkipFunc
+	}
+	if kind, _ := dec.StackIndex(dec.StackDepth()); kind != '{' {
+		return json.SkipFunc
+	}
+	return errNull
+})
+
+// lenient reads JSON without the I-JSON checks (refusal checks them on
+// their own).
+var lenient = json.JoinOptions(jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+
+// refusal says why json refused body, naming the field when it can. json
+// stops at the first problem in the document; the API names the problem of
+// the first check that fails, in this order: the body is JSON, it fits the
+// request type (member types, no unknown member), it holds one value, it
+// is I-JSON, it holds no null where the contract does not allow it. So the
+// body is read again check by check; only refused bodies pay for this.
+func refusal(body []byte, dst any, err error) error {
+	dec := jsontext.NewDecoder(bytes.NewReader(body), lenient)
+	value, serr := dec.ReadValue()
+	var se *jsontext.SyntacticError
+	switch {
+	case errors.Is(serr, io.ErrUnexpectedEOF):
+		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "the JSON body ends early", Err: serr}
+	case errors.As(serr, &se):
+		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: fmt.Sprintf("malformed JSON at byte %d", se.ByteOffset+1), Err: serr}
+	case serr != nil:
+		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "the request body could not be read", Err: serr}
+	}
+	fresh := reflect.New(reflect.TypeOf(dst).Elem()).Interface()
+	if terr := json.Unmarshal(value, fresh, json.RejectUnknownMembers(true), lenient); terr != nil {
+		return decodeError(terr)
+	}
+	if _, terr := dec.ReadToken(); terr != io.EOF {
+		return idem.Errorf(idem.CodeInvalidRequest, "the request body holds data after the JSON value")
+	}
+	if ierr := canon.CheckIJSON(body); ierr != nil {
+		return ijsonError(ierr)
+	}
+	return decodeError(err) // a null refuseNull refused
 }
 
 // ijsonError turns a CheckIJSON error into an invalid_request naming the
@@ -317,46 +304,52 @@ func checkJSONContentType(ct string) error {
 	return nil
 }
 
-// decodeError turns a JSON decoding error into an invalid_request that names
-// the field when it can.
+// decodeError turns json's error for a body that is JSON but does not fit
+// its request type into an invalid_request that names the field when it
+// can: the JSON Pointer json reports, as a dotted path
+// ("response.headers.X-A").
 func decodeError(err error) error {
-	var typeErr *json.UnmarshalTypeError
-	var syntaxErr *json.SyntaxError
+	var se *json.SemanticError
+	if !errors.As(err, &se) {
+		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "the request body is not valid for this endpoint", Err: err}
+	}
+	field := strings.Join(slices.Collect(se.JSONPointer.Tokens()), ".")
 	switch {
-	case errors.As(err, &typeErr) && typeErr.Field != "":
-		return fieldError(typeErr.Field, "must be of JSON type "+jsonTypeName(typeErr.Type.Kind().String()), err)
-	case errors.As(err, &syntaxErr):
-		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: fmt.Sprintf("malformed JSON at byte %d", syntaxErr.Offset), Err: err}
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "the JSON body ends early", Err: err}
+	case se.Err == json.ErrUnknownName:
+		// Named by the member alone, as it always was.
+		return fieldError(se.JSONPointer.LastToken(), "is not a known field", err)
+	case field == "":
+		return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "the request body is not valid for this endpoint", Err: err}
+	case se.Err == errNull:
+		return fieldError(field, errNull.Error(), err)
 	}
-	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		name = strings.Trim(name, `"`)
-		return fieldError(name, "is not a known field", err)
-	}
-	var fe *idem.Error
-	if errors.As(err, &fe) {
-		return fe
-	}
-	return &idem.Error{Code: idem.CodeInvalidRequest, Detail: "the request body is not valid for this endpoint", Err: err}
+	return fieldError(field, "must be of JSON type "+jsonTypeName(se.GoType), err)
 }
 
-func jsonTypeName(kind string) string {
-	switch {
-	case strings.HasPrefix(kind, "int"), strings.HasPrefix(kind, "uint"):
+// jsonTypeName is the JSON type a Go type decodes from.
+func jsonTypeName(t reflect.Type) string {
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nil {
+		return "value"
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
 		return "integer"
-	case strings.HasPrefix(kind, "float"):
+	case reflect.Float32, reflect.Float64:
 		return "number"
-	case kind == "string":
+	case reflect.String:
 		return "string"
-	case kind == "bool":
+	case reflect.Bool:
 		return "boolean"
-	case kind == "map", kind == "struct":
+	case reflect.Map, reflect.Struct:
 		return "object"
-	case kind == "slice":
+	case reflect.Slice, reflect.Array:
 		return "array"
 	}
-	return kind
+	return t.Kind().String()
 }
 
 // fieldError is an invalid_request naming one field.

@@ -2,10 +2,10 @@ package api
 
 import (
 	"bytes"
-	"encoding/json"
-	"io"
 	"testing"
 	"time"
+
+	"github.com/go-json-experiment/json"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/canon"
@@ -18,18 +18,9 @@ var jsonClaimBody = []byte(`{"operation":"POST /v1/payments","request":{"amount"
 var jsonCompleteBody = []byte(`{"fencing_token":1,"response":{"status":201,"headers":{"Content-Type":"application/json"},"body":"{\"id\":\"ord_1\"}"}}`)
 
 // decodeStrict is decodeBody's decoding of a body, without the HTTP
-// request around it: encoding/json with unknown fields refused, then the
-// I-JSON check.
+// request around it.
 func decodeStrict(b *testing.B, body []byte, dst any) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(dst); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		b.Fatal("data after the value")
-	}
-	if err := canon.CheckIJSON(body); err != nil {
+	if err := decodeRequest(body, "application/json", dst); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -50,7 +41,7 @@ func BenchmarkLifecycleJSON(b *testing.B) {
 			b.Fatal(err)
 		}
 		out.Reset()
-		if err := json.NewEncoder(&out).Encode(claimJSON{Key: "k-1", State: idem.StateInFlight, FencingToken: 1, Attempt: 1, LeaseExpiresAt: timeJSON(now)}); err != nil {
+		if err := json.MarshalWrite(&out, claimJSON{Key: "k-1", State: idem.StateInFlight, FencingToken: 1, Attempt: 1, LeaseExpiresAt: timeJSON(now)}, answerOptions); err != nil {
 			b.Fatal(err)
 		}
 		var complete completeRequest
@@ -62,7 +53,7 @@ func BenchmarkLifecycleJSON(b *testing.B) {
 		out.Reset()
 		rec := idem.Record{Key: "k-1", State: idem.StateCompleted, Operation: "POST /v1/payments", Fingerprint: "sha256:ab", FencingToken: 1, Attempt: 1,
 			CreatedAt: now, CompletedAt: now, ReplayUntil: now, PurgeAfter: now, Response: &resp}
-		if err := json.NewEncoder(&out).Encode(encodeRecord(rec)); err != nil {
+		if err := json.MarshalWrite(&out, encodeRecord(rec), answerOptions); err != nil {
 			b.Fatal(err)
 		}
 	}

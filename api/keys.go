@@ -3,7 +3,6 @@ package api
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/canon"
@@ -50,17 +50,17 @@ func (k *keyParam) bind(r *http.Request) error {
 }
 
 // isNull reports whether a raw JSON value is absent or null.
-func isNull(raw json.RawMessage) bool {
+func isNull(raw jsontext.Value) bool {
 	return len(raw) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
 }
 
 // claimRequest is the body of POST /v1/keys/{key}/claim.
 type claimRequest struct {
-	keyParam
-	Operation    string          `json:"operation"`
-	Fingerprint  *string         `json:"fingerprint"`
-	Request      json.RawMessage `json:"request"`
-	LeaseSeconds int             `json:"lease_seconds"`
+	keyParam     `json:"-"`
+	Operation    string         `json:"operation"`
+	Fingerprint  *string        `json:"fingerprint"`
+	Request      jsontext.Value `json:"request"`
+	LeaseSeconds int            `json:"lease_seconds"`
 	// AttemptID is the caller's id for this attempt; a claim whose answer
 	// was lost, sent again with it, gets the attempt back instead of 409.
 	AttemptID *string `json:"attempt_id"`
@@ -71,8 +71,8 @@ type claimRequest struct {
 	// preferWait is the Prefer: wait=N of the request, -1 when absent.
 	preferWait int
 	// header is the response's header, for Preference-Applied.
-	header http.Header
-	answerHold
+	header     http.Header
+	answerHold `json:"-"`
 }
 
 func (c *claimRequest) bind(r *http.Request) error {
@@ -209,11 +209,11 @@ func requireToken(tok *int64) error {
 
 // checkpointRequest is the body of POST /v1/keys/{key}/checkpoint.
 type checkpointRequest struct {
-	keyParam
-	FencingToken  *int64          `json:"fencing_token"`
-	RecoveryPoint string          `json:"recovery_point"`
-	Data          json.RawMessage `json:"data"`
-	LeaseSeconds  int             `json:"lease_seconds"`
+	keyParam      `json:"-"`
+	FencingToken  *int64         `json:"fencing_token"`
+	RecoveryPoint string         `json:"recovery_point"`
+	Data          jsontext.Value `json:"data"`
+	LeaseSeconds  int            `json:"lease_seconds"`
 }
 
 func (c *checkpointRequest) validate() error {
@@ -247,7 +247,7 @@ func (s *service) checkpoint(ctx context.Context, req *checkpointRequest) (recor
 	if err != nil {
 		return recordJSON{}, err
 	}
-	var data json.RawMessage
+	var data []byte
 	if !isNull(req.Data) {
 		data = req.Data
 	}
@@ -303,7 +303,7 @@ func (s *service) checkSize(ctx context.Context, t idem.Tenant, key string, size
 
 // completeRequest is the body of POST /v1/keys/{key}/complete.
 type completeRequest struct {
-	keyParam
+	keyParam     `json:"-"`
 	FencingToken *int64         `json:"fencing_token"`
 	Response     *responseInput `json:"response"`
 
@@ -345,7 +345,7 @@ func (s *service) complete(ctx context.Context, req *completeRequest) (recordJSO
 
 // releaseRequest is the body of POST /v1/keys/{key}/release.
 type releaseRequest struct {
-	keyParam
+	keyParam     `json:"-"`
 	FencingToken *int64 `json:"fencing_token"`
 }
 
@@ -363,8 +363,8 @@ func (s *service) release(ctx context.Context, req *releaseRequest) (noContent, 
 
 // getKeyRequest is GET /v1/keys/{key}.
 type getKeyRequest struct {
-	keyParam
-	answerHold
+	keyParam   `json:"-"`
+	answerHold `json:"-"`
 }
 
 func (s *service) getKey(ctx context.Context, req *getKeyRequest) (recordJSON, error) {
@@ -380,7 +380,7 @@ func (s *service) getKey(ctx context.Context, req *getKeyRequest) (recordJSON, e
 
 // listKeysRequest is GET /v1/keys?state=&completer=&limit=&cursor=.
 type listKeysRequest struct {
-	pageParams
+	pageParams `json:"-"`
 	state      idem.State
 	completion idem.CompletionFilter
 }

@@ -2,11 +2,12 @@ package api
 
 import (
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/go-json-experiment/json"
 
 	"github.com/idem-dev/idem"
 )

@@ -1,13 +1,14 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/go-json-experiment/json"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/client/errcode"
@@ -111,7 +112,7 @@ func (s *service) writeProblem(w http.ResponseWriter, r *http.Request, err error
 		h.Set("WWW-Authenticate", `Bearer error="invalid_token"`)
 	}
 	w.WriteHeader(info.Status)
-	_ = json.NewEncoder(w).Encode(problem{
+	b, _ := json.Marshal(problem{
 		Type:      "/docs/errors#" + string(e.Code),
 		Title:     info.Title,
 		Status:    info.Status,
@@ -120,5 +121,6 @@ func (s *service) writeProblem(w http.ResponseWriter, r *http.Request, err error
 		Retryable: info.Retryable,
 		Errors:    e.Fields,
 		RequestID: requestIDFrom(r.Context()),
-	})
+	}, answerOptions)
+	_, _ = w.Write(append(b, '\n'))
 }

@@ -17,7 +17,7 @@ import (
 
 // resolveRequest is the body of a resolution.
 type resolveRequest struct {
-	keyParam
+	keyParam     `json:"-"`
 	Action       idem.ResolveAction `json:"action"`
 	FencingToken *int64             `json:"fencing_token"`
 	Response     *responseInput     `json:"response"`
@@ -49,7 +49,7 @@ func (r *resolveRequest) validate() error {
 // adminResolveRequest is an operator's resolution of a key of tenant {id}.
 type adminResolveRequest struct {
 	resolveRequest
-	tenantParam
+	tenantParam `json:"-"`
 }
 
 func (r *adminResolveRequest) bind(req *http.Request) error {
@@ -140,9 +140,9 @@ func (s *service) resolveAny(ctx context.Context, req *adminResolveRequest) (res
 
 // adminKeyRequest is GET /v1/admin/tenants/{id}/keys/{key}.
 type adminKeyRequest struct {
-	tenantParam
-	keyParam
-	answerHold
+	tenantParam `json:"-"`
+	keyParam    `json:"-"`
+	answerHold  `json:"-"`
 }
 
 func (r *adminKeyRequest) bind(req *http.Request) error {
@@ -167,7 +167,7 @@ func (s *service) getAnyKey(ctx context.Context, req *adminKeyRequest) (recordJS
 
 // auditPageRequest is the limit and cursor of an audit listing.
 type auditPageRequest struct {
-	pageParams
+	pageParams `json:"-"`
 }
 
 // listAudit returns one page of audit entries of p (Limit and After are
@@ -185,8 +185,8 @@ func (s *service) listAudit(ctx context.Context, p idem.ListAuditParams, page pa
 
 // keyAuditRequest is GET /v1/keys/{key}/audit.
 type keyAuditRequest struct {
-	keyParam
-	pageParams
+	keyParam   `json:"-"`
+	pageParams `json:"-"`
 }
 
 func (r *keyAuditRequest) bind(req *http.Request) error {
@@ -210,7 +210,7 @@ func (s *service) listOwnAudit(ctx context.Context, req *auditPageRequest) (list
 // adminKeyAuditRequest is GET /v1/admin/tenants/{id}/keys/{key}/audit.
 type adminKeyAuditRequest struct {
 	adminKeyRequest
-	pageParams
+	pageParams `json:"-"`
 }
 
 func (r *adminKeyAuditRequest) bind(req *http.Request) error {

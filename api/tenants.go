@@ -81,7 +81,7 @@ func (p *tenantParam) bind(r *http.Request) error {
 }
 
 type getTenantRequest struct {
-	tenantParam
+	tenantParam `json:"-"`
 }
 
 func (s *service) getTenant(ctx context.Context, req *getTenantRequest) (tenantJSON, error) {
@@ -94,10 +94,10 @@ func (s *service) getTenant(ctx context.Context, req *getTenantRequest) (tenantJ
 
 // patchTenantRequest is the body of PATCH /v1/admin/tenants/{id}.
 type patchTenantRequest struct {
-	tenantParam
-	Name     *string            `json:"name"`
-	Settings idem.SettingsPatch `json:"settings"`
-	Disabled *bool              `json:"disabled"`
+	tenantParam `json:"-"`
+	Name        *string            `json:"name"`
+	Settings    idem.SettingsPatch `json:"settings"`
+	Disabled    *bool              `json:"disabled"`
 }
 
 func (s *service) patchTenant(ctx context.Context, req *patchTenantRequest) (tenantJSON, error) {
@@ -109,7 +109,7 @@ func (s *service) patchTenant(ctx context.Context, req *patchTenantRequest) (ten
 }
 
 type deleteTenantRequest struct {
-	tenantParam
+	tenantParam `json:"-"`
 }
 
 // deleteTenant deletes the tenant and all of its records (disabling, by
@@ -123,7 +123,7 @@ func (s *service) deleteTenant(ctx context.Context, req *deleteTenantRequest) (n
 
 // listOrphansRequest is GET /v1/admin/orphans?tenant=&limit=&cursor=.
 type listOrphansRequest struct {
-	pageParams
+	pageParams `json:"-"`
 	tenant     string
 	completion idem.CompletionFilter
 }

@@ -130,7 +130,9 @@ func (p *webhookParam) bind(r *http.Request) error {
 	return nil
 }
 
-type getWebhookRequest struct{ webhookParam }
+type getWebhookRequest struct {
+	webhookParam `json:"-"`
+}
 
 func (s *service) getWebhook(ctx context.Context, req *getWebhookRequest) (webhookJSON, error) {
 	e, err := s.webhooks.GetWebhookEndpoint(ctx, tenantFrom(ctx).ID, req.id)
@@ -143,10 +145,10 @@ func (s *service) getWebhook(ctx context.Context, req *getWebhookRequest) (webho
 // patchWebhookRequest is the body of PATCH /v1/webhooks/{id}: absent fields
 // keep their value; enabling clears the failure streak.
 type patchWebhookRequest struct {
-	webhookParam
-	URL     *string           `json:"url"`
-	Events  *[]idem.EventType `json:"events"`
-	Enabled *bool             `json:"enabled"`
+	webhookParam `json:"-"`
+	URL          *string           `json:"url"`
+	Events       *[]idem.EventType `json:"events"`
+	Enabled      *bool             `json:"enabled"`
 }
 
 func (s *service) patchWebhook(ctx context.Context, req *patchWebhookRequest) (webhookJSON, error) {
@@ -176,7 +178,9 @@ func (s *service) patchWebhook(ctx context.Context, req *patchWebhookRequest) (w
 	return encodeWebhook(e), nil
 }
 
-type deleteWebhookRequest struct{ webhookParam }
+type deleteWebhookRequest struct {
+	webhookParam `json:"-"`
+}
 
 func (s *service) deleteWebhook(ctx context.Context, req *deleteWebhookRequest) (noContent, error) {
 	if err := s.webhooks.DeleteWebhookEndpoint(ctx, tenantFrom(ctx).ID, req.id); err != nil {
@@ -185,7 +189,9 @@ func (s *service) deleteWebhook(ctx context.Context, req *deleteWebhookRequest) 
 	return noContent{}, nil
 }
 
-type testWebhookRequest struct{ webhookParam }
+type testWebhookRequest struct {
+	webhookParam `json:"-"`
+}
 
 func (s *service) testWebhook(ctx context.Context, req *testWebhookRequest) (reply, error) {
 	t := tenantFrom(ctx)
@@ -203,9 +209,9 @@ func (s *service) testWebhook(ctx context.Context, req *testWebhookRequest) (rep
 // listDeliveriesRequest is GET /v1/webhooks/{id}/deliveries?limit=&cursor=;
 // the cursor is opaque (the id of the page's last entry).
 type listDeliveriesRequest struct {
-	webhookParam
-	limit  int
-	before int64
+	webhookParam `json:"-"`
+	limit        int
+	before       int64
 }
 
 func (l *listDeliveriesRequest) bind(r *http.Request) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +11,8 @@ import (
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"github.com/go-json-experiment/json"
 
 	"github.com/idem-dev/idem"
 )
@@ -199,7 +200,8 @@ func waitingHandler(real *atomic.Pointer[http.Handler]) http.Handler {
 		w.Header().Set("Cache-Control", "no-store")
 		w.Header().Set("Retry-After", "1")
 		w.WriteHeader(http.StatusServiceUnavailable)
-		_ = json.NewEncoder(w).Encode(map[string]any{
+		// A map's members sorted, as encoding/json wrote them.
+		_ = json.MarshalWrite(w, map[string]any{
 			"type":       "/docs/errors#store_unavailable",
 			"title":      "Store unavailable",
 			"status":     http.StatusServiceUnavailable,
@@ -207,7 +209,8 @@ func waitingHandler(real *atomic.Pointer[http.Handler]) http.Handler {
 			"code":       idem.CodeStoreUnavailable,
 			"retryable":  true,
 			"request_id": id,
-		})
+		}, json.Deterministic(true))
+		_, _ = w.Write([]byte("\n"))
 	})
 }
 
