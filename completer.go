@@ -231,17 +231,6 @@ func (p CompletionPolicy) NextAttempt(attempt int, now, deadline time.Time, retr
 	return wait, false
 }
 
-// CompletionDeadline is the deadline a first takeover at now sets: now
-// plus the policy's, and never past the record's purge time (the reaper
-// would delete the record before the completer gave up on it).
-func CompletionDeadline(now, purgeAfter time.Time, d time.Duration) time.Time {
-	at := now.Add(d)
-	if !purgeAfter.IsZero() && purgeAfter.Before(at) {
-		return purgeAfter
-	}
-	return at
-}
-
 // PickCompletionsParams are the inputs of CompleterStore.PickCompletions.
 type PickCompletionsParams struct {
 	// Limit bounds the records taken.
@@ -250,7 +239,7 @@ type PickCompletionsParams struct {
 	// timeout and the time to record it.
 	Lease time.Duration
 	// Deadline is CompletionPolicy.Deadline, set on a record's first
-	// takeover (CompletionDeadline).
+	// takeover, never past the record's purge time.
 	Deadline time.Duration
 }
 

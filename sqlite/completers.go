@@ -108,7 +108,7 @@ func (s *Store) PickCompletions(ctx context.Context, p idem.PickCompletionsParam
 			row, err := q.TakeCompletion(ctx, dbsqlc.TakeCompletionParams{
 				TenantID: c.TenantID, Key: c.Key, FencingToken: token,
 				LeaseExpiresAt: microsPtr(lease), Now: micros(now),
-				Deadline: microsPtr(idem.CompletionDeadline(now, stored.PurgeAfter, p.Deadline)),
+				DeadlineUs: p.Deadline.Microseconds(),
 			})
 			if err != nil {
 				return fmt.Errorf("take record: %w", err)

@@ -20,6 +20,7 @@ func completerGroup() group {
 		{"Registrations", testCompleterRegistrations},
 		{"PicksMatchingOrphansOnly", testCompleterPicksMatching},
 		{"TakeoverFencesWorker", testCompleterTakeoverFences},
+		{"DeadlineBeforePurge", testCompleterDeadlineBeforePurge},
 		{"Completed", testCompleterCompleted},
 		{"NotDoneReleases", testCompleterNotDone},
 		{"UnknownHoldsKey", testCompleterUnknownHolds},
