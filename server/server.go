@@ -231,40 +231,20 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger, opts ...Option) (
 		return nil, fmt.Errorf("store %s keeps no webhook outbox", s.db)
 	}
 	s.webhooks = ws
-	s.jobs = jobs.New(s.store, jobs.Config{
-		ReapInterval:        cfg.ReapInterval,
-		ReapBatchSize:       cfg.ReapBatchSize,
-		ReapPause:           reapPause(cfg.ReapPause),
-		OrphanWatchInterval: cfg.OrphanWatchInterval,
-		Webhooks:            ws,
-		Completers:          s.store.Completers(),
-	}, logger, s.metrics)
+	s.jobs = jobs.New(s.store, cfg.Jobs, logger, s.metrics)
 	cs := s.store.Completers()
 	if cs == nil {
 		_ = raw.Close()
 		return nil, fmt.Errorf("store %s keeps no completers", s.db)
 	}
-	s.completer = jobs.NewCompleter(cs, s.store, jobs.CompleterConfig{
-		Interval:     cfg.CompleterInterval,
-		Timeout:      cfg.CompleterTimeout,
-		MaxAttempts:  cfg.CompleterMaxAttempts,
-		Deadline:     cfg.CompleterDeadline,
-		BackoffBase:  cfg.CompleterBackoffBase,
-		BackoffCap:   cfg.CompleterBackoffCap,
-		StoreTimeout: cfg.StoreTimeout,
-		AllowPrivate: cfg.WebhookAllowPrivate,
-	}, logger, s.metrics)
-	s.deliverer = webhooks.New(ws, webhooks.Config{
-		Interval:           cfg.WebhookInterval,
-		Timeout:            cfg.WebhookTimeout,
-		RetryBase:          cfg.WebhookRetryBase,
-		RetryCap:           cfg.WebhookRetryCap,
-		MaxAge:             cfg.WebhookMaxAge,
-		DisableAfter:       cfg.WebhookDisableAfter,
-		DisableMinFailures: cfg.WebhookDisableMinFailures,
-		StoreTimeout:       cfg.StoreTimeout,
-		AllowPrivate:       cfg.WebhookAllowPrivate,
-	}, logger, s.metrics)
+	// The completer's calls follow the webhooks' target rules; both jobs'
+	// store calls are bounded as every other's.
+	completer := cfg.Completer
+	completer.StoreTimeout, completer.AllowPrivate = cfg.StoreTimeout, cfg.Webhooks.AllowPrivate
+	s.completer = jobs.NewCompleter(cs, s.store, completer, logger, s.metrics)
+	delivery := cfg.Webhooks
+	delivery.StoreTimeout = cfg.StoreTimeout
+	s.deliverer = webhooks.New(ws, delivery, logger, s.metrics)
 
 	s.handler = s.routes(verifier)
 	return s, nil
@@ -286,7 +266,7 @@ func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 		MaxWait:              s.cfg.MaxWait(),
 		Observer:             s.metrics,
 		Webhooks:             s.webhooks,
-		AllowPrivateWebhooks: s.cfg.WebhookAllowPrivate,
+		AllowPrivateWebhooks: s.cfg.Webhooks.AllowPrivate,
 		RetryBudget:          retrybudget.New(s.cfg.RetryBudgetWindow, nil),
 		Completers:           s.store.Completers(),
 	})
@@ -565,15 +545,6 @@ func (s *Server) Waiting() int { return s.waiters.Waiting() }
 // has none), for a gateway or test that runs beside this server's store.
 func (s *Server) KeyEvents() idem.KeyEvents {
 	return s.rawStore.KeyEvents()
-}
-
-// reapPause maps IDEM_REAP_PAUSE to jobs.Config.ReapPause, where 0 means
-// the default and a negative value turns pacing off.
-func reapPause(p float64) float64 {
-	if p == 0 {
-		return -1
-	}
-	return p
 }
 
 // minBodyRate is api.Options.MinBodyRate for IDEM_MIN_BODY_RATE: 0 there

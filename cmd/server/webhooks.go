@@ -87,7 +87,7 @@ func runWebhooks(ctx context.Context, e env, args []string) int {
 
 	switch sub {
 	case "create":
-		ep, err := webhooks.NewEndpoint(*tenant, *url, parseEvents(*events), true, cfg.WebhookAllowPrivate)
+		ep, err := webhooks.NewEndpoint(*tenant, *url, parseEvents(*events), true, cfg.Webhooks.AllowPrivate)
 		if err == nil {
 			ep, err = ws.CreateWebhookEndpoint(ctx, ep)
 		}
@@ -113,7 +113,7 @@ func runWebhooks(ctx context.Context, e env, args []string) int {
 			return fail(e, "webhooks set: %s", describe(err))
 		}
 		if given["url"] {
-			if err := webhooks.CheckURL(*url, cfg.WebhookAllowPrivate); err != nil {
+			if err := webhooks.CheckURL(*url, cfg.Webhooks.AllowPrivate); err != nil {
 				return fail(e, "webhooks set: %s", describe(err))
 			}
 			ep.URL = *url
