@@ -367,12 +367,12 @@ type CompleterStore interface {
 	// completer_limit_reached when the tenant has MaxCompleters.
 	CreateCompleter(ctx context.Context, c Completer) (Completer, error)
 	// GetCompleter returns ErrCompleterNotFound.
-	GetCompleter(ctx context.Context, tenantID, id string) (Completer, error)
+	GetCompleter(ctx context.Context, p GetCompleterParams) (Completer, error)
 	// ListCompleters returns a tenant's completers, oldest first.
-	ListCompleters(ctx context.Context, tenantID string) ([]Completer, error)
+	ListCompleters(ctx context.Context, p ListCompletersParams) ([]Completer, error)
 	// DeleteCompleter returns ErrCompleterNotFound. The records it holds
 	// go to review at their next pick (no completer matches them).
-	DeleteCompleter(ctx context.Context, tenantID, id string) error
+	DeleteCompleter(ctx context.Context, p DeleteCompleterParams) error
 
 	// PickCompletions takes over at most p.Limit records for the
 	// completer: orphans (the lease ran out) not flagged for review by a
@@ -399,6 +399,23 @@ type CompleterStore interface {
 	// CompletionStats counts, per tenant and state, the records the
 	// completer holds or flagged for review.
 	CompletionStats(ctx context.Context) ([]CompletionStat, error)
+}
+
+// GetCompleterParams are the inputs of CompleterStore.GetCompleter.
+type GetCompleterParams struct {
+	TenantID string
+	ID       string
+}
+
+// ListCompletersParams are the inputs of CompleterStore.ListCompleters.
+type ListCompletersParams struct {
+	TenantID string
+}
+
+// DeleteCompleterParams are the inputs of CompleterStore.DeleteCompleter.
+type DeleteCompleterParams struct {
+	TenantID string
+	ID       string
 }
 
 // CodeCompleterNotFound: no completer with this id for the tenant.

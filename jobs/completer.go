@@ -233,7 +233,7 @@ func (c *Completer) attempt(ctx context.Context, pc idem.PickedCompletion) error
 	// instant plus the attempt's time.
 	now := rec.ObservedAt.Add(time.Since(start))
 	if p.Outcome == idem.OutcomeCompleted {
-		t, err := c.tenants.GetTenant(sctx, rec.TenantID)
+		t, err := c.tenants.GetTenant(sctx, idem.GetTenantParams{ID: rec.TenantID})
 		if err != nil {
 			return fmt.Errorf("read tenant %s: %w", rec.TenantID, err)
 		}

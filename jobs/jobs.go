@@ -254,7 +254,7 @@ func (r *Runner) WatchOnce(ctx context.Context) error {
 		return nil
 	}
 	for {
-		n, err := ws.EmitOrphanEvents(ctx, orphanEventBatch)
+		n, err := ws.EmitOrphanEvents(ctx, idem.EmitOrphanEventsParams{Limit: orphanEventBatch})
 		if err != nil {
 			return fmt.Errorf("emit orphan events: %w", err)
 		}
