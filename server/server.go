@@ -407,16 +407,8 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 
-	srv := &http.Server{
-		Handler:           s.handler,
-		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
-		ReadTimeout:       s.cfg.ReadTimeout,
-		WriteTimeout:      s.cfg.WriteTimeout,
-		IdleTimeout:       s.cfg.IdleTimeout,
-		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
+	srv := s.cfg.httpServer(s.handler, s.logger)
+	srv.BaseContext = func(net.Listener) context.Context { return context.WithoutCancel(ctx) }
 	// Claims held waiting for a key answer their 409 as soon as the
 	// shutdown begins, so they never hold it up.
 	srv.RegisterOnShutdown(s.waiters.Close)
@@ -436,19 +428,10 @@ func (s *Server) Run(ctx context.Context) error {
 	// close when the service has drained.
 	var operatorSrvs []*http.Server
 	for _, b := range operator {
-		writeTimeout := s.cfg.WriteTimeout
+		osrv := s.cfg.httpServer(b.o.handler, s.logger)
 		if b.o.setting == "IDEM_PPROF_ADDR" {
 			// A CPU profile or trace answers after its ?seconds=N.
-			writeTimeout = 0
-		}
-		osrv := &http.Server{
-			Handler:           b.o.handler,
-			ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
-			ReadTimeout:       s.cfg.ReadTimeout,
-			WriteTimeout:      writeTimeout,
-			IdleTimeout:       s.cfg.IdleTimeout,
-			MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
-			ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
+			osrv.WriteTimeout = 0
 		}
 		operatorSrvs = append(operatorSrvs, osrv)
 		go func() { _ = osrv.Serve(b.ln) }()
@@ -545,6 +528,22 @@ func (s *Server) Waiting() int { return s.waiters.Waiting() }
 // has none), for a gateway or test that runs beside this server's store.
 func (s *Server) KeyEvents() idem.KeyEvents {
 	return s.rawStore.KeyEvents()
+}
+
+// httpServer returns a server of h hardened by the HTTP settings
+// (IDEM_READ_HEADER_TIMEOUT, IDEM_READ_TIMEOUT, IDEM_WRITE_TIMEOUT,
+// IDEM_IDLE_TIMEOUT, IDEM_MAX_HEADER_BYTES), its errors logged at warn:
+// every listener of serve takes them from here.
+func (c Config) httpServer(h http.Handler, logger *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: c.ReadHeaderTimeout,
+		ReadTimeout:       c.ReadTimeout,
+		WriteTimeout:      c.WriteTimeout,
+		IdleTimeout:       c.IdleTimeout,
+		MaxHeaderBytes:    c.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
 }
 
 // minBodyRate is api.Options.MinBodyRate for IDEM_MIN_BODY_RATE: 0 there
