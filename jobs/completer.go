@@ -50,6 +50,7 @@ const (
 )
 
 // CompleterConfig tunes the completer job. Zero fields take the defaults.
+// It is server.Config.Completer as it is: the settings IDEM_COMPLETER_*.
 type CompleterConfig struct {
 	// Interval is the pause between picks when nothing was due.
 	Interval time.Duration

@@ -38,7 +38,8 @@ const (
 	purgeEvery = 10 * time.Minute
 )
 
-// Config tunes the delivery job. Zero fields take the defaults.
+// Config tunes the delivery job. Zero fields take the defaults. It is
+// server.Config.Webhooks as it is: the settings IDEM_WEBHOOK_*.
 type Config struct {
 	// Interval is the pause between polls of the outbox when it is empty.
 	Interval time.Duration
