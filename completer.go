@@ -234,17 +234,6 @@ func (p CompletionPolicy) NextAttempt(attempt int, now, deadline time.Time, retr
 	return wait, false
 }
 
-// CompletionDeadline is the deadline a first takeover at now sets: now
-// plus the policy's, and never past the record's purge time (the reaper
-// would delete the record before the completer gave up on it).
-func CompletionDeadline(now, purgeAfter time.Time, d time.Duration) time.Time {
-	at := now.Add(d)
-	if !purgeAfter.IsZero() && purgeAfter.Before(at) {
-		return purgeAfter
-	}
-	return at
-}
-
 // PickCompletionsParams are the inputs of CompleterStore.PickCompletions.
 type PickCompletionsParams struct {
 	// Limit bounds the records taken.
@@ -253,7 +242,7 @@ type PickCompletionsParams struct {
 	// timeout and the time to record it.
 	Lease time.Duration
 	// Deadline is CompletionPolicy.Deadline, set on a record's first
-	// takeover (CompletionDeadline).
+	// takeover, never past the record's purge time.
 	Deadline time.Duration
 }
 
@@ -387,12 +376,12 @@ type CompleterStore interface {
 	// completer_limit_reached when the tenant has MaxCompleters.
 	CreateCompleter(ctx context.Context, c Completer) (Completer, error)
 	// GetCompleter returns ErrCompleterNotFound.
-	GetCompleter(ctx context.Context, tenantID, id string) (Completer, error)
+	GetCompleter(ctx context.Context, p GetCompleterParams) (Completer, error)
 	// ListCompleters returns a tenant's completers, oldest first.
-	ListCompleters(ctx context.Context, tenantID string) ([]Completer, error)
+	ListCompleters(ctx context.Context, p ListCompletersParams) ([]Completer, error)
 	// DeleteCompleter returns ErrCompleterNotFound. The records it holds
 	// go to review at their next pick (no completer matches them).
-	DeleteCompleter(ctx context.Context, tenantID, id string) error
+	DeleteCompleter(ctx context.Context, p DeleteCompleterParams) error
 
 	// PickCompletions takes over at most p.Limit records for the
 	// completer: orphans (the lease ran out) not flagged for review by a
@@ -419,6 +408,23 @@ type CompleterStore interface {
 	// CompletionStats counts, per tenant and state, the records the
 	// completer holds or flagged for review.
 	CompletionStats(ctx context.Context) ([]CompletionStat, error)
+}
+
+// GetCompleterParams are the inputs of CompleterStore.GetCompleter.
+type GetCompleterParams struct {
+	TenantID string
+	ID       string
+}
+
+// ListCompletersParams are the inputs of CompleterStore.ListCompleters.
+type ListCompletersParams struct {
+	TenantID string
+}
+
+// DeleteCompleterParams are the inputs of CompleterStore.DeleteCompleter.
+type DeleteCompleterParams struct {
+	TenantID string
+	ID       string
 }
 
 // CodeCompleterNotFound: no completer with this id for the tenant.

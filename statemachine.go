@@ -233,17 +233,3 @@ func CheckComplete(stored *Record, token int64, resp Response) (repeat bool, err
 	}
 	return false, err
 }
-
-// InFlightPurgeAfter returns when the reaper may delete an in-flight record
-// whose lease was granted or renewed at now for lease: after the record's
-// reaper threshold, and never before the lease ends, so the reaper never
-// deletes a key its claimant may still be working on. A renewal never
-// brings an earlier purge time (prev) forward. The PostgreSQL queries apply
-// the same rule in SQL (greatest(...)).
-func InFlightPurgeAfter(prev, now time.Time, lease, reaperThreshold time.Duration) time.Time {
-	at := now.Add(max(lease, reaperThreshold))
-	if prev.After(at) {
-		return prev
-	}
-	return at
-}

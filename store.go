@@ -106,7 +106,7 @@ type Store interface {
 	CreateTenant(ctx context.Context, p CreateTenantParams) (Tenant, error)
 	// GetTenant returns a tenant, disabled or not. It returns
 	// ErrTenantNotFound.
-	GetTenant(ctx context.Context, id string) (Tenant, error)
+	GetTenant(ctx context.Context, p GetTenantParams) (Tenant, error)
 	// ListTenants returns every tenant ordered by id.
 	ListTenants(ctx context.Context) ([]Tenant, error)
 	// UpdateTenant replaces a tenant's name, settings and disabled flag. It
@@ -115,7 +115,7 @@ type Store interface {
 	// DeleteTenant deletes a tenant and all of its records at once; it is
 	// the only way a tenant's records go before their purge time. It returns
 	// ErrTenantNotFound.
-	DeleteTenant(ctx context.Context, id string) error
+	DeleteTenant(ctx context.Context, p DeleteTenantParams) error
 
 	// Ping checks that the database can serve: that it answers, and where
 	// an engine can keep answering reads while refusing writes (SQLite on
@@ -260,10 +260,20 @@ type CreateTenantParams struct {
 	Settings Settings
 }
 
+// GetTenantParams are the inputs of Store.GetTenant.
+type GetTenantParams struct {
+	ID string
+}
+
 // UpdateTenantParams are the inputs of Store.UpdateTenant.
 type UpdateTenantParams struct {
 	ID       string
 	Name     string
 	Settings Settings
 	Disabled bool
+}
+
+// DeleteTenantParams are the inputs of Store.DeleteTenant.
+type DeleteTenantParams struct {
+	ID string
 }

@@ -249,30 +249,30 @@ type WebhookStore interface {
 	// already; concurrent creates never pass that bound.
 	CreateWebhookEndpoint(ctx context.Context, e WebhookEndpoint) (WebhookEndpoint, error)
 	// GetWebhookEndpoint returns ErrWebhookNotFound.
-	GetWebhookEndpoint(ctx context.Context, tenantID, id string) (WebhookEndpoint, error)
+	GetWebhookEndpoint(ctx context.Context, p GetWebhookEndpointParams) (WebhookEndpoint, error)
 	// ListWebhookEndpoints returns a tenant's endpoints ordered by creation.
-	ListWebhookEndpoints(ctx context.Context, tenantID string) ([]WebhookEndpoint, error)
+	ListWebhookEndpoints(ctx context.Context, p ListWebhookEndpointsParams) ([]WebhookEndpoint, error)
 	// UpdateWebhookEndpoint replaces URL, Events and Enabled; enabling
 	// clears the failure streak and the disabled reason. It returns
 	// ErrWebhookNotFound.
 	UpdateWebhookEndpoint(ctx context.Context, e WebhookEndpoint) (WebhookEndpoint, error)
 	// DeleteWebhookEndpoint deletes the endpoint and its deliveries. It
 	// returns ErrWebhookNotFound.
-	DeleteWebhookEndpoint(ctx context.Context, tenantID, id string) error
-	// SendTestEvent queues ev for one endpoint whatever its filter (it must
-	// be enabled), and returns the queued delivery. It returns
+	DeleteWebhookEndpoint(ctx context.Context, p DeleteWebhookEndpointParams) error
+	// SendTestEvent queues p.Event for one endpoint whatever its filter
+	// (it must be enabled), and returns the queued delivery. It returns
 	// ErrWebhookNotFound, or ErrWebhookDisabled for a disabled endpoint.
-	SendTestEvent(ctx context.Context, endpointID string, ev Event) (WebhookDelivery, error)
+	SendTestEvent(ctx context.Context, p SendTestEventParams) (WebhookDelivery, error)
 	// ListWebhookDeliveries pages an endpoint's delivery log, newest first,
 	// without payloads.
 	ListWebhookDeliveries(ctx context.Context, p ListWebhookDeliveriesParams) ([]WebhookDelivery, error)
 
-	// ClaimWebhookDeliveries takes at most limit pending deliveries that are
+	// ClaimWebhookDeliveries takes at most p.Limit pending deliveries that are
 	// due, of enabled endpoints, and pushes their next attempt lease into
 	// the future, counting the attempt: concurrent callers on several
 	// replicas never take the same delivery while its lease runs. A caller
 	// that dies mid-attempt leaves the delivery to be taken again after the
-	// lease: at least once. One tenant gives at most perTenant deliveries,
+	// lease: at least once. One tenant gives at most p.PerTenant deliveries,
 	// spread over its endpoints in turns (each endpoint's oldest due, then
 	// each one's second, ...), and the tenants are taken in turns too
 	// (every tenant's first, then every tenant's second, each turn oldest
@@ -280,23 +280,78 @@ type WebhookStore interface {
 	// endpoints cannot fill a claim and hold back the other tenants'
 	// deliveries, and one endpoint cannot hold back its tenant's others.
 	// Within a turn the tenants go least recently served first, then
-	// oldest first: served maps a tenant to when the caller last took one
+	// oldest first: p.Served maps a tenant to when the caller last took one
 	// of its deliveries (any increasing number, larger is more recent; a
 	// tenant missing from it, or nil, comes first). A caller that claims
 	// one free slot at a time thus goes round the tenants with something
 	// due instead of back to whichever has the oldest backlog.
-	ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) ([]WebhookDelivery, error)
+	ClaimWebhookDeliveries(ctx context.Context, p ClaimWebhookDeliveriesParams) ([]WebhookDelivery, error)
 	// FinishWebhookDelivery records the outcome of the attempt claimed with
 	// p.Attempts and updates the endpoint's failure streak; it does nothing
 	// when the delivery was claimed again since.
 	FinishWebhookDelivery(ctx context.Context, p FinishWebhookDeliveryParams) error
-	// EmitOrphanEvents finds at most limit orphans not yet reported for
+	// EmitOrphanEvents finds at most p.Limit orphans not yet reported for
 	// their current fencing token, marks them and queues key.orphaned for
 	// each in the same transaction. It returns how many it marked.
-	EmitOrphanEvents(ctx context.Context, limit int) (int, error)
+	EmitOrphanEvents(ctx context.Context, p EmitOrphanEventsParams) (int, error)
 	// PurgeWebhookDeliveries deletes delivered and failed deliveries created
-	// before the cutoff age, at most limit.
-	PurgeWebhookDeliveries(ctx context.Context, olderThan time.Duration, limit int) (int, error)
+	// more than p.OlderThan ago, at most p.Limit.
+	PurgeWebhookDeliveries(ctx context.Context, p PurgeWebhookDeliveriesParams) (int, error)
+}
+
+// GetWebhookEndpointParams are the inputs of WebhookStore.GetWebhookEndpoint.
+type GetWebhookEndpointParams struct {
+	TenantID string
+	ID       string
+}
+
+// ListWebhookEndpointsParams are the inputs of
+// WebhookStore.ListWebhookEndpoints.
+type ListWebhookEndpointsParams struct {
+	TenantID string
+}
+
+// DeleteWebhookEndpointParams are the inputs of
+// WebhookStore.DeleteWebhookEndpoint.
+type DeleteWebhookEndpointParams struct {
+	TenantID string
+	ID       string
+}
+
+// SendTestEventParams are the inputs of WebhookStore.SendTestEvent.
+type SendTestEventParams struct {
+	// EndpointID names the endpoint (its tenant is the event's).
+	EndpointID string
+	Event      Event
+}
+
+// ClaimWebhookDeliveriesParams are the inputs of
+// WebhookStore.ClaimWebhookDeliveries.
+type ClaimWebhookDeliveriesParams struct {
+	// Limit bounds the deliveries taken.
+	Limit int
+	// PerTenant bounds the deliveries one tenant gives.
+	PerTenant int
+	// Served maps a tenant to when the caller last took one of its
+	// deliveries (larger is more recent); nil: none yet.
+	Served map[string]int64
+	// Lease is how long a taken delivery stays away from other callers.
+	Lease time.Duration
+}
+
+// EmitOrphanEventsParams are the inputs of WebhookStore.EmitOrphanEvents.
+type EmitOrphanEventsParams struct {
+	// Limit bounds the orphans marked.
+	Limit int
+}
+
+// PurgeWebhookDeliveriesParams are the inputs of
+// WebhookStore.PurgeWebhookDeliveries.
+type PurgeWebhookDeliveriesParams struct {
+	// OlderThan is the cutoff age of a finished delivery.
+	OlderThan time.Duration
+	// Limit bounds the deliveries deleted.
+	Limit int
 }
 
 // CodeWebhookNotFound: no webhook endpoint with this id for the tenant.

@@ -51,7 +51,7 @@ func (s *service) createCompleter(ctx context.Context, req *createCompleterReque
 }
 
 func (s *service) listCompleters(ctx context.Context, _ *emptyRequest) (listJSON[completerJSON], error) {
-	cs, err := s.completers.ListCompleters(ctx, tenantFrom(ctx).ID)
+	cs, err := s.completers.ListCompleters(ctx, idem.ListCompletersParams{TenantID: tenantFrom(ctx).ID})
 	if err != nil {
 		return listJSON[completerJSON]{}, fmt.Errorf("list completers: %w", err)
 	}
@@ -78,7 +78,7 @@ type getCompleterRequest struct {
 }
 
 func (s *service) getCompleter(ctx context.Context, req *getCompleterRequest) (completerJSON, error) {
-	c, err := s.completers.GetCompleter(ctx, tenantFrom(ctx).ID, req.id)
+	c, err := s.completers.GetCompleter(ctx, idem.GetCompleterParams{TenantID: tenantFrom(ctx).ID, ID: req.id})
 	if err != nil {
 		return completerJSON{}, fmt.Errorf("get completer: %w", err)
 	}
@@ -90,7 +90,7 @@ type deleteCompleterRequest struct {
 }
 
 func (s *service) deleteCompleter(ctx context.Context, req *deleteCompleterRequest) (noContent, error) {
-	if err := s.completers.DeleteCompleter(ctx, tenantFrom(ctx).ID, req.id); err != nil {
+	if err := s.completers.DeleteCompleter(ctx, idem.DeleteCompleterParams{TenantID: tenantFrom(ctx).ID, ID: req.id}); err != nil {
 		return noContent{}, fmt.Errorf("delete completer: %w", err)
 	}
 	return noContent{}, nil

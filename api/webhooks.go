@@ -108,7 +108,7 @@ func (s *service) createWebhook(ctx context.Context, req *createWebhookRequest) 
 }
 
 func (s *service) listWebhooks(ctx context.Context, _ *emptyRequest) (listJSON[webhookJSON], error) {
-	es, err := s.webhooks.ListWebhookEndpoints(ctx, tenantFrom(ctx).ID)
+	es, err := s.webhooks.ListWebhookEndpoints(ctx, idem.ListWebhookEndpointsParams{TenantID: tenantFrom(ctx).ID})
 	if err != nil {
 		return listJSON[webhookJSON]{}, fmt.Errorf("list webhooks: %w", err)
 	}
@@ -135,7 +135,7 @@ type getWebhookRequest struct {
 }
 
 func (s *service) getWebhook(ctx context.Context, req *getWebhookRequest) (webhookJSON, error) {
-	e, err := s.webhooks.GetWebhookEndpoint(ctx, tenantFrom(ctx).ID, req.id)
+	e, err := s.webhooks.GetWebhookEndpoint(ctx, idem.GetWebhookEndpointParams{TenantID: tenantFrom(ctx).ID, ID: req.id})
 	if err != nil {
 		return webhookJSON{}, fmt.Errorf("get webhook: %w", err)
 	}
@@ -152,7 +152,7 @@ type patchWebhookRequest struct {
 }
 
 func (s *service) patchWebhook(ctx context.Context, req *patchWebhookRequest) (webhookJSON, error) {
-	e, err := s.webhooks.GetWebhookEndpoint(ctx, tenantFrom(ctx).ID, req.id)
+	e, err := s.webhooks.GetWebhookEndpoint(ctx, idem.GetWebhookEndpointParams{TenantID: tenantFrom(ctx).ID, ID: req.id})
 	if err != nil {
 		return webhookJSON{}, fmt.Errorf("patch webhook: %w", err)
 	}
@@ -183,7 +183,7 @@ type deleteWebhookRequest struct {
 }
 
 func (s *service) deleteWebhook(ctx context.Context, req *deleteWebhookRequest) (noContent, error) {
-	if err := s.webhooks.DeleteWebhookEndpoint(ctx, tenantFrom(ctx).ID, req.id); err != nil {
+	if err := s.webhooks.DeleteWebhookEndpoint(ctx, idem.DeleteWebhookEndpointParams{TenantID: tenantFrom(ctx).ID, ID: req.id}); err != nil {
 		return noContent{}, fmt.Errorf("delete webhook: %w", err)
 	}
 	return noContent{}, nil
@@ -199,7 +199,7 @@ func (s *service) testWebhook(ctx context.Context, req *testWebhookRequest) (rep
 	if err != nil {
 		return reply{}, err
 	}
-	d, err := s.webhooks.SendTestEvent(ctx, req.id, ev)
+	d, err := s.webhooks.SendTestEvent(ctx, idem.SendTestEventParams{EndpointID: req.id, Event: ev})
 	if err != nil {
 		return reply{}, fmt.Errorf("send test webhook: %w", err)
 	}
@@ -243,7 +243,7 @@ func (l *listDeliveriesRequest) bind(r *http.Request) error {
 
 func (s *service) listDeliveries(ctx context.Context, req *listDeliveriesRequest) (listJSON[deliveryJSON], error) {
 	t := tenantFrom(ctx)
-	if _, err := s.webhooks.GetWebhookEndpoint(ctx, t.ID, req.id); err != nil {
+	if _, err := s.webhooks.GetWebhookEndpoint(ctx, idem.GetWebhookEndpointParams{TenantID: t.ID, ID: req.id}); err != nil {
 		return listJSON[deliveryJSON]{}, fmt.Errorf("list deliveries: %w", err)
 	}
 	ds, err := s.webhooks.ListWebhookDeliveries(ctx, idem.ListWebhookDeliveriesParams{

@@ -50,6 +50,7 @@ const (
 )
 
 // CompleterConfig tunes the completer job. Zero fields take the defaults.
+// It is server.Config.Completer as it is: the settings IDEM_COMPLETER_*.
 type CompleterConfig struct {
 	// Interval is the pause between picks when nothing was due.
 	Interval time.Duration
@@ -237,7 +238,7 @@ func (c *Completer) attempt(ctx context.Context, pc idem.PickedCompletion) error
 	// instant plus the attempt's time.
 	now := rec.ObservedAt.Add(time.Since(start))
 	if p.Outcome == idem.OutcomeCompleted {
-		t, err := c.tenants.GetTenant(sctx, rec.TenantID)
+		t, err := c.tenants.GetTenant(sctx, idem.GetTenantParams{ID: rec.TenantID})
 		if err != nil {
 			return fmt.Errorf("read tenant %s: %w", rec.TenantID, err)
 		}

@@ -28,7 +28,9 @@ const (
 	DefaultOrphanWatchInterval = 15 * time.Second
 )
 
-// Config tunes the background jobs. Zero fields take the defaults.
+// Config tunes the background jobs. Zero fields take the defaults, but for
+// ReapPause. It is server.Config.Jobs as it is: the settings IDEM_REAP_* and
+// IDEM_ORPHAN_WATCH_INTERVAL.
 type Config struct {
 	// ReapInterval is the pause between reaper passes.
 	ReapInterval time.Duration
@@ -42,18 +44,12 @@ type Config struct {
 	// database's CPU and WAL) busy at most 1/(1+ReapPause) of the time and
 	// a large purge cannot crowd out the claims and completes on the hot
 	// path. The pause follows the batch's own time, so it shrinks on a
-	// fast database and grows on a loaded one. 0 takes the default;
-	// negative turns pacing off (batches back to back).
+	// fast database and grows on a loaded one. 0 (or below) turns pacing
+	// off: batches back to back, for draining a backlog fast in a quiet
+	// hour (IDEM_REAP_PAUSE=0). The server starts from DefaultReapPause.
 	ReapPause float64
 	// OrphanWatchInterval is the pause between orphan watches.
 	OrphanWatchInterval time.Duration
-	// Webhooks, when set, makes the orphan watch queue key.orphaned for
-	// every new orphan (the store behind it, undecorated: the decorators
-	// of idem.Store do not carry the webhook methods).
-	Webhooks idem.WebhookStore
-	// Completers, when set, makes the orphan watch set the completer's
-	// gauges (idem_orphans_by_state) from CompletionStats.
-	Completers idem.CompleterStore
 }
 
 func (c Config) withDefaults() Config {
@@ -63,9 +59,6 @@ func (c Config) withDefaults() Config {
 	if c.ReapBatchSize <= 0 {
 		c.ReapBatchSize = DefaultReapBatchSize
 	}
-	if c.ReapPause == 0 {
-		c.ReapPause = DefaultReapPause
-	}
 	if c.OrphanWatchInterval <= 0 {
 		c.OrphanWatchInterval = DefaultOrphanWatchInterval
 	}
@@ -74,7 +67,7 @@ func (c Config) withDefaults() Config {
 
 // Runner runs the reaper and the orphan watch.
 type Runner struct {
-	store  idem.Store
+	store  idem.Driver
 	cfg    Config
 	logger *slog.Logger
 	m      *metrics.Metrics
@@ -84,9 +77,11 @@ type Runner struct {
 	sleep func(context.Context, time.Duration)
 }
 
-// New returns a Runner over store. logger nil discards logs; m nil records
-// no metrics.
-func New(store idem.Store, cfg Config, logger *slog.Logger, m *metrics.Metrics) *Runner {
+// New returns a Runner over store. The orphan watch queues key.orphaned
+// through the store's webhook outbox and sets the completer's gauges from
+// its completer side, where the store has them. logger nil discards logs;
+// m nil records no metrics.
+func New(store idem.Driver, cfg Config, logger *slog.Logger, m *metrics.Metrics) *Runner {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -229,8 +224,9 @@ func (r *Runner) logOrphan(ctx context.Context, rec idem.Record) {
 const orphanEventBatch = 500
 
 // WatchOnce reads Store.OrphanStats and sets the orphan gauges from it, the
-// storage gauges from Store.ListTenants, and
-// when Config.Webhooks is set, queues key.orphaned for every orphan not
+// storage gauges from Store.ListTenants, the completer's gauges
+// (idem_orphans_by_state) from CompletionStats, and when the store keeps a
+// webhook outbox, queues key.orphaned for every orphan not
 // yet reported for its current fencing token (each is reported once: the
 // store marks the record in the transaction that queues the event).
 func (r *Runner) WatchOnce(ctx context.Context) error {
@@ -246,19 +242,19 @@ func (r *Runner) WatchOnce(ctx context.Context) error {
 		return fmt.Errorf("list tenants: %w", err)
 	}
 	r.m.SetStorage(tenants)
-	if cs := r.cfg.Completers; cs != nil {
+	if cs := r.store.Completers(); cs != nil {
 		cstats, err := cs.CompletionStats(ctx)
 		if err != nil {
 			return fmt.Errorf("completion stats: %w", err)
 		}
 		r.m.SetCompletions(cstats)
 	}
-	ws := r.cfg.Webhooks
+	ws := r.store.Webhooks()
 	if ws == nil {
 		return nil
 	}
 	for {
-		n, err := ws.EmitOrphanEvents(ctx, orphanEventBatch)
+		n, err := ws.EmitOrphanEvents(ctx, idem.EmitOrphanEventsParams{Limit: orphanEventBatch})
 		if err != nil {
 			return fmt.Errorf("emit orphan events: %w", err)
 		}

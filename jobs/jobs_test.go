@@ -28,9 +28,9 @@ import (
 // bundle is one backend under test: a store, its clock, and a way to open
 // a second handle on the same database (another "replica").
 type bundle struct {
-	store idem.Store
+	store idem.Driver
 	clock *storetest.Clock
-	open  func(t *testing.T) idem.Store
+	open  func(t *testing.T) idem.Driver
 }
 
 // forEachBackend runs fn against SQLite (a temporary file) and PostgreSQL
@@ -41,7 +41,7 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, b *bundle)) {
 		t.Parallel()
 		path := filepath.Join(t.TempDir(), "idem.db")
 		clk := storetest.NewClock()
-		open := func(t *testing.T) idem.Store {
+		open := func(t *testing.T) idem.Driver {
 			s, err := sqlite.Open(context.Background(), path, sqlite.Options{Now: clk.Now})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = s.Close() })
@@ -53,7 +53,7 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, b *bundle)) {
 		t.Parallel()
 		url := pgtest.URL(t)
 		clk := storetest.NewClock()
-		open := func(t *testing.T) idem.Store {
+		open := func(t *testing.T) idem.Driver {
 			s, err := postgres.Open(context.Background(), url, postgres.Options{Now: clk.Now})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = s.Close() })

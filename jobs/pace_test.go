@@ -13,11 +13,11 @@ import (
 // batchStore answers Reap with full batches while it has records left,
 // then a short one; each call advances the fake clock by the next of took.
 type batchStore struct {
-	idem.Store // only Reap is called
-	left       int
-	took       []time.Duration
-	calls      int
-	clock      *time.Time
+	idem.Driver // only Reap is called
+	left        int
+	took        []time.Duration
+	calls       int
+	clock       *time.Time
 }
 
 func (s *batchStore) Reap(_ context.Context, p idem.ReapParams) ([]idem.Record, error) {
@@ -52,7 +52,7 @@ func TestReapPausesInProportionToEachBatch(t *testing.T) {
 		return st, slept, res, err
 	}
 
-	st, slept, res, err := run(0, 0) // the default
+	st, slept, res, err := run(DefaultReapPause, 0)
 	require.NoError(t, err)
 	require.Equal(t, 2.0, DefaultReapPause)
 	require.Equal(t, []time.Duration{20 * time.Millisecond, 60 * time.Millisecond}, slept, "two full batches, then a short one")
@@ -64,12 +64,12 @@ func TestReapPausesInProportionToEachBatch(t *testing.T) {
 	require.Equal(t, []time.Duration{5 * time.Millisecond, 15 * time.Millisecond}, slept)
 	require.Equal(t, 25, res.Deleted)
 
-	_, slept, res, err = run(-1, 0)
+	_, slept, res, err = run(0, 0)
 	require.NoError(t, err)
 	require.Empty(t, slept, "pacing off")
 	require.Equal(t, 25, res.Deleted)
 
-	st, _, res, err = run(0, 1)
+	st, _, res, err = run(DefaultReapPause, 1)
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, 1, st.calls, "no batch after the pause the shutdown ended")
 	require.Equal(t, 10, res.Deleted)

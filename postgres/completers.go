@@ -54,10 +54,10 @@ func (s *Store) CreateCompleter(ctx context.Context, c idem.Completer) (idem.Com
 }
 
 // GetCompleter reads one completer.
-func (s *Store) GetCompleter(ctx context.Context, tenantID, id string) (idem.Completer, error) {
-	row, err := s.q.GetCompleter(ctx, dbsqlc.GetCompleterParams{TenantID: tenantID, ID: id})
+func (s *Store) GetCompleter(ctx context.Context, p idem.GetCompleterParams) (idem.Completer, error) {
+	row, err := s.q.GetCompleter(ctx, dbsqlc.GetCompleterParams{TenantID: p.TenantID, ID: p.ID})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return idem.Completer{}, idem.CompleterNotFound(id)
+		return idem.Completer{}, idem.CompleterNotFound(p.ID)
 	}
 	if err != nil {
 		return idem.Completer{}, s.interpretError(err, "get completer")
@@ -66,8 +66,8 @@ func (s *Store) GetCompleter(ctx context.Context, tenantID, id string) (idem.Com
 }
 
 // ListCompleters lists a tenant's completers, oldest first.
-func (s *Store) ListCompleters(ctx context.Context, tenantID string) ([]idem.Completer, error) {
-	rows, err := s.q.ListCompleters(ctx, tenantID)
+func (s *Store) ListCompleters(ctx context.Context, p idem.ListCompletersParams) ([]idem.Completer, error) {
+	rows, err := s.q.ListCompleters(ctx, p.TenantID)
 	if err != nil {
 		return nil, s.interpretError(err, "list completers")
 	}
@@ -79,13 +79,13 @@ func (s *Store) ListCompleters(ctx context.Context, tenantID string) ([]idem.Com
 }
 
 // DeleteCompleter deletes one completer.
-func (s *Store) DeleteCompleter(ctx context.Context, tenantID, id string) error {
-	n, err := s.q.DeleteCompleter(ctx, dbsqlc.DeleteCompleterParams{TenantID: tenantID, ID: id})
+func (s *Store) DeleteCompleter(ctx context.Context, p idem.DeleteCompleterParams) error {
+	n, err := s.q.DeleteCompleter(ctx, dbsqlc.DeleteCompleterParams{TenantID: p.TenantID, ID: p.ID})
 	if err != nil {
 		return s.interpretError(err, "delete completer")
 	}
 	if n == 0 {
-		return idem.CompleterNotFound(id)
+		return idem.CompleterNotFound(p.ID)
 	}
 	return nil
 }
@@ -111,7 +111,7 @@ func (s *Store) PickCompletions(ctx context.Context, p idem.PickCompletionsParam
 		if !ok {
 			// A failure here leaves the records taken: each goes back to
 			// the completer once its lease ran out, as a dead replica's.
-			if cs, err = s.ListCompleters(ctx, rec.TenantID); err != nil {
+			if cs, err = s.ListCompleters(ctx, idem.ListCompletersParams{TenantID: rec.TenantID}); err != nil {
 				return nil, err
 			}
 			completers[rec.TenantID] = cs

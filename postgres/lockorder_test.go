@@ -94,16 +94,16 @@ func TestLockOrderTenantDeleteAndDeliveryFinish(t *testing.T) {
 	require.NoError(t, err)
 	ev, err := idem.NewEvent("acme", idem.EventWebhookTest, time.Now(), map[string]string{"hello": "world"})
 	require.NoError(t, err)
-	_, err = store.SendTestEvent(ctx, ep.ID, ev)
+	_, err = store.SendTestEvent(ctx, idem.SendTestEventParams{EndpointID: ep.ID, Event: ev})
 	require.NoError(t, err)
-	claimed, err := store.ClaimWebhookDeliveries(ctx, 10, 10, nil, time.Minute)
+	claimed, err := store.ClaimWebhookDeliveries(ctx, idem.ClaimWebhookDeliveriesParams{Limit: 10, PerTenant: 10, Served: nil, Lease: time.Minute})
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 
 	monitor := monitorConn(t, dsn)
 	release := blockRow(t, dsn, "SELECT 1 FROM webhook_endpoints WHERE id = $1 FOR NO KEY UPDATE", ep.ID)
 	deleted := make(chan error, 1)
-	go func() { deleted <- store.DeleteTenant(ctx, "acme") }()
+	go func() { deleted <- store.DeleteTenant(ctx, idem.DeleteTenantParams{ID: "acme"}) }()
 	waitLockWaiters(t, monitor, app, 1)
 	finished := make(chan error, 1)
 	go func() {
@@ -117,7 +117,7 @@ func TestLockOrderTenantDeleteAndDeliveryFinish(t *testing.T) {
 
 	require.NoError(t, <-deleted, "deleting the tenant")
 	require.NoError(t, <-finished, "finishing the delivery of a tenant deleted meanwhile")
-	_, err = store.GetTenant(ctx, "acme")
+	_, err = store.GetTenant(ctx, idem.GetTenantParams{ID: "acme"})
 	require.ErrorIs(t, err, idem.ErrTenantNotFound)
 	var left int
 	require.NoError(t, monitor.QueryRow(ctx, "SELECT (SELECT count(*) FROM webhook_deliveries) + (SELECT count(*) FROM webhook_endpoints)").Scan(&left))
@@ -150,7 +150,7 @@ func TestLockOrderTenantDeleteAndResolve(t *testing.T) {
 	}()
 	waitLockWaiters(t, monitor, app, 1)
 	deleted := make(chan error, 1)
-	go func() { deleted <- store.DeleteTenant(ctx, "acme") }()
+	go func() { deleted <- store.DeleteTenant(ctx, idem.DeleteTenantParams{ID: "acme"}) }()
 	waitLockWaiters(t, monitor, app, 2)
 	release()
 
@@ -160,6 +160,6 @@ func TestLockOrderTenantDeleteAndResolve(t *testing.T) {
 		// The delete went first: the record is gone with its tenant.
 		require.Equal(t, idem.CodeKeyNotFound, idem.ErrorCode(err), "resolving: %v", err)
 	}
-	_, err = store.GetTenant(ctx, "acme")
+	_, err = store.GetTenant(ctx, idem.GetTenantParams{ID: "acme"})
 	require.ErrorIs(t, err, idem.ErrTenantNotFound)
 }

@@ -36,10 +36,10 @@ func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (id
 }
 
 // GetTenant returns a tenant, disabled or not.
-func (s *Store) GetTenant(ctx context.Context, id string) (idem.Tenant, error) {
-	t, err := s.q.GetTenant(ctx, id)
+func (s *Store) GetTenant(ctx context.Context, p idem.GetTenantParams) (idem.Tenant, error) {
+	t, err := s.q.GetTenant(ctx, p.ID)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return idem.Tenant{}, idem.TenantNotFound(id)
+		return idem.Tenant{}, idem.TenantNotFound(p.ID)
 	}
 	if err != nil {
 		return idem.Tenant{}, s.interpretError(err, "get tenant")
@@ -101,16 +101,16 @@ const deleteBatch = 1000
 // record never outlives its tenant, and the claims never lock the
 // tenant's row. Every writer waits only for that last transaction, which
 // deletes what the claims in progress at the mark created.
-func (s *Store) DeleteTenant(ctx context.Context, id string) error {
-	n, err := s.q.MarkTenantDeleting(ctx, id)
+func (s *Store) DeleteTenant(ctx context.Context, p idem.DeleteTenantParams) error {
+	n, err := s.q.MarkTenantDeleting(ctx, p.ID)
 	if err != nil {
 		return s.interpretError(err, "delete tenant")
 	}
 	if n == 0 {
-		return idem.TenantNotFound(id)
+		return idem.TenantNotFound(p.ID)
 	}
 	for {
-		n, err := s.q.DeleteTenantKeys(ctx, dbsqlc.DeleteTenantKeysParams{TenantID: id, RowLimit: deleteBatch})
+		n, err := s.q.DeleteTenantKeys(ctx, dbsqlc.DeleteTenantKeysParams{TenantID: p.ID, RowLimit: deleteBatch})
 		if err != nil {
 			return s.interpretError(err, "delete tenant: delete its records")
 		}
@@ -119,18 +119,18 @@ func (s *Store) DeleteTenant(ctx context.Context, id string) error {
 		}
 	}
 	return s.inTx(ctx, "delete tenant", func(q *dbsqlc.Queries) error {
-		if _, err := q.LockTenantForDelete(ctx, id); errors.Is(err, pgx.ErrNoRows) {
-			return idem.TenantNotFound(id) // another deletion finished it
+		if _, err := q.LockTenantForDelete(ctx, p.ID); errors.Is(err, pgx.ErrNoRows) {
+			return idem.TenantNotFound(p.ID) // another deletion finished it
 		} else if err != nil {
 			return err
 		}
 		if err := q.LockKeysForTenantDelete(ctx); err != nil {
 			return err
 		}
-		if _, err := q.DeleteTenantRest(ctx, id); err != nil {
+		if _, err := q.DeleteTenantRest(ctx, p.ID); err != nil {
 			return err
 		}
-		_, err := q.DeleteTenant(ctx, id)
+		_, err := q.DeleteTenant(ctx, p.ID)
 		return err
 	})
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -109,10 +108,10 @@ func (s *Store) CreateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoin
 }
 
 // GetWebhookEndpoint reads one endpoint.
-func (s *Store) GetWebhookEndpoint(ctx context.Context, tenantID, id string) (idem.WebhookEndpoint, error) {
-	row, err := s.q.GetWebhookEndpoint(ctx, dbsqlc.GetWebhookEndpointParams{TenantID: tenantID, ID: id})
+func (s *Store) GetWebhookEndpoint(ctx context.Context, p idem.GetWebhookEndpointParams) (idem.WebhookEndpoint, error) {
+	row, err := s.q.GetWebhookEndpoint(ctx, dbsqlc.GetWebhookEndpointParams{TenantID: p.TenantID, ID: p.ID})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return idem.WebhookEndpoint{}, idem.WebhookNotFound(id)
+		return idem.WebhookEndpoint{}, idem.WebhookNotFound(p.ID)
 	}
 	if err != nil {
 		return idem.WebhookEndpoint{}, s.interpretError(err, "get webhook endpoint")
@@ -121,8 +120,8 @@ func (s *Store) GetWebhookEndpoint(ctx context.Context, tenantID, id string) (id
 }
 
 // ListWebhookEndpoints lists a tenant's endpoints.
-func (s *Store) ListWebhookEndpoints(ctx context.Context, tenantID string) ([]idem.WebhookEndpoint, error) {
-	rows, err := s.q.ListWebhookEndpoints(ctx, tenantID)
+func (s *Store) ListWebhookEndpoints(ctx context.Context, p idem.ListWebhookEndpointsParams) ([]idem.WebhookEndpoint, error) {
+	rows, err := s.q.ListWebhookEndpoints(ctx, p.TenantID)
 	if err != nil {
 		return nil, s.interpretError(err, "list webhook endpoints")
 	}
@@ -148,25 +147,25 @@ func (s *Store) UpdateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoin
 }
 
 // DeleteWebhookEndpoint deletes an endpoint and its deliveries.
-func (s *Store) DeleteWebhookEndpoint(ctx context.Context, tenantID, id string) error {
-	n, err := s.q.DeleteWebhookEndpoint(ctx, dbsqlc.DeleteWebhookEndpointParams{TenantID: tenantID, ID: id})
+func (s *Store) DeleteWebhookEndpoint(ctx context.Context, p idem.DeleteWebhookEndpointParams) error {
+	n, err := s.q.DeleteWebhookEndpoint(ctx, dbsqlc.DeleteWebhookEndpointParams{TenantID: p.TenantID, ID: p.ID})
 	if err != nil {
 		return s.interpretError(err, "delete webhook endpoint")
 	}
 	if n == 0 {
-		return idem.WebhookNotFound(id)
+		return idem.WebhookNotFound(p.ID)
 	}
 	return nil
 }
 
-// SendTestEvent queues ev for one enabled endpoint.
-func (s *Store) SendTestEvent(ctx context.Context, endpointID string, ev idem.Event) (idem.WebhookDelivery, error) {
+// SendTestEvent queues p.Event for one enabled endpoint.
+func (s *Store) SendTestEvent(ctx context.Context, p idem.SendTestEventParams) (idem.WebhookDelivery, error) {
 	row, err := s.q.EnqueueTestEvent(ctx, dbsqlc.EnqueueTestEventParams{
-		EventID: ev.ID, EventType: string(ev.Type), Payload: ev.Payload, TenantID: ev.TenantID,
-		EndpointID: endpointID, Now: s.clock(),
+		EventID: p.Event.ID, EventType: string(p.Event.Type), Payload: p.Event.Payload, TenantID: p.Event.TenantID,
+		EndpointID: p.EndpointID, Now: s.clock(),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return idem.WebhookDelivery{}, s.testSendRefused(ctx, ev.TenantID, endpointID)
+		return idem.WebhookDelivery{}, s.testSendRefused(ctx, p.Event.TenantID, p.EndpointID)
 	}
 	if err != nil {
 		return idem.WebhookDelivery{}, s.interpretError(err, "queue test event")
@@ -177,7 +176,7 @@ func (s *Store) SendTestEvent(ctx context.Context, endpointID string, ev idem.Ev
 // testSendRefused says why a test send queued nothing: the endpoint is
 // missing, or it exists but is disabled.
 func (s *Store) testSendRefused(ctx context.Context, tenantID, endpointID string) error {
-	if _, err := s.GetWebhookEndpoint(ctx, tenantID, endpointID); err != nil {
+	if _, err := s.GetWebhookEndpoint(ctx, idem.GetWebhookEndpointParams{TenantID: tenantID, ID: endpointID}); err != nil {
 		return err
 	}
 	return idem.WebhookDisabled(endpointID)
@@ -202,19 +201,19 @@ func (s *Store) ListWebhookDeliveries(ctx context.Context, p idem.ListWebhookDel
 	return out, nil
 }
 
-// ClaimWebhookDeliveries takes due deliveries, at most perTenant of each
+// ClaimWebhookDeliveries takes due deliveries, at most p.PerTenant of each
 // tenant, in one statement with FOR UPDATE SKIP LOCKED (see the query).
-// served goes to the query as a JSON object keyed by tenant id.
-func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) ([]idem.WebhookDelivery, error) {
-	if served == nil {
-		served = map[string]int64{}
+// p.Served goes to the query as a JSON object keyed by tenant id.
+func (s *Store) ClaimWebhookDeliveries(ctx context.Context, p idem.ClaimWebhookDeliveriesParams) ([]idem.WebhookDelivery, error) {
+	if p.Served == nil {
+		p.Served = map[string]int64{}
 	}
-	servedJSON, err := json.Marshal(served)
+	servedJSON, err := json.Marshal(p.Served)
 	if err != nil {
 		return nil, err
 	}
 	rows, err := s.q.ClaimWebhookDeliveries(ctx, dbsqlc.ClaimWebhookDeliveriesParams{
-		LeaseUs: micros(lease), Now: s.clock(), RowLimit: int32(limit), PerTenant: int32(max(perTenant, 1)),
+		LeaseUs: micros(p.Lease), Now: s.clock(), RowLimit: int32(p.Limit), PerTenant: int32(max(p.PerTenant, 1)),
 		Served: servedJSON,
 	})
 	if err != nil {
@@ -276,10 +275,10 @@ func (s *Store) FinishWebhookDelivery(ctx context.Context, p idem.FinishWebhookD
 // EmitOrphanEvents marks unreported orphans and queues key.orphaned for
 // each, in one transaction; SKIP LOCKED keeps replicas from reporting one
 // orphan twice.
-func (s *Store) EmitOrphanEvents(ctx context.Context, limit int) (int, error) {
+func (s *Store) EmitOrphanEvents(ctx context.Context, p idem.EmitOrphanEventsParams) (int, error) {
 	var n int
 	err := s.inTx(ctx, "emit orphan events", func(q *dbsqlc.Queries) error {
-		rows, err := q.MarkOrphans(ctx, dbsqlc.MarkOrphansParams{Now: s.clock(), RowLimit: int32(limit)})
+		rows, err := q.MarkOrphans(ctx, dbsqlc.MarkOrphansParams{Now: s.clock(), RowLimit: int32(p.Limit)})
 		if err != nil {
 			return fmt.Errorf("mark orphans: %w", err)
 		}
@@ -298,10 +297,10 @@ func (s *Store) EmitOrphanEvents(ctx context.Context, limit int) (int, error) {
 	return n, err
 }
 
-// PurgeWebhookDeliveries deletes finished deliveries older than olderThan.
-func (s *Store) PurgeWebhookDeliveries(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
+// PurgeWebhookDeliveries deletes finished deliveries older than p.OlderThan.
+func (s *Store) PurgeWebhookDeliveries(ctx context.Context, p idem.PurgeWebhookDeliveriesParams) (int, error) {
 	n, err := s.q.PurgeWebhookDeliveries(ctx, dbsqlc.PurgeWebhookDeliveriesParams{
-		OlderThanUs: micros(olderThan), RowLimit: int32(limit), Now: s.clock(),
+		OlderThanUs: micros(p.OlderThan), RowLimit: int32(p.Limit), Now: s.clock(),
 	})
 	if err != nil {
 		return 0, s.interpretError(err, "purge webhook deliveries")

@@ -22,9 +22,11 @@ import (
 	"github.com/idem-dev/idem/webhooks"
 )
 
-// Config is the whole configuration of the server. Every field is both an
+// Config is the whole configuration of the server. Every setting is both an
 // environment variable (IDEM_…) and a flag of cmd/server; a flag overrides
-// the environment. Flags fills it, Validate checks it.
+// the environment. Flags fills it, Validate checks it. The settings of the
+// background jobs are the configurations of their packages, taken as they
+// are (Jobs, Webhooks, Completer).
 type Config struct {
 	// Addr is the listen address (IDEM_ADDR); "127.0.0.1:0" picks a free
 	// port, see Server.Addr.
@@ -130,16 +132,9 @@ type Config struct {
 	// key is in flight (IDEM_MAX_WAITERS); past it a claim that asked to
 	// wait gets the immediate 409. 0 turns waiting off.
 	MaxWaiters int
-	// ReapInterval, ReapBatchSize and OrphanWatchInterval tune the
-	// background jobs.
-	ReapInterval        time.Duration
-	ReapBatchSize       int
-	OrphanWatchInterval time.Duration
-	// ReapPause paces the reaper through a backlog (IDEM_REAP_PAUSE): after
-	// each full batch it rests this many times as long as the batch took,
-	// so a large purge leaves the database to claims and completes; 0 runs
-	// batches back to back, for draining a backlog fast in a quiet hour.
-	ReapPause float64
+	// Jobs tunes the reaper and the orphan watch (IDEM_REAP_INTERVAL,
+	// IDEM_REAP_BATCH_SIZE, IDEM_REAP_PAUSE, IDEM_ORPHAN_WATCH_INTERVAL).
+	Jobs jobs.Config
 	// TenantCacheTTL is how long tenant settings are cached on the hot
 	// path; other replicas see a settings change after at most this long.
 	TenantCacheTTL time.Duration
@@ -158,32 +153,19 @@ type Config struct {
 	// DataDir holds the development-mode secret; "" means the folder of the
 	// SQLite file.
 	DataDir string
-	// Webhook delivery (package webhooks): poll interval, per-attempt
-	// timeout, full-jitter retry base and cap, how long an event is
-	// retried, and when a failing endpoint is disabled (every attempt
-	// failed for WebhookDisableAfter and at least WebhookDisableMinFailures
-	// times in a row).
-	WebhookInterval           time.Duration
-	WebhookTimeout            time.Duration
-	WebhookRetryBase          time.Duration
-	WebhookRetryCap           time.Duration
-	WebhookMaxAge             time.Duration
-	WebhookDisableAfter       time.Duration
-	WebhookDisableMinFailures int
-	// WebhookAllowPrivate lets tenants register, and the server deliver to,
-	// loopback, link-local and private addresses
-	// (IDEM_WEBHOOK_ALLOW_PRIVATE): for tests and closed networks only.
-	WebhookAllowPrivate bool
-	// The completer (jobs.Completer, issue 24): poll interval, per-call
-	// timeout, attempts and total deadline per key, full-jitter backoff
-	// base and cap between unknown attempts. Its calls follow the
-	// webhooks' target rules (WebhookAllowPrivate).
-	CompleterInterval    time.Duration
-	CompleterTimeout     time.Duration
-	CompleterMaxAttempts int
-	CompleterDeadline    time.Duration
-	CompleterBackoffBase time.Duration
-	CompleterBackoffCap  time.Duration
+	// Webhooks tunes webhook delivery (IDEM_WEBHOOK_*): poll interval,
+	// per-attempt timeout, full-jitter retry base and cap, how long an
+	// event is retried, when a failing endpoint is disabled, and
+	// AllowPrivate (IDEM_WEBHOOK_ALLOW_PRIVATE), which also lets tenants
+	// register loopback, link-local and private addresses: for tests and
+	// closed networks only. Its StoreTimeout is StoreTimeout's.
+	Webhooks webhooks.Config
+	// Completer tunes the completer (jobs.Completer, IDEM_COMPLETER_*):
+	// poll interval, per-call timeout, attempts and total deadline per
+	// key, full-jitter backoff base and cap between unknown attempts. Its
+	// calls follow the webhooks' target rules (Webhooks.AllowPrivate) and
+	// its StoreTimeout is StoreTimeout's: New sets both.
+	Completer jobs.CompleterConfig
 }
 
 // DefaultConfig returns the configuration with every default of the
@@ -208,10 +190,6 @@ func DefaultConfig() Config {
 		LedgerCheckInterval: time.Second,
 		StoreTimeout:        5 * time.Second,
 		MaxWaiters:          1000,
-		ReapInterval:        30 * time.Second,
-		ReapBatchSize:       500,
-		ReapPause:           jobs.DefaultReapPause,
-		OrphanWatchInterval: 15 * time.Second,
 		TenantCacheTTL:      5 * time.Second,
 		RetryBudgetWindow:   retrybudget.DefaultWindow,
 		ReadHeaderTimeout:   5 * time.Second,
@@ -220,135 +198,144 @@ func DefaultConfig() Config {
 		IdleTimeout:         120 * time.Second,
 		MaxHeaderBytes:      64 << 10,
 
-		WebhookInterval:           webhooks.DefaultInterval,
-		WebhookTimeout:            webhooks.DefaultTimeout,
-		WebhookRetryBase:          webhooks.DefaultRetryBase,
-		WebhookRetryCap:           webhooks.DefaultRetryCap,
-		WebhookMaxAge:             webhooks.DefaultMaxAge,
-		WebhookDisableAfter:       webhooks.DefaultDisableAfter,
-		WebhookDisableMinFailures: webhooks.DefaultDisableMinFailures,
-
-		CompleterInterval:    jobs.DefaultCompleterInterval,
-		CompleterTimeout:     jobs.DefaultCompleterTimeout,
-		CompleterMaxAttempts: jobs.DefaultCompleterMaxAttempts,
-		CompleterDeadline:    jobs.DefaultCompleterDeadline,
-		CompleterBackoffBase: jobs.DefaultCompleterBackoffBase,
-		CompleterBackoffCap:  jobs.DefaultCompleterBackoffCap,
+		Jobs: jobs.Config{
+			ReapInterval:        jobs.DefaultReapInterval,
+			ReapBatchSize:       jobs.DefaultReapBatchSize,
+			ReapPause:           jobs.DefaultReapPause,
+			OrphanWatchInterval: jobs.DefaultOrphanWatchInterval,
+		},
+		Webhooks: webhooks.Config{
+			Interval:           webhooks.DefaultInterval,
+			Timeout:            webhooks.DefaultTimeout,
+			RetryBase:          webhooks.DefaultRetryBase,
+			RetryCap:           webhooks.DefaultRetryCap,
+			MaxAge:             webhooks.DefaultMaxAge,
+			DisableAfter:       webhooks.DefaultDisableAfter,
+			DisableMinFailures: webhooks.DefaultDisableMinFailures,
+		},
+		Completer: jobs.CompleterConfig{
+			Interval:    jobs.DefaultCompleterInterval,
+			Timeout:     jobs.DefaultCompleterTimeout,
+			MaxAttempts: jobs.DefaultCompleterMaxAttempts,
+			Deadline:    jobs.DefaultCompleterDeadline,
+			BackoffBase: jobs.DefaultCompleterBackoffBase,
+			BackoffCap:  jobs.DefaultCompleterBackoffCap,
+		},
 	}
 }
 
 // setting describes one configuration entry: its flag, its environment
-// variable, its help text and how to bind it to a Config.
+// variable, its help text and the field of Config it sets.
 type setting struct {
 	flag, env, usage string
 	secret           bool
-	bind             func(*Config) flag.Value
+	field            field
 }
 
 func settings() []setting {
 	return []setting{
 		{"addr", "IDEM_ADDR", "listen address (host:port; port 0 picks a free one)", false,
-			func(c *Config) flag.Value { return (*stringValue)(&c.Addr) }},
+			text(func(c *Config) *string { return &c.Addr })},
 		{"metrics-addr", "IDEM_METRICS_ADDR", "separate listen address for /metrics (host:port); when set, the public address answers 404 for /metrics (default: /metrics on the public address)", false,
-			func(c *Config) flag.Value { return (*stringValue)(&c.MetricsAddr) }},
+			text(func(c *Config) *string { return &c.MetricsAddr })},
 		{"pprof-addr", "IDEM_PPROF_ADDR", "operator-only listen address (host:port, e.g. 127.0.0.1:6060) serving the Go runtime profiles under /debug/pprof/ (empty: off); never the public address", false,
-			func(c *Config) flag.Value { return (*stringValue)(&c.PprofAddr) }},
+			text(func(c *Config) *string { return &c.PprofAddr })},
 		{"metrics-max-tenants", "IDEM_METRICS_MAX_TENANTS", "tenants with their own tenant-labelled metric series; the others share tenant=\"(other)\"", false,
-			func(c *Config) flag.Value { return (*intValue)(&c.MetricsMaxTenants) }},
+			whole(func(c *Config) *int { return &c.MetricsMaxTenants })},
 		{"database-url", "IDEM_DATABASE_URL", "store: postgres://… or postgresql://… for PostgreSQL, sqlite:PATH for the embedded store", true,
-			func(c *Config) flag.Value { return (*stringValue)(&c.DatabaseURL) }},
+			text(func(c *Config) *string { return &c.DatabaseURL })},
 		{"database-password-file", "IDEM_DATABASE_PASSWORD_FILE", "file holding the PostgreSQL password (e.g. /run/secrets/postgres_password), put into IDEM_DATABASE_URL, which then names the user and no password", false,
-			func(c *Config) flag.Value { return (*stringValue)(&c.DatabasePasswordFile) }},
+			text(func(c *Config) *string { return &c.DatabasePasswordFile })},
 		{"create-db", "IDEM_CREATE_DB", "create the ledger (SQLite file, PostgreSQL tables) when the database holds none; without it serve refuses to start on a missing ledger (development mode and migrate create it anyway)", false,
-			func(c *Config) flag.Value { return (*boolValue)(&c.CreateDB) }},
+			boolean(func(c *Config) *bool { return &c.CreateDB })},
 		{"jwt-hs256-secret", "IDEM_JWT_HS256_SECRET", "HS256 signing secret, at least 32 bytes (prefer the environment variable over the flag)", true,
-			func(c *Config) flag.Value { return (*stringValue)(&c.JWTHS256Secret) }},
+			text(func(c *Config) *string { return &c.JWTHS256Secret })},
 		{"jwt-jwks-file", "IDEM_JWT_JWKS_FILE", "JWKS file of public keys (EdDSA, ES256, RS256) selected by kid", false,
-			func(c *Config) flag.Value { return (*stringValue)(&c.JWTJWKSFile) }},
+			text(func(c *Config) *string { return &c.JWTJWKSFile })},
 		{"jwt-issuer", "IDEM_JWT_ISSUER", "expected iss claim", false,
-			func(c *Config) flag.Value { return (*stringValue)(&c.JWTIssuer) }},
+			text(func(c *Config) *string { return &c.JWTIssuer })},
 		{"jwt-audience", "IDEM_JWT_AUDIENCE", "expected aud claim", false,
-			func(c *Config) flag.Value { return (*stringValue)(&c.JWTAudience) }},
+			text(func(c *Config) *string { return &c.JWTAudience })},
 		{"max-body-bytes", "IDEM_MAX_BODY_BYTES", "largest request body accepted, in bytes (1 to 1073741824)", false,
-			func(c *Config) flag.Value { return (*int64Value)(&c.MaxBodyBytes) }},
+			whole64(func(c *Config) *int64 { return &c.MaxBodyBytes })},
 		{"max-inflight-bytes", "IDEM_MAX_INFLIGHT_BYTES", "budget of request body bytes in flight across all requests, each body counted 4 times its size; past it 503 server_busy with Retry-After", false,
-			func(c *Config) flag.Value { return (*int64Value)(&c.MaxInflightBytes) }},
+			whole64(func(c *Config) *int64 { return &c.MaxInflightBytes })},
 		{"inflight-share", "IDEM_INFLIGHT_SHARE", "part of the in-flight budget each tenant (at the gateway: each caller, the route's scope or else the client address) may always hold, and at least one request of the largest size (0 < share <= 1); past it a request is admitted only while a whole share stays free for the others, else 503 server_busy; 1 turns it off", false,
-			func(c *Config) flag.Value { return (*floatValue)(&c.InflightShare) }},
+			number(func(c *Config) *float64 { return &c.InflightShare })},
 		{"min-body-rate", "IDEM_MIN_BODY_RATE", "slowest a request body above 64 KiB may arrive at the API, in bytes per second: its read ends within 5s plus its Content-Length at this rate (when sooner than IDEM_READ_TIMEOUT), else 400; 0 leaves only the read timeout", false,
-			func(c *Config) flag.Value { return (*int64Value)(&c.MinBodyRate) }},
+			whole64(func(c *Config) *int64 { return &c.MinBodyRate })},
 		{"log-format", "IDEM_LOG_FORMAT", "log format: json or text (default: text in development mode, json otherwise)", false,
-			func(c *Config) flag.Value { return (*stringValue)(&c.LogFormat) }},
+			text(func(c *Config) *string { return &c.LogFormat })},
 		{"log-level", "IDEM_LOG_LEVEL", "log level: debug, info, warn or error", false,
-			func(c *Config) flag.Value { return (*stringValue)(&c.LogLevel) }},
+			text(func(c *Config) *string { return &c.LogLevel })},
 		{"shutdown-grace", "IDEM_SHUTDOWN_GRACE", "time in-flight requests get to finish after SIGTERM/SIGINT", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.ShutdownGrace) }},
+			duration(func(c *Config) *time.Duration { return &c.ShutdownGrace })},
 		{"max-waiters", "IDEM_MAX_WAITERS", "claims this replica holds at once waiting for a key in flight (wait_seconds, Prefer: wait=N), one tenant at most half of them; past it the immediate 409; 0 turns waiting off", false,
-			func(c *Config) flag.Value { return (*intValue)(&c.MaxWaiters) }},
+			whole(func(c *Config) *int { return &c.MaxWaiters })},
 		{"db-max-conns", "IDEM_DB_MAX_CONNS", "PostgreSQL connection pool size", false,
-			func(c *Config) flag.Value { return (*intValue)(&c.DBMaxConns) }},
+			whole(func(c *Config) *int { return &c.DBMaxConns })},
 		{"db-tenant-share", "IDEM_DB_TENANT_SHARE", "part of the database connections each tenant's store calls may always have (0 < share <= 1; rounded up, at least one); past it they start only while one connection stays free, else wait for one of the tenant's own, up to IDEM_STORE_TIMEOUT; 1 turns it off", false,
-			func(c *Config) flag.Value { return (*floatValue)(&c.DBTenantShare) }},
+			number(func(c *Config) *float64 { return &c.DBTenantShare })},
 		{"db-connect-timeout", "IDEM_DB_CONNECT_TIMEOUT", "time allowed to connect to the database at start", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.DBConnectTimeout) }},
+			duration(func(c *Config) *time.Duration { return &c.DBConnectTimeout })},
 		{"db-start-timeout", "IDEM_DB_START_TIMEOUT", "how long serve keeps retrying (with backoff) to open a database that does not answer at start, listening and answering 503 meanwhile; past it it exits non-zero; 0 tries once", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.DBStartTimeout) }},
+			duration(func(c *Config) *time.Duration { return &c.DBStartTimeout })},
 		{"ledger-check-interval", "IDEM_LEDGER_CHECK_INTERVAL", "how often the replica checks that the database did not go back in time (the fencing token source below a token it saw issued); also before the first claim after an outage", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.LedgerCheckInterval) }},
+			duration(func(c *Config) *time.Duration { return &c.LedgerCheckInterval })},
 		{"store-timeout", "IDEM_STORE_TIMEOUT", "longest a store call (database query, connection wait included) may take; past it the request gets 503 store_unavailable", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.StoreTimeout) }},
+			duration(func(c *Config) *time.Duration { return &c.StoreTimeout })},
 		{"reap-interval", "IDEM_REAP_INTERVAL", "how often the reaper deletes records past their purge time", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.ReapInterval) }},
+			duration(func(c *Config) *time.Duration { return &c.Jobs.ReapInterval })},
 		{"reap-batch-size", "IDEM_REAP_BATCH_SIZE", "most records the reaper deletes per batch", false,
-			func(c *Config) flag.Value { return (*intValue)(&c.ReapBatchSize) }},
+			whole(func(c *Config) *int { return &c.Jobs.ReapBatchSize })},
 		{"reap-pause", "IDEM_REAP_PAUSE", "after each full batch the reaper rests this many times as long as the batch took (0: batches back to back)", false,
-			func(c *Config) flag.Value { return (*floatValue)(&c.ReapPause) }},
+			number(func(c *Config) *float64 { return &c.Jobs.ReapPause })},
 		{"orphan-watch-interval", "IDEM_ORPHAN_WATCH_INTERVAL", "how often orphan counts and ages are refreshed", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.OrphanWatchInterval) }},
+			duration(func(c *Config) *time.Duration { return &c.Jobs.OrphanWatchInterval })},
 		{"tenant-cache-ttl", "IDEM_TENANT_CACHE_TTL", "how long tenant settings are cached on the hot path", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.TenantCacheTTL) }},
+			duration(func(c *Config) *time.Duration { return &c.TenantCacheTTL })},
 		{"retry-budget-window", "IDEM_RETRY_BUDGET_WINDOW", "sliding window of each tenant's retry budget (retry_budget_percent) on this replica", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.RetryBudgetWindow) }},
+			duration(func(c *Config) *time.Duration { return &c.RetryBudgetWindow })},
 		{"read-header-timeout", "IDEM_READ_HEADER_TIMEOUT", "time allowed to read request headers", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.ReadHeaderTimeout) }},
+			duration(func(c *Config) *time.Duration { return &c.ReadHeaderTimeout })},
 		{"read-timeout", "IDEM_READ_TIMEOUT", "time allowed to read a whole request", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.ReadTimeout) }},
+			duration(func(c *Config) *time.Duration { return &c.ReadTimeout })},
 		{"write-timeout", "IDEM_WRITE_TIMEOUT", "time allowed to write a response", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.WriteTimeout) }},
+			duration(func(c *Config) *time.Duration { return &c.WriteTimeout })},
 		{"idle-timeout", "IDEM_IDLE_TIMEOUT", "how long an idle keep-alive connection stays open", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.IdleTimeout) }},
+			duration(func(c *Config) *time.Duration { return &c.IdleTimeout })},
 		{"max-header-bytes", "IDEM_MAX_HEADER_BYTES", "largest request header block accepted, in bytes", false,
-			func(c *Config) flag.Value { return (*intValue)(&c.MaxHeaderBytes) }},
+			whole(func(c *Config) *int { return &c.MaxHeaderBytes })},
 		{"data-dir", "IDEM_DATA_DIR", "folder of the development-mode secret (default: the folder of the SQLite file)", false,
-			func(c *Config) flag.Value { return (*stringValue)(&c.DataDir) }},
+			text(func(c *Config) *string { return &c.DataDir })},
 		{"webhook-interval", "IDEM_WEBHOOK_INTERVAL", "how often the webhook outbox is polled when it is empty", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.WebhookInterval) }},
+			duration(func(c *Config) *time.Duration { return &c.Webhooks.Interval })},
 		{"webhook-timeout", "IDEM_WEBHOOK_TIMEOUT", "longest one webhook attempt may take (connect, TLS, request, response)", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.WebhookTimeout) }},
+			duration(func(c *Config) *time.Duration { return &c.Webhooks.Timeout })},
 		{"webhook-retry-base", "IDEM_WEBHOOK_RETRY_BASE", "first webhook retry ceiling; it doubles per attempt up to the cap (full jitter)", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.WebhookRetryBase) }},
+			duration(func(c *Config) *time.Duration { return &c.Webhooks.RetryBase })},
 		{"webhook-retry-cap", "IDEM_WEBHOOK_RETRY_CAP", "largest pause between two attempts of a webhook", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.WebhookRetryCap) }},
+			duration(func(c *Config) *time.Duration { return &c.Webhooks.RetryCap })},
 		{"webhook-max-age", "IDEM_WEBHOOK_MAX_AGE", "how long after its event a webhook is retried before it is marked failed", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.WebhookMaxAge) }},
+			duration(func(c *Config) *time.Duration { return &c.Webhooks.MaxAge })},
 		{"webhook-disable-after", "IDEM_WEBHOOK_DISABLE_AFTER", "an endpoint whose every attempt failed for this long (and at least the minimum number of times) is disabled", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.WebhookDisableAfter) }},
+			duration(func(c *Config) *time.Duration { return &c.Webhooks.DisableAfter })},
 		{"webhook-disable-min-failures", "IDEM_WEBHOOK_DISABLE_MIN_FAILURES", "consecutive failed attempts an endpoint needs before it can be disabled", false,
-			func(c *Config) flag.Value { return (*intValue)(&c.WebhookDisableMinFailures) }},
+			whole(func(c *Config) *int { return &c.Webhooks.DisableMinFailures })},
 		{"webhook-allow-private", "IDEM_WEBHOOK_ALLOW_PRIVATE", "allow webhook endpoints on loopback, link-local and private addresses (tests and closed networks only)", false,
-			func(c *Config) flag.Value { return (*boolValue)(&c.WebhookAllowPrivate) }},
+			boolean(func(c *Config) *bool { return &c.Webhooks.AllowPrivate })},
 		{"completer-interval", "IDEM_COMPLETER_INTERVAL", "how often the completer looks for orphans to resume when it found none", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.CompleterInterval) }},
+			duration(func(c *Config) *time.Duration { return &c.Completer.Interval })},
 		{"completer-timeout", "IDEM_COMPLETER_TIMEOUT", "longest one call of a resume endpoint may take (connect, TLS, request, answer)", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.CompleterTimeout) }},
+			duration(func(c *Config) *time.Duration { return &c.Completer.Timeout })},
 		{"completer-max-attempts", "IDEM_COMPLETER_MAX_ATTEMPTS", "resume attempts per key before it goes to review", false,
-			func(c *Config) flag.Value { return (*intValue)(&c.CompleterMaxAttempts) }},
+			whole(func(c *Config) *int { return &c.Completer.MaxAttempts })},
 		{"completer-deadline", "IDEM_COMPLETER_DEADLINE", "how long after its first resume attempt a key goes to review", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.CompleterDeadline) }},
+			duration(func(c *Config) *time.Duration { return &c.Completer.Deadline })},
 		{"completer-backoff-base", "IDEM_COMPLETER_BACKOFF_BASE", "first pause ceiling after an unknown resume attempt; it doubles per attempt up to the cap (full jitter)", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.CompleterBackoffBase) }},
+			duration(func(c *Config) *time.Duration { return &c.Completer.BackoffBase })},
 		{"completer-backoff-cap", "IDEM_COMPLETER_BACKOFF_CAP", "largest pause between two resume attempts of a key", false,
-			func(c *Config) flag.Value { return (*durationValue)(&c.CompleterBackoffCap) }},
+			duration(func(c *Config) *time.Duration { return &c.Completer.BackoffCap })},
 	}
 }
 
@@ -373,7 +360,15 @@ func Flags(fs *flag.FlagSet, getenv func(string) string, only ...string) func() 
 			continue
 		}
 		delete(want, s.flag)
-		fs.Var(s.bind(&cfg), s.flag, s.usage+" ("+s.env+")")
+		set := func(v string) error { return s.field.set(&cfg, v) }
+		if s.field.isBool {
+			fs.BoolFunc(s.flag, s.usage+" ("+s.env+")", set)
+		} else {
+			fs.Func(s.flag, s.usage+" ("+s.env+")", set)
+		}
+		// The help shows the built-in default, as a flag bound to the
+		// field itself would.
+		fs.Lookup(s.flag).DefValue = s.field.get(&cfg)
 	}
 	for name := range want {
 		panic("server.Flags: no setting " + name)
@@ -390,7 +385,7 @@ func Flags(fs *flag.FlagSet, getenv func(string) string, only ...string) func() 
 			if v == "" {
 				continue
 			}
-			if err := s.bind(&cfg).Set(v); err != nil {
+			if err := s.field.set(&cfg, v); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", s.env, err))
 			}
 		}
@@ -566,24 +561,24 @@ func (c Config) Validate() error {
 		{"IDEM_SHUTDOWN_GRACE", c.ShutdownGrace},
 		{"IDEM_DB_CONNECT_TIMEOUT", c.DBConnectTimeout},
 		{"IDEM_STORE_TIMEOUT", c.StoreTimeout},
-		{"IDEM_REAP_INTERVAL", c.ReapInterval},
-		{"IDEM_ORPHAN_WATCH_INTERVAL", c.OrphanWatchInterval},
+		{"IDEM_REAP_INTERVAL", c.Jobs.ReapInterval},
+		{"IDEM_ORPHAN_WATCH_INTERVAL", c.Jobs.OrphanWatchInterval},
 		{"IDEM_LEDGER_CHECK_INTERVAL", c.LedgerCheckInterval},
 		{"IDEM_READ_HEADER_TIMEOUT", c.ReadHeaderTimeout},
 		{"IDEM_READ_TIMEOUT", c.ReadTimeout},
 		{"IDEM_WRITE_TIMEOUT", c.WriteTimeout},
 		{"IDEM_IDLE_TIMEOUT", c.IdleTimeout},
-		{"IDEM_WEBHOOK_INTERVAL", c.WebhookInterval},
-		{"IDEM_WEBHOOK_TIMEOUT", c.WebhookTimeout},
-		{"IDEM_WEBHOOK_RETRY_BASE", c.WebhookRetryBase},
-		{"IDEM_WEBHOOK_RETRY_CAP", c.WebhookRetryCap},
-		{"IDEM_WEBHOOK_MAX_AGE", c.WebhookMaxAge},
-		{"IDEM_WEBHOOK_DISABLE_AFTER", c.WebhookDisableAfter},
-		{"IDEM_COMPLETER_INTERVAL", c.CompleterInterval},
-		{"IDEM_COMPLETER_TIMEOUT", c.CompleterTimeout},
-		{"IDEM_COMPLETER_DEADLINE", c.CompleterDeadline},
-		{"IDEM_COMPLETER_BACKOFF_BASE", c.CompleterBackoffBase},
-		{"IDEM_COMPLETER_BACKOFF_CAP", c.CompleterBackoffCap},
+		{"IDEM_WEBHOOK_INTERVAL", c.Webhooks.Interval},
+		{"IDEM_WEBHOOK_TIMEOUT", c.Webhooks.Timeout},
+		{"IDEM_WEBHOOK_RETRY_BASE", c.Webhooks.RetryBase},
+		{"IDEM_WEBHOOK_RETRY_CAP", c.Webhooks.RetryCap},
+		{"IDEM_WEBHOOK_MAX_AGE", c.Webhooks.MaxAge},
+		{"IDEM_WEBHOOK_DISABLE_AFTER", c.Webhooks.DisableAfter},
+		{"IDEM_COMPLETER_INTERVAL", c.Completer.Interval},
+		{"IDEM_COMPLETER_TIMEOUT", c.Completer.Timeout},
+		{"IDEM_COMPLETER_DEADLINE", c.Completer.Deadline},
+		{"IDEM_COMPLETER_BACKOFF_BASE", c.Completer.BackoffBase},
+		{"IDEM_COMPLETER_BACKOFF_CAP", c.Completer.BackoffCap},
 	}
 	for _, p := range positive {
 		if p.d <= 0 {
@@ -602,8 +597,8 @@ func (c Config) Validate() error {
 	if c.RetryBudgetWindow < time.Second || c.RetryBudgetWindow > time.Hour {
 		bad("IDEM_RETRY_BUDGET_WINDOW must be between 1s and 1h (got %s)", c.RetryBudgetWindow)
 	}
-	if c.CompleterMaxAttempts < 1 || c.CompleterMaxAttempts > 100 {
-		bad("IDEM_COMPLETER_MAX_ATTEMPTS must be between 1 and 100 (got %d)", c.CompleterMaxAttempts)
+	if c.Completer.MaxAttempts < 1 || c.Completer.MaxAttempts > 100 {
+		bad("IDEM_COMPLETER_MAX_ATTEMPTS must be between 1 and 100 (got %d)", c.Completer.MaxAttempts)
 	}
 	if c.DBMaxConns < 1 || c.DBMaxConns > 1000 {
 		bad("IDEM_DB_MAX_CONNS must be between 1 and 1000 (got %d)", c.DBMaxConns)
@@ -620,11 +615,11 @@ func (c Config) Validate() error {
 	if c.MaxWaiters < 0 || c.MaxWaiters > 1000000 {
 		bad("IDEM_MAX_WAITERS must be between 0 and 1000000 (got %d)", c.MaxWaiters)
 	}
-	if c.ReapBatchSize < 1 || c.ReapBatchSize > 100000 {
-		bad("IDEM_REAP_BATCH_SIZE must be between 1 and 100000 (got %d)", c.ReapBatchSize)
+	if c.Jobs.ReapBatchSize < 1 || c.Jobs.ReapBatchSize > 100000 {
+		bad("IDEM_REAP_BATCH_SIZE must be between 1 and 100000 (got %d)", c.Jobs.ReapBatchSize)
 	}
-	if !(c.ReapPause >= 0 && c.ReapPause <= 100) {
-		bad("IDEM_REAP_PAUSE must be between 0 and 100 (got %g)", c.ReapPause)
+	if !(c.Jobs.ReapPause >= 0 && c.Jobs.ReapPause <= 100) {
+		bad("IDEM_REAP_PAUSE must be between 0 and 100 (got %g)", c.Jobs.ReapPause)
 	}
 	if c.MetricsMaxTenants < 0 || c.MetricsMaxTenants > 100000 {
 		bad("IDEM_METRICS_MAX_TENANTS must be between 0 and 100000 (got %d)", c.MetricsMaxTenants)
@@ -632,11 +627,11 @@ func (c Config) Validate() error {
 	if c.MetricsAddr != "" && c.MetricsAddr == c.Addr && !strings.HasSuffix(c.Addr, ":0") {
 		bad("IDEM_METRICS_ADDR must differ from IDEM_ADDR (%s); leave it empty to serve /metrics on the public address", c.Addr)
 	}
-	if c.WebhookDisableMinFailures < 1 {
-		bad("IDEM_WEBHOOK_DISABLE_MIN_FAILURES must be at least 1 (got %d)", c.WebhookDisableMinFailures)
+	if c.Webhooks.DisableMinFailures < 1 {
+		bad("IDEM_WEBHOOK_DISABLE_MIN_FAILURES must be at least 1 (got %d)", c.Webhooks.DisableMinFailures)
 	}
-	if c.WebhookRetryCap > 0 && c.WebhookRetryBase > c.WebhookRetryCap {
-		bad("IDEM_WEBHOOK_RETRY_BASE (%s) must not exceed IDEM_WEBHOOK_RETRY_CAP (%s)", c.WebhookRetryBase, c.WebhookRetryCap)
+	if c.Webhooks.RetryCap > 0 && c.Webhooks.RetryBase > c.Webhooks.RetryCap {
+		bad("IDEM_WEBHOOK_RETRY_BASE (%s) must not exceed IDEM_WEBHOOK_RETRY_CAP (%s)", c.Webhooks.RetryBase, c.Webhooks.RetryCap)
 	}
 	if c.PprofAddr != "" && !strings.HasSuffix(c.PprofAddr, ":0") && (c.PprofAddr == c.Addr || c.PprofAddr == c.MetricsAddr) {
 		bad("IDEM_PPROF_ADDR must differ from IDEM_ADDR and IDEM_METRICS_ADDR (%s): the profiles are for operators only", c.PprofAddr)
@@ -661,7 +656,7 @@ type Setting struct {
 func (c Config) Redacted() []Setting {
 	out := make([]Setting, 0, len(settings()))
 	for _, s := range settings() {
-		v := s.bind(&c).String()
+		v := s.field.get(&c)
 		switch {
 		case s.env == "IDEM_DATABASE_URL":
 			v = redactURL(v)
@@ -691,70 +686,82 @@ func redactURL(raw string) string {
 	return u.Redacted()
 }
 
-// Flag values that print their current value and parse with clear errors.
-
-type stringValue string
-
-func (v *stringValue) String() string     { return string(*v) }
-func (v *stringValue) Set(s string) error { *v = stringValue(s); return nil }
-
-type intValue int
-
-func (v *intValue) String() string { return strconv.Itoa(int(*v)) }
-func (v *intValue) Set(s string) error {
-	n, err := strconv.Atoi(strings.TrimSpace(s))
-	if err != nil {
-		return fmt.Errorf("%q is not a whole number", s)
-	}
-	*v = intValue(n)
-	return nil
+// field reads and sets one Config field in its text form: the flag's and
+// the environment variable's. Its parse errors say what was expected; the
+// text is trimmed of spaces first (an environment file's stray blank).
+type field struct {
+	get    func(*Config) string
+	set    func(*Config, string) error
+	isBool bool
 }
 
-type floatValue float64
-
-func (v *floatValue) String() string { return strconv.FormatFloat(float64(*v), 'g', -1, 64) }
-func (v *floatValue) Set(s string) error {
-	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-		return fmt.Errorf("%q is not a number", s)
+// bind is the field at p, read with parse and written with format.
+func bind[T any](p func(*Config) *T, parse func(string) (T, error), format func(T) string) field {
+	return field{
+		get: func(c *Config) string { return format(*p(c)) },
+		set: func(c *Config, s string) error {
+			v, err := parse(s)
+			if err != nil {
+				return err
+			}
+			*p(c) = v
+			return nil
+		},
 	}
-	*v = floatValue(f)
-	return nil
 }
 
-type int64Value int64
-
-func (v *int64Value) String() string { return strconv.FormatInt(int64(*v), 10) }
-func (v *int64Value) Set(s string) error {
-	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil {
-		return fmt.Errorf("%q is not a whole number", s)
-	}
-	*v = int64Value(n)
-	return nil
+func text(p func(*Config) *string) field {
+	return bind(p, func(s string) (string, error) { return s, nil }, func(v string) string { return v })
 }
 
-type boolValue bool
-
-func (v *boolValue) String() string   { return strconv.FormatBool(bool(*v)) }
-func (v *boolValue) IsBoolFlag() bool { return true }
-func (v *boolValue) Set(s string) error {
-	b, err := strconv.ParseBool(strings.TrimSpace(s))
-	if err != nil {
-		return fmt.Errorf("%q is not true or false (1 or 0)", s)
-	}
-	*v = boolValue(b)
-	return nil
+func whole(p func(*Config) *int) field {
+	return bind(p, func(s string) (int, error) {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return 0, fmt.Errorf("%q is not a whole number", s)
+		}
+		return n, nil
+	}, strconv.Itoa)
 }
 
-type durationValue time.Duration
+func whole64(p func(*Config) *int64) field {
+	return bind(p, func(s string) (int64, error) {
+		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%q is not a whole number", s)
+		}
+		return n, nil
+	}, func(v int64) string { return strconv.FormatInt(v, 10) })
+}
 
-func (v *durationValue) String() string { return time.Duration(*v).String() }
-func (v *durationValue) Set(s string) error {
-	d, err := time.ParseDuration(strings.TrimSpace(s))
-	if err != nil {
-		return fmt.Errorf("%q is not a duration such as 30s or 1m30s", s)
-	}
-	*v = durationValue(d)
-	return nil
+func number(p func(*Config) *float64) field {
+	return bind(p, func(s string) (float64, error) {
+		f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+			return 0, fmt.Errorf("%q is not a number", s)
+		}
+		return f, nil
+	}, func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) })
+}
+
+func boolean(p func(*Config) *bool) field {
+	f := bind(p, func(s string) (bool, error) {
+		b, err := strconv.ParseBool(strings.TrimSpace(s))
+		if err != nil {
+			return false, fmt.Errorf("%q is not true or false (1 or 0)", s)
+		}
+		return b, nil
+	}, strconv.FormatBool)
+	f.isBool = true
+	return f
+}
+
+func duration(p func(*Config) *time.Duration) field {
+	return bind(p, func(s string) (time.Duration, error) {
+		d, err := time.ParseDuration(strings.TrimSpace(s))
+		if err != nil {
+			return 0, fmt.Errorf("%q is not a duration such as 30s or 1m30s", s)
+		}
+		return d, nil
+	}, time.Duration.String)
 }

@@ -45,9 +45,9 @@ func TestLoadDefaults(t *testing.T) {
 	require.Equal(t, "sqlite:./data/idem.db", cfg.DatabaseURL)
 	require.Equal(t, int64(10485760), cfg.MaxBodyBytes)
 	require.Equal(t, 20*time.Second, cfg.ShutdownGrace)
-	require.Equal(t, 30*time.Second, cfg.ReapInterval)
-	require.Equal(t, 500, cfg.ReapBatchSize)
-	require.Equal(t, 15*time.Second, cfg.OrphanWatchInterval)
+	require.Equal(t, 30*time.Second, cfg.Jobs.ReapInterval)
+	require.Equal(t, 500, cfg.Jobs.ReapBatchSize)
+	require.Equal(t, 15*time.Second, cfg.Jobs.OrphanWatchInterval)
 	require.True(t, cfg.DevMode())
 	require.Equal(t, "text", cfg.EffectiveLogFormat())
 	require.Equal(t, "data", cfg.DataFolder())
@@ -71,7 +71,7 @@ func TestLoadFlagOverridesEnv(t *testing.T) {
 	require.NoError(t, err)
 	// Flags win over the environment.
 	require.Equal(t, "127.0.0.1:0", cfg.Addr)
-	require.Equal(t, 2*time.Second, cfg.ReapInterval)
+	require.Equal(t, 2*time.Second, cfg.Jobs.ReapInterval)
 	require.Equal(t, 3, cfg.DBMaxConns)
 	require.Equal(t, "json", cfg.LogFormat)
 	// The environment wins over the defaults.
@@ -124,8 +124,8 @@ func TestValidateMessages(t *testing.T) {
 		{"log format", func(c *Config) { c.LogFormat = "xml" }, `IDEM_LOG_FORMAT must be json or text (got "xml")`},
 		{"log level", func(c *Config) { c.LogLevel = "loud" }, `IDEM_LOG_LEVEL must be debug, info, warn or error (got "loud")`},
 		{"grace", func(c *Config) { c.ShutdownGrace = 0 }, "IDEM_SHUTDOWN_GRACE must be a positive duration"},
-		{"reap interval", func(c *Config) { c.ReapInterval = -time.Second }, "IDEM_REAP_INTERVAL must be a positive duration"},
-		{"orphan watch", func(c *Config) { c.OrphanWatchInterval = 0 }, "IDEM_ORPHAN_WATCH_INTERVAL must be a positive duration"},
+		{"reap interval", func(c *Config) { c.Jobs.ReapInterval = -time.Second }, "IDEM_REAP_INTERVAL must be a positive duration"},
+		{"orphan watch", func(c *Config) { c.Jobs.OrphanWatchInterval = 0 }, "IDEM_ORPHAN_WATCH_INTERVAL must be a positive duration"},
 		{"read header", func(c *Config) { c.ReadHeaderTimeout = 0 }, "IDEM_READ_HEADER_TIMEOUT must be a positive duration"},
 		{"write timeout", func(c *Config) { c.WriteTimeout = 0 }, "IDEM_WRITE_TIMEOUT must be a positive duration"},
 		{"connect timeout", func(c *Config) { c.DBConnectTimeout = 0 }, "IDEM_DB_CONNECT_TIMEOUT must be a positive duration"},
@@ -133,8 +133,8 @@ func TestValidateMessages(t *testing.T) {
 		{"store timeout past write timeout", func(c *Config) { c.StoreTimeout = 30 * time.Second }, "IDEM_STORE_TIMEOUT (30s) must be shorter than IDEM_WRITE_TIMEOUT (30s)"},
 		{"max conns", func(c *Config) { c.DBMaxConns = 0 }, "IDEM_DB_MAX_CONNS must be between 1 and 1000 (got 0)"},
 		{"max waiters", func(c *Config) { c.MaxWaiters = -1 }, "IDEM_MAX_WAITERS must be between 0 and 1000000 (got -1)"},
-		{"batch", func(c *Config) { c.ReapBatchSize = 0 }, "IDEM_REAP_BATCH_SIZE must be between 1 and 100000 (got 0)"},
-		{"reap pause", func(c *Config) { c.ReapPause = -1 }, "IDEM_REAP_PAUSE must be between 0 and 100 (got -1)"},
+		{"batch", func(c *Config) { c.Jobs.ReapBatchSize = 0 }, "IDEM_REAP_BATCH_SIZE must be between 1 and 100000 (got 0)"},
+		{"reap pause", func(c *Config) { c.Jobs.ReapPause = -1 }, "IDEM_REAP_PAUSE must be between 0 and 100 (got -1)"},
 		{"tenant share zero", func(c *Config) { c.DBTenantShare = 0 }, "IDEM_DB_TENANT_SHARE must be above 0 and at most 1 (got 0)"},
 		{"inflight share zero", func(c *Config) { c.InflightShare = 0 }, "IDEM_INFLIGHT_SHARE must be above 0 and at most 1 (got 0)"},
 		{"inflight share above the budget", func(c *Config) { c.InflightShare = 1.5 }, "IDEM_INFLIGHT_SHARE must be above 0 and at most 1 (got 1.5)"},
@@ -179,7 +179,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	t.Parallel()
 	cfg := DefaultConfig()
 	cfg.JWTHS256Secret = "short"
-	cfg.ReapBatchSize = -1
+	cfg.Jobs.ReapBatchSize = -1
 	cfg.LogLevel = "loud"
 	err := cfg.Validate()
 	require.Error(t, err)
@@ -285,18 +285,20 @@ func TestDatabasePasswordFile(t *testing.T) {
 }
 
 // TestReapPause: IDEM_REAP_PAUSE defaults to the jobs' pacing, takes a
-// fraction, and 0 turns pacing off (a negative jobs.Config.ReapPause).
+// fraction, and 0 turns pacing off (jobs.Config.ReapPause 0, which the
+// jobs keep as it is).
 func TestReapPause(t *testing.T) {
 	t.Parallel()
+	paused := func(cfg Config) float64 { return jobs.New(nil, cfg.Jobs, nil, nil).Config().ReapPause }
 	cfg, err := load(nil, envOf(nil))
 	require.NoError(t, err)
-	require.Equal(t, jobs.DefaultReapPause, cfg.ReapPause)
-	require.Equal(t, jobs.DefaultReapPause, reapPause(cfg.ReapPause))
+	require.Equal(t, jobs.DefaultReapPause, cfg.Jobs.ReapPause)
+	require.Equal(t, jobs.DefaultReapPause, paused(cfg))
 	cfg, err = load(nil, envOf(map[string]string{"IDEM_REAP_PAUSE": "0.5"}))
 	require.NoError(t, err)
-	require.Equal(t, 0.5, reapPause(cfg.ReapPause))
+	require.Equal(t, 0.5, paused(cfg))
 	cfg, err = load([]string{"--reap-pause", "0"}, envOf(nil))
 	require.NoError(t, err)
 	require.NoError(t, cfg.Validate())
-	require.Negative(t, reapPause(cfg.ReapPause), "0 must turn pacing off")
+	require.Zero(t, paused(cfg), "0 must turn pacing off")
 }

@@ -167,13 +167,13 @@ func TestControlCharactersAreRefused(t *testing.T) {
 			// Tenant names: create, operator patch and own patch.
 			resp, body = do(t, http.MethodPost, ts.URL()+"/v1/admin/tenants", admin, `{"id":"nul","name":"N\u0000L"}`)
 			requireInvalidField(t, resp, body, "name")
-			_, err = ts.Store().GetTenant(ctx, "nul")
+			_, err = ts.Store().GetTenant(ctx, idem.GetTenantParams{ID: "nul"})
 			require.ErrorIs(t, err, idem.ErrTenantNotFound)
 			resp, body = do(t, http.MethodPatch, ts.URL()+"/v1/admin/tenants/acme", admin, `{"name":"a\u0000"}`)
 			requireInvalidField(t, resp, body, "name")
 			resp, body = do(t, http.MethodPatch, ts.URL()+"/v1/tenant", ts.Token(t, "acme", "tenant:admin"), `{"name":"a\u0007"}`)
 			requireInvalidField(t, resp, body, "name")
-			tn, err := ts.Store().GetTenant(ctx, "acme")
+			tn, err := ts.Store().GetTenant(ctx, idem.GetTenantParams{ID: "acme"})
 			require.NoError(t, err)
 			require.Equal(t, "acme", tn.Name)
 

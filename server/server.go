@@ -231,40 +231,20 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger, opts ...Option) (
 		return nil, fmt.Errorf("store %s keeps no webhook outbox", s.db)
 	}
 	s.webhooks = ws
-	s.jobs = jobs.New(s.store, jobs.Config{
-		ReapInterval:        cfg.ReapInterval,
-		ReapBatchSize:       cfg.ReapBatchSize,
-		ReapPause:           reapPause(cfg.ReapPause),
-		OrphanWatchInterval: cfg.OrphanWatchInterval,
-		Webhooks:            ws,
-		Completers:          s.store.Completers(),
-	}, logger, s.metrics)
+	s.jobs = jobs.New(s.store, cfg.Jobs, logger, s.metrics)
 	cs := s.store.Completers()
 	if cs == nil {
 		_ = raw.Close()
 		return nil, fmt.Errorf("store %s keeps no completers", s.db)
 	}
-	s.completer = jobs.NewCompleter(cs, s.store, jobs.CompleterConfig{
-		Interval:     cfg.CompleterInterval,
-		Timeout:      cfg.CompleterTimeout,
-		MaxAttempts:  cfg.CompleterMaxAttempts,
-		Deadline:     cfg.CompleterDeadline,
-		BackoffBase:  cfg.CompleterBackoffBase,
-		BackoffCap:   cfg.CompleterBackoffCap,
-		StoreTimeout: cfg.StoreTimeout,
-		AllowPrivate: cfg.WebhookAllowPrivate,
-	}, logger, s.metrics)
-	s.deliverer = webhooks.New(ws, webhooks.Config{
-		Interval:           cfg.WebhookInterval,
-		Timeout:            cfg.WebhookTimeout,
-		RetryBase:          cfg.WebhookRetryBase,
-		RetryCap:           cfg.WebhookRetryCap,
-		MaxAge:             cfg.WebhookMaxAge,
-		DisableAfter:       cfg.WebhookDisableAfter,
-		DisableMinFailures: cfg.WebhookDisableMinFailures,
-		StoreTimeout:       cfg.StoreTimeout,
-		AllowPrivate:       cfg.WebhookAllowPrivate,
-	}, logger, s.metrics)
+	// The completer's calls follow the webhooks' target rules; both jobs'
+	// store calls are bounded as every other's.
+	completer := cfg.Completer
+	completer.StoreTimeout, completer.AllowPrivate = cfg.StoreTimeout, cfg.Webhooks.AllowPrivate
+	s.completer = jobs.NewCompleter(cs, s.store, completer, logger, s.metrics)
+	delivery := cfg.Webhooks
+	delivery.StoreTimeout = cfg.StoreTimeout
+	s.deliverer = webhooks.New(ws, delivery, logger, s.metrics)
 
 	s.handler = s.routes(verifier)
 	return s, nil
@@ -286,7 +266,7 @@ func (s *Server) routes(verifier *auth.Verifier) http.Handler {
 		MaxWait:              s.cfg.MaxWait(),
 		Observer:             s.metrics,
 		Webhooks:             s.webhooks,
-		AllowPrivateWebhooks: s.cfg.WebhookAllowPrivate,
+		AllowPrivateWebhooks: s.cfg.Webhooks.AllowPrivate,
 		RetryBudget:          retrybudget.New(s.cfg.RetryBudgetWindow, nil),
 		Completers:           s.store.Completers(),
 	})
@@ -427,16 +407,8 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 
-	srv := &http.Server{
-		Handler:           s.handler,
-		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
-		ReadTimeout:       s.cfg.ReadTimeout,
-		WriteTimeout:      s.cfg.WriteTimeout,
-		IdleTimeout:       s.cfg.IdleTimeout,
-		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
+	srv := s.cfg.httpServer(s.handler, s.logger)
+	srv.BaseContext = func(net.Listener) context.Context { return context.WithoutCancel(ctx) }
 	// Claims held waiting for a key answer their 409 as soon as the
 	// shutdown begins, so they never hold it up.
 	srv.RegisterOnShutdown(s.waiters.Close)
@@ -456,19 +428,10 @@ func (s *Server) Run(ctx context.Context) error {
 	// close when the service has drained.
 	var operatorSrvs []*http.Server
 	for _, b := range operator {
-		writeTimeout := s.cfg.WriteTimeout
+		osrv := s.cfg.httpServer(b.o.handler, s.logger)
 		if b.o.setting == "IDEM_PPROF_ADDR" {
 			// A CPU profile or trace answers after its ?seconds=N.
-			writeTimeout = 0
-		}
-		osrv := &http.Server{
-			Handler:           b.o.handler,
-			ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
-			ReadTimeout:       s.cfg.ReadTimeout,
-			WriteTimeout:      writeTimeout,
-			IdleTimeout:       s.cfg.IdleTimeout,
-			MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
-			ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
+			osrv.WriteTimeout = 0
 		}
 		operatorSrvs = append(operatorSrvs, osrv)
 		go func() { _ = osrv.Serve(b.ln) }()
@@ -567,13 +530,20 @@ func (s *Server) KeyEvents() idem.KeyEvents {
 	return s.rawStore.KeyEvents()
 }
 
-// reapPause maps IDEM_REAP_PAUSE to jobs.Config.ReapPause, where 0 means
-// the default and a negative value turns pacing off.
-func reapPause(p float64) float64 {
-	if p == 0 {
-		return -1
+// httpServer returns a server of h hardened by the HTTP settings
+// (IDEM_READ_HEADER_TIMEOUT, IDEM_READ_TIMEOUT, IDEM_WRITE_TIMEOUT,
+// IDEM_IDLE_TIMEOUT, IDEM_MAX_HEADER_BYTES), its errors logged at warn:
+// every listener of serve takes them from here.
+func (c Config) httpServer(h http.Handler, logger *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: c.ReadHeaderTimeout,
+		ReadTimeout:       c.ReadTimeout,
+		WriteTimeout:      c.WriteTimeout,
+		IdleTimeout:       c.IdleTimeout,
+		MaxHeaderBytes:    c.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
-	return p
 }
 
 // minBodyRate is api.Options.MinBodyRate for IDEM_MIN_BODY_RATE: 0 there

@@ -92,7 +92,7 @@ func TestDevModeBootstrap(t *testing.T) {
 	require.GreaterOrEqual(t, len(bytes.TrimSpace(secret)), 32)
 
 	// The demo tenant exists.
-	tn, err := srv.Store().GetTenant(ctx, server.DevTenant)
+	tn, err := srv.Store().GetTenant(ctx, idem.GetTenantParams{ID: server.DevTenant})
 	require.NoError(t, err)
 	require.False(t, tn.Disabled)
 
@@ -161,7 +161,7 @@ func TestNoDevModeWithConfiguredSecret(t *testing.T) {
 	require.Empty(t, banner.String())
 	_, err = os.Stat(filepath.Join(dir, "db", server.DevSecretFile))
 	require.ErrorIs(t, err, os.ErrNotExist)
-	_, err = srv.Store().GetTenant(context.Background(), server.DevTenant)
+	_, err = srv.Store().GetTenant(context.Background(), idem.GetTenantParams{ID: server.DevTenant})
 	require.ErrorIs(t, err, idem.ErrTenantNotFound, "no demo tenant outside development mode")
 }
 

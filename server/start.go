@@ -52,15 +52,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, opts ...Option)
 	}
 	w := &startListener{Listener: ln}
 	var real atomic.Pointer[http.Handler]
-	tmp := &http.Server{
-		Handler:           waitingHandler(&real),
-		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
-		ReadTimeout:       cfg.ReadTimeout,
-		WriteTimeout:      cfg.WriteTimeout,
-		IdleTimeout:       cfg.IdleTimeout,
-		MaxHeaderBytes:    cfg.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-	}
+	tmp := cfg.httpServer(waitingHandler(&real), logger)
 	served := make(chan struct{})
 	go func() { defer close(served); _ = tmp.Serve(w) }()
 

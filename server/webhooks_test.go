@@ -22,11 +22,11 @@ import (
 
 // webhookConfig makes delivery quick and allows the loopback receiver.
 func webhookConfig(c *server.Config) {
-	c.WebhookAllowPrivate = true
-	c.WebhookInterval = 50 * time.Millisecond
-	c.WebhookTimeout = 2 * time.Second
-	c.WebhookRetryBase = 20 * time.Millisecond
-	c.WebhookRetryCap = 200 * time.Millisecond
+	c.Webhooks.AllowPrivate = true
+	c.Webhooks.Interval = 50 * time.Millisecond
+	c.Webhooks.Timeout = 2 * time.Second
+	c.Webhooks.RetryBase = 20 * time.Millisecond
+	c.Webhooks.RetryCap = 200 * time.Millisecond
 }
 
 func TestWebhooksOverHTTP(t *testing.T) {

@@ -21,7 +21,7 @@ import (
 // publicOnlyWebhooks makes delivery quick, private targets refused.
 func publicOnlyWebhooks(c *server.Config) {
 	webhookConfig(c)
-	c.WebhookAllowPrivate = false
+	c.Webhooks.AllowPrivate = false
 }
 
 // TestWebhookReservedTargetsRefused: the ranges PublicAddr let through

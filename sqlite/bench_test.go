@@ -138,7 +138,7 @@ func BenchmarkClaimCompleteRaw(b *testing.B) {
 				_, err = q.CreateKey(ctx, dbsqlc.CreateKeyParams{
 					TenantID: "acme", Key: key, Operation: "POST /v1/payments", Fingerprint: "fp-1",
 					FencingToken: token, LeaseExpiresAt: &lease, ReplayWindowSeconds: 86400,
-					ReaperThresholdSeconds: 259200, Now: now, PurgeAfter: now + 259200e6,
+					ReaperThresholdSeconds: 259200, Now: now,
 				})
 				return err
 			})
@@ -147,11 +147,9 @@ func BenchmarkClaimCompleteRaw(b *testing.B) {
 					if _, err := q.GetKey(ctx, dbsqlc.GetKeyParams{TenantID: "acme", Key: key}); err != nil {
 						return err
 					}
-					until := now + 86400e6
 					_, err := q.CompleteKey(ctx, dbsqlc.CompleteKeyParams{
 						TenantID: "acme", Key: key, ResponseStatus: &status, ResponseHeaders: &headersText,
 						ResponseBody: benchResponse.Body, ResponseBodyEncoding: &enc, Now: now,
-						ReplayUntil: &until, PurgeAfter: now + 259200e6,
 					})
 					return err
 				})

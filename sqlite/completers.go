@@ -48,10 +48,10 @@ func (s *Store) CreateCompleter(ctx context.Context, c idem.Completer) (idem.Com
 }
 
 // GetCompleter reads one completer.
-func (s *Store) GetCompleter(ctx context.Context, tenantID, id string) (idem.Completer, error) {
-	row, err := s.q.GetCompleter(ctx, dbsqlc.GetCompleterParams{TenantID: tenantID, ID: id})
+func (s *Store) GetCompleter(ctx context.Context, p idem.GetCompleterParams) (idem.Completer, error) {
+	row, err := s.q.GetCompleter(ctx, dbsqlc.GetCompleterParams{TenantID: p.TenantID, ID: p.ID})
 	if errors.Is(err, sql.ErrNoRows) {
-		return idem.Completer{}, idem.CompleterNotFound(id)
+		return idem.Completer{}, idem.CompleterNotFound(p.ID)
 	}
 	if err != nil {
 		return idem.Completer{}, s.interpretError(err, "get completer")
@@ -60,8 +60,8 @@ func (s *Store) GetCompleter(ctx context.Context, tenantID, id string) (idem.Com
 }
 
 // ListCompleters lists a tenant's completers, oldest first.
-func (s *Store) ListCompleters(ctx context.Context, tenantID string) ([]idem.Completer, error) {
-	rows, err := s.q.ListCompleters(ctx, tenantID)
+func (s *Store) ListCompleters(ctx context.Context, p idem.ListCompletersParams) ([]idem.Completer, error) {
+	rows, err := s.q.ListCompleters(ctx, p.TenantID)
 	if err != nil {
 		return nil, s.interpretError(err, "list completers")
 	}
@@ -73,11 +73,11 @@ func (s *Store) ListCompleters(ctx context.Context, tenantID string) ([]idem.Com
 }
 
 // DeleteCompleter deletes one completer.
-func (s *Store) DeleteCompleter(ctx context.Context, tenantID, id string) error {
+func (s *Store) DeleteCompleter(ctx context.Context, p idem.DeleteCompleterParams) error {
 	return s.write(ctx, "delete completer", func() error {
-		n, err := s.q.DeleteCompleter(ctx, dbsqlc.DeleteCompleterParams{TenantID: tenantID, ID: id})
+		n, err := s.q.DeleteCompleter(ctx, dbsqlc.DeleteCompleterParams{TenantID: p.TenantID, ID: p.ID})
 		if err == nil && n == 0 {
-			return idem.CompleterNotFound(id)
+			return idem.CompleterNotFound(p.ID)
 		}
 		return err
 	})
@@ -108,7 +108,7 @@ func (s *Store) PickCompletions(ctx context.Context, p idem.PickCompletionsParam
 			row, err := q.TakeCompletion(ctx, dbsqlc.TakeCompletionParams{
 				TenantID: c.TenantID, Key: c.Key, FencingToken: token,
 				LeaseExpiresAt: microsPtr(lease), Now: micros(now),
-				Deadline: microsPtr(idem.CompletionDeadline(now, stored.PurgeAfter, p.Deadline)),
+				DeadlineUs: p.Deadline.Microseconds(),
 			})
 			if err != nil {
 				return fmt.Errorf("take record: %w", err)

@@ -49,9 +49,9 @@ func (s *Store) Claim(ctx context.Context, p idem.ClaimParams) (idem.ClaimResult
 			res.Record = *stored
 			return nil
 		case idem.ActionRecover:
-			res.Record, err = renewAttemptLease(ctx, q, stored, p, now)
+			res.Record, err = renewAttemptLease(ctx, q, p, now)
 		case idem.ActionTakeover:
-			res.Record, err = takeover(ctx, q, stored, p, now)
+			res.Record, err = takeover(ctx, q, p, now)
 		default:
 			res.Record, err = create(ctx, q, p, now)
 		}
@@ -111,7 +111,6 @@ func create(ctx context.Context, q *dbsqlc.Queries, p idem.ClaimParams, now time
 		ReplayWindowSeconds:    seconds(p.ReplayWindow),
 		ReaperThresholdSeconds: seconds(p.ReaperThreshold),
 		Now:                    micros(now),
-		PurgeAfter:             micros(idem.InFlightPurgeAfter(time.Time{}, now, p.Lease, p.ReaperThreshold)),
 		StoredBytes:            idem.ClaimBytes(p.Key, p.Operation, p.Fingerprint),
 	})
 	if sqliteCode(err) == sqlitelib.SQLITE_CONSTRAINT_FOREIGNKEY {
@@ -124,14 +123,13 @@ func create(ctx context.Context, q *dbsqlc.Queries, p idem.ClaimParams, now time
 }
 
 // renewAttemptLease hands a recovered attempt back with its lease renewed
-// from now; the purge follows the lease.
-func renewAttemptLease(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, p idem.ClaimParams, now time.Time) (idem.Record, error) {
+// from now; the purge follows the lease (in the query).
+func renewAttemptLease(ctx context.Context, q *dbsqlc.Queries, p idem.ClaimParams, now time.Time) (idem.Record, error) {
 	row, err := q.RenewAttemptLease(ctx, dbsqlc.RenewAttemptLeaseParams{
 		TenantID:       p.TenantID,
 		Key:            p.Key,
 		LeaseExpiresAt: microsPtr(now.Add(p.Lease)),
 		Now:            micros(now),
-		PurgeAfter:     micros(idem.InFlightPurgeAfter(stored.PurgeAfter, now, p.Lease, stored.ReaperThreshold)),
 	})
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("renew the recovered lease: %w", err)
@@ -141,7 +139,7 @@ func renewAttemptLease(ctx context.Context, q *dbsqlc.Queries, stored *idem.Reco
 
 // takeover hands an orphaned record to the claim: attempt+1, a new token, a
 // new lease, the recovery point kept.
-func takeover(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, p idem.ClaimParams, now time.Time) (idem.Record, error) {
+func takeover(ctx context.Context, q *dbsqlc.Queries, p idem.ClaimParams, now time.Time) (idem.Record, error) {
 	token, err := q.NextFencingToken(ctx)
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("next fencing token: %w", err)
@@ -153,7 +151,6 @@ func takeover(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, p ide
 		AttemptID:      nullIfEmpty(p.AttemptID),
 		LeaseExpiresAt: microsPtr(now.Add(p.Lease)),
 		Now:            micros(now),
-		PurgeAfter:     micros(idem.InFlightPurgeAfter(time.Time{}, now, p.Lease, stored.ReaperThreshold)),
 	})
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("take over record: %w", err)
@@ -162,9 +159,9 @@ func takeover(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, p ide
 }
 
 // Checkpoint saves a recovery point and renews the lease while the token is
-// current and the record in flight. It also postpones the purge
-// (idem.InFlightPurgeAfter), so the reaper never deletes a record that is
-// still being worked on.
+// current and the record in flight. It also postpones the purge (in the
+// query), so the reaper never deletes a record that is still being worked
+// on.
 func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.Record, error) {
 	var rec idem.Record
 	var refusal error
@@ -201,10 +198,9 @@ func (s *Store) Checkpoint(ctx context.Context, p idem.CheckpointParams) (idem.R
 			Key:            p.Key,
 			RecoveryPoint:  point,
 			RecoveryData:   data,
-			StoredBytes:    idem.ClaimBytes(stored.Key, stored.Operation, stored.Fingerprint) + size,
+			RecoveryBytes:  size,
 			LeaseExpiresAt: microsPtr(now.Add(p.Lease)),
 			Now:            micros(now),
-			PurgeAfter:     micros(idem.InFlightPurgeAfter(stored.PurgeAfter, now, p.Lease, stored.ReaperThreshold)),
 		})
 		if err != nil {
 			return fmt.Errorf("update record: %w", err)
@@ -309,10 +305,8 @@ func completeInTx(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record, p
 		ResponseHeaders:      &headersText,
 		ResponseBody:         resp.Body,
 		ResponseBodyEncoding: &resp.BodyEncoding,
-		StoredBytes:          stored.StoredBytes() + int64(resp.Size()),
+		ResponseBytes:        int64(resp.Size()),
 		Now:                  micros(now),
-		ReplayUntil:          microsPtr(now.Add(stored.ReplayWindow)),
-		PurgeAfter:           micros(now.Add(stored.ReaperThreshold)),
 	})
 	if err != nil {
 		return idem.Record{}, nil, fmt.Errorf("update record: %w", err)

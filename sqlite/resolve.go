@@ -58,10 +58,8 @@ func (s *Store) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolut
 				ResponseHeaders:      &headersText,
 				ResponseBody:         p.Response.Body,
 				ResponseBodyEncoding: &p.Response.BodyEncoding,
-				StoredBytes:          stored.StoredBytes() + int64(p.Response.Size()),
+				ResponseBytes:        int64(p.Response.Size()),
 				Now:                  micros(now),
-				ReplayUntil:          microsPtr(now.Add(stored.ReplayWindow)),
-				PurgeAfter:           micros(now.Add(stored.ReaperThreshold)),
 			})
 			if err != nil {
 				return fmt.Errorf("update record: %w", err)

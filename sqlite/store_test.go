@@ -96,7 +96,7 @@ func TestConcurrentOpenOfNewFile(t *testing.T) {
 		t.Cleanup(func() { _ = stores[i].Close() })
 	}
 	storetest.CreateTenant(t, stores[0], "acme")
-	got, err := stores[openers-1].GetTenant(context.Background(), "acme")
+	got, err := stores[openers-1].GetTenant(context.Background(), idem.GetTenantParams{ID: "acme"})
 	require.NoError(t, err)
 	require.Equal(t, "acme", got.ID)
 }

@@ -46,10 +46,10 @@ func (s *Store) createTenant(ctx context.Context, p idem.CreateTenantParams) (db
 }
 
 // GetTenant returns a tenant, disabled or not.
-func (s *Store) GetTenant(ctx context.Context, id string) (idem.Tenant, error) {
-	row, err := s.q.GetTenant(ctx, id)
+func (s *Store) GetTenant(ctx context.Context, p idem.GetTenantParams) (idem.Tenant, error) {
+	row, err := s.q.GetTenant(ctx, p.ID)
 	if errors.Is(err, sql.ErrNoRows) {
-		return idem.Tenant{}, idem.TenantNotFound(id)
+		return idem.Tenant{}, idem.TenantNotFound(p.ID)
 	}
 	if err != nil {
 		return idem.Tenant{}, s.interpretError(err, "get tenant")
@@ -111,16 +111,16 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 
 // DeleteTenant deletes a tenant; its records go with it (ON DELETE
 // CASCADE) in the same statement.
-func (s *Store) DeleteTenant(ctx context.Context, id string) error {
+func (s *Store) DeleteTenant(ctx context.Context, p idem.DeleteTenantParams) error {
 	err := s.write(ctx, "delete tenant", func() error {
-		n, err := s.q.DeleteTenant(ctx, id)
+		n, err := s.q.DeleteTenant(ctx, p.ID)
 		if err == nil && n == 0 {
-			return idem.TenantNotFound(id)
+			return idem.TenantNotFound(p.ID)
 		}
 		return err
 	})
 	if err == nil {
-		s.events.PublishTenant(id)
+		s.events.PublishTenant(p.ID)
 	}
 	return err
 }

@@ -53,10 +53,10 @@ func (s *Store) CreateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoin
 }
 
 // GetWebhookEndpoint reads one endpoint.
-func (s *Store) GetWebhookEndpoint(ctx context.Context, tenantID, id string) (idem.WebhookEndpoint, error) {
-	row, err := s.q.GetWebhookEndpoint(ctx, dbsqlc.GetWebhookEndpointParams{TenantID: tenantID, ID: id})
+func (s *Store) GetWebhookEndpoint(ctx context.Context, p idem.GetWebhookEndpointParams) (idem.WebhookEndpoint, error) {
+	row, err := s.q.GetWebhookEndpoint(ctx, dbsqlc.GetWebhookEndpointParams{TenantID: p.TenantID, ID: p.ID})
 	if errors.Is(err, sql.ErrNoRows) {
-		return idem.WebhookEndpoint{}, idem.WebhookNotFound(id)
+		return idem.WebhookEndpoint{}, idem.WebhookNotFound(p.ID)
 	}
 	if err != nil {
 		return idem.WebhookEndpoint{}, s.interpretError(err, "get webhook endpoint")
@@ -65,8 +65,8 @@ func (s *Store) GetWebhookEndpoint(ctx context.Context, tenantID, id string) (id
 }
 
 // ListWebhookEndpoints lists a tenant's endpoints.
-func (s *Store) ListWebhookEndpoints(ctx context.Context, tenantID string) ([]idem.WebhookEndpoint, error) {
-	rows, err := s.q.ListWebhookEndpoints(ctx, tenantID)
+func (s *Store) ListWebhookEndpoints(ctx context.Context, p idem.ListWebhookEndpointsParams) ([]idem.WebhookEndpoint, error) {
+	rows, err := s.q.ListWebhookEndpoints(ctx, p.TenantID)
 	if err != nil {
 		return nil, s.interpretError(err, "list webhook endpoints")
 	}
@@ -95,24 +95,24 @@ func (s *Store) UpdateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoin
 }
 
 // DeleteWebhookEndpoint deletes an endpoint and its deliveries.
-func (s *Store) DeleteWebhookEndpoint(ctx context.Context, tenantID, id string) error {
+func (s *Store) DeleteWebhookEndpoint(ctx context.Context, p idem.DeleteWebhookEndpointParams) error {
 	return s.write(ctx, "delete webhook endpoint", func() error {
-		n, err := s.q.DeleteWebhookEndpoint(ctx, dbsqlc.DeleteWebhookEndpointParams{TenantID: tenantID, ID: id})
+		n, err := s.q.DeleteWebhookEndpoint(ctx, dbsqlc.DeleteWebhookEndpointParams{TenantID: p.TenantID, ID: p.ID})
 		if err == nil && n == 0 {
-			return idem.WebhookNotFound(id)
+			return idem.WebhookNotFound(p.ID)
 		}
 		return err
 	})
 }
 
-// SendTestEvent queues ev for one enabled endpoint.
-func (s *Store) SendTestEvent(ctx context.Context, endpointID string, ev idem.Event) (idem.WebhookDelivery, error) {
+// SendTestEvent queues p.Event for one enabled endpoint.
+func (s *Store) SendTestEvent(ctx context.Context, p idem.SendTestEventParams) (idem.WebhookDelivery, error) {
 	var out idem.WebhookDelivery
 	err := s.write(ctx, "queue test event", func() error {
 		now := s.clock()
 		row, err := s.q.EnqueueTestEvent(ctx, dbsqlc.EnqueueTestEventParams{
-			EventID: ev.ID, EventType: string(ev.Type), Payload: ev.Payload, Now: micros(now),
-			TenantID: ev.TenantID, EndpointID: endpointID,
+			EventID: p.Event.ID, EventType: string(p.Event.Type), Payload: p.Event.Payload, Now: micros(now),
+			TenantID: p.Event.TenantID, EndpointID: p.EndpointID,
 		})
 		if errors.Is(err, sql.ErrNoRows) {
 			return idem.ErrWebhookNotFound
@@ -121,7 +121,7 @@ func (s *Store) SendTestEvent(ctx context.Context, endpointID string, ev idem.Ev
 		return err
 	})
 	if errors.Is(err, idem.ErrWebhookNotFound) {
-		return out, s.testSendRefused(ctx, ev.TenantID, endpointID)
+		return out, s.testSendRefused(ctx, p.Event.TenantID, p.EndpointID)
 	}
 	return out, err
 }
@@ -129,7 +129,7 @@ func (s *Store) SendTestEvent(ctx context.Context, endpointID string, ev idem.Ev
 // testSendRefused says why a test send queued nothing: the endpoint is
 // missing, or it exists but is disabled.
 func (s *Store) testSendRefused(ctx context.Context, tenantID, endpointID string) error {
-	if _, err := s.GetWebhookEndpoint(ctx, tenantID, endpointID); err != nil {
+	if _, err := s.GetWebhookEndpoint(ctx, idem.GetWebhookEndpointParams{TenantID: tenantID, ID: endpointID}); err != nil {
 		return err
 	}
 	return idem.WebhookDisabled(endpointID)
@@ -155,16 +155,16 @@ func (s *Store) ListWebhookDeliveries(ctx context.Context, p idem.ListWebhookDel
 	return out, nil
 }
 
-// ClaimWebhookDeliveries takes due deliveries, at most perTenant of each
+// ClaimWebhookDeliveries takes due deliveries, at most p.PerTenant of each
 // tenant (see DueWebhookDeliveries), in one transaction in the writer
 // slot: SQLite has one writer, so two claimers never take one row.
 //
-// served goes to the query as a JSON object keyed by "t" and the tenant
+// p.Served goes to the query as a JSON object keyed by "t" and the tenant
 // id in upper-case hex (as SQLite's hex() spells it): a JSON path label
 // that needs no quoting whatever the id holds.
-func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) ([]idem.WebhookDelivery, error) {
-	byLabel := make(map[string]int64, len(served))
-	for tenant, n := range served {
+func (s *Store) ClaimWebhookDeliveries(ctx context.Context, p idem.ClaimWebhookDeliveriesParams) ([]idem.WebhookDelivery, error) {
+	byLabel := make(map[string]int64, len(p.Served))
+	for tenant, n := range p.Served {
 		byLabel["t"+strings.ToUpper(hex.EncodeToString([]byte(tenant)))] = n
 	}
 	servedJSON, err := json.Marshal(byLabel)
@@ -184,7 +184,7 @@ func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int
 	var out []idem.WebhookDelivery
 	err = s.inTx(ctx, "claim webhook deliveries", func(q *dbsqlc.Queries, now time.Time) error {
 		rows, err := q.DueWebhookDeliveries(ctx, dbsqlc.DueWebhookDeliveriesParams{
-			Now: micros(now), PerTenant: int64(max(perTenant, 1)), RowLimit: int64(limit), Served: string(servedJSON),
+			Now: micros(now), PerTenant: int64(max(p.PerTenant, 1)), RowLimit: int64(p.Limit), Served: string(servedJSON),
 		})
 		if err != nil {
 			return fmt.Errorf("read due deliveries: %w", err)
@@ -192,13 +192,13 @@ func (s *Store) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int
 		out = make([]idem.WebhookDelivery, 0, len(rows))
 		for _, r := range rows {
 			if err := q.LeaseWebhookDelivery(ctx, dbsqlc.LeaseWebhookDeliveryParams{
-				Now: microsPtr(now), LeaseUntil: micros(now.Add(lease)), ID: r.ID,
+				Now: microsPtr(now), LeaseUntil: micros(now.Add(p.Lease)), ID: r.ID,
 			}); err != nil {
 				return fmt.Errorf("lease delivery: %w", err)
 			}
 			d := deliveryFromRow(dbsqlc.WebhookDelivery{
 				ID: r.ID, TenantID: r.TenantID, EndpointID: r.EndpointID, EventID: r.EventID, EventType: r.EventType,
-				Payload: r.Payload, State: r.State, Attempts: r.Attempts + 1, NextAttemptAt: micros(now.Add(lease)),
+				Payload: r.Payload, State: r.State, Attempts: r.Attempts + 1, NextAttemptAt: micros(now.Add(p.Lease)),
 				CreatedAt: r.CreatedAt, LastAttemptAt: microsPtr(now), LastStatus: r.LastStatus,
 				LastError: r.LastError, DeliveredAt: r.DeliveredAt,
 			}, now)
@@ -250,10 +250,10 @@ func (s *Store) FinishWebhookDelivery(ctx context.Context, p idem.FinishWebhookD
 
 // EmitOrphanEvents marks unreported orphans and queues key.orphaned for
 // each, in one transaction.
-func (s *Store) EmitOrphanEvents(ctx context.Context, limit int) (int, error) {
+func (s *Store) EmitOrphanEvents(ctx context.Context, p idem.EmitOrphanEventsParams) (int, error) {
 	var n int
 	err := s.inTx(ctx, "emit orphan events", func(q *dbsqlc.Queries, now time.Time) error {
-		rows, err := q.OrphansToReport(ctx, dbsqlc.OrphansToReportParams{Now: micros(now), RowLimit: int64(limit)})
+		rows, err := q.OrphansToReport(ctx, dbsqlc.OrphansToReportParams{Now: micros(now), RowLimit: int64(p.Limit)})
 		if err != nil {
 			return fmt.Errorf("read orphans: %w", err)
 		}
@@ -275,13 +275,13 @@ func (s *Store) EmitOrphanEvents(ctx context.Context, limit int) (int, error) {
 	return n, err
 }
 
-// PurgeWebhookDeliveries deletes finished deliveries older than olderThan.
-func (s *Store) PurgeWebhookDeliveries(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
+// PurgeWebhookDeliveries deletes finished deliveries older than p.OlderThan.
+func (s *Store) PurgeWebhookDeliveries(ctx context.Context, p idem.PurgeWebhookDeliveriesParams) (int, error) {
 	var n int64
 	err := s.write(ctx, "purge webhook deliveries", func() error {
 		var err error
 		n, err = s.q.PurgeWebhookDeliveries(ctx, dbsqlc.PurgeWebhookDeliveriesParams{
-			Before: micros(s.clock().Add(-olderThan)), RowLimit: int64(limit),
+			Before: micros(s.clock().Add(-p.OlderThan)), RowLimit: int64(p.Limit),
 		})
 		return err
 	})

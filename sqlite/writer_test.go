@@ -39,7 +39,7 @@ func TestQueuedWriterHonoursContext(t *testing.T) {
 	cancel()
 	err = <-done
 	require.ErrorIs(t, err, context.Canceled)
-	_, err = b.store.GetTenant(context.Background(), "beta")
+	_, err = b.store.GetTenant(context.Background(), idem.GetTenantParams{ID: "beta"})
 	require.True(t, errors.As(err, &ie) && ie.Code == idem.CodeTenantNotFound, "got %v", err)
 
 	_, err = b.store.Reap(canceled, idem.ReapParams{Limit: 10})

@@ -114,8 +114,8 @@ func (ds *deadlineStore) CreateTenant(ctx context.Context, p idem.CreateTenantPa
 	return bounded(ds, ctx, func(ctx context.Context) (idem.Tenant, error) { return ds.s.CreateTenant(ctx, p) })
 }
 
-func (ds *deadlineStore) GetTenant(ctx context.Context, id string) (idem.Tenant, error) {
-	return bounded(ds, ctx, func(ctx context.Context) (idem.Tenant, error) { return ds.s.GetTenant(ctx, id) })
+func (ds *deadlineStore) GetTenant(ctx context.Context, p idem.GetTenantParams) (idem.Tenant, error) {
+	return bounded(ds, ctx, func(ctx context.Context) (idem.Tenant, error) { return ds.s.GetTenant(ctx, p) })
 }
 
 func (ds *deadlineStore) ListTenants(ctx context.Context) ([]idem.Tenant, error) {
@@ -126,8 +126,8 @@ func (ds *deadlineStore) UpdateTenant(ctx context.Context, p idem.UpdateTenantPa
 	return bounded(ds, ctx, func(ctx context.Context) (idem.Tenant, error) { return ds.s.UpdateTenant(ctx, p) })
 }
 
-func (ds *deadlineStore) DeleteTenant(ctx context.Context, id string) error {
-	return boundedErr(ds, ctx, func(ctx context.Context) error { return ds.s.DeleteTenant(ctx, id) })
+func (ds *deadlineStore) DeleteTenant(ctx context.Context, p idem.DeleteTenantParams) error {
+	return boundedErr(ds, ctx, func(ctx context.Context) error { return ds.s.DeleteTenant(ctx, p) })
 }
 
 func (ds *deadlineStore) Ping(ctx context.Context) error {
@@ -158,15 +158,15 @@ func (wd *webhookDeadline) CreateWebhookEndpoint(ctx context.Context, e idem.Web
 	return bounded(wd.ds, ctx, func(ctx context.Context) (idem.WebhookEndpoint, error) { return wd.w.CreateWebhookEndpoint(ctx, e) })
 }
 
-func (wd *webhookDeadline) GetWebhookEndpoint(ctx context.Context, tenantID, id string) (idem.WebhookEndpoint, error) {
+func (wd *webhookDeadline) GetWebhookEndpoint(ctx context.Context, p idem.GetWebhookEndpointParams) (idem.WebhookEndpoint, error) {
 	return bounded(wd.ds, ctx, func(ctx context.Context) (idem.WebhookEndpoint, error) {
-		return wd.w.GetWebhookEndpoint(ctx, tenantID, id)
+		return wd.w.GetWebhookEndpoint(ctx, p)
 	})
 }
 
-func (wd *webhookDeadline) ListWebhookEndpoints(ctx context.Context, tenantID string) ([]idem.WebhookEndpoint, error) {
+func (wd *webhookDeadline) ListWebhookEndpoints(ctx context.Context, p idem.ListWebhookEndpointsParams) ([]idem.WebhookEndpoint, error) {
 	return bounded(wd.ds, ctx, func(ctx context.Context) ([]idem.WebhookEndpoint, error) {
-		return wd.w.ListWebhookEndpoints(ctx, tenantID)
+		return wd.w.ListWebhookEndpoints(ctx, p)
 	})
 }
 
@@ -174,13 +174,13 @@ func (wd *webhookDeadline) UpdateWebhookEndpoint(ctx context.Context, e idem.Web
 	return bounded(wd.ds, ctx, func(ctx context.Context) (idem.WebhookEndpoint, error) { return wd.w.UpdateWebhookEndpoint(ctx, e) })
 }
 
-func (wd *webhookDeadline) DeleteWebhookEndpoint(ctx context.Context, tenantID, id string) error {
-	return boundedErr(wd.ds, ctx, func(ctx context.Context) error { return wd.w.DeleteWebhookEndpoint(ctx, tenantID, id) })
+func (wd *webhookDeadline) DeleteWebhookEndpoint(ctx context.Context, p idem.DeleteWebhookEndpointParams) error {
+	return boundedErr(wd.ds, ctx, func(ctx context.Context) error { return wd.w.DeleteWebhookEndpoint(ctx, p) })
 }
 
-func (wd *webhookDeadline) SendTestEvent(ctx context.Context, endpointID string, ev idem.Event) (idem.WebhookDelivery, error) {
+func (wd *webhookDeadline) SendTestEvent(ctx context.Context, p idem.SendTestEventParams) (idem.WebhookDelivery, error) {
 	return bounded(wd.ds, ctx, func(ctx context.Context) (idem.WebhookDelivery, error) {
-		return wd.w.SendTestEvent(ctx, endpointID, ev)
+		return wd.w.SendTestEvent(ctx, p)
 	})
 }
 
@@ -188,9 +188,9 @@ func (wd *webhookDeadline) ListWebhookDeliveries(ctx context.Context, p idem.Lis
 	return bounded(wd.ds, ctx, func(ctx context.Context) ([]idem.WebhookDelivery, error) { return wd.w.ListWebhookDeliveries(ctx, p) })
 }
 
-func (wd *webhookDeadline) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) ([]idem.WebhookDelivery, error) {
+func (wd *webhookDeadline) ClaimWebhookDeliveries(ctx context.Context, p idem.ClaimWebhookDeliveriesParams) ([]idem.WebhookDelivery, error) {
 	return bounded(wd.ds, ctx, func(ctx context.Context) ([]idem.WebhookDelivery, error) {
-		return wd.w.ClaimWebhookDeliveries(ctx, limit, perTenant, served, lease)
+		return wd.w.ClaimWebhookDeliveries(ctx, p)
 	})
 }
 
@@ -198,10 +198,10 @@ func (wd *webhookDeadline) FinishWebhookDelivery(ctx context.Context, p idem.Fin
 	return boundedErr(wd.ds, ctx, func(ctx context.Context) error { return wd.w.FinishWebhookDelivery(ctx, p) })
 }
 
-func (wd *webhookDeadline) EmitOrphanEvents(ctx context.Context, limit int) (int, error) {
-	return bounded(wd.ds, ctx, func(ctx context.Context) (int, error) { return wd.w.EmitOrphanEvents(ctx, limit) })
+func (wd *webhookDeadline) EmitOrphanEvents(ctx context.Context, p idem.EmitOrphanEventsParams) (int, error) {
+	return bounded(wd.ds, ctx, func(ctx context.Context) (int, error) { return wd.w.EmitOrphanEvents(ctx, p) })
 }
 
-func (wd *webhookDeadline) PurgeWebhookDeliveries(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
-	return bounded(wd.ds, ctx, func(ctx context.Context) (int, error) { return wd.w.PurgeWebhookDeliveries(ctx, olderThan, limit) })
+func (wd *webhookDeadline) PurgeWebhookDeliveries(ctx context.Context, p idem.PurgeWebhookDeliveriesParams) (int, error) {
+	return bounded(wd.ds, ctx, func(ctx context.Context) (int, error) { return wd.w.PurgeWebhookDeliveries(ctx, p) })
 }

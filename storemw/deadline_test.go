@@ -75,7 +75,7 @@ func TestWebhookWithDeadline(t *testing.T) {
 	t.Cleanup(func() { _ = raw.Close() })
 	const d = 300 * time.Millisecond
 	ws := storemw.WebhookWithDeadline(raw, d)
-	_, err = ws.GetWebhookEndpoint(ctx, "acme", "ep_none")
+	_, err = ws.GetWebhookEndpoint(ctx, idem.GetWebhookEndpointParams{TenantID: "acme", ID: "ep_none"})
 	require.ErrorIs(t, err, idem.ErrWebhookNotFound, "a domain answer passes through")
 
 	holder, err := sql.Open("sqlite", "file:"+path)
@@ -88,7 +88,7 @@ func TestWebhookWithDeadline(t *testing.T) {
 	t.Cleanup(func() { _, _ = conn.ExecContext(ctx, "ROLLBACK"); _ = conn.Close() })
 
 	start := time.Now()
-	_, err = ws.EmitOrphanEvents(ctx, 10)
+	_, err = ws.EmitOrphanEvents(ctx, idem.EmitOrphanEventsParams{Limit: 10})
 	require.ErrorIs(t, err, idem.ErrStoreUnavailable)
 	require.Less(t, time.Since(start), 5*time.Second, "the deadline, not the busy timeout, ended the call")
 	require.Equal(t, idem.WebhookStore(raw), storemw.WebhookWithDeadline(raw, 0))
@@ -111,7 +111,7 @@ func BenchmarkDeadlineCall(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				ctx, cancel := context.WithCancel(context.WithValue(context.Background(), benchKey{}, 1))
-				if _, err := bc.s.GetTenant(ctx, "acme"); err != nil {
+				if _, err := bc.s.GetTenant(ctx, idem.GetTenantParams{ID: "acme"}); err != nil {
 					b.Fatal(err)
 				}
 				cancel()
@@ -126,8 +126,8 @@ type benchKey struct{}
 // way pgx does.
 type afterFuncStore struct{ idem.Store }
 
-func (afterFuncStore) GetTenant(ctx context.Context, id string) (idem.Tenant, error) {
+func (afterFuncStore) GetTenant(ctx context.Context, p idem.GetTenantParams) (idem.Tenant, error) {
 	stop := context.AfterFunc(ctx, func() {})
 	stop()
-	return idem.Tenant{ID: id}, nil
+	return idem.Tenant{ID: p.ID}, nil
 }

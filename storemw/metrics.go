@@ -94,9 +94,9 @@ func (i *instrumentedStore) CreateTenant(ctx context.Context, p idem.CreateTenan
 	return i.s.CreateTenant(ctx, p)
 }
 
-func (i *instrumentedStore) GetTenant(ctx context.Context, id string) (_ idem.Tenant, err error) {
+func (i *instrumentedStore) GetTenant(ctx context.Context, p idem.GetTenantParams) (_ idem.Tenant, err error) {
 	defer func(start time.Time) { i.observe("get_tenant", start, err) }(time.Now())
-	return i.s.GetTenant(ctx, id)
+	return i.s.GetTenant(ctx, p)
 }
 
 func (i *instrumentedStore) ListTenants(ctx context.Context) (_ []idem.Tenant, err error) {
@@ -109,9 +109,9 @@ func (i *instrumentedStore) UpdateTenant(ctx context.Context, p idem.UpdateTenan
 	return i.s.UpdateTenant(ctx, p)
 }
 
-func (i *instrumentedStore) DeleteTenant(ctx context.Context, id string) (err error) {
+func (i *instrumentedStore) DeleteTenant(ctx context.Context, p idem.DeleteTenantParams) (err error) {
 	defer func(start time.Time) { i.observe("delete_tenant", start, err) }(time.Now())
-	return i.s.DeleteTenant(ctx, id)
+	return i.s.DeleteTenant(ctx, p)
 }
 
 func (i *instrumentedStore) Ping(ctx context.Context) (err error) {
@@ -153,14 +153,14 @@ func (i *instrumentedWebhooks) CreateWebhookEndpoint(ctx context.Context, e idem
 	return i.w.CreateWebhookEndpoint(ctx, e)
 }
 
-func (i *instrumentedWebhooks) GetWebhookEndpoint(ctx context.Context, tenantID, id string) (_ idem.WebhookEndpoint, err error) {
+func (i *instrumentedWebhooks) GetWebhookEndpoint(ctx context.Context, p idem.GetWebhookEndpointParams) (_ idem.WebhookEndpoint, err error) {
 	defer func(start time.Time) { i.observe("get_webhook_endpoint", start, err) }(time.Now())
-	return i.w.GetWebhookEndpoint(ctx, tenantID, id)
+	return i.w.GetWebhookEndpoint(ctx, p)
 }
 
-func (i *instrumentedWebhooks) ListWebhookEndpoints(ctx context.Context, tenantID string) (_ []idem.WebhookEndpoint, err error) {
+func (i *instrumentedWebhooks) ListWebhookEndpoints(ctx context.Context, p idem.ListWebhookEndpointsParams) (_ []idem.WebhookEndpoint, err error) {
 	defer func(start time.Time) { i.observe("list_webhook_endpoints", start, err) }(time.Now())
-	return i.w.ListWebhookEndpoints(ctx, tenantID)
+	return i.w.ListWebhookEndpoints(ctx, p)
 }
 
 func (i *instrumentedWebhooks) UpdateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoint) (_ idem.WebhookEndpoint, err error) {
@@ -168,14 +168,14 @@ func (i *instrumentedWebhooks) UpdateWebhookEndpoint(ctx context.Context, e idem
 	return i.w.UpdateWebhookEndpoint(ctx, e)
 }
 
-func (i *instrumentedWebhooks) DeleteWebhookEndpoint(ctx context.Context, tenantID, id string) (err error) {
+func (i *instrumentedWebhooks) DeleteWebhookEndpoint(ctx context.Context, p idem.DeleteWebhookEndpointParams) (err error) {
 	defer func(start time.Time) { i.observe("delete_webhook_endpoint", start, err) }(time.Now())
-	return i.w.DeleteWebhookEndpoint(ctx, tenantID, id)
+	return i.w.DeleteWebhookEndpoint(ctx, p)
 }
 
-func (i *instrumentedWebhooks) SendTestEvent(ctx context.Context, endpointID string, ev idem.Event) (_ idem.WebhookDelivery, err error) {
+func (i *instrumentedWebhooks) SendTestEvent(ctx context.Context, p idem.SendTestEventParams) (_ idem.WebhookDelivery, err error) {
 	defer func(start time.Time) { i.observe("send_test_event", start, err) }(time.Now())
-	return i.w.SendTestEvent(ctx, endpointID, ev)
+	return i.w.SendTestEvent(ctx, p)
 }
 
 func (i *instrumentedWebhooks) ListWebhookDeliveries(ctx context.Context, p idem.ListWebhookDeliveriesParams) (_ []idem.WebhookDelivery, err error) {
@@ -183,9 +183,9 @@ func (i *instrumentedWebhooks) ListWebhookDeliveries(ctx context.Context, p idem
 	return i.w.ListWebhookDeliveries(ctx, p)
 }
 
-func (i *instrumentedWebhooks) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) (_ []idem.WebhookDelivery, err error) {
+func (i *instrumentedWebhooks) ClaimWebhookDeliveries(ctx context.Context, p idem.ClaimWebhookDeliveriesParams) (_ []idem.WebhookDelivery, err error) {
 	defer func(start time.Time) { i.observe("claim_webhook_deliveries", start, err) }(time.Now())
-	return i.w.ClaimWebhookDeliveries(ctx, limit, perTenant, served, lease)
+	return i.w.ClaimWebhookDeliveries(ctx, p)
 }
 
 func (i *instrumentedWebhooks) FinishWebhookDelivery(ctx context.Context, p idem.FinishWebhookDeliveryParams) (err error) {
@@ -193,12 +193,12 @@ func (i *instrumentedWebhooks) FinishWebhookDelivery(ctx context.Context, p idem
 	return i.w.FinishWebhookDelivery(ctx, p)
 }
 
-func (i *instrumentedWebhooks) EmitOrphanEvents(ctx context.Context, limit int) (_ int, err error) {
+func (i *instrumentedWebhooks) EmitOrphanEvents(ctx context.Context, p idem.EmitOrphanEventsParams) (_ int, err error) {
 	defer func(start time.Time) { i.observe("emit_orphan_events", start, err) }(time.Now())
-	return i.w.EmitOrphanEvents(ctx, limit)
+	return i.w.EmitOrphanEvents(ctx, p)
 }
 
-func (i *instrumentedWebhooks) PurgeWebhookDeliveries(ctx context.Context, olderThan time.Duration, limit int) (_ int, err error) {
+func (i *instrumentedWebhooks) PurgeWebhookDeliveries(ctx context.Context, p idem.PurgeWebhookDeliveriesParams) (_ int, err error) {
 	defer func(start time.Time) { i.observe("purge_webhook_deliveries", start, err) }(time.Now())
-	return i.w.PurgeWebhookDeliveries(ctx, olderThan, limit)
+	return i.w.PurgeWebhookDeliveries(ctx, p)
 }

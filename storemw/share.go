@@ -5,7 +5,6 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/idem-dev/idem"
 )
@@ -241,8 +240,8 @@ func (ss *shareStore) CreateTenant(ctx context.Context, p idem.CreateTenantParam
 	return ss.s.CreateTenant(ctx, p)
 }
 
-func (ss *shareStore) GetTenant(ctx context.Context, id string) (idem.Tenant, error) {
-	return shared(ss, ctx, id, read, func() (idem.Tenant, error) { return ss.s.GetTenant(ctx, id) })
+func (ss *shareStore) GetTenant(ctx context.Context, p idem.GetTenantParams) (idem.Tenant, error) {
+	return shared(ss, ctx, p.ID, read, func() (idem.Tenant, error) { return ss.s.GetTenant(ctx, p) })
 }
 
 func (ss *shareStore) ListTenants(ctx context.Context) ([]idem.Tenant, error) {
@@ -257,8 +256,8 @@ func (ss *shareStore) UpdateTenant(ctx context.Context, p idem.UpdateTenantParam
 }
 
 // DeleteTenant is the operator's, like UpdateTenant.
-func (ss *shareStore) DeleteTenant(ctx context.Context, id string) error {
-	return ss.s.DeleteTenant(ctx, id)
+func (ss *shareStore) DeleteTenant(ctx context.Context, p idem.DeleteTenantParams) error {
+	return ss.s.DeleteTenant(ctx, p)
 }
 
 func (ss *shareStore) Ping(ctx context.Context) error { return ss.s.Ping(ctx) }
@@ -291,42 +290,42 @@ func (sw *shareWebhooks) CreateWebhookEndpoint(ctx context.Context, e idem.Webho
 	return shared(sw.ss, ctx, e.TenantID, write, func() (idem.WebhookEndpoint, error) { return sw.w.CreateWebhookEndpoint(ctx, e) })
 }
 
-func (sw *shareWebhooks) GetWebhookEndpoint(ctx context.Context, tenantID, id string) (idem.WebhookEndpoint, error) {
-	return shared(sw.ss, ctx, tenantID, read, func() (idem.WebhookEndpoint, error) { return sw.w.GetWebhookEndpoint(ctx, tenantID, id) })
+func (sw *shareWebhooks) GetWebhookEndpoint(ctx context.Context, p idem.GetWebhookEndpointParams) (idem.WebhookEndpoint, error) {
+	return shared(sw.ss, ctx, p.TenantID, read, func() (idem.WebhookEndpoint, error) { return sw.w.GetWebhookEndpoint(ctx, p) })
 }
 
-func (sw *shareWebhooks) ListWebhookEndpoints(ctx context.Context, tenantID string) ([]idem.WebhookEndpoint, error) {
-	return shared(sw.ss, ctx, tenantID, read, func() ([]idem.WebhookEndpoint, error) { return sw.w.ListWebhookEndpoints(ctx, tenantID) })
+func (sw *shareWebhooks) ListWebhookEndpoints(ctx context.Context, p idem.ListWebhookEndpointsParams) ([]idem.WebhookEndpoint, error) {
+	return shared(sw.ss, ctx, p.TenantID, read, func() ([]idem.WebhookEndpoint, error) { return sw.w.ListWebhookEndpoints(ctx, p) })
 }
 
 func (sw *shareWebhooks) UpdateWebhookEndpoint(ctx context.Context, e idem.WebhookEndpoint) (idem.WebhookEndpoint, error) {
 	return shared(sw.ss, ctx, e.TenantID, write, func() (idem.WebhookEndpoint, error) { return sw.w.UpdateWebhookEndpoint(ctx, e) })
 }
 
-func (sw *shareWebhooks) DeleteWebhookEndpoint(ctx context.Context, tenantID, id string) error {
-	return sharedErr(sw.ss, ctx, tenantID, write, func() error { return sw.w.DeleteWebhookEndpoint(ctx, tenantID, id) })
+func (sw *shareWebhooks) DeleteWebhookEndpoint(ctx context.Context, p idem.DeleteWebhookEndpointParams) error {
+	return sharedErr(sw.ss, ctx, p.TenantID, write, func() error { return sw.w.DeleteWebhookEndpoint(ctx, p) })
 }
 
-func (sw *shareWebhooks) SendTestEvent(ctx context.Context, endpointID string, ev idem.Event) (idem.WebhookDelivery, error) {
-	return shared(sw.ss, ctx, ev.TenantID, write, func() (idem.WebhookDelivery, error) { return sw.w.SendTestEvent(ctx, endpointID, ev) })
+func (sw *shareWebhooks) SendTestEvent(ctx context.Context, p idem.SendTestEventParams) (idem.WebhookDelivery, error) {
+	return shared(sw.ss, ctx, p.Event.TenantID, write, func() (idem.WebhookDelivery, error) { return sw.w.SendTestEvent(ctx, p) })
 }
 
 func (sw *shareWebhooks) ListWebhookDeliveries(ctx context.Context, p idem.ListWebhookDeliveriesParams) ([]idem.WebhookDelivery, error) {
 	return shared(sw.ss, ctx, p.TenantID, read, func() ([]idem.WebhookDelivery, error) { return sw.w.ListWebhookDeliveries(ctx, p) })
 }
 
-func (sw *shareWebhooks) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) ([]idem.WebhookDelivery, error) {
-	return sw.w.ClaimWebhookDeliveries(ctx, limit, perTenant, served, lease)
+func (sw *shareWebhooks) ClaimWebhookDeliveries(ctx context.Context, p idem.ClaimWebhookDeliveriesParams) ([]idem.WebhookDelivery, error) {
+	return sw.w.ClaimWebhookDeliveries(ctx, p)
 }
 
 func (sw *shareWebhooks) FinishWebhookDelivery(ctx context.Context, p idem.FinishWebhookDeliveryParams) error {
 	return sw.w.FinishWebhookDelivery(ctx, p)
 }
 
-func (sw *shareWebhooks) EmitOrphanEvents(ctx context.Context, limit int) (int, error) {
-	return sw.w.EmitOrphanEvents(ctx, limit)
+func (sw *shareWebhooks) EmitOrphanEvents(ctx context.Context, p idem.EmitOrphanEventsParams) (int, error) {
+	return sw.w.EmitOrphanEvents(ctx, p)
 }
 
-func (sw *shareWebhooks) PurgeWebhookDeliveries(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
-	return sw.w.PurgeWebhookDeliveries(ctx, olderThan, limit)
+func (sw *shareWebhooks) PurgeWebhookDeliveries(ctx context.Context, p idem.PurgeWebhookDeliveriesParams) (int, error) {
+	return sw.w.PurgeWebhookDeliveries(ctx, p)
 }

@@ -176,11 +176,11 @@ func TestWithTenantShareBorrows(t *testing.T) {
 // gateWebhooks is a WebhookStore whose calls all answer at once.
 type gateWebhooks struct{ idem.WebhookStore }
 
-func (gateWebhooks) ListWebhookEndpoints(context.Context, string) ([]idem.WebhookEndpoint, error) {
+func (gateWebhooks) ListWebhookEndpoints(context.Context, idem.ListWebhookEndpointsParams) ([]idem.WebhookEndpoint, error) {
 	return nil, nil
 }
 
-func (gateWebhooks) ClaimWebhookDeliveries(context.Context, int, int, map[string]int64, time.Duration) ([]idem.WebhookDelivery, error) {
+func (gateWebhooks) ClaimWebhookDeliveries(context.Context, idem.ClaimWebhookDeliveriesParams) ([]idem.WebhookDelivery, error) {
 	return nil, nil
 }
 
@@ -198,11 +198,11 @@ func TestWebhooksWithTenantShare(t *testing.T) {
 	require.Eventually(t, func() bool { return g.in.Load() == 1 }, 10*time.Second, time.Millisecond)
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	_, err := w.ListWebhookEndpoints(short, "slow")
+	_, err := w.ListWebhookEndpoints(short, idem.ListWebhookEndpointsParams{TenantID: "slow"})
 	require.Equal(t, idem.CodeStoreUnavailable, idem.ErrorCode(err), "the tenant's webhook call waits for its share")
-	_, err = w.ListWebhookEndpoints(ctx, "other")
+	_, err = w.ListWebhookEndpoints(ctx, idem.ListWebhookEndpointsParams{TenantID: "other"})
 	require.NoError(t, err)
-	_, err = w.ClaimWebhookDeliveries(ctx, 8, 8, nil, time.Minute)
+	_, err = w.ClaimWebhookDeliveries(ctx, idem.ClaimWebhookDeliveriesParams{Limit: 8, PerTenant: 8, Served: nil, Lease: time.Minute})
 	require.NoError(t, err, "the deliverer is not held to a share")
 	require.Equal(t, gateWebhooks{}, storemw.WebhooksWithTenantShare(g, gateWebhooks{}), "no share: the webhook store itself")
 }

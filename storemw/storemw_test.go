@@ -129,9 +129,9 @@ func TestWrapWebhooks(t *testing.T) {
 	s := storemw.Wrap(d, storemw.Options{Timeout: time.Minute, TenantShare: 0.5, Metrics: metrics.New(reg)})
 	ctx := t.Context()
 
-	_, err := s.Webhooks().ListWebhookEndpoints(ctx, "acme")
+	_, err := s.Webhooks().ListWebhookEndpoints(ctx, idem.ListWebhookEndpointsParams{TenantID: "acme"})
 	require.NoError(t, err)
-	_, err = s.Webhooks().ClaimWebhookDeliveries(ctx, 8, 8, nil, time.Minute)
+	_, err = s.Webhooks().ClaimWebhookDeliveries(ctx, idem.ClaimWebhookDeliveriesParams{Limit: 8, PerTenant: 8, Served: nil, Lease: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, uint64(1), storeCalls(t, reg, "list_webhook_endpoints", metrics.StoreOK), "the API's webhook calls are timed")
 	require.Equal(t, uint64(1), storeCalls(t, reg, "claim_webhook_deliveries", metrics.StoreOK), "the deliverer's are too")
@@ -140,7 +140,7 @@ func TestWrapWebhooks(t *testing.T) {
 	require.Eventually(t, func() bool { return g.in.Load() == 1 }, 10*time.Second, time.Millisecond)
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	_, err = s.Webhooks().ListWebhookEndpoints(short, "slow")
+	_, err = s.Webhooks().ListWebhookEndpoints(short, idem.ListWebhookEndpointsParams{TenantID: "slow"})
 	require.Equal(t, idem.CodeStoreUnavailable, idem.ErrorCode(err), "a tenant's webhook call waits for its share")
 
 	require.Equal(t, d.PoolStats(), s.PoolStats())

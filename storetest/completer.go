@@ -20,6 +20,7 @@ func completerGroup() group {
 		{"Registrations", testCompleterRegistrations},
 		{"PicksMatchingOrphansOnly", testCompleterPicksMatching},
 		{"TakeoverFencesWorker", testCompleterTakeoverFences},
+		{"DeadlineBeforePurge", testCompleterDeadlineBeforePurge},
 		{"Completed", testCompleterCompleted},
 		{"CompletedHeadersChecked", testCompleterCompletedHeadersChecked},
 		{"NotDoneReleases", testCompleterNotDone},
@@ -70,16 +71,16 @@ func testCompleterRegistrations(t *testing.T, s *suite) {
 	cs := b.store.Completers()
 	a := b.completer(t, "acme", "")
 	c := b.completer(t, "acme", "POST /orders*")
-	got, err := cs.GetCompleter(b.ctx, "acme", c.ID)
+	got, err := cs.GetCompleter(b.ctx, idem.GetCompleterParams{TenantID: "acme", ID: c.ID})
 	require.NoError(t, err)
 	require.Equal(t, c.URL, got.URL)
 	require.Equal(t, c.Secret, got.Secret)
 	require.Equal(t, "POST /orders*", got.OperationPattern)
-	list, err := cs.ListCompleters(b.ctx, "acme")
+	list, err := cs.ListCompleters(b.ctx, idem.ListCompletersParams{TenantID: "acme"})
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{a.ID, c.ID}, []string{list[0].ID, list[1].ID})
 
-	_, err = cs.GetCompleter(b.ctx, "other", c.ID)
+	_, err = cs.GetCompleter(b.ctx, idem.GetCompleterParams{TenantID: "other", ID: c.ID})
 	requireCode(t, err, idem.ErrCompleterNotFound)
 	_, err = cs.CreateCompleter(b.ctx, idem.Completer{TenantID: "nobody", ID: idem.NewCompleterID(), URL: "https://x.example", Secret: idem.NewWebhookSecret()})
 	requireCode(t, err, idem.ErrTenantUnknown)
@@ -89,8 +90,8 @@ func testCompleterRegistrations(t *testing.T, s *suite) {
 	_, err = cs.CreateCompleter(b.ctx, idem.Completer{TenantID: "acme", ID: idem.NewCompleterID(), URL: "https://x.example", Secret: idem.NewWebhookSecret()})
 	require.Equal(t, idem.CodeCompleterLimitReached, idem.ErrorCode(err))
 
-	require.NoError(t, cs.DeleteCompleter(b.ctx, "acme", c.ID))
-	requireCode(t, cs.DeleteCompleter(b.ctx, "acme", c.ID), idem.ErrCompleterNotFound)
+	require.NoError(t, cs.DeleteCompleter(b.ctx, idem.DeleteCompleterParams{TenantID: "acme", ID: c.ID}))
+	requireCode(t, cs.DeleteCompleter(b.ctx, idem.DeleteCompleterParams{TenantID: "acme", ID: c.ID}), idem.ErrCompleterNotFound)
 }
 
 func testCompleterPicksMatching(t *testing.T, s *suite) {

@@ -99,7 +99,7 @@ func testEventsWake(t *testing.T, s *suite) {
 	deleted := b.subscribe(t, "acme", "tenant-deleted")
 	b.create(t, "acme", "tenant-deleted")
 	b.watch(t, "acme", "tenant-deleted")
-	require.NoError(t, b.store.DeleteTenant(b.ctx, "acme"))
+	require.NoError(t, b.store.DeleteTenant(b.ctx, idem.DeleteTenantParams{ID: "acme"}))
 	requireEvent(t, deleted, "deleting the tenant")
 	requireNoEvent(t, other, "deleting another tenant")
 }

@@ -178,7 +178,7 @@ func testRaceReplaysVersusTenantDelete(t *testing.T, s *suite) {
 		var delErr error
 		race(racers+1, func(i int) {
 			if i == racers {
-				delErr = b.store.DeleteTenant(b.ctx, tenant)
+				delErr = b.store.DeleteTenant(b.ctx, idem.DeleteTenantParams{ID: tenant})
 				return
 			}
 			results[i], errs[i] = b.store.Claim(b.ctx, ClaimParams(tenant, "k"))

@@ -32,11 +32,11 @@ func RequireMigratedUsage(t *testing.T, s idem.Store) {
 		require.NoError(t, err)
 		want += rec.StoredBytes()
 	}
-	acme, err := s.GetTenant(ctx, "acme")
+	acme, err := s.GetTenant(ctx, idem.GetTenantParams{ID: "acme"})
 	require.NoError(t, err)
 	require.Equal(t, want, acme.StoredBytes, "the migration counted the records as Record.StoredBytes does")
 	require.Equal(t, int64(idem.DefaultStorageQuotaBytes), acme.Settings.StorageQuotaBytes)
-	empty, err := s.GetTenant(ctx, "empty")
+	empty, err := s.GetTenant(ctx, idem.GetTenantParams{ID: "empty"})
 	require.NoError(t, err)
 	require.Zero(t, empty.StoredBytes)
 
@@ -45,7 +45,7 @@ func RequireMigratedUsage(t *testing.T, s idem.Store) {
 	resp := idem.Response{Status: 200, Headers: map[string]string{"A": "b"}, Body: []byte("ok"), BodyEncoding: idem.BodyEncodingUTF8}
 	_, err = s.Complete(ctx, idem.CompleteParams{TenantID: "acme", Key: "flight-é", FencingToken: flight.FencingToken, Response: resp})
 	require.NoError(t, err)
-	acme, err = s.GetTenant(ctx, "acme")
+	acme, err = s.GetTenant(ctx, idem.GetTenantParams{ID: "acme"})
 	require.NoError(t, err)
 	require.Equal(t, want+int64(resp.Size()), acme.StoredBytes)
 }
@@ -53,7 +53,7 @@ func RequireMigratedUsage(t *testing.T, s idem.Store) {
 // usage reads tenant's usage from the store.
 func (b *bundle) usage(t *testing.T, tenant string) int64 {
 	t.Helper()
-	ten, err := b.store.GetTenant(b.ctx, tenant)
+	ten, err := b.store.GetTenant(b.ctx, idem.GetTenantParams{ID: tenant})
 	require.NoError(t, err, "get tenant %s", tenant)
 	return ten.StoredBytes
 }
@@ -235,7 +235,7 @@ func testQuotaBackToZero(t *testing.T, s *suite) {
 	b.complete(t, "acme", "b", d.FencingToken, response(2))
 	o2 := b.create(t, "other", "kept")
 	b.complete(t, "other", "kept", o2.FencingToken, response(7))
-	require.NoError(t, b.store.DeleteTenant(b.ctx, "acme"))
+	require.NoError(t, b.store.DeleteTenant(b.ctx, idem.DeleteTenantParams{ID: "acme"}))
 	b.requireUsage(t, "other", otherBytes, "kept")
 	b.tenant(t, "acme")
 	b.requireUsage(t, "acme", 0)

@@ -367,7 +367,7 @@ func testAuditListing(t *testing.T, s *suite) {
 	}
 
 	// Deleting a tenant deletes its audit entries with its records.
-	require.NoError(t, b.store.DeleteTenant(b.ctx, "beta"))
+	require.NoError(t, b.store.DeleteTenant(b.ctx, idem.DeleteTenantParams{ID: "beta"}))
 	require.Empty(t, b.audit(t, "beta", ""))
 	require.Equal(t, filter("acme", ""), b.audit(t, "acme", ""))
 }

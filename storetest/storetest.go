@@ -158,6 +158,7 @@ func groups() []group {
 			{"PastPurgeAfter", testReapPastPurgeAfter},
 			{"Batches", testReapBatches},
 			{"NeverDeletesRunningLease", testReapNeverDeletesRunningLease},
+			{"PurgeTimes", testReapPurgeTimes},
 			{"DisabledTenantKeepsRecords", testReapDisabledTenantKeepsRecords},
 		}},
 		{"Tenants", []testCase{

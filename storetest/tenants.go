@@ -32,7 +32,7 @@ func testTenantCreateGet(t *testing.T, s *suite) {
 	requireTime(t, b.now(), created.UpdatedAt, "UpdatedAt")
 
 	b.advance(time.Minute)
-	got, err := b.store.GetTenant(b.ctx, "acme")
+	got, err := b.store.GetTenant(b.ctx, idem.GetTenantParams{ID: "acme"})
 	require.NoError(t, err)
 	requireSameTenant(t, created, got)
 }
@@ -45,7 +45,7 @@ func testTenantDuplicate(t *testing.T, s *suite) {
 	_, err := b.store.CreateTenant(b.ctx, idem.CreateTenantParams{ID: "acme", Name: "Impostor", Settings: other})
 	requireCode(t, err, idem.ErrTenantExists)
 
-	got, err := b.store.GetTenant(b.ctx, "acme")
+	got, err := b.store.GetTenant(b.ctx, idem.GetTenantParams{ID: "acme"})
 	require.NoError(t, err)
 	requireSameTenant(t, first, got)
 }
@@ -53,7 +53,7 @@ func testTenantDuplicate(t *testing.T, s *suite) {
 func testTenantNotFound(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenant(t, "acme")
-	_, err := b.store.GetTenant(b.ctx, "nobody")
+	_, err := b.store.GetTenant(b.ctx, idem.GetTenantParams{ID: "nobody"})
 	requireCode(t, err, idem.ErrTenantNotFound)
 	_, err = b.store.UpdateTenant(b.ctx, idem.UpdateTenantParams{ID: "nobody", Name: "x", Settings: idem.DefaultSettings()})
 	requireCode(t, err, idem.ErrTenantNotFound)
@@ -103,7 +103,7 @@ func testTenantUpdate(t *testing.T, s *suite) {
 	requireTime(t, created.CreatedAt, upd.CreatedAt, "CreatedAt")
 	requireTime(t, b.now(), upd.UpdatedAt, "UpdatedAt")
 
-	got, err := b.store.GetTenant(b.ctx, "acme")
+	got, err := b.store.GetTenant(b.ctx, idem.GetTenantParams{ID: "acme"})
 	require.NoError(t, err, "GetTenant returns disabled tenants too")
 	requireSameTenant(t, upd, got)
 
@@ -113,7 +113,7 @@ func testTenantUpdate(t *testing.T, s *suite) {
 	require.NoError(t, err)
 	require.False(t, upd2.Disabled)
 	requireTime(t, b.now(), upd2.UpdatedAt, "UpdatedAt")
-	got, err = b.store.GetTenant(b.ctx, "acme")
+	got, err = b.store.GetTenant(b.ctx, idem.GetTenantParams{ID: "acme"})
 	require.NoError(t, err)
 	requireSameTenant(t, upd2, got)
 }
@@ -131,8 +131,8 @@ func testTenantDelete(t *testing.T, s *suite) {
 	kept := b.create(t, "kept", "done")
 	kept = b.complete(t, "kept", "done", kept.FencingToken, response(2))
 
-	require.NoError(t, b.store.DeleteTenant(b.ctx, "gone"))
-	_, err := b.store.GetTenant(b.ctx, "gone")
+	require.NoError(t, b.store.DeleteTenant(b.ctx, idem.DeleteTenantParams{ID: "gone"}))
+	_, err := b.store.GetTenant(b.ctx, idem.GetTenantParams{ID: "gone"})
 	requireCode(t, err, idem.ErrTenantNotFound)
 	b.requireAbsent(t, "gone", "inflight")
 	b.requireAbsent(t, "gone", "done")
@@ -142,8 +142,8 @@ func testTenantDelete(t *testing.T, s *suite) {
 	require.Len(t, tenants, 1)
 	require.Equal(t, "kept", tenants[0].ID)
 
-	requireCode(t, b.store.DeleteTenant(b.ctx, "gone"), idem.ErrTenantNotFound)
-	requireCode(t, b.store.DeleteTenant(b.ctx, "never"), idem.ErrTenantNotFound)
+	requireCode(t, b.store.DeleteTenant(b.ctx, idem.DeleteTenantParams{ID: "gone"}), idem.ErrTenantNotFound)
+	requireCode(t, b.store.DeleteTenant(b.ctx, idem.DeleteTenantParams{ID: "never"}), idem.ErrTenantNotFound)
 
 	b.tenant(t, "gone")
 	again := b.create(t, "gone", "done")
@@ -249,7 +249,7 @@ func testTenantDeleteRacesClaims(t *testing.T, s *suite) {
 		var delErr error
 		race(racers+1, func(i int) {
 			if i == racers {
-				delErr = b.store.DeleteTenant(b.ctx, "gone")
+				delErr = b.store.DeleteTenant(b.ctx, idem.DeleteTenantParams{ID: "gone"})
 				return
 			}
 			_, errs[i] = b.store.Claim(b.ctx, ClaimParams("gone", fmt.Sprintf("race-%d-%d", round, i)))
@@ -268,6 +268,6 @@ func testTenantDeleteRacesClaims(t *testing.T, s *suite) {
 		recs, err := b.store.ListRecords(b.ctx, idem.ListRecordsParams{TenantID: "gone", Limit: 1000})
 		require.NoError(t, err)
 		require.Empty(t, recs, "round %d: records outlived their tenant", round)
-		require.NoError(t, b.store.DeleteTenant(b.ctx, "gone"))
+		require.NoError(t, b.store.DeleteTenant(b.ctx, idem.DeleteTenantParams{ID: "gone"}))
 	}
 }

@@ -44,7 +44,7 @@ func testWebhookFinishAfterTenantDeleted(t *testing.T, s *suite) {
 	b.sendTest(t, e)
 	got := b.claimAll(t)
 	require.Len(t, got, 1)
-	require.NoError(t, b.store.DeleteTenant(b.ctx, "acme"))
+	require.NoError(t, b.store.DeleteTenant(b.ctx, idem.DeleteTenantParams{ID: "acme"}))
 	for _, ok := range []bool{false, true} {
 		require.NoError(t, ws.FinishWebhookDelivery(b.ctx, idem.FinishWebhookDeliveryParams{
 			ID: got[0].ID, Attempts: got[0].Attempts, OK: ok, Status: 500, RetryIn: time.Minute,
@@ -81,7 +81,7 @@ func (b *bundle) sendTest(t *testing.T, e idem.WebhookEndpoint) idem.Event {
 	t.Helper()
 	ev, err := idem.NewEvent(e.TenantID, idem.EventWebhookTest, b.now(), nil)
 	require.NoError(t, err)
-	_, err = b.webhooks(t).SendTestEvent(b.ctx, e.ID, ev)
+	_, err = b.webhooks(t).SendTestEvent(b.ctx, idem.SendTestEventParams{EndpointID: e.ID, Event: ev})
 	require.NoError(t, err)
 	return ev
 }
@@ -106,7 +106,7 @@ func eventTypes(ds []idem.WebhookDelivery) []idem.EventType {
 // claimAll claims every due delivery with a 1-minute lease.
 func (b *bundle) claimAll(t *testing.T) []idem.WebhookDelivery {
 	t.Helper()
-	ds, err := b.webhooks(t).ClaimWebhookDeliveries(b.ctx, 100, 100, nil, time.Minute)
+	ds, err := b.webhooks(t).ClaimWebhookDeliveries(b.ctx, idem.ClaimWebhookDeliveriesParams{Limit: 100, PerTenant: 100, Served: nil, Lease: time.Minute})
 	require.NoError(t, err)
 	return ds
 }
@@ -120,7 +120,7 @@ func testWebhookEndpointLifecycle(t *testing.T, s *suite) {
 	requireCode(t, err, idem.ErrTenantUnknown)
 
 	e := b.endpoint(t, "acme", idem.EventKeyOrphaned, idem.EventKeyLeaseLost)
-	got, err := ws.GetWebhookEndpoint(b.ctx, "acme", e.ID)
+	got, err := ws.GetWebhookEndpoint(b.ctx, idem.GetWebhookEndpointParams{TenantID: "acme", ID: e.ID})
 	require.NoError(t, err)
 	require.Equal(t, e.URL, got.URL)
 	require.Equal(t, e.Secret, got.Secret)
@@ -128,7 +128,7 @@ func testWebhookEndpointLifecycle(t *testing.T, s *suite) {
 	require.True(t, got.Enabled)
 	require.Equal(t, b.now(), got.CreatedAt)
 
-	_, err = ws.GetWebhookEndpoint(b.ctx, "other", e.ID)
+	_, err = ws.GetWebhookEndpoint(b.ctx, idem.GetWebhookEndpointParams{TenantID: "other", ID: e.ID})
 	requireCode(t, err, idem.ErrWebhookNotFound)
 
 	got.URL, got.Events, got.Enabled = "https://hooks.example.com/v2", nil, false
@@ -138,12 +138,12 @@ func testWebhookEndpointLifecycle(t *testing.T, s *suite) {
 	require.Empty(t, upd.Events)
 	require.False(t, upd.Enabled)
 
-	list, err := ws.ListWebhookEndpoints(b.ctx, "acme")
+	list, err := ws.ListWebhookEndpoints(b.ctx, idem.ListWebhookEndpointsParams{TenantID: "acme"})
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 
-	require.NoError(t, ws.DeleteWebhookEndpoint(b.ctx, "acme", e.ID))
-	requireCode(t, ws.DeleteWebhookEndpoint(b.ctx, "acme", e.ID), idem.ErrWebhookNotFound)
+	require.NoError(t, ws.DeleteWebhookEndpoint(b.ctx, idem.DeleteWebhookEndpointParams{TenantID: "acme", ID: e.ID}))
+	requireCode(t, ws.DeleteWebhookEndpoint(b.ctx, idem.DeleteWebhookEndpointParams{TenantID: "acme", ID: e.ID}), idem.ErrWebhookNotFound)
 	_, err = ws.UpdateWebhookEndpoint(b.ctx, got)
 	requireCode(t, err, idem.ErrWebhookNotFound)
 }
@@ -178,12 +178,12 @@ func testWebhookEndpointLimit(t *testing.T, s *suite) {
 	}
 	wg.Wait()
 	require.Equal(t, map[idem.Code]int{"": 1, idem.CodeWebhookLimitReached: 7}, codes)
-	list, err := ws.ListWebhookEndpoints(b.ctx, "acme")
+	list, err := ws.ListWebhookEndpoints(b.ctx, idem.ListWebhookEndpointsParams{TenantID: "acme"})
 	require.NoError(t, err)
 	require.Len(t, list, idem.MaxWebhookEndpoints)
 	b.endpoint(t, "other")
 
-	require.NoError(t, ws.DeleteWebhookEndpoint(b.ctx, "acme", first.ID))
+	require.NoError(t, ws.DeleteWebhookEndpoint(b.ctx, idem.DeleteWebhookEndpointParams{TenantID: "acme", ID: first.ID}))
 	b.endpoint(t, "acme")
 }
 
@@ -278,16 +278,16 @@ func testWebhookOrphanedOnce(t *testing.T, s *suite) {
 	b.create(t, "acme", "k")
 	b.create(t, "acme", "running")
 
-	n, err := ws.EmitOrphanEvents(b.ctx, 10)
+	n, err := ws.EmitOrphanEvents(b.ctx, idem.EmitOrphanEventsParams{Limit: 10})
 	require.NoError(t, err)
 	require.Zero(t, n, "no lease ran out yet")
 
 	b.advance(defaultLease)
 	b.checkpoint(t, idem.CheckpointParams{TenantID: "acme", Key: "running", FencingToken: b.get(t, "acme", "running").FencingToken, RecoveryPoint: "p", Lease: time.Hour})
-	n, err = ws.EmitOrphanEvents(b.ctx, 10)
+	n, err = ws.EmitOrphanEvents(b.ctx, idem.EmitOrphanEventsParams{Limit: 10})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	n, err = ws.EmitOrphanEvents(b.ctx, 10)
+	n, err = ws.EmitOrphanEvents(b.ctx, idem.EmitOrphanEventsParams{Limit: 10})
 	require.NoError(t, err)
 	require.Zero(t, n, "an orphan is reported once")
 	require.Len(t, b.deliveries(t, e), 1)
@@ -295,7 +295,7 @@ func testWebhookOrphanedOnce(t *testing.T, s *suite) {
 	// A takeover gets a new token; orphaned again, it is reported again.
 	b.claim(t, ClaimParams("acme", "k"))
 	b.advance(defaultLease)
-	n, err = ws.EmitOrphanEvents(b.ctx, 10)
+	n, err = ws.EmitOrphanEvents(b.ctx, idem.EmitOrphanEventsParams{Limit: 10})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Len(t, b.deliveries(t, e), 2)
@@ -332,7 +332,7 @@ func testWebhookClaimLease(t *testing.T, s *suite) {
 	ws := b.webhooks(t)
 	ev, err := idem.NewEvent("acme", idem.EventWebhookTest, b.now(), map[string]string{"hello": "world"})
 	require.NoError(t, err)
-	queued, err := ws.SendTestEvent(b.ctx, e.ID, ev)
+	queued, err := ws.SendTestEvent(b.ctx, idem.SendTestEventParams{EndpointID: e.ID, Event: ev})
 	require.NoError(t, err)
 
 	got := b.claimAll(t)
@@ -367,11 +367,11 @@ func testWebhookClaimLease(t *testing.T, s *suite) {
 	require.Empty(t, b.claimAll(t), "a delivered event is not sent again")
 
 	// Purge keeps it until it is old enough.
-	n, err := ws.PurgeWebhookDeliveries(b.ctx, 2*time.Hour, 10)
+	n, err := ws.PurgeWebhookDeliveries(b.ctx, idem.PurgeWebhookDeliveriesParams{OlderThan: 2 * time.Hour, Limit: 10})
 	require.NoError(t, err)
 	require.Zero(t, n)
 	b.advance(2 * time.Hour)
-	n, err = ws.PurgeWebhookDeliveries(b.ctx, 2*time.Hour, 10)
+	n, err = ws.PurgeWebhookDeliveries(b.ctx, idem.PurgeWebhookDeliveriesParams{OlderThan: 2 * time.Hour, Limit: 10})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 }
@@ -402,12 +402,12 @@ func testWebhookDisable(t *testing.T, s *suite) {
 	b.advance(10 * time.Minute)
 	fail(time.Hour)
 	b.advance(time.Hour)
-	got, err := ws.GetWebhookEndpoint(b.ctx, "acme", e.ID)
+	got, err := ws.GetWebhookEndpoint(b.ctx, idem.GetWebhookEndpointParams{TenantID: "acme", ID: e.ID})
 	require.NoError(t, err)
 	require.True(t, got.Enabled, "two failures are not yet sustained")
 	require.Equal(t, 2, got.ConsecutiveFailures)
 	fail(time.Hour) // third failure, 70 minutes into the streak
-	got, err = ws.GetWebhookEndpoint(b.ctx, "acme", e.ID)
+	got, err = ws.GetWebhookEndpoint(b.ctx, idem.GetWebhookEndpointParams{TenantID: "acme", ID: e.ID})
 	require.NoError(t, err)
 	require.False(t, got.Enabled, "three failures over an hour disable it")
 	require.Equal(t, "sustained_failure", got.DisabledReason)
@@ -446,7 +446,7 @@ func testWebhookClaimRace(t *testing.T, s *suite) {
 	for range 8 {
 		wg.Go(func() {
 			for {
-				got, err := ws.ClaimWebhookDeliveries(b.ctx, 3, 2, nil, time.Minute)
+				got, err := ws.ClaimWebhookDeliveries(b.ctx, idem.ClaimWebhookDeliveriesParams{Limit: 3, PerTenant: 2, Served: nil, Lease: time.Minute})
 				if err != nil {
 					t.Error(err)
 					return
@@ -497,7 +497,7 @@ func testWebhookClaimTurns(t *testing.T, s *suite) {
 	}
 	claim := func(limit, perTenant int) []string {
 		t.Helper()
-		got, err := ws.ClaimWebhookDeliveries(b.ctx, limit, perTenant, nil, time.Minute)
+		got, err := ws.ClaimWebhookDeliveries(b.ctx, idem.ClaimWebhookDeliveriesParams{Limit: limit, PerTenant: perTenant, Served: nil, Lease: time.Minute})
 		require.NoError(t, err)
 		ids := []string{}
 		for _, d := range got {
@@ -555,7 +555,7 @@ func testWebhookClaimServed(t *testing.T, s *suite) {
 	z0 := send(z)
 	claim := func(limit int, served map[string]int64) []string {
 		t.Helper()
-		got, err := ws.ClaimWebhookDeliveries(b.ctx, limit, 8, served, time.Minute)
+		got, err := ws.ClaimWebhookDeliveries(b.ctx, idem.ClaimWebhookDeliveriesParams{Limit: limit, PerTenant: 8, Served: served, Lease: time.Minute})
 		require.NoError(t, err)
 		ids := []string{}
 		for _, d := range got {
@@ -581,16 +581,16 @@ func testWebhookTestSend(t *testing.T, s *suite) {
 	ws := b.webhooks(t)
 	ev, err := idem.NewEvent("acme", idem.EventWebhookTest, b.now(), nil)
 	require.NoError(t, err)
-	d, err := ws.SendTestEvent(b.ctx, e.ID, ev)
+	d, err := ws.SendTestEvent(b.ctx, idem.SendTestEventParams{EndpointID: e.ID, Event: ev})
 	require.NoError(t, err, "a test event ignores the filter")
 	require.Equal(t, idem.EventWebhookTest, d.EventType)
 	require.Equal(t, idem.DeliveryPending, d.State)
 
-	_, err = ws.SendTestEvent(b.ctx, "ep_missing", ev)
+	_, err = ws.SendTestEvent(b.ctx, idem.SendTestEventParams{EndpointID: "ep_missing", Event: ev})
 	requireCode(t, err, idem.ErrWebhookNotFound)
 	other, err := idem.NewEvent("other", idem.EventWebhookTest, b.now(), nil)
 	require.NoError(t, err)
-	_, err = ws.SendTestEvent(b.ctx, e.ID, other)
+	_, err = ws.SendTestEvent(b.ctx, idem.SendTestEventParams{EndpointID: e.ID, Event: other})
 	requireCode(t, err, idem.ErrWebhookNotFound, "another tenant's endpoint")
 
 	// A disabled endpoint is delivered nothing, so a test send to it would
@@ -599,7 +599,7 @@ func testWebhookTestSend(t *testing.T, s *suite) {
 	off.Enabled = false
 	_, err = ws.UpdateWebhookEndpoint(b.ctx, off)
 	require.NoError(t, err)
-	_, err = ws.SendTestEvent(b.ctx, e.ID, ev)
+	_, err = ws.SendTestEvent(b.ctx, idem.SendTestEventParams{EndpointID: e.ID, Event: ev})
 	requireCode(t, err, idem.ErrWebhookDisabled, "a disabled endpoint")
 }
 
@@ -651,7 +651,7 @@ func testWebhookOrphanRace(t *testing.T, s *suite) {
 	for range 6 {
 		wg.Go(func() {
 			for {
-				n, err := ws.EmitOrphanEvents(b.ctx, 4)
+				n, err := ws.EmitOrphanEvents(b.ctx, idem.EmitOrphanEventsParams{Limit: 4})
 				if err != nil {
 					t.Error(err)
 					return

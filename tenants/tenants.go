@@ -79,7 +79,7 @@ func (s *Service) Known(ctx context.Context, id string) (idem.Tenant, error) {
 	t, ok := s.cached(id)
 	if !ok {
 		var err error
-		t, err = s.store.GetTenant(ctx, id)
+		t, err = s.store.GetTenant(ctx, idem.GetTenantParams{ID: id})
 		if errors.Is(err, idem.ErrTenantNotFound) {
 			return idem.Tenant{}, unknown(err)
 		}
@@ -156,7 +156,7 @@ func (s *Service) Create(ctx context.Context, id, name string, patch idem.Settin
 // Get returns a tenant, disabled or not, straight from the store. It returns
 // ErrTenantNotFound.
 func (s *Service) Get(ctx context.Context, id string) (idem.Tenant, error) {
-	t, err := s.store.GetTenant(ctx, id)
+	t, err := s.store.GetTenant(ctx, idem.GetTenantParams{ID: id})
 	if err != nil {
 		return idem.Tenant{}, fmt.Errorf("get tenant: %w", err)
 	}
@@ -180,7 +180,7 @@ func (s *Service) List(ctx context.Context) ([]idem.Tenant, error) {
 // tenant may lose one another's change (last writer wins). Tenant changes are
 // rare operator actions, so this is accepted.
 func (s *Service) Update(ctx context.Context, id string, p Patch) (idem.Tenant, error) {
-	cur, err := s.store.GetTenant(ctx, id)
+	cur, err := s.store.GetTenant(ctx, idem.GetTenantParams{ID: id})
 	if err != nil {
 		return idem.Tenant{}, fmt.Errorf("update tenant: %w", err)
 	}
@@ -215,7 +215,7 @@ func (s *Service) Update(ctx context.Context, id string, p Patch) (idem.Tenant, 
 // TTL has run out). It returns ErrTenantNotFound. To suspend a tenant
 // without losing anything, disable it instead.
 func (s *Service) Delete(ctx context.Context, id string) error {
-	err := s.store.DeleteTenant(ctx, id)
+	err := s.store.DeleteTenant(ctx, idem.DeleteTenantParams{ID: id})
 	s.Invalidate(id)
 	if err != nil {
 		return fmt.Errorf("delete tenant: %w", err)
@@ -226,7 +226,7 @@ func (s *Service) Delete(ctx context.Context, id string) error {
 // Ensure returns tenant id, creating it with default settings when it does
 // not exist (development mode). A disabled tenant is returned as is.
 func (s *Service) Ensure(ctx context.Context, id, name string) (idem.Tenant, error) {
-	t, err := s.store.GetTenant(ctx, id)
+	t, err := s.store.GetTenant(ctx, idem.GetTenantParams{ID: id})
 	if err == nil {
 		return t, nil
 	}

@@ -40,9 +40,9 @@ func TestDashboardShowsCompleterStates(t *testing.T) {
 			}))
 			t.Cleanup(ep.Close)
 			srv := servertest.Start(t, servertest.Options{Backend: backend, Tenants: []string{"acme"}, Configure: func(c *server.Config) {
-				c.WebhookAllowPrivate = true
-				c.CompleterInterval = 100 * time.Millisecond
-				c.CompleterBackoffCap = 2 * time.Hour
+				c.Webhooks.AllowPrivate = true
+				c.Completer.Interval = 100 * time.Millisecond
+				c.Completer.BackoffCap = 2 * time.Hour
 			}})
 			writer := srv.Token(t, "acme", "keys:write")
 			admin := srv.Token(t, "acme", "keys:read tenant:admin")

@@ -29,9 +29,9 @@ import (
 func TestPageResumeEndpointExample(t *testing.T) {
 	t.Parallel()
 	srv := servertest.Start(t, servertest.Options{Tenants: []string{"docs"}, Configure: func(c *server.Config) {
-		c.WebhookAllowPrivate = true
-		c.CompleterInterval = 100 * time.Millisecond
-		c.CompleterTimeout = 5 * time.Second
+		c.Webhooks.AllowPrivate = true
+		c.Completer.Interval = 100 * time.Millisecond
+		c.Completer.Timeout = 5 * time.Second
 	}})
 	admin := srv.Token(t, "docs", "tenant:admin")
 	writer := srv.Token(t, "docs", "keys:write")

@@ -38,7 +38,8 @@ const (
 	purgeEvery = 10 * time.Minute
 )
 
-// Config tunes the delivery job. Zero fields take the defaults.
+// Config tunes the delivery job. Zero fields take the defaults. It is
+// server.Config.Webhooks as it is: the settings IDEM_WEBHOOK_*.
 type Config struct {
 	// Interval is the pause between polls of the outbox when it is empty.
 	Interval time.Duration
@@ -212,7 +213,7 @@ func (d *Deliverer) Run(ctx context.Context) error {
 			lastPurge = time.Now()
 			clear(served)
 			pctx, cancel := context.WithTimeout(ctx, d.cfg.StoreTimeout)
-			_, err := d.store.PurgeWebhookDeliveries(pctx, d.cfg.Retention, 1000)
+			_, err := d.store.PurgeWebhookDeliveries(pctx, idem.PurgeWebhookDeliveriesParams{OlderThan: d.cfg.Retention, Limit: 1000})
 			cancel()
 			if err != nil && ctx.Err() == nil {
 				d.logger.Error("webhook delivery purge failed", "err", err)
@@ -286,7 +287,7 @@ func (d *Deliverer) Run(ctx context.Context) error {
 func (d *Deliverer) claim(ctx context.Context, limit int, served map[string]int64) ([]idem.WebhookDelivery, error) {
 	cctx, cancel := context.WithTimeout(ctx, d.cfg.StoreTimeout)
 	defer cancel()
-	batch, err := d.store.ClaimWebhookDeliveries(cctx, limit, d.cfg.Concurrency, served, d.cfg.Lease)
+	batch, err := d.store.ClaimWebhookDeliveries(cctx, idem.ClaimWebhookDeliveriesParams{Limit: limit, PerTenant: d.cfg.Concurrency, Served: served, Lease: d.cfg.Lease})
 	if err != nil {
 		return nil, fmt.Errorf("claim deliveries: %w", err)
 	}

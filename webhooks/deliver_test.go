@@ -60,7 +60,7 @@ func register(t *testing.T, s store, r *webhookreceiver.Receiver) idem.WebhookEn
 func registerIn(t *testing.T, s store, tenant string, r *webhookreceiver.Receiver) idem.WebhookEndpoint {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := s.GetTenant(ctx, tenant); err != nil {
+	if _, err := s.GetTenant(ctx, idem.GetTenantParams{ID: tenant}); err != nil {
 		_, err := s.CreateTenant(ctx, idem.CreateTenantParams{ID: tenant, Name: tenant, Settings: idem.DefaultSettings()})
 		require.NoError(t, err)
 	}
@@ -77,7 +77,7 @@ func testEvent(t *testing.T, s store, e idem.WebhookEndpoint) string {
 	t.Helper()
 	ev, err := idem.NewEvent(e.TenantID, idem.EventWebhookTest, time.Now(), map[string]int{"n": 1})
 	require.NoError(t, err)
-	_, err = s.SendTestEvent(context.Background(), e.ID, ev)
+	_, err = s.SendTestEvent(context.Background(), idem.SendTestEventParams{EndpointID: e.ID, Event: ev})
 	require.NoError(t, err)
 	return ev.ID
 }
@@ -204,11 +204,11 @@ func TestDeliveryDisablesFailingEndpoint(t *testing.T) {
 		cfg.DisableAfter, cfg.DisableMinFailures = time.Millisecond, 3
 		run(t, webhooks.New(s, cfg, nil, nil))
 		require.Eventually(t, func() bool {
-			got, err := s.GetWebhookEndpoint(context.Background(), "acme", e.ID)
+			got, err := s.GetWebhookEndpoint(context.Background(), idem.GetWebhookEndpointParams{TenantID: "acme", ID: e.ID})
 			require.NoError(t, err)
 			return !got.Enabled
 		}, 10*time.Second, 20*time.Millisecond)
-		got, err := s.GetWebhookEndpoint(context.Background(), "acme", e.ID)
+		got, err := s.GetWebhookEndpoint(context.Background(), idem.GetWebhookEndpointParams{TenantID: "acme", ID: e.ID})
 		require.NoError(t, err)
 		require.Equal(t, "sustained_failure", got.DisabledReason)
 		require.GreaterOrEqual(t, got.ConsecutiveFailures, 3)
@@ -277,7 +277,7 @@ func TestShutdownMidAttemptRecordsNoFailure(t *testing.T) {
 		require.Eventually(t, func() bool { return len(r.Requests()) == 1 }, 10*time.Second, 10*time.Millisecond)
 		cancel()
 		<-done
-		got, err := s.GetWebhookEndpoint(context.Background(), "acme", e.ID)
+		got, err := s.GetWebhookEndpoint(context.Background(), idem.GetWebhookEndpointParams{TenantID: "acme", ID: e.ID})
 		require.NoError(t, err)
 		require.Zero(t, got.ConsecutiveFailures, "shutting down counted as the endpoint's failure")
 		log := logOf(t, s, e)[0]
@@ -546,14 +546,14 @@ type claimCall struct {
 	err error
 }
 
-func (f *failingClaims) ClaimWebhookDeliveries(ctx context.Context, limit, perTenant int, served map[string]int64, lease time.Duration) ([]idem.WebhookDelivery, error) {
+func (f *failingClaims) ClaimWebhookDeliveries(ctx context.Context, p idem.ClaimWebhookDeliveriesParams) ([]idem.WebhookDelivery, error) {
 	f.mu.Lock()
 	failing := len(f.calls) < f.fail
 	f.mu.Unlock()
 	var got []idem.WebhookDelivery
 	err := errors.New("store down")
 	if !failing {
-		got, err = f.WebhookStore.ClaimWebhookDeliveries(ctx, limit, perTenant, served, lease)
+		got, err = f.WebhookStore.ClaimWebhookDeliveries(ctx, p)
 	}
 	f.mu.Lock()
 	f.calls = append(f.calls, claimCall{time.Now(), len(got), err})

@@ -20,7 +20,7 @@ import (
 func endpointAt(t *testing.T, s store, rawURL string) idem.WebhookEndpoint {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := s.GetTenant(ctx, "acme"); err != nil {
+	if _, err := s.GetTenant(ctx, idem.GetTenantParams{ID: "acme"}); err != nil {
 		_, err := s.CreateTenant(ctx, idem.CreateTenantParams{ID: "acme", Name: "acme", Settings: idem.DefaultSettings()})
 		require.NoError(t, err)
 	}

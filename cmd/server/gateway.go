@@ -119,7 +119,7 @@ in-flight budget of protected request bodies (IDEM_MAX_INFLIGHT_BYTES).`)
 		return 1
 	}
 	checkCtx, cancel := context.WithTimeout(ctx, cfg.StoreTimeout)
-	if t, err := store.GetTenant(checkCtx, tenant); err != nil {
+	if t, err := store.GetTenant(checkCtx, idem.GetTenantParams{ID: tenant}); err != nil {
 		logger.Warn("the gateway's tenant cannot be read now; protected requests fail closed until it can", "tenant", tenant, "err", err)
 	} else if t.Disabled {
 		logger.Warn("the gateway's tenant is disabled; protected requests fail closed", "tenant", tenant)

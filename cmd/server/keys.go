@@ -92,7 +92,7 @@ func runKeys(ctx context.Context, e env, args []string) int {
 		return fail(e, "%v", err)
 	}
 	defer closeStore()
-	t, err := store.GetTenant(ctx, p.TenantID)
+	t, err := store.GetTenant(ctx, idem.GetTenantParams{ID: p.TenantID})
 	if err != nil {
 		return fail(e, "keys %s: %s", action, describe(err))
 	}

@@ -87,7 +87,7 @@ func runWebhooks(ctx context.Context, e env, args []string) int {
 
 	switch sub {
 	case "create":
-		ep, err := webhooks.NewEndpoint(*tenant, *url, parseEvents(*events), true, cfg.WebhookAllowPrivate)
+		ep, err := webhooks.NewEndpoint(*tenant, *url, parseEvents(*events), true, cfg.Webhooks.AllowPrivate)
 		if err == nil {
 			ep, err = ws.CreateWebhookEndpoint(ctx, ep)
 		}
@@ -98,7 +98,7 @@ func runWebhooks(ctx context.Context, e env, args []string) int {
 		out["secret"] = ep.Secret
 		return printJSON(e, out)
 	case "list":
-		list, err := ws.ListWebhookEndpoints(ctx, *tenant)
+		list, err := ws.ListWebhookEndpoints(ctx, idem.ListWebhookEndpointsParams{TenantID: *tenant})
 		if err != nil {
 			return fail(e, "webhooks list: %s", describe(err))
 		}
@@ -108,12 +108,12 @@ func runWebhooks(ctx context.Context, e env, args []string) int {
 		}
 		return printJSON(e, out)
 	case "set":
-		ep, err := ws.GetWebhookEndpoint(ctx, *tenant, *id)
+		ep, err := ws.GetWebhookEndpoint(ctx, idem.GetWebhookEndpointParams{TenantID: *tenant, ID: *id})
 		if err != nil {
 			return fail(e, "webhooks set: %s", describe(err))
 		}
 		if given["url"] {
-			if err := webhooks.CheckURL(*url, cfg.WebhookAllowPrivate); err != nil {
+			if err := webhooks.CheckURL(*url, cfg.Webhooks.AllowPrivate); err != nil {
 				return fail(e, "webhooks set: %s", describe(err))
 			}
 			ep.URL = *url
@@ -133,7 +133,7 @@ func runWebhooks(ctx context.Context, e env, args []string) int {
 		}
 		return printJSON(e, endpointOut(ep))
 	case "delete":
-		if err := ws.DeleteWebhookEndpoint(ctx, *tenant, *id); err != nil {
+		if err := ws.DeleteWebhookEndpoint(ctx, idem.DeleteWebhookEndpointParams{TenantID: *tenant, ID: *id}); err != nil {
 			return fail(e, "webhooks delete: %s", describe(err))
 		}
 		fmt.Fprintf(e.stdout, "deleted webhook endpoint %s of tenant %s\n", *id, *tenant)
@@ -142,7 +142,7 @@ func runWebhooks(ctx context.Context, e env, args []string) int {
 		ev, err := idem.NewEvent(*tenant, idem.EventWebhookTest, time.Now(), map[string]string{"endpoint_id": *id})
 		if err == nil {
 			var d idem.WebhookDelivery
-			if d, err = ws.SendTestEvent(ctx, *id, ev); err == nil {
+			if d, err = ws.SendTestEvent(ctx, idem.SendTestEventParams{EndpointID: *id, Event: ev}); err == nil {
 				return printJSON(e, deliveryOut(d))
 			}
 		}
@@ -152,7 +152,7 @@ func runWebhooks(ctx context.Context, e env, args []string) int {
 			fmt.Fprintf(e.stderr, "%s: --limit must be between 1 and 1000\n", e.prog)
 			return 2
 		}
-		if _, err := ws.GetWebhookEndpoint(ctx, *tenant, *id); err != nil {
+		if _, err := ws.GetWebhookEndpoint(ctx, idem.GetWebhookEndpointParams{TenantID: *tenant, ID: *id}); err != nil {
 			return fail(e, "webhooks deliveries: %s", describe(err))
 		}
 		ds, err := ws.ListWebhookDeliveries(ctx, idem.ListWebhookDeliveriesParams{TenantID: *tenant, EndpointID: *id, Limit: *limit})

@@ -26,11 +26,11 @@ import (
 // Configure makes the server's completer pick orphans at once and allows
 // a resume endpoint on loopback; use it as servertest.Options.Configure.
 func Configure(cfg *server.Config) {
-	cfg.WebhookAllowPrivate = true
-	cfg.CompleterInterval = 100 * time.Millisecond
-	cfg.CompleterTimeout = 5 * time.Second
-	cfg.CompleterBackoffBase = 50 * time.Millisecond
-	cfg.CompleterBackoffCap = 200 * time.Millisecond
+	cfg.Webhooks.AllowPrivate = true
+	cfg.Completer.Interval = 100 * time.Millisecond
+	cfg.Completer.Timeout = 5 * time.Second
+	cfg.Completer.BackoffBase = 50 * time.Millisecond
+	cfg.Completer.BackoffCap = 200 * time.Millisecond
 }
 
 // Endpoint is a registered resume endpoint that never resumes a key.

@@ -74,10 +74,10 @@ func Start(t *testing.T, opts Options) *Server {
 	// expected here (production refuses to without IDEM_CREATE_DB).
 	cfg.CreateDB = true
 	cfg.ShutdownGrace = 10 * time.Second
-	cfg.ReapInterval = orDefault(opts.ReapInterval, 200*time.Millisecond)
-	cfg.OrphanWatchInterval = orDefault(opts.OrphanWatchInterval, 200*time.Millisecond)
+	cfg.Jobs.ReapInterval = orDefault(opts.ReapInterval, 200*time.Millisecond)
+	cfg.Jobs.OrphanWatchInterval = orDefault(opts.OrphanWatchInterval, 200*time.Millisecond)
 	if opts.ReapBatchSize > 0 {
-		cfg.ReapBatchSize = opts.ReapBatchSize
+		cfg.Jobs.ReapBatchSize = opts.ReapBatchSize
 	}
 	switch {
 	case opts.DatabaseURL != "":

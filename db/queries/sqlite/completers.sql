@@ -56,7 +56,10 @@ UPDATE idempotency_keys SET
     completer_state = 'resuming',
     completer_attempts = completer_attempts + 1,
     completer_next_at = NULL,
-    completer_deadline = coalesce(completer_deadline, sqlc.arg(deadline)),
+    -- the policy's deadline from the first takeover, never past the
+    -- record's purge time (the reaper would delete it first)
+    completer_deadline = coalesce(completer_deadline,
+        min(sqlc.arg(now) + CAST(sqlc.arg(deadline_us) AS INTEGER), purge_after)),
     updated_at = sqlc.arg(now),
     purge_after = max(purge_after, sqlc.arg(lease_expires_at))
 WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)

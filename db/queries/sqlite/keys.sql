@@ -17,7 +17,9 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key);
 
 -- name: CreateKey :one
 -- CreateKey inserts a fresh in-flight record, or overwrites an expired one
--- with a fresh record: attempt 1, response and recovery point cleared.
+-- with a fresh record: attempt 1, response and recovery point cleared. It
+-- is kept for the reaper threshold, and never less than the lease
+-- (PostgreSQL's ClaimKey: greatest(...)).
 INSERT INTO idempotency_keys (
     tenant_id, key, state, operation, fingerprint, fencing_token, attempt, attempt_id,
     lease_expires_at, recovery_point, recovery_data,
@@ -30,7 +32,9 @@ INSERT INTO idempotency_keys (
     sqlc.arg(lease_expires_at), NULL, NULL,
     NULL, NULL, NULL, NULL,
     sqlc.arg(replay_window_seconds), sqlc.arg(reaper_threshold_seconds),
-    sqlc.arg(now), sqlc.arg(now), NULL, NULL, sqlc.arg(purge_after), sqlc.arg(stored_bytes)
+    sqlc.arg(now), sqlc.arg(now), NULL, NULL,
+    max(sqlc.arg(now) + sqlc.arg(reaper_threshold_seconds) * 1000000, sqlc.arg(lease_expires_at)),
+    sqlc.arg(stored_bytes)
 )
 ON CONFLICT (tenant_id, key) DO UPDATE SET
     state = excluded.state,
@@ -63,40 +67,51 @@ RETURNING *;
 
 -- name: TakeoverKey :one
 -- TakeoverKey hands an orphaned record to a new attempt; the recovery point
--- and data stay for the new owner.
+-- and data stay for the new owner. The purge is the record's reaper
+-- threshold from now, and never before the new lease ends.
 UPDATE idempotency_keys SET
     fencing_token = sqlc.arg(fencing_token),
     attempt = attempt + 1,
     attempt_id = sqlc.narg(attempt_id),
     lease_expires_at = sqlc.arg(lease_expires_at),
     updated_at = sqlc.arg(now),
-    purge_after = sqlc.arg(purge_after)
+    purge_after = max(sqlc.arg(now) + reaper_threshold_seconds * 1000000, sqlc.arg(lease_expires_at))
 WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
 RETURNING *;
 
 -- name: RenewAttemptLease :one
 -- RenewAttemptLease gives a recovered attempt (a claim repeated with its
--- attempt id) a lease from now; the purge follows the lease.
+-- attempt id) a lease from now; the purge follows the lease (at least the
+-- reaper threshold from now, never before the new lease ends, never
+-- earlier than it was).
 UPDATE idempotency_keys SET
     lease_expires_at = sqlc.arg(lease_expires_at),
     updated_at = sqlc.arg(now),
-    purge_after = sqlc.arg(purge_after)
+    purge_after = max(purge_after, sqlc.arg(now) + reaper_threshold_seconds * 1000000, sqlc.arg(lease_expires_at))
 WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
 RETURNING *;
 
 -- name: CheckpointKey :one
+-- CheckpointKey saves the recovery point, renews the lease and postpones the
+-- purge (as RenewAttemptLease). The new recovery point and data, of
+-- recovery_bytes (idem.RecoveryBytes), replace the old ones in
+-- stored_bytes; the caller checked the token, the state and the quota in
+-- the same transaction.
 UPDATE idempotency_keys SET
     recovery_point = sqlc.arg(recovery_point),
     recovery_data = sqlc.narg(recovery_data),
-    stored_bytes = sqlc.arg(stored_bytes),
+    stored_bytes = stored_bytes - coalesce(length(CAST(recovery_point AS BLOB)), 0)
+        - coalesce(length(CAST(recovery_data AS BLOB)), 0) + sqlc.arg(recovery_bytes),
     lease_expires_at = sqlc.arg(lease_expires_at),
     updated_at = sqlc.arg(now),
-    purge_after = sqlc.arg(purge_after)
+    purge_after = max(purge_after, sqlc.arg(now) + reaper_threshold_seconds * 1000000, sqlc.arg(lease_expires_at))
 WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
 RETURNING *;
 
 -- name: CompleteKey :one
--- CompleteKey stores the response; a completion clears the review flag.
+-- CompleteKey stores the response and starts the replay window; a
+-- completion clears the review flag. The response's size (idem.Response
+-- Size) goes to stored_bytes.
 UPDATE idempotency_keys SET
     state = 'completed',
     lease_expires_at = NULL,
@@ -104,15 +119,15 @@ UPDATE idempotency_keys SET
     response_headers = sqlc.arg(response_headers),
     response_body = sqlc.arg(response_body),
     response_body_encoding = sqlc.arg(response_body_encoding),
-    stored_bytes = sqlc.arg(stored_bytes),
+    stored_bytes = stored_bytes + sqlc.arg(response_bytes),
     review_note = NULL,
     review_at = NULL,
     completer_state = NULL,
     completer_next_at = NULL,
     updated_at = sqlc.arg(now),
     completed_at = sqlc.arg(now),
-    replay_until = sqlc.arg(replay_until),
-    purge_after = sqlc.arg(purge_after)
+    replay_until = sqlc.arg(now) + replay_window_seconds * 1000000,
+    purge_after = sqlc.arg(now) + reaper_threshold_seconds * 1000000
 WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
 RETURNING *;
 
@@ -204,7 +219,7 @@ RETURNING tenant_id, key, state, operation, fingerprint, fencing_token, attempt,
 -- ResolveCompleteKey stores the response a person supplied for an orphan,
 -- hands the record a new fencing token (the late worker is fenced off) and
 -- clears the review flag; the caller checked the record in the same
--- transaction.
+-- transaction. Its size goes to stored_bytes, as CompleteKey's.
 UPDATE idempotency_keys SET
     state = 'completed',
     fencing_token = sqlc.arg(new_fencing_token),
@@ -213,15 +228,15 @@ UPDATE idempotency_keys SET
     response_headers = sqlc.arg(response_headers),
     response_body = sqlc.arg(response_body),
     response_body_encoding = sqlc.arg(response_body_encoding),
-    stored_bytes = sqlc.arg(stored_bytes),
+    stored_bytes = stored_bytes + sqlc.arg(response_bytes),
     review_note = NULL,
     review_at = NULL,
     completer_state = NULL,
     completer_next_at = NULL,
     updated_at = sqlc.arg(now),
     completed_at = sqlc.arg(now),
-    replay_until = sqlc.arg(replay_until),
-    purge_after = sqlc.arg(purge_after)
+    replay_until = sqlc.arg(now) + replay_window_seconds * 1000000,
+    purge_after = sqlc.arg(now) + reaper_threshold_seconds * 1000000
 WHERE tenant_id = sqlc.arg(tenant_id) AND key = sqlc.arg(key)
 RETURNING *;
 

@@ -370,8 +370,11 @@ UPDATE idempotency_keys SET
     completer_state = 'resuming',
     completer_attempts = completer_attempts + 1,
     completer_next_at = NULL,
-    completer_deadline = coalesce(completer_deadline, ?3),
-    updated_at = ?4,
+    -- the policy's deadline from the first takeover, never past the
+    -- record's purge time (the reaper would delete it first)
+    completer_deadline = coalesce(completer_deadline,
+        min(?3 + CAST(?4 AS INTEGER), purge_after)),
+    updated_at = ?3,
     purge_after = max(purge_after, ?2)
 WHERE tenant_id = ?5 AND key = ?6
 RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
@@ -380,8 +383,8 @@ RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attemp
 type TakeCompletionParams struct {
 	FencingToken   int64
 	LeaseExpiresAt *int64
-	Deadline       *int64
 	Now            int64
+	DeadlineUs     int64
 	TenantID       string
 	Key            string
 }
@@ -393,8 +396,8 @@ func (q *Queries) TakeCompletion(ctx context.Context, arg TakeCompletionParams) 
 	row := q.queryRow(ctx, q.takeCompletionStmt, takeCompletion,
 		arg.FencingToken,
 		arg.LeaseExpiresAt,
-		arg.Deadline,
 		arg.Now,
+		arg.DeadlineUs,
 		arg.TenantID,
 		arg.Key,
 	)

@@ -13,33 +13,37 @@ const checkpointKey = `-- name: CheckpointKey :one
 UPDATE idempotency_keys SET
     recovery_point = ?1,
     recovery_data = ?2,
-    stored_bytes = ?3,
+    stored_bytes = stored_bytes - coalesce(length(CAST(recovery_point AS BLOB)), 0)
+        - coalesce(length(CAST(recovery_data AS BLOB)), 0) + ?3,
     lease_expires_at = ?4,
     updated_at = ?5,
-    purge_after = ?6
-WHERE tenant_id = ?7 AND key = ?8
+    purge_after = max(purge_after, ?5 + reaper_threshold_seconds * 1000000, ?4)
+WHERE tenant_id = ?6 AND key = ?7
 RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 `
 
 type CheckpointKeyParams struct {
 	RecoveryPoint  *string
 	RecoveryData   []byte
-	StoredBytes    int64
+	RecoveryBytes  int64
 	LeaseExpiresAt *int64
 	Now            int64
-	PurgeAfter     int64
 	TenantID       string
 	Key            string
 }
 
+// CheckpointKey saves the recovery point, renews the lease and postpones the
+// purge (as RenewAttemptLease). The new recovery point and data, of
+// recovery_bytes (idem.RecoveryBytes), replace the old ones in
+// stored_bytes; the caller checked the token, the state and the quota in
+// the same transaction.
 func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (IdempotencyKey, error) {
 	row := q.queryRow(ctx, q.checkpointKeyStmt, checkpointKey,
 		arg.RecoveryPoint,
 		arg.RecoveryData,
-		arg.StoredBytes,
+		arg.RecoveryBytes,
 		arg.LeaseExpiresAt,
 		arg.Now,
-		arg.PurgeAfter,
 		arg.TenantID,
 		arg.Key,
 	)
@@ -88,16 +92,16 @@ UPDATE idempotency_keys SET
     response_headers = ?2,
     response_body = ?3,
     response_body_encoding = ?4,
-    stored_bytes = ?5,
+    stored_bytes = stored_bytes + ?5,
     review_note = NULL,
     review_at = NULL,
     completer_state = NULL,
     completer_next_at = NULL,
     updated_at = ?6,
     completed_at = ?6,
-    replay_until = ?7,
-    purge_after = ?8
-WHERE tenant_id = ?9 AND key = ?10
+    replay_until = ?6 + replay_window_seconds * 1000000,
+    purge_after = ?6 + reaper_threshold_seconds * 1000000
+WHERE tenant_id = ?7 AND key = ?8
 RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 `
 
@@ -106,25 +110,23 @@ type CompleteKeyParams struct {
 	ResponseHeaders      *string
 	ResponseBody         []byte
 	ResponseBodyEncoding *string
-	StoredBytes          int64
+	ResponseBytes        int64
 	Now                  int64
-	ReplayUntil          *int64
-	PurgeAfter           int64
 	TenantID             string
 	Key                  string
 }
 
-// CompleteKey stores the response; a completion clears the review flag.
+// CompleteKey stores the response and starts the replay window; a
+// completion clears the review flag. The response's size (idem.Response
+// Size) goes to stored_bytes.
 func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (IdempotencyKey, error) {
 	row := q.queryRow(ctx, q.completeKeyStmt, completeKey,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
 		arg.ResponseBodyEncoding,
-		arg.StoredBytes,
+		arg.ResponseBytes,
 		arg.Now,
-		arg.ReplayUntil,
-		arg.PurgeAfter,
 		arg.TenantID,
 		arg.Key,
 	)
@@ -178,7 +180,9 @@ INSERT INTO idempotency_keys (
     ?7, NULL, NULL,
     NULL, NULL, NULL, NULL,
     ?8, ?9,
-    ?10, ?10, NULL, NULL, ?11, ?12
+    ?10, ?10, NULL, NULL,
+    max(?10 + ?9 * 1000000, ?7),
+    ?11
 )
 ON CONFLICT (tenant_id, key) DO UPDATE SET
     state = excluded.state,
@@ -221,12 +225,13 @@ type CreateKeyParams struct {
 	ReplayWindowSeconds    int64
 	ReaperThresholdSeconds int64
 	Now                    int64
-	PurgeAfter             int64
 	StoredBytes            int64
 }
 
 // CreateKey inserts a fresh in-flight record, or overwrites an expired one
-// with a fresh record: attempt 1, response and recovery point cleared.
+// with a fresh record: attempt 1, response and recovery point cleared. It
+// is kept for the reaper threshold, and never less than the lease
+// (PostgreSQL's ClaimKey: greatest(...)).
 func (q *Queries) CreateKey(ctx context.Context, arg CreateKeyParams) (IdempotencyKey, error) {
 	row := q.queryRow(ctx, q.createKeyStmt, createKey,
 		arg.TenantID,
@@ -239,7 +244,6 @@ func (q *Queries) CreateKey(ctx context.Context, arg CreateKeyParams) (Idempoten
 		arg.ReplayWindowSeconds,
 		arg.ReaperThresholdSeconds,
 		arg.Now,
-		arg.PurgeAfter,
 		arg.StoredBytes,
 	)
 	var i IdempotencyKey
@@ -751,26 +755,26 @@ const renewAttemptLease = `-- name: RenewAttemptLease :one
 UPDATE idempotency_keys SET
     lease_expires_at = ?1,
     updated_at = ?2,
-    purge_after = ?3
-WHERE tenant_id = ?4 AND key = ?5
+    purge_after = max(purge_after, ?2 + reaper_threshold_seconds * 1000000, ?1)
+WHERE tenant_id = ?3 AND key = ?4
 RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 `
 
 type RenewAttemptLeaseParams struct {
 	LeaseExpiresAt *int64
 	Now            int64
-	PurgeAfter     int64
 	TenantID       string
 	Key            string
 }
 
 // RenewAttemptLease gives a recovered attempt (a claim repeated with its
-// attempt id) a lease from now; the purge follows the lease.
+// attempt id) a lease from now; the purge follows the lease (at least the
+// reaper threshold from now, never before the new lease ends, never
+// earlier than it was).
 func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeaseParams) (IdempotencyKey, error) {
 	row := q.queryRow(ctx, q.renewAttemptLeaseStmt, renewAttemptLease,
 		arg.LeaseExpiresAt,
 		arg.Now,
-		arg.PurgeAfter,
 		arg.TenantID,
 		arg.Key,
 	)
@@ -820,16 +824,16 @@ UPDATE idempotency_keys SET
     response_headers = ?3,
     response_body = ?4,
     response_body_encoding = ?5,
-    stored_bytes = ?6,
+    stored_bytes = stored_bytes + ?6,
     review_note = NULL,
     review_at = NULL,
     completer_state = NULL,
     completer_next_at = NULL,
     updated_at = ?7,
     completed_at = ?7,
-    replay_until = ?8,
-    purge_after = ?9
-WHERE tenant_id = ?10 AND key = ?11
+    replay_until = ?7 + replay_window_seconds * 1000000,
+    purge_after = ?7 + reaper_threshold_seconds * 1000000
+WHERE tenant_id = ?8 AND key = ?9
 RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 `
 
@@ -839,10 +843,8 @@ type ResolveCompleteKeyParams struct {
 	ResponseHeaders      *string
 	ResponseBody         []byte
 	ResponseBodyEncoding *string
-	StoredBytes          int64
+	ResponseBytes        int64
 	Now                  int64
-	ReplayUntil          *int64
-	PurgeAfter           int64
 	TenantID             string
 	Key                  string
 }
@@ -850,7 +852,7 @@ type ResolveCompleteKeyParams struct {
 // ResolveCompleteKey stores the response a person supplied for an orphan,
 // hands the record a new fencing token (the late worker is fenced off) and
 // clears the review flag; the caller checked the record in the same
-// transaction.
+// transaction. Its size goes to stored_bytes, as CompleteKey's.
 func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKeyParams) (IdempotencyKey, error) {
 	row := q.queryRow(ctx, q.resolveCompleteKeyStmt, resolveCompleteKey,
 		arg.NewFencingToken,
@@ -858,10 +860,8 @@ func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKey
 		arg.ResponseHeaders,
 		arg.ResponseBody,
 		arg.ResponseBodyEncoding,
-		arg.StoredBytes,
+		arg.ResponseBytes,
 		arg.Now,
-		arg.ReplayUntil,
-		arg.PurgeAfter,
 		arg.TenantID,
 		arg.Key,
 	)
@@ -971,8 +971,8 @@ UPDATE idempotency_keys SET
     attempt_id = ?2,
     lease_expires_at = ?3,
     updated_at = ?4,
-    purge_after = ?5
-WHERE tenant_id = ?6 AND key = ?7
+    purge_after = max(?4 + reaper_threshold_seconds * 1000000, ?3)
+WHERE tenant_id = ?5 AND key = ?6
 RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
 `
 
@@ -981,20 +981,19 @@ type TakeoverKeyParams struct {
 	AttemptID      *string
 	LeaseExpiresAt *int64
 	Now            int64
-	PurgeAfter     int64
 	TenantID       string
 	Key            string
 }
 
 // TakeoverKey hands an orphaned record to a new attempt; the recovery point
-// and data stay for the new owner.
+// and data stay for the new owner. The purge is the record's reaper
+// threshold from now, and never before the new lease ends.
 func (q *Queries) TakeoverKey(ctx context.Context, arg TakeoverKeyParams) (IdempotencyKey, error) {
 	row := q.queryRow(ctx, q.takeoverKeyStmt, takeoverKey,
 		arg.FencingToken,
 		arg.AttemptID,
 		arg.LeaseExpiresAt,
 		arg.Now,
-		arg.PurgeAfter,
 		arg.TenantID,
 		arg.Key,
 	)
