@@ -79,24 +79,15 @@ type CompleterConfig struct {
 }
 
 func (c CompleterConfig) withDefaults() CompleterConfig {
-	def := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&c.Interval, DefaultCompleterInterval)
-	def(&c.Timeout, DefaultCompleterTimeout)
-	def(&c.StoreTimeout, 5*time.Second)
-	def(&c.Lease, c.Timeout+2*c.StoreTimeout+5*time.Second)
-	def(&c.Deadline, DefaultCompleterDeadline)
-	def(&c.BackoffBase, DefaultCompleterBackoffBase)
-	def(&c.BackoffCap, DefaultCompleterBackoffCap)
-	if c.Concurrency <= 0 {
-		c.Concurrency = DefaultCompleterConcurrency
-	}
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = DefaultCompleterMaxAttempts
-	}
+	orDefault(&c.Interval, DefaultCompleterInterval)
+	orDefault(&c.Timeout, DefaultCompleterTimeout)
+	orDefault(&c.StoreTimeout, 5*time.Second)
+	orDefault(&c.Lease, c.Timeout+2*c.StoreTimeout+5*time.Second)
+	orDefault(&c.Deadline, DefaultCompleterDeadline)
+	orDefault(&c.BackoffBase, DefaultCompleterBackoffBase)
+	orDefault(&c.BackoffCap, DefaultCompleterBackoffCap)
+	orDefault(&c.Concurrency, DefaultCompleterConcurrency)
+	orDefault(&c.MaxAttempts, DefaultCompleterMaxAttempts)
 	return c
 }
 

@@ -88,33 +88,28 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	def := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&c.Interval, DefaultInterval)
-	def(&c.Timeout, DefaultTimeout)
-	def(&c.Lease, 2*c.Timeout+5*time.Second)
-	def(&c.RetryBase, DefaultRetryBase)
-	def(&c.RetryCap, DefaultRetryCap)
-	def(&c.MaxAge, DefaultMaxAge)
-	def(&c.DisableAfter, DefaultDisableAfter)
-	def(&c.Retention, DefaultRetention)
-	def(&c.StoreTimeout, 5*time.Second)
-	if c.BatchSize <= 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.Concurrency <= 0 {
-		c.Concurrency = DefaultConcurrency
-	}
-	if c.DisableMinFailures <= 0 {
-		c.DisableMinFailures = DefaultDisableMinFailures
-	}
-	if c.MaxResponseBytes <= 0 {
-		c.MaxResponseBytes = DefaultMaxResponseBytes
-	}
+	orDefault(&c.Interval, DefaultInterval)
+	orDefault(&c.Timeout, DefaultTimeout)
+	orDefault(&c.Lease, 2*c.Timeout+5*time.Second)
+	orDefault(&c.RetryBase, DefaultRetryBase)
+	orDefault(&c.RetryCap, DefaultRetryCap)
+	orDefault(&c.MaxAge, DefaultMaxAge)
+	orDefault(&c.DisableAfter, DefaultDisableAfter)
+	orDefault(&c.Retention, DefaultRetention)
+	orDefault(&c.StoreTimeout, 5*time.Second)
+	orDefault(&c.BatchSize, DefaultBatchSize)
+	orDefault(&c.Concurrency, DefaultConcurrency)
+	orDefault(&c.DisableMinFailures, DefaultDisableMinFailures)
+	orDefault(&c.MaxResponseBytes, DefaultMaxResponseBytes)
 	return c
+}
+
+// orDefault sets *v to d when it is zero or negative: a Config field left
+// unset takes its default.
+func orDefault[T ~int | ~int64](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }
 
 // Deliverer runs the delivery job.
