@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -57,11 +58,7 @@ const (
 
 // Valid reports whether s is one of the three completion states.
 func (s CompletionState) Valid() bool {
-	switch s {
-	case CompletionResuming, CompletionUnknown, CompletionReview:
-		return true
-	}
-	return false
+	return slices.Contains([]CompletionState{CompletionResuming, CompletionUnknown, CompletionReview}, s)
 }
 
 // Holds reports whether the completer holds the record in state s: an
@@ -355,7 +352,7 @@ const (
 
 // Valid reports whether f is a known filter.
 func (f CompletionFilter) Valid() bool {
-	return f == FilterAnyCompletion || f == FilterUnknown || f == FilterReview
+	return slices.Contains([]CompletionFilter{FilterAnyCompletion, FilterUnknown, FilterReview}, f)
 }
 
 // CompletionStat is the completer's summary of one tenant, for the
