@@ -97,6 +97,17 @@ func listOf[R, T any](recs []R, encode func(R) T) listJSON[T] {
 	return out
 }
 
+// bindAll binds the parts of a request in turn; the first error is the
+// answer.
+func bindAll(r *http.Request, parts ...binder) error {
+	for _, p := range parts {
+		if err := p.bind(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // bindLimit reads the page size of ?limit=: DefaultPageLimit when absent.
 func bindLimit(q url.Values) (int, error) {
 	if !q.Has("limit") {
