@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idem-dev/idem/client/backoff"
 	"github.com/idem-dev/idem/client/errcode"
 )
 
@@ -213,10 +214,7 @@ func (p CompletionPolicy) NextAttempt(attempt int, now, deadline time.Time, retr
 	if attempt >= p.MaxAttempts {
 		return 0, true
 	}
-	ceiling := p.BackoffCap
-	if n := attempt - 1; n < 40 && p.BackoffBase<<n > 0 {
-		ceiling = min(ceiling, p.BackoffBase<<n)
-	}
+	ceiling := backoff.Ceiling(p.BackoffBase, p.BackoffCap, attempt-1)
 	wait = time.Millisecond
 	if ceiling > 0 {
 		wait += time.Duration(rand.Int64N(int64(ceiling)))

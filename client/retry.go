@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/idem-dev/idem/client/backoff"
 )
 
 // Jitter selects how the wait before a retry is randomised.
@@ -154,12 +156,7 @@ func (p RetryPolicy) backoff(n int, prev time.Duration) time.Duration {
 // fullJitterCeiling returns min(MaxDelay, BaseDelay·2^n), the exclusive
 // upper bound of the full-jitter wait before retry n.
 func (p RetryPolicy) fullJitterCeiling(n int) time.Duration {
-	if n < 62 {
-		if c := float64(p.BaseDelay) * math.Pow(2, float64(n)); c < float64(p.MaxDelay) {
-			return time.Duration(c)
-		}
-	}
-	return p.MaxDelay
+	return backoff.Ceiling(p.BaseDelay, p.MaxDelay, n)
 }
 
 // retryAfterWait returns the wait for a Retry-After answer.

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/client/backoff"
 )
 
 // Defaults used for zero Config fields.
@@ -361,13 +362,7 @@ func (d *Deliverer) deliver(ctx context.Context, del idem.WebhookDelivery) error
 // retryIn is the full-jitter pause after a failed attempt, or zero (give
 // up) when the next attempt would fall past MaxAge.
 func (d *Deliverer) retryIn(del idem.WebhookDelivery) time.Duration {
-	ceiling := d.cfg.RetryCap
-	if n := del.Attempts - 1; n < 40 {
-		ceiling = min(ceiling, d.cfg.RetryBase<<n)
-	}
-	if ceiling <= 0 {
-		ceiling = d.cfg.RetryCap
-	}
+	ceiling := backoff.Ceiling(d.cfg.RetryBase, d.cfg.RetryCap, del.Attempts-1)
 	wait := time.Duration(rand.Int64N(int64(ceiling))) + time.Millisecond
 	now := del.ObservedAt
 	if now.IsZero() {
