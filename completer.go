@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/idem-dev/idem/client/backoff"
 	"github.com/idem-dev/idem/client/errcode"
 )
 
@@ -60,11 +62,7 @@ const (
 
 // Valid reports whether s is one of the three completion states.
 func (s CompletionState) Valid() bool {
-	switch s {
-	case CompletionResuming, CompletionUnknown, CompletionReview:
-		return true
-	}
-	return false
+	return slices.Contains([]CompletionState{CompletionResuming, CompletionUnknown, CompletionReview}, s)
 }
 
 // Holds reports whether the completer holds the record in state s: an
@@ -219,10 +217,7 @@ func (p CompletionPolicy) NextAttempt(attempt int, now, deadline time.Time, retr
 	if attempt >= p.MaxAttempts {
 		return 0, true
 	}
-	ceiling := p.BackoffCap
-	if n := attempt - 1; n < 40 && p.BackoffBase<<n > 0 {
-		ceiling = min(ceiling, p.BackoffBase<<n)
-	}
+	ceiling := backoff.Ceiling(p.BackoffBase, p.BackoffCap, attempt-1)
 	wait = time.Millisecond
 	if ceiling > 0 {
 		wait += time.Duration(rand.Int64N(int64(ceiling)))
@@ -353,7 +348,7 @@ const (
 
 // Valid reports whether f is a known filter.
 func (f CompletionFilter) Valid() bool {
-	return f == FilterAnyCompletion || f == FilterUnknown || f == FilterReview
+	return slices.Contains([]CompletionFilter{FilterAnyCompletion, FilterUnknown, FilterReview}, f)
 }
 
 // CompletionStat is the completer's summary of one tenant, for the

@@ -58,11 +58,9 @@ const (
 	CodeInternal = errcode.Internal
 )
 
-// FieldError names one invalid field of a request.
-type FieldError struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
-}
+// FieldError names one invalid field of a request (errcode's, shared with
+// the front doors and the SDK).
+type FieldError = errcode.FieldError
 
 // Error is the one error type of the domain. Stores, the tenant service and
 // the HTTP layer return it; the HTTP layer turns it into problem+json.

@@ -15,6 +15,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"maps"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -41,11 +42,7 @@ const (
 
 // Valid reports whether s is one of the four API states.
 func (s State) Valid() bool {
-	switch s {
-	case StateInFlight, StateCompleted, StateOrphaned, StateExpired:
-		return true
-	}
-	return false
+	return slices.Contains([]State{StateInFlight, StateCompleted, StateOrphaned, StateExpired}, s)
 }
 
 // Record is what the service stores for one (tenant, key).

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"fmt"
+	"slices"
 	"time"
 	"unicode/utf8"
 )
@@ -40,11 +41,7 @@ const (
 
 // Valid reports whether a is one of the three resolutions.
 func (a ResolveAction) Valid() bool {
-	switch a {
-	case ResolveRelease, ResolveComplete, ResolveReview:
-		return true
-	}
-	return false
+	return slices.Contains([]ResolveAction{ResolveRelease, ResolveComplete, ResolveReview}, a)
 }
 
 // MaxNoteBytes bounds the note of a resolution.

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/retrybudget"
 )
 
@@ -19,15 +18,9 @@ type amplificationRequest struct {
 	tenant string `json:"-"` // from the query, never the body
 }
 
-func (a *amplificationRequest) bind(r *http.Request) error {
-	if q := r.URL.Query(); q.Has("tenant") {
-		v := q.Get("tenant")
-		if err := idem.ValidateTenantID(v); err != nil {
-			return fieldError("tenant", "must be 1-64 characters of [a-z0-9_-]", err)
-		}
-		a.tenant = v
-	}
-	return nil
+func (a *amplificationRequest) bind(r *http.Request) (err error) {
+	a.tenant, err = bindTenantFilter(r.URL.Query())
+	return err
 }
 
 type amplificationJSON struct {

@@ -242,15 +242,22 @@ func New(opts Options) *chi.Mux {
 			r.Get("/v1/keys/{key}", handle(s, s.getKey))
 		})
 
-		r.With(s.requireScope(auth.ScopeKeysRead, auth.ScopeTenantAdmin), s.resolveTenant).
-			Get("/v1/tenant", handle(s, s.getOwnTenant))
-		r.With(s.requireScope(auth.ScopeTenantAdmin), s.resolveTenant).
-			Patch("/v1/tenant", handle(s, s.patchOwnTenant))
+		r.Group(func(r chi.Router) {
+			r.Use(s.requireScope(auth.ScopeKeysRead, auth.ScopeTenantAdmin))
+			r.Use(s.resolveTenant)
+			r.Get("/v1/tenant", handle(s, s.getOwnTenant))
+			r.Get("/v1/keys/{key}/audit", handle(s, s.listOwnKeyAudit))
+			r.Get("/v1/audit", handle(s, s.listOwnAudit))
+		})
 
-		if s.webhooks != nil {
-			r.Group(func(r chi.Router) {
-				r.Use(s.requireScope(auth.ScopeTenantAdmin))
-				r.Use(s.resolveTenant)
+		// The tenant's own settings, resolutions, webhook endpoints and
+		// completers (the last two when the store keeps them).
+		r.Group(func(r chi.Router) {
+			r.Use(s.requireScope(auth.ScopeTenantAdmin))
+			r.Use(s.resolveTenant)
+			r.Patch("/v1/tenant", handle(s, s.patchOwnTenant))
+			r.Post("/v1/keys/{key}/resolve", handle(s, s.resolveOwn))
+			if s.webhooks != nil {
 				r.Post("/v1/webhooks", handle(s, s.createWebhook))
 				r.Get("/v1/webhooks", handle(s, s.listWebhooks))
 				r.Get("/v1/webhooks/{id}", handle(s, s.getWebhook))
@@ -258,25 +265,13 @@ func New(opts Options) *chi.Mux {
 				r.Delete("/v1/webhooks/{id}", handle(s, s.deleteWebhook))
 				r.Post("/v1/webhooks/{id}/test", handle(s, s.testWebhook))
 				r.Get("/v1/webhooks/{id}/deliveries", handle(s, s.listDeliveries))
-			})
-		}
-		if s.completers != nil {
-			r.Group(func(r chi.Router) {
-				r.Use(s.requireScope(auth.ScopeTenantAdmin))
-				r.Use(s.resolveTenant)
+			}
+			if s.completers != nil {
 				r.Post("/v1/completers", handle(s, s.createCompleter))
 				r.Get("/v1/completers", handle(s, s.listCompleters))
 				r.Get("/v1/completers/{id}", handle(s, s.getCompleter))
 				r.Delete("/v1/completers/{id}", handle(s, s.deleteCompleter))
-			})
-		}
-		r.With(s.requireScope(auth.ScopeTenantAdmin), s.resolveTenant).
-			Post("/v1/keys/{key}/resolve", handle(s, s.resolveOwn))
-		r.Group(func(r chi.Router) {
-			r.Use(s.requireScope(auth.ScopeKeysRead, auth.ScopeTenantAdmin))
-			r.Use(s.resolveTenant)
-			r.Get("/v1/keys/{key}/audit", handle(s, s.listOwnKeyAudit))
-			r.Get("/v1/audit", handle(s, s.listOwnAudit))
+			}
 		})
 	})
 	return r

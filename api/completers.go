@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/go-chi/chi/v5"
-
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/webhooks"
 )
@@ -55,22 +53,15 @@ func (s *service) listCompleters(ctx context.Context, _ *emptyRequest) (listJSON
 	if err != nil {
 		return listJSON[completerJSON]{}, fmt.Errorf("list completers: %w", err)
 	}
-	out := listJSON[completerJSON]{Items: make([]completerJSON, 0, len(cs))}
-	for _, c := range cs {
-		out.Items = append(out.Items, encodeCompleter(c))
-	}
-	return out, nil
+	return listOf(cs, encodeCompleter), nil
 }
 
 // completerParam is the {id} of /v1/completers/{id}.
 type completerParam struct{ id string }
 
-func (p *completerParam) bind(r *http.Request) error {
-	p.id = chi.URLParam(r, "id")
-	if p.id == "" || len(p.id) > 64 {
-		return fieldError("id", "must be a completer id", nil)
-	}
-	return nil
+func (p *completerParam) bind(r *http.Request) (err error) {
+	p.id, err = bindID(r, "completer")
+	return err
 }
 
 type getCompleterRequest struct {

@@ -368,11 +368,17 @@ type getKeyRequest struct {
 }
 
 func (s *service) getKey(ctx context.Context, req *getKeyRequest) (recordJSON, error) {
-	rec, err := s.store.GetRecord(ctx, idem.GetRecordParams{TenantID: tenantFrom(ctx).ID, Key: req.key})
+	return s.readKey(ctx, tenantFrom(ctx).ID, req.key, &req.answerHold)
+}
+
+// readKey reads the record of key in tenant for GET /v1/keys/{key} and
+// its operator twin, holding the answer as hold asks.
+func (s *service) readKey(ctx context.Context, tenant, key string, hold *answerHold) (recordJSON, error) {
+	rec, err := s.store.GetRecord(ctx, idem.GetRecordParams{TenantID: tenant, Key: key})
 	if err != nil {
 		return recordJSON{}, fmt.Errorf("get key: %w", err)
 	}
-	if err := s.holdAnswer(&req.answerHold, rec); err != nil {
+	if err := s.holdAnswer(hold, rec); err != nil {
 		return recordJSON{}, err
 	}
 	return encodeRecord(rec), nil

@@ -4,10 +4,12 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
 	"github.com/go-json-experiment/json"
+	"github.com/go-chi/chi/v5"
 
 	"github.com/idem-dev/idem"
 )
@@ -44,14 +46,9 @@ func encodeCursor(c idem.Cursor) *string {
 
 func (p *pageParams) bind(r *http.Request) error {
 	q := r.URL.Query()
-	p.limit = DefaultPageLimit
-	if q.Has("limit") {
-		v := q.Get("limit")
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > MaxPageLimit {
-			return fieldError("limit", fmt.Sprintf("must be an integer between 1 and %d", MaxPageLimit), err)
-		}
-		p.limit = n
+	var err error
+	if p.limit, err = bindLimit(q); err != nil {
+		return err
 	}
 	if v := q.Get("cursor"); v != "" {
 		b, err := base64.RawURLEncoding.DecodeString(v)
@@ -82,15 +79,68 @@ func (p *pageParams) bind(r *http.Request) error {
 // a limit of limit+1: at most limit items, and a cursor after the last one
 // when the extra row shows that more follow.
 func pageOf[R, T any](recs []R, limit int, encode func(R) T, cursor func(last R) idem.Cursor) listJSON[T] {
-	out := listJSON[T]{Items: make([]T, 0, min(len(recs), limit))}
-	if len(recs) > limit {
-		recs = recs[:limit]
-		out.NextCursor = encodeCursor(cursor(recs[len(recs)-1]))
+	if len(recs) <= limit {
+		return listOf(recs, encode)
 	}
+	out := listOf(recs[:limit], encode)
+	out.NextCursor = encodeCursor(cursor(recs[limit-1]))
+	return out
+}
+
+// listOf is a listing of all of recs, encoded by encode, without a next
+// page.
+func listOf[R, T any](recs []R, encode func(R) T) listJSON[T] {
+	out := listJSON[T]{Items: make([]T, 0, len(recs))}
 	for _, r := range recs {
 		out.Items = append(out.Items, encode(r))
 	}
 	return out
+}
+
+// bindAll binds the parts of a request in turn; the first error is the
+// answer.
+func bindAll(r *http.Request, parts ...binder) error {
+	for _, p := range parts {
+		if err := p.bind(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// bindLimit reads the page size of ?limit=: DefaultPageLimit when absent.
+func bindLimit(q url.Values) (int, error) {
+	if !q.Has("limit") {
+		return DefaultPageLimit, nil
+	}
+	n, err := strconv.Atoi(q.Get("limit"))
+	if err != nil || n < 1 || n > MaxPageLimit {
+		return 0, fieldError("limit", fmt.Sprintf("must be an integer between 1 and %d", MaxPageLimit), err)
+	}
+	return n, nil
+}
+
+// bindTenantFilter reads the optional ?tenant= of the operator's listings:
+// "" when absent.
+func bindTenantFilter(q url.Values) (string, error) {
+	if !q.Has("tenant") {
+		return "", nil
+	}
+	v := q.Get("tenant")
+	if err := idem.ValidateTenantID(v); err != nil {
+		return "", fieldError("tenant", "must be 1-64 characters of [a-z0-9_-]", err)
+	}
+	return v, nil
+}
+
+// bindID reads the {id} of a tenant's webhook endpoint or completer: 1-64
+// characters; what says what it names, for the error.
+func bindID(r *http.Request, what string) (string, error) {
+	id := chi.URLParam(r, "id")
+	if id == "" || len(id) > 64 {
+		return "", fieldError("id", "must be a "+what+" id", nil)
+	}
+	return id, nil
 }
 
 // listJSON is a page of a listing.

@@ -53,10 +53,7 @@ type adminResolveRequest struct {
 }
 
 func (r *adminResolveRequest) bind(req *http.Request) error {
-	if err := r.tenantParam.bind(req); err != nil {
-		return err
-	}
-	return r.resolveRequest.bind(req)
+	return bindAll(req, &r.tenantParam, &r.resolveRequest)
 }
 
 // resolutionJSON is the answer to a resolution: the record after it (null
@@ -146,23 +143,13 @@ type adminKeyRequest struct {
 }
 
 func (r *adminKeyRequest) bind(req *http.Request) error {
-	if err := r.tenantParam.bind(req); err != nil {
-		return err
-	}
-	return r.keyParam.bind(req)
+	return bindAll(req, &r.tenantParam, &r.keyParam)
 }
 
 // getAnyKey is GET /v1/admin/tenants/{id}/keys/{key}: an operator reads
 // the record of any tenant's key before resolving it.
 func (s *service) getAnyKey(ctx context.Context, req *adminKeyRequest) (recordJSON, error) {
-	rec, err := s.store.GetRecord(ctx, idem.GetRecordParams{TenantID: req.id, Key: req.key})
-	if err != nil {
-		return recordJSON{}, fmt.Errorf("get key: %w", err)
-	}
-	if err := s.holdAnswer(&req.answerHold, rec); err != nil {
-		return recordJSON{}, err
-	}
-	return encodeRecord(rec), nil
+	return s.readKey(ctx, req.id, req.key, &req.answerHold)
 }
 
 // auditPageRequest is the limit and cursor of an audit listing.
@@ -190,10 +177,7 @@ type keyAuditRequest struct {
 }
 
 func (r *keyAuditRequest) bind(req *http.Request) error {
-	if err := r.keyParam.bind(req); err != nil {
-		return err
-	}
-	return r.pageParams.bind(req)
+	return bindAll(req, &r.keyParam, &r.pageParams)
 }
 
 // listOwnKeyAudit is GET /v1/keys/{key}/audit: the audit trail of one of
@@ -214,10 +198,7 @@ type adminKeyAuditRequest struct {
 }
 
 func (r *adminKeyAuditRequest) bind(req *http.Request) error {
-	if err := r.adminKeyRequest.bind(req); err != nil {
-		return err
-	}
-	return r.pageParams.bind(req)
+	return bindAll(req, &r.adminKeyRequest, &r.pageParams)
 }
 
 // listAnyKeyAudit is GET /v1/admin/tenants/{id}/keys/{key}/audit; an

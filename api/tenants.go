@@ -59,11 +59,7 @@ func (s *service) listTenants(ctx context.Context, _ *emptyRequest) (listJSON[te
 	if err != nil {
 		return listJSON[tenantJSON]{}, fmt.Errorf("list tenants: %w", err)
 	}
-	out := listJSON[tenantJSON]{Items: make([]tenantJSON, 0, len(ts))}
-	for _, t := range ts {
-		out.Items = append(out.Items, encodeTenant(t))
-	}
-	return out, nil
+	return listOf(ts, encodeTenant), nil
 }
 
 // tenantParam is the {id} of /v1/admin/tenants/{id}.
@@ -129,14 +125,10 @@ type listOrphansRequest struct {
 }
 
 func (l *listOrphansRequest) bind(r *http.Request) error {
-	if q := r.URL.Query(); q.Has("tenant") {
-		v := q.Get("tenant")
-		if err := idem.ValidateTenantID(v); err != nil {
-			return fieldError("tenant", "must be 1-64 characters of [a-z0-9_-]", err)
-		}
-		l.tenant = v
-	}
 	var err error
+	if l.tenant, err = bindTenantFilter(r.URL.Query()); err != nil {
+		return err
+	}
 	if l.completion, err = bindCompletionFilter(r); err != nil {
 		return err
 	}

@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/go-chi/chi/v5"
-
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/webhooks"
 )
@@ -112,22 +110,15 @@ func (s *service) listWebhooks(ctx context.Context, _ *emptyRequest) (listJSON[w
 	if err != nil {
 		return listJSON[webhookJSON]{}, fmt.Errorf("list webhooks: %w", err)
 	}
-	out := listJSON[webhookJSON]{Items: make([]webhookJSON, 0, len(es))}
-	for _, e := range es {
-		out.Items = append(out.Items, encodeWebhook(e))
-	}
-	return out, nil
+	return listOf(es, encodeWebhook), nil
 }
 
 // webhookParam is the {id} of /v1/webhooks/{id}.
 type webhookParam struct{ id string }
 
-func (p *webhookParam) bind(r *http.Request) error {
-	p.id = chi.URLParam(r, "id")
-	if p.id == "" || len(p.id) > 64 {
-		return fieldError("id", "must be a webhook endpoint id", nil)
-	}
-	return nil
+func (p *webhookParam) bind(r *http.Request) (err error) {
+	p.id, err = bindID(r, "webhook endpoint")
+	return err
 }
 
 type getWebhookRequest struct {
@@ -219,13 +210,9 @@ func (l *listDeliveriesRequest) bind(r *http.Request) error {
 		return err
 	}
 	q := r.URL.Query()
-	l.limit = DefaultPageLimit
-	if q.Has("limit") {
-		n, err := strconv.Atoi(q.Get("limit"))
-		if err != nil || n < 1 || n > MaxPageLimit {
-			return fieldError("limit", fmt.Sprintf("must be an integer between 1 and %d", MaxPageLimit), err)
-		}
-		l.limit = n
+	var err error
+	if l.limit, err = bindLimit(q); err != nil {
+		return err
 	}
 	if v := q.Get("cursor"); v != "" {
 		b, err := base64.RawURLEncoding.DecodeString(v)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/idem-dev/idem/client/errcode"
 )
 
 // Code is the stable, machine-readable name of an error of the idem HTTP
@@ -64,11 +66,9 @@ const (
 	CodeUnknown Code = "unknown"
 )
 
-// FieldError names one invalid field of an invalid_request problem.
-type FieldError struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
-}
+// FieldError names one invalid field of an invalid_request problem
+// (errcode's, shared with the front doors and the server).
+type FieldError = errcode.FieldError
 
 // Error is an error answer of the idem service: the RFC 9457 problem
 // details plus the HTTP status, the Retry-After header and the request id.

@@ -2,17 +2,15 @@ package client
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/idem-dev/idem/client/resumecall"
+	"github.com/idem-dev/idem/client/stdwebhooks"
 )
 
 // The resume endpoint of idem's completer (the page "When a worker dies",
@@ -27,7 +25,7 @@ import (
 
 // ResumeTolerance is how far a call's webhook-timestamp may be from now
 // (the Standard Webhooks tolerance); older or newer calls are refused.
-const ResumeTolerance = 5 * time.Minute
+const ResumeTolerance = stdwebhooks.Tolerance
 
 // MaxResumeCallBytes bounds the body of a call the handler reads (the
 // recovery data is at most the tenant's max_response_bytes).
@@ -106,7 +104,7 @@ func (e *retryLaterError) Unwrap() error { return e.cause }
 // the lease ends the next attempt takes the key with a new fencing token,
 // and a write of this one gets lease_lost. A panic of fn answers unknown.
 func (c *Client) ResumeHandler(secret string, fn ResumeFunc) http.Handler {
-	key, keyErr := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+	key, keyErr := stdwebhooks.DecodeSecret(secret)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if keyErr != nil || len(key) == 0 {
 			http.Error(w, "resume endpoint misconfigured: the secret is not whsec_<base64>", http.StatusInternalServerError)
@@ -193,53 +191,16 @@ func writeResumeAnswer(w http.ResponseWriter, a resumeAnswer) {
 // entries, the HMAC-SHA256 keyed by key of "<webhook-id>.<webhook-timestamp>.<body>",
 // and the timestamp is within ResumeTolerance of now. It returns why not.
 func VerifySignature(key []byte, h http.Header, body []byte, now time.Time) error {
-	id, ts, sigs := h.Get("webhook-id"), h.Get("webhook-timestamp"), h.Get("webhook-signature")
-	if id == "" || ts == "" || sigs == "" {
-		return errors.New("missing webhook-id, webhook-timestamp or webhook-signature")
-	}
-	secs, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil {
-		return errors.New("webhook-timestamp is not unix seconds")
-	}
-	if d := now.Sub(time.Unix(secs, 0)); d > ResumeTolerance || d < -ResumeTolerance {
-		return errors.New("webhook-timestamp is too far from now")
-	}
-	mac := hmac.New(sha256.New, key)
-	mac.Write([]byte(id + "." + ts + "."))
-	mac.Write(body)
-	want := mac.Sum(nil)
-	for _, s := range strings.Fields(sigs) {
-		v, sig, ok := strings.Cut(s, ",")
-		if !ok || v != "v1" {
-			continue
-		}
-		got, err := base64.StdEncoding.DecodeString(sig)
-		if err == nil && hmac.Equal(got, want) {
-			return nil
-		}
-	}
-	return errors.New("no valid signature")
+	return stdwebhooks.Verify(key, h, body, now)
 }
 
 // decodeResumeCall decodes and checks a call's body.
 func decodeResumeCall(body []byte) (ResumeCall, error) {
-	var w struct {
-		Type           string          `json:"type"`
-		Tenant         string          `json:"tenant"`
-		Key            string          `json:"key"`
-		Operation      string          `json:"operation"`
-		Attempt        int             `json:"attempt"`
-		MaxAttempts    int             `json:"max_attempts"`
-		FencingToken   int64           `json:"fencing_token"`
-		RecoveryPoint  *string         `json:"recovery_point"`
-		RecoveryData   json.RawMessage `json:"recovery_data"`
-		LeaseExpiresAt time.Time       `json:"lease_expires_at"`
-		Deadline       time.Time       `json:"deadline"`
-	}
+	var w resumecall.Body
 	if err := json.Unmarshal(body, &w); err != nil {
 		return ResumeCall{}, fmt.Errorf("the call is not JSON: %w", err)
 	}
-	if w.Type != "key.resume" || w.Key == "" || w.FencingToken <= 0 {
+	if w.Type != resumecall.Type || w.Key == "" || w.FencingToken <= 0 {
 		return ResumeCall{}, errors.New("not a key.resume call")
 	}
 	call := ResumeCall{

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/idem-dev/idem/client/backoff"
 )
 
 // Jitter selects how the wait before a retry is randomised.
@@ -98,38 +100,35 @@ func DefaultRetryPolicy() RetryPolicy {
 }
 
 func (p RetryPolicy) withDefaults() RetryPolicy {
-	if p.MaxAttempts <= 0 {
-		p.MaxAttempts = DefaultMaxAttempts
-	}
-	if p.BaseDelay <= 0 {
-		p.BaseDelay = DefaultBaseDelay
-	}
-	if p.MaxDelay <= 0 {
-		p.MaxDelay = DefaultMaxDelay
-	}
+	positiveOr(&p.MaxAttempts, DefaultMaxAttempts)
+	positiveOr(&p.BaseDelay, DefaultBaseDelay)
+	positiveOr(&p.MaxDelay, DefaultMaxDelay)
 	p.MaxDelay = max(p.MaxDelay, p.BaseDelay)
-	if p.AttemptTimeout == 0 {
-		p.AttemptTimeout = DefaultAttemptTimeout
-	}
-	if p.MinAttemptTime <= 0 {
-		p.MinAttemptTime = DefaultMinAttemptTime
-	}
-	if p.RetryAfterJitter == 0 {
-		p.RetryAfterJitter = DefaultRetryAfterJitter
-	}
-	if p.InFlightWait == 0 {
-		p.InFlightWait = DefaultInFlightWait
-	}
-	if p.BudgetCapacity == 0 {
-		p.BudgetCapacity = DefaultBudgetCapacity
-	}
-	if p.BudgetRetryCost <= 0 {
-		p.BudgetRetryCost = DefaultBudgetRetryCost
-	}
-	if p.BudgetSuccessRefund <= 0 {
-		p.BudgetSuccessRefund = DefaultBudgetSuccessRefund
-	}
+	// AttemptTimeout, RetryAfterJitter, InFlightWait and BudgetCapacity
+	// give a negative value a meaning of its own: only zero takes the
+	// default.
+	nonZeroOr(&p.AttemptTimeout, DefaultAttemptTimeout)
+	positiveOr(&p.MinAttemptTime, DefaultMinAttemptTime)
+	nonZeroOr(&p.RetryAfterJitter, DefaultRetryAfterJitter)
+	nonZeroOr(&p.InFlightWait, DefaultInFlightWait)
+	nonZeroOr(&p.BudgetCapacity, DefaultBudgetCapacity)
+	positiveOr(&p.BudgetRetryCost, DefaultBudgetRetryCost)
+	positiveOr(&p.BudgetSuccessRefund, DefaultBudgetSuccessRefund)
 	return p
+}
+
+// positiveOr sets *v to d when it is zero or negative.
+func positiveOr[T ~int | ~int64 | ~float64](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
+}
+
+// nonZeroOr sets *v to d when it is zero.
+func nonZeroOr[T ~int64 | ~float64](v *T, d T) {
+	if *v == 0 {
+		*v = d
+	}
 }
 
 // backoff returns the wait before retry number n (0 for the first retry).
@@ -157,12 +156,7 @@ func (p RetryPolicy) backoff(n int, prev time.Duration) time.Duration {
 // fullJitterCeiling returns min(MaxDelay, BaseDelay·2^n), the exclusive
 // upper bound of the full-jitter wait before retry n.
 func (p RetryPolicy) fullJitterCeiling(n int) time.Duration {
-	if n < 62 {
-		if c := float64(p.BaseDelay) * math.Pow(2, float64(n)); c < float64(p.MaxDelay) {
-			return time.Duration(c)
-		}
-	}
-	return p.MaxDelay
+	return backoff.Ceiling(p.BaseDelay, p.MaxDelay, n)
 }
 
 // retryAfterWait returns the wait for a Retry-After answer.

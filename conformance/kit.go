@@ -333,6 +333,24 @@ func (k *kit) send(keys []string, body, query string) (answer, error) {
 	return k.do(k.ctx, request{keys: keys, body: body, query: query})
 }
 
+// sendCounted sends the requests one after the other and returns their
+// answers, in order, with the side effects they caused (effects: -1 when
+// the target has no counter). The first failure to send stops it.
+func (k *kit) sendCounted(reqs ...request) ([]answer, int64, error) {
+	answers := make([]answer, 0, len(reqs))
+	n, err := k.effects(func() error {
+		for _, r := range reqs {
+			a, err := k.do(k.ctx, r)
+			if err != nil {
+				return err
+			}
+			answers = append(answers, a)
+		}
+		return nil
+	})
+	return answers, n, err
+}
+
 // sendTo is send to another path than Options.Path.
 func (k *kit) sendTo(path string, keys []string, body, query string) (answer, error) {
 	return k.do(k.ctx, request{path: path, keys: keys, body: body, query: query})

@@ -150,18 +150,12 @@ func (k *kit) inFlight(key, body string, header map[string]string) (ran, dup ans
 
 func scenarioSFString(k *kit) error {
 	key := `"` + k.key("1") + `"`
-	var first, again answer
-	n, err := k.effects(func() error {
-		var err error
-		if first, err = k.send([]string{key}, `{"scenario":"sf_string_key"}`, ""); err != nil {
-			return err
-		}
-		again, err = k.send([]string{key}, `{"scenario":"sf_string_key"}`, "")
-		return err
-	})
+	r := request{keys: []string{key}, body: `{"scenario":"sf_string_key"}`}
+	as, n, err := k.sendCounted(r, r)
 	if err != nil {
 		return err
 	}
+	first, again := as[0], as[1]
 	if err := k.check(first.status/100 == 2, "sf-string key refused: %s", first); err != nil {
 		return err
 	}
@@ -174,17 +168,8 @@ func scenarioSFString(k *kit) error {
 func scenarioOneSideEffect(k *kit) error {
 	key := k.key("seq")
 	body := `{"scenario":"one_side_effect","amount":1000}`
-	var answers []answer
-	n, err := k.effects(func() error {
-		for range 3 {
-			a, err := k.send([]string{key}, body, "")
-			if err != nil {
-				return err
-			}
-			answers = append(answers, a)
-		}
-		return nil
-	})
+	r := request{keys: []string{key}, body: body}
+	answers, n, err := k.sendCounted(r, r, r)
 	if err != nil {
 		return err
 	}
@@ -285,13 +270,11 @@ func (k *kit) mismatch(name string) (answer, int64, error) {
 	if err := k.check(first.status/100 == 2, "first request: %s", first); err != nil {
 		return answer{}, 0, err
 	}
-	var other answer
-	n, err := k.effects(func() error {
-		var err error
-		other, err = k.send([]string{key}, `{"scenario":"`+name+`","amount":2000}`, "")
-		return err
-	})
-	return other, n, err
+	as, n, err := k.sendCounted(request{keys: []string{key}, body: `{"scenario":"` + name + `","amount":2000}`})
+	if err != nil {
+		return answer{}, 0, err
+	}
+	return as[0], n, nil
 }
 
 func scenarioMismatchRefused(k *kit) error {
@@ -348,15 +331,11 @@ func scenarioDisconnect(k *kit) error {
 }
 
 func scenarioFirst(k *kit) error {
-	var a answer
-	n, err := k.effects(func() error {
-		var err error
-		a, err = k.send([]string{k.key("1")}, `{"scenario":"first_request"}`, "")
-		return err
-	})
+	as, n, err := k.sendCounted(request{keys: []string{k.key("1")}, body: `{"scenario":"first_request"}`})
 	if err != nil {
 		return err
 	}
+	a := as[0]
 	if err := k.fresh(a, "first request"); err != nil {
 		return err
 	}
@@ -372,15 +351,11 @@ func scenarioReplay(k *kit) error {
 	if err := k.fresh(first, "first request"); err != nil {
 		return err
 	}
-	var again answer
-	n, err := k.effects(func() error {
-		var err error
-		again, err = k.send([]string{key}, `{"scenario":"retry_replay","amount":1000}`, "")
-		return err
-	})
+	as, n, err := k.sendCounted(request{keys: []string{key}, body: `{"scenario":"retry_replay","amount":1000}`})
 	if err != nil {
 		return err
 	}
+	again := as[0]
 	if err := k.isReplayOf(again, first, "the retry"); err != nil {
 		return err
 	}
@@ -395,18 +370,12 @@ func scenarioReplay(k *kit) error {
 func scenarioStoredError(k *kit) error {
 	key := k.key("1")
 	body := `{"scenario":"stored_error"}`
-	var first, again answer
-	n, err := k.effects(func() error {
-		var err error
-		if first, err = k.send([]string{key}, body, "status=500"); err != nil {
-			return err
-		}
-		again, err = k.send([]string{key}, body, "status=500")
-		return err
-	})
+	r := request{keys: []string{key}, body: body, query: "status=500"}
+	as, n, err := k.sendCounted(r, r)
 	if err != nil {
 		return err
 	}
+	first, again := as[0], as[1]
 	if err := k.check(first.status == http.StatusInternalServerError, "first request with status=500: %s (the target does not honour status=N)", first); err != nil {
 		return err
 	}
@@ -529,15 +498,11 @@ func scenarioExpiry(k *kit) error {
 	grace := max(5*time.Second, k.opts.Expiry/2)
 	deadline := began.Add(k.opts.Expiry + grace)
 	for {
-		var a answer
-		n, err := k.effects(func() error {
-			var err error
-			a, err = k.send([]string{key}, body, "")
-			return err
-		})
+		as, n, err := k.sendCounted(request{keys: []string{key}, body: body})
 		if err != nil {
 			return err
 		}
+		a := as[0]
 		if !k.replayed(a, first) && a.status/100 == 2 && !sameResult(a, first) {
 			// Measured from before the first request was sent: the target's
 			// clock starts at its completion, later; a second of grace.
@@ -571,18 +536,14 @@ func scenarioKeyLength(k *kit) error {
 
 func scenarioBareKey(k *kit) error {
 	key := k.key("1")
-	var first, bare answer
-	n, err := k.effects(func() error {
-		var err error
-		if first, err = k.send([]string{`"` + key + `"`}, `{"scenario":"bare_key"}`, ""); err != nil {
-			return err
-		}
-		bare, err = k.send([]string{key}, `{"scenario":"bare_key"}`, "")
-		return err
-	})
+	as, n, err := k.sendCounted(
+		request{keys: []string{`"` + key + `"`}, body: `{"scenario":"bare_key"}`},
+		request{keys: []string{key}, body: `{"scenario":"bare_key"}`},
+	)
 	if err != nil {
 		return err
 	}
+	first, bare := as[0], as[1]
 	if err := k.check(first.status/100 == 2, "sf-string key: %s", first); err != nil {
 		return err
 	}
@@ -600,17 +561,11 @@ func scenarioJSONEquivalence(k *kit) error {
 		"{ \"scenario\" : \"json_equivalence\",\n  \"amount\": 1000.0, \"currency\": \"usd\" }",
 		`{"scenario":"json_equivalence","amount":1e3,"currency":"usd"}`,
 	}
-	var answers []answer
-	n, err := k.effects(func() error {
-		for _, b := range bodies {
-			a, err := k.send([]string{key}, b, "")
-			if err != nil {
-				return err
-			}
-			answers = append(answers, a)
-		}
-		return nil
-	})
+	reqs := make([]request, len(bodies))
+	for i, b := range bodies {
+		reqs[i] = request{keys: []string{key}, body: b}
+	}
+	answers, n, err := k.sendCounted(reqs...)
 	if err != nil {
 		return err
 	}

@@ -16,9 +16,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/go-json-experiment/json"
-	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/client/resumecall"
 	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/webhooks"
 )
@@ -80,24 +80,15 @@ type CompleterConfig struct {
 }
 
 func (c CompleterConfig) withDefaults() CompleterConfig {
-	def := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&c.Interval, DefaultCompleterInterval)
-	def(&c.Timeout, DefaultCompleterTimeout)
-	def(&c.StoreTimeout, 5*time.Second)
-	def(&c.Lease, c.Timeout+2*c.StoreTimeout+5*time.Second)
-	def(&c.Deadline, DefaultCompleterDeadline)
-	def(&c.BackoffBase, DefaultCompleterBackoffBase)
-	def(&c.BackoffCap, DefaultCompleterBackoffCap)
-	if c.Concurrency <= 0 {
-		c.Concurrency = DefaultCompleterConcurrency
-	}
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = DefaultCompleterMaxAttempts
-	}
+	orDefault(&c.Interval, DefaultCompleterInterval)
+	orDefault(&c.Timeout, DefaultCompleterTimeout)
+	orDefault(&c.StoreTimeout, 5*time.Second)
+	orDefault(&c.Lease, c.Timeout+2*c.StoreTimeout+5*time.Second)
+	orDefault(&c.Deadline, DefaultCompleterDeadline)
+	orDefault(&c.BackoffBase, DefaultCompleterBackoffBase)
+	orDefault(&c.BackoffCap, DefaultCompleterBackoffCap)
+	orDefault(&c.Concurrency, DefaultCompleterConcurrency)
+	orDefault(&c.MaxAttempts, DefaultCompleterMaxAttempts)
 	return c
 }
 
@@ -165,21 +156,6 @@ func (c *Completer) RunOnce(ctx context.Context) (int, error) {
 	}
 	wg.Wait()
 	return len(picked), errors.Join(errs...)
-}
-
-// resumeCall is the body of a call (ResumeCall in openapi.yaml).
-type resumeCall struct {
-	Type           string         `json:"type"`
-	Tenant         string         `json:"tenant"`
-	Key            string         `json:"key"`
-	Operation      string         `json:"operation"`
-	Attempt        int            `json:"attempt"`
-	MaxAttempts    int            `json:"max_attempts"`
-	FencingToken   int64          `json:"fencing_token"`
-	RecoveryPoint  *string        `json:"recovery_point"`
-	RecoveryData   jsontext.Value `json:"recovery_data"`
-	LeaseExpiresAt time.Time      `json:"lease_expires_at"`
-	Deadline       time.Time      `json:"deadline"`
 }
 
 // resumeAnswer is an endpoint's answer.
@@ -299,16 +275,16 @@ func (c *Completer) unknown(p idem.FinishCompletionParams, comp idem.Completion,
 // answer is unknown, with why in the note.
 func (c *Completer) call(ctx context.Context, pc idem.PickedCompletion) verdict {
 	rec, comp := pc.Record, pc.Record.Completion
-	body := resumeCall{
-		Type: "key.resume", Tenant: rec.TenantID, Key: rec.Key, Operation: rec.Operation,
+	body := resumecall.Body{
+		Type: resumecall.Type, Tenant: rec.TenantID, Key: rec.Key, Operation: rec.Operation,
 		Attempt: comp.Attempts, MaxAttempts: c.cfg.MaxAttempts, FencingToken: rec.FencingToken,
-		RecoveryData: jsontext.Value("null"), LeaseExpiresAt: rec.LeaseExpiresAt.UTC(), Deadline: comp.Deadline.UTC(),
+		RecoveryData: []byte("null"), LeaseExpiresAt: rec.LeaseExpiresAt.UTC(), Deadline: comp.Deadline.UTC(),
 	}
 	if rec.RecoveryPoint != "" {
 		body.RecoveryPoint = &rec.RecoveryPoint
 	}
 	if len(rec.RecoveryData) > 0 {
-		body.RecoveryData = jsontext.Value(rec.RecoveryData)
+		body.RecoveryData = rec.RecoveryData
 	}
 	payload, err := json.Marshal(body)
 	if err != nil {

@@ -53,16 +53,18 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.ReapInterval <= 0 {
-		c.ReapInterval = DefaultReapInterval
-	}
-	if c.ReapBatchSize <= 0 {
-		c.ReapBatchSize = DefaultReapBatchSize
-	}
-	if c.OrphanWatchInterval <= 0 {
-		c.OrphanWatchInterval = DefaultOrphanWatchInterval
-	}
+	orDefault(&c.ReapInterval, DefaultReapInterval)
+	orDefault(&c.ReapBatchSize, DefaultReapBatchSize)
+	orDefault(&c.OrphanWatchInterval, DefaultOrphanWatchInterval)
 	return c
+}
+
+// orDefault sets *v to d when it is zero or negative: a config field left
+// unset takes its default.
+func orDefault[T ~int | ~int64](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }
 
 // Runner runs the reaper and the orphan watch.

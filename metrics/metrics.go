@@ -171,92 +171,69 @@ type Metrics struct {
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		reg: reg,
-		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "claims_total",
-			Help: "Claims by tenant and outcome (created, replayed, in_flight, mismatch, takeover, error, canceled).",
-		}, []string{"tenant", "outcome"}),
-		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "key_writes_total",
-			Help: "Checkpoints, completes and releases by tenant, operation and result; result lease_lost counts stale fencing tokens refused, canceled the callers that went away.",
-		}, []string{"tenant", "op", "result"}),
-		orphans: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "orphans",
-			Help: "Orphaned keys (in flight with an expired lease) by tenant, as of the last orphan watch. Absent for tenants without orphans.",
-		}, []string{"tenant"}),
-		oldestOrphanAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "oldest_orphan_age_seconds",
-			Help: "Seconds since the lease of the tenant's oldest orphan expired, as of the last orphan watch.",
-		}, []string{"tenant"}),
-		watchLastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "orphan_watch_last_success_timestamp_seconds",
-			Help: "Unix time of the last successful orphan watch.",
-		}),
-		storedBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "tenant_stored_bytes",
-			Help: "Bytes the tenant's records store, as storage_quota_bytes counts them (usage.stored_bytes), as of the last orphan watch.",
-		}, []string{"tenant"}),
-		storageQuota: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "tenant_storage_quota_bytes",
-			Help: "The tenant's storage_quota_bytes: at or over it, claims of new keys get 507 storage_quota_exceeded. As of the last orphan watch.",
-		}, []string{"tenant"}),
-		reaperDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "reaper_deleted_total",
-			Help: "Records deleted by the reaper, by their API state at deletion (orphaned, expired, in_flight, completed).",
-		}, []string{"state"}),
-		reaperOrphansDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "reaper_orphans_deleted_total",
-			Help: "Orphans deleted by the reaper, by tenant; each one is also logged for follow-up.",
-		}, []string{"tenant"}),
-		reaperRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "reaper_runs_total",
-			Help: "Reaper passes by result (ok, error).",
-		}, []string{"result"}),
-		reaperLastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "reaper_last_success_timestamp_seconds",
-			Help: "Unix time of the last successful reaper pass.",
-		}),
-		httpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: Namespace, Name: "http_request_duration_seconds",
-			Help:    "HTTP request duration by chi route pattern, method and status class (2xx … 5xx, or 499 when the client went away); unmatched routes are \"other\".",
-			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
-		}, []string{"route", "method", "status_class"}),
-		storeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: Namespace, Name: "store_operation_duration_seconds",
-			Help:    "Store operation duration by operation and result (ok, rejected, unavailable, canceled, error).",
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
-		}, []string{"op", "result"}),
-		shareWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "tenant_store_share_waits_total",
-			Help: "Store calls of a tenant that found its share of the database connections (IDEM_DB_TENANT_SHARE) in use and waited for one of its own calls to end, by result: ok (got its turn), unavailable (the store deadline ran out: 503 store_unavailable), canceled (the caller went away).",
-		}, []string{"tenant", "result"}),
-		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "attempts_total",
-			Help: "Requests of a tenant by what their Idem-Attempt header says: attempt first or retry; cause none for a first attempt, else why the previous attempt failed (timeout, network, unavailable, throttled, server-error, in-flight, other). Refused retries included.",
-		}, []string{"tenant", "attempt", "cause"}),
-		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "retries_refused_total",
-			Help: "Retries refused by the tenant's retry budget on this replica (429 retry_budget_exhausted), by the cause they named.",
-		}, []string{"tenant", "cause"}),
-		webhookAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "webhook_attempts_total",
-			Help: "Webhook delivery attempts by result (delivered, retry, gave_up).",
-		}, []string{"result"}),
-		completionKeys: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "orphans_by_state",
-			Help: "Keys the completer holds (resuming: an attempt runs; unknown: the next attempt is due later) or gave up on (review: a person must resolve them), all tenants, as of the last orphan watch. Every state is always present.",
-		}, []string{"state"}),
-		completionOldestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "oldest_orphan_by_state_age_seconds",
-			Help: "Seconds since the completer last moved the oldest key in each state (0 when none), as of the last orphan watch.",
-		}, []string{"state"}),
-		completerAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "completer_attempts_total",
-			Help: "Completer attempts on orphaned keys by outcome (completed, not_done, unknown, review).",
-		}, []string{"outcome"}),
-		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "build_info",
-			Help: "Always 1; its labels say which build runs: version, VCS revision and Go version.",
-		}, []string{"version", "revision", "go_version"}),
+		claims: newCounterVec("claims_total",
+			"Claims by tenant and outcome (created, replayed, in_flight, mismatch, takeover, error, canceled).",
+			"tenant", "outcome"),
+		writes: newCounterVec("key_writes_total",
+			"Checkpoints, completes and releases by tenant, operation and result; result lease_lost counts stale fencing tokens refused, canceled the callers that went away.",
+			"tenant", "op", "result"),
+		orphans: newGaugeVec("orphans",
+			"Orphaned keys (in flight with an expired lease) by tenant, as of the last orphan watch. Absent for tenants without orphans.",
+			"tenant"),
+		oldestOrphanAge: newGaugeVec("oldest_orphan_age_seconds",
+			"Seconds since the lease of the tenant's oldest orphan expired, as of the last orphan watch.",
+			"tenant"),
+		watchLastSuccess: newGauge("orphan_watch_last_success_timestamp_seconds",
+			"Unix time of the last successful orphan watch."),
+		storedBytes: newGaugeVec("tenant_stored_bytes",
+			"Bytes the tenant's records store, as storage_quota_bytes counts them (usage.stored_bytes), as of the last orphan watch.",
+			"tenant"),
+		storageQuota: newGaugeVec("tenant_storage_quota_bytes",
+			"The tenant's storage_quota_bytes: at or over it, claims of new keys get 507 storage_quota_exceeded. As of the last orphan watch.",
+			"tenant"),
+		reaperDeleted: newCounterVec("reaper_deleted_total",
+			"Records deleted by the reaper, by their API state at deletion (orphaned, expired, in_flight, completed).",
+			"state"),
+		reaperOrphansDeleted: newCounterVec("reaper_orphans_deleted_total",
+			"Orphans deleted by the reaper, by tenant; each one is also logged for follow-up.",
+			"tenant"),
+		reaperRuns: newCounterVec("reaper_runs_total",
+			"Reaper passes by result (ok, error).",
+			"result"),
+		reaperLastSuccess: newGauge("reaper_last_success_timestamp_seconds",
+			"Unix time of the last successful reaper pass."),
+		httpDuration: newHistogramVec("http_request_duration_seconds",
+			"HTTP request duration by chi route pattern, method and status class (2xx … 5xx, or 499 when the client went away); unmatched routes are \"other\".",
+			[]float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+			"route", "method", "status_class"),
+		storeDuration: newHistogramVec("store_operation_duration_seconds",
+			"Store operation duration by operation and result (ok, rejected, unavailable, canceled, error).",
+			[]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+			"op", "result"),
+		shareWaits: newCounterVec("tenant_store_share_waits_total",
+			"Store calls of a tenant that found its share of the database connections (IDEM_DB_TENANT_SHARE) in use and waited for one of its own calls to end, by result: ok (got its turn), unavailable (the store deadline ran out: 503 store_unavailable), canceled (the caller went away).",
+			"tenant", "result"),
+		attempts: newCounterVec("attempts_total",
+			"Requests of a tenant by what their Idem-Attempt header says: attempt first or retry; cause none for a first attempt, else why the previous attempt failed (timeout, network, unavailable, throttled, server-error, in-flight, other). Refused retries included.",
+			"tenant", "attempt", "cause"),
+		refused: newCounterVec("retries_refused_total",
+			"Retries refused by the tenant's retry budget on this replica (429 retry_budget_exhausted), by the cause they named.",
+			"tenant", "cause"),
+		webhookAttempts: newCounterVec("webhook_attempts_total",
+			"Webhook delivery attempts by result (delivered, retry, gave_up).",
+			"result"),
+		completionKeys: newGaugeVec("orphans_by_state",
+			"Keys the completer holds (resuming: an attempt runs; unknown: the next attempt is due later) or gave up on (review: a person must resolve them), all tenants, as of the last orphan watch. Every state is always present.",
+			"state"),
+		completionOldestAge: newGaugeVec("oldest_orphan_by_state_age_seconds",
+			"Seconds since the completer last moved the oldest key in each state (0 when none), as of the last orphan watch.",
+			"state"),
+		completerAttempts: newCounterVec("completer_attempts_total",
+			"Completer attempts on orphaned keys by outcome (completed, not_done, unknown, review).",
+			"outcome"),
+		buildInfo: newGaugeVec("build_info",
+			"Always 1; its labels say which build runs: version, VCS revision and Go version.",
+			"version", "revision", "go_version"),
 		orphanTenants: map[string]struct{}{},
 		usageTenants:  map[string]struct{}{},
 		maxTenants:    DefaultMaxTenants,
@@ -284,6 +261,24 @@ func New(reg prometheus.Registerer) *Metrics {
 	registerOnce(reg, collectors.NewGoCollector())
 	registerOnce(reg, collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// newCounterVec, newGaugeVec, newGauge and newHistogramVec make the idem_
+// collectors of New: the namespace, a name, its help and its labels.
+func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help}, labels)
+}
+
+func newGaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help}, labels)
+}
+
+func newGauge(name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: name, Help: help})
+}
+
+func newHistogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: name, Help: help, Buckets: buckets}, labels)
 }
 
 // TenantOther is the tenant label shared by the tenants past the limit of

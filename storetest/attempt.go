@@ -21,8 +21,7 @@ func attemptClaim(tenant, key, attemptID string) idem.ClaimParams {
 // token, attempt and recovery point) with its lease renewed from now,
 // instead of request_in_flight; the recovered token still writes.
 func testAttemptRecovered(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	first := b.claim(t, attemptClaim("acme", "k", "att-1"))
 	require.Equal(t, idem.ActionCreate, first.Action)
 	require.Equal(t, "att-1", first.Record.AttemptID)
@@ -57,8 +56,7 @@ func testAttemptRecovered(t *testing.T, s *suite) {
 // attempt id with another request do not get the attempt: request_in_flight
 // (with the lease left) or fingerprint_mismatch, and nothing changes.
 func testAttemptOtherRejected(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	first := b.claim(t, attemptClaim("acme", "k", "att-1")).Record
 	b.claim(t, ClaimParams("acme", "plain"))
 
@@ -83,8 +81,7 @@ func testAttemptOtherRejected(t *testing.T, s *suite) {
 // id takes over with a new fencing token (attempt+1); the taker's attempt id
 // then holds the lease, the old one gets request_in_flight.
 func testAttemptTakeoverNewToken(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	first := b.claim(t, attemptClaim("acme", "k", "att-1")).Record
 	b.clock.Set(first.LeaseExpiresAt)
 

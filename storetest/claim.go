@@ -10,8 +10,7 @@ import (
 )
 
 func testClaimAbsentCreates(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	p := ClaimParams("acme", "order-42")
 	p.Lease = 45 * time.Second
 	p.ReplayWindow = 2 * time.Hour
@@ -50,16 +49,14 @@ func testClaimAbsentCreates(t *testing.T, s *suite) {
 // testClaimUnknownTenant: a claim in a tenant that does not exist is
 // tenant_unknown and creates nothing.
 func testClaimUnknownTenant(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	_, err := b.store.Claim(b.ctx, ClaimParams("nobody", "k"))
 	requireCode(t, err, idem.ErrTenantUnknown)
 	b.requireAbsent(t, "nobody", "k")
 }
 
 func testClaimInFlightRejected(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	first := b.create(t, "acme", "k")
 
 	b.advance(10 * time.Second)
@@ -82,26 +79,16 @@ func testClaimInFlightRejected(t *testing.T, s *suite) {
 }
 
 func testClaimInFlightMismatch(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	first := b.create(t, "acme", "k")
 
-	p := ClaimParams("acme", "k")
-	p.Fingerprint = "sha256:bbbb"
-	_, err := b.store.Claim(b.ctx, p)
-	requireCode(t, err, idem.ErrFingerprintMismatch, "different fingerprint while in flight")
-
-	p = ClaimParams("acme", "k")
-	p.Operation = "POST /v1/refunds"
-	_, err = b.store.Claim(b.ctx, p)
-	requireCode(t, err, idem.ErrFingerprintMismatch, "different operation while in flight")
+	b.requireMismatches(t, "acme", "k", "POST /v1/refunds", "while in flight")
 
 	requireSameRecord(t, first, b.get(t, "acme", "k"))
 }
 
 func testClaimOrphanTakeover(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	first := b.create(t, "acme", "k")
 	data := []byte(`{"charge": "ch_1",  "amount":1000}`)
 	b.advance(5 * time.Second)
@@ -159,8 +146,7 @@ func testClaimOrphanTakeover(t *testing.T, s *suite) {
 }
 
 func testClaimOrphanBoundary(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	first := b.create(t, "acme", "k")
 
 	// The lease covers [created, created+lease); at the instant it runs out
@@ -174,20 +160,11 @@ func testClaimOrphanBoundary(t *testing.T, s *suite) {
 }
 
 func testClaimOrphanMismatch(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	first := b.create(t, "acme", "k")
 	b.advance(time.Hour)
 
-	p := ClaimParams("acme", "k")
-	p.Fingerprint = "sha256:bbbb"
-	_, err := b.store.Claim(b.ctx, p)
-	requireCode(t, err, idem.ErrFingerprintMismatch, "different fingerprint on an orphan")
-
-	p = ClaimParams("acme", "k")
-	p.Operation = "DELETE /v1/payments"
-	_, err = b.store.Claim(b.ctx, p)
-	requireCode(t, err, idem.ErrFingerprintMismatch, "different operation on an orphan")
+	b.requireMismatches(t, "acme", "k", "DELETE /v1/payments", "on an orphan")
 
 	got := b.get(t, "acme", "k")
 	requireSameRecord(t, first, got)
@@ -195,8 +172,7 @@ func testClaimOrphanMismatch(t *testing.T, s *suite) {
 }
 
 func testClaimCompletedReplay(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	for _, tc := range []struct {
 		key  string
 		resp idem.Response
@@ -224,27 +200,17 @@ func testClaimCompletedReplay(t *testing.T, s *suite) {
 }
 
 func testClaimCompletedMismatch(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.create(t, "acme", "k")
 	done := b.complete(t, "acme", "k", rec.FencingToken, response(1))
 
-	p := ClaimParams("acme", "k")
-	p.Fingerprint = "sha256:bbbb"
-	_, err := b.store.Claim(b.ctx, p)
-	requireCode(t, err, idem.ErrFingerprintMismatch, "different fingerprint on a completed key")
-
-	p = ClaimParams("acme", "k")
-	p.Operation = "POST /v1/refunds"
-	_, err = b.store.Claim(b.ctx, p)
-	requireCode(t, err, idem.ErrFingerprintMismatch, "different operation on a completed key")
+	b.requireMismatches(t, "acme", "k", "POST /v1/refunds", "on a completed key")
 
 	requireSameRecord(t, done, b.get(t, "acme", "k"))
 }
 
 func testClaimExpiredCreatesAfresh(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	p := ClaimParams("acme", "k")
 	p.ReplayWindow = time.Minute
 	p.ReaperThreshold = time.Hour
@@ -291,8 +257,7 @@ func testClaimExpiredCreatesAfresh(t *testing.T, s *suite) {
 }
 
 func testClaimExpiredBoundary(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	p := ClaimParams("acme", "k")
 	p.ReplayWindow = time.Minute
 	rec := b.claim(t, p).Record
@@ -351,4 +316,20 @@ func testClaimDatabaseClock(t *testing.T, s *suite) {
 	require.Greater(t, res.Record.FencingToken, r.FencingToken)
 	require.True(t, res.Record.LeaseExpiresAt.After(r.LeaseExpiresAt))
 	require.WithinDuration(t, time.Now(), res.Record.ObservedAt, 5*time.Second)
+}
+
+// requireMismatches requires that a claim of key in tenant with another
+// fingerprint, and one with operation in place of the default, are both
+// refused with fingerprint_mismatch; when says of what, for the messages.
+func (b *bundle) requireMismatches(t *testing.T, tenant, key, operation, when string) {
+	t.Helper()
+	p := ClaimParams(tenant, key)
+	p.Fingerprint = "sha256:bbbb"
+	_, err := b.store.Claim(b.ctx, p)
+	requireCode(t, err, idem.ErrFingerprintMismatch, "different fingerprint "+when)
+
+	p = ClaimParams(tenant, key)
+	p.Operation = operation
+	_, err = b.store.Claim(b.ctx, p)
+	requireCode(t, err, idem.ErrFingerprintMismatch, "different operation "+when)
 }

@@ -47,6 +47,17 @@ func (b *bundle) completer(t *testing.T, tenant, pattern string) idem.Completer 
 	return c
 }
 
+// setupPicked opens a store with tenant acme, a completer of all its
+// operations and an orphan k the completer has picked, and returns the
+// pick.
+func (s *suite) setupPicked(t *testing.T) (*bundle, idem.PickedCompletion) {
+	t.Helper()
+	b := s.setup(t, "acme")
+	b.completer(t, "acme", "")
+	b.orphan(t, "acme", "k")
+	return b, b.pick(t)[0]
+}
+
 // pick picks and requires success.
 func (b *bundle) pick(t *testing.T) []idem.PickedCompletion {
 	t.Helper()
@@ -66,8 +77,7 @@ func (b *bundle) finish(t *testing.T, pc idem.PickedCompletion, outcome idem.Com
 }
 
 func testCompleterRegistrations(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	cs := b.store.Completers()
 	a := b.completer(t, "acme", "")
 	c := b.completer(t, "acme", "POST /orders*")
@@ -95,9 +105,7 @@ func testCompleterRegistrations(t *testing.T, s *suite) {
 }
 
 func testCompleterPicksMatching(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	b.tenant(t, "bare")
+	b := s.setup(t, "acme", "bare")
 	b.completer(t, "acme", "POST /orders*")
 	exact := b.completer(t, "acme", "POST /orders/refund")
 
@@ -133,8 +141,7 @@ func testCompleterPicksMatching(t *testing.T, s *suite) {
 }
 
 func testCompleterTakeoverFences(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	b.completer(t, "acme", "")
 	worker := b.create(t, "acme", "k")
 	b.checkpoint(t, idem.CheckpointParams{TenantID: "acme", Key: "k", FencingToken: worker.FencingToken, RecoveryPoint: "charged", Data: []byte(`{"charge":"ch_1"}`), Lease: defaultLease})
@@ -164,11 +171,7 @@ func testCompleterTakeoverFences(t *testing.T, s *suite) {
 }
 
 func testCompleterCompleted(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	b.completer(t, "acme", "")
-	b.orphan(t, "acme", "k")
-	pc := b.pick(t)[0]
+	b, pc := s.setupPicked(t)
 	resp := response(7)
 	rec, err := b.finish(t, pc, idem.OutcomeCompleted, &resp, 0)
 	require.NoError(t, err)
@@ -190,11 +193,7 @@ func testCompleterCompleted(t *testing.T, s *suite) {
 }
 
 func testCompleterNotDone(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	b.completer(t, "acme", "")
-	b.orphan(t, "acme", "k")
-	pc := b.pick(t)[0]
+	b, pc := s.setupPicked(t)
 	_, err := b.finish(t, pc, idem.OutcomeNotDone, nil, 0)
 	require.NoError(t, err)
 	b.requireAbsent(t, "acme", "k")
@@ -205,8 +204,7 @@ func testCompleterNotDone(t *testing.T, s *suite) {
 }
 
 func testCompleterUnknownHolds(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	b.completer(t, "acme", "")
 	b.orphan(t, "acme", "k")
 	tokens := map[int64]bool{}
@@ -275,11 +273,7 @@ func testCompleterCompletedHeadersChecked(t *testing.T, s *suite) {
 }
 
 func testCompleterReview(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	b.completer(t, "acme", "")
-	b.orphan(t, "acme", "k")
-	pc := b.pick(t)[0]
+	b, pc := s.setupPicked(t)
 	rec, err := b.finish(t, pc, idem.OutcomeReview, nil, 0)
 	require.NoError(t, err)
 	require.Equal(t, idem.CompletionReview, rec.Completion.State)
@@ -300,11 +294,7 @@ func testCompleterReview(t *testing.T, s *suite) {
 }
 
 func testCompleterDeadAttempt(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	b.completer(t, "acme", "")
-	b.orphan(t, "acme", "k")
-	dead := b.pick(t)[0]
+	b, dead := s.setupPicked(t)
 	b.advance(completerLease) // the replica died mid-attempt
 	again := b.pick(t)
 	require.Len(t, again, 1)
@@ -359,8 +349,7 @@ func testCompleterPickRace(t *testing.T, s *suite) {
 }
 
 func testCompleterListing(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	b.completer(t, "acme", "")
 	b.orphan(t, "acme", "unknown")
 	pc := b.pick(t)[0]

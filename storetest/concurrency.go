@@ -15,14 +15,9 @@ import (
 const racers = 64
 
 func testRaceClaim(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 
-	results := make([]idem.ClaimResult, racers)
-	errs := make([]error, racers)
-	race(racers, func(i int) {
-		results[i], errs[i] = b.store.Claim(b.ctx, ClaimParams("acme", "k"))
-	})
+	results, errs := b.raceClaims("acme", "k")
 
 	winner := -1
 	inFlight := 0
@@ -47,16 +42,11 @@ func testRaceClaim(t *testing.T, s *suite) {
 }
 
 func testRaceTakeover(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	first := b.create(t, "acme", "k")
 	b.advance(time.Hour)
 
-	results := make([]idem.ClaimResult, racers)
-	errs := make([]error, racers)
-	race(racers, func(i int) {
-		results[i], errs[i] = b.store.Claim(b.ctx, ClaimParams("acme", "k"))
-	})
+	results, errs := b.raceClaims("acme", "k")
 
 	winner := -1
 	for i, err := range errs {
@@ -77,14 +67,11 @@ func testRaceTakeover(t *testing.T, s *suite) {
 }
 
 func testRaceComplete(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.create(t, "acme", "k")
 
-	results := make([]idem.Record, racers)
-	errs := make([]error, racers)
-	race(racers, func(i int) {
-		results[i], errs[i] = b.store.Complete(b.ctx, idem.CompleteParams{
+	results, errs := raceEach(racers, func(i int) (idem.Record, error) {
+		return b.store.Complete(b.ctx, idem.CompleteParams{
 			TenantID: "acme", Key: "k", FencingToken: rec.FencingToken, Response: response(i),
 		})
 	})
@@ -115,8 +102,7 @@ func testRaceComplete(t *testing.T, s *suite) {
 // replays it, or the takeover lands and the completion is refused. Never
 // both.
 func testRaceCompleteVersusTakeover(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	const keys = 24
 	tokens := make([]int64, keys)
 	for i := range keys {
@@ -162,8 +148,7 @@ func testRaceCompleteVersusTakeover(t *testing.T, s *suite) {
 }
 
 func testRaceReap(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	const n = 40
 	for i := range n {
 		b.create(t, "acme", fmt.Sprintf("k-%02d", i))

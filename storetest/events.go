@@ -63,9 +63,7 @@ func requireNoEvent(t *testing.T, sub *idem.Subscription, what string) {
 // Watched in flight; a subscription to another key or to the same key of
 // another tenant is not woken.
 func testEventsWake(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	b.tenant(t, "beta")
+	b := s.setup(t, "acme", "beta")
 	done := b.subscribe(t, "acme", "done")
 	released := b.subscribe(t, "acme", "released")
 	other := b.subscribe(t, "beta", "done")
@@ -107,8 +105,7 @@ func testEventsWake(t *testing.T, s *suite) {
 // testEventsClose: a closed subscription is removed at once; closing twice
 // is harmless, and a key's other subscriptions still hear its events.
 func testEventsClose(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	gone := b.subscribe(t, "acme", "k")
 	kept := b.subscribe(t, "acme", "k")
 	gone.Close()
@@ -123,8 +120,7 @@ func testEventsClose(t *testing.T, s *suite) {
 // testEventsResolve: an operator's release or completion of an orphan
 // wakes the key's subscriptions like the worker's own would.
 func testEventsResolve(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	for _, action := range []idem.ResolveAction{idem.ResolveRelease, idem.ResolveComplete} {
 		key := "resolved-" + string(action)
 		sub := b.subscribe(t, "acme", key)
@@ -138,8 +134,7 @@ func testEventsResolve(t *testing.T, s *suite) {
 // testEventsWatch: Watch reports whether the key is in flight — false for
 // an absent and a completed key — and may be called again and again.
 func testEventsWatch(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	ev := b.store.KeyEvents()
 	absent, err := ev.Watch(b.ctx, "acme", "absent")
 	require.NoError(t, err)
@@ -210,8 +205,7 @@ func requireWoken(t *testing.T, out <-chan waitOutcome, what string) waitOutcome
 // number of yields, so the rounds cover the waiter's subscribe, claim,
 // Watch and sleep.
 func testEventsWaiterRacesComplete(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	w := keyevents.NewWaiters(b.store.KeyEvents(), 4)
 	t.Cleanup(w.Close)
 	for i := range raceRounds {
@@ -249,8 +243,7 @@ func (w watchSignal) Watch(ctx context.Context, tenantID, key string) (bool, err
 // key in flight again and is woken by the new holder's completion (the
 // new holder's record must be watched too).
 func testEventsWaiterAcrossReclaim(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	events := watchSignal{b.store.KeyEvents(), make(chan struct{}, 1)}
 	w := keyevents.NewWaiters(events, 4)
 	t.Cleanup(w.Close)

@@ -14,8 +14,7 @@ import (
 // nothing: the token source does not move, and the record is byte for byte
 // what it was. A claim of a completed key is a read (issue 23, goal 2).
 func testClaimKeptRecordTakesNoToken(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	l := b.ledger(t)
 	rec := b.create(t, "acme", "done")
 	done := b.complete(t, "acme", "done", rec.FencingToken, response(1))
@@ -56,22 +55,15 @@ func testClaimKeptRecordTakesNoToken(t *testing.T, s *suite) {
 // replay of the one stored response, never a new attempt, and once the
 // completion has returned every claim replays it.
 func testRaceClaimsVersusComplete(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	const keys = 8
 	for k := range keys {
 		key := "k" + string(rune('a'+k))
 		rec := b.create(t, "acme", key)
-		results := make([]idem.ClaimResult, racers)
-		errs := make([]error, racers)
 		var done idem.Record
 		var doneErr error
-		race(racers+1, func(i int) {
-			if i == racers {
-				done, doneErr = b.store.Complete(b.ctx, idem.CompleteParams{TenantID: "acme", Key: key, FencingToken: rec.FencingToken, Response: response(k)})
-				return
-			}
-			results[i], errs[i] = b.store.Claim(b.ctx, ClaimParams("acme", key))
+		results, errs := b.raceClaimsWith("acme", key, func() {
+			done, doneErr = b.store.Complete(b.ctx, idem.CompleteParams{TenantID: "acme", Key: key, FencingToken: rec.FencingToken, Response: response(k)})
 		})
 		require.NoError(t, doneErr)
 		for i, err := range errs {
@@ -93,21 +85,14 @@ func testRaceClaimsVersusComplete(t *testing.T, s *suite) {
 // came after the release may create the key afresh — at most one does, and
 // the record stored at the end is that claim's.
 func testRaceClaimsVersusRelease(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	const keys = 8
 	for k := range keys {
 		key := "k" + string(rune('a'+k))
 		rec := b.create(t, "acme", key)
-		results := make([]idem.ClaimResult, racers)
-		errs := make([]error, racers)
 		var relErr error
-		race(racers+1, func(i int) {
-			if i == racers {
-				relErr = b.store.Release(b.ctx, idem.ReleaseParams{TenantID: "acme", Key: key, FencingToken: rec.FencingToken})
-				return
-			}
-			results[i], errs[i] = b.store.Claim(b.ctx, ClaimParams("acme", key))
+		results, errs := b.raceClaimsWith("acme", key, func() {
+			relErr = b.store.Release(b.ctx, idem.ReleaseParams{TenantID: "acme", Key: key, FencingToken: rec.FencingToken})
 		})
 		require.NoError(t, relErr)
 		winner := -1
@@ -133,19 +118,14 @@ func testRaceClaimsVersusRelease(t *testing.T, s *suite) {
 // just ended race to create it afresh. Exactly one does; the others are
 // refused as in flight, and none replays the expired response.
 func testRaceClaimsAtExpiry(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	p := ClaimParams("acme", "k")
 	p.ReplayWindow = time.Minute
 	rec := b.claim(t, p).Record
 	done := b.complete(t, "acme", "k", rec.FencingToken, response(1))
 	b.clock.Set(done.ReplayUntil)
 
-	results := make([]idem.ClaimResult, racers)
-	errs := make([]error, racers)
-	race(racers, func(i int) {
-		results[i], errs[i] = b.store.Claim(b.ctx, ClaimParams("acme", "k"))
-	})
+	results, errs := b.raceClaims("acme", "k")
 	winner := -1
 	for i, err := range errs {
 		if err != nil {
@@ -173,15 +153,9 @@ func testRaceReplaysVersusTenantDelete(t *testing.T, s *suite) {
 		b.tenant(t, tenant)
 		rec := b.create(t, tenant, "k")
 		done := b.complete(t, tenant, "k", rec.FencingToken, response(k))
-		results := make([]idem.ClaimResult, racers)
-		errs := make([]error, racers)
 		var delErr error
-		race(racers+1, func(i int) {
-			if i == racers {
-				delErr = b.store.DeleteTenant(b.ctx, idem.DeleteTenantParams{ID: tenant})
-				return
-			}
-			results[i], errs[i] = b.store.Claim(b.ctx, ClaimParams(tenant, "k"))
+		results, errs := b.raceClaimsWith(tenant, "k", func() {
+			delErr = b.store.DeleteTenant(b.ctx, idem.DeleteTenantParams{ID: tenant})
 		})
 		require.NoError(t, delErr)
 		for i, err := range errs {

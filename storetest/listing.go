@@ -13,8 +13,7 @@ import (
 )
 
 func testGetRecordAllFields(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	p := ClaimParams("acme", "order-42")
 	p.Lease = 10 * time.Second
 	p.ReplayWindow = 30 * time.Minute
@@ -59,8 +58,7 @@ func testGetRecordAllFields(t *testing.T, s *suite) {
 }
 
 func testGetRecordAPIStates(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	p := ClaimParams("acme", "k")
 	p.ReplayWindow = time.Hour
 	rec := b.claim(t, p).Record
@@ -114,8 +112,7 @@ func fourStates(t *testing.T, b *bundle, tenant string) map[idem.State]string {
 }
 
 func testListRecordsNewestFirst(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	var want []string
 	for i := range 6 {
 		key := fmt.Sprintf("k-%d", i)
@@ -141,8 +138,7 @@ func testListRecordsNewestFirst(t *testing.T, s *suite) {
 }
 
 func testListRecordsStateFilter(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	keys := fourStates(t, b, "acme")
 
 	for state, key := range keys {
@@ -161,8 +157,7 @@ func testListRecordsStateFilter(t *testing.T, s *suite) {
 }
 
 func testListRecordsPagination(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	type row struct {
 		created time.Time
 		key     string
@@ -439,9 +434,7 @@ func testReapPastPurgeAfter(t *testing.T, s *suite) {
 }
 
 func testReapBatches(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	b.tenant(t, "beta")
+	b := s.setup(t, "acme", "beta")
 	var want []string
 	for i := range 10 {
 		tenant := []string{"acme", "beta"}[i%2]
@@ -476,8 +469,7 @@ func testReapBatches(t *testing.T, s *suite) {
 // checkpoint renewed or a takeover granted; once the lease has run out it is
 // reaped as an orphan.
 func testReapNeverDeletesRunningLease(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	p := ClaimParams("acme", "long")
 	p.Lease = 60 * time.Second
 	p.ReplayWindow = 2 * time.Second
@@ -558,8 +550,7 @@ func testReapDisabledTenantKeepsRecords(t *testing.T, s *suite) {
 // neither responses nor recovery data, so a page stays small whatever the
 // records hold; GetRecord still returns the recovery data whole.
 func testListsOmitRecoveryData(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	data := []byte(`{"charge":"` + strings.Repeat("x", 4096) + `"}`)
 	p := ClaimParams("acme", "big")
 	p.Lease = 10 * time.Second

@@ -93,8 +93,7 @@ func claimBytes(key string) int64 {
 // response, a takeover and a replay change nothing, and a claim of an
 // expired key replaces its record.
 func testQuotaCountsEveryWrite(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	require.Zero(t, b.usage(t, "acme"), "a new tenant stores nothing")
 
 	k := b.create(t, "acme", "k1")
@@ -145,8 +144,7 @@ func testQuotaCountsEveryWrite(t *testing.T, s *suite) {
 // their keys at the same time; the usage is then exactly what the records
 // hold. A drift of one write shows.
 func testQuotaConcurrentWrites(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	const n = 32
 	keys := make([]string, n)
 	errs := make([]error, n)
@@ -193,9 +191,7 @@ func testQuotaConcurrentWrites(t *testing.T, s *suite) {
 // and orphaned records), and deleting the tenant, whose usage does not
 // outlive it (the id created again starts at zero).
 func testQuotaBackToZero(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	b.tenant(t, "other")
+	b := s.setup(t, "acme", "other")
 	o := b.create(t, "other", "kept")
 	b.complete(t, "other", "kept", o.FencingToken, response(7))
 	otherBytes := b.usage(t, "other")
@@ -247,9 +243,7 @@ func testQuotaBackToZero(t *testing.T, s *suite) {
 // finishes work already claimed, takeovers and replays go on; the quota
 // frees up as records go. Other tenants are not affected.
 func testQuotaRefusesNewRecords(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	b.tenant(t, "other")
+	b := s.setup(t, "acme", "other")
 	per := claimBytes("k0")
 	limited := func(key string) idem.ClaimParams {
 		p := ClaimParams("acme", key)
@@ -311,8 +305,7 @@ func testQuotaRefusesNewRecords(t *testing.T, s *suite) {
 // through, not all 32), every created record is counted and every refused
 // one absent.
 func testQuotaRace(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	per := claimBytes("key-00")
 	const n, fit = 32, 8
 	errs := make([]error, n)
@@ -383,8 +376,7 @@ func (b *bundle) requireUnstored(t *testing.T, tenant, key string, token int64, 
 // a different response on the key is already_completed; the quota frees
 // up as records go.
 func testQuotaCompleteBounded(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	const size = 1000
 	keys := []string{"k0", "k1", "k2", "k3", "k4"}
 	toks := map[string]int64{}
@@ -441,8 +433,7 @@ func testQuotaCompleteBounded(t *testing.T, s *suite) {
 // data (a lease keeper's renewal) is saved whatever the usage; a takeover
 // resumes from what was kept.
 func testQuotaCheckpointBounded(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	k0 := b.create(t, "acme", "k0")
 	k1 := b.create(t, "acme", "k1")
 	quota := 2*claimBytes("k0") + 7 + 100 + 5
@@ -505,8 +496,7 @@ func testQuotaCheckpointBounded(t *testing.T, s *suite) {
 // instant are not seen), every other key is completed without its
 // response, none is left in flight, and the usage is exactly the records'.
 func testQuotaConcurrentCompletesBounded(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	const n, fit, size = 32, 4, 2000
 	keys := make([]string, n)
 	toks := make([]int64, n)

@@ -62,8 +62,7 @@ func requireAudit(t *testing.T, p idem.ResolveParams, at time.Time, entry idem.A
 }
 
 func testResolveRelease(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.orphan(t, "acme", "k")
 	at := b.now()
 
@@ -86,8 +85,7 @@ func testResolveRelease(t *testing.T, s *suite) {
 }
 
 func testResolveComplete(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.orphan(t, "acme", "k")
 	b.resolve(t, resolution("acme", "k", idem.ResolveReview, rec.FencingToken))
 	at := b.now()
@@ -117,8 +115,7 @@ func testResolveComplete(t *testing.T, s *suite) {
 }
 
 func testResolveReview(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.create(t, "acme", "k")
 	at := b.now()
 
@@ -161,8 +158,7 @@ func testResolveReview(t *testing.T, s *suite) {
 }
 
 func testResolveRequiresOrphan(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.create(t, "acme", "k")
 	b.advance(10 * time.Second)
 	for _, a := range []idem.ResolveAction{idem.ResolveRelease, idem.ResolveComplete} {
@@ -179,9 +175,7 @@ func testResolveRequiresOrphan(t *testing.T, s *suite) {
 }
 
 func testResolveRefused(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	b.tenant(t, "other")
+	b := s.setup(t, "acme", "other")
 
 	for _, a := range []idem.ResolveAction{idem.ResolveRelease, idem.ResolveComplete, idem.ResolveReview} {
 		_, err := b.store.Resolve(b.ctx, resolution("acme", "absent", a, 1))
@@ -217,8 +211,7 @@ func testResolveRefused(t *testing.T, s *suite) {
 // testResolveLateWorker: the worker of an orphan comes back after a person
 // released or completed it. Its token is refused; the stored outcome stays.
 func testResolveLateWorker(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 
 	released := b.orphan(t, "acme", "released")
 	b.resolve(t, resolution("acme", "released", idem.ResolveRelease, released.FencingToken))
@@ -248,20 +241,17 @@ func testResolveLateWorker(t *testing.T, s *suite) {
 // (two consoles, a double click): exactly one resolution applies and is
 // audited; the record agrees with the winner.
 func testRaceResolutions(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.orphan(t, "acme", "k")
 
-	results := make([]idem.Resolution, racers)
-	errs := make([]error, racers)
-	race(racers, func(i int) {
+	results, errs := raceEach(racers, func(i int) (idem.Resolution, error) {
 		action := idem.ResolveRelease
 		if i%2 == 1 {
 			action = idem.ResolveComplete
 		}
 		p := resolution("acme", "k", action, rec.FencingToken)
 		p.Note = fmt.Sprintf("racer %d", i)
-		results[i], errs[i] = b.store.Resolve(b.ctx, p)
+		return b.store.Resolve(b.ctx, p)
 	})
 	winner := -1
 	for i, err := range errs {
@@ -292,8 +282,7 @@ func testRaceResolutions(t *testing.T, s *suite) {
 // worker's own completion: one response is stored, the other is refused.
 func testRaceResolveVersusWorker(t *testing.T, s *suite) {
 	for round := range 10 {
-		b := s.setup(t)
-		b.tenant(t, "acme")
+		b := s.setup(t, "acme")
 		rec := b.orphan(t, "acme", "k")
 		var resolveErr, workerErr error
 		race(2, func(i int) {
@@ -323,9 +312,7 @@ func testRaceResolveVersusWorker(t *testing.T, s *suite) {
 // testAuditListing: listings per key, per tenant and across tenants, newest
 // first, paginated by keyset without loss or repetition.
 func testAuditListing(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	b.tenant(t, "beta")
+	b := s.setup(t, "acme", "beta")
 	var want []idem.AuditEntry // oldest first
 	for i := range 5 {
 		for _, tenant := range []string{"acme", "beta"} {

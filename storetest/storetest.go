@@ -211,13 +211,18 @@ type bundle struct {
 	ctx   context.Context
 }
 
-// setup opens a fresh store driven by a fake clock.
-func (s *suite) setup(t *testing.T) *bundle {
+// setup opens a fresh store driven by a fake clock, with the tenants
+// named created with the default settings.
+func (s *suite) setup(t *testing.T, tenants ...string) *bundle {
 	t.Helper()
 	clock := NewClock()
 	store := s.open(t, clock.Now)
 	require.NotNil(t, store, "open returned a nil store")
-	return &bundle{store: store, clock: clock, ctx: t.Context()}
+	b := &bundle{store: store, clock: clock, ctx: t.Context()}
+	for _, id := range tenants {
+		b.tenant(t, id)
+	}
+	return b
 }
 
 // setupDBClock opens a fresh store that uses the database clock.
@@ -445,6 +450,36 @@ func race(n int, fn func(i int)) {
 	}
 	close(start)
 	wg.Wait()
+}
+
+// raceEach runs fn(i) for every i in [0, n) at once, as race does, and
+// returns each call's result and error.
+func raceEach[T any](n int, fn func(i int) (T, error)) ([]T, []error) {
+	results, errs := make([]T, n), make([]error, n)
+	race(n, func(i int) { results[i], errs[i] = fn(i) })
+	return results, errs
+}
+
+// raceClaims makes racers claims of key in tenant at once, with the
+// default parameters, and returns each one's result and error.
+func (b *bundle) raceClaims(tenant, key string) ([]idem.ClaimResult, []error) {
+	return raceEach(racers, func(int) (idem.ClaimResult, error) {
+		return b.store.Claim(b.ctx, ClaimParams(tenant, key))
+	})
+}
+
+// raceClaimsWith makes racers claims of key in tenant and one call of
+// other all at once, and returns each claim's result and error.
+func (b *bundle) raceClaimsWith(tenant, key string, other func()) ([]idem.ClaimResult, []error) {
+	results, errs := make([]idem.ClaimResult, racers), make([]error, racers)
+	race(racers+1, func(i int) {
+		if i == racers {
+			other()
+			return
+		}
+		results[i], errs[i] = b.store.Claim(b.ctx, ClaimParams(tenant, key))
+	})
+	return results, errs
 }
 
 // retryAfter returns the RetryAfter of an *idem.Error.

@@ -12,8 +12,7 @@ import (
 )
 
 func testFencingTokensIncrease(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	var tokens []int64
 	next := func(r idem.Record) {
 		t.Helper()
@@ -51,8 +50,7 @@ func testFencingTokensIncrease(t *testing.T, s *suite) {
 }
 
 func testFencingStaleToken(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	old := b.create(t, "acme", "k")
 	b.advance(time.Hour)
 	cur := b.claim(t, ClaimParams("acme", "k")).Record
@@ -82,8 +80,7 @@ func testFencingStaleToken(t *testing.T, s *suite) {
 }
 
 func testFencingAbsentKey(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.create(t, "acme", "present")
 
 	_, err := b.store.Checkpoint(b.ctx, idem.CheckpointParams{
@@ -102,8 +99,7 @@ func testFencingAbsentKey(t *testing.T, s *suite) {
 }
 
 func testCompleteStoresResponse(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	p := ClaimParams("acme", "k")
 	p.ReplayWindow = 10 * time.Minute
 	p.ReaperThreshold = time.Hour
@@ -139,8 +135,7 @@ func testCompleteStoresResponse(t *testing.T, s *suite) {
 }
 
 func testCompleteAfterLeaseRanOut(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.create(t, "acme", "k")
 	b.advance(10 * time.Minute)
 	require.Equal(t, idem.StateOrphaned, b.get(t, "acme", "k").APIState())
@@ -156,8 +151,7 @@ func testCompleteAfterLeaseRanOut(t *testing.T, s *suite) {
 }
 
 func testCompleteSameResponseNoop(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.create(t, "acme", "k")
 	done := b.complete(t, "acme", "k", rec.FencingToken, response(1))
 
@@ -169,8 +163,7 @@ func testCompleteSameResponseNoop(t *testing.T, s *suite) {
 }
 
 func testCompleteDifferentResponse(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.create(t, "acme", "k")
 	done := b.complete(t, "acme", "k", rec.FencingToken, response(1))
 	b.advance(time.Minute)
@@ -191,8 +184,7 @@ func testCompleteDifferentResponse(t *testing.T, s *suite) {
 }
 
 func testCompleteRefusesCheckpointRelease(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.create(t, "acme", "k")
 	done := b.complete(t, "acme", "k", rec.FencingToken, response(1))
 
@@ -206,8 +198,7 @@ func testCompleteRefusesCheckpointRelease(t *testing.T, s *suite) {
 }
 
 func testCompleteKeepsWindows(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	// Two claims under different settings, as after a settings change.
 	p1 := ClaimParams("acme", "before")
 	p1.ReplayWindow = 10 * time.Minute
@@ -244,8 +235,7 @@ func testCompleteKeepsWindows(t *testing.T, s *suite) {
 }
 
 func testCheckpointRenews(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.create(t, "acme", "k")
 	b.advance(20 * time.Second)
 
@@ -285,8 +275,7 @@ func testCheckpointRenews(t *testing.T, s *suite) {
 }
 
 func testCheckpointAfterLeaseRanOut(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.create(t, "acme", "k")
 	b.advance(time.Hour)
 	require.Equal(t, idem.StateOrphaned, b.get(t, "acme", "k").APIState())
@@ -304,8 +293,7 @@ func testCheckpointAfterLeaseRanOut(t *testing.T, s *suite) {
 }
 
 func testReleaseRemoves(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.create(t, "acme", "k")
 	b.checkpoint(t, idem.CheckpointParams{
 		TenantID: "acme", Key: "k", FencingToken: rec.FencingToken,
@@ -334,8 +322,7 @@ func testReleaseRemoves(t *testing.T, s *suite) {
 }
 
 func testReleaseOrphaned(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.create(t, "acme", "k")
 	b.advance(time.Hour)
 	require.NoError(t, b.store.Release(b.ctx, idem.ReleaseParams{TenantID: "acme", Key: "k", FencingToken: rec.FencingToken}),
@@ -347,8 +334,7 @@ func testReleaseOrphaned(t *testing.T, s *suite) {
 // empty one, no headers, base64, a checkpointed record's recovery data), the
 // record Complete answers with is the one a read returns afterwards.
 func testCompleteAnswerIsStored(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	base64Body := response(1)
 	base64Body.Body, base64Body.BodyEncoding = []byte("AAEC/w=="), idem.BodyEncodingBase64
 	for name, resp := range map[string]idem.Response{
@@ -378,8 +364,7 @@ func testCompleteAnswerIsStored(t *testing.T, s *suite) {
 // the range first; the store checks it again for callers that reach it
 // directly (the gateway stored an upstream's 799 as it was).
 func testCompleteStatusRange(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
+	b := s.setup(t, "acme")
 	rec := b.create(t, "acme", "k")
 	for _, status := range []int{0, 99, 600, 799, 1000, -1} {
 		resp := response(1)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/client/backoff"
 )
 
 // Defaults used for zero Config fields.
@@ -89,33 +90,28 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	def := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
-	def(&c.Interval, DefaultInterval)
-	def(&c.Timeout, DefaultTimeout)
-	def(&c.Lease, 2*c.Timeout+5*time.Second)
-	def(&c.RetryBase, DefaultRetryBase)
-	def(&c.RetryCap, DefaultRetryCap)
-	def(&c.MaxAge, DefaultMaxAge)
-	def(&c.DisableAfter, DefaultDisableAfter)
-	def(&c.Retention, DefaultRetention)
-	def(&c.StoreTimeout, 5*time.Second)
-	if c.BatchSize <= 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.Concurrency <= 0 {
-		c.Concurrency = DefaultConcurrency
-	}
-	if c.DisableMinFailures <= 0 {
-		c.DisableMinFailures = DefaultDisableMinFailures
-	}
-	if c.MaxResponseBytes <= 0 {
-		c.MaxResponseBytes = DefaultMaxResponseBytes
-	}
+	orDefault(&c.Interval, DefaultInterval)
+	orDefault(&c.Timeout, DefaultTimeout)
+	orDefault(&c.Lease, 2*c.Timeout+5*time.Second)
+	orDefault(&c.RetryBase, DefaultRetryBase)
+	orDefault(&c.RetryCap, DefaultRetryCap)
+	orDefault(&c.MaxAge, DefaultMaxAge)
+	orDefault(&c.DisableAfter, DefaultDisableAfter)
+	orDefault(&c.Retention, DefaultRetention)
+	orDefault(&c.StoreTimeout, 5*time.Second)
+	orDefault(&c.BatchSize, DefaultBatchSize)
+	orDefault(&c.Concurrency, DefaultConcurrency)
+	orDefault(&c.DisableMinFailures, DefaultDisableMinFailures)
+	orDefault(&c.MaxResponseBytes, DefaultMaxResponseBytes)
 	return c
+}
+
+// orDefault sets *v to d when it is zero or negative: a Config field left
+// unset takes its default.
+func orDefault[T ~int | ~int64](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }
 
 // Deliverer runs the delivery job.
@@ -367,13 +363,7 @@ func (d *Deliverer) deliver(ctx context.Context, del idem.WebhookDelivery) error
 // retryIn is the full-jitter pause after a failed attempt, or zero (give
 // up) when the next attempt would fall past MaxAge.
 func (d *Deliverer) retryIn(del idem.WebhookDelivery) time.Duration {
-	ceiling := d.cfg.RetryCap
-	if n := del.Attempts - 1; n < 40 {
-		ceiling = min(ceiling, d.cfg.RetryBase<<n)
-	}
-	if ceiling <= 0 {
-		ceiling = d.cfg.RetryCap
-	}
+	ceiling := backoff.Ceiling(d.cfg.RetryBase, d.cfg.RetryCap, del.Attempts-1)
 	wait := time.Duration(rand.Int64N(int64(ceiling))) + time.Millisecond
 	now := del.ObservedAt
 	if now.IsZero() {

@@ -8,30 +8,20 @@
 package webhooks
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/client/stdwebhooks"
 )
 
 // Sign returns the webhook-signature header value for a message: "v1," and
 // the base64 HMAC-SHA256, keyed by the secret's decoded key, of
 // "<id>.<unix seconds>.<body>".
+// The signature is package stdwebhooks', the one the SDK verifies with.
 func Sign(secret, id string, at time.Time, body []byte) (string, error) {
-	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, idem.WebhookSecretPrefix))
+	key, err := stdwebhooks.DecodeSecret(secret)
 	if err != nil {
 		return "", fmt.Errorf("decode webhook secret: %w", err)
 	}
-	mac := hmac.New(sha256.New, key)
-	mac.Write([]byte(id))
-	mac.Write([]byte{'.'})
-	mac.Write([]byte(strconv.FormatInt(at.Unix(), 10)))
-	mac.Write([]byte{'.'})
-	mac.Write(body)
-	return "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil)), nil
+	return stdwebhooks.Sign(key, id, at, body), nil
 }

@@ -177,3 +177,12 @@ func Of(by By) map[Code]Info {
 	}
 	return m
 }
+
+// FieldError names one invalid field of a request, as the errors member of
+// an invalid_request problem lists it. The API's (idem.FieldError), the
+// front doors' (frontdoor.FieldError) and the SDK's (client.FieldError)
+// are this one type.
+type FieldError struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}

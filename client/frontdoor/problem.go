@@ -82,11 +82,9 @@ const NotReplayableDetail = "the request was completed, but its response could n
 // find what changed between its first request and this one.
 const MismatchDetail = "the idempotency key was first used with a different request (method, route, query or body)"
 
-// FieldError names one invalid part of a request.
-type FieldError struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
-}
+// FieldError names one invalid part of a request (errcode's, shared with
+// the idem API and the SDK).
+type FieldError = errcode.FieldError
 
 // Error is a refusal of a front door; WriteProblem turns it into an RFC
 // 9457 problem body.

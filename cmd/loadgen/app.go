@@ -169,17 +169,8 @@ func serveApp(ctx context.Context, variant, addr string, stdout, stderr io.Write
 		fmt.Fprintf(stderr, "loadgen: %v\n", err)
 		return 1
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
 	fmt.Fprintf(stdout, "app listening on %s\n", ln.Addr())
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		fmt.Fprintf(stderr, "loadgen: %v\n", err)
-		return 1
-	}
-	return 0
+	return serveUntilDone(ctx, ln, h, stderr)
 }
 
 // proc is a process the app mode started.

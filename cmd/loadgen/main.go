@@ -177,31 +177,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "loadgen: %v\n", err)
 		return 2
 	}
-	if cfg.mode == modeNeighbour {
-		rep, err := runNeighbour(ctx, cfg)
-		if err != nil {
-			fmt.Fprintf(stderr, "loadgen: %v\n", err)
-			return 1
-		}
-		return rep.print(stdout)
+	// Each mode's report prints itself and says the exit code.
+	var rep interface{ print(io.Writer) int }
+	switch cfg.mode {
+	case modeNeighbour:
+		rep, err = runNeighbour(ctx, cfg)
+	case modeApp:
+		rep, err = runApp(ctx, cfg, cfg.app)
+	case modeWait:
+		rep, err = runWait(ctx, cfg)
+	default:
+		rep, err = runLoad(ctx, cfg)
 	}
-	if cfg.mode == modeApp {
-		rep, err := runApp(ctx, cfg, cfg.app)
-		if err != nil {
-			fmt.Fprintf(stderr, "loadgen: %v\n", err)
-			return 1
-		}
-		return rep.print(stdout)
-	}
-	if cfg.mode == modeWait {
-		rep, err := runWait(ctx, cfg)
-		if err != nil {
-			fmt.Fprintf(stderr, "loadgen: %v\n", err)
-			return 1
-		}
-		return rep.print(stdout)
-	}
-	rep, err := runLoad(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "loadgen: %v\n", err)
 		return 1
@@ -362,12 +349,18 @@ func serveUpstream(ctx context.Context, addr string, stdout, stderr io.Writer) i
 		fmt.Fprintf(stderr, "loadgen: %v\n", err)
 		return 1
 	}
-	srv := &http.Server{Handler: conformance.NewUpstream(), ReadHeaderTimeout: 5 * time.Second}
+	fmt.Fprintf(stdout, "upstream listening on %s\n", ln.Addr())
+	return serveUntilDone(ctx, ln, conformance.NewUpstream(), stderr)
+}
+
+// serveUntilDone serves h on ln until ctx is done: 0 then, 1 (said on
+// stderr) when serving failed.
+func serveUntilDone(ctx context.Context, ln net.Listener, h http.Handler, stderr io.Writer) int {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
-	fmt.Fprintf(stdout, "upstream listening on %s\n", ln.Addr())
 	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		fmt.Fprintf(stderr, "loadgen: %v\n", err)
 		return 1

@@ -52,6 +52,20 @@ type waitTarget struct {
 	metrics string
 }
 
+// tally counts the outcomes of a round's claims under prefix (and the
+// unexpected ones, not 200) and returns how long after since each answered.
+func (wr *waitRound) tally(prefix string, results []result, answers []time.Time, since time.Time) []time.Duration {
+	var waits []time.Duration
+	for i, res := range results {
+		waits = append(waits, answers[i].Sub(since))
+		wr.outcomes[prefix+res.label()]++
+		if !is(200)(res) {
+			wr.unexpected++
+		}
+	}
+	return waits
+}
+
 func runWait(ctx context.Context, cfg config) (*waitReport, error) {
 	urls := []*url.URL{cfg.baseURL}
 	if cfg.baseURL2 != nil {
@@ -109,13 +123,7 @@ func runWait(ctx context.Context, cfg config) (*waitReport, error) {
 			return nil, fmt.Errorf("round %d: complete got %s, want 200", round, r.label())
 		}
 		wg.Wait()
-		for i, res := range results {
-			wr.wake = append(wr.wake, answers[i].Sub(t0))
-			wr.outcomes["waiter "+res.label()]++
-			if !is(200)(res) {
-				wr.unexpected++
-			}
-		}
+		wr.wake = wr.tally("waiter ", results, answers, t0)
 
 		// Baseline: as many plain claims of the completed key at once.
 		start := make(chan struct{})
@@ -131,13 +139,7 @@ func runWait(ctx context.Context, cfg config) (*waitReport, error) {
 		t1 = time.Now()
 		close(start)
 		wg.Wait()
-		for i, res := range results {
-			wr.baseline = append(wr.baseline, answers[i].Sub(t1))
-			wr.outcomes["baseline "+res.label()]++
-			if !is(200)(res) {
-				wr.unexpected++
-			}
-		}
+		wr.baseline = wr.tally("baseline ", results, answers, t1)
 		slices.Sort(wr.wake)
 		slices.Sort(wr.baseline)
 		rep.rounds = append(rep.rounds, wr)

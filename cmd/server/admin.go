@@ -264,11 +264,7 @@ func runTenant(ctx context.Context, e env, args []string) int {
 // printTenants writes list as JSON or as a table.
 func printTenants(e env, list []idem.Tenant, asJSON bool) int {
 	if asJSON {
-		out := make([]tenantJSON, 0, len(list))
-		for _, t := range list {
-			out = append(out, toJSON(t))
-		}
-		return printJSON(e, out)
+		return printJSON(e, each(list, toJSON))
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tNAME\tDISABLED\tREPLAY_WINDOW_S\tREAPER_THRESHOLD_S\tLEASE_DEFAULT_S\tLEASE_MAX_S\tMAX_RESPONSE_BYTES\tRATE_LIMIT\tMAX_WAIT_S\tRETRY_BUDGET_PCT\tSTORAGE_QUOTA_BYTES\tSTORED_BYTES")
@@ -302,6 +298,15 @@ type usageJSON struct {
 func toJSON(t idem.Tenant) tenantJSON {
 	return tenantJSON{ID: t.ID, Name: t.Name, Disabled: t.Disabled, Settings: t.Settings, Usage: usageJSON{StoredBytes: t.StoredBytes},
 		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
+}
+
+// each returns f of every item, in order: a JSON array, never null.
+func each[T, U any](items []T, f func(T) U) []U {
+	out := make([]U, 0, len(items))
+	for _, it := range items {
+		out = append(out, f(it))
+	}
+	return out
 }
 
 func printJSON(e env, v any) int {

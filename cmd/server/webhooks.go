@@ -102,11 +102,7 @@ func runWebhooks(ctx context.Context, e env, args []string) int {
 		if err != nil {
 			return fail(e, "webhooks list: %s", describe(err))
 		}
-		out := make([]map[string]any, 0, len(list))
-		for _, ep := range list {
-			out = append(out, endpointOut(ep))
-		}
-		return printJSON(e, out)
+		return printJSON(e, each(list, endpointOut))
 	case "set":
 		ep, err := ws.GetWebhookEndpoint(ctx, idem.GetWebhookEndpointParams{TenantID: *tenant, ID: *id})
 		if err != nil {
@@ -159,11 +155,7 @@ func runWebhooks(ctx context.Context, e env, args []string) int {
 		if err != nil {
 			return fail(e, "webhooks deliveries: %s", describe(err))
 		}
-		out := make([]map[string]any, 0, len(ds))
-		for _, d := range ds {
-			out = append(out, deliveryOut(d))
-		}
-		return printJSON(e, out)
+		return printJSON(e, each(ds, deliveryOut))
 	}
 }
 

@@ -1,7 +1,6 @@
 package faultcheck
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"database/sql"
@@ -25,6 +24,7 @@ import (
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, to hold the store's write lock
 
 	"github.com/idem-dev/idem/testkit/cutproxy"
+	"github.com/idem-dev/idem/testkit/launch"
 	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
@@ -83,97 +83,12 @@ const secret = "faultcheck-hs256-secret-0123456789abcdef"
 const ScopeHeader = "X-Account-Id"
 
 // proc is a running process of the rig.
-type proc struct {
-	cmd    *exec.Cmd
-	addr   string // host:port it listens on
-	done   chan struct{}
-	stderr *tailBuffer
-}
-
-// tailBuffer keeps the last bytes a process wrote, for a failure report.
-type tailBuffer struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > 16<<10 {
-		t.b = append([]byte(nil), t.b[len(t.b)-8<<10:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.b)
-}
+type proc = launch.Proc
 
 // start starts argv with env and waits until listening(line) of one of its
 // stdout or stderr lines returns the address it listens on.
 func start(env []string, dir string, listening func(line string) string, argv ...string) (*proc, error) {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env, cmd.Dir = env, dir
-	p := &proc{cmd: cmd, done: make(chan struct{}), stderr: &tailBuffer{}}
-	outR, outW := io.Pipe()
-	cmd.Stdout, cmd.Stderr = outW, io.MultiWriter(outW, p.stderr)
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	addr := make(chan string, 1)
-	go func() {
-		_ = cmd.Wait()
-		_ = outW.Close()
-		close(p.done)
-	}()
-	go func() {
-		sc := bufio.NewScanner(outR)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		found := false
-		for sc.Scan() {
-			if !found {
-				if a := listening(sc.Text()); a != "" {
-					found = true
-					addr <- a
-				}
-			}
-		}
-		_, _ = io.Copy(io.Discard, outR)
-	}()
-	select {
-	case a := <-addr:
-		p.addr = a
-		return p, nil
-	case <-p.done:
-		return nil, fmt.Errorf("%s exited before listening:\n%s", filepath.Base(argv[0]), p.stderr.String())
-	case <-time.After(60 * time.Second):
-		p.kill()
-		return nil, fmt.Errorf("%s did not listen within 60s:\n%s", filepath.Base(argv[0]), p.stderr.String())
-	}
-}
-
-// kill sends SIGKILL and waits for the process to exit.
-func (p *proc) kill() {
-	if p == nil {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
-}
-
-// idemListening reads the address of idem's JSON "listening" log line.
-func idemListening(line string) string {
-	var rec struct {
-		Msg  string `json:"msg"`
-		Addr string `json:"addr"`
-	}
-	if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
-		return rec.Addr
-	}
-	return ""
+	return launch.Start(launch.Options{Env: env, Dir: dir, Listening: listening}, argv...)
 }
 
 // appListening reads the app's FC_LISTENING line (PROTOCOL.md).
@@ -185,18 +100,7 @@ func appListening(line string) string {
 }
 
 // baseEnv is the process environment without IDEM_ and FC_ variables, plus env.
-func baseEnv(env map[string]string) []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "IDEM_") && !strings.HasPrefix(kv, "FC_") {
-			out = append(out, kv)
-		}
-	}
-	for k, v := range env {
-		out = append(out, k+"="+v)
-	}
-	return out
-}
+func baseEnv(env map[string]string) []string { return launch.Environ(env, "FC_") }
 
 // Tenant is the tenant under test; HogTenant the other tenant of the hog.
 const (
@@ -355,7 +259,7 @@ func NewRig(tb testing.TB, b Bins, frontdoor, store string, faults ...Fault) *Ri
 	r.admin = strings.TrimSpace(r.cli("token", "--scope", "admin", "--ttl", "2h"))
 	r.hogToken = strings.TrimSpace(r.cli("token", "--tenant", HogTenant, "--scope", "keys:write", "--ttl", "2h"))
 	r.startServe("127.0.0.1:0")
-	tb.Cleanup(func() { r.mu.Lock(); p := r.serve; r.mu.Unlock(); p.kill() })
+	tb.Cleanup(func() { r.mu.Lock(); p := r.serve; r.mu.Unlock(); p.Kill() })
 
 	r.LogPath = filepath.Join(dir, "side-effects.jsonl")
 	r.appEnv = map[string]string{"FC_ADDR": "127.0.0.1:0", "FC_LOG": r.LogPath, "FC_SCOPE_HEADER": ScopeHeader,
@@ -376,8 +280,8 @@ func NewRig(tb testing.TB, b Bins, frontdoor, store string, faults ...Fault) *Ri
 	if err != nil {
 		tb.Fatalf("faultcheck: start the %s app: %v", frontdoor, err)
 	}
-	tb.Cleanup(func() { r.app.kill() })
-	r.BaseURL = "http://" + r.app.addr
+	tb.Cleanup(func() { r.app.Kill() })
+	r.BaseURL = "http://" + r.app.Addr
 
 	if frontdoor == "gateway" {
 		r.gwConfig = filepath.Join(dir, "gateway.yaml")
@@ -399,7 +303,7 @@ routes:
 		}
 		r.gwEnvStore = gwStore
 		r.startGateway("127.0.0.1:0")
-		tb.Cleanup(func() { r.mu.Lock(); p := r.gateway; r.mu.Unlock(); p.kill() })
+		tb.Cleanup(func() { r.mu.Lock(); p := r.gateway; r.mu.Unlock(); p.Kill() })
 		r.BaseURL = "http://" + r.gwAddr
 	}
 	r.waitHealthy()
@@ -433,7 +337,7 @@ func (r *Rig) startServe(addr string) {
 		if r.listener {
 			argv = []string{r.bins.ListenerServe}
 		}
-		p, err = start(baseEnv(env), "", idemListening, argv...)
+		p, err = start(baseEnv(env), "", launch.IdemListening, argv...)
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -445,7 +349,7 @@ func (r *Rig) startServe(addr string) {
 	r.mu.Lock()
 	r.serve = p
 	if r.serveAddr == "" {
-		r.serveAddr = p.addr
+		r.serveAddr = p.Addr
 	}
 	r.mu.Unlock()
 }
@@ -459,8 +363,8 @@ func (r *Rig) startGateway(addr string) {
 	var p *proc
 	var err error
 	for deadline := time.Now().Add(30 * time.Second); ; { // as in startServe
-		p, err = start(baseEnv(env), "", idemListening, r.bins.Idem, "gateway",
-			"--listen", addr, "--upstream", "http://"+r.app.addr, "--tenant", Tenant, "--config", r.gwConfig)
+		p, err = start(baseEnv(env), "", launch.IdemListening, r.bins.Idem, "gateway",
+			"--listen", addr, "--upstream", "http://"+r.app.Addr, "--tenant", Tenant, "--config", r.gwConfig)
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -472,7 +376,7 @@ func (r *Rig) startGateway(addr string) {
 	r.mu.Lock()
 	r.gateway = p
 	if r.gwAddr == "" {
-		r.gwAddr = p.addr
+		r.gwAddr = p.Addr
 	}
 	r.mu.Unlock()
 }
@@ -480,7 +384,7 @@ func (r *Rig) startGateway(addr string) {
 // waitHealthy waits until the front door and the idem server answer.
 func (r *Rig) waitHealthy() {
 	deadline := time.Now().Add(60 * time.Second)
-	for _, u := range []string{"http://" + r.app.addr + "/fc/healthz", "http://" + r.serveAddr + "/healthz"} {
+	for _, u := range []string{"http://" + r.app.Addr + "/fc/healthz", "http://" + r.serveAddr + "/healthz"} {
 		for {
 			resp, err := r.http.Get(u)
 			if err == nil {
@@ -505,11 +409,11 @@ func (r *Rig) Kill9() string {
 	gw, serve := r.gateway, r.serve
 	r.mu.Unlock()
 	if r.FrontDoor == "gateway" {
-		gw.kill()
+		gw.Kill()
 		r.startGateway(r.gwAddr)
 		return "gateway"
 	}
-	serve.kill()
+	serve.Kill()
 	r.startServe(r.serveAddr)
 	return "idem serve"
 }
@@ -541,12 +445,12 @@ func (r *Rig) ListenerDown(d time.Duration) string {
 	r.mu.Lock()
 	p := r.serve
 	r.mu.Unlock()
-	_ = p.cmd.Process.Signal(syscall.SIGUSR1)
+	_ = p.Cmd.Process.Signal(syscall.SIGUSR1)
 	time.Sleep(d)
 	r.mu.Lock()
 	p = r.serve // a kill -9 meanwhile restarted it: its switch is up
 	r.mu.Unlock()
-	_ = p.cmd.Process.Signal(syscall.SIGUSR2)
+	_ = p.Cmd.Process.Signal(syscall.SIGUSR2)
 	return "key-event subscriptions of idem serve held down (each failed when released)"
 }
 
@@ -564,9 +468,9 @@ func (r *Rig) Freeze(d time.Duration) string {
 		r.mu.Lock()
 		p := r.serve
 		r.mu.Unlock()
-		_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+		_ = p.Cmd.Process.Signal(syscall.SIGSTOP)
 		time.Sleep(d)
-		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		_ = p.Cmd.Process.Signal(syscall.SIGCONT)
 		return "idem serve stopped (SIGSTOP), then continued"
 	}
 	db, err := sql.Open("sqlite", strings.TrimPrefix(r.gwEnvStore, "sqlite:"))
@@ -652,7 +556,7 @@ func (r *Rig) Stderr() string {
 	r.mu.Unlock()
 	for name, p := range procs {
 		if p != nil {
-			fmt.Fprintf(&b, "--- %s (last lines)\n%s\n", name, tail(p.stderr.String(), 3000))
+			fmt.Fprintf(&b, "--- %s (last lines)\n%s\n", name, tail(p.Stderr(), 3000))
 		}
 	}
 	return b.String()

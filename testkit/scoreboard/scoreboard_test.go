@@ -14,13 +14,11 @@
 package scoreboard
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -29,8 +27,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -41,6 +37,7 @@ import (
 	"github.com/idem-dev/idem/conformance"
 	"github.com/idem-dev/idem/testkit/cutproxy"
 	"github.com/idem-dev/idem/testkit/faultcheck"
+	"github.com/idem-dev/idem/testkit/launch"
 	"github.com/idem-dev/idem/testkit/pgtest"
 )
 
@@ -163,84 +160,19 @@ func summary(c column) string {
 
 // ---------------------------------------------------------------- processes
 
-// proc is a process the scoreboard started.
-type proc struct {
-	cmd    *exec.Cmd
-	done   chan struct{}
-	mu     sync.Mutex
-	stderr strings.Builder
-}
-
-func (p *proc) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.stderr.Len() < 64<<10 {
-		p.stderr.Write(b)
-	}
-	return len(b), nil
-}
-
-func (p *proc) tail() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	s := p.stderr.String()
-	if len(s) > 2000 {
-		s = s[len(s)-2000:]
-	}
-	return s
-}
-
-// start starts argv and waits for the line listening finds an answer in;
-// the process is killed when the test ends.
-func start(t *testing.T, env []string, dir string, listening func(string) string, argv ...string) (*proc, string, error) {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env, cmd.Dir = env, dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	p := &proc{cmd: cmd, done: make(chan struct{})}
-	outR, outW := io.Pipe()
-	cmd.Stdout, cmd.Stderr = outW, io.MultiWriter(outW, p)
-	if err := cmd.Start(); err != nil {
+// start starts argv in a process group of its own (uvicorn and werkzeug
+// start no children, but a framework may) and waits for the line
+// listening finds an answer in; the group is killed when the test ends.
+func start(t *testing.T, env []string, dir string, listening func(string) string, argv ...string) (*launch.Proc, string, error) {
+	p, err := launch.Start(launch.Options{
+		Env: env, Dir: dir, Listening: listening, Timeout: 90 * time.Second, Group: true,
+		Name: filepath.Base(argv[len(argv)-1]),
+	}, argv...)
+	if err != nil {
 		return nil, "", err
 	}
-	t.Cleanup(func() {
-		// The process group: uvicorn and werkzeug start no children, but
-		// a framework may.
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	})
-	go func() { _ = cmd.Wait(); _ = outW.Close(); close(p.done) }()
-	found := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(outR)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		sent := false
-		for sc.Scan() {
-			if a := listening(sc.Text()); a != "" && !sent {
-				sent = true
-				found <- a
-			}
-		}
-		_, _ = io.Copy(io.Discard, outR)
-	}()
-	select {
-	case a := <-found:
-		return p, a, nil
-	case <-p.done:
-		return nil, "", fmt.Errorf("%s exited before listening:\n%s", filepath.Base(argv[len(argv)-1]), p.tail())
-	case <-time.After(90 * time.Second):
-		return nil, "", fmt.Errorf("%s did not listen within 90s:\n%s", filepath.Base(argv[len(argv)-1]), p.tail())
-	}
-}
-
-func idemListening(line string) string {
-	var rec struct {
-		Msg  string `json:"msg"`
-		Addr string `json:"addr"`
-	}
-	if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
-		return rec.Addr
-	}
-	return ""
+	t.Cleanup(p.Kill)
+	return p, p.Addr, nil
 }
 
 // appListening reads `SB_LISTENING URL VERSION` and returns "URL VERSION".
@@ -252,18 +184,7 @@ func appListening(line string) string {
 }
 
 // environ is the process environment without IDEM_ and SB_ variables, plus env.
-func environ(env map[string]string) []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "IDEM_") && !strings.HasPrefix(kv, "SB_") {
-			out = append(out, kv)
-		}
-	}
-	for k, v := range env {
-		out = append(out, k+"="+v)
-	}
-	return out
-}
+func environ(env map[string]string) []string { return launch.Environ(env, "SB_") }
 
 // ---------------------------------------------------------------- idem
 
@@ -315,7 +236,7 @@ func newIdemRig(t *testing.T, bins faultcheck.Bins, store string) *idemRig {
 	for k, v := range r.env {
 		env[k] = v
 	}
-	_, addr, err := start(t, environ(env), "", idemListening, bins.Idem, "serve")
+	_, addr, err := start(t, environ(env), "", launch.IdemListening, bins.Idem, "serve")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +314,7 @@ func (r *idemRig) frontDoor(t *testing.T, frontdoor, tenant string) (target, err
 			env[k] = v
 		}
 		env["IDEM_DATABASE_URL"] = r.gwStore
-		_, addr, err := start(t, environ(env), "", idemListening, r.bins.Idem, "gateway", "--listen", "127.0.0.1:0", "--upstream", us.URL, "--tenant", tenant)
+		_, addr, err := start(t, environ(env), "", launch.IdemListening, r.bins.Idem, "gateway", "--listen", "127.0.0.1:0", "--upstream", us.URL, "--tenant", tenant)
 		if err != nil {
 			return target{}, err
 		}
