@@ -43,7 +43,12 @@
 //     stores 100–599: frontdoor.StorableStatus), whatever
 //     ReleaseServerErrors says, recorded with status 502.
 //   - A completed key replays the stored response verbatim with
-//     Idempotent-Replayed: true, without running the handler. Another
+//     Idempotent-Replayed: true, without running the handler. A replay
+//     idem answered is kept in the middleware's replay cache
+//     (Options.ReplayCache; docs/frontdoor.md, "The replay cache"): a
+//     retry of exactly that request (same key, route and fingerprint
+//     document, no Prefer: wait) within its replay window and 2 s is
+//     answered from memory, the same bytes, without a call. Another
 //     request in flight with the key: 409 request_in_flight with
 //     Retry-After at once — unless the request carries Prefer: wait=N
 //     (RFC 7240): then the claim asks idem to hold it (wait_seconds =

@@ -29,11 +29,17 @@ const (
 	// server's key-event subscriptions fail for a while (its LISTEN
 	// connection reconnecting; apps only: the server is listenerserve).
 	FaultListenerDown Fault = "listenerdown"
+	// FaultReuse: once a key settled completed (its request replayed),
+	// its caller sends another request with it (another pad): the answer
+	// is 422 fingerprint_mismatch, never the first request's. The Go front
+	// doors answer replays from their replay cache, which has to tell the
+	// two apart (invariant 11).
+	FaultReuse Fault = "reuse"
 )
 
 // AllFaults is every fault kind, the default set.
 var AllFaults = []Fault{FaultDisconnect, FaultStream, FaultHandlerFail, FaultStoreCut, FaultFreeze, FaultKill9,
-	FaultSettings, FaultSquat, FaultDupScope, FaultHog, FaultQuota, FaultListenerDown}
+	FaultSettings, FaultSquat, FaultDupScope, FaultHog, FaultQuota, FaultListenerDown, FaultReuse}
 
 // KnownFailing lists, per front door, the fault kinds that find a hole of
 // issue 21 still open on this branch (the hole's number in the value): the
@@ -89,6 +95,9 @@ type Schedule struct {
 	Faults []FaultAt
 	Hog    bool
 	Quota  bool
+	// Reuse are the idents whose key is sent once more after the settle
+	// phase, with another request (FaultReuse).
+	Reuse []int
 }
 
 // Env is what a front door offers the generator.
@@ -225,6 +234,14 @@ func Generate(seed uint64, index int, faults []Fault, env Env) Schedule {
 		}
 		s.Faults = append(s.Faults, FaultAt{At: time.Duration(r.IntN(400)) * time.Millisecond, Kind: FaultListenerDown, For: time.Duration(1200+r.IntN(800)) * time.Millisecond})
 	}
+	// Drawn after it, for the same reason.
+	if on(FaultReuse) && !s.Quota {
+		for i, id := range s.Idents {
+			if !id.Squat && r.IntN(2) == 0 {
+				s.Reuse = append(s.Reuse, i)
+			}
+		}
+	}
 	slices.SortStableFunc(s.Ops, func(a, b Op) int { return int(a.At - b.At) })
 	return s
 }
@@ -247,6 +264,9 @@ func (s Schedule) String() string {
 			b.WriteString(" (squats another caller's scoped key)")
 		}
 		b.WriteString("\n")
+	}
+	for _, i := range s.Reuse {
+		fmt.Fprintf(&b, "  after settling: key %d replayed, then sent with another request (pad %q)\n", i, s.Idents[i].reusePad())
 	}
 	for _, f := range s.Faults {
 		fmt.Fprintf(&b, "  +%-6s fault %s %s for %s\n", f.At.Round(time.Millisecond), f.Kind, f.What, f.For)
