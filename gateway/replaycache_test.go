@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -238,4 +239,25 @@ func TestReplayCacheDroppedWhenTheTenantIsRefused(t *testing.T) {
 		require.Equal(t, "true", again.header.Get(frontdoor.HeaderReplayed), again.body)
 		require.Equal(t, int64(1), r.upstream.Count())
 	})
+}
+
+// TestReplayCacheConfig: the file's replay_cache turns the cache off
+// (every replay a claim) and its bounds are checked when the file loads.
+func TestReplayCacheConfig(t *testing.T) {
+	t.Parallel()
+	var store *claimCounter
+	r := newRig(t, "sqlite", "replay_cache: {enabled: false}\n", func(o *gateway.Options) {
+		store = &claimCounter{Driver: o.Store}
+		o.Store = store
+	})
+	for range 3 {
+		send(t, http.MethodPost, r.url+"/orders", "k-off", `{}`)
+	}
+	require.Equal(t, int64(3), store.claims.Load(), "off in the file: every replay is a claim")
+	require.Zero(t, gathered(t, r, "idem_gateway_replay_cache_hits_total"))
+
+	for _, bad := range []string{"replay_cache: {max_age: 2m}\n", "replay_cache: {max_entries: -1}\n", "replay_cache: {max_bytes: -1}\n"} {
+		require.NoError(t, os.WriteFile(r.config, []byte(bad), 0o600))
+		require.ErrorContains(t, r.gw.Reload(), "replay_cache", bad)
+	}
 }
