@@ -39,8 +39,13 @@ func (c *Client) Claim(ctx context.Context, key string, req Request) (ClaimResul
 		return ClaimResult{}, fmt.Errorf("claim: %w", err)
 	}
 	out.WaitApplied = waitApplied(res.header)
-	if at, err := http.ParseTime(res.header.Get("Date")); err == nil && !out.LeaseExpiresAt.IsZero() {
-		out.LeaseLeft = max(out.LeaseExpiresAt.Sub(at), 0)
+	if at, err := http.ParseTime(res.header.Get("Date")); err == nil {
+		if !out.LeaseExpiresAt.IsZero() {
+			out.LeaseLeft = max(out.LeaseExpiresAt.Sub(at), 0)
+		}
+		if out.Replayed && !out.ReplayUntil.IsZero() {
+			out.ReplayLeft = max(out.ReplayUntil.Sub(at)-time.Second, 0)
+		}
 	}
 	return out, nil
 }

@@ -194,6 +194,12 @@ type ClaimResult struct {
 	// not depend on how far the two clocks are apart. Zero when the answer
 	// had no Date.
 	LeaseLeft time.Duration `json:"-"`
+	// ReplayLeft is, for a replay, how much of the replay window was left
+	// when the server answered: ReplayUntil less the answer's Date and
+	// less a second (Date is in whole seconds), so never more than what
+	// was left, on the server's clock rather than this host's. Zero when
+	// the answer had no Date, or for a claim.
+	ReplayLeft time.Duration `json:"-"`
 }
 
 // Settings are a tenant's settings.

@@ -48,6 +48,43 @@ type File struct {
 	Upstreams map[string]string `yaml:"upstreams"`
 	Defaults  Policy            `yaml:"defaults"`
 	Routes    []RouteConfig     `yaml:"routes"`
+	// ReplayCache overrides Options.ReplayCache (docs/frontdoor.md, "The
+	// replay cache").
+	ReplayCache *ReplayCacheConfig `yaml:"replay_cache"`
+}
+
+// ReplayCacheConfig is the file's replay_cache: the gateway answers a
+// replay it had from the store again from memory, for at most max_age.
+// Fields left out keep Options.ReplayCache's (the built-in defaults:
+// enabled, 4096 entries, 8 MiB, 2s). A reload starts an empty cache.
+type ReplayCacheConfig struct {
+	Enabled    *bool    `yaml:"enabled"`
+	MaxEntries int      `yaml:"max_entries"`
+	MaxBytes   int64    `yaml:"max_bytes"`
+	MaxAge     Duration `yaml:"max_age"`
+}
+
+// options applies c over o.
+func (c *ReplayCacheConfig) options(o frontdoor.ReplayCacheOptions) (frontdoor.ReplayCacheOptions, error) {
+	if c == nil {
+		return o, nil
+	}
+	if c.MaxEntries < 0 || c.MaxBytes < 0 || c.MaxAge < 0 || time.Duration(c.MaxAge) > frontdoor.MaxReplayCacheMaxAge {
+		return o, fmt.Errorf("replay_cache: max_entries and max_bytes must not be negative, max_age must be 0s..%s", frontdoor.MaxReplayCacheMaxAge)
+	}
+	if c.Enabled != nil {
+		o.Off = !*c.Enabled
+	}
+	if c.MaxEntries > 0 {
+		o.MaxEntries = c.MaxEntries
+	}
+	if c.MaxBytes > 0 {
+		o.MaxBytes = c.MaxBytes
+	}
+	if c.MaxAge > 0 {
+		o.MaxAge = time.Duration(c.MaxAge)
+	}
+	return o, nil
 }
 
 // RouteConfig is one route of the file: a path pattern, its upstream and
@@ -185,6 +222,9 @@ type routing struct {
 	// may hold no ":" (frontdoor.ScopedKey), so that no unscoped request
 	// writes a scoped caller's record.
 	scoped bool
+	// cache is the replay cache of the snapshot's requests (nil: off): a
+	// reload starts an empty one, with the fingerprint rules it loads.
+	cache *frontdoor.ReplayCache
 	// leaseChecked is the tenant's lease_seconds_max the routes' leases
 	// were last checked against (Gateway.leaseSeconds); 0 before the first
 	// request of this snapshot.

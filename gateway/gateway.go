@@ -121,6 +121,11 @@ type Options struct {
 	// attempts over the window, at least retrybudget.Floor). nil means one
 	// with retrybudget.DefaultWindow.
 	RetryBudget *retrybudget.Budget
+
+	// ReplayCache configures the replay cache (docs/frontdoor.md, "The
+	// replay cache"); the zero value is on with the defaults. The file's
+	// replay_cache overrides it.
+	ReplayCache frontdoor.ReplayCacheOptions
 }
 
 // Gateway is the front door's http.Handler.
@@ -168,7 +173,7 @@ func New(opts Options) (*Gateway, error) {
 		opts: opts, budget: budget.NewShared(opts.MaxInflightBytes, 0), store: store, tenants: tenants.NewService(store, opts.TenantCacheTTL),
 		transport: opts.Transport, logger: opts.Logger, retries: opts.RetryBudget,
 	}
-	g.metrics = newMetrics(opts.Registerer, g.budget.Used)
+	g.metrics = newMetrics(opts.Registerer, g.budget.Used, g.replayCacheStats)
 	if g.transport == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.MaxIdleConnsPerHost = 256
@@ -178,6 +183,15 @@ func New(opts Options) (*Gateway, error) {
 		return nil, err
 	}
 	return g, nil
+}
+
+// replayCacheStats are the counters of the replay cache in use (zero
+// before the first configuration, or with the cache off).
+func (g *Gateway) replayCacheStats() frontdoor.ReplayCacheStats {
+	if rt := g.routing.Load(); rt != nil {
+		return rt.cache.Stats()
+	}
+	return frontdoor.ReplayCacheStats{}
 }
 
 // Reload reads the configuration file again and swaps it in atomically:
@@ -196,6 +210,11 @@ func (g *Gateway) Reload() error {
 	if err := rt.fits(g.budget.Limit()); err != nil {
 		return fmt.Errorf("gateway config: %w", err)
 	}
+	co, err := f.ReplayCache.options(g.opts.ReplayCache)
+	if err != nil {
+		return fmt.Errorf("gateway config: %w", err)
+	}
+	rt.cache = frontdoor.NewReplayCache(co)
 	g.budget.SetShare(g.shareOf(rt))
 	g.routing.Store(rt)
 	return nil
@@ -385,6 +404,13 @@ func (d *request) Admit(r *http.Request, _ frontdoor.Attempt) error {
 // so (Idem-Retry-Budget: exhausted), as idem's own answers do.
 func (d *request) Spent(*http.Request) bool { return d.g.retries.Invite(d.g.opts.Tenant) }
 
+// ReplayCache is the configuration snapshot's cache, of the gateway's
+// one tenant.
+func (d *request) ReplayCache() (*frontdoor.ReplayCache, string) { return d.rt.cache, d.g.opts.Tenant }
+
+// CachedReplay counts a replay answered from the cache as replayed.
+func (d *request) CachedReplay(*http.Request) { d.x.outcome = outcomeReplayed }
+
 // busy is the refusal of a protected request for lack of in-flight
 // budget, before anything was claimed or sent upstream.
 func (d *request) busy() error {
@@ -461,6 +487,8 @@ func (d *request) Claim(sctx context.Context, r *http.Request, req frontdoor.Cla
 			d.held += more
 		}
 		c.Replay = &frontdoor.Stored{Status: resp.Status, Headers: resp.Headers, Body: resp.Body}
+		// On the database's clock, which decides when the record expires.
+		c.ReplayLeft = rec.ReplayUntil.Sub(rec.ObservedAt)
 		return c, nil
 	}
 	x.outcome = outcomeExecuted

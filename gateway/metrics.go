@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idem-dev/idem/client/frontdoor"
 )
 
 // gatewayMetrics are the per-route metrics of the gateway, all prefixed
@@ -17,7 +19,7 @@ type gatewayMetrics struct {
 
 // newMetrics registers the gateway's metrics on reg (none when nil);
 // inflight reads the request body and answer bytes held against the budget.
-func newMetrics(reg prometheus.Registerer, inflight func() int64) *gatewayMetrics {
+func newMetrics(reg prometheus.Registerer, inflight func() int64, cache func() frontdoor.ReplayCacheStats) *gatewayMetrics {
 	buckets := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
 	m := &gatewayMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -42,7 +44,23 @@ func newMetrics(reg prometheus.Registerer, inflight func() int64) *gatewayMetric
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Namespace: "idem", Subsystem: "gateway", Name: "request_body_bytes_in_flight",
 				Help: "Protected request body bytes (each body counted 4 times its size) and answer bytes (the most each may store) held against the gateway's in-flight budget (IDEM_MAX_INFLIGHT_BYTES); past the budget requests get 503 server_busy.",
-			}, func() float64 { return float64(inflight()) }))
+			}, func() float64 { return float64(inflight()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Namespace: "idem", Subsystem: "gateway", Name: "replay_cache_hits_total",
+				Help: "Replays answered from the gateway's replay cache, without a store call (counted in requests_total as replayed too). Starts again at a configuration reload.",
+			}, func() float64 { return float64(cache().Hits) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Namespace: "idem", Subsystem: "gateway", Name: "replay_cache_misses_total",
+				Help: "Protected requests the replay cache could not answer (no entry of exactly that request, or expired): claimed in the store. Starts again at a configuration reload.",
+			}, func() float64 { return float64(cache().Misses) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Namespace: "idem", Subsystem: "gateway", Name: "replay_cache_entries",
+				Help: "Completed answers held in the replay cache.",
+			}, func() float64 { return float64(cache().Entries) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Namespace: "idem", Subsystem: "gateway", Name: "replay_cache_bytes",
+				Help: "Bytes the replay cache's entries hold (bounded by replay_cache.max_bytes).",
+			}, func() float64 { return float64(cache().Bytes) }))
 	}
 	return m
 }

@@ -52,6 +52,11 @@ type Claimed struct {
 	Lease time.Duration
 	// Replay is the stored response of a completed key.
 	Replay *Stored
+	// ReplayLeft is how much of Replay's replay window was left when the
+	// ledger answered (replay_until less the ledger's clock then, less
+	// any uncertainty of that clock): the replay cache keeps Replay no
+	// longer. Zero: not cached.
+	ReplayLeft time.Duration
 	// WaitApplied is the wait the ledger held the claim for (Prefer:
 	// wait=N), answered as Preference-Applied; a Port sets it on a refused
 	// claim too (the wait ran out).
@@ -209,12 +214,21 @@ func Serve(w http.ResponseWriter, r *http.Request, d Door) {
 		d.Refuse(w, r, err)
 		return
 	}
+	op := Operation(r.Method, d.Route(r))
+	// A replay of exactly this request the door's cache holds is answered
+	// without a claim (replaycache.go).
+	cached := lookupFor(d, key, op, doc)
+	if serveCached(w, r, d, cached) {
+		return
+	}
+	cached.startClaim()
 	// The caller going away stops the claim (and a Prefer: wait hold).
-	c, err := d.Claim(r.Context(), r, ClaimRequest{Key: key, Operation: Operation(r.Method, d.Route(r)), Document: doc, Attempt: attempt})
+	c, err := d.Claim(r.Context(), r, ClaimRequest{Key: key, Operation: op, Document: doc, Attempt: attempt})
 	if c != nil && c.WaitApplied > 0 {
 		w.Header().Set(HeaderPreferenceApplied, "wait="+strconv.Itoa(int(c.WaitApplied/time.Second)))
 	}
 	if err != nil {
+		cached.refused(err)
 		if keepsBudget {
 			markSpent(err, budget, r)
 		}
@@ -222,6 +236,7 @@ func Serve(w http.ResponseWriter, r *http.Request, d Door) {
 		return
 	}
 	if c.Replay != nil {
+		cached.cacheReplay(c)
 		WriteReplay(w, r, c.Replay.Status, c.Replay.Headers, c.Replay.Body)
 		return
 	}

@@ -43,7 +43,12 @@
 //     stores 100–599: frontdoor.StorableStatus), whatever
 //     ReleaseServerErrors says, recorded with status 502.
 //   - A completed key replays the stored response verbatim with
-//     Idempotent-Replayed: true, without running the handler. Another
+//     Idempotent-Replayed: true, without running the handler. A replay
+//     idem answered is kept in the middleware's replay cache
+//     (Options.ReplayCache; docs/frontdoor.md, "The replay cache"): a
+//     retry of exactly that request (same key, route and fingerprint
+//     document, no Prefer: wait) within its replay window and 2 s is
+//     answered from memory, the same bytes, without a call. Another
 //     request in flight with the key: 409 request_in_flight with
 //     Retry-After at once — unless the request carries Prefer: wait=N
 //     (RFC 7240): then the claim asks idem to hold it (wait_seconds =
@@ -181,6 +186,16 @@ type Options struct {
 	UnavailableRetryAfter time.Duration
 	// Logger receives errors of the service; nil discards them.
 	Logger *slog.Logger
+	// ReplayCache configures the middleware's replay cache
+	// (docs/frontdoor.md, "The replay cache"): a replay idem answered is
+	// kept, and a retry of exactly that request (same key, route and
+	// fingerprint document) within its replay window and MaxAge (default
+	// 2 s) is answered from memory, byte for byte as idem's replay, without
+	// a call. On by default; ReplayCache.Off turns it off. A tenant
+	// deleted or disabled may still see its completed keys replayed for up
+	// to MaxAge. The middleware's client must stay with one tenant (a
+	// token function that switches tenants needs the cache off).
+	ReplayCache frontdoor.ReplayCacheOptions
 }
 
 // Middleware returns middleware that protects handlers with the idem
@@ -204,15 +219,16 @@ func Middleware(c *client.Client, opts Options) func(http.Handler) http.Handler 
 	if opts.Route == nil {
 		opts.Route = frontdoor.Route
 	}
-	m := &middleware{c: c, opts: opts}
+	m := &middleware{c: c, opts: opts, cache: frontdoor.NewReplayCache(opts.ReplayCache)}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
 	}
 }
 
 type middleware struct {
-	c    *client.Client
-	opts Options
+	c     *client.Client
+	opts  Options
+	cache *frontdoor.ReplayCache // nil: off
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -259,6 +275,11 @@ func (d *door) Store5xx() bool { return !d.m.opts.ReleaseServerErrors }
 
 func (d *door) Refuse(w http.ResponseWriter, r *http.Request, err error) { frontdoor.Refuse(w, r, err) }
 
+// ReplayCache is the middleware's cache; its client is of one tenant.
+func (d *door) ReplayCache() (*frontdoor.ReplayCache, string) { return d.m.cache, "" }
+
+func (d *door) CachedReplay(*http.Request) {}
+
 // Claim claims the key through the client, as one claim with the caller's
 // own wait (Prefer: wait=N): a held key is answered at once.
 func (d *door) Claim(ctx context.Context, r *http.Request, req frontdoor.ClaimRequest) (*frontdoor.Claimed, error) {
@@ -291,6 +312,7 @@ func (d *door) Claim(ctx context.Context, r *http.Request, req frontdoor.ClaimRe
 			resp = *cr.Response
 		}
 		c.Replay = &frontdoor.Stored{Status: resp.Status, Headers: resp.Headers, Body: resp.Body}
+		c.ReplayLeft = cr.ReplayLeft
 		return c, nil
 	}
 	c.Lease = m.opts.Lease

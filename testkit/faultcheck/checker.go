@@ -73,6 +73,15 @@ type Report struct {
 // handler's start line after its claim, so a quarter of the lease is kept.
 const slack = Lease / 4
 
+// reqPad is the pad of a request body (PROTOCOL.md).
+func reqPad(body []byte) string {
+	var b struct {
+		Pad string `json:"pad"`
+	}
+	_ = json.Unmarshal(body, &b)
+	return b.Pad
+}
+
 // Check checks the invariants over the history and the runs the app logged
 // for the schedule.
 func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Report {
@@ -148,6 +157,21 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 			continue
 		}
 		rb, isRun := parseRunBody(x.Resp)
+		// 11. Another request with a completed key is refused, never
+		// answered the first request's answer (a replay cache that does
+		// not match the fingerprint exactly).
+		if x.Reuse {
+			switch {
+			case !x.Complete:
+			case isRun:
+				add("no-replay-to-another-request", "", "key %s: a different request (pad %dB) with the completed key got the answer of run %s (pad %dB, status %d, replayed=%v), not 422 fingerprint_mismatch",
+					showIdent(x.Ident), len(reqPad(x.Body)), rb.Run, len(rb.Pad), x.Status, x.Replayed())
+			case x.Status != http.StatusUnprocessableEntity || problemCode(x.Resp) != "fingerprint_mismatch":
+				add("no-replay-to-another-request", "", "key %s: a different request with the completed key got %d %s, not 422 fingerprint_mismatch",
+					showIdent(x.Ident), x.Status, clip(x.Resp))
+			}
+			continue
+		}
 		// 2. The scope of an answer is the caller's own.
 		if strings.HasPrefix(x.Ident, "\x01ambiguous") {
 			if x.Status < 400 {

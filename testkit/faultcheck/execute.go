@@ -205,6 +205,7 @@ func Execute(r *Rig, s Schedule) *History {
 		stopHog()
 	}
 	settle(r, s, h)
+	reuse(r, s, h)
 	if s.Quota && quota > 0 {
 		used, _, err := r.TenantUsage()
 		start := time.Now()
@@ -295,6 +296,40 @@ func settle(r *Rig, s Schedule, h *History) {
 				}
 				time.Sleep(150 * time.Millisecond)
 			}
+		})
+	}
+	wg.Wait()
+}
+
+// reusePad is the pad of the other request FaultReuse sends with id's key.
+func (id Ident) reusePad() string { return id.Pad + "+reuse" }
+
+// reuse sends, for each key of s.Reuse, its request once more; when that
+// is a replay (the key is completed, its answer stored, and a Go front
+// door's replay cache holds it now), another request with the key: a
+// different pad, so another fingerprint. Its answer must be 422
+// fingerprint_mismatch (invariant 12).
+func reuse(r *Rig, s Schedule, h *History) {
+	var wg sync.WaitGroup
+	for _, i := range s.Reuse {
+		id := s.Idents[i]
+		wg.Go(func() {
+			snt := &Sent{Op: -1, Ident: identOf(id.Scope, id.Key), Scope: id.Scope, Key: id.Key,
+				Path: "/fc/" + id.Route + "/" + id.Key, Body: id.body(), Settle: true}
+			if id.Scope != "" {
+				snt.Headers = []string{id.Scope}
+			}
+			send(r.BaseURL, snt, 0)
+			h.add(snt)
+			if !snt.Complete || !snt.Replayed() {
+				return
+			}
+			other := id
+			other.Pad = id.reusePad()
+			again := &Sent{Op: -1, Ident: snt.Ident, Scope: id.Scope, Key: id.Key, Headers: snt.Headers,
+				Path: snt.Path, Body: other.body(), Reuse: true}
+			send(r.BaseURL, again, 0)
+			h.add(again)
 		})
 	}
 	wg.Wait()

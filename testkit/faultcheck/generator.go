@@ -36,11 +36,17 @@ const (
 	// their keys as they were, and serves first attempts (docs/frontdoor.md
 	// rule 9).
 	FaultBudget Fault = "budget"
+	// FaultReuse: once a key settled completed (its request replayed),
+	// its caller sends another request with it (another pad): the answer
+	// is 422 fingerprint_mismatch, never the first request's. The Go front
+	// doors answer replays from their replay cache, which has to tell the
+	// two apart (invariant 12).
+	FaultReuse Fault = "reuse"
 )
 
 // AllFaults is every fault kind, the default set.
 var AllFaults = []Fault{FaultDisconnect, FaultStream, FaultHandlerFail, FaultStoreCut, FaultFreeze, FaultKill9,
-	FaultSettings, FaultSquat, FaultDupScope, FaultHog, FaultQuota, FaultListenerDown, FaultBudget}
+	FaultSettings, FaultSquat, FaultDupScope, FaultHog, FaultQuota, FaultListenerDown, FaultBudget, FaultReuse}
 
 // KnownFailing lists, per front door, the fault kinds that find a hole of
 // issue 21 still open on this branch (the hole's number in the value): the
@@ -100,6 +106,9 @@ type Schedule struct {
 	// Budget: the tenant's fleet retry budget is spent before the
 	// schedule's requests (FaultBudget).
 	Budget bool
+	// Reuse are the idents whose key is sent once more after the settle
+	// phase, with another request (FaultReuse).
+	Reuse []int
 }
 
 // Env is what a front door offers the generator.
@@ -250,6 +259,14 @@ func Generate(seed uint64, index int, faults []Fault, env Env) Schedule {
 			}
 		}
 	}
+	// Drawn after the budget, for the same reason.
+	if on(FaultReuse) && !s.Quota {
+		for i, id := range s.Idents {
+			if !id.Squat && r.IntN(2) == 0 {
+				s.Reuse = append(s.Reuse, i)
+			}
+		}
+	}
 	slices.SortStableFunc(s.Ops, func(a, b Op) int { return int(a.At - b.At) })
 	return s
 }
@@ -275,6 +292,9 @@ func (s Schedule) String() string {
 			b.WriteString(" (squats another caller's scoped key)")
 		}
 		b.WriteString("\n")
+	}
+	for _, i := range s.Reuse {
+		fmt.Fprintf(&b, "  after settling: key %d replayed, then sent with another request (pad %q)\n", i, s.Idents[i].reusePad())
 	}
 	for _, f := range s.Faults {
 		fmt.Fprintf(&b, "  +%-6s fault %s %s for %s\n", f.At.Round(time.Millisecond), f.Kind, f.What, f.For)

@@ -32,6 +32,7 @@ type Sent struct {
 	Body       []byte
 	Disconnect string // "", before_body, mid_body, mid_answer, mid_stream
 	Settle     bool   // sent after the faults ended, to read the key's outcome
+	Reuse      bool   // another request with a key that settled completed (FaultReuse)
 	Wait       int    // Prefer: wait=Wait sent (0: none)
 	Attempt    string // Idem-Attempt sent ("": none, a first attempt)
 
