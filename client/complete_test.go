@@ -100,3 +100,40 @@ func BenchmarkCompleteAnswer(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkClaimAnswer: decoding a claim's 201 answer.
+// go test -run '^$' -bench ClaimAnswer -benchmem ./client/
+func BenchmarkClaimAnswer(b *testing.B) {
+	data := []byte(`{"key":"k","state":"in_flight","operation":"op","fingerprint":"sha256:x","fencing_token":7,"attempt":2,` +
+		`"resumed":true,"lease_expires_at":"2026-12-01T10:00:30Z","recovery_point":"charged","recovery_data":{"charge":"ch_1"},` +
+		`"created_at":"2026-12-01T10:00:00Z","purge_after":"2026-12-03T10:00:00Z"}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		var cr client.ClaimResult
+		if err := json.Unmarshal(data, &cr); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestClaimAnswerDecodes: a claim's answer decodes to the record, resumed
+// and recovery data as sent; a null recovery_data is none.
+func TestClaimAnswerDecodes(t *testing.T) {
+	t.Parallel()
+	var cr client.ClaimResult
+	require.NoError(t, json.Unmarshal([]byte(`{"key":"k","state":"in_flight","fencing_token":7,"attempt":2,"resumed":true,`+
+		`"lease_expires_at":"2026-12-01T10:00:30Z","recovery_point":"charged","recovery_data":{"charge":"ch_1"}}`), &cr))
+	require.Equal(t, "k", cr.Key)
+	require.Equal(t, client.StateInFlight, cr.State)
+	require.Equal(t, int64(7), cr.FencingToken)
+	require.Equal(t, 2, cr.Attempt)
+	require.True(t, cr.Resumed)
+	require.Equal(t, "charged", cr.RecoveryPoint)
+	require.JSONEq(t, `{"charge":"ch_1"}`, string(cr.RecoveryData))
+	require.Equal(t, time.Date(2026, 12, 1, 10, 0, 30, 0, time.UTC), cr.LeaseExpiresAt.UTC())
+	cr = client.ClaimResult{}
+	require.NoError(t, json.Unmarshal([]byte(`{"key":"k","state":"in_flight","fencing_token":1,"attempt":1,"recovery_data":null}`), &cr))
+	require.Nil(t, cr.RecoveryData)
+	require.False(t, cr.Resumed)
+	require.Error(t, json.Unmarshal([]byte(`{"key":"k","state":"in_flight","fencing_token":"1"}`), &cr))
+}
