@@ -119,13 +119,45 @@ type completeBody struct {
 // ErrAlreadyCompleted, a stale token ErrLeaseLost, a response over the
 // tenant's limit ErrPayloadTooLarge (the claim stays).
 func (c *Client) Complete(ctx context.Context, key string, token int64, resp Response) (Record, error) {
-	if err := ValidateKey(key); err != nil {
-		return Record{}, fmt.Errorf("complete: %w", err)
-	}
 	var out Record
+	if err := c.complete(ctx, key, token, resp, &out); err != nil {
+		return Record{}, err
+	}
+	return out, nil
+}
+
+// completedAnswer is what CompleteNoRecord reads of the complete's answer.
+type completedAnswer struct {
+	State State `json:"state"`
+}
+
+// CompleteNoRecord is Complete for a caller that has no use for the
+// stored record it answers (Do, client/idemhttp): the caller holds the
+// response it stored. Of the answer it reads only the state, which must
+// be completed (otherwise ErrInvalidAnswer, as for a claim's answer),
+// instead of decoding the whole record, its timestamps and the response
+// echoed back: that decoding was ~7 % of a protected app's CPU
+// (docs/benchmarks.md, issue 23). The answer must still be one JSON
+// object. Errors are Complete's.
+func (c *Client) CompleteNoRecord(ctx context.Context, key string, token int64, resp Response) error {
+	var a completedAnswer
+	if err := c.complete(ctx, key, token, resp, &a); err != nil {
+		return err
+	}
+	if a.State != StateCompleted {
+		return fmt.Errorf("complete: %w: the 2xx answer has state %q, not completed", ErrInvalidAnswer, a.State)
+	}
+	return nil
+}
+
+// complete sends the complete call and decodes its answer into out.
+func (c *Client) complete(ctx context.Context, key string, token int64, resp Response, out any) error {
+	if err := ValidateKey(key); err != nil {
+		return fmt.Errorf("complete: %w", err)
+	}
 	_, err := c.do(ctx, apiCall{name: "complete", method: http.MethodPost, path: keyPath(key, "/complete"),
-		body: completeBody{FencingToken: token, Response: resp}, out: &out})
-	return out, err
+		body: completeBody{FencingToken: token, Response: resp}, out: out})
+	return err
 }
 
 // Release removes a claimed key whose attempt left no side effect, so that

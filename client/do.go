@@ -242,7 +242,7 @@ func (c *Client) Do(ctx context.Context, key string, req Request, fn func(ctx co
 	}
 	cctx, ccancel := c.finishCtx(ctx)
 	defer ccancel()
-	if _, err := c.Complete(cctx, key, claim.token, resp); err != nil {
+	if err := c.CompleteNoRecord(cctx, key, claim.token, resp); err != nil {
 		return res, fmt.Errorf("do %q: %w", key, err)
 	}
 	res.Response = resp

@@ -287,17 +287,21 @@ type KeyPage struct {
 // Ptr returns a pointer to v, for the patch types.
 func Ptr[T any](v T) *T { return &v }
 
-// UnmarshalJSON decodes a claim answer (the record plus "resumed").
+// UnmarshalJSON decodes a claim answer (the record plus "resumed") in one
+// pass over it: decoding the record and then "resumed" read every claim's
+// answer three times (docs/benchmarks.md, issue 23).
 func (c *ClaimResult) UnmarshalJSON(data []byte) error {
-	if err := json.Unmarshal(data, &c.Record); err != nil {
-		return err
-	}
+	type plain Record
 	var w struct {
+		plain
 		Resumed bool `json:"resumed"`
 	}
 	if err := json.Unmarshal(data, &w); err != nil {
 		return err
 	}
-	c.Resumed = w.Resumed
+	c.Record, c.Resumed = Record(w.plain), w.Resumed
+	if string(c.RecoveryData) == "null" {
+		c.RecoveryData = nil
+	}
 	return nil
 }

@@ -349,7 +349,7 @@ func (d *door) Checkpoint(ctx context.Context, c *frontdoor.Claimed) error {
 // the same), except the tenant's max_response_bytes refusing it, which the
 // flow answers by storing it without its body.
 func (d *door) Complete(ctx context.Context, c *frontdoor.Claimed, s frontdoor.Stored) error {
-	_, err := d.m.c.Complete(ctx, c.Key, c.Token, client.Response{Status: s.Status, Headers: s.Headers, Body: s.Body})
+	err := d.m.c.CompleteNoRecord(ctx, c.Key, c.Token, client.Response{Status: s.Status, Headers: s.Headers, Body: s.Body})
 	if errors.Is(err, client.ErrPayloadTooLarge) {
 		return fmt.Errorf("%w: %w", frontdoor.ErrResponseTooLarge, err)
 	}
