@@ -163,6 +163,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "storm" {
 		return runStorm(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) == 1 && args[0] == "storm-worker" {
+		return runStormWorker(ctx, os.Stdin, stdout, stderr)
+	}
 	if len(args) == 2 && (args[0] == "-serve-upstream" || args[0] == "--serve-upstream") {
 		return serveUpstream(ctx, args[1], stdout, stderr)
 	}
