@@ -78,7 +78,9 @@ func (k Kind) String() string {
 // of time, the span's number kept with it so a stale slot reads as empty.
 type tenant struct {
 	percent int
-	slots   [slots]slot
+	// slots is a ring of the window's slots and one more: the oldest,
+	// partly out of the window, that room counts for the part still in it.
+	slots [slots + 1]slot
 	// minutes is the last hour of the tenant, one counts per minute of
 	// the clock (span = Unix time / HistoryBucket), for the dashboard.
 	minutes [HistoryBuckets]counts
@@ -166,7 +168,7 @@ func (b *Budget) Admit(id string, k Kind, a Attempt) Decision {
 		m.first++
 		return Decision{Allowed: true}
 	}
-	if t.percent >= Off || t.room(span, k, func(c *counts) int64 { return c.retries }) {
+	if t.percent >= Off || t.room(b.at(now), k, func(c *counts) int64 { return c.retries }) {
 		c.retries++
 		m.retries++
 		return Decision{Allowed: true}
@@ -176,24 +178,45 @@ func (b *Budget) Admit(id string, k Kind, a Attempt) Decision {
 	return Decision{RetryAfter: b.untilOldestRetry(t, span, k, now)}
 }
 
+// position is a moment within the window's slots: the slot's span and how
+// far into it, 0 to 1.
+type position struct {
+	span int64
+	frac float64
+}
+
+func (b *Budget) at(now time.Time) position {
+	ns := now.UnixNano()
+	return position{span: ns / int64(b.slot), frac: float64(ns%int64(b.slot)) / float64(b.slot)}
+}
+
 // room reports whether a retry of kind k fits the allowance of the window
-// ending at span, used(c) being what a slot's counts of a kind have used of
+// ending at p, used(c) being what a slot's counts of a kind have used of
 // it: under percent % of the kind's first attempts, or, over every kind,
-// under the floor. Called with b.mu held.
-func (t *tenant) room(span int64, k Kind, used func(*counts) int64) bool {
-	var first, usedK, usedAll int64
+// under the floor. The window is the current slot, the slots-1 before it
+// and the part of the oldest slot still in it (a share of its counts), so
+// it slides smoothly: dropping the oldest slot whole when a slot begins
+// would take a tenth of the first attempts out at once, and the retries
+// invited just before the boundary would be refused just after it.
+// Called with b.mu held.
+func (t *tenant) room(p position, k Kind, used func(*counts) int64) bool {
+	var first, usedK, usedAll float64
 	for i := range t.slots {
 		s := &t.slots[i]
-		if s.span <= span-slots || s.span > span {
+		if s.span < p.span-slots || s.span > p.span {
 			continue
 		}
-		first += s.kind[k].first
-		usedK += used(&s.kind[k])
+		w := 1.0
+		if s.span == p.span-slots {
+			w = 1 - p.frac
+		}
+		first += w * float64(s.kind[k].first)
+		usedK += w * float64(used(&s.kind[k]))
 		for j := range s.kind {
-			usedAll += used(&s.kind[j])
+			usedAll += w * float64(used(&s.kind[j]))
 		}
 	}
-	return usedK < first*int64(t.percent)/100 || usedAll < Floor
+	return usedK < math.Floor(first*float64(t.percent)/100) || usedAll < Floor
 }
 
 // Invite is asked, for a retryable failure (503, other 5xx, 429, 409
@@ -211,7 +234,8 @@ func (t *tenant) room(span int64, k Kind, used func(*counts) int64) bool {
 // through a signal that only looked at admitted retries). A percent of
 // Off, or a tenant Admit has not seen, is never spent.
 func (b *Budget) Invite(id string, k Kind) bool {
-	span := b.now().UnixNano() / int64(b.slot)
+	now := b.now()
+	p := b.at(now)
 	if k >= kinds {
 		k = KindOther
 	}
@@ -221,17 +245,17 @@ func (b *Budget) Invite(id string, k Kind) bool {
 	if !ok || t.percent >= Off {
 		return false
 	}
-	if !t.room(span, k, func(c *counts) int64 { return c.retries }) ||
-		!t.room(span, k, func(c *counts) int64 { return c.offered }) {
+	if !t.room(p, k, func(c *counts) int64 { return c.retries }) ||
+		!t.room(p, k, func(c *counts) int64 { return c.offered }) {
 		return true
 	}
-	t.current(span).kind[k].offered++
+	t.current(p.span).kind[k].offered++
 	return false
 }
 
 // current returns the slot of span, emptied when it held an older span.
 func (t *tenant) current(span int64) *slot {
-	s := &t.slots[span%slots]
+	s := &t.slots[span%(slots+1)]
 	if s.span != span {
 		*s = slot{span: span}
 	}
@@ -278,7 +302,7 @@ func (b *Budget) untilOldestRetry(t *tenant, span int64, k Kind, now time.Time) 
 	if oldest == math.MaxInt64 {
 		return b.slot
 	}
-	leaves := time.Unix(0, (oldest+slots)*int64(b.slot))
+	leaves := time.Unix(0, (oldest+slots+1)*int64(b.slot)) // the slot wholly out of the window
 	return max(leaves.Sub(now), time.Millisecond)
 }
 

@@ -63,7 +63,7 @@ func TestBudgetShareAndFloor(t *testing.T) {
 	}
 	d := b.Admit("a", KindClaim, retry)
 	require.False(t, d.Allowed)
-	require.Equal(t, 10*time.Second, d.RetryAfter)
+	require.Equal(t, 11*time.Second, d.RetryAfter, "until the slot of the retries has wholly left the window")
 	require.True(t, b.Admit("a", KindClaim, First).Allowed, "first attempts are always served")
 
 	// A quiet tenant (no first attempts, percent 0) has the floor.
@@ -76,9 +76,14 @@ func TestBudgetShareAndFloor(t *testing.T) {
 
 	// The window slides: after it, room again; Retry-After counted down.
 	c.t = c.t.Add(4 * time.Second)
-	require.Equal(t, 6*time.Second, b.Admit("q", KindClaim, retry).RetryAfter)
+	require.Equal(t, 7*time.Second, b.Admit("q", KindClaim, retry).RetryAfter)
 	c.t = c.t.Add(6 * time.Second)
-	require.True(t, b.Admit("q", KindClaim, retry).Allowed)
+	require.False(t, b.Admit("q", KindClaim, retry).Allowed, "10 s on, the retries' slot is still wholly in the window")
+	c.t = c.t.Add(500 * time.Millisecond)
+	for i := range 5 {
+		require.True(t, b.Admit("q", KindClaim, retry).Allowed, "half of the slot is out: 5 of its 10 retries count, room for 5 (%d)", i)
+	}
+	require.False(t, b.Admit("q", KindClaim, retry).Allowed)
 
 	// Off admits every retry.
 	b.Admit("off", KindClaim, First)
@@ -181,7 +186,7 @@ func TestInvite(t *testing.T) {
 	require.True(t, b.Invite("a", KindClaim), "20 retries invited: spent")
 	require.True(t, b.Admit("a", KindClaim, Attempt{2, CauseUnavailable}).Allowed, "the signal is advice: the refusal rule is unchanged")
 
-	c.t = c.t.Add(10 * time.Second) // the window is empty again
+	c.t = c.t.Add(11 * time.Second) // the window is empty again
 	for range 200 {
 		b.Admit("a", KindClaim, First)
 	}
@@ -230,7 +235,7 @@ func TestBudgetPerKind(t *testing.T) {
 	require.Equal(t, 20, admitted, "10 %% of the 200 claims, not of the 400 first attempts")
 	d := b.Admit("a", KindClaim, retry)
 	require.False(t, d.Allowed)
-	require.Equal(t, 10*time.Second, d.RetryAfter)
+	require.Equal(t, 11*time.Second, d.RetryAfter)
 	// The completes have their own 20.
 	for i := range 20 {
 		require.True(t, b.Admit("a", KindComplete, retry).Allowed, "complete retry %d", i)
@@ -252,7 +257,7 @@ func TestBudgetPerKind(t *testing.T) {
 
 	// Invitations: the claims' allowance (20) fills with claim failures;
 	// the completes still have room for theirs.
-	c.t = c.t.Add(10 * time.Second)
+	c.t = c.t.Add(11 * time.Second)
 	for range 200 {
 		b.Admit("a", KindClaim, First)
 		b.Admit("a", KindComplete, First)
@@ -262,4 +267,32 @@ func TestBudgetPerKind(t *testing.T) {
 	}
 	require.True(t, b.Invite("a", KindClaim), "20 claim retries invited: spent")
 	require.False(t, b.Invite("a", KindComplete), "the completes' allowance is their own")
+}
+
+// TestBudgetWindowSlidesSmoothly: the oldest slot leaves the window little
+// by little, not all at once when a slot begins: 100 first claims in each
+// of 10 slots make an allowance of 100 that stays 100 as the window
+// slides on over claims at the same rate, so a retry invited at the end of
+// a slot is not refused at the start of the next (dropping the oldest slot
+// whole took 10 % of the first attempts, and of the allowance, out at each
+// slot boundary).
+func TestBudgetWindowSlidesSmoothly(t *testing.T) {
+	t.Parallel()
+	c := &clock{t: time.Unix(1_000_000, 0)}
+	b := New(10*time.Second, c.now)
+	b.Admit("a", KindClaim, First)
+	b.SetPercent("a", 10)
+	for range 10 {
+		for range 100 {
+			b.Admit("a", KindClaim, First)
+		}
+		c.t = c.t.Add(time.Second)
+	}
+	// Just past a slot boundary: the new slot holds nothing yet; the
+	// oldest slot (100 claims and the 1 above) is still almost wholly in.
+	c.t = c.t.Add(time.Millisecond)
+	for i := range 100 {
+		require.True(t, b.Admit("a", KindClaim, Attempt{2, CauseUnavailable}).Allowed, "retry %d", i)
+	}
+	require.False(t, b.Admit("a", KindClaim, Attempt{2, CauseUnavailable}).Allowed)
 }

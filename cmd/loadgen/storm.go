@@ -31,6 +31,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -38,6 +39,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -171,6 +173,9 @@ type stormRun struct {
 	Duplicates  int64            `json:"duplicates"`            // keys the ledger holds more than once
 	Reported    int64            `json:"reported_side_effects"` // the workers' own count of their work's runs
 	Processes   []processSummary `json:"processes"`
+	// Server is what idem's metrics counted for the tenant: its retries
+	// by cause, admitted and refused.
+	Server string `json:"server"`
 }
 
 // processSummary is one worker process's totals over the run.
@@ -178,6 +183,8 @@ type processSummary struct {
 	SDK     string `json:"sdk"`
 	Callers int    `json:"callers"`
 	LateMS  int64  `json:"late_ms"`
+	// Errors counts its failed logical calls by what ended them.
+	Errors map[string]int64 `json:"errors"`
 	second
 }
 
@@ -270,6 +277,7 @@ func storm(ctx context.Context, cfg stormConfig, stdout io.Writer) ([]stormRun, 
 		if err != nil {
 			return nil, err
 		}
+		r.Server = tenantRetries(base, tenant)
 		r.Budget, r.Percent = b, pct
 		runs = append(runs, r)
 	}
@@ -345,8 +353,7 @@ func stormPhase(ctx context.Context, cfg stormConfig, base, token string, proxy 
 		}
 	}()
 	for k, sdk := range cfg.workers {
-		from, to := cfg.callers*k/len(cfg.workers), cfg.callers*(k+1)/len(cfg.workers)
-		p, err := startWorker(wctx, cfg, sdk, workerConfig{Base: base, Token: token, From: from, To: to, Total: cfg.callers,
+		p, err := startWorker(wctx, cfg, sdk, workerConfig{Base: base, Token: token, Index: k, Stride: len(cfg.workers), Total: cfg.callers,
 			PeriodMS: cfg.period.Milliseconds(), RunMS: total.Milliseconds(), Seconds: n, Sink: sink.url})
 		if err != nil {
 			return stormRun{}, err
@@ -379,13 +386,13 @@ func stormPhase(ctx context.Context, cfg stormConfig, base, token string, proxy 
 		if err != nil {
 			return stormRun{}, err
 		}
-		sum := processSummary{SDK: res.SDK, Callers: res.Callers, LateMS: res.LateMS}
+		sum := processSummary{SDK: res.SDK, Callers: res.Callers, LateMS: res.LateMS, Errors: res.Errors}
 		for i, x := range res.Seconds {
 			if i < n {
 				r.Seconds[i].add(x)
 			}
-			sum.add(x)
 		}
+		sum.second = res.Totals
 		r.Reported += sum.SideEffects
 		r.Processes = append(r.Processes, sum)
 	}
@@ -396,6 +403,32 @@ func stormPhase(ctx context.Context, cfg stormConfig, base, token string, proxy 
 	}
 	r.SideEffects, r.Duplicates = sink.ledger()
 	return r, nil
+}
+
+// tenantRetries reads tenant's retries by cause, and those refused, from
+// idem's /metrics.
+func tenantRetries(base, tenant string) string {
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	var parts []string
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.Contains(l, `tenant="`+tenant+`"`) {
+			continue
+		}
+		if strings.HasPrefix(l, "idem_attempts_total{") && strings.Contains(l, `attempt="retry"`) || strings.HasPrefix(l, "idem_retries_refused_total{") {
+			name, v, _ := strings.Cut(l, " ")
+			name = strings.Replace(name, `,tenant="`+tenant+`"`, "", 1)
+			name = strings.Replace(name, `tenant="`+tenant+`",`, "", 1)
+			parts = append(parts, name+" "+v)
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 func sleepUntil(ctx context.Context, t time.Time) {
@@ -585,6 +618,15 @@ func (r stormRun) report(w io.Writer) bool {
 	for _, p := range r.Processes {
 		fmt.Fprintf(w, "%-7s %7d %7d %9d %9d %9d %9d %9d %9d %5dms\n", p.SDK, p.Callers, p.Calls, p.Succeeded, p.Attempts, p.FleetRefused, p.FleetSignal, p.ProcRefused, p.SideEffects, p.LateMS)
 	}
+	for _, p := range r.Processes {
+		keys := slices.Sorted(maps.Keys(p.Errors))
+		var parts []string
+		for _, k := range keys {
+			parts = append(parts, fmt.Sprintf("%s %d", k, p.Errors[k]))
+		}
+		fmt.Fprintf(w, "failed calls, %s: %s\n", p.SDK, strings.Join(parts, ", "))
+	}
+	fmt.Fprintf(w, "server: %s\n", r.Server)
 	fmt.Fprintf(w, "side effects in the sink's ledger %d (the workers counted %d), keys recorded more than once (duplicates) %d\n", r.SideEffects, r.Reported, r.Duplicates)
 	fmt.Fprintf(w, "outage: attempts %.2f x first attempts (goal with the budget on: <= 1.1); past the fleet budget (refusals left out) %.2f x\n", outageAmp, admittedAmp)
 	fmt.Fprintf(w, "outage: %.0f retries refused (429 retry_budget_exhausted), %.0f not sent (the failure said Idem-Retry-Budget: exhausted)\n",

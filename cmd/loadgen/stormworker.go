@@ -8,8 +8,9 @@ package main
 //
 //   - its configuration is the JSON object in the environment variable
 //     STORM_WORKER (workerConfig): the server's URL and the tenant's token,
-//     its callers [from, to) of total (caller i starts its first call at
-//     period·i/total, so the fleet's calls are evenly spread), the period
+//     its callers (index, index+stride, … below total: caller i starts its
+//     first call at period·i/total, so the fleet's calls are evenly spread
+//     and every SDK's callers spread over the whole period), the period
 //     between two calls of one caller, how long to start calls for, and
 //     the side-effect sink's URL;
 //   - once its clients are made it writes "ready" on a line of stdout, and
@@ -22,7 +23,8 @@ package main
 //   - when every call it started has ended it writes one JSON line on
 //     stdout (workerResult): per second since the start, the counts of
 //     second (calls, attempts, fleet and per-process refusals, successes,
-//     side effects), and exits.
+//     side effects), their totals, and the failed calls by what ended
+//     them, and exits.
 
 import (
 	"bufio"
@@ -46,8 +48,8 @@ import (
 type workerConfig struct {
 	Base     string `json:"base"`
 	Token    string `json:"token"`
-	From     int    `json:"from"`
-	To       int    `json:"to"`
+	Index    int    `json:"index"`
+	Stride   int    `json:"stride"`
 	Total    int    `json:"total"`
 	PeriodMS int64  `json:"period_ms"`
 	RunMS    int64  `json:"run_ms"`
@@ -57,10 +59,16 @@ type workerConfig struct {
 
 // workerResult is a worker's last line.
 type workerResult struct {
-	SDK     string   `json:"sdk"`
-	Callers int      `json:"callers"`
-	LateMS  int64    `json:"late_ms"` // how late after the start its first second began
-	Seconds []second `json:"seconds"`
+	SDK     string `json:"sdk"`
+	Callers int    `json:"callers"`
+	LateMS  int64  `json:"late_ms"` // how late after the start its first second began
+	// Errors counts the logical calls that failed by what ended them
+	// (the error's type, code or cause, and give-up).
+	Errors  map[string]int64 `json:"errors"`
+	Seconds []second         `json:"seconds"`
+	// Totals is the sum of every second, those past the reported ones
+	// included (the calls started last end after them).
+	Totals second `json:"totals"`
 }
 
 func readWorkerConfig() (workerConfig, error) {
@@ -68,7 +76,7 @@ func readWorkerConfig() (workerConfig, error) {
 	if err := json.Unmarshal([]byte(os.Getenv("STORM_WORKER")), &c); err != nil {
 		return c, fmt.Errorf("STORM_WORKER: %w", err)
 	}
-	if c.Base == "" || c.Sink == "" || c.From < 0 || c.To <= c.From || c.Total < c.To || c.PeriodMS <= 0 || c.RunMS <= 0 || c.Seconds <= 0 {
+	if c.Base == "" || c.Sink == "" || c.Index < 0 || c.Stride <= c.Index || c.Total <= c.Index || c.PeriodMS <= 0 || c.RunMS <= 0 || c.Seconds <= 0 {
 		return c, errors.New("STORM_WORKER: incomplete")
 	}
 	return c, nil
@@ -139,8 +147,12 @@ func stormWorker(ctx context.Context, cfg workerConfig, stdin io.Reader, stdout 
 			s.proc.Add(1)
 		}
 	}
-	clients := make([]*client.Client, 0, cfg.To-cfg.From)
-	for range cfg.To - cfg.From {
+	var callers []int
+	for i := cfg.Index; i < cfg.Total; i += cfg.Stride {
+		callers = append(callers, i)
+	}
+	clients := make([]*client.Client, 0, len(callers))
+	for range callers {
 		c, err := client.New(cfg.Base, client.WithToken(cfg.Token), client.WithHTTPClient(hc), client.Interactive(), client.WithAttemptHook(hook))
 		if err != nil {
 			return workerResult{}, err
@@ -156,8 +168,10 @@ func stormWorker(ctx context.Context, cfg workerConfig, stdin io.Reader, stdout 
 	runCtx, cancel := context.WithDeadline(ctx, start.Add(time.Duration(cfg.RunMS)*time.Millisecond))
 	defer cancel()
 	var wg sync.WaitGroup
+	var errMu sync.Mutex
+	failures := map[string]int64{}
 	for j, c := range clients {
-		i := cfg.From + j
+		i := callers[j]
 		offset := time.Duration(int64(period) * int64(i) / int64(cfg.Total))
 		wg.Go(func() {
 			t := time.NewTimer(time.Until(start.Add(offset)))
@@ -183,15 +197,28 @@ func stormWorker(ctx context.Context, cfg workerConfig, stdin io.Reader, stdout 
 						})
 					if err == nil {
 						secs[sec].ok.Add(1)
+						return
 					}
+					why := fmt.Sprintf("%T:%s", err, client.ErrorCode(err))
+					var fe *client.FleetBudgetError
+					if errors.As(err, &fe) {
+						why += ":" + fe.Call + ":" + fe.Cause
+					}
+					errMu.Lock()
+					failures[why]++
+					errMu.Unlock()
 				})
 			}
 		})
 	}
 	wg.Wait()
-	res := workerResult{SDK: "go", Callers: len(clients), LateMS: late}
-	for i := range cfg.Seconds {
-		res.Seconds = append(res.Seconds, secs[i].second())
+	res := workerResult{SDK: "go", Callers: len(clients), LateMS: late, Errors: failures}
+	for i := range secs {
+		x := secs[i].second()
+		if i < cfg.Seconds {
+			res.Seconds = append(res.Seconds, x)
+		}
+		res.Totals.add(x)
 	}
 	return res, nil
 }

@@ -30,7 +30,9 @@ const hook = (info) => {
   if (info.giveUp in giveUps) s[giveUps[info.giveUp]]++;
 };
 
-const n = cfg.to - cfg.from;
+const mine = [];
+for (let i = cfg.index; i < cfg.total; i += cfg.stride) mine.push(i);
+const n = mine.length;
 const clients = Array.from({ length: n }, () => new Client({ baseUrl: cfg.base, token: cfg.token, retry: interactive, onAttempt: hook }));
 
 const lines = createInterface({ input: process.stdin })[Symbol.asyncIterator]();
@@ -40,6 +42,7 @@ await sleep(Math.max(0, start - Date.now()));
 const lateMs = Date.now() - start;
 const end = start + cfg.run_ms;
 const calls = new Set();
+const errors = {};
 
 async function call(c, i, seq, s) {
   const key = `storm-node-${i}-${seq}`;
@@ -51,7 +54,9 @@ async function call(c, i, seq, s) {
       at().side_effects++;
       return { status: 201, body: '{"ok":true}' };
     });
-  } catch {
+  } catch (e) {
+    const why = `${e?.constructor?.name}:${e?.code ?? e?.cause ?? ""}:${e?.giveUp ?? ""}`;
+    errors[why] = (errors[why] ?? 0) + 1;
     return;
   }
   s.succeeded++;
@@ -71,7 +76,8 @@ async function caller(c, i) {
   }
 }
 
-await Promise.all(clients.map((c, j) => caller(c, cfg.from + j)));
+await Promise.all(clients.map((c, j) => caller(c, mine[j])));
 while (calls.size > 0) await Promise.all([...calls]);
-process.stdout.write(JSON.stringify({ sdk: "node", callers: n, late_ms: lateMs, seconds: secs.slice(0, cfg.seconds) }) + "\n");
+const totals = Object.fromEntries(fields.map((f) => [f, secs.reduce((t, x) => t + x[f], 0)]));
+process.stdout.write(JSON.stringify({ sdk: "node", callers: n, late_ms: lateMs, errors, seconds: secs.slice(0, cfg.seconds), totals }) + "\n");
 process.exit(0);

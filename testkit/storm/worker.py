@@ -47,7 +47,8 @@ async def main() -> None:
         if info.give_up in GIVE_UPS:
             s[GIVE_UPS[info.give_up]] += 1
 
-    n = cfg["to"] - cfg["from"]
+    mine = list(range(cfg["index"], cfg["total"], cfg["stride"]))
+    n = len(mine)
     limits = httpx.Limits(max_connections=n + 16, max_keepalive_connections=n + 16)
     async with httpx.AsyncClient(limits=limits) as pool, httpx.AsyncClient(limits=limits, timeout=10.0) as sink:
         clients = [idem.AsyncClient(cfg["base"], token=cfg["token"], policy=idem.RetryPolicy.interactive(), http=pool,
@@ -59,6 +60,7 @@ async def main() -> None:
         late_ms = int((time.time() - start) * 1000)
         end = start + cfg["run_ms"] / 1000
         calls: set[asyncio.Task[None]] = set()
+        errors: dict[str, int] = {}
 
         async def call(c: idem.AsyncClient, i: int, seq: int, s: dict[str, int]) -> None:
             key = f"storm-py-{i}-{seq}"
@@ -72,7 +74,9 @@ async def main() -> None:
 
             try:
                 await c.run(key, work, operation="POST /orders", request={"caller": i, "seq": seq})
-            except Exception:
+            except Exception as e:
+                why = f"{type(e).__name__}:{getattr(e, 'code', '') or getattr(e, 'cause', '')}:{getattr(e, 'give_up', '') or ''}"
+                errors[why] = errors.get(why, 0) + 1
                 return
             s["succeeded"] += 1
 
@@ -91,10 +95,11 @@ async def main() -> None:
                 t.add_done_callback(calls.discard)
                 seq += 1
 
-        await asyncio.gather(*(caller(c, cfg["from"] + j) for j, c in enumerate(clients)))
+        await asyncio.gather(*(caller(c, mine[j]) for j, c in enumerate(clients)))
         while calls:
             await asyncio.gather(*list(calls))
-    out = {"sdk": "python", "callers": n, "late_ms": late_ms, "seconds": secs[:cfg["seconds"]]}
+    totals = {f: sum(x[f] for x in secs) for f in FIELDS}
+    out = {"sdk": "python", "callers": n, "late_ms": late_ms, "errors": errors, "seconds": secs[:cfg["seconds"]], "totals": totals}
     print(json.dumps(out), flush=True)
 
 
