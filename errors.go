@@ -36,9 +36,9 @@ const (
 	CodeRateLimited          = errcode.RateLimited
 	// CodeRetryBudgetExhausted: the request said it is a retry
 	// (Idem-Attempt above 1) and the tenant's retries on this replica
-	// already use its retry_budget_percent of first attempts in the
-	// window. Decided before any body read or store call, so the key is
-	// as it was. The problem says retryable (the same call later may pass)
+	// already use its retry_budget_percent of the first attempts of the
+	// same kind of call (a claim's of the claims) in the window. Decided
+	// before any body read or store call, so the key is as it was. The problem says retryable (the same call later may pass)
 	// but an SDK stops retrying the logical call at once and reports the
 	// original cause: more retries are what the budget refuses.
 	CodeRetryBudgetExhausted = errcode.RetryBudgetExhausted

@@ -228,11 +228,11 @@ func New(opts Options) *chi.Mux {
 
 		r.Group(func(r chi.Router) {
 			r.Use(s.requireScope(auth.ScopeKeysWrite))
-			r.With(s.resolveTenant, exposeResponseHeader).Post("/v1/keys/{key}/claim", handle(s, s.claim))
+			r.With(s.resolveClaimTenant, exposeResponseHeader).Post("/v1/keys/{key}/claim", handle(s, s.claim))
 			// A suspended tenant still finishes the claims made before.
-			r.With(s.resolveFinishingTenant).Post("/v1/keys/{key}/checkpoint", handle(s, s.checkpoint))
-			r.With(s.resolveFinishingTenant).Post("/v1/keys/{key}/complete", handle(s, s.complete))
-			r.With(s.resolveFinishingTenant).Post("/v1/keys/{key}/release", handle(s, s.release))
+			r.With(s.resolveFinishingTenant(retrybudget.KindCheckpoint)).Post("/v1/keys/{key}/checkpoint", handle(s, s.checkpoint))
+			r.With(s.resolveFinishingTenant(retrybudget.KindComplete)).Post("/v1/keys/{key}/complete", handle(s, s.complete))
+			r.With(s.resolveFinishingTenant(retrybudget.KindRelease)).Post("/v1/keys/{key}/release", handle(s, s.release))
 		})
 
 		r.Group(func(r chi.Router) {

@@ -85,7 +85,13 @@ func (s *service) requireScope(scopes ...string) func(http.Handler) http.Handler
 // retries off, and a refused retry has touched nothing: its key is as it
 // was.
 func (s *service) resolveTenant(next http.Handler) http.Handler {
-	return s.tenantResolver(s.tenants.Active)(next)
+	return s.tenantResolver(s.tenants.Active, retrybudget.KindOther)(next)
+}
+
+// resolveClaimTenant is resolveTenant for the claim, whose retries the
+// budget weighs against the tenant's first claims (retrybudget.Kind).
+func (s *service) resolveClaimTenant(next http.Handler) http.Handler {
+	return s.tenantResolver(s.tenants.Active, retrybudget.KindClaim)(next)
 }
 
 // resolveFinishingTenant is resolveTenant for the token-guarded writes
@@ -93,12 +99,14 @@ func (s *service) resolveTenant(next http.Handler) http.Handler {
 // (disabled) tenant is let through, so the work its workers had under way
 // is stored or given up rather than refused and run again once the tenant
 // is back. Only a claim starts work, and a suspended tenant makes none.
-func (s *service) resolveFinishingTenant(next http.Handler) http.Handler {
-	return s.tenantResolver(s.tenants.Known)(next)
+// kind is the write's kind of call for the retry budget.
+func (s *service) resolveFinishingTenant(kind retrybudget.Kind) func(http.Handler) http.Handler {
+	return s.tenantResolver(s.tenants.Known, kind)
 }
 
-// tenantResolver is resolveTenant with the tenant lookup lookup.
-func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tenant, error)) func(http.Handler) http.Handler {
+// tenantResolver is resolveTenant with the tenant lookup lookup, for
+// requests of the retry budget's kind of call kind.
+func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tenant, error), kind retrybudget.Kind) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			p := principalFrom(r.Context())
@@ -114,7 +122,8 @@ func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tena
 				return
 			}
 			attempt := retrybudget.ParseAttempt(r.Header.Values(retrybudget.Header))
-			d := s.retries.Admit(p.Tenant, attempt)
+			st.budgetKind = kind
+			d := s.retries.Admit(p.Tenant, kind, attempt)
 			if s.observer != nil {
 				s.observer.ObserveAttempt(p.Tenant, attempt, !d.Allowed)
 			}
@@ -124,8 +133,8 @@ func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tena
 				s.writeProblem(w, r, &idem.Error{
 					Code: idem.CodeRetryBudgetExhausted,
 					Detail: fmt.Sprintf("this request is attempt %d (cause %s) and the tenant's retries already use its retry budget on this replica "+
-						"(retry_budget_percent of first attempts over %s, at least %d): stop retrying this call and report its original cause",
-						attempt.Number, attempt.Cause, s.retries.Window(), retrybudget.Floor),
+						"(retry_budget_percent of the first attempts of the same call, %s, over %s; at least %d of every call): stop retrying this call and report its original cause",
+						attempt.Number, attempt.Cause, kind, s.retries.Window(), retrybudget.Floor),
 					RetryAfter: d.RetryAfter,
 				})
 				return

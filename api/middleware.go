@@ -16,6 +16,7 @@ import (
 	"github.com/idem-dev/idem/auth"
 	"github.com/idem-dev/idem/client/frontdoor"
 	"github.com/idem-dev/idem/internal/statuswriter"
+	"github.com/idem-dev/idem/retrybudget"
 )
 
 type ctxKey int
@@ -36,6 +37,7 @@ type reqState struct {
 	principal      auth.Principal
 	tenant         idem.Tenant
 	responseHeader http.Header
+	budgetKind     retrybudget.Kind    // the retry budget's kind of call (tenantResolver; KindOther before)
 	writer         statuswriter.Writer // the access log's view of the status, kept here: no allocation
 }
 

@@ -54,7 +54,11 @@ func (s *service) budgetSpent(r *http.Request, code idem.Code, info errcode.Info
 		return false // 507 storage_quota_exceeded included: never retried
 	}
 	tenant := principalFrom(r.Context()).Tenant
-	return tenant != "" && s.retries.Invite(tenant)
+	kind := retrybudget.KindOther
+	if st := stateFrom(r.Context()); st != nil {
+		kind = st.budgetKind
+	}
+	return tenant != "" && s.retries.Invite(tenant, kind)
 }
 
 // writeProblem answers err as application/problem+json. An error without a

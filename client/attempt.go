@@ -16,7 +16,8 @@ import (
 // this request is, an RFC 9651 Integer, and for a retry a cause Token
 // naming why the attempt before failed: "1", "2;cause=timeout". idem counts
 // attempts by it and holds each tenant's retries to its
-// retry_budget_percent of first attempts, fleet-wide.
+// retry_budget_percent of the first attempts of the same kind of call (a
+// claim's of the claims), fleet-wide.
 const HeaderAttempt = "Idem-Attempt"
 
 // HeaderRetryBudget is the response header by which idem says, on a

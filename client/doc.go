@@ -71,7 +71,8 @@
 //     number within the logical call and, for a retry, why the attempt
 //     before failed ("2;cause=unavailable"; Do's claims after an
 //     in-flight wait say cause=in-flight). idem holds each tenant's
-//     retries to its retry_budget_percent of first attempts, fleet-wide;
+//     retries to its retry_budget_percent of the first attempts of the
+//     same kind of call (a claim's of the claims), fleet-wide;
 //     a retry it refuses (429 retry_budget_exhausted) ends the call at
 //     once with a *FleetBudgetError wrapping ErrFleetBudgetExhausted and
 //     the original error, so ErrorCode sees the original cause. A

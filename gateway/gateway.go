@@ -388,7 +388,8 @@ func (d *request) Admit(r *http.Request, _ frontdoor.Attempt) error {
 	// The server's own reading of the field (frontdoor.CallerAttempt reads
 	// every vector the same way), with the causes the metrics count by.
 	at := retrybudget.ParseAttempt(r.Header.Values(retrybudget.Header))
-	dec := g.retries.Admit(g.opts.Tenant, at)
+	// Each protected request is a claim: its retry spends the claims' allowance.
+	dec := g.retries.Admit(g.opts.Tenant, retrybudget.KindClaim, at)
 	if g.opts.Metrics != nil {
 		g.opts.Metrics.ObserveAttempt(g.opts.Tenant, at, !dec.Allowed)
 	}
@@ -402,7 +403,9 @@ func (d *request) Admit(r *http.Request, _ frontdoor.Attempt) error {
 // Spent reports whether the tenant's fleet retry budget is spent, for a
 // retryable refusal of the claim (frontdoor.Budget): its answer then says
 // so (Idem-Retry-Budget: exhausted), as idem's own answers do.
-func (d *request) Spent(*http.Request) bool { return d.g.retries.Invite(d.g.opts.Tenant) }
+func (d *request) Spent(*http.Request) bool {
+	return d.g.retries.Invite(d.g.opts.Tenant, retrybudget.KindClaim)
+}
 
 // ReplayCache is the configuration snapshot's cache, of the gateway's
 // one tenant.

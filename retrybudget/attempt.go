@@ -2,8 +2,9 @@
 // each replica: the Idem-Attempt request header every SDK sends (which
 // attempt of a logical call this request is, and why the previous one
 // failed), and a sliding window per tenant of first attempts and retries
-// that refuses a retry once the retries in the window reach the tenant's
-// retry_budget_percent of its first attempts (never fewer than Floor).
+// of each kind of call that refuses a retry once the retries of its kind in
+// the window reach the tenant's retry_budget_percent of its first attempts
+// of that kind, and the tenant's retries of every kind reach Floor.
 //
 // A share needs no coordination between replicas: behind a load balancer
 // each replica sees about the same mix of first attempts and retries, so

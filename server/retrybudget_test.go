@@ -243,17 +243,17 @@ func TestRefusedRetryLeavesKey(t *testing.T) {
 
 // TestRetryBudgetPerReplica: two replicas on one database each hold the
 // tenant's retries to the share of the first attempts they see: 10 % of
-// 200 first attempts each, so 20 retries each and 40 across the fleet,
-// 10 % of its 400, with no coordination between them.
+// 200 first claims each, so 20 retried claims each and 40 across the
+// fleet, 10 % of its 400, with no coordination between them.
 func TestRetryBudgetPerReplica(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, backend string) {
 		a := startBudgeted(t, backend, "", map[string]int{"acme": 10})
 		b := startBudgeted(t, "", a.Config().DatabaseURL, nil)
 		ca, cb := newAttemptClient(t, a, "acme"), newAttemptClient(t, b, "acme")
-		for range 200 {
-			require.Equal(t, http.StatusOK, ca.call(t, http.MethodGet, "/v1/keys", "1", "").status)
-			require.Equal(t, http.StatusOK, cb.call(t, http.MethodGet, "/v1/keys", "", "").status)
+		for i := range 200 {
+			require.Equal(t, http.StatusCreated, ca.claim(t, fmt.Sprintf("first-a-%d", i), "1").status)
+			require.Equal(t, http.StatusCreated, cb.claim(t, fmt.Sprintf("first-b-%d", i), "").status)
 		}
 		admitted := map[string]int{}
 		for i := range 30 {
@@ -269,7 +269,64 @@ func TestRetryBudgetPerReplica(t *testing.T) {
 		require.Equal(t, map[string]int{"a": 20, "b": 20}, admitted)
 		recs, err := a.Store().ListRecords(context.Background(), idem.ListRecordsParams{TenantID: "acme", Limit: 1000})
 		require.NoError(t, err)
-		require.Len(t, recs, 40, "one record per admitted retry, none for a refused one")
+		require.Len(t, recs, 400+40, "one record per first claim and per admitted retry, none for a refused one")
+	})
+}
+
+// TestRetryBudgetPerKind: a retry spends the allowance of the first
+// attempts of its own kind of call, as in the storm test, whose window
+// before a store outage holds claims and completes alike while only claims
+// come (and are retried) during it. With 200 first claims and their 200
+// completes in the window, 60 concurrent retried claims have 20 admitted,
+// 10 % of the claims (the rule of one count per tenant admitted 40, 20 %
+// of the claims); the completes keep an allowance of their own: retried
+// completes of the admitted claims pass, each recorded once.
+func TestRetryBudgetPerKind(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, backend string) {
+		ts := startBudgeted(t, backend, "", map[string]int{"acme": 10})
+		c := newAttemptClient(t, ts, "acme")
+		complete := func(key, attempt string, token any) budgetAnswer {
+			return c.call(t, http.MethodPost, "/v1/keys/"+key+"/complete", attempt,
+				fmt.Sprintf(`{"fencing_token":%v,"response":{"status":201,"body":"{}"}}`, token))
+		}
+		for i := range 200 {
+			key := fmt.Sprintf("first-%d", i)
+			a := c.claim(t, key, "1")
+			require.Equal(t, http.StatusCreated, a.status)
+			require.Equal(t, http.StatusOK, complete(key, "1", a.body["fencing_token"]).status)
+		}
+
+		const retries = 60
+		answers := make([]budgetAnswer, retries)
+		var wg sync.WaitGroup
+		for i := range retries {
+			wg.Go(func() { answers[i] = c.claim(t, fmt.Sprintf("retry-%d", i), "2;cause=unavailable") })
+		}
+		wg.Wait()
+		var admitted []int
+		for i, a := range answers {
+			_, err := record(t, ts, "acme", fmt.Sprintf("retry-%d", i))
+			if a.status == http.StatusCreated {
+				admitted = append(admitted, i)
+				require.NoError(t, err)
+				continue
+			}
+			requireRefused(t, a)
+			require.ErrorIs(t, err, idem.ErrKeyNotFound, "a refused claim stored nothing")
+		}
+		require.Len(t, admitted, 20, "10 %% of the 200 first claims, not of the 400 first attempts")
+
+		for _, i := range admitted {
+			key := fmt.Sprintf("retry-%d", i)
+			require.Equal(t, http.StatusOK, complete(key, "2;cause=timeout", answers[i].body["fencing_token"]).status)
+			rec, err := record(t, ts, "acme", key)
+			require.NoError(t, err)
+			require.Equal(t, idem.StateCompleted, rec.State)
+		}
+		m := newAPIClient(t, ts)
+		require.Equal(t, 40.0, m.metric(t, `idem_retries_refused_total{cause="unavailable",tenant="acme"}`))
+		require.Equal(t, 0.0, m.metric(t, `idem_retries_refused_total{cause="timeout",tenant="acme"}`))
 	})
 }
 

@@ -19,12 +19,15 @@
 //	loadgen -serve-upstream 127.0.0.1:0
 //	loadgen -serve-app unprotected|idem|library 127.0.0.1:0
 //	loadgen storm -server-bin bin/idem -database-url "$TEST_DATABASE_URL" \
-//	    [-callers 1000] [-period 10s] [-outage 10s] [-budget off,on] [-svg out.svg]
+//	    [-callers 1000] [-workers go:2,python:1,node:1] [-python python3] [-node node] \
+//	    [-period 10s] [-outage 10s] [-budget off,on] [-svg out.svg]
+//	loadgen storm-worker   (a Go worker of loadgen storm; configured by STORM_WORKER)
 //
 // `loadgen storm` is the storm test of the fleet retry budget (storm.go):
 // it starts the server binary itself behind a cut proxy to PostgreSQL and
-// runs many Go SDK callers, each with its own client, through a store
-// outage, with the tenant's budget off and then on.
+// runs many callers in worker processes of the Go, Python and Node SDKs,
+// each caller with its own client, through a store outage, with the
+// tenant's budget off and then on.
 //
 // Modes:
 //
@@ -162,6 +165,9 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "storm" {
 		return runStorm(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) == 1 && args[0] == "storm-worker" {
+		return runStormWorker(ctx, os.Stdin, stdout, stderr)
 	}
 	if len(args) == 2 && (args[0] == "-serve-upstream" || args[0] == "--serve-upstream") {
 		return serveUpstream(ctx, args[1], stdout, stderr)

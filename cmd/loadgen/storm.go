@@ -12,8 +12,12 @@ package main
 //
 // It starts everything itself, on loopback only: a cut proxy (testkit/
 // cutproxy) in front of the PostgreSQL named by -database-url (a loopback
-// host), the idem binary -server-bin on 127.0.0.1:0 behind it, and the
-// callers in this process (the Go SDK, one client.Client per caller). The
+// host), the idem binary -server-bin on 127.0.0.1:0 behind it, a sink
+// that records every side effect (the ledger the duplicates are counted
+// from), and the callers in worker processes of all three SDKs (-workers:
+// `loadgen storm-worker` for Go, testkit/storm/worker.py for Python,
+// testkit/storm/worker.mjs for Node; stormworker.go says what they share),
+// the callers split evenly among them, one SDK client per caller. The
 // outage is the proxy cut: every store connection closed and new ones
 // refused. Every phase is bounded in time; the run stops by itself.
 
@@ -27,18 +31,20 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/testkit/cutproxy"
 )
 
@@ -55,6 +61,11 @@ type stormConfig struct {
 	budgets     []string // "off", "on"
 	jsonOut     string
 	svgOut      string
+	workers     []string // one SDK per worker process: go, python, node
+	python      string   // the Python interpreter (with httpx)
+	node        string   // the Node.js binary
+	workerDir   string   // testkit/storm
+	self        string   // this binary, for the Go workers
 }
 
 func parseStorm(args []string, stderr io.Writer) (stormConfig, error) {
@@ -72,8 +83,25 @@ func parseStorm(args []string, stderr io.Writer) (stormConfig, error) {
 	budget := fs.String("budget", "off,on", "the runs: off, on, or off,on")
 	fs.StringVar(&c.jsonOut, "json", "", "write the per-second figures as JSON to this file")
 	fs.StringVar(&c.svgOut, "svg", "", "write the chart (attempts/s and amplification, budget off vs on) to this SVG file")
+	workers := fs.String("workers", "go:2,python:1,node:1", "worker processes per SDK (go, python, node), the callers split evenly among them")
+	fs.StringVar(&c.python, "python", "python3", "the Python interpreter of the Python workers (httpx installed; PYTHONPATH naming the SDK)")
+	fs.StringVar(&c.node, "node", "node", "the Node.js binary of the Node workers")
+	fs.StringVar(&c.workerDir, "worker-dir", "testkit/storm", "the directory of worker.py and worker.mjs")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	for _, w := range strings.Split(*workers, ",") {
+		sdk, count, ok := strings.Cut(w, ":")
+		n, err := strconv.Atoi(count)
+		if !ok || err != nil || n < 0 || n > 16 || (sdk != "go" && sdk != "python" && sdk != "node") {
+			return c, fmt.Errorf("-workers: want sdk:count,… (go, python, node; 0..16 each), got %q", w)
+		}
+		for range n {
+			c.workers = append(c.workers, sdk)
+		}
+	}
+	if len(c.workers) == 0 {
+		return c, errors.New("-workers: no worker")
 	}
 	c.budgets = strings.Split(*budget, ",")
 	for _, b := range c.budgets {
@@ -91,8 +119,8 @@ func parseStorm(args []string, stderr io.Writer) (stormConfig, error) {
 	if ip := net.ParseIP(u.Hostname()); !strings.EqualFold(u.Hostname(), "localhost") && (ip == nil || !ip.IsLoopback()) {
 		return c, fmt.Errorf("-database-url: host %q must be loopback: loadgen only loads this machine", u.Hostname())
 	}
-	if c.callers < 1 || c.callers > 2000 {
-		return c, fmt.Errorf("-callers must be 1..2000, got %d", c.callers)
+	if c.callers < len(c.workers) || c.callers > 2000 {
+		return c, fmt.Errorf("-callers must be %d..2000 (one per worker at least), got %d", len(c.workers), c.callers)
 	}
 	if c.period < 100*time.Millisecond || c.period > time.Minute {
 		return c, fmt.Errorf("-period must be in [100ms, 1m], got %s", c.period)
@@ -118,18 +146,46 @@ type second struct {
 	FleetRefused int64   `json:"fleet_refused"`   // retries refused by idem's fleet budget (429)
 	FleetSignal  int64   `json:"fleet_signal"`    // retries not sent: the failure said Idem-Retry-Budget: exhausted
 	ProcRefused  int64   `json:"process_refused"` // retries a client's own budget did not make
+	SideEffects  int64   `json:"side_effects"`    // runs of the work (each one POST to the sink)
 	Amplify      float64 `json:"amplification"`   // attempts ÷ first attempts
+}
+
+// add adds o's counts to s.
+func (s *second) add(o second) {
+	s.Calls += o.Calls
+	s.Succeeded += o.Succeeded
+	s.Attempts += o.Attempts
+	s.First += o.First
+	s.FleetRefused += o.FleetRefused
+	s.FleetSignal += o.FleetSignal
+	s.ProcRefused += o.ProcRefused
+	s.SideEffects += o.SideEffects
 }
 
 // stormRun is one run: the per-second figures and the outage's seconds.
 type stormRun struct {
-	Budget      string   `json:"budget"`
-	Percent     int      `json:"retry_budget_percent"`
-	Seconds     []second `json:"seconds"`
-	OutageStart int      `json:"outage_start"`
-	OutageEnd   int      `json:"outage_end"`
-	SideEffects int64    `json:"side_effects"`
-	Duplicates  int64    `json:"duplicates"`
+	Budget      string           `json:"budget"`
+	Percent     int              `json:"retry_budget_percent"`
+	Seconds     []second         `json:"seconds"`
+	OutageStart int              `json:"outage_start"`
+	OutageEnd   int              `json:"outage_end"`
+	SideEffects int64            `json:"side_effects"`          // in the sink's ledger
+	Duplicates  int64            `json:"duplicates"`            // keys the ledger holds more than once
+	Reported    int64            `json:"reported_side_effects"` // the workers' own count of their work's runs
+	Processes   []processSummary `json:"processes"`
+	// Server is what idem's metrics counted for the tenant: its retries
+	// by cause, admitted and refused.
+	Server string `json:"server"`
+}
+
+// processSummary is one worker process's totals over the run.
+type processSummary struct {
+	SDK     string `json:"sdk"`
+	Callers int    `json:"callers"`
+	LateMS  int64  `json:"late_ms"`
+	// Errors counts its failed logical calls by what ended them.
+	Errors map[string]int64 `json:"errors"`
+	second
 }
 
 func runStorm(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -140,6 +196,10 @@ func runStorm(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		fmt.Fprintf(stderr, "loadgen storm: %v\n", err)
 		return 2
+	}
+	if cfg.self, err = os.Executable(); err != nil {
+		fmt.Fprintf(stderr, "loadgen storm: %v\n", err)
+		return 1
 	}
 	runs, err := storm(ctx, cfg, stdout)
 	if err != nil {
@@ -196,8 +256,8 @@ func storm(ctx context.Context, cfg stormConfig, stdout io.Writer) ([]stormRun, 
 		return nil, err
 	}
 	defer stop()
-	fmt.Fprintf(stdout, "storm: %d callers, one call each per %s (%.0f logical calls/s), steady %s, store outage %s, recovery %s; server %s, store through a cut proxy\n",
-		cfg.callers, cfg.period, float64(cfg.callers)/cfg.period.Seconds(), cfg.steady, cfg.outage, cfg.recovery, base)
+	fmt.Fprintf(stdout, "storm: %d callers in %d processes (%s), one call each per %s (%.0f logical calls/s), steady %s, store outage %s, recovery %s; server %s, store through a cut proxy\n",
+		cfg.callers, len(cfg.workers), strings.Join(cfg.workers, ","), cfg.period, float64(cfg.callers)/cfg.period.Seconds(), cfg.steady, cfg.outage, cfg.recovery, base)
 
 	var runs []stormRun
 	for _, b := range cfg.budgets {
@@ -217,6 +277,7 @@ func storm(ctx context.Context, cfg stormConfig, stdout io.Writer) ([]stormRun, 
 		if err != nil {
 			return nil, err
 		}
+		r.Server = tenantRetries(base, tenant)
 		r.Budget, r.Percent = b, pct
 		runs = append(runs, r)
 	}
@@ -270,108 +331,253 @@ func startStormServer(ctx context.Context, bin string, env []string) (string, fu
 	}
 }
 
-// stormPhase runs one steady → outage → recovery sequence for one tenant.
+// stormPhase runs one steady → outage → recovery sequence for one tenant:
+// the workers started and made ready, one start for all, the store cut at
+// steady and restored after outage, the workers' seconds merged, and the
+// duplicates read from the sink's ledger.
 func stormPhase(ctx context.Context, cfg stormConfig, base, token string, proxy *cutproxy.Proxy) (stormRun, error) {
 	total := cfg.steady + cfg.outage + cfg.recovery
 	n := int(math.Ceil(total.Seconds()))
-	secs := make([]struct {
-		calls, ok, attempts, first, fleet, signal, proc atomic.Int64
-	}, n+60)
-	start := time.Now()
-	at := func() int { return min(int(time.Since(start)/time.Second), len(secs)-1) }
-
-	// One transport for all (a process's sockets are not the point); one
-	// client each, so each caller has its own per-process retry budget.
-	hc := &http.Client{Transport: client.NewTransport()}
-	hook := func(info client.AttemptInfo) {
-		s := &secs[at()]
-		s.attempts.Add(1)
-		if info.Attempt == 1 {
-			s.first.Add(1)
-		}
-		switch info.GiveUp {
-		case "fleet-budget":
-			s.fleet.Add(1)
-		case "fleet-signal":
-			s.signal.Add(1)
-		case "budget":
-			s.proc.Add(1)
-		}
+	sink, err := newEffectSink()
+	if err != nil {
+		return stormRun{}, err
 	}
-	var effects sync.Map // key → *atomic.Int64 (runs of the work)
-	var effectCount atomic.Int64
-	var wg sync.WaitGroup
-	runCtx, cancel := context.WithTimeout(ctx, total)
+	defer sink.close()
+
+	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for i := range cfg.callers {
-		c, err := client.New(base, client.WithToken(token), client.WithHTTPClient(hc), client.Interactive(), client.WithAttemptHook(hook))
+	var procs []*workerProc
+	defer func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}()
+	for k, sdk := range cfg.workers {
+		p, err := startWorker(wctx, cfg, sdk, workerConfig{Base: base, Token: token, Index: k, Stride: len(cfg.workers), Total: cfg.callers,
+			PeriodMS: cfg.period.Milliseconds(), RunMS: total.Milliseconds(), Seconds: n, Sink: sink.url})
 		if err != nil {
 			return stormRun{}, err
 		}
-		offset := time.Duration(int64(cfg.period) * int64(i) / int64(cfg.callers))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t := time.NewTimer(offset)
-			defer t.Stop()
-			for seq := 0; ; seq++ {
-				select {
-				case <-runCtx.Done():
-					return
-				case <-t.C:
-				}
-				t.Reset(cfg.period)
-				sec := at()
-				secs[sec].calls.Add(1)
-				key := fmt.Sprintf("storm-%d-%d", i, seq)
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					_, err := c.Do(context.WithoutCancel(ctx), key, client.Request{Operation: "POST /orders", Payload: map[string]any{"caller": i, "seq": seq}},
-						func(context.Context, *client.Claim) (client.Response, error) {
-							v, _ := effects.LoadOrStore(key, new(atomic.Int64))
-							v.(*atomic.Int64).Add(1)
-							effectCount.Add(1)
-							return client.Response{Status: 201, Body: []byte(`{"ok":true}`)}, nil
-						})
-					if err == nil {
-						secs[sec].ok.Add(1)
-					}
-				}()
-			}
-		}()
+		procs = append(procs, p)
+	}
+	for _, p := range procs {
+		if err := p.ready(60 * time.Second); err != nil {
+			return stormRun{}, err
+		}
+	}
+	start := time.Now().Add(500 * time.Millisecond).Truncate(time.Millisecond)
+	for _, p := range procs {
+		if _, err := fmt.Fprintf(p.stdin, "%d\n", start.UnixMilli()); err != nil {
+			return stormRun{}, fmt.Errorf("%s worker: %w", p.sdk, err)
+		}
 	}
 	// The outage: the store's path cut, then restored.
-	select {
-	case <-time.After(cfg.steady):
-	case <-ctx.Done():
-	}
+	sleepUntil(ctx, start.Add(cfg.steady))
 	proxy.Cut()
-	select {
-	case <-time.After(cfg.outage):
-	case <-ctx.Done():
-	}
+	sleepUntil(ctx, start.Add(cfg.steady+cfg.outage))
 	proxy.Restore()
-	wg.Wait()
 
-	r := stormRun{OutageStart: int(cfg.steady / time.Second), OutageEnd: int((cfg.steady + cfg.outage) / time.Second), SideEffects: effectCount.Load()}
-	effects.Range(func(_, v any) bool {
-		if v.(*atomic.Int64).Load() > 1 {
-			r.Duplicates++
+	r := stormRun{OutageStart: int(cfg.steady / time.Second), OutageEnd: int((cfg.steady + cfg.outage) / time.Second)}
+	r.Seconds = make([]second, n)
+	for _, p := range procs {
+		// Every call a worker started ends within its deadline (the
+		// preset's 10 s, and the complete's grace after the work).
+		res, err := p.result(total + 90*time.Second)
+		if err != nil {
+			return stormRun{}, err
 		}
-		return true
-	})
-	for i := range n {
-		s := &secs[i]
-		x := second{Calls: s.calls.Load(), Succeeded: s.ok.Load(), Attempts: s.attempts.Load(), First: s.first.Load(),
-			FleetRefused: s.fleet.Load(), FleetSignal: s.signal.Load(), ProcRefused: s.proc.Load()}
-		if x.First > 0 {
+		sum := processSummary{SDK: res.SDK, Callers: res.Callers, LateMS: res.LateMS, Errors: res.Errors}
+		for i, x := range res.Seconds {
+			if i < n {
+				r.Seconds[i].add(x)
+			}
+		}
+		sum.second = res.Totals
+		r.Reported += sum.SideEffects
+		r.Processes = append(r.Processes, sum)
+	}
+	for i := range r.Seconds {
+		if x := &r.Seconds[i]; x.First > 0 {
 			x.Amplify = float64(x.Attempts) / float64(x.First)
 		}
-		r.Seconds = append(r.Seconds, x)
 	}
+	r.SideEffects, r.Duplicates = sink.ledger()
 	return r, nil
 }
+
+// tenantRetries reads tenant's retries by cause, and those refused, from
+// idem's /metrics.
+func tenantRetries(base, tenant string) string {
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	var parts []string
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.Contains(l, `tenant="`+tenant+`"`) {
+			continue
+		}
+		if strings.HasPrefix(l, "idem_attempts_total{") && strings.Contains(l, `attempt="retry"`) || strings.HasPrefix(l, "idem_retries_refused_total{") {
+			name, v, _ := strings.Cut(l, " ")
+			name = strings.Replace(name, `,tenant="`+tenant+`"`, "", 1)
+			name = strings.Replace(name, `tenant="`+tenant+`",`, "", 1)
+			parts = append(parts, name+" "+v)
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+func sleepUntil(ctx context.Context, t time.Time) {
+	select {
+	case <-time.After(time.Until(t)):
+	case <-ctx.Done():
+	}
+}
+
+// workerProc is one running worker process.
+type workerProc struct {
+	sdk   string
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	lines chan string // its stdout, line by line
+	done  chan error
+}
+
+// startWorker starts one worker of sdk with its configuration.
+func startWorker(ctx context.Context, cfg stormConfig, sdk string, wc workerConfig) (*workerProc, error) {
+	var cmd *exec.Cmd
+	switch sdk {
+	case "go":
+		cmd = exec.CommandContext(ctx, cfg.self, "storm-worker")
+	case "python":
+		cmd = exec.CommandContext(ctx, cfg.python, filepath.Join(cfg.workerDir, "worker.py"))
+	case "node":
+		cmd = exec.CommandContext(ctx, cfg.node, filepath.Join(cfg.workerDir, "worker.mjs"))
+	}
+	b, _ := json.Marshal(wc)
+	cmd.Env = append(os.Environ(), "STORM_WORKER="+string(b))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%s worker: %w", sdk, err)
+	}
+	p := &workerProc{sdk: sdk, cmd: cmd, stdin: stdin, lines: make(chan string, 4), done: make(chan error, 1)}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 16<<20)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+		p.done <- cmd.Wait()
+	}()
+	return p, nil
+}
+
+// ready waits for the worker's "ready" line.
+func (p *workerProc) ready(within time.Duration) error {
+	select {
+	case l, ok := <-p.lines:
+		if !ok || l != "ready" {
+			return fmt.Errorf("%s worker: not ready (%q)", p.sdk, l)
+		}
+		return nil
+	case <-time.After(within):
+		return fmt.Errorf("%s worker: not ready within %s", p.sdk, within)
+	}
+}
+
+// result waits for the worker's result line and its exit.
+func (p *workerProc) result(within time.Duration) (workerResult, error) {
+	var res workerResult
+	timeout := time.After(within)
+	select {
+	case l, ok := <-p.lines:
+		if !ok {
+			return res, fmt.Errorf("%s worker: exited without a result: %v", p.sdk, <-p.done)
+		}
+		if err := json.Unmarshal([]byte(l), &res); err != nil {
+			return res, fmt.Errorf("%s worker: result %q: %w", p.sdk, l, err)
+		}
+	case <-timeout:
+		return res, fmt.Errorf("%s worker: no result within %s", p.sdk, within)
+	}
+	_ = p.stdin.Close()
+	for range p.lines {
+	}
+	select {
+	case err := <-p.done:
+		if err != nil {
+			return res, fmt.Errorf("%s worker: %w", p.sdk, err)
+		}
+	case <-timeout:
+		return res, fmt.Errorf("%s worker: did not exit within %s", p.sdk, within)
+	}
+	return res, nil
+}
+
+// stop kills a worker still running (after a failure elsewhere).
+func (p *workerProc) stop() {
+	if p.cmd.ProcessState == nil && p.cmd.Process != nil {
+		_ = p.cmd.Process.Kill()
+	}
+}
+
+// effectSink is the ledger of side effects: every run of a worker's work
+// is one POST /effect/{key}; a key recorded twice is a duplicate, counted
+// here rather than assumed from what the workers report.
+type effectSink struct {
+	srv *http.Server
+	url string
+
+	mu   sync.Mutex
+	keys map[string]int
+}
+
+func newEffectSink() (*effectSink, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &effectSink{url: "http://" + ln.Addr().String(), keys: map[string]int{}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /effect/{key}", func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.keys[r.PathValue("key")]++
+		s.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	})
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = s.srv.Serve(ln) }()
+	return s, nil
+}
+
+// ledger returns the side effects recorded and the keys recorded more than
+// once.
+func (s *effectSink) ledger() (effects, duplicates int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.keys {
+		effects += int64(n)
+		if n > 1 {
+			duplicates++
+		}
+	}
+	return effects, duplicates
+}
+
+func (s *effectSink) close() { _ = s.srv.Close() }
 
 // report prints the per-second table and the goals of issue 28; it
 // returns false when a goal of the budget-on run (or 0 duplicates) fails.
@@ -408,7 +614,20 @@ func (r stormRun) report(w io.Writer) bool {
 	calls := sum(r.OutageEnd+5, len(r.Seconds)-1, func(s second) int64 { return s.Calls })
 	okAfter := sum(r.OutageEnd+5, len(r.Seconds)-1, func(s second) int64 { return s.Succeeded })
 	successAfter := 100 * okAfter / math.Max(calls, 1)
-	fmt.Fprintf(w, "side effects %d, duplicates %d\n", r.SideEffects, r.Duplicates)
+	fmt.Fprintf(w, "%-7s %7s %7s %9s %9s %9s %9s %9s %9s %7s\n", "process", "callers", "calls", "succeeded", "attempts", "fleet429", "signalled", "procbudg", "effects", "late")
+	for _, p := range r.Processes {
+		fmt.Fprintf(w, "%-7s %7d %7d %9d %9d %9d %9d %9d %9d %5dms\n", p.SDK, p.Callers, p.Calls, p.Succeeded, p.Attempts, p.FleetRefused, p.FleetSignal, p.ProcRefused, p.SideEffects, p.LateMS)
+	}
+	for _, p := range r.Processes {
+		keys := slices.Sorted(maps.Keys(p.Errors))
+		var parts []string
+		for _, k := range keys {
+			parts = append(parts, fmt.Sprintf("%s %d", k, p.Errors[k]))
+		}
+		fmt.Fprintf(w, "failed calls, %s: %s\n", p.SDK, strings.Join(parts, ", "))
+	}
+	fmt.Fprintf(w, "server: %s\n", r.Server)
+	fmt.Fprintf(w, "side effects in the sink's ledger %d (the workers counted %d), keys recorded more than once (duplicates) %d\n", r.SideEffects, r.Reported, r.Duplicates)
 	fmt.Fprintf(w, "outage: attempts %.2f x first attempts (goal with the budget on: <= 1.1); past the fleet budget (refusals left out) %.2f x\n", outageAmp, admittedAmp)
 	fmt.Fprintf(w, "outage: %.0f retries refused (429 retry_budget_exhausted), %.0f not sent (the failure said Idem-Retry-Budget: exhausted)\n",
 		sum(r.OutageStart, r.OutageEnd, func(s second) int64 { return s.FleetRefused }), sum(r.OutageStart, r.OutageEnd, func(s second) int64 { return s.FleetSignal }))
@@ -416,7 +635,7 @@ func (r stormRun) report(w io.Writer) bool {
 	fmt.Fprintf(w, "from 5 s after recovery: %.2f %% of logical calls succeeded (goal: >= 99)\n", successAfter)
 	fmt.Fprintf(w, "RESULT storm budget=%s percent=%d outage_amplification=%.3f outage_admitted=%.3f recovery_wave=%.3f success_after=%.2f duplicates=%d\n",
 		r.Budget, r.Percent, outageAmp, admittedAmp, waveRatio, successAfter, r.Duplicates)
-	return r.Duplicates == 0
+	return r.Duplicates == 0 && r.SideEffects == r.Reported
 }
 
 func randomHex(n int) string {
