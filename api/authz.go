@@ -85,7 +85,7 @@ func (s *service) requireScope(scopes ...string) func(http.Handler) http.Handler
 // retries off, and a refused retry has touched nothing: its key is as it
 // was.
 func (s *service) resolveTenant(next http.Handler) http.Handler {
-	return s.tenantResolver(s.tenants.Active)(next)
+	return s.tenantResolver(s.tenants.Active, false)(next)
 }
 
 // resolveFinishingTenant is resolveTenant for the token-guarded writes
@@ -93,12 +93,25 @@ func (s *service) resolveTenant(next http.Handler) http.Handler {
 // (disabled) tenant is let through, so the work its workers had under way
 // is stored or given up rather than refused and run again once the tenant
 // is back. Only a claim starts work, and a suspended tenant makes none.
+//
+// For the same reason the fleet retry budget does not decide them: a
+// retry of a finishing write is never refused (nor counted against the
+// allowance), and no answer of theirs carries Idem-Retry-Budget: exhausted
+// (finishing in the request state). A complete given up during a storm
+// leaves work that ran unrecorded and its key in flight, and the next
+// attempt after the lease runs the work again: the budget would buy its
+// retry savings with duplicates. Their retries stay bounded without it: an
+// admitted claim has one complete (or release), and each SDK's own policy
+// and deadline bound its retries. Their attempts still reach the attempt
+// metrics (idem_attempts_total), and a first attempt counts among the
+// first attempts like any other (web/docs/retries#fleet-budget).
 func (s *service) resolveFinishingTenant(next http.Handler) http.Handler {
-	return s.tenantResolver(s.tenants.Known)(next)
+	return s.tenantResolver(s.tenants.Known, true)(next)
 }
 
-// tenantResolver is resolveTenant with the tenant lookup lookup.
-func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tenant, error)) func(http.Handler) http.Handler {
+// tenantResolver is resolveTenant with the tenant lookup lookup; finishing
+// exempts the request from the retry budget's decision and signal.
+func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tenant, error), finishing bool) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			p := principalFrom(r.Context())
@@ -107,6 +120,7 @@ func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tena
 				return
 			}
 			st, r := withState(r)
+			st.finishing = finishing
 			if wait, limited := s.limiter.limited(p.Tenant); limited {
 				id := p.Tenant
 				st.logTenant.Store(&id)
@@ -114,7 +128,10 @@ func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tena
 				return
 			}
 			attempt := retrybudget.ParseAttempt(r.Header.Values(retrybudget.Header))
-			d := s.retries.Admit(p.Tenant, attempt)
+			d := retrybudget.Decision{Allowed: true}
+			if !finishing || !attempt.Retry() {
+				d = s.retries.Admit(p.Tenant, attempt)
+			}
 			if s.observer != nil {
 				s.observer.ObserveAttempt(p.Tenant, attempt, !d.Allowed)
 			}

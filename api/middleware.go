@@ -37,6 +37,9 @@ type reqState struct {
 	tenant         idem.Tenant
 	responseHeader http.Header
 	writer         statuswriter.Writer // the access log's view of the status, kept here: no allocation
+	// finishing: a checkpoint, complete or release, which the fleet retry
+	// budget neither refuses nor flags (resolveFinishingTenant).
+	finishing bool
 }
 
 func stateFrom(ctx context.Context) *reqState {
