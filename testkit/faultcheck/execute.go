@@ -137,7 +137,11 @@ func Execute(r *Rig, s Schedule) *History {
 	}
 	for _, f := range s.Faults {
 		wg.Go(func() {
-			time.Sleep(time.Until(t0.Add(f.At)))
+			at := f.At
+			if f.Kind == FaultBudget {
+				at -= budgetLead // spent before its cut at f.At
+			}
+			time.Sleep(time.Until(t0.Add(at)))
 			start := time.Now()
 			switch f.Kind {
 			case FaultStoreCut:
@@ -150,6 +154,9 @@ func Execute(r *Rig, s Schedule) *History {
 				h.fault(f.Kind, what, start, time.Now())
 			case FaultListenerDown:
 				what := r.ListenerDown(f.For)
+				h.fault(f.Kind, what, start, time.Now())
+			case FaultBudget:
+				what := r.SpendBudget(t0.Add(f.At), f.For)
 				h.fault(f.Kind, what, start, time.Now())
 			case FaultKill9:
 				what := r.Kill9()
@@ -209,6 +216,10 @@ func Execute(r *Rig, s Schedule) *History {
 	}
 	return h
 }
+
+// budgetLead is how long before its cut the budget fault spends the
+// tenant's retry budget.
+const budgetLead = 300 * time.Millisecond
 
 // What the settings fault did, as the report names it.
 const (
