@@ -99,14 +99,29 @@ func (s *service) resolveClaimTenant(next http.Handler) http.Handler {
 // (disabled) tenant is let through, so the work its workers had under way
 // is stored or given up rather than refused and run again once the tenant
 // is back. Only a claim starts work, and a suspended tenant makes none.
+//
+// For the same reason the fleet retry budget does not decide them: a
+// retry of a finishing write is never refused (nor counted against the
+// allowance), and no answer of theirs carries Idem-Retry-Budget: exhausted
+// (finishing in the request state). A complete given up during a storm
+// leaves work that ran unrecorded and its key in flight, and the next
+// attempt after the lease runs the work again: the budget would buy its
+// retry savings with duplicates. Their retries stay bounded without it: an
+// admitted claim has one complete (or release), and each SDK's own policy
+// and deadline bound its retries. Their attempts still reach the attempt
+// metrics (idem_attempts_total), and a first attempt counts among the
+// first attempts like any other (web/docs/retries#fleet-budget).
 // kind is the write's kind of call for the retry budget.
 func (s *service) resolveFinishingTenant(kind retrybudget.Kind) func(http.Handler) http.Handler {
 	return s.tenantResolver(s.tenants.Known, kind)
 }
 
 // tenantResolver is resolveTenant with the tenant lookup lookup, for
-// requests of the retry budget's kind of call kind.
+// requests of the retry budget's kind of call kind; a finishing write's
+// (checkpoint, complete, release) is exempt from the budget's decision and
+// signal.
 func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tenant, error), kind retrybudget.Kind) func(http.Handler) http.Handler {
+	finishing := kind == retrybudget.KindCheckpoint || kind == retrybudget.KindComplete || kind == retrybudget.KindRelease
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			p := principalFrom(r.Context())
@@ -115,6 +130,7 @@ func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tena
 				return
 			}
 			st, r := withState(r)
+			st.finishing = finishing
 			if wait, limited := s.limiter.limited(p.Tenant); limited {
 				id := p.Tenant
 				st.logTenant.Store(&id)
@@ -123,7 +139,10 @@ func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tena
 			}
 			attempt := retrybudget.ParseAttempt(r.Header.Values(retrybudget.Header))
 			st.budgetKind = kind
-			d := s.retries.Admit(p.Tenant, kind, attempt)
+			d := retrybudget.Decision{Allowed: true}
+			if !finishing || !attempt.Retry() {
+				d = s.retries.Admit(p.Tenant, kind, attempt)
+			}
 			if s.observer != nil {
 				s.observer.ObserveAttempt(p.Tenant, attempt, !d.Allowed)
 			}

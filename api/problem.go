@@ -45,10 +45,16 @@ func retryAfterSeconds(d time.Duration) int {
 // retry) of a known tenant when
 // its fleet retry budget on this replica is spent (Budget.Invite), so the
 // callers stop on the failure they have instead of each sending a retry to
-// be refused (web/docs/retries#budget-signal).
+// be refused (web/docs/retries#budget-signal). Never on a finishing write
+// (checkpoint, complete, release): the budget does not decide those, and
+// an SDK told to stop would leave work that ran unrecorded
+// (resolveFinishingTenant).
 func (s *service) budgetSpent(r *http.Request, code idem.Code, info errcode.Info) bool {
 	if code == idem.CodeRetryBudgetExhausted {
 		return true
+	}
+	if st := stateFrom(r.Context()); st != nil && st.finishing {
+		return false
 	}
 	if !info.Retryable && code != idem.CodeInternal {
 		return false // 507 storage_quota_exceeded included: never retried

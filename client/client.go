@@ -249,12 +249,13 @@ func (c *Client) do(ctx context.Context, ac apiCall) (callResult, error) {
 		defer cancel()
 	}
 	ctx, lc := withLogicalCall(ctx, ac.name == "claim")
+	finishing := finishingCall(ac.name)
 	var prevWait time.Duration
 	for attempt := 1; ; attempt++ {
 		lc.attempts++
 		res, body, err := c.attempt(ctx, ac, target, payload, attemptHeader(lc.attempts, lc.cause))
 		info := AttemptInfo{Call: ac.name, Method: ac.method, Path: ac.path, Attempt: attempt, Status: res.status, Err: err}
-		if e := (*Error)(nil); errors.As(err, &e) && e.Code == CodeRetryBudgetExhausted && lc.attempts > 1 {
+		if e := (*Error)(nil); errors.As(err, &e) && e.Code == CodeRetryBudgetExhausted && lc.attempts > 1 && !finishing {
 			// idem's fleet budget refused this retry: stop now, and
 			// report what failed before, not the refusal.
 			info.GiveUp = "fleet-budget"
@@ -273,7 +274,7 @@ func (c *Client) do(ctx context.Context, ac apiCall) (callResult, error) {
 			}
 			return res, nil
 		}
-		retryable, ra := c.classify(ctx, res, err)
+		retryable, ra := c.classify(ctx, res, err, finishing)
 		if !retryable {
 			if res.status > 0 && res.status < 500 {
 				// The service answered sensibly: it is healthy.
@@ -287,7 +288,7 @@ func (c *Client) do(ctx context.Context, ac apiCall) (callResult, error) {
 		if lc.original == nil {
 			lc.original = err
 		}
-		if e := (*Error)(nil); errors.As(err, &e) && e.FleetBudgetSpent {
+		if e := (*Error)(nil); errors.As(err, &e) && e.FleetBudgetSpent && !finishing {
 			// idem says the fleet budget is spent: a retry would only
 			// be refused (an attempt reaching idem all the same), so
 			// stop now as for the refusal, with the original cause.
@@ -344,15 +345,35 @@ func (c *Client) fits(ctx context.Context, wait time.Duration) bool {
 	return dl.Sub(c.clock.Now()) >= addSat(wait, c.policy.MinAttemptTime)
 }
 
+// finishingCall reports whether the call named name is a write that
+// finishes a claim (checkpoint, complete, release). idem's fleet retry
+// budget does not cover those, and the client ignores it for them: its
+// signal (HeaderRetryBudget) is no reason to stop, and an older server's
+// 429 retry_budget_exhausted is retried after its Retry-After, within the
+// call's deadline and the policy (attempt cap, per-process budget). Given
+// up, a complete would leave work that ran unrecorded and its key in
+// flight, and the next attempt after the lease would run the work again;
+// each admitted claim has one of them, so their retries stay bounded
+// (/docs/retries#finishing).
+func finishingCall(name string) bool {
+	return name == "checkpoint" || name == "complete" || name == "release"
+}
+
 // classify decides whether a failed attempt may be retried and returns the
-// server's Retry-After.
-func (c *Client) classify(ctx context.Context, res callResult, err error) (bool, time.Duration) {
+// server's Retry-After. finishing: the call is a finishing write
+// (finishingCall).
+func (c *Client) classify(ctx context.Context, res callResult, err error, finishing bool) (bool, time.Duration) {
 	if ctx.Err() != nil {
 		return false, 0
 	}
 	var e *Error
 	if errors.As(err, &e) {
 		if e.Code == CodeRetryBudgetExhausted {
+			if finishing {
+				// An older server's refusal: it touched nothing, and
+				// the work that ran is worth recording once room frees.
+				return true, max(e.RetryAfter, time.Second)
+			}
 			return false, 0 // never retried: more retries are what it refuses
 		}
 		return c.policy.retryableStatus(e.Status), e.RetryAfter

@@ -80,6 +80,12 @@
 //     (HeaderRetryBudget: the budget is spent) ends the call the same
 //     way before any retry is sent (Refusal nil), in Do's in-flight
 //     waits too: a retry idem would refuse is still an attempt reaching it.
+//     Not for the writes that finish a claim (Checkpoint, Complete,
+//     Release, and Do's): idem's budget does not cover them, and given up
+//     they would leave work that ran unrecorded, to run again after the
+//     lease. The client ignores the header for them, and retries an older
+//     server's 429 retry_budget_exhausted of one after its Retry-After;
+//     the policy (attempts, per-process budget, deadline) still bounds them.
 //   - Two presets: Interactive (InteractivePolicy: 10 s for the whole
 //     call, 3 attempts of at most 3 s, in-flight waits up to 5 s) and
 //     Background (BackgroundPolicy: 10 minutes, 10 attempts of at most

@@ -101,7 +101,9 @@ type Error struct {
 	WaitApplied time.Duration
 	// FleetBudgetSpent is true when the answer carried Idem-Retry-Budget:
 	// exhausted: the tenant's fleet retry budget is spent, so the client
-	// sent no retry of the call (it returned a *FleetBudgetError).
+	// sent no retry of the call (it returned a *FleetBudgetError), unless
+	// the call finishes a claim (checkpoint, complete, release), which the
+	// budget does not cover.
 	FleetBudgetSpent bool
 }
 

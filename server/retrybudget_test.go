@@ -207,7 +207,6 @@ func TestRefusedRetryLeavesKey(t *testing.T) {
 		c := newAttemptClient(t, ts, "acme")
 		claimed := c.claim(t, "held", "1")
 		require.Equal(t, http.StatusCreated, claimed.status)
-		token := int64(claimed.body["fencing_token"].(float64))
 		before, err := record(t, ts, "acme", "held")
 		require.NoError(t, err)
 
@@ -215,10 +214,8 @@ func TestRefusedRetryLeavesKey(t *testing.T) {
 		for range retrybudget.Floor {
 			require.Equal(t, http.StatusOK, c.call(t, http.MethodGet, "/v1/keys/held", "2;cause=timeout", "").status)
 		}
-		complete := fmt.Sprintf(`{"fencing_token":%d,"response":{"status":201,"body":"{}"}}`, token)
-		requireRefused(t, c.call(t, http.MethodPost, "/v1/keys/held/complete", "2;cause=timeout", complete))
-		requireRefused(t, c.call(t, http.MethodPost, "/v1/keys/held/release", "2;cause=timeout", fmt.Sprintf(`{"fencing_token":%d}`, token)))
-		requireRefused(t, c.call(t, http.MethodPost, "/v1/keys/held/checkpoint", "2;cause=timeout", fmt.Sprintf(`{"fencing_token":%d,"recovery_point":"x"}`, token)))
+		requireRefused(t, c.call(t, http.MethodGet, "/v1/keys/held", "2;cause=timeout", ""))
+		requireRefused(t, c.claim(t, "held", "2;cause=timeout"))
 		requireRefused(t, c.claim(t, "fresh", "2;cause=server-error"))
 		// Not even a malformed body is looked at: no 400, the 429.
 		requireRefused(t, c.call(t, http.MethodPost, "/v1/keys/fresh/claim", "2;cause=server-error", `{not json`))
@@ -230,14 +227,131 @@ func TestRefusedRetryLeavesKey(t *testing.T) {
 		_, err = record(t, ts, "acme", "fresh")
 		require.ErrorIs(t, err, idem.ErrKeyNotFound)
 
-		// Afterwards, as first attempts: the claim and the complete go through.
+		// Afterwards, as a first attempt: the claim goes through.
 		require.Equal(t, http.StatusCreated, c.claim(t, "fresh", "1").status)
-		done := c.call(t, http.MethodPost, "/v1/keys/held/complete", "1", complete)
-		require.Equal(t, http.StatusOK, done.status, "%v", done.body)
-		rec, err := record(t, ts, "acme", "held")
+	})
+}
+
+// TestRetryBudgetSparesFinishingWrites: the writes that record work which
+// ran (checkpoint, complete, release) are outside the fleet budget. With
+// the tenant's budget spent (a claim's retry is refused), their retries are
+// served, not refused, and use none of the allowance: the work is
+// recorded once, under the one claim's token, and a retry of the caller
+// replays it instead of running it again after the lease. Their attempts
+// are still counted in idem_attempts_total, never in
+// idem_retries_refused_total.
+func TestRetryBudgetSparesFinishingWrites(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, backend string) {
+		ts := startBudgeted(t, backend, "", map[string]int{"acme": 0})
+		c := newAttemptClient(t, ts, "acme")
+		token := map[string]int64{}
+		for _, key := range []string{"done", "given-up"} {
+			a := c.claim(t, key, "1")
+			require.Equal(t, http.StatusCreated, a.status)
+			token[key] = int64(a.body["fencing_token"].(float64))
+		}
+		for range retrybudget.Floor {
+			require.Equal(t, http.StatusOK, c.call(t, http.MethodGet, "/v1/keys/done", "2;cause=timeout", "").status)
+		}
+		requireRefused(t, c.claim(t, "other", "2;cause=unavailable")) // the budget is spent
+
+		signal := func(a budgetAnswer) string { return a.header.Get(retrybudget.SignalHeader) }
+		cp := c.call(t, http.MethodPost, "/v1/keys/done/checkpoint", "2;cause=timeout", fmt.Sprintf(`{"fencing_token":%d,"recovery_point":"charged"}`, token["done"]))
+		require.Equal(t, http.StatusOK, cp.status, "%v", cp.body)
+		require.Empty(t, signal(cp))
+		complete := fmt.Sprintf(`{"fencing_token":%d,"response":{"status":201,"body":"{\"charged\":1}"}}`, token["done"])
+		done := c.call(t, http.MethodPost, "/v1/keys/done/complete", "3;cause=unavailable", complete)
+		require.Equal(t, http.StatusOK, done.status, "the complete's retry is served: %v", done.body)
+		require.Empty(t, signal(done))
+		rel := c.call(t, http.MethodPost, "/v1/keys/given-up/release", "2;cause=network", fmt.Sprintf(`{"fencing_token":%d}`, token["given-up"]))
+		require.Equal(t, http.StatusNoContent, rel.status, "%v", rel.body)
+
+		rec, err := record(t, ts, "acme", "done")
 		require.NoError(t, err)
 		require.Equal(t, idem.StateCompleted, rec.State)
-		require.Equal(t, token, rec.FencingToken, "the one claim's token, never replaced")
+		require.Equal(t, token["done"], rec.FencingToken, "the one claim's token, never replaced")
+		require.Equal(t, "charged", rec.RecoveryPoint)
+		_, err = record(t, ts, "acme", "given-up")
+		require.ErrorIs(t, err, idem.ErrKeyNotFound, "released")
+
+		// The caller's own retry now replays the recorded answer: nothing
+		// runs twice. (A first attempt: a retry's claim is still refused.)
+		replay := c.claim(t, "done", "1")
+		require.Equal(t, http.StatusOK, replay.status, "%v", replay.body)
+		require.Equal(t, "completed", replay.body["state"])
+		requireRefused(t, c.claim(t, "other", "2;cause=unavailable"))
+
+		m := newAPIClient(t, ts)
+		require.Equal(t, 3.0, m.metric(t, `idem_attempts_total{attempt="retry",cause="unavailable",tenant="acme"}`), "the two refused claims and the complete's retry are attempts")
+		require.Equal(t, 1.0, m.metric(t, `idem_attempts_total{attempt="retry",cause="network",tenant="acme"}`), "the release's retry is an attempt")
+		require.Equal(t, 2.0, m.metric(t, `idem_retries_refused_total{cause="unavailable",tenant="acme"}`), "only the claims' retries were refused")
+	})
+}
+
+// TestRetryBudgetSignalSparesFinishingWrites: Idem-Retry-Budget: exhausted
+// is never on the answer of a checkpoint, complete or release, whatever the
+// budget: an SDK that read it would stop recording work that ran. The
+// tenant is rate limited (1 per second), so its requests get 429
+// rate_limited, a retryable failure; its 10 first such answers spend the
+// budget (percent 0: each invites a retry), and the claims' 429s carry the
+// signal from then on, the finishing writes' never.
+func TestRetryBudgetSignalSparesFinishingWrites(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, backend string) {
+		ts := startBudgeted(t, backend, "", nil)
+		pct, rate := 0, 1
+		ts.CreateTenant(t, "slow", idem.SettingsPatch{RetryBudgetPercent: &pct, RateLimitPerSecond: &rate})
+		c := newAttemptClient(t, ts, "slow")
+		signal := func(a budgetAnswer) string { return a.header.Get(retrybudget.SignalHeader) }
+		limited := func(a budgetAnswer) bool {
+			if a.status != http.StatusTooManyRequests {
+				return false
+			}
+			require.Equal(t, "rate_limited", a.body["code"])
+			return true
+		}
+		// The claim whose token the finishing writes carry, then claims
+		// until one 429 says the budget is spent.
+		var token int64
+		for i := 0; token == 0; i++ {
+			require.Less(t, i, 1000)
+			if a := c.claim(t, "held", "1"); a.status == http.StatusCreated {
+				token = int64(a.body["fencing_token"].(float64))
+			}
+		}
+		spent := false
+		for i := 0; !spent; i++ {
+			require.Less(t, i, 1000, "no claim's 429 said the budget is spent")
+			a := c.claim(t, fmt.Sprintf("k-%d", i), "1")
+			spent = limited(a) && signal(a) == retrybudget.Exhausted
+		}
+		finishing := map[string]string{
+			"checkpoint": fmt.Sprintf(`{"fencing_token":%d,"recovery_point":"x"}`, token),
+			"complete":   fmt.Sprintf(`{"fencing_token":%d,"response":{"status":201,"body":"{}"}}`, token),
+			"release":    fmt.Sprintf(`{"fencing_token":%d}`, token),
+		}
+		for _, call := range []string{"checkpoint", "complete", "release"} {
+			seen := 0
+			for i := 0; seen < 3; i++ {
+				require.Less(t, i, 1000, "%s: no 429", call)
+				for _, attempt := range []string{"1", "2;cause=throttled"} {
+					a := c.call(t, http.MethodPost, "/v1/keys/held/"+call, attempt, finishing[call])
+					if limited(a) {
+						seen++
+						require.Empty(t, signal(a), "%s attempt %s: a finishing write is never told to stop", call, attempt)
+					}
+				}
+			}
+		}
+		// The control: the claims' 429s still say so.
+		for i := 0; ; i++ {
+			require.Less(t, i, 1000)
+			if a := c.claim(t, fmt.Sprintf("after-%d", i), "1"); limited(a) {
+				require.Equal(t, retrybudget.Exhausted, signal(a))
+				break
+			}
+		}
 	})
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"path"
 	"sync"
 	"testing"
 	"time"
@@ -284,4 +285,150 @@ func TestE2EFleetBudgetSignalStopsRetrying(t *testing.T) {
 	// The next call is a new one: it goes through.
 	_, err = c.Claim(context.Background(), "order-1", client.Request{Operation: "POST /orders"})
 	require.NoError(t, err)
+}
+
+// oldFront is a reverse proxy in front of the real server that answers the
+// finishing writes (checkpoint, complete, release) it is given for their
+// first attempts itself, as a server of before the fix did during a storm:
+// a 503 store_unavailable that says the fleet budget is spent, and, when
+// refuse is set, a 429 retry_budget_exhausted for the retry after it. It
+// records the Idem-Attempt of every finishing write it sees, by call.
+type oldFront struct {
+	mu     sync.Mutex
+	refuse bool
+	seen   map[string][]string
+}
+
+func newOldFront(t *testing.T, target string, refuse bool) (*oldFront, string) {
+	t.Helper()
+	u, err := url.Parse(target)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	f := &oldFront{refuse: refuse, seen: map[string][]string{}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		call := path.Base(r.URL.Path)
+		if call != "checkpoint" && call != "complete" && call != "release" {
+			proxy.ServeHTTP(w, r)
+			return
+		}
+		f.mu.Lock()
+		f.seen[call] = append(f.seen[call], r.Header.Get(client.HeaderAttempt))
+		n := len(f.seen[call])
+		f.mu.Unlock()
+		w.Header().Set("Content-Type", "application/problem+json")
+		switch {
+		case n == 1:
+			w.Header().Set(client.HeaderRetryBudget, "exhausted")
+			w.WriteHeader(http.StatusServiceUnavailable) // no Retry-After: the policy's backoff
+			_, _ = w.Write([]byte(`{"type":"/docs/errors#store_unavailable","title":"Store unavailable","status":503,"detail":"the store does not answer","code":"store_unavailable","retryable":true}`))
+		case n == 2 && f.refuse:
+			w.Header().Set(client.HeaderRetryBudget, "exhausted")
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = w.Write([]byte(`{"type":"/docs/errors#retry_budget_exhausted","title":"Retry budget exhausted","status":429,"detail":"stop retrying this call","code":"retry_budget_exhausted","retryable":true}`))
+		default:
+			proxy.ServeHTTP(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return f, srv.URL
+}
+
+// finishPolicy retries quickly; its call deadline turns a refusal of this
+// server (Retry-After: the rest of its hour-long window) into an error, not
+// a wait.
+var finishPolicy = client.RetryPolicy{MaxAttempts: 5, BaseDelay: 10 * time.Millisecond, RetryAfterJitter: -1, CallDeadline: 30 * time.Second}
+
+func (f *oldFront) attempts(call string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.seen[call]...)
+}
+
+// TestE2EFinishingWritesIgnoreFleetBudget: with the tenant's fleet budget
+// spent (a claim's retry would be refused), Do's checkpoint and complete
+// whose first attempt failed with a retryable 503 saying Idem-Retry-Budget:
+// exhausted are retried, not given up, and the real server serves the
+// retries: the work ran once, its answer is stored under the one claim,
+// and the caller's next Do replays it instead of running the work again
+// after the lease. Then the same for a release (fn without side effect):
+// the key is free again. Before the fix the client stopped the complete
+// with a *FleetBudgetError (the key orphaned, the work run again later),
+// and the server refused the retry with 429 retry_budget_exhausted.
+func TestE2EFinishingWritesIgnoreFleetBudget(t *testing.T) {
+	t.Parallel()
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			srv, tok := startBudgetServer(t, backend, 0)
+			spendFloor(t, srv, tok)
+			front, base := newOldFront(t, srv.URL(), false)
+			c, err := client.New(base, client.WithToken(tok), client.WithRetryPolicy(finishPolicy))
+			require.NoError(t, err)
+			req := client.Request{Operation: "POST /orders", Payload: map[string]any{"n": 1}}
+			runs := 0
+			fn := func(ctx context.Context, claim *client.Claim) (client.Response, error) {
+				runs++
+				if err := claim.Checkpoint(ctx, "charged", nil); err != nil {
+					return client.Response{}, err
+				}
+				return confirmed, nil
+			}
+			res, err := c.Do(context.Background(), "order-1", req, fn)
+			require.NoError(t, err, "the finishing writes went on through the signal")
+			require.False(t, res.Replayed)
+			require.Equal(t, []string{"1", "2;cause=unavailable"}, front.attempts("checkpoint"))
+			require.Equal(t, []string{"1", "2;cause=unavailable"}, front.attempts("complete"))
+
+			rec, err := c.Get(context.Background(), "order-1")
+			require.NoError(t, err)
+			require.Equal(t, client.StateCompleted, rec.State)
+			require.Equal(t, res.FencingToken, rec.FencingToken, "one claim")
+			again, err := c.Do(context.Background(), "order-1", req, fn)
+			require.NoError(t, err)
+			require.True(t, again.Replayed, "the recorded answer replays")
+			require.Equal(t, confirmed.Body, again.Response.Body)
+			require.Equal(t, 1, runs, "the work ran once")
+
+			// A release through the same signal frees the key.
+			_, err = c.Do(context.Background(), "order-2", req, func(context.Context, *client.Claim) (client.Response, error) {
+				return client.Response{}, fmt.Errorf("declined: %w", client.ErrNoSideEffect)
+			})
+			require.ErrorIs(t, err, client.ErrNoSideEffect)
+			require.NotErrorIs(t, err, client.ErrFleetBudgetExhausted)
+			require.Equal(t, []string{"1", "2;cause=unavailable"}, front.attempts("release"))
+			_, err = c.Get(context.Background(), "order-2")
+			require.ErrorIs(t, err, client.ErrKeyNotFound, "released")
+		})
+	}
+}
+
+// TestE2EFinishingWriteRetriesOldRefusal: an older server refuses a
+// complete's retry with 429 retry_budget_exhausted (here the proxy, in
+// front of the real server): the client waits its Retry-After and sends
+// the complete again, which is stored; the work ran once.
+func TestE2EFinishingWriteRetriesOldRefusal(t *testing.T) {
+	t.Parallel()
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			srv, tok := startBudgetServer(t, backend, 0)
+			spendFloor(t, srv, tok)
+			front, base := newOldFront(t, srv.URL(), true)
+			c, err := client.New(base, client.WithToken(tok), client.WithRetryPolicy(finishPolicy))
+			require.NoError(t, err)
+			runs := 0
+			res, err := c.Do(context.Background(), "order-1", client.Request{Operation: "POST /orders"}, func(context.Context, *client.Claim) (client.Response, error) {
+				runs++
+				return confirmed, nil
+			})
+			require.NoError(t, err)
+			require.Equal(t, []string{"1", "2;cause=unavailable", "3;cause=throttled"}, front.attempts("complete"))
+			rec, err := c.Get(context.Background(), "order-1")
+			require.NoError(t, err)
+			require.Equal(t, client.StateCompleted, rec.State)
+			require.Equal(t, res.FencingToken, rec.FencingToken)
+			require.Equal(t, 1, runs)
+		})
+	}
 }

@@ -147,6 +147,14 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 					showIdent(id), b.Start.Run, gap, a.Start.Run, outcome(a), lease)
 				continue
 			}
+			if a.End != nil && a.End.Status < 500 && h.overlaps(time.UnixMilli(a.Start.T), time.UnixMilli(b.Start.T), FaultFinishBudget) != nil {
+				// The run finished and the path to idem came back within
+				// the complete's retries: only a complete given up to the
+				// spent fleet budget leaves its key to be run again.
+				add("finished-work-recorded", "", "key %s: run %s ran again %s after run %s (%s), whose complete was given up while the tenant's retry budget was spent",
+					showIdent(id), b.Start.Run, gap, a.Start.Run, outcome(a))
+				continue
+			}
 			rep.Takeovers = append(rep.Takeovers, fmt.Sprintf("key %s: run %s took over %s after run %s (%s): its lease had ended",
 				showIdent(id), b.Start.Run, gap, a.Start.Run, outcome(a)))
 		}
@@ -229,7 +237,7 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 		}
 		// 6. A tenant with no fault of its own is never refused as busy.
 		if x.Status == http.StatusServiceUnavailable && !isRun &&
-			h.overlaps(x.Start.Add(-faultAfterglow), x.End, FaultStoreCut, FaultFreeze, FaultKill9, FaultSettings) == nil {
+			h.overlaps(x.Start.Add(-faultAfterglow), x.End, FaultStoreCut, FaultFreeze, FaultKill9, FaultSettings, FaultFinishBudget) == nil {
 			hole := ""
 			if h.overlaps(x.Start, x.End, FaultHog) != nil {
 				hole = "issue 21 hole 3"
@@ -255,7 +263,7 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 		if !ok || byRun[rb.Run] == nil || byRun[rb.Run].End == nil || rb.Scope != x.Scope {
 			continue
 		}
-		if h.overlaps(x.Start.Add(-faultAfterglow), x.End.Add(time.Second), FaultStoreCut, FaultFreeze, FaultKill9) != nil {
+		if h.overlaps(x.Start.Add(-faultAfterglow), x.End.Add(time.Second), FaultStoreCut, FaultFreeze, FaultKill9, FaultFinishBudget) != nil {
 			// The answer may have been sent without being stored: a complete
 			// that failed, or a fail_open route's unprotected pass while the
 			// store's connections came back (documented).
@@ -306,7 +314,7 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 	for _, x := range sent {
 		r, ok := replayed[x.Ident]
 		if x.Wait <= 0 || !x.Complete || !ok || x.Status != http.StatusConflict || problemCode(x.Resp) != "request_in_flight" ||
-			!x.End.After(r.Add(staleAfter)) || h.overlaps(r, x.End, FaultStoreCut, FaultFreeze, FaultKill9) != nil {
+			!x.End.After(r.Add(staleAfter)) || h.overlaps(r, x.End, FaultStoreCut, FaultFreeze, FaultKill9, FaultFinishBudget) != nil {
 			continue
 		}
 		add("wait-sees-completion", "", "key %s: a request with Prefer: wait=%d (sent %s after the schedule's first) answered 409 request_in_flight %s after a replay of its key was received (completed by then; faults: %s)",

@@ -144,7 +144,11 @@ func Execute(r *Rig, s Schedule) *History {
 	}
 	for _, f := range s.Faults {
 		wg.Go(func() {
-			time.Sleep(time.Until(t0.Add(f.At)))
+			at := f.At
+			if f.Kind == FaultFinishBudget {
+				at -= budgetLead // spent before its cut at f.At
+			}
+			time.Sleep(time.Until(t0.Add(at)))
 			start := time.Now()
 			switch f.Kind {
 			case FaultStoreCut:
@@ -157,6 +161,9 @@ func Execute(r *Rig, s Schedule) *History {
 				h.fault(f.Kind, what, start, time.Now())
 			case FaultListenerDown:
 				what := r.ListenerDown(f.For)
+				h.fault(f.Kind, what, start, time.Now())
+			case FaultFinishBudget:
+				what := r.SpendBudget(t0.Add(f.At), f.For)
 				h.fault(f.Kind, what, start, time.Now())
 			case FaultKill9:
 				what := r.Kill9()
@@ -259,6 +266,10 @@ func spendBudget(r *Rig, s Schedule, h *History) {
 	}
 	h.fault(FaultBudget, what, start, time.Now())
 }
+
+// budgetLead is how long before its cut the finishbudget fault spends the
+// tenant's retry budget.
+const budgetLead = 300 * time.Millisecond
 
 // What the settings fault did, as the report names it.
 const (

@@ -119,7 +119,7 @@ func runFrontDoor(t *testing.T, seed uint64, fd, store string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := Env{FrontDoor: fd, Scoped: true, FailOpen: fd == "gateway", UnscopedRoute: fd == "gateway", StoreCut: r.CanCut(), Freeze: r.CanFreeze(), ListenerDown: r.CanListenerDown(), Lease: Lease}
+	env := Env{FrontDoor: fd, Scoped: true, FailOpen: fd == "gateway", UnscopedRoute: fd == "gateway", StoreCut: r.CanCut(), Freeze: r.CanFreeze(), ListenerDown: r.CanListenerDown(), FinishBudget: fd != "gateway", Lease: Lease}
 	if !r.CanCut() && slices.Contains(faults, FaultStoreCut) {
 		t.Logf("fault storecut not run: the gateway on SQLite has no path to cut")
 	}

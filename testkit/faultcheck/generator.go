@@ -42,11 +42,18 @@ const (
 	// doors answer replays from their replay cache, which has to tell the
 	// two apart (invariant 12).
 	FaultReuse Fault = "reuse"
+	// FaultFinishBudget: the tenant's fleet retry budget kept spent (its
+	// retry_budget_percent 0 and the floor's retries sent to the idem
+	// server over and over) while the path to the idem server is cut, then
+	// restored: the front doors' completes that failed in the cut are
+	// retried into a spent budget (apps only: the gateway claims in its
+	// store, not through the API).
+	FaultFinishBudget Fault = "finishbudget"
 )
 
 // AllFaults is every fault kind, the default set.
 var AllFaults = []Fault{FaultDisconnect, FaultStream, FaultHandlerFail, FaultStoreCut, FaultFreeze, FaultKill9,
-	FaultSettings, FaultSquat, FaultDupScope, FaultHog, FaultQuota, FaultListenerDown, FaultBudget, FaultReuse}
+	FaultSettings, FaultSquat, FaultDupScope, FaultHog, FaultQuota, FaultListenerDown, FaultBudget, FaultReuse, FaultFinishBudget}
 
 // KnownFailing lists, per front door, the fault kinds that find a hole of
 // issue 21 still open on this branch (the hole's number in the value): the
@@ -122,6 +129,7 @@ type Env struct {
 	StoreCut      bool // a path to cut exists
 	Freeze        bool // the store can be frozen
 	ListenerDown  bool // the idem server's key-event subscriptions can be held down
+	FinishBudget  bool // the idem server's retry budget is on the front door's path (apps)
 	Lease         time.Duration
 }
 
@@ -266,6 +274,28 @@ func Generate(seed uint64, index int, faults []Fault, env Env) Schedule {
 				s.Reuse = append(s.Reuse, i)
 			}
 		}
+	}
+	// Drawn after reuse, for the same reason.
+	if on(FaultFinishBudget) && env.FinishBudget && env.StoreCut && !s.Quota && r.IntN(3) == 0 {
+		// The cut is short and timed for a complete: when a slow
+		// handler of the schedule finishes. A complete that fails in it
+		// is retried after it (the SDKs wait up to a second before their
+		// first retry), into the spent budget; a longer cut could use up
+		// the complete's attempts themselves, which is no budget's doing.
+		f := FaultAt{At: time.Duration(r.IntN(500)) * time.Millisecond, Kind: FaultFinishBudget, For: 60 * time.Millisecond}
+		var slow []Op
+		for _, op := range s.Ops {
+			if m := s.Idents[op.Ident].Mode; (m == "slow:150" || m == "slow:400") && op.Disconnect == "" && !op.DupScope {
+				slow = append(slow, op)
+			}
+		}
+		if len(slow) > 0 {
+			op := slow[r.IntN(len(slow))]
+			var ms int
+			_, _ = fmt.Sscanf(s.Idents[op.Ident].Mode, "slow:%d", &ms)
+			f.At = op.At + time.Duration(ms)*time.Millisecond
+		}
+		s.Faults = append(s.Faults, f)
 	}
 	slices.SortStableFunc(s.Ops, func(a, b Op) int { return int(a.At - b.At) })
 	return s

@@ -145,6 +145,7 @@ type Rig struct {
 	gwEnvStore string
 	admin      string // operator token
 	hogToken   string
+	readToken  string // keys:read of the tenant: the budget fault's retries
 	BaseURL    string // where the clients send
 	// lastFaults is the faults of the schedule Execute ran last
 	// (History.Before of the next).
@@ -234,6 +235,9 @@ func NewRig(tb testing.TB, b Bins, frontdoor, store string, faults ...Fault) *Ri
 		"IDEM_ORPHAN_WATCH_INTERVAL": "200ms", "IDEM_STORE_TIMEOUT": "2s",
 		// The server's default pool, named so the quota's bound is known.
 		"IDEM_DB_MAX_CONNS": fmt.Sprint(poolConns),
+		// The shortest retry budget window: the budget fault's spent
+		// budget is over a second after it, not in the next schedule.
+		"IDEM_RETRY_BUDGET_WINDOW": "1s",
 	}
 	gwStore := ""
 	if store == "postgres" {
@@ -258,6 +262,7 @@ func NewRig(tb testing.TB, b Bins, frontdoor, store string, faults ...Fault) *Ri
 	r.cli("tenant", "create", HogTenant)
 	r.admin = strings.TrimSpace(r.cli("token", "--scope", "admin", "--ttl", "2h"))
 	r.hogToken = strings.TrimSpace(r.cli("token", "--tenant", HogTenant, "--scope", "keys:write", "--ttl", "2h"))
+	r.readToken = strings.TrimSpace(r.cli("token", "--tenant", Tenant, "--scope", "keys:read", "--ttl", "2h"))
 	r.startServe("127.0.0.1:0")
 	tb.Cleanup(func() { r.mu.Lock(); p := r.serve; r.mu.Unlock(); p.Kill() })
 
@@ -452,6 +457,53 @@ func (r *Rig) ListenerDown(d time.Duration) string {
 	r.mu.Unlock()
 	_ = p.Cmd.Process.Signal(syscall.SIGUSR2)
 	return "key-event subscriptions of idem serve held down (each failed when released)"
+}
+
+// SpendBudget keeps the tenant's fleet retry budget spent from now, while
+// the app's path to the idem server is cut at cut for d, and for a second and a half after
+// it is restored, when the apps' finishing writes that failed in the cut
+// are retried: retry_budget_percent 0, and the floor's retries (reads
+// saying Idem-Attempt: 2, straight to the idem server) sent again every
+// 100 ms, more than the floor of a one-second window. Then the percent is
+// back to the default; the window empties within a second.
+func (r *Rig) SpendBudget(cut time.Time, d time.Duration) string {
+	zero, def := 0, 10
+	err := r.PatchTenant(map[string]any{"settings": map[string]any{"retry_budget_percent": zero}})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			for i := range 12 {
+				req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://%s/v1/keys/fc-budget-%d", r.serveAddr, i), nil)
+				req.Header.Set("Authorization", "Bearer "+r.readToken)
+				req.Header.Set("Idem-Attempt", "2;cause=unavailable")
+				if resp, err := r.http.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	})
+	time.Sleep(time.Until(cut))
+	restore := r.Cut()
+	time.Sleep(d)
+	restore()
+	time.Sleep(1500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	err2 := r.PatchTenant(map[string]any{"settings": map[string]any{"retry_budget_percent": def}})
+	what := "tenant's retry budget spent (retry_budget_percent 0, the floor's retries sent every 100 ms), the path to idem cut for " + d.String() + ", then restored"
+	if err != nil || err2 != nil {
+		what += fmt.Sprintf(" (errors: %v %v)", err, err2)
+	}
+	return what
 }
 
 // CanFreeze says whether the store can be frozen for this rig: apps freeze

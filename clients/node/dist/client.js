@@ -5,6 +5,17 @@ import { StoredResponse } from "./response.js";
 import { FleetBudgetError, budgetSpent, headerRetryBudget, RetryBudget, attemptHeader, backoffMs, causeOf, headerAttempt, parseRetryAfter, realClock, retryAfterWaitMs, retryableStatus, retryableTransportError, withDefaults, } from "./retry.js";
 import { headerPreferenceApplied, preferWait } from "./rules.js";
 import { run } from "./run.js";
+/**
+ * The calls that finish a claim. idem's fleet retry budget does not cover
+ * them, and the client ignores it for them: `Idem-Retry-Budget: exhausted`
+ * is no reason to stop, and an older server's 429 `retry_budget_exhausted`
+ * is retried after its `Retry-After`, within the deadline and the policy
+ * (attempts, per-process budget). Given up, a complete would leave work that
+ * ran unrecorded and its key in flight, to run again after the lease; each
+ * admitted claim has one of them, so their retries stay bounded
+ * (/docs/retries#finishing).
+ */
+const finishingCalls = new Set(["checkpoint", "complete", "release"]);
 function keyPath(key, suffix = "") {
     return "/v1/keys/" + encodeURIComponent(key) + suffix;
 }
@@ -227,6 +238,9 @@ export class Client {
         const qs = ac.query?.toString();
         if (qs)
             target += "?" + qs;
+        // A write that finishes a claim is outside idem's fleet retry budget
+        // (finishingCalls): given up, it would leave work that ran unrecorded.
+        const finishing = finishingCalls.has(ac.name);
         for (let attempt = 1;; attempt++) {
             lc.attempts++;
             const { result, error } = await this.attempt(ac, target, payload, b, attemptHeader(lc.attempts, lc.cause));
@@ -241,7 +255,7 @@ export class Client {
                 return result;
             }
             error.call = ac.name;
-            if (error.code === Codes.retryBudgetExhausted) {
+            if (error.code === Codes.retryBudgetExhausted && !finishing) {
                 // idem's fleet budget refused this retry: stop now, and report
                 // what failed before, not the refusal.
                 info.giveUp = "fleet_budget";
@@ -251,6 +265,8 @@ export class Client {
                     throw new FleetBudgetError(ac.name, lc.attempts, lc.cause, lc.original, error);
                 throw error.finish(attempt, undefined);
             }
+            // (An older server's 429 retry_budget_exhausted of a finishing write
+            // is a 429 like any other: retried after its Retry-After.)
             const retryable = !b.signal?.aborted && (error.status === 0 ? error.retryable : retryableStatus(error.status, p.retry500));
             if (!retryable) {
                 // The service answered sensibly: it is healthy.
@@ -262,7 +278,7 @@ export class Client {
             }
             lc.cause = causeOf(error);
             lc.original ??= error;
-            if (error.fleetBudgetSpent) {
+            if (error.fleetBudgetSpent && !finishing) {
                 // idem says the fleet budget is spent: a retry would only be
                 // refused (an attempt reaching idem all the same), so stop now as
                 // for the refusal, with the original cause.

@@ -7,7 +7,7 @@ import { randomBytes } from "node:crypto";
 import { createServer, request as httpRequest } from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
-import { Client, FleetBudgetError, IdemError, background, interactive, type RetryPolicy } from "../src/index.js";
+import { Client, FleetBudgetError, IdemError, NoSideEffect, background, interactive, type RetryPolicy } from "../src/index.js";
 import { startServer, stores, type Server } from "./server.js";
 
 const unavailable = JSON.stringify({ type: "/docs/errors#store_unavailable", title: "Store unavailable", status: 503,
@@ -48,6 +48,62 @@ async function flakyFront(target: string, fail: number, signal = false): Promise
 }
 
 const fast: RetryPolicy = { maxAttempts: 5, baseDelayMs: 10, maxDelayMs: 20, retryAfterJitterMs: 0 };
+
+const refused = JSON.stringify({ type: "/docs/errors#retry_budget_exhausted", title: "Retry budget exhausted", status: 429,
+  detail: "stop retrying this call", code: "retry_budget_exhausted", retryable: true });
+
+/**
+ * A forwarding proxy in front of the real server that answers the first attempt of each finishing write (checkpoint,
+ * complete, release) itself, as a server of before the fix did during a storm: 503 saying Idem-Retry-Budget: exhausted;
+ * with `refuse`, the retry after it 429 retry_budget_exhausted (Retry-After: 1). It records their Idem-Attempt, by call.
+ */
+async function oldFront(target: string, refuse = false): Promise<{ url: string; seen: Map<string, (string | undefined)[]> }> {
+  const t = new URL(target);
+  const seen = new Map<string, (string | undefined)[]>();
+  const srv = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      const call = (req.url ?? "").split("?")[0]!.split("/").pop()!;
+      let n = 0;
+      if (call === "checkpoint" || call === "complete" || call === "release") {
+        const list = seen.get(call) ?? [];
+        list.push(req.headers["idem-attempt"] as string | undefined);
+        seen.set(call, list);
+        n = list.length;
+      }
+      if (n === 1 || (n === 2 && refuse)) {
+        res.writeHead(n === 1 ? 503 : 429, { "Content-Type": "application/problem+json", "Idem-Retry-Budget": "exhausted", ...(n === 2 ? { "Retry-After": "1" } : {}) });
+        res.end(n === 1 ? unavailable : refused);
+        return;
+      }
+      const up = httpRequest({ host: t.hostname, port: t.port, method: req.method, path: req.url, headers: { ...req.headers, host: t.host } }, (ur) => {
+        res.writeHead(ur.statusCode ?? 502, ur.headers);
+        ur.pipe(res);
+      });
+      up.on("error", () => res.destroy());
+      up.end(Buffer.concat(chunks));
+    });
+  });
+  await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
+  after(() => {
+    srv.closeAllConnections();
+    srv.close();
+  });
+  return { url: `http://127.0.0.1:${(srv.address() as AddressInfo).port}`, seen };
+}
+
+/** Fast retries; the call deadline turns a refusal of this server (Retry-After: the rest of its hour-long window) into an error, not a wait. */
+const finish: RetryPolicy = { ...fast, callDeadlineMs: 30_000 };
+
+/** Ten claim retries reach the server: the floor of a tenant at 0 percent (claims, as the budget covers them). */
+async function useUpFloor(url: string, token: string): Promise<void> {
+  for (let i = 0; i < 10; i++) {
+    const r = await fetch(`${url}/v1/keys/warm-${i}/claim`, { method: "POST", body: JSON.stringify({ operation: "POST /warm" }),
+      headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json", "Idem-Attempt": "2;cause=timeout" } });
+    assert.equal(r.status, 201, await r.text());
+  }
+}
 
 for (const store of stores()) {
   describe(`fleet retry budget (${store})`, () => {
@@ -136,6 +192,50 @@ for (const store of stores()) {
       assert.equal(front.seen.length, 1, "no claim after the signal");
       assert.equal((await direct.get("held")).state, "in_flight");
       await direct.complete("held", held.fencingToken, { status: 201, body: "{}" });
+    });
+
+    test("finishing writes go on through the fleet budget's signal; the work runs once", async () => {
+      // With the budget spent (a claim's retry is refused), run's checkpoint and complete whose first attempt failed with
+      // a 503 saying Idem-Retry-Budget: exhausted are retried and the real server serves the retries. Before the fix the
+      // complete threw a FleetBudgetError: the work ran unrecorded, its key left to run again after the lease.
+      const token = tenant(0);
+      await useUpFloor(srv.url, token);
+      const front = await oldFront(srv.url);
+      const c = new Client({ baseUrl: front.url, token, retry: finish });
+      let runs = 0;
+      const fn = async (claim: { checkpoint(name: string): Promise<void> }) => {
+        runs++;
+        await claim.checkpoint("charged");
+        return { status: 201, headers: { "Content-Type": "application/json" }, body: '{"id":"ord_1"}' };
+      };
+      const res = await c.run("order-1", { operation: "POST /orders", request: { n: 1 } }, fn);
+      assert.equal(res.replayed, false);
+      assert.deepEqual(front.seen.get("checkpoint"), ["1", "2;cause=unavailable"]);
+      assert.deepEqual(front.seen.get("complete"), ["1", "2;cause=unavailable"]);
+      const rec = await c.get("order-1");
+      assert.equal(rec.state, "completed");
+      assert.equal(rec.fencing_token, res.fencingToken, "one claim");
+      const again = await c.run("order-1", { operation: "POST /orders", request: { n: 1 } }, fn);
+      assert.equal(again.replayed, true, "the recorded answer replays");
+      assert.equal(runs, 1, "the work ran once");
+
+      // A release through the same signal frees the key.
+      const err = await c.run("order-2", { operation: "POST /orders", request: { n: 1 } }, () => { throw new NoSideEffect("declined"); })
+        .then(() => undefined, (e: unknown) => e);
+      assert.ok(err instanceof NoSideEffect, String(err));
+      assert.deepEqual(front.seen.get("release"), ["1", "2;cause=unavailable"]);
+      await assert.rejects(c.get("order-2"), (e: unknown) => e instanceof IdemError && e.code === "key_not_found");
+    });
+
+    test("a finishing write retries an older server's refusal after its Retry-After", async () => {
+      const token = tenant(0);
+      await useUpFloor(srv.url, token);
+      const front = await oldFront(srv.url, true);
+      const c = new Client({ baseUrl: front.url, token, retry: finish });
+      const cr = await c.claim("order-1", { operation: "POST /orders" });
+      await c.complete("order-1", cr.fencingToken, { status: 201, body: "{}" });
+      assert.deepEqual(front.seen.get("complete"), ["1", "2;cause=unavailable", "3;cause=throttled"]);
+      assert.equal((await c.get("order-1")).state, "completed");
     });
 
     test("the presets, and the call deadline bounds a call given none", async () => {

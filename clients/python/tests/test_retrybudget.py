@@ -96,20 +96,19 @@ def tenant(server: Server, binary: str, percent: int) -> str:
     """A new tenant at retry_budget_percent percent, and a token of it."""
     name = "py-" + secrets.token_hex(4)
     _cli(binary, server.env, "tenant", "create", name, "--retry-budget-percent", str(percent))
-    return _cli(binary, server.env, "token", "--tenant", name, "--scope", "keys:write", "--ttl", "2h")
+    return _cli(binary, server.env, "token", "--tenant", name, "--scope", "keys:write keys:read", "--ttl", "2h")
 
 
 def use_up_floor(server: Server, token: str) -> None:
-    """Ten retries reach the server: the floor of a tenant at 0 percent."""
+    """Ten retries reach the server: the floor of a tenant at 0 percent.
+    Claims, as the budget covers them (a release's retry it does not)."""
     for i in range(10):
-        req = urllib.request.Request(f"{server.url}/v1/keys/warm-{i}/release", method="POST",
-                                     data=b'{"fencing_token":1}',
+        req = urllib.request.Request(f"{server.url}/v1/keys/warm-{i}/claim", method="POST",
+                                     data=b'{"operation":"POST /warm"}',
                                      headers={"Authorization": "Bearer " + token, "Content-Type": "application/json",
                                               "Idem-Attempt": "2;cause=timeout"})
-        try:
-            urllib.request.urlopen(req, timeout=10)
-        except urllib.error.HTTPError as e:
-            assert e.code == 404, e.read()  # served: key_not_found, not 429
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.status == 201  # served, not 429
 
 
 FAST = RetryPolicy(base_delay=0.01, max_delay=0.02, retry_after_jitter=0.0, max_attempts=5)
@@ -243,3 +242,155 @@ def test_run_stops_waiting_on_the_servers_signal(budget_server: tuple[Server, st
             front.close()
         assert raw.get("held").state == "in_flight"
         raw.complete("held", held.record.fencing_token, __import__("idem").Response(201, {}, b"{}"))
+
+
+REFUSED = (b'{"type":"/docs/errors#retry_budget_exhausted","title":"Retry budget exhausted","status":429,'
+           b'"detail":"stop retrying this call","code":"retry_budget_exhausted","retryable":true}')
+
+
+class OldFront:
+    """A forwarding proxy in front of the real server that answers the first
+    attempt of each finishing write (checkpoint, complete, release) itself,
+    as a server of before the fix did during a storm: 503 store_unavailable
+    saying Idem-Retry-Budget: exhausted; with ``refuse``, the retry after it
+    429 retry_budget_exhausted (Retry-After: 1). It records the
+    Idem-Attempt of every finishing write, by call."""
+
+    def __init__(self, target: str, refuse: bool = False) -> None:
+        self.seen: dict[str, list[str | None]] = {}
+        self._lock = threading.Lock()
+        t = urlsplit(target)
+        front = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _any(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                call = self.path.rsplit("/", 1)[-1]
+                n = 0
+                if call in ("checkpoint", "complete", "release"):
+                    with front._lock:
+                        front.seen.setdefault(call, []).append(self.headers.get("Idem-Attempt"))
+                        n = len(front.seen[call])
+                if n == 1 or (n == 2 and refuse):
+                    data = UNAVAILABLE if n == 1 else REFUSED
+                    self.send_response(503 if n == 1 else 429)
+                    self.send_header("Content-Type", "application/problem+json")
+                    self.send_header("Idem-Retry-Budget", "exhausted")
+                    if n == 2:
+                        self.send_header("Retry-After", "1")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                conn = http.client.HTTPConnection(t.hostname or "127.0.0.1", t.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn.request(self.command, self.path, body=body or None, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("content-length", "connection", "transfer-encoding", "date", "server"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_POST = _any
+
+        self._srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._srv.server_address[1]}"
+        threading.Thread(target=self._srv.serve_forever, daemon=True).start()
+
+    def attempts(self, call: str) -> list[str | None]:
+        with self._lock:
+            return list(self.seen.get(call, []))
+
+    def close(self) -> None:
+        self._srv.shutdown()
+        self._srv.server_close()
+
+
+#: Fast retries; the call deadline turns a refusal of this server (whose
+#: Retry-After is the rest of its hour-long window) into an error, not a wait.
+FINISH = RetryPolicy(base_delay=0.01, max_delay=0.02, retry_after_jitter=0.0, max_attempts=5, call_deadline=30.0)
+
+
+def test_finishing_writes_ignore_the_fleet_budget(budget_server: tuple[Server, str]) -> None:
+    """With the tenant's fleet budget spent (a claim's retry is refused),
+    run()'s checkpoint and complete whose first attempt failed with a 503
+    saying Idem-Retry-Budget: exhausted are retried, not given up, and the
+    real server serves the retries: the work ran once, its answer is stored
+    under the one claim and replays; a release goes through the same way.
+    Before the fix the complete raised FleetBudgetExhausted (the work ran,
+    unrecorded, its key left to run again after the lease)."""
+    from idem import NoSideEffect, Response
+
+    server, binary = budget_server
+    token = tenant(server, binary, 0)
+    use_up_floor(server, token)
+    front = OldFront(server.url)
+    runs: list[int] = []
+
+    def fn(claim: object) -> Response:
+        runs.append(1)
+        claim.checkpoint("charged")  # type: ignore[attr-defined]
+        return Response(201, {"Content-Type": "application/json"}, b'{"id":"ord_1"}')
+
+    try:
+        with Client(front.url, token=token, policy=FINISH) as c:
+            res = c.run("order-1", fn, operation="POST /orders", request={"n": 1})
+            assert not res.replayed
+            assert front.attempts("checkpoint") == ["1", "2;cause=unavailable"]
+            assert front.attempts("complete") == ["1", "2;cause=unavailable"]
+            rec = c.get("order-1")
+            assert rec.state == "completed" and rec.fencing_token == res.fencing_token
+            again = c.run("order-1", fn, operation="POST /orders", request={"n": 1})
+            assert again.replayed and again.response.body == b'{"id":"ord_1"}'
+            assert runs == [1], "the work ran once"
+
+            def declined(claim: object) -> Response:
+                raise NoSideEffect("declined")
+
+            with pytest.raises(NoSideEffect):
+                c.run("order-2", declined, operation="POST /orders", request={"n": 1})
+            assert front.attempts("release") == ["1", "2;cause=unavailable"]
+            with pytest.raises(ProblemError) as info:
+                c.get("order-2")
+            assert info.value.code == "key_not_found", "released"
+    finally:
+        front.close()
+
+
+def test_finishing_write_retries_an_old_refusal(budget_server: tuple[Server, str]) -> None:
+    """An older server refuses a complete's retry with 429
+    retry_budget_exhausted (the proxy, in front of the real server): the
+    client waits its Retry-After and completes; sync and async."""
+    from idem import Response
+
+    server, binary = budget_server
+    token = tenant(server, binary, 0)
+    use_up_floor(server, token)
+    front = OldFront(server.url, refuse=True)
+    ok = Response(201, {}, b"{}")
+    try:
+        with Client(front.url, token=token, policy=FINISH) as c:
+            res = c.run("order-1", lambda claim: ok, operation="POST /orders")
+            assert front.attempts("complete") == ["1", "2;cause=unavailable", "3;cause=throttled"]
+            assert c.get("order-1").state == "completed" and not res.replayed
+
+        async def go() -> None:
+            async with AsyncClient(front.url, token=token, policy=FINISH) as ac:
+                cr = await ac.claim("order-2", operation="POST /orders")
+                await ac.complete("order-2", cr.record.fencing_token, ok)
+                assert (await ac.get("order-2")).state == "completed"
+
+        with front._lock:
+            front.seen.clear()
+        asyncio.run(go())
+        assert front.attempts("complete") == ["1", "2;cause=unavailable", "3;cause=throttled"]
+    finally:
+        front.close()

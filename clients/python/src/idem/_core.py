@@ -116,6 +116,10 @@ def lease_seconds(lease: float | None) -> int:
     return int(-(-lease // 1))
 
 
+#: The calls that finish a claim, outside idem's fleet retry budget (Core.next_wait).
+FINISHING_CALLS = frozenset({"checkpoint", "complete", "release"})
+
+
 class Core:
     """The state of one client: base URL, token, policy, the retry budget,
     clocks and the hook."""
@@ -201,21 +205,30 @@ class Core:
         """Decide about a failed attempt: return the wait before the next
         one, or raise err (with give_up set when it was retryable). A retry
         idem's fleet budget refused (429 retry_budget_exhausted) ends the
-        call at once with FleetBudgetExhausted and the original cause."""
+        call at once with FleetBudgetExhausted and the original cause.
+
+        Not a finishing write's (checkpoint, complete, release): the fleet
+        budget does not cover those, and given up they would leave work
+        that ran unrecorded, its key in flight, to run again after the
+        lease. For them the Idem-Retry-Budget signal is ignored, and an
+        older server's refusal is retried after its Retry-After like a
+        429, within the deadline and the policy; each admitted claim has
+        one of them, so their retries stay bounded (/docs/retries#finishing)."""
         status = err.status if isinstance(err, ProblemError) else 0
         p = self.policy
+        finishing = call.name in FINISHING_CALLS
         if (isinstance(err, ProblemError) and err.code == RETRY_BUDGET_EXHAUSTED and logical is not None
-                and logical.original is not None):
+                and logical.original is not None and not finishing):
             stop = FleetBudgetExhausted(call.name, logical.attempts, logical.cause or "", logical.original, err)
             self.report(AttemptInfo(call.name, call.method, call.path, attempt, status, stop, False, 0.0,
                                     "fleet_budget", self.budget.left))
             raise stop
-        if isinstance(err, ProblemError) and err.code == RETRY_BUDGET_EXHAUSTED:
+        if isinstance(err, ProblemError) and err.code == RETRY_BUDGET_EXHAUSTED and not finishing:
             self.report(AttemptInfo(call.name, call.method, call.path, attempt, status, err, False, 0.0, None, self.budget.left))
             raise err  # never retried: more retries are what it refuses
         if logical is not None:
             logical.failed(err)
-        if isinstance(err, ProblemError) and err.fleet_budget_spent and p.retryable(err):
+        if isinstance(err, ProblemError) and err.fleet_budget_spent and p.retryable(err) and not finishing:
             # idem says the fleet budget is spent: a retry would only be
             # refused (an attempt reaching idem all the same), so stop now
             # as for the refusal, with the original cause.
