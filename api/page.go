@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/go-json-experiment/json"
 	"github.com/go-chi/chi/v5"
+	"github.com/go-json-experiment/json"
 
 	"github.com/idem-dev/idem"
 )

@@ -97,20 +97,19 @@ func (s *service) createWebhook(ctx context.Context, req *createWebhookRequest) 
 		return reply{}, err
 	}
 	e, err = s.webhooks.CreateWebhookEndpoint(ctx, e)
-	if err != nil {
-		return reply{}, fmt.Errorf("create webhook: %w", err)
-	}
+	return answerCreated(e, err, "create webhook", encodeNewWebhook)
+}
+
+// encodeNewWebhook is a created endpoint: its secret is shown this once.
+func encodeNewWebhook(e idem.WebhookEndpoint) webhookJSON {
 	out := encodeWebhook(e)
 	out.Secret = e.Secret
-	return reply{status: http.StatusCreated, body: out}, nil
+	return out
 }
 
 func (s *service) listWebhooks(ctx context.Context, _ *emptyRequest) (listJSON[webhookJSON], error) {
 	es, err := s.webhooks.ListWebhookEndpoints(ctx, idem.ListWebhookEndpointsParams{TenantID: tenantFrom(ctx).ID})
-	if err != nil {
-		return listJSON[webhookJSON]{}, fmt.Errorf("list webhooks: %w", err)
-	}
-	return listOf(es, encodeWebhook), nil
+	return answerList(es, err, "list webhooks", encodeWebhook)
 }
 
 // webhookParam is the {id} of /v1/webhooks/{id}.
@@ -127,10 +126,7 @@ type getWebhookRequest struct {
 
 func (s *service) getWebhook(ctx context.Context, req *getWebhookRequest) (webhookJSON, error) {
 	e, err := s.webhooks.GetWebhookEndpoint(ctx, idem.GetWebhookEndpointParams{TenantID: tenantFrom(ctx).ID, ID: req.id})
-	if err != nil {
-		return webhookJSON{}, fmt.Errorf("get webhook: %w", err)
-	}
-	return encodeWebhook(e), nil
+	return answer(e, err, "get webhook", encodeWebhook)
 }
 
 // patchWebhookRequest is the body of PATCH /v1/webhooks/{id}: absent fields
@@ -163,10 +159,7 @@ func (s *service) patchWebhook(ctx context.Context, req *patchWebhookRequest) (w
 		e.Enabled = *req.Enabled
 	}
 	e, err = s.webhooks.UpdateWebhookEndpoint(ctx, e)
-	if err != nil {
-		return webhookJSON{}, fmt.Errorf("patch webhook: %w", err)
-	}
-	return encodeWebhook(e), nil
+	return answer(e, err, "patch webhook", encodeWebhook)
 }
 
 type deleteWebhookRequest struct {
@@ -174,10 +167,8 @@ type deleteWebhookRequest struct {
 }
 
 func (s *service) deleteWebhook(ctx context.Context, req *deleteWebhookRequest) (noContent, error) {
-	if err := s.webhooks.DeleteWebhookEndpoint(ctx, idem.DeleteWebhookEndpointParams{TenantID: tenantFrom(ctx).ID, ID: req.id}); err != nil {
-		return noContent{}, fmt.Errorf("delete webhook: %w", err)
-	}
-	return noContent{}, nil
+	err := s.webhooks.DeleteWebhookEndpoint(ctx, idem.DeleteWebhookEndpointParams{TenantID: tenantFrom(ctx).ID, ID: req.id})
+	return answerDone(err, "delete webhook")
 }
 
 type testWebhookRequest struct {
