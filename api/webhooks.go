@@ -143,20 +143,9 @@ func (s *service) patchWebhook(ctx context.Context, req *patchWebhookRequest) (w
 	if err != nil {
 		return webhookJSON{}, fmt.Errorf("patch webhook: %w", err)
 	}
-	if req.URL != nil {
-		if err := webhooks.CheckURL(*req.URL, s.allowPrivateWebhooks); err != nil {
-			return webhookJSON{}, err
-		}
-		e.URL = *req.URL
-	}
-	if req.Events != nil {
-		if err := idem.ValidateEventFilter(*req.Events); err != nil {
-			return webhookJSON{}, err
-		}
-		e.Events = *req.Events
-	}
-	if req.Enabled != nil {
-		e.Enabled = *req.Enabled
+	patch := webhooks.EndpointPatch{URL: req.URL, Events: req.Events, Enabled: req.Enabled}
+	if err := patch.Apply(&e, s.allowPrivateWebhooks); err != nil {
+		return webhookJSON{}, err
 	}
 	e, err = s.webhooks.UpdateWebhookEndpoint(ctx, e)
 	return answer(e, err, "patch webhook", encodeWebhook)
