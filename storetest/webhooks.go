@@ -86,6 +86,15 @@ func (b *bundle) sendTest(t *testing.T, e idem.WebhookEndpoint) idem.Event {
 	return ev
 }
 
+// sendSpaced is sendTest returning the event's id, then a millisecond on
+// the clock, so that events sent one after another are ordered by time.
+func (b *bundle) sendSpaced(t *testing.T, e idem.WebhookEndpoint) string {
+	t.Helper()
+	id := b.sendTest(t, e).ID
+	b.advance(time.Millisecond)
+	return id
+}
+
 // deliveries lists an endpoint's delivery log, newest first.
 func (b *bundle) deliveries(t *testing.T, e idem.WebhookEndpoint) []idem.WebhookDelivery {
 	t.Helper()
@@ -483,17 +492,12 @@ func testWebhookClaimTurns(t *testing.T, s *suite) {
 	a, z := b.endpoint(t, "acme"), b.endpoint(t, "beta")
 	a2 := b.endpoint(t, "acme")
 	ws := b.webhooks(t)
-	send := func(e idem.WebhookEndpoint) string {
-		id := b.sendTest(t, e).ID
-		b.advance(time.Millisecond)
-		return id
-	}
 	var as, zs []string
 	for range 5 {
-		as = append(as, send(a))
+		as = append(as, b.sendSpaced(t, a))
 	}
 	for range 2 {
-		zs = append(zs, send(z))
+		zs = append(zs, b.sendSpaced(t, z))
 	}
 	claim := func(limit, perTenant int) []string {
 		t.Helper()
@@ -515,12 +519,12 @@ func testWebhookClaimTurns(t *testing.T, s *suite) {
 	var a2s []string
 	as = as[:0]
 	for range 3 {
-		as = append(as, send(a))
+		as = append(as, b.sendSpaced(t, a))
 	}
 	for range 2 {
-		a2s = append(a2s, send(a2))
+		a2s = append(a2s, b.sendSpaced(t, a2))
 	}
-	zs = append(zs[:0], send(z))
+	zs = append(zs[:0], b.sendSpaced(t, z))
 	require.Equal(t, []string{as[0], zs[0], a2s[0]}, claim(10, 2))
 	require.Equal(t, []string{as[1], a2s[1]}, claim(10, 2))
 	require.Equal(t, []string{as[2]}, claim(10, 2))
@@ -540,19 +544,14 @@ func testWebhookClaimServed(t *testing.T, s *suite) {
 	b.tenant(t, odd)
 	a, z, o := b.endpoint(t, "acme"), b.endpoint(t, "beta"), b.endpoint(t, odd)
 	ws := b.webhooks(t)
-	send := func(e idem.WebhookEndpoint) string {
-		id := b.sendTest(t, e).ID
-		b.advance(time.Millisecond)
-		return id
-	}
 	var as, ods []string
 	for range 3 {
-		as = append(as, send(a))
+		as = append(as, b.sendSpaced(t, a))
 	}
 	for range 2 {
-		ods = append(ods, send(o))
+		ods = append(ods, b.sendSpaced(t, o))
 	}
-	z0 := send(z)
+	z0 := b.sendSpaced(t, z)
 	claim := func(limit int, served map[string]int64) []string {
 		t.Helper()
 		got, err := ws.ClaimWebhookDeliveries(b.ctx, idem.ClaimWebhookDeliveriesParams{Limit: limit, PerTenant: 8, Served: served, Lease: time.Minute})
