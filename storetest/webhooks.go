@@ -86,13 +86,17 @@ func (b *bundle) sendTest(t *testing.T, e idem.WebhookEndpoint) idem.Event {
 	return ev
 }
 
-// sendSpaced is sendTest returning the event's id, then a millisecond on
-// the clock, so that events sent one after another are ordered by time.
-func (b *bundle) sendSpaced(t *testing.T, e idem.WebhookEndpoint) string {
+// sendSpaced sends n test events to e (sendTest), a millisecond on the
+// clock after each, so that events sent one after another are ordered by
+// time, and returns their ids in order.
+func (b *bundle) sendSpaced(t *testing.T, e idem.WebhookEndpoint, n int) []string {
 	t.Helper()
-	id := b.sendTest(t, e).ID
-	b.advance(time.Millisecond)
-	return id
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = b.sendTest(t, e).ID
+		b.advance(time.Millisecond)
+	}
+	return ids
 }
 
 // deliveries lists an endpoint's delivery log, newest first.
@@ -492,13 +496,7 @@ func testWebhookClaimTurns(t *testing.T, s *suite) {
 	a, z := b.endpoint(t, "acme"), b.endpoint(t, "beta")
 	a2 := b.endpoint(t, "acme")
 	ws := b.webhooks(t)
-	var as, zs []string
-	for range 5 {
-		as = append(as, b.sendSpaced(t, a))
-	}
-	for range 2 {
-		zs = append(zs, b.sendSpaced(t, z))
-	}
+	as, zs := b.sendSpaced(t, a, 5), b.sendSpaced(t, z, 2)
 	claim := func(limit, perTenant int) []string {
 		t.Helper()
 		got, err := ws.ClaimWebhookDeliveries(b.ctx, idem.ClaimWebhookDeliveriesParams{Limit: limit, PerTenant: perTenant, Served: nil, Lease: time.Minute})
@@ -516,15 +514,9 @@ func testWebhookClaimTurns(t *testing.T, s *suite) {
 	require.Empty(t, claim(10, 2))
 
 	// Two endpoints of acme: each one's oldest before either one's second.
-	var a2s []string
-	as = as[:0]
-	for range 3 {
-		as = append(as, b.sendSpaced(t, a))
-	}
-	for range 2 {
-		a2s = append(a2s, b.sendSpaced(t, a2))
-	}
-	zs = append(zs[:0], b.sendSpaced(t, z))
+	as = b.sendSpaced(t, a, 3)
+	a2s := b.sendSpaced(t, a2, 2)
+	zs = b.sendSpaced(t, z, 1)
 	require.Equal(t, []string{as[0], zs[0], a2s[0]}, claim(10, 2))
 	require.Equal(t, []string{as[1], a2s[1]}, claim(10, 2))
 	require.Equal(t, []string{as[2]}, claim(10, 2))
@@ -544,14 +536,8 @@ func testWebhookClaimServed(t *testing.T, s *suite) {
 	b.tenant(t, odd)
 	a, z, o := b.endpoint(t, "acme"), b.endpoint(t, "beta"), b.endpoint(t, odd)
 	ws := b.webhooks(t)
-	var as, ods []string
-	for range 3 {
-		as = append(as, b.sendSpaced(t, a))
-	}
-	for range 2 {
-		ods = append(ods, b.sendSpaced(t, o))
-	}
-	z0 := b.sendSpaced(t, z)
+	as, ods := b.sendSpaced(t, a, 3), b.sendSpaced(t, o, 2)
+	z0 := b.sendSpaced(t, z, 1)[0]
 	claim := func(limit int, served map[string]int64) []string {
 		t.Helper()
 		got, err := ws.ClaimWebhookDeliveries(b.ctx, idem.ClaimWebhookDeliveriesParams{Limit: limit, PerTenant: 8, Served: served, Lease: time.Minute})
