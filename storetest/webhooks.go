@@ -37,9 +37,7 @@ func webhookGroup() group {
 // sent is dropped without an error, and the tenant's deletion does not wait
 // for it. On PostgreSQL the two racing is TestLockOrderTenantDeleteAndDeliveryFinish.
 func testWebhookFinishAfterTenantDeleted(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme")
+	b, e := s.setupEndpoint(t)
 	ws := b.webhooks(t)
 	b.sendTest(t, e)
 	got := b.claimAll(t)
@@ -84,6 +82,14 @@ func (b *bundle) sendTest(t *testing.T, e idem.WebhookEndpoint) idem.Event {
 	_, err = b.webhooks(t).SendTestEvent(b.ctx, idem.SendTestEventParams{EndpointID: e.ID, Event: ev})
 	require.NoError(t, err)
 	return ev
+}
+
+// setupEndpoint is setup with tenant acme and one endpoint of it
+// (b.endpoint, subscribed to events): where most webhook cases start.
+func (s *suite) setupEndpoint(t *testing.T, events ...idem.EventType) (*bundle, idem.WebhookEndpoint) {
+	t.Helper()
+	b := s.setup(t, "acme")
+	return b, b.endpoint(t, "acme", events...)
 }
 
 // sendSpaced sends n test events to e (sendTest), a millisecond on the
@@ -203,9 +209,7 @@ func testWebhookEndpointLimit(t *testing.T, s *suite) {
 // A write with a stale token is refused and its key.lease_lost event is
 // stored by the same call; refusals that are not lease_lost store nothing.
 func testWebhookLeaseLost(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme")
+	b, e := s.setupEndpoint(t)
 
 	rec := b.create(t, "acme", "k")
 	stale := rec.FencingToken
@@ -261,9 +265,7 @@ func (b *bundle) claimOne(t *testing.T, id int64) idem.WebhookDelivery {
 }
 
 func testWebhookReapedInFlight(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme")
+	b, e := s.setupEndpoint(t)
 	p := ClaimParams("acme", "orphan")
 	p.ReaperThreshold = time.Minute
 	b.claim(t, p)
@@ -284,9 +286,7 @@ func testWebhookReapedInFlight(t *testing.T, s *suite) {
 }
 
 func testWebhookOrphanedOnce(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme", idem.EventKeyOrphaned)
+	b, e := s.setupEndpoint(t, idem.EventKeyOrphaned)
 	ws := b.webhooks(t)
 	b.create(t, "acme", "k")
 	b.create(t, "acme", "running")
@@ -339,9 +339,7 @@ func testWebhookFilter(t *testing.T, s *suite) {
 }
 
 func testWebhookClaimLease(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme")
+	b, e := s.setupEndpoint(t)
 	ws := b.webhooks(t)
 	ev, err := idem.NewEvent("acme", idem.EventWebhookTest, b.now(), map[string]string{"hello": "world"})
 	require.NoError(t, err)
@@ -390,9 +388,7 @@ func testWebhookClaimLease(t *testing.T, s *suite) {
 }
 
 func testWebhookDisable(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme")
+	b, e := s.setupEndpoint(t)
 	ws := b.webhooks(t)
 	b.sendTest(t, e)
 
@@ -445,9 +441,7 @@ func testWebhookDisable(t *testing.T, s *suite) {
 
 // Concurrent claimers take every due delivery exactly once.
 func testWebhookClaimRace(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme")
+	b, e := s.setupEndpoint(t)
 	ws := b.webhooks(t)
 	const events = 40
 	for range events {
@@ -560,9 +554,7 @@ func testWebhookClaimServed(t *testing.T, s *suite) {
 }
 
 func testWebhookTestSend(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme", idem.EventKeyOrphaned)
+	b, e := s.setupEndpoint(t, idem.EventKeyOrphaned)
 	ws := b.webhooks(t)
 	ev, err := idem.NewEvent("acme", idem.EventWebhookTest, b.now(), nil)
 	require.NoError(t, err)
@@ -591,9 +583,7 @@ func testWebhookTestSend(t *testing.T, s *suite) {
 // Every resolution queues key.resolved in its own transaction; a refused
 // one queues nothing.
 func testWebhookResolved(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme", idem.EventKeyResolved)
+	b, e := s.setupEndpoint(t, idem.EventKeyResolved)
 	for i, a := range []idem.ResolveAction{idem.ResolveReview, idem.ResolveComplete} {
 		key := fmt.Sprintf("k%d", i)
 		rec := b.orphan(t, "acme", key)
@@ -621,9 +611,7 @@ func testWebhookResolved(t *testing.T, s *suite) {
 
 // Concurrent orphan watches (replicas) report every orphan exactly once.
 func testWebhookOrphanRace(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme", idem.EventKeyOrphaned)
+	b, e := s.setupEndpoint(t, idem.EventKeyOrphaned)
 	ws := b.webhooks(t)
 	const orphans = 30
 	for i := range orphans {
