@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -189,23 +190,18 @@ func (l *listDeliveriesRequest) bind(r *http.Request) error {
 	if err := l.webhookParam.bind(r); err != nil {
 		return err
 	}
-	q := r.URL.Query()
 	var err error
-	if l.limit, err = bindLimit(q); err != nil {
-		return err
-	}
-	if v := q.Get("cursor"); v != "" {
-		b, err := base64.RawURLEncoding.DecodeString(v)
-		var id int64
+	l.limit, err = bindPage(r.URL.Query(), func(b []byte) error {
+		id, err := strconv.ParseInt(string(b), 10, 64)
+		if err == nil && id < 1 {
+			err = errors.New("not a delivery id")
+		}
 		if err == nil {
-			id, err = strconv.ParseInt(string(b), 10, 64)
+			l.before = id
 		}
-		if err != nil || id < 1 {
-			return fieldError("cursor", "is not a cursor returned by this endpoint", err)
-		}
-		l.before = id
-	}
-	return nil
+		return err
+	})
+	return err
 }
 
 func (s *service) listDeliveries(ctx context.Context, req *listDeliveriesRequest) (listJSON[deliveryJSON], error) {
