@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -40,20 +39,19 @@ func (s *service) createCompleter(ctx context.Context, req *createCompleterReque
 		return reply{}, err
 	}
 	c, err = s.completers.CreateCompleter(ctx, c)
-	if err != nil {
-		return reply{}, fmt.Errorf("create completer: %w", err)
-	}
+	return answerCreated(c, err, "create completer", encodeNewCompleter)
+}
+
+// encodeNewCompleter is a created completer: its secret is shown this once.
+func encodeNewCompleter(c idem.Completer) completerJSON {
 	out := encodeCompleter(c)
 	out.Secret = c.Secret
-	return reply{status: http.StatusCreated, body: out}, nil
+	return out
 }
 
 func (s *service) listCompleters(ctx context.Context, _ *emptyRequest) (listJSON[completerJSON], error) {
 	cs, err := s.completers.ListCompleters(ctx, idem.ListCompletersParams{TenantID: tenantFrom(ctx).ID})
-	if err != nil {
-		return listJSON[completerJSON]{}, fmt.Errorf("list completers: %w", err)
-	}
-	return listOf(cs, encodeCompleter), nil
+	return answerList(cs, err, "list completers", encodeCompleter)
 }
 
 // completerParam is the {id} of /v1/completers/{id}.
@@ -70,10 +68,7 @@ type getCompleterRequest struct {
 
 func (s *service) getCompleter(ctx context.Context, req *getCompleterRequest) (completerJSON, error) {
 	c, err := s.completers.GetCompleter(ctx, idem.GetCompleterParams{TenantID: tenantFrom(ctx).ID, ID: req.id})
-	if err != nil {
-		return completerJSON{}, fmt.Errorf("get completer: %w", err)
-	}
-	return encodeCompleter(c), nil
+	return answer(c, err, "get completer", encodeCompleter)
 }
 
 type deleteCompleterRequest struct {
@@ -81,8 +76,6 @@ type deleteCompleterRequest struct {
 }
 
 func (s *service) deleteCompleter(ctx context.Context, req *deleteCompleterRequest) (noContent, error) {
-	if err := s.completers.DeleteCompleter(ctx, idem.DeleteCompleterParams{TenantID: tenantFrom(ctx).ID, ID: req.id}); err != nil {
-		return noContent{}, fmt.Errorf("delete completer: %w", err)
-	}
-	return noContent{}, nil
+	err := s.completers.DeleteCompleter(ctx, idem.DeleteCompleterParams{TenantID: tenantFrom(ctx).ID, ID: req.id})
+	return answerDone(err, "delete completer")
 }

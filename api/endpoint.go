@@ -361,3 +361,39 @@ func fieldError(field, message string, cause error) *idem.Error {
 		Err:    cause,
 	}
 }
+
+// The tenants, webhook endpoints and completers handlers are one store
+// call each: answer, answerList, answerCreated and answerDone turn what
+// the call returned into the endpoint's answer, its error wrapped with
+// what was being done, so each handler keeps only what is its own.
+
+// answer encodes v, or wraps err with doing.
+func answer[T, J any](v T, err error, doing string, encode func(T) J) (J, error) {
+	if err != nil {
+		var zero J
+		return zero, fmt.Errorf("%s: %w", doing, err)
+	}
+	return encode(v), nil
+}
+
+// answerList encodes every item of vs as one page, or wraps err with doing.
+func answerList[T, J any](vs []T, err error, doing string, encode func(T) J) (listJSON[J], error) {
+	return answer(vs, err, doing, func(vs []T) listJSON[J] { return listOf(vs, encode) })
+}
+
+// answerCreated answers 201 with v encoded, or wraps err with doing.
+func answerCreated[T, J any](v T, err error, doing string, encode func(T) J) (reply, error) {
+	body, err := answer(v, err, doing, encode)
+	if err != nil {
+		return reply{}, err
+	}
+	return reply{status: http.StatusCreated, body: body}, nil
+}
+
+// answerDone answers 204, or wraps err with doing.
+func answerDone(err error, doing string) (noContent, error) {
+	if err != nil {
+		return noContent{}, fmt.Errorf("%s: %w", doing, err)
+	}
+	return noContent{}, nil
+}

@@ -44,18 +44,10 @@ func encodeCursor(c idem.Cursor) *string {
 	return &s
 }
 
-func (p *pageParams) bind(r *http.Request) error {
-	q := r.URL.Query()
-	var err error
-	if p.limit, err = bindLimit(q); err != nil {
-		return err
-	}
-	if v := q.Get("cursor"); v != "" {
-		b, err := base64.RawURLEncoding.DecodeString(v)
+func (p *pageParams) bind(r *http.Request) (err error) {
+	p.limit, err = bindPage(r.URL.Query(), func(b []byte) error {
 		var c cursorJSON
-		if err == nil {
-			err = json.Unmarshal(b, &c)
-		}
+		err := json.Unmarshal(b, &c)
 		if err == nil && c.Time.IsZero() {
 			err = fmt.Errorf("incomplete cursor")
 		}
@@ -67,12 +59,32 @@ func (p *pageParams) bind(r *http.Request) error {
 		if err == nil && c.Tenant != "" {
 			err = idem.ValidateTenantID(c.Tenant)
 		}
-		if err != nil {
-			return fieldError("cursor", "is not a cursor returned by this endpoint", err)
+		if err == nil {
+			p.after = &idem.Cursor{Time: c.Time, TenantID: c.Tenant, Key: c.Key, ID: c.ID}
 		}
-		p.after = &idem.Cursor{Time: c.Time, TenantID: c.Tenant, Key: c.Key, ID: c.ID}
+		return err
+	})
+	return err
+}
+
+// bindPage binds ?limit= and hands ?cursor=, when there is one, to decode
+// as the bytes its base64url text holds: a cursor that is not base64url,
+// or that decode refuses, is an invalid_request naming it.
+func bindPage(q url.Values, decode func([]byte) error) (int, error) {
+	limit, err := bindLimit(q)
+	if err != nil {
+		return 0, err
 	}
-	return nil
+	if v := q.Get("cursor"); v != "" {
+		b, err := base64.RawURLEncoding.DecodeString(v)
+		if err == nil {
+			err = decode(b)
+		}
+		if err != nil {
+			return 0, fieldError("cursor", "is not a cursor returned by this endpoint", err)
+		}
+	}
+	return limit, nil
 }
 
 // pageOf returns the page of a listing from the rows the store returned for

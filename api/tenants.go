@@ -18,10 +18,7 @@ type emptyRequest struct{}
 // PATCH is visible at once.
 func (s *service) getOwnTenant(ctx context.Context, _ *emptyRequest) (tenantJSON, error) {
 	t, err := s.tenants.Get(ctx, tenantFrom(ctx).ID)
-	if err != nil {
-		return tenantJSON{}, fmt.Errorf("get own tenant: %w", err)
-	}
-	return encodeTenant(t), nil
+	return answer(t, err, "get own tenant", encodeTenant)
 }
 
 // patchOwnTenantRequest is the body of PATCH /v1/tenant: the caller may
@@ -33,10 +30,7 @@ type patchOwnTenantRequest struct {
 
 func (s *service) patchOwnTenant(ctx context.Context, req *patchOwnTenantRequest) (tenantJSON, error) {
 	t, err := s.tenants.Update(ctx, tenantFrom(ctx).ID, tenants.Patch{Name: req.Name, Settings: req.Settings})
-	if err != nil {
-		return tenantJSON{}, fmt.Errorf("patch own tenant: %w", err)
-	}
-	return encodeTenant(t), nil
+	return answer(t, err, "patch own tenant", encodeTenant)
 }
 
 // createTenantRequest is the body of POST /v1/admin/tenants.
@@ -48,18 +42,12 @@ type createTenantRequest struct {
 
 func (s *service) createTenant(ctx context.Context, req *createTenantRequest) (reply, error) {
 	t, err := s.tenants.Create(ctx, req.ID, req.Name, req.Settings)
-	if err != nil {
-		return reply{}, fmt.Errorf("create tenant: %w", err)
-	}
-	return reply{status: http.StatusCreated, body: encodeTenant(t)}, nil
+	return answerCreated(t, err, "create tenant", encodeTenant)
 }
 
 func (s *service) listTenants(ctx context.Context, _ *emptyRequest) (listJSON[tenantJSON], error) {
 	ts, err := s.tenants.List(ctx)
-	if err != nil {
-		return listJSON[tenantJSON]{}, fmt.Errorf("list tenants: %w", err)
-	}
-	return listOf(ts, encodeTenant), nil
+	return answerList(ts, err, "list tenants", encodeTenant)
 }
 
 // tenantParam is the {id} of /v1/admin/tenants/{id}.
@@ -82,10 +70,7 @@ type getTenantRequest struct {
 
 func (s *service) getTenant(ctx context.Context, req *getTenantRequest) (tenantJSON, error) {
 	t, err := s.tenants.Get(ctx, req.id)
-	if err != nil {
-		return tenantJSON{}, fmt.Errorf("get tenant: %w", err)
-	}
-	return encodeTenant(t), nil
+	return answer(t, err, "get tenant", encodeTenant)
 }
 
 // patchTenantRequest is the body of PATCH /v1/admin/tenants/{id}.
@@ -98,10 +83,7 @@ type patchTenantRequest struct {
 
 func (s *service) patchTenant(ctx context.Context, req *patchTenantRequest) (tenantJSON, error) {
 	t, err := s.tenants.Update(ctx, req.id, tenants.Patch{Name: req.Name, Settings: req.Settings, Disabled: req.Disabled})
-	if err != nil {
-		return tenantJSON{}, fmt.Errorf("patch tenant: %w", err)
-	}
-	return encodeTenant(t), nil
+	return answer(t, err, "patch tenant", encodeTenant)
 }
 
 type deleteTenantRequest struct {
@@ -111,10 +93,7 @@ type deleteTenantRequest struct {
 // deleteTenant deletes the tenant and all of its records (disabling, by
 // PATCH, is the reversible way to suspend one).
 func (s *service) deleteTenant(ctx context.Context, req *deleteTenantRequest) (noContent, error) {
-	if err := s.tenants.Delete(ctx, req.id); err != nil {
-		return noContent{}, fmt.Errorf("delete tenant: %w", err)
-	}
-	return noContent{}, nil
+	return answerDone(s.tenants.Delete(ctx, req.id), "delete tenant")
 }
 
 // listOrphansRequest is GET /v1/admin/orphans?tenant=&limit=&cursor=.

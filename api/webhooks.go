@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -97,20 +98,19 @@ func (s *service) createWebhook(ctx context.Context, req *createWebhookRequest) 
 		return reply{}, err
 	}
 	e, err = s.webhooks.CreateWebhookEndpoint(ctx, e)
-	if err != nil {
-		return reply{}, fmt.Errorf("create webhook: %w", err)
-	}
+	return answerCreated(e, err, "create webhook", encodeNewWebhook)
+}
+
+// encodeNewWebhook is a created endpoint: its secret is shown this once.
+func encodeNewWebhook(e idem.WebhookEndpoint) webhookJSON {
 	out := encodeWebhook(e)
 	out.Secret = e.Secret
-	return reply{status: http.StatusCreated, body: out}, nil
+	return out
 }
 
 func (s *service) listWebhooks(ctx context.Context, _ *emptyRequest) (listJSON[webhookJSON], error) {
 	es, err := s.webhooks.ListWebhookEndpoints(ctx, idem.ListWebhookEndpointsParams{TenantID: tenantFrom(ctx).ID})
-	if err != nil {
-		return listJSON[webhookJSON]{}, fmt.Errorf("list webhooks: %w", err)
-	}
-	return listOf(es, encodeWebhook), nil
+	return answerList(es, err, "list webhooks", encodeWebhook)
 }
 
 // webhookParam is the {id} of /v1/webhooks/{id}.
@@ -127,10 +127,7 @@ type getWebhookRequest struct {
 
 func (s *service) getWebhook(ctx context.Context, req *getWebhookRequest) (webhookJSON, error) {
 	e, err := s.webhooks.GetWebhookEndpoint(ctx, idem.GetWebhookEndpointParams{TenantID: tenantFrom(ctx).ID, ID: req.id})
-	if err != nil {
-		return webhookJSON{}, fmt.Errorf("get webhook: %w", err)
-	}
-	return encodeWebhook(e), nil
+	return answer(e, err, "get webhook", encodeWebhook)
 }
 
 // patchWebhookRequest is the body of PATCH /v1/webhooks/{id}: absent fields
@@ -147,26 +144,12 @@ func (s *service) patchWebhook(ctx context.Context, req *patchWebhookRequest) (w
 	if err != nil {
 		return webhookJSON{}, fmt.Errorf("patch webhook: %w", err)
 	}
-	if req.URL != nil {
-		if err := webhooks.CheckURL(*req.URL, s.allowPrivateWebhooks); err != nil {
-			return webhookJSON{}, err
-		}
-		e.URL = *req.URL
-	}
-	if req.Events != nil {
-		if err := idem.ValidateEventFilter(*req.Events); err != nil {
-			return webhookJSON{}, err
-		}
-		e.Events = *req.Events
-	}
-	if req.Enabled != nil {
-		e.Enabled = *req.Enabled
+	patch := webhooks.EndpointPatch{URL: req.URL, Events: req.Events, Enabled: req.Enabled}
+	if err := patch.Apply(&e, s.allowPrivateWebhooks); err != nil {
+		return webhookJSON{}, err
 	}
 	e, err = s.webhooks.UpdateWebhookEndpoint(ctx, e)
-	if err != nil {
-		return webhookJSON{}, fmt.Errorf("patch webhook: %w", err)
-	}
-	return encodeWebhook(e), nil
+	return answer(e, err, "patch webhook", encodeWebhook)
 }
 
 type deleteWebhookRequest struct {
@@ -174,10 +157,8 @@ type deleteWebhookRequest struct {
 }
 
 func (s *service) deleteWebhook(ctx context.Context, req *deleteWebhookRequest) (noContent, error) {
-	if err := s.webhooks.DeleteWebhookEndpoint(ctx, idem.DeleteWebhookEndpointParams{TenantID: tenantFrom(ctx).ID, ID: req.id}); err != nil {
-		return noContent{}, fmt.Errorf("delete webhook: %w", err)
-	}
-	return noContent{}, nil
+	err := s.webhooks.DeleteWebhookEndpoint(ctx, idem.DeleteWebhookEndpointParams{TenantID: tenantFrom(ctx).ID, ID: req.id})
+	return answerDone(err, "delete webhook")
 }
 
 type testWebhookRequest struct {
@@ -209,23 +190,18 @@ func (l *listDeliveriesRequest) bind(r *http.Request) error {
 	if err := l.webhookParam.bind(r); err != nil {
 		return err
 	}
-	q := r.URL.Query()
 	var err error
-	if l.limit, err = bindLimit(q); err != nil {
-		return err
-	}
-	if v := q.Get("cursor"); v != "" {
-		b, err := base64.RawURLEncoding.DecodeString(v)
-		var id int64
+	l.limit, err = bindPage(r.URL.Query(), func(b []byte) error {
+		id, err := strconv.ParseInt(string(b), 10, 64)
+		if err == nil && id < 1 {
+			err = errors.New("not a delivery id")
+		}
 		if err == nil {
-			id, err = strconv.ParseInt(string(b), 10, 64)
+			l.before = id
 		}
-		if err != nil || id < 1 {
-			return fieldError("cursor", "is not a cursor returned by this endpoint", err)
-		}
-		l.before = id
-	}
-	return nil
+		return err
+	})
+	return err
 }
 
 func (s *service) listDeliveries(ctx context.Context, req *listDeliveriesRequest) (listJSON[deliveryJSON], error) {

@@ -41,28 +41,23 @@ func newMetrics(reg prometheus.Registerer, inflight func() int64, cache func() f
 	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.upstream, m.added, m.storeFailures,
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Namespace: "idem", Subsystem: "gateway", Name: "request_body_bytes_in_flight",
-				Help: "Protected request body bytes (each body counted 4 times its size) and answer bytes (the most each may store) held against the gateway's in-flight budget (IDEM_MAX_INFLIGHT_BYTES); past the budget requests get 503 server_busy.",
-			}, func() float64 { return float64(inflight()) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Namespace: "idem", Subsystem: "gateway", Name: "replay_cache_hits_total",
-				Help: "Replays answered from the gateway's replay cache, without a store call (counted in requests_total as replayed too). Starts again at a configuration reload.",
-			}, func() float64 { return float64(cache().Hits) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Namespace: "idem", Subsystem: "gateway", Name: "replay_cache_misses_total",
-				Help: "Protected requests the replay cache could not answer (no entry of exactly that request, or expired): claimed in the store. Starts again at a configuration reload.",
-			}, func() float64 { return float64(cache().Misses) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Namespace: "idem", Subsystem: "gateway", Name: "replay_cache_entries",
-				Help: "Completed answers held in the replay cache.",
-			}, func() float64 { return float64(cache().Entries) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Namespace: "idem", Subsystem: "gateway", Name: "replay_cache_bytes",
-				Help: "Bytes the replay cache's entries hold (bounded by replay_cache.max_bytes).",
-			}, func() float64 { return float64(cache().Bytes) }))
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts(gatewayOpts("request_body_bytes_in_flight",
+				"Protected request body bytes (each body counted 4 times its size) and answer bytes (the most each may store) held against the gateway's in-flight budget (IDEM_MAX_INFLIGHT_BYTES); past the budget requests get 503 server_busy.")), func() float64 { return float64(inflight()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts(gatewayOpts("replay_cache_hits_total",
+				"Replays answered from the gateway's replay cache, without a store call (counted in requests_total as replayed too). Starts again at a configuration reload.")), func() float64 { return float64(cache().Hits) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts(gatewayOpts("replay_cache_misses_total",
+				"Protected requests the replay cache could not answer (no entry of exactly that request, or expired): claimed in the store. Starts again at a configuration reload.")), func() float64 { return float64(cache().Misses) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts(gatewayOpts("replay_cache_entries",
+				"Completed answers held in the replay cache.")), func() float64 { return float64(cache().Entries) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts(gatewayOpts("replay_cache_bytes",
+				"Bytes the replay cache's entries hold (bounded by replay_cache.max_bytes).")), func() float64 { return float64(cache().Bytes) }))
 	}
 	return m
+}
+
+// gatewayOpts names a metric idem_gateway_<name>.
+func gatewayOpts(name, help string) prometheus.Opts {
+	return prometheus.Opts{Namespace: "idem", Subsystem: "gateway", Name: name, Help: help}
 }
 
 func (m *gatewayMetrics) observe(x *exchange) {

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -19,6 +18,8 @@ import (
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/client/resumecall"
+	"github.com/idem-dev/idem/internal/batch"
+	"github.com/idem-dev/idem/internal/defaults"
 	"github.com/idem-dev/idem/metrics"
 	"github.com/idem-dev/idem/webhooks"
 )
@@ -80,15 +81,15 @@ type CompleterConfig struct {
 }
 
 func (c CompleterConfig) withDefaults() CompleterConfig {
-	orDefault(&c.Interval, DefaultCompleterInterval)
-	orDefault(&c.Timeout, DefaultCompleterTimeout)
-	orDefault(&c.StoreTimeout, 5*time.Second)
-	orDefault(&c.Lease, c.Timeout+2*c.StoreTimeout+5*time.Second)
-	orDefault(&c.Deadline, DefaultCompleterDeadline)
-	orDefault(&c.BackoffBase, DefaultCompleterBackoffBase)
-	orDefault(&c.BackoffCap, DefaultCompleterBackoffCap)
-	orDefault(&c.Concurrency, DefaultCompleterConcurrency)
-	orDefault(&c.MaxAttempts, DefaultCompleterMaxAttempts)
+	defaults.Set(&c.Interval, DefaultCompleterInterval)
+	defaults.Set(&c.Timeout, DefaultCompleterTimeout)
+	defaults.Set(&c.StoreTimeout, 5*time.Second)
+	defaults.Set(&c.Lease, c.Timeout+2*c.StoreTimeout+5*time.Second)
+	defaults.Set(&c.Deadline, DefaultCompleterDeadline)
+	defaults.Set(&c.BackoffBase, DefaultCompleterBackoffBase)
+	defaults.Set(&c.BackoffCap, DefaultCompleterBackoffCap)
+	defaults.Set(&c.Concurrency, DefaultCompleterConcurrency)
+	defaults.Set(&c.MaxAttempts, DefaultCompleterMaxAttempts)
 	return c
 }
 
@@ -149,13 +150,7 @@ func (c *Completer) RunOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("pick completions: %w", err)
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(picked))
-	for i, pc := range picked {
-		wg.Go(func() { errs[i] = c.attempt(ctx, pc) })
-	}
-	wg.Wait()
-	return len(picked), errors.Join(errs...)
+	return len(picked), batch.Each(ctx, picked, c.attempt)
 }
 
 // resumeAnswer is an endpoint's answer.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/internal/defaults"
 	"github.com/idem-dev/idem/metrics"
 )
 
@@ -53,18 +54,10 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	orDefault(&c.ReapInterval, DefaultReapInterval)
-	orDefault(&c.ReapBatchSize, DefaultReapBatchSize)
-	orDefault(&c.OrphanWatchInterval, DefaultOrphanWatchInterval)
+	defaults.Set(&c.ReapInterval, DefaultReapInterval)
+	defaults.Set(&c.ReapBatchSize, DefaultReapBatchSize)
+	defaults.Set(&c.OrphanWatchInterval, DefaultOrphanWatchInterval)
 	return c
-}
-
-// orDefault sets *v to d when it is zero or negative: a config field left
-// unset takes its default.
-func orDefault[T ~int | ~int64](v *T, d T) {
-	if *v <= 0 {
-		*v = d
-	}
 }
 
 // Runner runs the reaper and the orphan watch.

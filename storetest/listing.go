@@ -382,12 +382,7 @@ func reapAll(t *testing.T, b *bundle, limit int) []string {
 
 func testReapPastPurgeAfter(t *testing.T, s *suite) {
 	b := s.setup(t)
-	st := idem.DefaultSettings()
-	st.ReplayWindowSeconds = 60
-	st.ReaperThresholdSeconds = 120
-	st.LeaseSecondsDefault = 10
-	st.LeaseSecondsMax = 60
-	b.tenantWith(t, "acme", st)
+	b.tenantWith(t, "acme", withTimes(idem.DefaultSettings(), 60, 120, 10, 60))
 	short := func(key string) idem.ClaimParams {
 		p := ClaimParams("acme", key)
 		p.Lease = 10 * time.Second

@@ -12,11 +12,7 @@ import (
 
 func testTenantCreateGet(t *testing.T, s *suite) {
 	b := s.setup(t)
-	st := idem.DefaultSettings()
-	st.ReplayWindowSeconds = 3600
-	st.ReaperThresholdSeconds = 7200
-	st.LeaseSecondsDefault = 15
-	st.LeaseSecondsMax = 600
+	st := withTimes(idem.DefaultSettings(), 3600, 7200, 15, 600)
 	st.MaxResponseBytes = 4096
 	st.RateLimitPerSecond = 50
 	st.MaxWaitSeconds = 7
@@ -86,11 +82,7 @@ func testTenantUpdate(t *testing.T, s *suite) {
 	created := b.tenant(t, "acme")
 	b.advance(time.Hour)
 
-	st := created.Settings
-	st.ReplayWindowSeconds = 60
-	st.ReaperThresholdSeconds = 60
-	st.LeaseSecondsDefault = 10
-	st.LeaseSecondsMax = 60
+	st := withTimes(created.Settings, 60, 60, 10, 60)
 	st.RateLimitPerSecond = 7
 	st.MaxWaitSeconds = 0
 	st.RetryBudgetPercent = 100
@@ -154,6 +146,17 @@ func testTenantDelete(t *testing.T, s *suite) {
 func testPing(t *testing.T, s *suite) {
 	b := s.setup(t)
 	require.NoError(t, b.store.Ping(b.ctx))
+}
+
+// withTimes returns st with the times its records live by set: the replay
+// window, the reaper threshold, the default and the longest lease, in
+// seconds.
+func withTimes(st idem.Settings, replay, reaper, leaseDefault, leaseMax int) idem.Settings {
+	st.ReplayWindowSeconds = replay
+	st.ReaperThresholdSeconds = reaper
+	st.LeaseSecondsDefault = leaseDefault
+	st.LeaseSecondsMax = leaseMax
+	return st
 }
 
 func requireSameTenant(t *testing.T, want, got idem.Tenant) {

@@ -37,9 +37,7 @@ func webhookGroup() group {
 // sent is dropped without an error, and the tenant's deletion does not wait
 // for it. On PostgreSQL the two racing is TestLockOrderTenantDeleteAndDeliveryFinish.
 func testWebhookFinishAfterTenantDeleted(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme")
+	b, e := s.setupEndpoint(t)
 	ws := b.webhooks(t)
 	b.sendTest(t, e)
 	got := b.claimAll(t)
@@ -84,6 +82,27 @@ func (b *bundle) sendTest(t *testing.T, e idem.WebhookEndpoint) idem.Event {
 	_, err = b.webhooks(t).SendTestEvent(b.ctx, idem.SendTestEventParams{EndpointID: e.ID, Event: ev})
 	require.NoError(t, err)
 	return ev
+}
+
+// setupEndpoint is setup with tenant acme and one endpoint of it
+// (b.endpoint, subscribed to events): where most webhook cases start.
+func (s *suite) setupEndpoint(t *testing.T, events ...idem.EventType) (*bundle, idem.WebhookEndpoint) {
+	t.Helper()
+	b := s.setup(t, "acme")
+	return b, b.endpoint(t, "acme", events...)
+}
+
+// sendSpaced sends n test events to e (sendTest), a millisecond on the
+// clock after each, so that events sent one after another are ordered by
+// time, and returns their ids in order.
+func (b *bundle) sendSpaced(t *testing.T, e idem.WebhookEndpoint, n int) []string {
+	t.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = b.sendTest(t, e).ID
+		b.advance(time.Millisecond)
+	}
+	return ids
 }
 
 // deliveries lists an endpoint's delivery log, newest first.
@@ -190,9 +209,7 @@ func testWebhookEndpointLimit(t *testing.T, s *suite) {
 // A write with a stale token is refused and its key.lease_lost event is
 // stored by the same call; refusals that are not lease_lost store nothing.
 func testWebhookLeaseLost(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme")
+	b, e := s.setupEndpoint(t)
 
 	rec := b.create(t, "acme", "k")
 	stale := rec.FencingToken
@@ -248,9 +265,7 @@ func (b *bundle) claimOne(t *testing.T, id int64) idem.WebhookDelivery {
 }
 
 func testWebhookReapedInFlight(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme")
+	b, e := s.setupEndpoint(t)
 	p := ClaimParams("acme", "orphan")
 	p.ReaperThreshold = time.Minute
 	b.claim(t, p)
@@ -271,9 +286,7 @@ func testWebhookReapedInFlight(t *testing.T, s *suite) {
 }
 
 func testWebhookOrphanedOnce(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme", idem.EventKeyOrphaned)
+	b, e := s.setupEndpoint(t, idem.EventKeyOrphaned)
 	ws := b.webhooks(t)
 	b.create(t, "acme", "k")
 	b.create(t, "acme", "running")
@@ -326,9 +339,7 @@ func testWebhookFilter(t *testing.T, s *suite) {
 }
 
 func testWebhookClaimLease(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme")
+	b, e := s.setupEndpoint(t)
 	ws := b.webhooks(t)
 	ev, err := idem.NewEvent("acme", idem.EventWebhookTest, b.now(), map[string]string{"hello": "world"})
 	require.NoError(t, err)
@@ -377,9 +388,7 @@ func testWebhookClaimLease(t *testing.T, s *suite) {
 }
 
 func testWebhookDisable(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme")
+	b, e := s.setupEndpoint(t)
 	ws := b.webhooks(t)
 	b.sendTest(t, e)
 
@@ -432,9 +441,7 @@ func testWebhookDisable(t *testing.T, s *suite) {
 
 // Concurrent claimers take every due delivery exactly once.
 func testWebhookClaimRace(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme")
+	b, e := s.setupEndpoint(t)
 	ws := b.webhooks(t)
 	const events = 40
 	for range events {
@@ -483,18 +490,7 @@ func testWebhookClaimTurns(t *testing.T, s *suite) {
 	a, z := b.endpoint(t, "acme"), b.endpoint(t, "beta")
 	a2 := b.endpoint(t, "acme")
 	ws := b.webhooks(t)
-	send := func(e idem.WebhookEndpoint) string {
-		id := b.sendTest(t, e).ID
-		b.advance(time.Millisecond)
-		return id
-	}
-	var as, zs []string
-	for range 5 {
-		as = append(as, send(a))
-	}
-	for range 2 {
-		zs = append(zs, send(z))
-	}
+	as, zs := b.sendSpaced(t, a, 5), b.sendSpaced(t, z, 2)
 	claim := func(limit, perTenant int) []string {
 		t.Helper()
 		got, err := ws.ClaimWebhookDeliveries(b.ctx, idem.ClaimWebhookDeliveriesParams{Limit: limit, PerTenant: perTenant, Served: nil, Lease: time.Minute})
@@ -512,15 +508,9 @@ func testWebhookClaimTurns(t *testing.T, s *suite) {
 	require.Empty(t, claim(10, 2))
 
 	// Two endpoints of acme: each one's oldest before either one's second.
-	var a2s []string
-	as = as[:0]
-	for range 3 {
-		as = append(as, send(a))
-	}
-	for range 2 {
-		a2s = append(a2s, send(a2))
-	}
-	zs = append(zs[:0], send(z))
+	as = b.sendSpaced(t, a, 3)
+	a2s := b.sendSpaced(t, a2, 2)
+	zs = b.sendSpaced(t, z, 1)
 	require.Equal(t, []string{as[0], zs[0], a2s[0]}, claim(10, 2))
 	require.Equal(t, []string{as[1], a2s[1]}, claim(10, 2))
 	require.Equal(t, []string{as[2]}, claim(10, 2))
@@ -540,19 +530,8 @@ func testWebhookClaimServed(t *testing.T, s *suite) {
 	b.tenant(t, odd)
 	a, z, o := b.endpoint(t, "acme"), b.endpoint(t, "beta"), b.endpoint(t, odd)
 	ws := b.webhooks(t)
-	send := func(e idem.WebhookEndpoint) string {
-		id := b.sendTest(t, e).ID
-		b.advance(time.Millisecond)
-		return id
-	}
-	var as, ods []string
-	for range 3 {
-		as = append(as, send(a))
-	}
-	for range 2 {
-		ods = append(ods, send(o))
-	}
-	z0 := send(z)
+	as, ods := b.sendSpaced(t, a, 3), b.sendSpaced(t, o, 2)
+	z0 := b.sendSpaced(t, z, 1)[0]
 	claim := func(limit int, served map[string]int64) []string {
 		t.Helper()
 		got, err := ws.ClaimWebhookDeliveries(b.ctx, idem.ClaimWebhookDeliveriesParams{Limit: limit, PerTenant: 8, Served: served, Lease: time.Minute})
@@ -575,9 +554,7 @@ func testWebhookClaimServed(t *testing.T, s *suite) {
 }
 
 func testWebhookTestSend(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme", idem.EventKeyOrphaned)
+	b, e := s.setupEndpoint(t, idem.EventKeyOrphaned)
 	ws := b.webhooks(t)
 	ev, err := idem.NewEvent("acme", idem.EventWebhookTest, b.now(), nil)
 	require.NoError(t, err)
@@ -606,9 +583,7 @@ func testWebhookTestSend(t *testing.T, s *suite) {
 // Every resolution queues key.resolved in its own transaction; a refused
 // one queues nothing.
 func testWebhookResolved(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme", idem.EventKeyResolved)
+	b, e := s.setupEndpoint(t, idem.EventKeyResolved)
 	for i, a := range []idem.ResolveAction{idem.ResolveReview, idem.ResolveComplete} {
 		key := fmt.Sprintf("k%d", i)
 		rec := b.orphan(t, "acme", key)
@@ -636,9 +611,7 @@ func testWebhookResolved(t *testing.T, s *suite) {
 
 // Concurrent orphan watches (replicas) report every orphan exactly once.
 func testWebhookOrphanRace(t *testing.T, s *suite) {
-	b := s.setup(t)
-	b.tenant(t, "acme")
-	e := b.endpoint(t, "acme", idem.EventKeyOrphaned)
+	b, e := s.setupEndpoint(t, idem.EventKeyOrphaned)
 	ws := b.webhooks(t)
 	const orphans = 30
 	for i := range orphans {

@@ -14,12 +14,13 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/idem-dev/idem"
 	"github.com/idem-dev/idem/client/backoff"
+	"github.com/idem-dev/idem/internal/batch"
+	"github.com/idem-dev/idem/internal/defaults"
 )
 
 // Defaults used for zero Config fields.
@@ -90,28 +91,20 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	orDefault(&c.Interval, DefaultInterval)
-	orDefault(&c.Timeout, DefaultTimeout)
-	orDefault(&c.Lease, 2*c.Timeout+5*time.Second)
-	orDefault(&c.RetryBase, DefaultRetryBase)
-	orDefault(&c.RetryCap, DefaultRetryCap)
-	orDefault(&c.MaxAge, DefaultMaxAge)
-	orDefault(&c.DisableAfter, DefaultDisableAfter)
-	orDefault(&c.Retention, DefaultRetention)
-	orDefault(&c.StoreTimeout, 5*time.Second)
-	orDefault(&c.BatchSize, DefaultBatchSize)
-	orDefault(&c.Concurrency, DefaultConcurrency)
-	orDefault(&c.DisableMinFailures, DefaultDisableMinFailures)
-	orDefault(&c.MaxResponseBytes, DefaultMaxResponseBytes)
+	defaults.Set(&c.Interval, DefaultInterval)
+	defaults.Set(&c.Timeout, DefaultTimeout)
+	defaults.Set(&c.Lease, 2*c.Timeout+5*time.Second)
+	defaults.Set(&c.RetryBase, DefaultRetryBase)
+	defaults.Set(&c.RetryCap, DefaultRetryCap)
+	defaults.Set(&c.MaxAge, DefaultMaxAge)
+	defaults.Set(&c.DisableAfter, DefaultDisableAfter)
+	defaults.Set(&c.Retention, DefaultRetention)
+	defaults.Set(&c.StoreTimeout, 5*time.Second)
+	defaults.Set(&c.BatchSize, DefaultBatchSize)
+	defaults.Set(&c.Concurrency, DefaultConcurrency)
+	defaults.Set(&c.DisableMinFailures, DefaultDisableMinFailures)
+	defaults.Set(&c.MaxResponseBytes, DefaultMaxResponseBytes)
 	return c
-}
-
-// orDefault sets *v to d when it is zero or negative: a Config field left
-// unset takes its default.
-func orDefault[T ~int | ~int64](v *T, d T) {
-	if *v <= 0 {
-		*v = d
-	}
 }
 
 // Deliverer runs the delivery job.
@@ -295,17 +288,11 @@ func (d *Deliverer) claim(ctx context.Context, limit int, served map[string]int6
 // returns how many it claimed. Run is the job; this is one step of it for
 // tests and tools.
 func (d *Deliverer) DeliverOnce(ctx context.Context) (int, error) {
-	batch, err := d.claim(ctx, min(d.cfg.Concurrency, d.cfg.BatchSize), nil)
+	claimed, err := d.claim(ctx, min(d.cfg.Concurrency, d.cfg.BatchSize), nil)
 	if err != nil {
 		return 0, err
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(batch))
-	for i, del := range batch {
-		wg.Go(func() { errs[i] = d.deliver(ctx, del) })
-	}
-	wg.Wait()
-	return len(batch), errors.Join(errs...)
+	return len(claimed), batch.Each(ctx, claimed, d.deliver)
 }
 
 // deliver makes one attempt and records its outcome. An attempt that was

@@ -141,16 +141,46 @@ func ValidateURL(raw string, allowPrivate bool) error {
 // secret: the one way the API and the CLI create endpoints. A bad input is
 // an invalid_request naming its field.
 func NewEndpoint(tenantID, rawURL string, events []idem.EventType, enabled, allowPrivate bool) (idem.WebhookEndpoint, error) {
-	if err := CheckURL(rawURL, allowPrivate); err != nil {
+	e := idem.WebhookEndpoint{
+		TenantID: tenantID, ID: idem.NewWebhookEndpointID(),
+		Secret: idem.NewWebhookSecret(), Enabled: enabled,
+	}
+	if err := (EndpointPatch{URL: &rawURL, Events: &events}).Apply(&e, allowPrivate); err != nil {
 		return idem.WebhookEndpoint{}, err
 	}
-	if err := idem.ValidateEventFilter(events); err != nil {
-		return idem.WebhookEndpoint{}, err
+	return e, nil
+}
+
+// EndpointPatch is a change to an endpoint (PATCH /v1/webhooks/{id},
+// `server webhooks set`): a nil field keeps its value; enabling clears the
+// failure streak (the store's UpdateWebhookEndpoint).
+type EndpointPatch struct {
+	URL     *string
+	Events  *[]idem.EventType
+	Enabled *bool
+}
+
+// Apply checks the patch's fields with the rules of NewEndpoint and sets
+// them on e: the one way the API and the CLI create and change endpoints.
+// A bad input is an invalid_request naming its field, and e is then left
+// as it was in the fields not yet set.
+func (p EndpointPatch) Apply(e *idem.WebhookEndpoint, allowPrivate bool) error {
+	if p.URL != nil {
+		if err := CheckURL(*p.URL, allowPrivate); err != nil {
+			return err
+		}
+		e.URL = *p.URL
 	}
-	return idem.WebhookEndpoint{
-		TenantID: tenantID, ID: idem.NewWebhookEndpointID(), URL: rawURL,
-		Secret: idem.NewWebhookSecret(), Events: events, Enabled: enabled,
-	}, nil
+	if p.Events != nil {
+		if err := idem.ValidateEventFilter(*p.Events); err != nil {
+			return err
+		}
+		e.Events = *p.Events
+	}
+	if p.Enabled != nil {
+		e.Enabled = *p.Enabled
+	}
+	return nil
 }
 
 // CheckURL is ValidateURL as an invalid_request naming "url".

@@ -108,22 +108,21 @@ func runWebhooks(ctx context.Context, e env, args []string) int {
 		if err != nil {
 			return fail(e, "webhooks set: %s", describe(err))
 		}
+		var patch webhooks.EndpointPatch
 		if given["url"] {
-			if err := webhooks.CheckURL(*url, cfg.Webhooks.AllowPrivate); err != nil {
-				return fail(e, "webhooks set: %s", describe(err))
-			}
-			ep.URL = *url
+			patch.URL = url
 		}
 		if given["events"] {
-			ep.Events = parseEvents(*events)
-			if err := idem.ValidateEventFilter(ep.Events); err != nil {
-				return fail(e, "webhooks set: %s", describe(err))
-			}
+			evs := parseEvents(*events)
+			patch.Events = &evs
 		}
 		if given["enabled"] {
-			ep.Enabled = *enabled
+			patch.Enabled = enabled
 		}
-		ep, err = ws.UpdateWebhookEndpoint(ctx, ep)
+		err = patch.Apply(&ep, cfg.Webhooks.AllowPrivate)
+		if err == nil {
+			ep, err = ws.UpdateWebhookEndpoint(ctx, ep)
+		}
 		if err != nil {
 			return fail(e, "webhooks set: %s", describe(err))
 		}
