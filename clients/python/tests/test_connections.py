@@ -9,6 +9,8 @@ frees up is kept too."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -99,3 +101,39 @@ def test_async_client_reuses_connections(counting: _Counting, callers: int, call
     sequential, opened = asyncio.run(main())
     assert sequential <= 2, f"{sequential} connections for 200 sequential calls"
     assert opened <= 2 * callers, f"{opened} new connections for {callers}x{calls} concurrent calls"
+
+
+class _Lookups:
+    """A sys.meta_path finder that finds nothing and records the modules
+    Python searched for (a module already imported is never searched)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        self.names.append(name)
+        return None
+
+
+def test_async_client_imports_nothing_per_call(counting: _Counting) -> None:
+    """httpcore's async pool asks sniffio which event loop runs at every
+    lock and event it makes (several per call) by importing it inside the
+    function; anyio >= 4.11 no longer installs sniffio, and Python does not
+    cache a failed import, so without it every call searched the whole
+    sys.path for sniffio again (encode/httpcore#1103). The SDK depends on
+    sniffio itself: after the first call no call imports anything."""
+    async def main(lookups: _Lookups) -> None:
+        async with AsyncClient(_url(counting), token="t") as c:
+            await c.get("k")
+            sys.meta_path.insert(0, lookups)
+            try:
+                for _ in range(50):
+                    await c.get("k")
+            finally:
+                sys.meta_path.remove(lookups)
+
+    lookups = _Lookups()
+    asyncio.run(main(lookups))
+    assert lookups.names == [], f"modules searched for during 50 calls: {sorted(set(lookups.names))}"
+    requires = importlib.metadata.requires("idem-client") or []
+    assert any(r.replace(" ", "").startswith("sniffio") for r in requires), requires
