@@ -15,6 +15,7 @@ from ._core import (RENEWAL_POINT, AttemptInfo, Call, ClaimState, Core, Logical,
                     is_lease_lost, lease_length, replayed_result, seeded, wall_now)
 from ._errors import KEY_NOT_FOUND, IdemError, ProblemError
 from ._keys import validate_key
+from ._pool import async_transport
 from ._retry import RetryPolicy
 from ._types import ClaimResult, KeyPage, Record, Response, RunResult
 
@@ -83,7 +84,7 @@ class AsyncClient:
                  now: Callable[[], datetime] = wall_now, attempt_ids: bool = True) -> None:
         self._core = Core(base_url, token, policy or RetryPolicy(), user_agent, on_attempt, monotonic, now, attempt_ids)
         self._own_http = http is None
-        self._http = http or httpx.AsyncClient(limits=POOL_LIMITS)
+        self._http = http or httpx.AsyncClient(limits=POOL_LIMITS, transport=async_transport(POOL_LIMITS))
         self._sleep = sleep
 
     @property
