@@ -249,6 +249,14 @@ func CompletionDeadline(now, purgeAfter time.Time, d time.Duration) time.Time {
 type PickCompletionsParams struct {
 	// Limit bounds the records taken.
 	Limit int
+	// PerTenant bounds the records of one tenant taken (its oldest leases
+	// first); zero means Limit. SkipTenants are not picked from at all.
+	// The job passes its per-tenant share of its attempts, and the
+	// tenants whose share is in use, so one tenant's backlog behind a
+	// hanging endpoint never holds every slot while another's orphan
+	// waits.
+	PerTenant   int
+	SkipTenants []string
 	// Lease is the completer's lease on a record it takes: one attempt's
 	// timeout and the time to record it.
 	Lease time.Duration
@@ -455,3 +463,11 @@ var (
 	ErrOutcomeUnknown = &Error{Code: CodeOutcomeUnknown}
 	ErrOutcomeReview  = &Error{Code: CodeOutcomeReview}
 )
+
+// PerTenantLimit is PerTenant, or Limit when it is zero.
+func (p PickCompletionsParams) PerTenantLimit() int {
+	if p.PerTenant > 0 {
+		return p.PerTenant
+	}
+	return p.Limit
+}

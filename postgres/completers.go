@@ -96,6 +96,7 @@ func (s *Store) DeleteCompleter(ctx context.Context, tenantID, id string) error 
 func (s *Store) PickCompletions(ctx context.Context, p idem.PickCompletionsParams) ([]idem.PickedCompletion, error) {
 	rows, err := s.q.PickCompletions(ctx, dbsqlc.PickCompletionsParams{
 		LeaseUs: micros(p.Lease), DeadlineUs: micros(p.Deadline), RowLimit: int32(p.Limit), Now: s.clock(),
+		PerTenant: int64(p.PerTenantLimit()), SkipTenants: append([]string{}, p.SkipTenants...),
 	})
 	if err != nil {
 		return nil, s.interpretError(err, "pick completions")

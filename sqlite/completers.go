@@ -90,7 +90,12 @@ func (s *Store) PickCompletions(ctx context.Context, p idem.PickCompletionsParam
 	var out []idem.PickedCompletion
 	err := s.inTx(ctx, "pick completions", func(q *dbsqlc.Queries, now time.Time) error {
 		out = out[:0]
-		cands, err := q.PickCompletionCandidates(ctx, dbsqlc.PickCompletionCandidatesParams{Now: micros(now), RowLimit: int64(p.Limit)})
+		// "" names no tenant: an empty list would read NOT IN (NULL),
+		// which excludes every row.
+		cands, err := q.PickCompletionCandidates(ctx, dbsqlc.PickCompletionCandidatesParams{
+			Now: micros(now), RowLimit: int64(p.Limit), PerTenant: int64(p.PerTenantLimit()),
+			SkipTenants: append([]string{""}, p.SkipTenants...),
+		})
 		if err != nil {
 			return fmt.Errorf("pick candidates: %w", err)
 		}

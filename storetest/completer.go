@@ -27,6 +27,7 @@ func completerGroup() group {
 		{"ReviewRefusesRetry", testCompleterReview},
 		{"DeadAttemptTakenAgain", testCompleterDeadAttempt},
 		{"PickRace", testCompleterPickRace},
+		{"PickBoundedPerTenant", testCompleterPickPerTenant},
 		{"ListingFilters", testCompleterListing},
 	}}
 }
@@ -390,4 +391,40 @@ func testCompleterListing(t *testing.T, s *suite) {
 	stats, err := b.store.Completers().CompletionStats(b.ctx)
 	require.NoError(t, err)
 	require.Len(t, stats, 2)
+}
+
+// A pick takes at most PerTenant records of one tenant, its oldest leases
+// first, and none of SkipTenants: one tenant's backlog never takes every
+// slot of the completer while another tenant's orphan waits.
+func testCompleterPickPerTenant(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "hog")
+	b.tenant(t, "calm")
+	b.completer(t, "hog", "")
+	b.completer(t, "calm", "")
+	for i := range 5 {
+		b.orphan(t, "hog", fmt.Sprintf("h%d", i))
+	}
+	b.orphan(t, "calm", "c")
+	p := completerPolicy
+	p.Limit, p.PerTenant, p.SkipTenants = 3, 2, nil
+	picked, err := b.store.Completers().PickCompletions(b.ctx, p)
+	require.NoError(t, err)
+	per := map[string]int{}
+	for _, pc := range picked {
+		per[pc.Record.TenantID]++
+	}
+	require.Equal(t, map[string]int{"hog": 2, "calm": 1}, per, "at most PerTenant of the hog, and the calm tenant's orphan")
+
+	p.PerTenant, p.SkipTenants = 5, []string{"hog"}
+	picked, err = b.store.Completers().PickCompletions(b.ctx, p)
+	require.NoError(t, err)
+	require.Empty(t, picked, "nothing of a skipped tenant")
+	p.SkipTenants = nil
+	picked, err = b.store.Completers().PickCompletions(b.ctx, p)
+	require.NoError(t, err)
+	require.Len(t, picked, 3, "the hog's other orphans once it is not skipped")
+	for _, pc := range picked {
+		require.Equal(t, "hog", pc.Record.TenantID)
+	}
 }
