@@ -90,7 +90,13 @@ export interface ResumeRequest {
     header(name: string): string | undefined;
     /** Reads the whole body within limit; rejects with FrontDoorError payload_too_large or invalid_request. */
     body(limit: number): Promise<Uint8Array>;
-    /** Aborts when the completer's call goes away; the claim's signal follows it. */
+    /**
+     * Aborts when the completer's call goes away. The handler does not pass
+     * it on: the resume function runs until the completer's lease on the key
+     * ends (the call's `leaseExpiresAt`), as in the Go and Python SDKs, so a
+     * hang-up never cuts its work between an external call and its
+     * checkpoint.
+     */
     signal?: AbortSignal;
 }
 /**
@@ -119,7 +125,10 @@ export declare function decodeResumeCall(webhookId: string, body: Uint8Array): R
  * function with a {@link Claim} under the call's fencing token (its
  * checkpoints renew idem's lease and move the recovery point on; no lease
  * keeper runs: the completer holds the key until `call.leaseExpiresAt`),
- * and answers 200 with the outcome:
+ * and answers 200 with the outcome. `claim.signal` aborts at
+ * `call.leaseExpiresAt`, not when idem hangs up: the function runs until
+ * the completer's lease ends even after a timed-out call, so work that
+ * made its external call still reaches its checkpoint. The outcomes:
  *
  * - a response → `completed` with it (a body that is not UTF-8 as base64);
  * - {@link ResumeAnswer.notDone} or a thrown {@link NoSideEffect} → `not_done`;

@@ -129,7 +129,13 @@ export interface ResumeRequest {
   header(name: string): string | undefined;
   /** Reads the whole body within limit; rejects with FrontDoorError payload_too_large or invalid_request. */
   body(limit: number): Promise<Uint8Array>;
-  /** Aborts when the completer's call goes away; the claim's signal follows it. */
+  /**
+   * Aborts when the completer's call goes away. The handler does not pass
+   * it on: the resume function runs until the completer's lease on the key
+   * ends (the call's `leaseExpiresAt`), as in the Go and Python SDKs, so a
+   * hang-up never cuts its work between an external call and its
+   * checkpoint.
+   */
   signal?: AbortSignal;
 }
 
@@ -264,7 +270,10 @@ function asResponse(r: unknown): StoredResponse | undefined {
  * function with a {@link Claim} under the call's fencing token (its
  * checkpoints renew idem's lease and move the recovery point on; no lease
  * keeper runs: the completer holds the key until `call.leaseExpiresAt`),
- * and answers 200 with the outcome:
+ * and answers 200 with the outcome. `claim.signal` aborts at
+ * `call.leaseExpiresAt`, not when idem hangs up: the function runs until
+ * the completer's lease ends even after a timed-out call, so work that
+ * made its external call still reaches its checkpoint. The outcomes:
  *
  * - a response → `completed` with it (a body that is not UTF-8 as base64);
  * - {@link ResumeAnswer.notDone} or a thrown {@link NoSideEffect} → `not_done`;
@@ -318,13 +327,20 @@ export class ResumeHandler {
       if (err instanceof FrontDoorError) return refuse(err);
       throw err;
     }
-    return jsonAnswer(await this.run(call, req.signal));
+    return jsonAnswer(await this.run(call));
   }
 
   /** Runs the resume function for a verified call and maps what it did to the protocol's answer. */
-  private async run(call: ResumeCall, signal: AbortSignal | undefined): Promise<Record<string, unknown>> {
+  private async run(call: ResumeCall): Promise<Record<string, unknown>> {
+    // The claim's signal aborts when the completer's lease on the key ends
+    // (then the next attempt may take the key with a new token), never
+    // when idem hangs up: a completer that timed out, or whose replica
+    // died, leaves the function to reach its checkpoint, which the next
+    // attempt resumes from, instead of cutting it after an external call
+    // that the next attempt would then repeat.
+    const signal = AbortSignal.timeout(Math.max(0, call.leaseExpiresAt.getTime() - this.o.now()));
     const claim = new Claim(this.o.client, call.key, call.fencingToken, call.attempt, true, undefined, call.recoveryPoint ?? "",
-      call.recoveryData === null ? undefined : call.recoveryData, signal ?? new AbortController().signal, call);
+      call.recoveryData === null ? undefined : call.recoveryData, signal, call);
     let result: unknown;
     try {
       result = await this.o.resume(claim, call);

@@ -7,6 +7,7 @@ and idem.asgi (ResumeEndpoint, ResumeMiddleware)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -16,6 +17,7 @@ import logging
 import math
 import re
 import secrets as _secrets
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -330,11 +332,25 @@ class Endpoint:
 
         claim = Claim(client, call.key, claim_result(call), None)
         claim.resume = call
+        # claim.lease_lost is set when the completer's lease on the key ends
+        # (the call's lease_expires_at), as the Go SDK's context ends then:
+        # the next attempt may take the key with a new token, so a long
+        # function checking it between steps stops rather than work beside
+        # that attempt. A hang-up of idem does not set it.
+        timer = threading.Timer(self.lease_left(call), claim.lease_lost.set)
+        timer.daemon = True
+        timer.start()
         try:
             result = resume(claim, call)
         except Exception as err:
             return self.failed(call, err)
+        finally:
+            timer.cancel()
         return self.answered(call, result)
+
+    def lease_left(self, call: ResumeCall) -> float:
+        """Seconds until the completer's lease on the key ends (0 when it has)."""
+        return max(0.0, call.lease_expires_at.timestamp() - self.now())
 
     async def run_async(self, client: AsyncClient, resume: AsyncResumeFunction, call: ResumeCall) -> Answer:
         """Run an async resume function for a verified call."""
@@ -342,8 +358,12 @@ class Endpoint:
 
         claim = AsyncClaim(client, call.key, claim_result(call), None)
         claim.resume = call
+        # As in run: claim.lease_lost is set at the call's lease_expires_at.
+        timer = asyncio.get_running_loop().call_later(self.lease_left(call), claim.lease_lost.set)
         try:
             result = await resume(claim, call)
         except Exception as err:
             return self.failed(call, err)
+        finally:
+            timer.cancel()
         return self.answered(call, result)
