@@ -291,6 +291,12 @@ type FinishCompletionParams struct {
 	Response *Response
 	// RetryIn is the pause before the next attempt (OutcomeUnknown).
 	RetryIn time.Duration
+	// WaitOutLease: the endpoint gave no answer of the protocol (a
+	// timeout, a hang-up), so it may still be at work under the attempt's
+	// token; the next attempt is then due no sooner than the record's
+	// lease as the store holds it, which the attempt's own checkpoints
+	// may have extended past the completer's (NextAttemptAt).
+	WaitOutLease bool
 	// Note is the audit note: why the attempt was unknown, the endpoint's
 	// review note, or why the completer gave up.
 	Note        string
@@ -338,6 +344,19 @@ func (p FinishCompletionParams) AuditAction() ResolveAction {
 		return AuditCompleterReview
 	}
 	return AuditCompleterUnknown
+}
+
+// NextAttemptAt is when the next attempt of an unknown finish p on the
+// stored record is due, at now: after RetryIn, and with WaitOutLease not
+// before the record's lease ends (a function still running under the
+// attempt's token and checkpointing must not get a second attempt beside
+// it). The store reads stored in the finish's transaction.
+func (p FinishCompletionParams) NextAttemptAt(stored Record, now time.Time) time.Time {
+	at := now.Add(p.RetryIn)
+	if p.WaitOutLease && stored.LeaseExpiresAt.After(at) {
+		at = stored.LeaseExpiresAt
+	}
+	return at
 }
 
 // CheckFinishCompletion returns the error for a finish on the stored

@@ -350,6 +350,9 @@ func (c *Completer) attempt(ctx context.Context, pc idem.PickedCompletion) error
 			retryAfter = max(retryAfter, rec.LeaseExpiresAt.Sub(now))
 		}
 		p = c.unknown(p, comp, now, v.note, retryAfter)
+		// Its checkpoints may have extended the lease past the
+		// completer's: the store waits out the lease as it holds it.
+		p.WaitOutLease = !v.answered
 	}
 	p.Note = cutNote(p.Note)
 	c.m.ObserveCompleterAttempt(p.Outcome)

@@ -165,7 +165,8 @@ func (s *Store) FinishCompletion(ctx context.Context, p idem.FinishCompletionPar
 			rec = *stored
 		case idem.OutcomeUnknown:
 			row, err := q.SetCompletionUnknown(ctx, dbsqlc.SetCompletionUnknownParams{
-				TenantID: p.TenantID, Key: p.Key, FencingToken: p.FencingToken, RetryUs: micros(p.RetryIn), Now: now,
+				TenantID: p.TenantID, Key: p.Key, FencingToken: p.FencingToken, Now: now,
+				RetryUs: micros(p.NextAttemptAt(*stored, stored.ObservedAt).Sub(stored.ObservedAt)),
 			})
 			if err != nil {
 				return fmt.Errorf("update record: %w", err)

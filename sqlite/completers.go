@@ -184,7 +184,7 @@ func (s *Store) FinishCompletion(ctx context.Context, p idem.FinishCompletionPar
 			rec = *stored
 		case idem.OutcomeUnknown:
 			row, err = q.SetCompletionUnknown(ctx, dbsqlc.SetCompletionUnknownParams{
-				TenantID: p.TenantID, Key: p.Key, NextAt: microsPtr(now.Add(p.RetryIn)), Now: microsPtr(now),
+				TenantID: p.TenantID, Key: p.Key, NextAt: microsPtr(p.NextAttemptAt(*stored, now)), Now: microsPtr(now),
 			})
 		case idem.OutcomeReview:
 			row, err = q.SetCompletionReview(ctx, dbsqlc.SetCompletionReviewParams{

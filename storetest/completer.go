@@ -28,6 +28,7 @@ func completerGroup() group {
 		{"DeadAttemptTakenAgain", testCompleterDeadAttempt},
 		{"PickRace", testCompleterPickRace},
 		{"PickBoundedPerTenant", testCompleterPickPerTenant},
+		{"UnknownWaitsOutExtendedLease", testCompleterUnknownWaitsOutLease},
 		{"ListingFilters", testCompleterListing},
 	}}
 }
@@ -426,5 +427,49 @@ func testCompleterPickPerTenant(t *testing.T, s *suite) {
 	require.Len(t, picked, 3, "the hog's other orphans once it is not skipped")
 	for _, pc := range picked {
 		require.Equal(t, "hog", pc.Record.TenantID)
+	}
+}
+
+// An attempt without an answer (a timeout) whose function checkpointed
+// under the attempt's token, extending the lease past the completer's:
+// the next attempt is due no sooner than that lease, so it never runs
+// beside the function; with an answer (WaitOutLease false) the backoff
+// alone decides.
+func testCompleterUnknownWaitsOutLease(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	b.completer(t, "acme", "")
+	for _, wait := range []bool{true, false} {
+		key := fmt.Sprintf("k-%v", wait)
+		b.orphan(t, "acme", key)
+		picked := b.pick(t)
+		require.Len(t, picked, 1)
+		pc := picked[0]
+		// The resume function checkpoints while the completer's call times out.
+		b.checkpoint(t, idem.CheckpointParams{
+			TenantID: "acme", Key: key, FencingToken: pc.Record.FencingToken,
+			RecoveryPoint: "charged", Lease: time.Hour,
+		})
+		leaseEnd := b.get(t, "acme", key).LeaseExpiresAt
+		rec, err := b.store.Completers().FinishCompletion(b.ctx, idem.FinishCompletionParams{
+			TenantID: "acme", Key: key, FencingToken: pc.Record.FencingToken, Attempt: pc.Record.Completion.Attempts,
+			Outcome: idem.OutcomeUnknown, RetryIn: time.Minute, WaitOutLease: wait,
+			Note: "outcome unknown: timeout", CompleterID: pc.Completer.ID,
+		})
+		require.NoError(t, err)
+		require.Equal(t, idem.CompletionUnknown, rec.Completion.State)
+		if wait {
+			requireTime(t, leaseEnd, rec.Completion.NextAttemptAt, "NextAttemptAt waits out the extended lease")
+			b.advance(time.Minute)
+			require.Empty(t, b.pick(t), "no second attempt while the function's lease runs")
+			b.advance(time.Hour)
+			again := b.pick(t)
+			require.Len(t, again, 1, "taken again once the lease ran out")
+			require.Equal(t, "charged", again[0].Record.RecoveryPoint)
+			_, err := b.finish(t, again[0], idem.OutcomeReview, nil, 0)
+			require.NoError(t, err)
+		} else {
+			requireTime(t, b.now().Add(time.Minute), rec.Completion.NextAttemptAt, "an answered unknown: the backoff alone")
+		}
 	}
 }
