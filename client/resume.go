@@ -105,6 +105,9 @@ func (e *retryLaterError) Unwrap() error { return e.cause }
 // resumes from, instead of being cut between the two and done again; once
 // the lease ends the next attempt takes the key with a new fencing token,
 // and a write of this one gets lease_lost. A panic of fn answers unknown.
+// An error or a panic is answered with a fixed note ("the resume function
+// returned an error", "… panicked"), never its text, which may hold a
+// secret; the function logs what it needs itself.
 func (c *Client) ResumeHandler(secret string, fn ResumeFunc) http.Handler {
 	key, keyErr := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -153,7 +156,9 @@ type resumeAnswer struct {
 func (c *Client) resume(ctx context.Context, call ResumeCall, fn ResumeFunc) (a resumeAnswer) {
 	defer func() {
 		if p := recover(); p != nil {
-			a = resumeAnswer{Outcome: "unknown", Note: fmt.Sprintf("the resume function panicked: %v", p)}
+			// A fixed note: the panic value may hold a secret, a token,
+			// a customer's data, and the note leaves the app.
+			a = resumeAnswer{Outcome: "unknown", Note: "the resume function panicked"}
 		}
 	}()
 	claim := &Claim{
@@ -172,9 +177,11 @@ func (c *Client) resume(ctx context.Context, call ResumeCall, fn ResumeFunc) (a 
 	case errors.As(err, &review):
 		return resumeAnswer{Outcome: "review", Note: review.note}
 	case errors.As(err, &later):
-		return resumeAnswer{Outcome: "unknown", RetryAfterSeconds: later.d.Seconds(), Note: err.Error()}
+		return resumeAnswer{Outcome: "unknown", RetryAfterSeconds: later.d.Seconds(), Note: "the resume function asked to retry later"}
 	}
-	return resumeAnswer{Outcome: "unknown", Note: err.Error()}
+	// Never err.Error(): an error may carry a secret (a PSP's message with
+	// a key, a DSN), and the note leaves the app for idem.
+	return resumeAnswer{Outcome: "unknown", Note: "the resume function returned an error"}
 }
 
 func writeResumeAnswer(w http.ResponseWriter, a resumeAnswer) {
