@@ -116,10 +116,14 @@ export declare function verifySignature(secrets: string | readonly string[], id:
  * FrontDoorError invalid_request.
  */
 export declare function decodeResumeCall(webhookId: string, body: Uint8Array): ResumeCall;
+/** The most webhook-ids a {@link ResumeHandler} remembers to refuse a replayed call; past it the oldest are forgotten first. */
+export declare const maxSeenResumeIds = 4096;
 /**
  * The resume endpoint, framework-free: {@link expressResumeHandler} and
  * {@link fetchResumeHandler} mount it. A call whose signature does not
- * verify, or is older or newer than five minutes, is 401 unauthenticated
+ * verify, or is older or newer than five minutes, or whose webhook-id the
+ * handler already verified (a replay; the last {@link maxSeenResumeIds}
+ * ids are remembered for ten minutes), is 401 unauthenticated
  * (problem+json) and the resume function does not run; a body that is not
  * a valid call is 400 invalid_request. A verified call runs the resume
  * function with a {@link Claim} under the call's fencing token (its
@@ -140,6 +144,7 @@ export declare function decodeResumeCall(webhookId: string, body: Uint8Array): R
  */
 export declare class ResumeHandler {
     private readonly o;
+    private readonly seen;
     constructor(opts: ResumeOptions);
     /** Serves one call of the completer. */
     handle(req: ResumeRequest): Promise<Answer>;

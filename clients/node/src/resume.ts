@@ -261,10 +261,35 @@ function asResponse(r: unknown): StoredResponse | undefined {
   }
 }
 
+/** The most webhook-ids a {@link ResumeHandler} remembers to refuse a replayed call; past it the oldest are forgotten first. */
+export const maxSeenResumeIds = 4096;
+
+/**
+ * The webhook-ids of the verified calls, remembered for twice the
+ * signature tolerance: a signed call replayed while its timestamp is still
+ * accepted is refused (idem sends each attempt with a new id).
+ */
+class SeenIds {
+  private readonly until = new Map<string, number>(); // insertion order: oldest first
+
+  /** Whether id is new at nowMs; remembers it. */
+  add(id: string, nowMs: number): boolean {
+    for (const [old, until] of this.until) {
+      if (this.until.size < maxSeenResumeIds && until > nowMs) break;
+      this.until.delete(old);
+    }
+    if (this.until.has(id)) return false;
+    this.until.set(id, nowMs + 2 * signatureToleranceSeconds * 1000);
+    return true;
+  }
+}
+
 /**
  * The resume endpoint, framework-free: {@link expressResumeHandler} and
  * {@link fetchResumeHandler} mount it. A call whose signature does not
- * verify, or is older or newer than five minutes, is 401 unauthenticated
+ * verify, or is older or newer than five minutes, or whose webhook-id the
+ * handler already verified (a replay; the last {@link maxSeenResumeIds}
+ * ids are remembered for ten minutes), is 401 unauthenticated
  * (problem+json) and the resume function does not run; a body that is not
  * a valid call is 400 invalid_request. A verified call runs the resume
  * function with a {@link Claim} under the call's fencing token (its
@@ -285,6 +310,7 @@ function asResponse(r: unknown): StoredResponse | undefined {
  */
 export class ResumeHandler {
   private readonly o: Required<Omit<ResumeOptions, "secret">> & { secrets: readonly string[] };
+  private readonly seen = new SeenIds();
 
   constructor(opts: ResumeOptions) {
     const secrets = typeof opts.secret === "string" ? [opts.secret] : [...opts.secret];
@@ -320,6 +346,7 @@ export class ResumeHandler {
     const id = req.header("webhook-id");
     const why = verifySignature(this.o.secrets, id, req.header("webhook-timestamp"), req.header("webhook-signature"), body, this.o.now());
     if (why) return refuse(new FrontDoorError("unauthenticated", why));
+    if (!this.seen.add(id!, this.o.now())) return refuse(new FrontDoorError("unauthenticated", "the call's webhook-id was already seen: a replay"));
     let call: ResumeCall;
     try {
       call = decodeResumeCall(id!, body);

@@ -334,6 +334,23 @@ for (const store of stores()) {
         assert.deepEqual(await res.json(), { outcome: "not_done" });
       });
 
+      test("a signed call replayed with its webhook-id within the tolerance: 401 problem+json, the function does not run again", async () => {
+        const k = newKey("notdone");
+        const body = JSON.stringify(callBody(k, 1));
+        const id = "rsm_" + randomUUID();
+        const ts = nowSeconds();
+        const send = () => fetch(app.url, { method: "POST", body, headers: { "webhook-id": id, "webhook-timestamp": String(ts), "webhook-signature": sign(SECRET, id, ts, body) } });
+        const before = shop.resumed.length;
+        const first = await send();
+        assert.equal(first.status, 200);
+        assert.deepEqual(await first.json(), { outcome: "not_done" });
+        const again = await send();
+        assert.equal(again.status, 401);
+        assert.match(again.headers.get("content-type") ?? "", /problem\+json/);
+        assert.equal(((await again.json()) as { code: string }).code, "unauthenticated");
+        assert.equal(shop.resumed.length - before, 1, "the function ran once");
+      });
+
       const badBodies: [string, (k: string) => string | Buffer][] = [
         ["not JSON", () => "{not json"],
         ["an array", () => "[]"],

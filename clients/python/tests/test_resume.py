@@ -407,6 +407,21 @@ def test_several_signatures_one_verifies(endpoint: str) -> None:
     assert r.status_code == 200 and r.json() == {"outcome": "not_done"}
 
 
+def test_replayed_webhook_id_refused(endpoint: str, shop: Shop) -> None:
+    """A signed call replayed with its webhook-id within the tolerance is
+    401 unauthenticated and the function does not run again."""
+    k = new_key("notdone")
+    body = json.dumps(call_body(k, 1)).encode()
+    wid, ts = "rsm_" + secrets.token_hex(8), int(time.time())
+    headers = {"webhook-id": wid, "webhook-timestamp": str(ts), "webhook-signature": sign(SECRET, wid, ts, body)}
+    before = len(shop.resumed)
+    r = HTTP.post(endpoint, content=body, headers=headers)
+    assert r.status_code == 200 and r.json() == {"outcome": "not_done"}
+    r = HTTP.post(endpoint, content=body, headers=headers)
+    assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
+    assert len(shop.resumed) - before == 1, "the function ran once"
+
+
 def _without(k: str, name: str) -> bytes:
     b = call_body(k, 1)
     del b[name]

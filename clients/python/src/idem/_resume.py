@@ -265,6 +265,34 @@ def _json(doc: Mapping[str, Any]) -> Answer:
                         ("Content-Length", str(len(body)))], body)
 
 
+#: The most webhook-ids a resume endpoint remembers to refuse a replayed
+#: call; past it the oldest are forgotten first.
+MAX_SEEN_RESUME_IDS = 4096
+
+
+class _SeenIds:
+    """The webhook-ids of the verified calls, remembered for twice the
+    signature tolerance: a signed call replayed while its timestamp is still
+    accepted is refused (idem sends each attempt with a new id)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._until: dict[str, float] = {}  # insertion order: oldest first
+
+    def add(self, wid: str, now: float) -> bool:
+        """Whether wid is new at now (unix seconds); remembers it."""
+        with self._lock:
+            while self._until:
+                oldest, until = next(iter(self._until.items()))
+                if len(self._until) < MAX_SEEN_RESUME_IDS and until > now:
+                    break
+                del self._until[oldest]
+            if wid in self._until:
+                return False
+            self._until[wid] = now + 2 * SIGNATURE_TOLERANCE
+            return True
+
+
 class Endpoint:
     """What the WSGI and ASGI resume endpoints share: the checks before the
     resume function runs and the mapping of what it did to the answer."""
@@ -276,6 +304,7 @@ class Endpoint:
         self.max_body_bytes = max_body_bytes
         self.no_side_effect = no_side_effect
         self.now = now or time.time
+        self.seen = _SeenIds()
 
     @staticmethod
     def request_id(headers: Mapping[str, str]) -> str:
@@ -303,6 +332,8 @@ class Endpoint:
         why = verify_signature(self.secrets, wid, headers.get("webhook-timestamp"), headers.get("webhook-signature"), body, self.now())
         if why:
             return self.refuse(FrontDoorError(UNAUTHENTICATED, why), rid)
+        if not self.seen.add(wid or "", self.now()):
+            return self.refuse(FrontDoorError(UNAUTHENTICATED, "the call's webhook-id was already seen: a replay"), rid)
         try:
             return decode_call(wid or "", body)
         except FrontDoorError as e:
