@@ -233,6 +233,14 @@ func (p CompletionPolicy) NextAttempt(attempt int, now, deadline time.Time, retr
 type PickCompletionsParams struct {
 	// Limit bounds the records taken.
 	Limit int
+	// PerTenant bounds the records of one tenant taken (its oldest leases
+	// first); zero means Limit. SkipTenants are not picked from at all.
+	// The job passes its per-tenant share of its attempts, and the
+	// tenants whose share is in use, so one tenant's backlog behind a
+	// hanging endpoint never holds every slot while another's orphan
+	// waits.
+	PerTenant   int
+	SkipTenants []string
 	// Lease is the completer's lease on a record it takes: one attempt's
 	// timeout and the time to record it.
 	Lease time.Duration
@@ -267,6 +275,12 @@ type FinishCompletionParams struct {
 	Response *Response
 	// RetryIn is the pause before the next attempt (OutcomeUnknown).
 	RetryIn time.Duration
+	// WaitOutLease: the endpoint gave no answer of the protocol (a
+	// timeout, a hang-up), so it may still be at work under the attempt's
+	// token; the next attempt is then due no sooner than the record's
+	// lease as the store holds it, which the attempt's own checkpoints
+	// may have extended past the completer's (NextAttemptAt).
+	WaitOutLease bool
 	// Note is the audit note: why the attempt was unknown, the endpoint's
 	// review note, or why the completer gave up.
 	Note        string
@@ -314,6 +328,19 @@ func (p FinishCompletionParams) AuditAction() ResolveAction {
 		return AuditCompleterReview
 	}
 	return AuditCompleterUnknown
+}
+
+// NextAttemptAt is when the next attempt of an unknown finish p on the
+// stored record is due, at now: after RetryIn, and with WaitOutLease not
+// before the record's lease ends (a function still running under the
+// attempt's token and checkpointing must not get a second attempt beside
+// it). The store reads stored in the finish's transaction.
+func (p FinishCompletionParams) NextAttemptAt(stored Record, now time.Time) time.Time {
+	at := now.Add(p.RetryIn)
+	if p.WaitOutLease && stored.LeaseExpiresAt.After(at) {
+		at = stored.LeaseExpiresAt
+	}
+	return at
 }
 
 // CheckFinishCompletion returns the error for a finish on the stored
@@ -456,3 +483,11 @@ var (
 	ErrOutcomeUnknown = &Error{Code: CodeOutcomeUnknown}
 	ErrOutcomeReview  = &Error{Code: CodeOutcomeReview}
 )
+
+// PerTenantLimit is PerTenant, or Limit when it is zero.
+func (p PickCompletionsParams) PerTenantLimit() int {
+	if p.PerTenant > 0 {
+		return p.PerTenant
+	}
+	return p.Limit
+}

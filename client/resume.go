@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/idem-dev/idem/client/resumecall"
@@ -94,7 +95,10 @@ func (e *retryLaterError) Unwrap() error { return e.cause }
 // ResumeHandler returns the http.Handler of a resume endpoint signed with
 // secret (the whsec_… the completer's create answered). A call whose
 // signature does not verify, or whose timestamp is more than
-// ResumeTolerance from now, is refused with 401 and fn does not run.
+// ResumeTolerance from now, is refused with 401 and fn does not run; so
+// is a call whose webhook-id the handler already verified (a signed call
+// replayed within the tolerance: idem sends each attempt with a new id),
+// remembered for twice the tolerance, at most MaxSeenResumeIDs of them.
 //
 // fn's context is not the request's: it runs until the completer's lease
 // on the key ends (the call's lease_expires_at), even when the completer
@@ -103,8 +107,12 @@ func (e *retryLaterError) Unwrap() error { return e.cause }
 // resumes from, instead of being cut between the two and done again; once
 // the lease ends the next attempt takes the key with a new fencing token,
 // and a write of this one gets lease_lost. A panic of fn answers unknown.
+// An error or a panic is answered with a fixed note ("the resume function
+// returned an error", "… panicked"), never its text, which may hold a
+// secret; the function logs what it needs itself.
 func (c *Client) ResumeHandler(secret string, fn ResumeFunc) http.Handler {
 	key, keyErr := stdwebhooks.DecodeSecret(secret)
+	seen := &seenIDs{at: map[string]time.Time{}}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if keyErr != nil || len(key) == 0 {
 			http.Error(w, "resume endpoint misconfigured: the secret is not whsec_<base64>", http.StatusInternalServerError)
@@ -122,6 +130,10 @@ func (c *Client) ResumeHandler(secret string, fn ResumeFunc) http.Handler {
 		}
 		if err := VerifySignature(key, r.Header, body, c.clock.Now()); err != nil {
 			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		if !seen.add(r.Header.Get("webhook-id"), c.clock.Now()) {
+			http.Error(w, "the call's webhook-id was already seen: a replay", http.StatusUnauthorized)
 			return
 		}
 		call, err := decodeResumeCall(body)
@@ -151,7 +163,9 @@ type resumeAnswer struct {
 func (c *Client) resume(ctx context.Context, call ResumeCall, fn ResumeFunc) (a resumeAnswer) {
 	defer func() {
 		if p := recover(); p != nil {
-			a = resumeAnswer{Outcome: "unknown", Note: fmt.Sprintf("the resume function panicked: %v", p)}
+			// A fixed note: the panic value may hold a secret, a token,
+			// a customer's data, and the note leaves the app.
+			a = resumeAnswer{Outcome: "unknown", Note: "the resume function panicked"}
 		}
 	}()
 	claim := &Claim{
@@ -170,9 +184,11 @@ func (c *Client) resume(ctx context.Context, call ResumeCall, fn ResumeFunc) (a 
 	case errors.As(err, &review):
 		return resumeAnswer{Outcome: "review", Note: review.note}
 	case errors.As(err, &later):
-		return resumeAnswer{Outcome: "unknown", RetryAfterSeconds: later.d.Seconds(), Note: err.Error()}
+		return resumeAnswer{Outcome: "unknown", RetryAfterSeconds: later.d.Seconds(), Note: "the resume function asked to retry later"}
 	}
-	return resumeAnswer{Outcome: "unknown", Note: err.Error()}
+	// Never err.Error(): an error may carry a secret (a PSP's message with
+	// a key, a DSN), and the note leaves the app for idem.
+	return resumeAnswer{Outcome: "unknown", Note: "the resume function returned an error"}
 }
 
 func writeResumeAnswer(w http.ResponseWriter, a resumeAnswer) {
@@ -214,4 +230,34 @@ func decodeResumeCall(body []byte) (ResumeCall, error) {
 		call.RecoveryData = w.RecoveryData
 	}
 	return call, nil
+}
+
+// MaxSeenResumeIDs bounds the webhook-ids a ResumeHandler remembers to
+// refuse a replayed call (idem sends each attempt with a new id). Past it
+// the oldest are forgotten first.
+const MaxSeenResumeIDs = 4096
+
+// seenIDs remembers the webhook-ids of the verified calls for twice the
+// signature tolerance, so a signed call replayed while its timestamp is
+// still accepted is refused (401) rather than run again.
+type seenIDs struct {
+	mu    sync.Mutex
+	at    map[string]time.Time // id → until when it is remembered
+	order []string             // oldest first
+}
+
+// add reports whether id is new at now, and remembers it.
+func (s *seenIDs) add(id string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(s.order) > 0 && (len(s.order) >= MaxSeenResumeIDs || !s.at[s.order[0]].After(now)) {
+		delete(s.at, s.order[0])
+		s.order = s.order[1:]
+	}
+	if _, ok := s.at[id]; ok {
+		return false
+	}
+	s.at[id] = now.Add(2 * ResumeTolerance)
+	s.order = append(s.order, id)
+	return true
 }

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,5 +121,96 @@ func TestResumeHandler(t *testing.T) {
 	signedCallCtx(t, gone, h, resumeSecret, now, resumeBody)
 	if !alive {
 		t.Fatal("the function's context ended with the request's, or has no deadline (the completer's lease)")
+	}
+}
+
+// The answer's note is fixed text, never the function's error or panic
+// value: those may hold a secret (a PSP's message with a key, a DSN), and
+// the note leaves the app for idem. Over real HTTP.
+func TestResumeHandlerNoteHoldsNoSecret(t *testing.T) {
+	c, err := client.New("http://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const secret = "sk_live_51HsecretPSPkey"
+	for name, fn := range map[string]client.ResumeFunc{
+		"error": func(context.Context, client.ResumeCall, *client.Claim) (client.Response, error) {
+			return client.Response{}, errors.New("psp refused: key " + secret)
+		},
+		"retry later": func(context.Context, client.ResumeCall, *client.Claim) (client.Response, error) {
+			return client.Response{}, client.RetryLater(time.Second, errors.New("psp down, dsn postgres://u:"+secret+"@db"))
+		},
+		"panic": func(context.Context, client.ResumeCall, *client.Claim) (client.Response, error) {
+			panic("token " + secret)
+		},
+	} {
+		srv := httptest.NewServer(c.ResumeHandler(resumeSecret, fn))
+		key, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(resumeSecret, "whsec_"))
+		stamp := strconv.FormatInt(time.Now().Unix(), 10)
+		mac := hmac.New(sha256.New, key)
+		mac.Write([]byte("rsm_2." + stamp + "." + resumeBody))
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/resume", strings.NewReader(resumeBody))
+		req.Header.Set("webhook-id", "rsm_2")
+		req.Header.Set("webhook-timestamp", stamp)
+		req.Header.Set("webhook-signature", "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		srv.Close()
+		var a struct{ Outcome, Note string }
+		if res.StatusCode != 200 || json.Unmarshal(b, &a) != nil || a.Outcome != "unknown" || a.Note == "" {
+			t.Errorf("%s: %d %s, want 200 unknown with a note", name, res.StatusCode, b)
+		}
+		if strings.Contains(string(b), secret) {
+			t.Errorf("%s: the answer carries the function's secret: %s", name, b)
+		}
+	}
+}
+
+// A signed call replayed within the tolerance (same webhook-id) is
+// refused with 401 and the function does not run again; a new id runs.
+// Over real HTTP.
+func TestResumeHandlerRefusesReplayedID(t *testing.T) {
+	c, err := client.New("http://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int64
+	srv := httptest.NewServer(c.ResumeHandler(resumeSecret, func(context.Context, client.ResumeCall, *client.Claim) (client.Response, error) {
+		ran.Add(1)
+		return client.Response{Status: 201}, nil
+	}))
+	t.Cleanup(srv.Close)
+	key, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(resumeSecret, "whsec_"))
+	stamp := strconv.FormatInt(time.Now().Unix(), 10)
+	send := func(id string) int {
+		mac := hmac.New(sha256.New, key)
+		mac.Write([]byte(id + "." + stamp + "." + resumeBody))
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/resume", strings.NewReader(resumeBody))
+		req.Header.Set("webhook-id", id)
+		req.Header.Set("webhook-timestamp", stamp)
+		req.Header.Set("webhook-signature", "v1,"+base64.StdEncoding.EncodeToString(mac.Sum(nil)))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if got := send("rsm_a"); got != 200 {
+		t.Fatalf("first call: %d", got)
+	}
+	if got := send("rsm_a"); got != 401 {
+		t.Fatalf("replayed call: %d, want 401", got)
+	}
+	if got := send("rsm_b"); got != 200 {
+		t.Fatalf("a new id: %d", got)
+	}
+	if n := ran.Load(); n != 2 {
+		t.Fatalf("the function ran %d times, want 2 (the replay refused)", n)
 	}
 }

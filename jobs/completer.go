@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -26,8 +27,9 @@ import (
 
 // The completer job (issue 24; the rules are in the root package's
 // completer.go, the wire protocol on the page "When a worker dies",
-// web/docs/worker-dies, and in openapi.yaml's createCompleter callback). Every Interval, and at once while there is more,
-// it takes over up to Concurrency orphans of tenants with a matching
+// web/docs/worker-dies, and in openapi.yaml's createCompleter callback). Every Interval, at once while there is more,
+// and as soon as an attempt ends, it takes over up to Concurrency orphans
+// (at most half of them one tenant's) of tenants with a matching
 // completer (CompleterStore.PickCompletions: FOR UPDATE SKIP LOCKED on
 // PostgreSQL, the single writer on SQLite), calls each one's resume
 // endpoint, signed like a webhook, with a bounded timeout, and records the
@@ -55,8 +57,8 @@ const (
 type CompleterConfig struct {
 	// Interval is the pause between picks when nothing was due.
 	Interval time.Duration
-	// Concurrency bounds the attempts in flight on this replica (and each
-	// pick).
+	// Concurrency bounds the attempts in flight on this replica; one
+	// tenant gets at most half of them (Share).
 	Concurrency int
 	// Timeout bounds one call of a resume endpoint: connect, TLS, request
 	// and answer.
@@ -124,33 +126,124 @@ func NewCompleter(cs idem.CompleterStore, tenants idem.Store, cfg CompleterConfi
 // Config returns the configuration with defaults applied.
 func (c *Completer) Config() CompleterConfig { return c.cfg }
 
+// Share is the most attempts one tenant may have in flight on this
+// replica: half the slots (at least one), so a tenant whose endpoint hangs
+// leaves the other half to the other tenants.
+func (c CompleterConfig) Share() int {
+	return max(1, c.Concurrency/2)
+}
+
 // Run picks and attempts until ctx is done, then waits for the attempts
-// in flight (shutting down cuts them short and records nothing).
+// in flight (shutting down cuts them short and records nothing). It
+// refills a slot as soon as an attempt ends rather than waiting for a
+// whole batch, and never gives one tenant more than Share of the slots:
+// a tenant with a thousand orphans behind a hanging endpoint holds at
+// most Share slots, and another tenant's orphan is picked into the rest
+// at once.
 func (c *Completer) Run(ctx context.Context) error {
+	var (
+		mu       sync.Mutex
+		running  int
+		inflight = map[string]int{}
+		wg       sync.WaitGroup
+	)
+	freed := make(chan struct{}, 1)
+	defer wg.Wait()
+	share := c.cfg.Share()
 	for ctx.Err() == nil {
-		n, err := c.RunOnce(ctx)
+		mu.Lock()
+		free := c.cfg.Concurrency - running
+		var skip []string
+		perTenant := share
+		for tenant, n := range inflight {
+			if n >= share {
+				skip = append(skip, tenant)
+			} else {
+				perTenant = min(perTenant, share-n)
+			}
+		}
+		mu.Unlock()
+		if free <= 0 {
+			select {
+			case <-ctx.Done():
+			case <-freed:
+			}
+			continue
+		}
+		picked, err := c.pick(ctx, free, perTenant, skip)
 		if err != nil && ctx.Err() == nil {
 			c.logger.Error("completer pass failed", "err", err)
 		}
-		if n < c.cfg.Concurrency || err != nil {
-			sleepCtx(ctx, c.cfg.Interval)
+		mu.Lock()
+		for _, pc := range picked {
+			running++
+			inflight[pc.Record.TenantID]++
 		}
+		mu.Unlock()
+		for _, pc := range picked {
+			wg.Go(func() {
+				if err := c.attempt(ctx, pc); err != nil {
+					c.logger.Error("completer attempt failed", "err", err)
+				}
+				mu.Lock()
+				running--
+				if inflight[pc.Record.TenantID]--; inflight[pc.Record.TenantID] <= 0 {
+					delete(inflight, pc.Record.TenantID)
+				}
+				mu.Unlock()
+				select {
+				case freed <- struct{}{}:
+				default:
+				}
+			})
+		}
+		if len(picked) > 0 && err == nil {
+			continue // more may be due
+		}
+		// Nothing due (or the store failed): wait for the interval, or
+		// for a slot of a skipped tenant to free.
+		t := time.NewTimer(c.cfg.Interval)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		case <-freed:
+			if len(skip) == 0 {
+				// Nobody was left out of the pick: a freed slot alone
+				// makes nothing due; wait out the interval.
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+				}
+			}
+		}
+		t.Stop()
 	}
 	return nil
 }
 
-// RunOnce picks one batch (at most Concurrency records), attempts them all
-// at once and records the outcomes; it returns how many it picked.
+// RunOnce picks one batch (at most Concurrency records, at most Share of
+// one tenant), attempts them all at once and records the outcomes; it
+// returns how many it picked.
 func (c *Completer) RunOnce(ctx context.Context) (int, error) {
-	pctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
-	picked, err := c.store.PickCompletions(pctx, idem.PickCompletionsParams{
-		Limit: c.cfg.Concurrency, Lease: c.cfg.Lease, Deadline: c.cfg.Deadline,
-	})
-	cancel()
+	picked, err := c.pick(ctx, c.cfg.Concurrency, c.cfg.Share(), nil)
 	if err != nil {
-		return 0, fmt.Errorf("pick completions: %w", err)
+		return 0, err
 	}
 	return len(picked), batch.Each(ctx, picked, c.attempt)
+}
+
+// pick takes at most limit records, at most perTenant of one tenant and
+// none of skip.
+func (c *Completer) pick(ctx context.Context, limit, perTenant int, skip []string) ([]idem.PickedCompletion, error) {
+	pctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
+	defer cancel()
+	picked, err := c.store.PickCompletions(pctx, idem.PickCompletionsParams{
+		Limit: limit, PerTenant: perTenant, SkipTenants: skip, Lease: c.cfg.Lease, Deadline: c.cfg.Deadline,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pick completions: %w", err)
+	}
+	return picked, nil
 }
 
 // resumeAnswer is an endpoint's answer.
@@ -230,6 +323,9 @@ func (c *Completer) attempt(ctx context.Context, pc idem.PickedCompletion) error
 			retryAfter = max(retryAfter, rec.LeaseExpiresAt.Sub(now))
 		}
 		p = c.unknown(p, comp, now, v.note, retryAfter)
+		// Its checkpoints may have extended the lease past the
+		// completer's: the store waits out the lease as it holds it.
+		p.WaitOutLease = !v.answered
 	}
 	p.Note = cutNote(p.Note)
 	c.m.ObserveCompleterAttempt(p.Outcome)

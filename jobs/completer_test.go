@@ -3,6 +3,7 @@ package jobs_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -103,5 +104,81 @@ func TestCompleterTimedOutAttemptWaitsOutItsLease(t *testing.T) {
 		mu.Lock()
 		require.Len(t, calls, 1, "one call while the first may still run")
 		mu.Unlock()
+	})
+}
+
+// One tenant's backlog of orphans behind a hanging resume endpoint must
+// not starve another tenant: the other tenant's single orphan is resumed
+// while every call to the hanging endpoint is still open, and the hanging
+// tenant never holds more than its share of the replica's attempts.
+func TestCompleterTenantBacklogDoesNotStarveOthers(t *testing.T) {
+	t.Parallel()
+	forEachRealClock(t, func(t *testing.T, s idem.Driver) {
+		ctx, cancel := context.WithCancel(context.Background())
+		createTenant(t, s, "hog")
+		createTenant(t, s, "calm")
+		var mu sync.Mutex
+		open, maxOpen := 0, 0
+		stop := make(chan struct{})
+		hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			open++
+			maxOpen = max(maxOpen, open)
+			mu.Unlock()
+			select { // hangs until the completer hangs up or the test ends
+			case <-r.Context().Done():
+			case <-stop:
+			}
+			mu.Lock()
+			open--
+			mu.Unlock()
+		}))
+		t.Cleanup(hang.Close)
+		t.Cleanup(func() { close(stop) })
+		fine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"outcome":"completed","response":{"status":201,"headers":{},"body":"ok"}}`))
+		}))
+		t.Cleanup(fine.Close)
+		for tenant, url := range map[string]string{"hog": hang.URL, "calm": fine.URL} {
+			_, err := s.Completers().CreateCompleter(ctx, idem.Completer{
+				TenantID: tenant, ID: idem.NewCompleterID(), URL: url + "/resume", Secret: idem.NewWebhookSecret(),
+			})
+			require.NoError(t, err)
+		}
+		orphan := func(tenant, key string) {
+			_, err := s.Claim(ctx, idem.ClaimParams{
+				TenantID: tenant, Key: key, Operation: "POST /v1/payments", Fingerprint: "fp-" + key,
+				Lease: time.Millisecond, ReplayWindow: time.Minute, ReaperThreshold: time.Hour,
+			})
+			require.NoError(t, err)
+		}
+		// The hog's orphans have the oldest leases: an oldest-first pick
+		// without a per-tenant bound takes only them.
+		for i := range 20 {
+			orphan("hog", fmt.Sprintf("h%02d", i))
+		}
+		orphan("calm", "c")
+
+		const concurrency = 4
+		job := jobs.NewCompleter(s.Completers(), s, jobs.CompleterConfig{
+			Concurrency: concurrency, Interval: 10 * time.Millisecond,
+			Timeout: 10 * time.Minute, Lease: 20 * time.Minute, StoreTimeout: 5 * time.Second, AllowPrivate: true,
+		}, nil, nil)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = job.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+
+		require.Eventually(t, func() bool {
+			rec, err := s.GetRecord(ctx, idem.GetRecordParams{TenantID: "calm", Key: "c"})
+			require.NoError(t, err)
+			return rec.State == idem.StateCompleted
+		}, 30*time.Second, 10*time.Millisecond, "the calm tenant's orphan is resumed while the hog's calls hang")
+		rec, err := s.GetRecord(ctx, idem.GetRecordParams{TenantID: "calm", Key: "c"})
+		require.NoError(t, err)
+		require.Equal(t, "ok", string(rec.Response.Body), "one full stored answer")
+		mu.Lock()
+		defer mu.Unlock()
+		require.LessOrEqual(t, maxOpen, concurrency/2, "the hog holds at most its share of the attempts")
 	})
 }

@@ -96,6 +96,7 @@ func (s *Store) DeleteCompleter(ctx context.Context, p idem.DeleteCompleterParam
 func (s *Store) PickCompletions(ctx context.Context, p idem.PickCompletionsParams) ([]idem.PickedCompletion, error) {
 	rows, err := s.q.PickCompletions(ctx, dbsqlc.PickCompletionsParams{
 		LeaseUs: micros(p.Lease), DeadlineUs: micros(p.Deadline), RowLimit: int32(p.Limit), Now: s.clock(),
+		PerTenant: int64(p.PerTenantLimit()), SkipTenants: append([]string{}, p.SkipTenants...),
 	})
 	if err != nil {
 		return nil, s.interpretError(err, "pick completions")
@@ -164,7 +165,8 @@ func (s *Store) FinishCompletion(ctx context.Context, p idem.FinishCompletionPar
 			rec = *stored
 		case idem.OutcomeUnknown:
 			row, err := q.SetCompletionUnknown(ctx, dbsqlc.SetCompletionUnknownParams{
-				TenantID: p.TenantID, Key: p.Key, FencingToken: p.FencingToken, RetryUs: micros(p.RetryIn), Now: now,
+				TenantID: p.TenantID, Key: p.Key, FencingToken: p.FencingToken, Now: now,
+				RetryUs: micros(p.NextAttemptAt(*stored, stored.ObservedAt).Sub(stored.ObservedAt)),
 			})
 			if err != nil {
 				return fmt.Errorf("update record: %w", err)

@@ -90,7 +90,12 @@ func (s *Store) PickCompletions(ctx context.Context, p idem.PickCompletionsParam
 	var out []idem.PickedCompletion
 	err := s.inTx(ctx, "pick completions", func(q *dbsqlc.Queries, now time.Time) error {
 		out = out[:0]
-		cands, err := q.PickCompletionCandidates(ctx, dbsqlc.PickCompletionCandidatesParams{Now: micros(now), RowLimit: int64(p.Limit)})
+		// "" names no tenant: an empty list would read NOT IN (NULL),
+		// which excludes every row.
+		cands, err := q.PickCompletionCandidates(ctx, dbsqlc.PickCompletionCandidatesParams{
+			Now: micros(now), RowLimit: int64(p.Limit), PerTenant: int64(p.PerTenantLimit()),
+			SkipTenants: append([]string{""}, p.SkipTenants...),
+		})
 		if err != nil {
 			return fmt.Errorf("pick candidates: %w", err)
 		}
@@ -179,7 +184,7 @@ func (s *Store) FinishCompletion(ctx context.Context, p idem.FinishCompletionPar
 			rec = *stored
 		case idem.OutcomeUnknown:
 			row, err = q.SetCompletionUnknown(ctx, dbsqlc.SetCompletionUnknownParams{
-				TenantID: p.TenantID, Key: p.Key, NextAt: microsPtr(now.Add(p.RetryIn)), Now: microsPtr(now),
+				TenantID: p.TenantID, Key: p.Key, NextAt: microsPtr(p.NextAttemptAt(*stored, now)), Now: microsPtr(now),
 			})
 		case idem.OutcomeReview:
 			row, err = q.SetCompletionReview(ctx, dbsqlc.SetCompletionReviewParams{

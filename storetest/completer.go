@@ -28,6 +28,8 @@ func completerGroup() group {
 		{"ReviewRefusesRetry", testCompleterReview},
 		{"DeadAttemptTakenAgain", testCompleterDeadAttempt},
 		{"PickRace", testCompleterPickRace},
+		{"PickBoundedPerTenant", testCompleterPickPerTenant},
+		{"UnknownWaitsOutExtendedLease", testCompleterUnknownWaitsOutLease},
 		{"ListingFilters", testCompleterListing},
 	}}
 }
@@ -380,4 +382,84 @@ func testCompleterListing(t *testing.T, s *suite) {
 	stats, err := b.store.Completers().CompletionStats(b.ctx)
 	require.NoError(t, err)
 	require.Len(t, stats, 2)
+}
+
+// A pick takes at most PerTenant records of one tenant, its oldest leases
+// first, and none of SkipTenants: one tenant's backlog never takes every
+// slot of the completer while another tenant's orphan waits.
+func testCompleterPickPerTenant(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "hog")
+	b.tenant(t, "calm")
+	b.completer(t, "hog", "")
+	b.completer(t, "calm", "")
+	for i := range 5 {
+		b.orphan(t, "hog", fmt.Sprintf("h%d", i))
+	}
+	b.orphan(t, "calm", "c")
+	p := completerPolicy
+	p.Limit, p.PerTenant, p.SkipTenants = 3, 2, nil
+	picked, err := b.store.Completers().PickCompletions(b.ctx, p)
+	require.NoError(t, err)
+	per := map[string]int{}
+	for _, pc := range picked {
+		per[pc.Record.TenantID]++
+	}
+	require.Equal(t, map[string]int{"hog": 2, "calm": 1}, per, "at most PerTenant of the hog, and the calm tenant's orphan")
+
+	p.PerTenant, p.SkipTenants = 5, []string{"hog"}
+	picked, err = b.store.Completers().PickCompletions(b.ctx, p)
+	require.NoError(t, err)
+	require.Empty(t, picked, "nothing of a skipped tenant")
+	p.SkipTenants = nil
+	picked, err = b.store.Completers().PickCompletions(b.ctx, p)
+	require.NoError(t, err)
+	require.Len(t, picked, 3, "the hog's other orphans once it is not skipped")
+	for _, pc := range picked {
+		require.Equal(t, "hog", pc.Record.TenantID)
+	}
+}
+
+// An attempt without an answer (a timeout) whose function checkpointed
+// under the attempt's token, extending the lease past the completer's:
+// the next attempt is due no sooner than that lease, so it never runs
+// beside the function; with an answer (WaitOutLease false) the backoff
+// alone decides.
+func testCompleterUnknownWaitsOutLease(t *testing.T, s *suite) {
+	b := s.setup(t)
+	b.tenant(t, "acme")
+	b.completer(t, "acme", "")
+	for _, wait := range []bool{true, false} {
+		key := fmt.Sprintf("k-%v", wait)
+		b.orphan(t, "acme", key)
+		picked := b.pick(t)
+		require.Len(t, picked, 1)
+		pc := picked[0]
+		// The resume function checkpoints while the completer's call times out.
+		b.checkpoint(t, idem.CheckpointParams{
+			TenantID: "acme", Key: key, FencingToken: pc.Record.FencingToken,
+			RecoveryPoint: "charged", Lease: time.Hour,
+		})
+		leaseEnd := b.get(t, "acme", key).LeaseExpiresAt
+		rec, err := b.store.Completers().FinishCompletion(b.ctx, idem.FinishCompletionParams{
+			TenantID: "acme", Key: key, FencingToken: pc.Record.FencingToken, Attempt: pc.Record.Completion.Attempts,
+			Outcome: idem.OutcomeUnknown, RetryIn: time.Minute, WaitOutLease: wait,
+			Note: "outcome unknown: timeout", CompleterID: pc.Completer.ID,
+		})
+		require.NoError(t, err)
+		require.Equal(t, idem.CompletionUnknown, rec.Completion.State)
+		if wait {
+			requireTime(t, leaseEnd, rec.Completion.NextAttemptAt, "NextAttemptAt waits out the extended lease")
+			b.advance(time.Minute)
+			require.Empty(t, b.pick(t), "no second attempt while the function's lease runs")
+			b.advance(time.Hour)
+			again := b.pick(t)
+			require.Len(t, again, 1, "taken again once the lease ran out")
+			require.Equal(t, "charged", again[0].Record.RecoveryPoint)
+			_, err := b.finish(t, again[0], idem.OutcomeReview, nil, 0)
+			require.NoError(t, err)
+		} else {
+			requireTime(t, b.now().Add(time.Minute), rec.Completion.NextAttemptAt, "an answered unknown: the backoff alone")
+		}
+	}
 }

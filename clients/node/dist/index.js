@@ -9,4 +9,4 @@ export { FrontDoor } from "./frontdoor.js";
 export { FrontDoorError, checkIJSON, defaultStoredHeaders, escapeLabel, escapeScope, fingerprintDocument, headerNotReplayable, notReplayableDetail, mismatchDetail, headerPreferenceApplied, isJSON, operation, parseKey, pathRoute, preferWait, problemResponse, problems, requirement, scopedKey, splitTarget, storableStatus, storageQuotaDetail, tenantUnknownDetail, held, outcomeReviewDetail, outcomeUnknownDetail, unstorableStatus, storeStatus, storedHeaders, validLabelText, validRequestId, budgetRefusal, callerAttempt, retryBudgetDetail, spentBudget, } from "./rules.js";
 export { expressErrorHandler, expressMiddleware } from "./express.js";
 export { withIdempotency } from "./fetch.js";
-export { ResumeAnswer, ResumeHandler, decodeResumeCall, expressResumeHandler, fetchResumeHandler, resumeEventType, signatureToleranceSeconds, verifySignature, } from "./resume.js";
+export { ResumeAnswer, ResumeHandler, decodeResumeCall, expressResumeHandler, fetchResumeHandler, resumeEventType, signatureToleranceSeconds, maxSeenResumeIds, verifySignature, } from "./resume.js";

@@ -90,7 +90,13 @@ export interface ResumeRequest {
     header(name: string): string | undefined;
     /** Reads the whole body within limit; rejects with FrontDoorError payload_too_large or invalid_request. */
     body(limit: number): Promise<Uint8Array>;
-    /** Aborts when the completer's call goes away; the claim's signal follows it. */
+    /**
+     * Aborts when the completer's call goes away. The handler does not pass
+     * it on: the resume function runs until the completer's lease on the key
+     * ends (the call's `leaseExpiresAt`), as in the Go and Python SDKs, so a
+     * hang-up never cuts its work between an external call and its
+     * checkpoint.
+     */
     signal?: AbortSignal;
 }
 /**
@@ -110,16 +116,23 @@ export declare function verifySignature(secrets: string | readonly string[], id:
  * FrontDoorError invalid_request.
  */
 export declare function decodeResumeCall(webhookId: string, body: Uint8Array): ResumeCall;
+/** The most webhook-ids a {@link ResumeHandler} remembers to refuse a replayed call; past it the oldest are forgotten first. */
+export declare const maxSeenResumeIds = 4096;
 /**
  * The resume endpoint, framework-free: {@link expressResumeHandler} and
  * {@link fetchResumeHandler} mount it. A call whose signature does not
- * verify, or is older or newer than five minutes, is 401 unauthenticated
+ * verify, or is older or newer than five minutes, or whose webhook-id the
+ * handler already verified (a replay; the last {@link maxSeenResumeIds}
+ * ids are remembered for ten minutes), is 401 unauthenticated
  * (problem+json) and the resume function does not run; a body that is not
  * a valid call is 400 invalid_request. A verified call runs the resume
  * function with a {@link Claim} under the call's fencing token (its
  * checkpoints renew idem's lease and move the recovery point on; no lease
  * keeper runs: the completer holds the key until `call.leaseExpiresAt`),
- * and answers 200 with the outcome:
+ * and answers 200 with the outcome. `claim.signal` aborts at
+ * `call.leaseExpiresAt`, not when idem hangs up: the function runs until
+ * the completer's lease ends even after a timed-out call, so work that
+ * made its external call still reaches its checkpoint. The outcomes:
  *
  * - a response → `completed` with it (a body that is not UTF-8 as base64);
  * - {@link ResumeAnswer.notDone} or a thrown {@link NoSideEffect} → `not_done`;
@@ -131,6 +144,7 @@ export declare function decodeResumeCall(webhookId: string, body: Uint8Array): R
  */
 export declare class ResumeHandler {
     private readonly o;
+    private readonly seen;
     constructor(opts: ResumeOptions);
     /** Serves one call of the completer. */
     handle(req: ResumeRequest): Promise<Answer>;

@@ -81,6 +81,7 @@ export {
   fetchResumeHandler,
   resumeEventType,
   signatureToleranceSeconds,
+  maxSeenResumeIds,
   verifySignature,
   type ResumeCall,
   type ResumeFunction,

@@ -129,7 +129,13 @@ export interface ResumeRequest {
   header(name: string): string | undefined;
   /** Reads the whole body within limit; rejects with FrontDoorError payload_too_large or invalid_request. */
   body(limit: number): Promise<Uint8Array>;
-  /** Aborts when the completer's call goes away; the claim's signal follows it. */
+  /**
+   * Aborts when the completer's call goes away. The handler does not pass
+   * it on: the resume function runs until the completer's lease on the key
+   * ends (the call's `leaseExpiresAt`), as in the Go and Python SDKs, so a
+   * hang-up never cuts its work between an external call and its
+   * checkpoint.
+   */
   signal?: AbortSignal;
 }
 
@@ -255,16 +261,44 @@ function asResponse(r: unknown): StoredResponse | undefined {
   }
 }
 
+/** The most webhook-ids a {@link ResumeHandler} remembers to refuse a replayed call; past it the oldest are forgotten first. */
+export const maxSeenResumeIds = 4096;
+
+/**
+ * The webhook-ids of the verified calls, remembered for twice the
+ * signature tolerance: a signed call replayed while its timestamp is still
+ * accepted is refused (idem sends each attempt with a new id).
+ */
+class SeenIds {
+  private readonly until = new Map<string, number>(); // insertion order: oldest first
+
+  /** Whether id is new at nowMs; remembers it. */
+  add(id: string, nowMs: number): boolean {
+    for (const [old, until] of this.until) {
+      if (this.until.size < maxSeenResumeIds && until > nowMs) break;
+      this.until.delete(old);
+    }
+    if (this.until.has(id)) return false;
+    this.until.set(id, nowMs + 2 * signatureToleranceSeconds * 1000);
+    return true;
+  }
+}
+
 /**
  * The resume endpoint, framework-free: {@link expressResumeHandler} and
  * {@link fetchResumeHandler} mount it. A call whose signature does not
- * verify, or is older or newer than five minutes, is 401 unauthenticated
+ * verify, or is older or newer than five minutes, or whose webhook-id the
+ * handler already verified (a replay; the last {@link maxSeenResumeIds}
+ * ids are remembered for ten minutes), is 401 unauthenticated
  * (problem+json) and the resume function does not run; a body that is not
  * a valid call is 400 invalid_request. A verified call runs the resume
  * function with a {@link Claim} under the call's fencing token (its
  * checkpoints renew idem's lease and move the recovery point on; no lease
  * keeper runs: the completer holds the key until `call.leaseExpiresAt`),
- * and answers 200 with the outcome:
+ * and answers 200 with the outcome. `claim.signal` aborts at
+ * `call.leaseExpiresAt`, not when idem hangs up: the function runs until
+ * the completer's lease ends even after a timed-out call, so work that
+ * made its external call still reaches its checkpoint. The outcomes:
  *
  * - a response → `completed` with it (a body that is not UTF-8 as base64);
  * - {@link ResumeAnswer.notDone} or a thrown {@link NoSideEffect} → `not_done`;
@@ -276,6 +310,7 @@ function asResponse(r: unknown): StoredResponse | undefined {
  */
 export class ResumeHandler {
   private readonly o: Required<Omit<ResumeOptions, "secret">> & { secrets: readonly string[] };
+  private readonly seen = new SeenIds();
 
   constructor(opts: ResumeOptions) {
     const secrets = typeof opts.secret === "string" ? [opts.secret] : [...opts.secret];
@@ -311,6 +346,7 @@ export class ResumeHandler {
     const id = req.header("webhook-id");
     const why = verifySignature(this.o.secrets, id, req.header("webhook-timestamp"), req.header("webhook-signature"), body, this.o.now());
     if (why) return refuse(new FrontDoorError("unauthenticated", why));
+    if (!this.seen.add(id!, this.o.now())) return refuse(new FrontDoorError("unauthenticated", "the call's webhook-id was already seen: a replay"));
     let call: ResumeCall;
     try {
       call = decodeResumeCall(id!, body);
@@ -318,13 +354,20 @@ export class ResumeHandler {
       if (err instanceof FrontDoorError) return refuse(err);
       throw err;
     }
-    return jsonAnswer(await this.run(call, req.signal));
+    return jsonAnswer(await this.run(call));
   }
 
   /** Runs the resume function for a verified call and maps what it did to the protocol's answer. */
-  private async run(call: ResumeCall, signal: AbortSignal | undefined): Promise<Record<string, unknown>> {
+  private async run(call: ResumeCall): Promise<Record<string, unknown>> {
+    // The claim's signal aborts when the completer's lease on the key ends
+    // (then the next attempt may take the key with a new token), never
+    // when idem hangs up: a completer that timed out, or whose replica
+    // died, leaves the function to reach its checkpoint, which the next
+    // attempt resumes from, instead of cutting it after an external call
+    // that the next attempt would then repeat.
+    const signal = AbortSignal.timeout(Math.max(0, call.leaseExpiresAt.getTime() - this.o.now()));
     const claim = new Claim(this.o.client, call.key, call.fencingToken, call.attempt, true, undefined, call.recoveryPoint ?? "",
-      call.recoveryData === null ? undefined : call.recoveryData, signal ?? new AbortController().signal, call);
+      call.recoveryData === null ? undefined : call.recoveryData, signal, call);
     let result: unknown;
     try {
       result = await this.o.resume(claim, call);

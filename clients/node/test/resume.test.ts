@@ -334,6 +334,23 @@ for (const store of stores()) {
         assert.deepEqual(await res.json(), { outcome: "not_done" });
       });
 
+      test("a signed call replayed with its webhook-id within the tolerance: 401 problem+json, the function does not run again", async () => {
+        const k = newKey("notdone");
+        const body = JSON.stringify(callBody(k, 1));
+        const id = "rsm_" + randomUUID();
+        const ts = nowSeconds();
+        const send = () => fetch(app.url, { method: "POST", body, headers: { "webhook-id": id, "webhook-timestamp": String(ts), "webhook-signature": sign(SECRET, id, ts, body) } });
+        const before = shop.resumed.length;
+        const first = await send();
+        assert.equal(first.status, 200);
+        assert.deepEqual(await first.json(), { outcome: "not_done" });
+        const again = await send();
+        assert.equal(again.status, 401);
+        assert.match(again.headers.get("content-type") ?? "", /problem\+json/);
+        assert.equal(((await again.json()) as { code: string }).code, "unauthenticated");
+        assert.equal(shop.resumed.length - before, 1, "the function ran once");
+      });
+
       const badBodies: [string, (k: string) => string | Buffer][] = [
         ["not JSON", () => "{not json"],
         ["an array", () => "[]"],
@@ -576,6 +593,82 @@ for (const store of stores()) {
         assert.ok(calls.every((c) => c.recoveryPoint === "charged"));
         const actions = (await audit(k)).map((e) => e.action);
         assert.deepEqual(actions, [...Array<string>(calls.length - 1).fill("completer_unknown"), "completer_completed"]);
+      });
+    }
+  });
+}
+
+// The completer hangs up (its call timed out) while the resume function is
+// between an external call and its checkpoint. The function's claim.signal
+// must not abort then: the function runs until the completer's lease on the
+// key ends, so the external call finishes and its checkpoint is saved, and
+// the next attempt resumes after it instead of making the call again.
+for (const store of stores()) {
+  describe(`a completer that hangs up on ${store} does not cut the resume function short`, () => {
+    let srv: Server;
+    let client: Client;
+    const apps: (() => Promise<void>)[] = [];
+    const record = async (k: string): Promise<Wire> => {
+      const res = await fetch(`${srv.url}/v1/keys/${k}`, { headers: { Authorization: "Bearer " + srv.token } });
+      assert.equal(res.status, 200);
+      return (await res.json()) as Wire;
+    };
+    const waitRecord = async (k: string, cond: (r: Wire) => boolean, timeoutMs: number): Promise<Wire> => {
+      const end = Date.now() + timeoutMs;
+      for (;;) {
+        const rec = await record(k);
+        if (cond(rec)) return rec;
+        if (Date.now() > end) assert.fail(`${k}: not reached in ${timeoutMs} ms; the record: ${JSON.stringify(rec)}`);
+        await sleep(50);
+      }
+    };
+    before(async () => {
+      srv = await startServer(store, {}, { ...completerEnv, IDEM_COMPLETER_TIMEOUT: "1s", IDEM_STORE_TIMEOUT: "2s" });
+      client = new Client({ baseUrl: srv.url, token: srv.token });
+    });
+    after(async () => {
+      for (const close of apps) await close();
+      await srv?.stop();
+    });
+
+    for (const fw of Object.keys(routes) as (keyof typeof routes)[]) {
+      test(`${fw}: the external call after the hang-up reaches its checkpoint; the next attempt resumes after it, the charge happens once`, async () => {
+        const operation = `POST /${fw}-hangup`;
+        let charges = 0;
+        const calls: ResumeCall[] = [];
+        const resume: ResumeFunction = async (claim, call) => {
+          calls.push(call);
+          if (claim.recoveryPoint !== "charged") {
+            // Still at work when idem hangs up: the completer records the
+            // attempt unknown once its 1 s timeout ran out.
+            await waitRecord(call.key, (r) => r.completer?.state === "unknown", 30_000);
+            // The external call honours the claim's signal, as a fetch would.
+            claim.signal.throwIfAborted();
+            await sleep(10, undefined, { signal: claim.signal });
+            charges++;
+            await claim.checkpoint("charged", { charge: "ch_1" });
+          }
+          return { status: 201, body: "ordered" };
+        };
+        const http = createServer();
+        await new Promise<void>((r) => http.listen(0, "127.0.0.1", () => r()));
+        apps.push(() => new Promise((r) => { http.closeAllConnections(); http.close(() => r()); }));
+        const admin = srv.mint("t1", "tenant:admin");
+        const res = await fetch(srv.url + "/v1/completers", { method: "POST", headers: { Authorization: "Bearer " + admin, "Content-Type": "application/json" },
+          body: JSON.stringify({ url: `http://127.0.0.1:${(http.address() as AddressInfo).port}/idem/resume`, operation_pattern: operation }) });
+        const doc = (await res.json()) as { secret: string };
+        assert.equal(res.status, 201, JSON.stringify(doc));
+        http.on("request", routes[fw]({ client, secret: doc.secret, resume, log: () => {} }));
+
+        const k = newKey("hangup");
+        await client.claim(k, { operation, request: { amount: 1 }, leaseSeconds: 1 }); // the worker dies at once
+        const charged = await waitRecord(k, (r) => r.recovery_point === "charged", 30_000);
+        assert.equal(charged.completer?.state, "unknown", "the key stays held while the next attempt waits for the lease");
+        const done = await waitRecord(k, (r) => r.state === "completed", 60_000);
+        assert.equal(done.response!.body, "ordered");
+        assert.equal(charges, 1, "the external call happened once");
+        assert.ok(calls.length >= 2);
+        assert.equal(calls.at(-1)!.recoveryPoint, "charged", "the last attempt resumed after the checkpoint");
       });
     }
   });

@@ -73,6 +73,8 @@ class Shop:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.charges: dict[str, int] = {}
+        #: leaseend- keys: whether claim.lease_lost was set, when, and the call's lease end (unix seconds).
+        self.lease_ends: dict[str, tuple[bool, float, float]] = {}
         self.emails: dict[str, int] = {}
         self.crash_after_charge: set[str] = set()
         #: Orders whose step 2 (the e-mail) fails before its side effect.
@@ -143,10 +145,26 @@ class Shop:
         return None
 
     def resume(self, claim: Claim, call: ResumeCall) -> ResumeResult:
+        if call.key.startswith("leaseend-"):
+            if call.attempt == 1:
+                set_ = claim.lease_lost.wait(90)
+                with self.lock:
+                    self.lease_ends[call.key] = (set_, time.time(), call.lease_expires_at.timestamp())
+            return ResumeAnswer.review("the lease ended")
         picked = self.outcome(call)
         return picked if picked is not None else self.place_order(claim, call.key)
 
     async def resume_async(self, claim: AsyncClaim, call: ResumeCall) -> ResumeResult:
+        if call.key.startswith("leaseend-"):
+            if call.attempt == 1:
+                try:
+                    await asyncio.wait_for(claim.lease_lost.wait(), 90)
+                    set_ = True
+                except asyncio.TimeoutError:
+                    set_ = False
+                with self.lock:
+                    self.lease_ends[call.key] = (set_, time.time(), call.lease_expires_at.timestamp())
+            return ResumeAnswer.review("the lease ended")
         picked = self.outcome(call)
         return picked if picked is not None else await self.place_order_async(claim, call.key)
 
@@ -387,6 +405,21 @@ def test_several_signatures_one_verifies(endpoint: str) -> None:
     sig = f"{sign(WRONG_SECRET, wid, ts, body)} v1a,xyz {sign(SECRET, wid, ts, body)}"
     r = HTTP.post(endpoint, content=body, headers={"webhook-id": wid, "webhook-timestamp": str(ts), "webhook-signature": sig})
     assert r.status_code == 200 and r.json() == {"outcome": "not_done"}
+
+
+def test_replayed_webhook_id_refused(endpoint: str, shop: Shop) -> None:
+    """A signed call replayed with its webhook-id within the tolerance is
+    401 unauthenticated and the function does not run again."""
+    k = new_key("notdone")
+    body = json.dumps(call_body(k, 1)).encode()
+    wid, ts = "rsm_" + secrets.token_hex(8), int(time.time())
+    headers = {"webhook-id": wid, "webhook-timestamp": str(ts), "webhook-signature": sign(SECRET, wid, ts, body)}
+    before = len(shop.resumed)
+    r = HTTP.post(endpoint, content=body, headers=headers)
+    assert r.status_code == 200 and r.json() == {"outcome": "not_done"}
+    r = HTTP.post(endpoint, content=body, headers=headers)
+    assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
+    assert len(shop.resumed) - before == 1, "the function ran once"
 
 
 def _without(k: str, name: str) -> bytes:
@@ -651,3 +684,23 @@ def test_real_completer_resume_raises_key_stays_held(resumable: Resumable) -> No
 
     actions = [a["action"] for a in _audit(r, k)]
     assert actions == ["completer_unknown"] * (len(calls) - 1) + ["completer_completed"]
+
+
+def test_real_completer_lease_end_sets_lease_lost(resumable: Resumable) -> None:
+    """The resume function runs on after the completer hung up (its call
+    timed out), but not past the completer's lease on the key: claim.lease_lost
+    is set at the call's lease_expires_at, never before, as the Go SDK's
+    context ends then, so a long function stops before the next attempt's
+    new token takes the key."""
+    k = new_key("leaseend")
+    with Client(resumable.server.url, token=resumable.server.token) as client:
+        client.claim(k, operation=resumable.operation, request={"amount": 1}, lease=1)  # the worker dies at once
+    end = time.monotonic() + 120
+    while k not in resumable.shop.lease_ends:
+        assert time.monotonic() < end, "the resume function never saw its lease end"
+        time.sleep(0.05)
+    was_set, at, lease_end = resumable.shop.lease_ends[k]
+    assert was_set, "claim.lease_lost is set when the completer's lease ends"
+    assert at >= lease_end - 0.05, "not before the lease ended"
+    rec = _wait_record(resumable, k, lambda d: (d.get("completer") or {}).get("state") == "review", timeout=120)
+    assert rec["state"] in ("in_flight", "orphaned")

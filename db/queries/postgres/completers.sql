@@ -33,14 +33,36 @@ WHERE tenant_id = sqlc.arg('tenant_id') AND id = sqlc.arg('id');
 -- for the completer: orphans nobody flagged for review whose tenant has a
 -- completer matching their operation (idem.MatchOperation in SQL), and the
 -- records the completer holds whose next attempt is due or whose attempt's
--- lease ran out (a dead replica's). FOR UPDATE SKIP LOCKED: concurrent
--- pickers on several replicas take different rows, and a row a claim has
--- locked (a retry taking it over) is left to the claim. The rows are
--- updated by the addresses the locking scan returned, as ReapKeys does.
--- Each gets what a takeover gives (a new token, attempt+1, the recovery
--- point kept, no attempt id) and the completer's lease.
+-- lease ran out (a dead replica's). At most per_tenant records of one
+-- tenant, its oldest leases first (row_number per tenant), and none of
+-- skip_tenants (those whose share of the replica's attempts is in use):
+-- one tenant's backlog never takes every slot, so another tenant's orphan
+-- is tried in the next pick. FOR UPDATE SKIP LOCKED: concurrent pickers
+-- on several replicas take different rows, and a row a claim has locked
+-- (a retry taking it over) is left to the claim; the locking scan states
+-- the conditions again, so a row that changed since the ranking's
+-- snapshot is checked on its newest version. The rows are updated by the
+-- addresses the locking scan returned, as ReapKeys does. Each gets what a
+-- takeover gives (a new token, attempt+1, the recovery point kept, no
+-- attempt id) and the completer's lease.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+), ranked AS (
+    SELECT r.tenant_id, r.key,
+        row_number() OVER (PARTITION BY r.tenant_id ORDER BY r.lease_expires_at, r.key) AS tenant_rank
+    FROM idempotency_keys r
+    WHERE r.state = 'in_flight' AND r.lease_expires_at <= (SELECT clock.now FROM clock)
+        AND r.review_note IS NULL
+        AND NOT (r.tenant_id = ANY (sqlc.arg('skip_tenants')::text[]))
+        AND (r.completer_state = 'resuming'
+            OR (r.completer_state = 'unknown' AND r.completer_next_at <= (SELECT clock.now FROM clock))
+            OR (r.completer_state IS NULL AND EXISTS (
+                SELECT 1 FROM completers c
+                WHERE c.tenant_id = r.tenant_id
+                    AND (c.operation_pattern = '' OR c.operation_pattern = r.operation
+                        OR (right(c.operation_pattern, 1) = '*'
+                            AND left(r.operation, length(c.operation_pattern) - 1)
+                                = left(c.operation_pattern, length(c.operation_pattern) - 1))))))
 )
 UPDATE idempotency_keys k SET
     fencing_token = nextval('fencing_tokens'),
@@ -58,17 +80,13 @@ FROM clock
 WHERE k.ctid = ANY (ARRAY(
     SELECT e.ctid
     FROM idempotency_keys e
-    WHERE e.state = 'in_flight' AND e.lease_expires_at <= (SELECT clock.now FROM clock)
+    WHERE (e.tenant_id, e.key) IN (
+            SELECT ranked.tenant_id, ranked.key FROM ranked WHERE ranked.tenant_rank <= sqlc.arg('per_tenant')::bigint)
+        AND e.state = 'in_flight' AND e.lease_expires_at <= (SELECT clock.now FROM clock)
         AND e.review_note IS NULL
         AND (e.completer_state = 'resuming'
             OR (e.completer_state = 'unknown' AND e.completer_next_at <= (SELECT clock.now FROM clock))
-            OR (e.completer_state IS NULL AND EXISTS (
-                SELECT 1 FROM completers c
-                WHERE c.tenant_id = e.tenant_id
-                    AND (c.operation_pattern = '' OR c.operation_pattern = e.operation
-                        OR (right(c.operation_pattern, 1) = '*'
-                            AND left(e.operation, length(c.operation_pattern) - 1)
-                                = left(c.operation_pattern, length(c.operation_pattern) - 1))))))
+            OR e.completer_state IS NULL)
     ORDER BY e.lease_expires_at
     LIMIT sqlc.arg('row_limit')::integer
     FOR UPDATE OF e SKIP LOCKED

@@ -26,22 +26,30 @@ WHERE tenant_id = sqlc.arg(tenant_id) AND id = sqlc.arg(id);
 
 -- name: PickCompletionCandidates :many
 -- PickCompletionCandidates lists, oldest lease first, the records the
--- completer may take now (PostgreSQL's PickCompletions says which); the
--- caller takes each with TakeCompletion in the same transaction.
-SELECT e.tenant_id, e.key
-FROM idempotency_keys e
-WHERE e.state = 'in_flight' AND e.lease_expires_at <= CAST(sqlc.arg(now) AS INTEGER)
-    AND e.review_note IS NULL
-    AND (e.completer_state = 'resuming'
-        OR (e.completer_state = 'unknown' AND e.completer_next_at <= CAST(sqlc.arg(now) AS INTEGER))
-        OR (e.completer_state IS NULL AND EXISTS (
-            SELECT 1 FROM completers c
-            WHERE c.tenant_id = e.tenant_id
-                AND (c.operation_pattern = '' OR c.operation_pattern = e.operation
-                    OR (substr(c.operation_pattern, -1) = '*'
-                        AND substr(e.operation, 1, length(c.operation_pattern) - 1)
-                            = substr(c.operation_pattern, 1, length(c.operation_pattern) - 1))))))
-ORDER BY e.lease_expires_at
+-- completer may take now (PostgreSQL's PickCompletions says which): at
+-- most per_tenant of one tenant, its oldest leases first, and none of
+-- skip_tenants (one tenant's backlog never takes every slot). The caller
+-- takes each with TakeCompletion in the same transaction.
+SELECT r.tenant_id, r.key
+FROM (
+    SELECT e.tenant_id, e.key, e.lease_expires_at,
+        row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.lease_expires_at, e.key) AS tenant_rank
+    FROM idempotency_keys e
+    WHERE e.state = 'in_flight' AND e.lease_expires_at <= CAST(sqlc.arg(now) AS INTEGER)
+        AND e.review_note IS NULL
+        AND e.tenant_id NOT IN (sqlc.slice(skip_tenants))
+        AND (e.completer_state = 'resuming'
+            OR (e.completer_state = 'unknown' AND e.completer_next_at <= CAST(sqlc.arg(now) AS INTEGER))
+            OR (e.completer_state IS NULL AND EXISTS (
+                SELECT 1 FROM completers c
+                WHERE c.tenant_id = e.tenant_id
+                    AND (c.operation_pattern = '' OR c.operation_pattern = e.operation
+                        OR (substr(c.operation_pattern, -1) = '*'
+                            AND substr(e.operation, 1, length(c.operation_pattern) - 1)
+                                = substr(c.operation_pattern, 1, length(c.operation_pattern) - 1))))))
+) r
+WHERE r.tenant_rank <= CAST(sqlc.arg(per_tenant) AS INTEGER)
+ORDER BY r.lease_expires_at
 LIMIT sqlc.arg(row_limit);
 
 -- name: TakeCompletion :one

@@ -190,7 +190,23 @@ func (q *Queries) ListCompleters(ctx context.Context, tenantID string) ([]Comple
 
 const pickCompletions = `-- name: PickCompletions :many
 WITH clock AS (
-    SELECT coalesce($4::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($5::timestamptz, now())::timestamptz AS now
+), ranked AS (
+    SELECT r.tenant_id, r.key,
+        row_number() OVER (PARTITION BY r.tenant_id ORDER BY r.lease_expires_at, r.key) AS tenant_rank
+    FROM idempotency_keys r
+    WHERE r.state = 'in_flight' AND r.lease_expires_at <= (SELECT clock.now FROM clock)
+        AND r.review_note IS NULL
+        AND NOT (r.tenant_id = ANY ($6::text[]))
+        AND (r.completer_state = 'resuming'
+            OR (r.completer_state = 'unknown' AND r.completer_next_at <= (SELECT clock.now FROM clock))
+            OR (r.completer_state IS NULL AND EXISTS (
+                SELECT 1 FROM completers c
+                WHERE c.tenant_id = r.tenant_id
+                    AND (c.operation_pattern = '' OR c.operation_pattern = r.operation
+                        OR (right(c.operation_pattern, 1) = '*'
+                            AND left(r.operation, length(c.operation_pattern) - 1)
+                                = left(c.operation_pattern, length(c.operation_pattern) - 1))))))
 )
 UPDATE idempotency_keys k SET
     fencing_token = nextval('fencing_tokens'),
@@ -208,29 +224,27 @@ FROM clock
 WHERE k.ctid = ANY (ARRAY(
     SELECT e.ctid
     FROM idempotency_keys e
-    WHERE e.state = 'in_flight' AND e.lease_expires_at <= (SELECT clock.now FROM clock)
+    WHERE (e.tenant_id, e.key) IN (
+            SELECT ranked.tenant_id, ranked.key FROM ranked WHERE ranked.tenant_rank <= $3::bigint)
+        AND e.state = 'in_flight' AND e.lease_expires_at <= (SELECT clock.now FROM clock)
         AND e.review_note IS NULL
         AND (e.completer_state = 'resuming'
             OR (e.completer_state = 'unknown' AND e.completer_next_at <= (SELECT clock.now FROM clock))
-            OR (e.completer_state IS NULL AND EXISTS (
-                SELECT 1 FROM completers c
-                WHERE c.tenant_id = e.tenant_id
-                    AND (c.operation_pattern = '' OR c.operation_pattern = e.operation
-                        OR (right(c.operation_pattern, 1) = '*'
-                            AND left(e.operation, length(c.operation_pattern) - 1)
-                                = left(c.operation_pattern, length(c.operation_pattern) - 1))))))
+            OR e.completer_state IS NULL)
     ORDER BY e.lease_expires_at
-    LIMIT $3::integer
+    LIMIT $4::integer
     FOR UPDATE OF e SKIP LOCKED
 ))
 RETURNING k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token, k.attempt, k.lease_expires_at, k.recovery_point, k.recovery_data, k.response_status, k.response_headers, k.response_body, k.response_body_encoding, k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at, k.updated_at, k.completed_at, k.replay_until, k.purge_after, k.attempt_id, k.review_note, k.review_at, k.orphan_event_token, k.waited, k.stored_bytes, k.stored_bytes_before, k.completer_state, k.completer_id, k.completer_attempts, k.completer_next_at, k.completer_deadline, clock.now AS observed_at
 `
 
 type PickCompletionsParams struct {
-	LeaseUs    int64
-	DeadlineUs int64
-	RowLimit   int32
-	Now        pgtype.Timestamptz
+	LeaseUs     int64
+	DeadlineUs  int64
+	PerTenant   int64
+	RowLimit    int32
+	Now         pgtype.Timestamptz
+	SkipTenants []string
 }
 
 type PickCompletionsRow struct {
@@ -242,18 +256,26 @@ type PickCompletionsRow struct {
 // for the completer: orphans nobody flagged for review whose tenant has a
 // completer matching their operation (idem.MatchOperation in SQL), and the
 // records the completer holds whose next attempt is due or whose attempt's
-// lease ran out (a dead replica's). FOR UPDATE SKIP LOCKED: concurrent
-// pickers on several replicas take different rows, and a row a claim has
-// locked (a retry taking it over) is left to the claim. The rows are
-// updated by the addresses the locking scan returned, as ReapKeys does.
-// Each gets what a takeover gives (a new token, attempt+1, the recovery
-// point kept, no attempt id) and the completer's lease.
+// lease ran out (a dead replica's). At most per_tenant records of one
+// tenant, its oldest leases first (row_number per tenant), and none of
+// skip_tenants (those whose share of the replica's attempts is in use):
+// one tenant's backlog never takes every slot, so another tenant's orphan
+// is tried in the next pick. FOR UPDATE SKIP LOCKED: concurrent pickers
+// on several replicas take different rows, and a row a claim has locked
+// (a retry taking it over) is left to the claim; the locking scan states
+// the conditions again, so a row that changed since the ranking's
+// snapshot is checked on its newest version. The rows are updated by the
+// addresses the locking scan returned, as ReapKeys does. Each gets what a
+// takeover gives (a new token, attempt+1, the recovery point kept, no
+// attempt id) and the completer's lease.
 func (q *Queries) PickCompletions(ctx context.Context, arg PickCompletionsParams) ([]PickCompletionsRow, error) {
 	rows, err := q.db.Query(ctx, pickCompletions,
 		arg.LeaseUs,
 		arg.DeadlineUs,
+		arg.PerTenant,
 		arg.RowLimit,
 		arg.Now,
+		arg.SkipTenants,
 	)
 	if err != nil {
 		return nil, err

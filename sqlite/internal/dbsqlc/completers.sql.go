@@ -7,6 +7,7 @@ package dbsqlc
 
 import (
 	"context"
+	"strings"
 )
 
 const completionStats = `-- name: CompletionStats :many
@@ -180,26 +181,34 @@ func (q *Queries) ListCompleters(ctx context.Context, tenantID string) ([]Comple
 }
 
 const pickCompletionCandidates = `-- name: PickCompletionCandidates :many
-SELECT e.tenant_id, e.key
-FROM idempotency_keys e
-WHERE e.state = 'in_flight' AND e.lease_expires_at <= CAST(?1 AS INTEGER)
-    AND e.review_note IS NULL
-    AND (e.completer_state = 'resuming'
-        OR (e.completer_state = 'unknown' AND e.completer_next_at <= CAST(?1 AS INTEGER))
-        OR (e.completer_state IS NULL AND EXISTS (
-            SELECT 1 FROM completers c
-            WHERE c.tenant_id = e.tenant_id
-                AND (c.operation_pattern = '' OR c.operation_pattern = e.operation
-                    OR (substr(c.operation_pattern, -1) = '*'
-                        AND substr(e.operation, 1, length(c.operation_pattern) - 1)
-                            = substr(c.operation_pattern, 1, length(c.operation_pattern) - 1))))))
-ORDER BY e.lease_expires_at
-LIMIT ?2
+SELECT r.tenant_id, r.key
+FROM (
+    SELECT e.tenant_id, e.key, e.lease_expires_at,
+        row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.lease_expires_at, e.key) AS tenant_rank
+    FROM idempotency_keys e
+    WHERE e.state = 'in_flight' AND e.lease_expires_at <= CAST(?1 AS INTEGER)
+        AND e.review_note IS NULL
+        AND e.tenant_id NOT IN (/*SLICE:skip_tenants*/?)
+        AND (e.completer_state = 'resuming'
+            OR (e.completer_state = 'unknown' AND e.completer_next_at <= CAST(?1 AS INTEGER))
+            OR (e.completer_state IS NULL AND EXISTS (
+                SELECT 1 FROM completers c
+                WHERE c.tenant_id = e.tenant_id
+                    AND (c.operation_pattern = '' OR c.operation_pattern = e.operation
+                        OR (substr(c.operation_pattern, -1) = '*'
+                            AND substr(e.operation, 1, length(c.operation_pattern) - 1)
+                                = substr(c.operation_pattern, 1, length(c.operation_pattern) - 1))))))
+) r
+WHERE r.tenant_rank <= CAST(?3 AS INTEGER)
+ORDER BY r.lease_expires_at
+LIMIT ?4
 `
 
 type PickCompletionCandidatesParams struct {
-	Now      int64
-	RowLimit int64
+	Now         int64
+	SkipTenants []string
+	PerTenant   int64
+	RowLimit    int64
 }
 
 type PickCompletionCandidatesRow struct {
@@ -208,10 +217,25 @@ type PickCompletionCandidatesRow struct {
 }
 
 // PickCompletionCandidates lists, oldest lease first, the records the
-// completer may take now (PostgreSQL's PickCompletions says which); the
-// caller takes each with TakeCompletion in the same transaction.
+// completer may take now (PostgreSQL's PickCompletions says which): at
+// most per_tenant of one tenant, its oldest leases first, and none of
+// skip_tenants (one tenant's backlog never takes every slot). The caller
+// takes each with TakeCompletion in the same transaction.
 func (q *Queries) PickCompletionCandidates(ctx context.Context, arg PickCompletionCandidatesParams) ([]PickCompletionCandidatesRow, error) {
-	rows, err := q.query(ctx, q.pickCompletionCandidatesStmt, pickCompletionCandidates, arg.Now, arg.RowLimit)
+	query := pickCompletionCandidates
+	var queryParams []interface{}
+	queryParams = append(queryParams, arg.Now)
+	if len(arg.SkipTenants) > 0 {
+		for _, v := range arg.SkipTenants {
+			queryParams = append(queryParams, v)
+		}
+		query = strings.Replace(query, "/*SLICE:skip_tenants*/?", strings.Repeat(",?", len(arg.SkipTenants))[1:], 1)
+	} else {
+		query = strings.Replace(query, "/*SLICE:skip_tenants*/?", "NULL", 1)
+	}
+	queryParams = append(queryParams, arg.PerTenant)
+	queryParams = append(queryParams, arg.RowLimit)
+	rows, err := q.query(ctx, nil, query, queryParams...)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ and idem.asgi (ResumeEndpoint, ResumeMiddleware)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -16,6 +17,7 @@ import logging
 import math
 import re
 import secrets as _secrets
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -263,6 +265,34 @@ def _json(doc: Mapping[str, Any]) -> Answer:
                         ("Content-Length", str(len(body)))], body)
 
 
+#: The most webhook-ids a resume endpoint remembers to refuse a replayed
+#: call; past it the oldest are forgotten first.
+MAX_SEEN_RESUME_IDS = 4096
+
+
+class _SeenIds:
+    """The webhook-ids of the verified calls, remembered for twice the
+    signature tolerance: a signed call replayed while its timestamp is still
+    accepted is refused (idem sends each attempt with a new id)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._until: dict[str, float] = {}  # insertion order: oldest first
+
+    def add(self, wid: str, now: float) -> bool:
+        """Whether wid is new at now (unix seconds); remembers it."""
+        with self._lock:
+            while self._until:
+                oldest, until = next(iter(self._until.items()))
+                if len(self._until) < MAX_SEEN_RESUME_IDS and until > now:
+                    break
+                del self._until[oldest]
+            if wid in self._until:
+                return False
+            self._until[wid] = now + 2 * SIGNATURE_TOLERANCE
+            return True
+
+
 class Endpoint:
     """What the WSGI and ASGI resume endpoints share: the checks before the
     resume function runs and the mapping of what it did to the answer."""
@@ -274,6 +304,7 @@ class Endpoint:
         self.max_body_bytes = max_body_bytes
         self.no_side_effect = no_side_effect
         self.now = now or time.time
+        self.seen = _SeenIds()
 
     @staticmethod
     def request_id(headers: Mapping[str, str]) -> str:
@@ -301,6 +332,8 @@ class Endpoint:
         why = verify_signature(self.secrets, wid, headers.get("webhook-timestamp"), headers.get("webhook-signature"), body, self.now())
         if why:
             return self.refuse(FrontDoorError(UNAUTHENTICATED, why), rid)
+        if not self.seen.add(wid or "", self.now()):
+            return self.refuse(FrontDoorError(UNAUTHENTICATED, "the call's webhook-id was already seen: a replay"), rid)
         try:
             return decode_call(wid or "", body)
         except FrontDoorError as e:
@@ -330,11 +363,25 @@ class Endpoint:
 
         claim = Claim(client, call.key, claim_result(call), None)
         claim.resume = call
+        # claim.lease_lost is set when the completer's lease on the key ends
+        # (the call's lease_expires_at), as the Go SDK's context ends then:
+        # the next attempt may take the key with a new token, so a long
+        # function checking it between steps stops rather than work beside
+        # that attempt. A hang-up of idem does not set it.
+        timer = threading.Timer(self.lease_left(call), claim.lease_lost.set)
+        timer.daemon = True
+        timer.start()
         try:
             result = resume(claim, call)
         except Exception as err:
             return self.failed(call, err)
+        finally:
+            timer.cancel()
         return self.answered(call, result)
+
+    def lease_left(self, call: ResumeCall) -> float:
+        """Seconds until the completer's lease on the key ends (0 when it has)."""
+        return max(0.0, call.lease_expires_at.timestamp() - self.now())
 
     async def run_async(self, client: AsyncClient, resume: AsyncResumeFunction, call: ResumeCall) -> Answer:
         """Run an async resume function for a verified call."""
@@ -342,8 +389,12 @@ class Endpoint:
 
         claim = AsyncClaim(client, call.key, claim_result(call), None)
         claim.resume = call
+        # As in run: claim.lease_lost is set at the call's lease_expires_at.
+        timer = asyncio.get_running_loop().call_later(self.lease_left(call), claim.lease_lost.set)
         try:
             result = await resume(claim, call)
         except Exception as err:
             return self.failed(call, err)
+        finally:
+            timer.cancel()
         return self.answered(call, result)
