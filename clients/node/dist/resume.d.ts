@@ -3,32 +3,12 @@ import type { Client } from "./client.js";
 import { type Answer } from "./rules.js";
 import { StoredResponse, type ResponseInit } from "./response.js";
 import { Claim } from "./run.js";
+import type { ResumeCall } from "./types.js";
 /** The body `type` of a completer call. */
 export declare const resumeEventType = "key.resume";
 /** The Standard Webhooks tolerance: a call whose timestamp is further than this from now is refused. */
 export declare const signatureToleranceSeconds = 300;
-/** One decoded, verified call of idem's completer. */
-export interface ResumeCall {
-    /** The call's `webhook-id`: unique per attempt. */
-    webhookId: string;
-    tenant: string;
-    key: string;
-    /** The claim's operation, e.g. `POST /orders`. */
-    operation: string;
-    /** This resume attempt, 1-based, of at most maxAttempts. */
-    attempt: number;
-    maxAttempts: number;
-    /** The token idem took the key over with: checkpoints carry it; the late original worker's is stale. */
-    fencingToken: number;
-    /** The last checkpoint's name, null when the key was never checkpointed. */
-    recoveryPoint: string | null;
-    /** The last checkpoint's data verbatim, null when none. */
-    recoveryData: unknown;
-    /** When the completer's lease on the key runs out. */
-    leaseExpiresAt: Date;
-    /** After this idem marks the key for review instead of asking again. */
-    deadline: Date;
-}
+export type { ResumeCall } from "./types.js";
 declare const answerMark: unique symbol;
 /**
  * An answer of a resume function other than "completed" (which is a
@@ -170,4 +150,3 @@ export declare function expressResumeHandler(opts: ResumeOptions): (req: Incomin
  *     app.post("/idem/resume", (c) => resumeEndpoint(c.req.raw));   // Hono
  */
 export declare function fetchResumeHandler(opts: ResumeOptions): (req: Request) => Promise<Response>;
-export {};

@@ -1,7 +1,7 @@
 import type { Bounds, CallOptions } from "./bounds.js";
 import { StoredResponse, type ResponseInit } from "./response.js";
 import { type Clock, type EffectivePolicy } from "./retry.js";
-import type { ResumeCall } from "./resume.js";
+import type { ResumeCall } from "./types.js";
 import type { ClaimRequest, ClaimResult } from "./types.js";
 /**
  * The recovery point the lease keeper saves when it renews a lease before

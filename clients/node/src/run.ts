@@ -3,7 +3,7 @@ import { Codes, IdemError, isIdemError, isNoSideEffect } from "./errors.js";
 import { validateKey } from "./keys.js";
 import { StoredResponse, type ResponseInit } from "./response.js";
 import { retryAfterWaitMs, type Clock, type EffectivePolicy } from "./retry.js";
-import type { ResumeCall } from "./resume.js";
+import type { ResumeCall } from "./types.js";
 import type { ClaimRequest, ClaimResult } from "./types.js";
 
 /**

@@ -94,3 +94,26 @@ export interface Tenant {
   created_at?: string;
   updated_at?: string;
 }
+
+/** One decoded, verified call of idem's completer. */
+export interface ResumeCall {
+  /** The call's `webhook-id`: unique per attempt. */
+  webhookId: string;
+  tenant: string;
+  key: string;
+  /** The claim's operation, e.g. `POST /orders`. */
+  operation: string;
+  /** This resume attempt, 1-based, of at most maxAttempts. */
+  attempt: number;
+  maxAttempts: number;
+  /** The token idem took the key over with: checkpoints carry it; the late original worker's is stale. */
+  fencingToken: number;
+  /** The last checkpoint's name, null when the key was never checkpointed. */
+  recoveryPoint: string | null;
+  /** The last checkpoint's data verbatim, null when none. */
+  recoveryData: unknown;
+  /** When the completer's lease on the key runs out. */
+  leaseExpiresAt: Date;
+  /** After this idem marks the key for review instead of asking again. */
+  deadline: Date;
+}
