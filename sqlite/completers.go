@@ -90,11 +90,13 @@ func (s *Store) PickCompletions(ctx context.Context, p idem.PickCompletionsParam
 	var out []idem.PickedCompletion
 	err := s.inTx(ctx, "pick completions", func(q *dbsqlc.Queries, now time.Time) error {
 		out = out[:0]
-		// "" names no tenant: an empty list would read NOT IN (NULL),
-		// which excludes every row.
+		skip, err := json.Marshal(append([]string{}, p.SkipTenants...))
+		if err != nil {
+			return fmt.Errorf("pick candidates: encode skipped tenants: %w", err)
+		}
 		cands, err := q.PickCompletionCandidates(ctx, dbsqlc.PickCompletionCandidatesParams{
 			Now: micros(now), RowLimit: int64(p.Limit), PerTenant: int64(p.PerTenantLimit()),
-			SkipTenants: append([]string{""}, p.SkipTenants...),
+			SkipTenants: string(skip),
 		})
 		if err != nil {
 			return fmt.Errorf("pick candidates: %w", err)

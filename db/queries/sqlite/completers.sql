@@ -37,7 +37,9 @@ FROM (
     FROM idempotency_keys e
     WHERE e.state = 'in_flight' AND e.lease_expires_at <= CAST(sqlc.arg(now) AS INTEGER)
         AND e.review_note IS NULL
-        AND e.tenant_id NOT IN (sqlc.slice(skip_tenants))
+        -- a JSON array, not sqlc.slice: the slice's expanded ? would take
+        -- the numbers of the named parameters after it
+        AND e.tenant_id NOT IN (SELECT value FROM json_each(CAST(sqlc.arg(skip_tenants) AS TEXT)))
         AND (e.completer_state = 'resuming'
             OR (e.completer_state = 'unknown' AND e.completer_next_at <= CAST(sqlc.arg(now) AS INTEGER))
             OR (e.completer_state IS NULL AND EXISTS (

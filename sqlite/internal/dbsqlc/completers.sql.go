@@ -7,7 +7,6 @@ package dbsqlc
 
 import (
 	"context"
-	"strings"
 )
 
 const completionStats = `-- name: CompletionStats :many
@@ -188,7 +187,9 @@ FROM (
     FROM idempotency_keys e
     WHERE e.state = 'in_flight' AND e.lease_expires_at <= CAST(?1 AS INTEGER)
         AND e.review_note IS NULL
-        AND e.tenant_id NOT IN (/*SLICE:skip_tenants*/?)
+        -- a JSON array, not sqlc.slice: the slice's expanded ? would take
+        -- the numbers of the named parameters after it
+        AND e.tenant_id NOT IN (SELECT value FROM json_each(CAST(?2 AS TEXT)))
         AND (e.completer_state = 'resuming'
             OR (e.completer_state = 'unknown' AND e.completer_next_at <= CAST(?1 AS INTEGER))
             OR (e.completer_state IS NULL AND EXISTS (
@@ -206,7 +207,7 @@ LIMIT ?4
 
 type PickCompletionCandidatesParams struct {
 	Now         int64
-	SkipTenants []string
+	SkipTenants string
 	PerTenant   int64
 	RowLimit    int64
 }
@@ -222,20 +223,12 @@ type PickCompletionCandidatesRow struct {
 // skip_tenants (one tenant's backlog never takes every slot). The caller
 // takes each with TakeCompletion in the same transaction.
 func (q *Queries) PickCompletionCandidates(ctx context.Context, arg PickCompletionCandidatesParams) ([]PickCompletionCandidatesRow, error) {
-	query := pickCompletionCandidates
-	var queryParams []interface{}
-	queryParams = append(queryParams, arg.Now)
-	if len(arg.SkipTenants) > 0 {
-		for _, v := range arg.SkipTenants {
-			queryParams = append(queryParams, v)
-		}
-		query = strings.Replace(query, "/*SLICE:skip_tenants*/?", strings.Repeat(",?", len(arg.SkipTenants))[1:], 1)
-	} else {
-		query = strings.Replace(query, "/*SLICE:skip_tenants*/?", "NULL", 1)
-	}
-	queryParams = append(queryParams, arg.PerTenant)
-	queryParams = append(queryParams, arg.RowLimit)
-	rows, err := q.query(ctx, nil, query, queryParams...)
+	rows, err := q.query(ctx, q.pickCompletionCandidatesStmt, pickCompletionCandidates,
+		arg.Now,
+		arg.SkipTenants,
+		arg.PerTenant,
+		arg.RowLimit,
+	)
 	if err != nil {
 		return nil, err
 	}
