@@ -68,10 +68,8 @@ func TestDashboardShowsCompleterStates(t *testing.T) {
 				`[...document.querySelectorAll("#keys-body tr")].map(r => r.dataset.key + ":" + r.querySelector(".completer-cell").textContent)`))
 			require.ElementsMatch(t, []string{"u-key:unknown · 1 attempt", "r-key:review · 1 attempt"}, cells)
 
-			b.Do(
-				chromedp.Click(chromedp.CSS(`#keys-body tr[data-key="r-key"]`)),
-				chromedp.WaitVisible(chromedp.CSS(`#record[data-key="r-key"][data-audit="1"]`)),
-			)
+			b.ClickNow(`#keys-body tr[data-key="r-key"]`)
+			b.Do(chromedp.WaitVisible(chromedp.CSS(`#record[data-key="r-key"][data-audit="1"]`)))
 			field := browser.Run(b, chromedp.Text(chromedp.CSS(`#record-fields dd[data-field="completer"]`)))
 			require.Contains(t, field, "review, 1 attempt: a person must release or complete it")
 			require.Contains(t, browser.Run(b, chromedp.Text(chromedp.CSS("#record-review"))), "charged twice? check the PSP")

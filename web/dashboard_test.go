@@ -209,10 +209,8 @@ func TestDashboardShowsOrphans(t *testing.T) {
 			b.Screenshot("operator")
 
 			// Filter by tenant by clicking its row.
-			b.Do(
-				chromedp.Click(chromedp.CSS(`#tenants-body tr[data-tenant="beta"]`)),
-				chromedp.WaitNotPresent(chromedp.CSS(`#keys-body tr[data-key="order-1001"]`)),
-			)
+			b.ClickNow(`#tenants-body tr[data-tenant="beta"]`)
+			b.Do(chromedp.WaitNotPresent(chromedp.CSS(`#keys-body tr[data-key="order-1001"]`)))
 			require.Equal(t, 1, browser.Run(b, chromedp.Evaluate[int](`document.querySelectorAll("#keys-body tr").length`)))
 
 			// As tenant beta: only its own orphan.
@@ -332,11 +330,8 @@ func TestDashboardResolvesOrphans(t *testing.T) {
 					`[...document.querySelectorAll("#audit-body tr")].map(r => r.dataset.action + ":" + r.cells[2].textContent + ":" + r.cells[4].textContent)`))
 			}
 			openKey := func(b *browser.Browser, key string) {
-				b.Do(
-					chromedp.WaitVisible(chromedp.CSS(`#keys-body tr[data-key="`+key+`"]`)),
-					chromedp.Click(chromedp.CSS(`#keys-body tr[data-key="`+key+`"]`)),
-					chromedp.WaitVisible(chromedp.CSS(`#record[data-key="`+key+`"][data-state="orphaned"]`)),
-				)
+				b.ClickNow(`#keys-body tr[data-key="` + key + `"]`)
+				b.Do(chromedp.WaitVisible(chromedp.CSS(`#record[data-key="` + key + `"][data-state="orphaned"]`)))
 			}
 
 			b := browser.New(t)

@@ -27,6 +27,7 @@ package browser
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/url"
@@ -164,6 +165,20 @@ func Run[T any](b *Browser, action chromedp.Action[T]) T {
 		b.t.Fatalf("browser: %v\nconsole: %s", err, strings.Join(b.ConsoleErrors(), "\n"))
 	}
 	return v
+}
+
+// ClickNow waits for sel to be visible and clicks the element it names at
+// that instant, in the page: a table the page re-renders on its refresh
+// replaces its rows, and chromedp.Click, which finds the node first and
+// clicks it after, then fails with "Could not find node with given id"
+// (seen on the dashboard under two make tests side by side).
+func (b *Browser) ClickNow(sel string) {
+	b.t.Helper()
+	b.Do(chromedp.WaitVisible(chromedp.CSS(sel)))
+	js, _ := json.Marshal(sel)
+	if !Run(b, chromedp.Poll[bool](`(() => { const e = document.querySelector(`+string(js)+`); if (!e) return false; e.click(); return true })()`)) {
+		b.t.Fatalf("browser: %s is gone", sel)
+	}
 }
 
 // Requests returns the URLs of every request the page made so far.
