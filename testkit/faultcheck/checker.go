@@ -147,10 +147,14 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 					showIdent(id), b.Start.Run, gap, a.Start.Run, outcome(a), lease)
 				continue
 			}
-			if a.End != nil && a.End.Status < 500 && h.overlaps(time.UnixMilli(a.Start.T), time.UnixMilli(b.Start.T), FaultFinishBudget) != nil {
+			if a.End != nil && a.End.Status < 500 && h.overlaps(time.UnixMilli(a.Start.T), time.UnixMilli(b.Start.T), FaultFinishBudget) != nil &&
+				h.overlaps(time.UnixMilli(a.Start.T), time.UnixMilli(b.Start.T), FaultStoreCut, FaultFreeze, FaultKill9) == nil {
 				// The run finished and the path to idem came back within
 				// the complete's retries: only a complete given up to the
-				// spent fleet budget leaves its key to be run again.
+				// spent fleet budget leaves its key to be run again. A
+				// longer cut, a freeze or a kill of idem in the same span
+				// can use up the complete's own attempts: a legal takeover
+				// (a frozen idem serve cost seed 1697375651 a record so).
 				add("finished-work-recorded", "", "key %s: run %s ran again %s after run %s (%s), whose complete was given up while the tenant's retry budget was spent",
 					showIdent(id), b.Start.Run, gap, a.Start.Run, outcome(a))
 				continue
