@@ -103,7 +103,7 @@ func (s *service) resolveClaimTenant(next http.Handler) http.Handler {
 // For the same reason the fleet retry budget does not decide them: a
 // retry of a finishing write is never refused (nor counted against the
 // allowance), and no answer of theirs carries Idem-Retry-Budget: exhausted
-// (finishing in the request state). A complete given up during a storm
+// (the request state's budgetKind). A complete given up during a storm
 // leaves work that ran unrecorded and its key in flight, and the next
 // attempt after the lease runs the work again: the budget would buy its
 // retry savings with duplicates. Their retries stay bounded without it: an
@@ -121,7 +121,7 @@ func (s *service) resolveFinishingTenant(kind retrybudget.Kind) func(http.Handle
 // (checkpoint, complete, release) is exempt from the budget's decision and
 // signal.
 func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tenant, error), kind retrybudget.Kind) func(http.Handler) http.Handler {
-	finishing := kind == retrybudget.KindCheckpoint || kind == retrybudget.KindComplete || kind == retrybudget.KindRelease
+	finishing := kind.Finishing()
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			p := principalFrom(r.Context())
@@ -130,7 +130,7 @@ func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tena
 				return
 			}
 			st, r := withState(r)
-			st.finishing = finishing
+			st.budgetKind = kind
 			if wait, limited := s.limiter.limited(p.Tenant); limited {
 				id := p.Tenant
 				st.logTenant.Store(&id)
@@ -138,7 +138,6 @@ func (s *service) tenantResolver(lookup func(context.Context, string) (idem.Tena
 				return
 			}
 			attempt := retrybudget.ParseAttempt(r.Header.Values(retrybudget.Header))
-			st.budgetKind = kind
 			d := retrybudget.Decision{Allowed: true}
 			if !finishing || !attempt.Retry() {
 				d = s.retries.Admit(p.Tenant, kind, attempt)

@@ -39,9 +39,6 @@ type reqState struct {
 	responseHeader http.Header
 	budgetKind     retrybudget.Kind    // the retry budget's kind of call (tenantResolver; KindOther before)
 	writer         statuswriter.Writer // the access log's view of the status, kept here: no allocation
-	// finishing: a checkpoint, complete or release, which the fleet retry
-	// budget neither refuses nor flags (resolveFinishingTenant).
-	finishing bool
 }
 
 func stateFrom(ctx context.Context) *reqState {

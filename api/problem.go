@@ -53,7 +53,7 @@ func (s *service) budgetSpent(r *http.Request, code idem.Code, info errcode.Info
 	if code == idem.CodeRetryBudgetExhausted {
 		return true
 	}
-	if st := stateFrom(r.Context()); st != nil && st.finishing {
+	if st := stateFrom(r.Context()); st != nil && st.budgetKind.Finishing() {
 		return false
 	}
 	if !info.Retryable && code != idem.CodeInternal {

@@ -60,6 +60,13 @@ const (
 )
 
 // String is the kind's name, as in the path of its call.
+// Finishing reports whether k is a write that finishes a claim
+// (checkpoint, complete, release): the budget never refuses or flags its
+// retries, since giving one up would leave work that ran unrecorded.
+func (k Kind) Finishing() bool {
+	return k == KindCheckpoint || k == KindComplete || k == KindRelease
+}
+
 func (k Kind) String() string {
 	switch k {
 	case KindClaim:
