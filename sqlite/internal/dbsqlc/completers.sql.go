@@ -259,7 +259,7 @@ UPDATE idempotency_keys SET
     lease_expires_at = ?2,
     updated_at = ?2
 WHERE tenant_id = ?3 AND key = ?4
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, attempt_id, lease_expires_at, recovery_point, response_status, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline, review_at, review_note, recovery_data, response_headers, response_body
 `
 
 type SetCompletionReviewParams struct {
@@ -287,12 +287,10 @@ func (q *Queries) SetCompletionReview(ctx context.Context, arg SetCompletionRevi
 		&i.Fingerprint,
 		&i.FencingToken,
 		&i.Attempt,
+		&i.AttemptID,
 		&i.LeaseExpiresAt,
 		&i.RecoveryPoint,
-		&i.RecoveryData,
 		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
 		&i.ResponseBodyEncoding,
 		&i.ReplayWindowSeconds,
 		&i.ReaperThresholdSeconds,
@@ -301,9 +299,6 @@ func (q *Queries) SetCompletionReview(ctx context.Context, arg SetCompletionRevi
 		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
-		&i.AttemptID,
-		&i.ReviewNote,
-		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
 		&i.CompleterState,
@@ -311,6 +306,11 @@ func (q *Queries) SetCompletionReview(ctx context.Context, arg SetCompletionRevi
 		&i.CompleterAttempts,
 		&i.CompleterNextAt,
 		&i.CompleterDeadline,
+		&i.ReviewAt,
+		&i.ReviewNote,
+		&i.RecoveryData,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
 	)
 	return i, err
 }
@@ -322,7 +322,7 @@ UPDATE idempotency_keys SET
     lease_expires_at = ?2,
     updated_at = ?2
 WHERE tenant_id = ?3 AND key = ?4
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, attempt_id, lease_expires_at, recovery_point, response_status, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline, review_at, review_note, recovery_data, response_headers, response_body
 `
 
 type SetCompletionUnknownParams struct {
@@ -350,12 +350,10 @@ func (q *Queries) SetCompletionUnknown(ctx context.Context, arg SetCompletionUnk
 		&i.Fingerprint,
 		&i.FencingToken,
 		&i.Attempt,
+		&i.AttemptID,
 		&i.LeaseExpiresAt,
 		&i.RecoveryPoint,
-		&i.RecoveryData,
 		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
 		&i.ResponseBodyEncoding,
 		&i.ReplayWindowSeconds,
 		&i.ReaperThresholdSeconds,
@@ -364,9 +362,6 @@ func (q *Queries) SetCompletionUnknown(ctx context.Context, arg SetCompletionUnk
 		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
-		&i.AttemptID,
-		&i.ReviewNote,
-		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
 		&i.CompleterState,
@@ -374,6 +369,11 @@ func (q *Queries) SetCompletionUnknown(ctx context.Context, arg SetCompletionUnk
 		&i.CompleterAttempts,
 		&i.CompleterNextAt,
 		&i.CompleterDeadline,
+		&i.ReviewAt,
+		&i.ReviewNote,
+		&i.RecoveryData,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
 	)
 	return i, err
 }
@@ -394,7 +394,7 @@ UPDATE idempotency_keys SET
     updated_at = ?3,
     purge_after = max(purge_after, ?2)
 WHERE tenant_id = ?5 AND key = ?6
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, attempt_id, lease_expires_at, recovery_point, response_status, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline, review_at, review_note, recovery_data, response_headers, response_body
 `
 
 type TakeCompletionParams struct {
@@ -427,12 +427,10 @@ func (q *Queries) TakeCompletion(ctx context.Context, arg TakeCompletionParams) 
 		&i.Fingerprint,
 		&i.FencingToken,
 		&i.Attempt,
+		&i.AttemptID,
 		&i.LeaseExpiresAt,
 		&i.RecoveryPoint,
-		&i.RecoveryData,
 		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
 		&i.ResponseBodyEncoding,
 		&i.ReplayWindowSeconds,
 		&i.ReaperThresholdSeconds,
@@ -441,9 +439,6 @@ func (q *Queries) TakeCompletion(ctx context.Context, arg TakeCompletionParams) 
 		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
-		&i.AttemptID,
-		&i.ReviewNote,
-		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
 		&i.CompleterState,
@@ -451,6 +446,11 @@ func (q *Queries) TakeCompletion(ctx context.Context, arg TakeCompletionParams) 
 		&i.CompleterAttempts,
 		&i.CompleterNextAt,
 		&i.CompleterDeadline,
+		&i.ReviewAt,
+		&i.ReviewNote,
+		&i.RecoveryData,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
 	)
 	return i, err
 }

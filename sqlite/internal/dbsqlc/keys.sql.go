@@ -19,7 +19,7 @@ UPDATE idempotency_keys SET
     updated_at = ?5,
     purge_after = max(purge_after, ?5 + reaper_threshold_seconds * 1000000, ?4)
 WHERE tenant_id = ?6 AND key = ?7
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, attempt_id, lease_expires_at, recovery_point, response_status, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline, review_at, review_note, recovery_data, response_headers, response_body
 `
 
 type CheckpointKeyParams struct {
@@ -56,12 +56,10 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (I
 		&i.Fingerprint,
 		&i.FencingToken,
 		&i.Attempt,
+		&i.AttemptID,
 		&i.LeaseExpiresAt,
 		&i.RecoveryPoint,
-		&i.RecoveryData,
 		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
 		&i.ResponseBodyEncoding,
 		&i.ReplayWindowSeconds,
 		&i.ReaperThresholdSeconds,
@@ -70,9 +68,6 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (I
 		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
-		&i.AttemptID,
-		&i.ReviewNote,
-		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
 		&i.CompleterState,
@@ -80,6 +75,11 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (I
 		&i.CompleterAttempts,
 		&i.CompleterNextAt,
 		&i.CompleterDeadline,
+		&i.ReviewAt,
+		&i.ReviewNote,
+		&i.RecoveryData,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
 	)
 	return i, err
 }
@@ -102,7 +102,7 @@ UPDATE idempotency_keys SET
     replay_until = ?6 + replay_window_seconds * 1000000,
     purge_after = ?6 + reaper_threshold_seconds * 1000000
 WHERE tenant_id = ?7 AND key = ?8
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, attempt_id, lease_expires_at, recovery_point, response_status, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline, review_at, review_note, recovery_data, response_headers, response_body
 `
 
 type CompleteKeyParams struct {
@@ -139,12 +139,10 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Idemp
 		&i.Fingerprint,
 		&i.FencingToken,
 		&i.Attempt,
+		&i.AttemptID,
 		&i.LeaseExpiresAt,
 		&i.RecoveryPoint,
-		&i.RecoveryData,
 		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
 		&i.ResponseBodyEncoding,
 		&i.ReplayWindowSeconds,
 		&i.ReaperThresholdSeconds,
@@ -153,9 +151,6 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Idemp
 		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
-		&i.AttemptID,
-		&i.ReviewNote,
-		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
 		&i.CompleterState,
@@ -163,6 +158,11 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Idemp
 		&i.CompleterAttempts,
 		&i.CompleterNextAt,
 		&i.CompleterDeadline,
+		&i.ReviewAt,
+		&i.ReviewNote,
+		&i.RecoveryData,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
 	)
 	return i, err
 }
@@ -211,7 +211,7 @@ ON CONFLICT (tenant_id, key) DO UPDATE SET
     completer_attempts = 0,
     completer_next_at = NULL,
     completer_deadline = NULL
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, attempt_id, lease_expires_at, recovery_point, response_status, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline, review_at, review_note, recovery_data, response_headers, response_body
 `
 
 type CreateKeyParams struct {
@@ -255,12 +255,10 @@ func (q *Queries) CreateKey(ctx context.Context, arg CreateKeyParams) (Idempoten
 		&i.Fingerprint,
 		&i.FencingToken,
 		&i.Attempt,
+		&i.AttemptID,
 		&i.LeaseExpiresAt,
 		&i.RecoveryPoint,
-		&i.RecoveryData,
 		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
 		&i.ResponseBodyEncoding,
 		&i.ReplayWindowSeconds,
 		&i.ReaperThresholdSeconds,
@@ -269,9 +267,6 @@ func (q *Queries) CreateKey(ctx context.Context, arg CreateKeyParams) (Idempoten
 		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
-		&i.AttemptID,
-		&i.ReviewNote,
-		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
 		&i.CompleterState,
@@ -279,12 +274,17 @@ func (q *Queries) CreateKey(ctx context.Context, arg CreateKeyParams) (Idempoten
 		&i.CompleterAttempts,
 		&i.CompleterNextAt,
 		&i.CompleterDeadline,
+		&i.ReviewAt,
+		&i.ReviewNote,
+		&i.RecoveryData,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
 	)
 	return i, err
 }
 
 const getKey = `-- name: GetKey :one
-SELECT idempotency_keys.tenant_id, idempotency_keys."key", idempotency_keys.state, idempotency_keys.operation, idempotency_keys.fingerprint, idempotency_keys.fencing_token, idempotency_keys.attempt, idempotency_keys.lease_expires_at, idempotency_keys.recovery_point, idempotency_keys.recovery_data, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.response_body_encoding, idempotency_keys.replay_window_seconds, idempotency_keys.reaper_threshold_seconds, idempotency_keys.created_at, idempotency_keys.updated_at, idempotency_keys.completed_at, idempotency_keys.replay_until, idempotency_keys.purge_after, idempotency_keys.attempt_id, idempotency_keys.review_note, idempotency_keys.review_at, idempotency_keys.orphan_event_token, idempotency_keys.stored_bytes, idempotency_keys.completer_state, idempotency_keys.completer_id, idempotency_keys.completer_attempts, idempotency_keys.completer_next_at, idempotency_keys.completer_deadline,
+SELECT idempotency_keys.tenant_id, idempotency_keys."key", idempotency_keys.state, idempotency_keys.operation, idempotency_keys.fingerprint, idempotency_keys.fencing_token, idempotency_keys.attempt, idempotency_keys.attempt_id, idempotency_keys.lease_expires_at, idempotency_keys.recovery_point, idempotency_keys.response_status, idempotency_keys.response_body_encoding, idempotency_keys.replay_window_seconds, idempotency_keys.reaper_threshold_seconds, idempotency_keys.created_at, idempotency_keys.updated_at, idempotency_keys.completed_at, idempotency_keys.replay_until, idempotency_keys.purge_after, idempotency_keys.orphan_event_token, idempotency_keys.stored_bytes, idempotency_keys.completer_state, idempotency_keys.completer_id, idempotency_keys.completer_attempts, idempotency_keys.completer_next_at, idempotency_keys.completer_deadline, idempotency_keys.review_at, idempotency_keys.review_note, idempotency_keys.recovery_data, idempotency_keys.response_headers, idempotency_keys.response_body,
        CAST(response_body IS NOT NULL AS INTEGER) AS has_response_body
 FROM idempotency_keys
 WHERE tenant_id = ?1 AND key = ?2
@@ -313,12 +313,10 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 		&i.IdempotencyKey.Fingerprint,
 		&i.IdempotencyKey.FencingToken,
 		&i.IdempotencyKey.Attempt,
+		&i.IdempotencyKey.AttemptID,
 		&i.IdempotencyKey.LeaseExpiresAt,
 		&i.IdempotencyKey.RecoveryPoint,
-		&i.IdempotencyKey.RecoveryData,
 		&i.IdempotencyKey.ResponseStatus,
-		&i.IdempotencyKey.ResponseHeaders,
-		&i.IdempotencyKey.ResponseBody,
 		&i.IdempotencyKey.ResponseBodyEncoding,
 		&i.IdempotencyKey.ReplayWindowSeconds,
 		&i.IdempotencyKey.ReaperThresholdSeconds,
@@ -327,9 +325,6 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 		&i.IdempotencyKey.CompletedAt,
 		&i.IdempotencyKey.ReplayUntil,
 		&i.IdempotencyKey.PurgeAfter,
-		&i.IdempotencyKey.AttemptID,
-		&i.IdempotencyKey.ReviewNote,
-		&i.IdempotencyKey.ReviewAt,
 		&i.IdempotencyKey.OrphanEventToken,
 		&i.IdempotencyKey.StoredBytes,
 		&i.IdempotencyKey.CompleterState,
@@ -337,6 +332,11 @@ func (q *Queries) GetKey(ctx context.Context, arg GetKeyParams) (GetKeyRow, erro
 		&i.IdempotencyKey.CompleterAttempts,
 		&i.IdempotencyKey.CompleterNextAt,
 		&i.IdempotencyKey.CompleterDeadline,
+		&i.IdempotencyKey.ReviewAt,
+		&i.IdempotencyKey.ReviewNote,
+		&i.IdempotencyKey.RecoveryData,
+		&i.IdempotencyKey.ResponseHeaders,
+		&i.IdempotencyKey.ResponseBody,
 		&i.HasResponseBody,
 	)
 	return i, err
@@ -757,7 +757,7 @@ UPDATE idempotency_keys SET
     updated_at = ?2,
     purge_after = max(purge_after, ?2 + reaper_threshold_seconds * 1000000, ?1)
 WHERE tenant_id = ?3 AND key = ?4
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, attempt_id, lease_expires_at, recovery_point, response_status, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline, review_at, review_note, recovery_data, response_headers, response_body
 `
 
 type RenewAttemptLeaseParams struct {
@@ -787,12 +787,10 @@ func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeasePa
 		&i.Fingerprint,
 		&i.FencingToken,
 		&i.Attempt,
+		&i.AttemptID,
 		&i.LeaseExpiresAt,
 		&i.RecoveryPoint,
-		&i.RecoveryData,
 		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
 		&i.ResponseBodyEncoding,
 		&i.ReplayWindowSeconds,
 		&i.ReaperThresholdSeconds,
@@ -801,9 +799,6 @@ func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeasePa
 		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
-		&i.AttemptID,
-		&i.ReviewNote,
-		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
 		&i.CompleterState,
@@ -811,6 +806,11 @@ func (q *Queries) RenewAttemptLease(ctx context.Context, arg RenewAttemptLeasePa
 		&i.CompleterAttempts,
 		&i.CompleterNextAt,
 		&i.CompleterDeadline,
+		&i.ReviewAt,
+		&i.ReviewNote,
+		&i.RecoveryData,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
 	)
 	return i, err
 }
@@ -834,7 +834,7 @@ UPDATE idempotency_keys SET
     replay_until = ?7 + replay_window_seconds * 1000000,
     purge_after = ?7 + reaper_threshold_seconds * 1000000
 WHERE tenant_id = ?8 AND key = ?9
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, attempt_id, lease_expires_at, recovery_point, response_status, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline, review_at, review_note, recovery_data, response_headers, response_body
 `
 
 type ResolveCompleteKeyParams struct {
@@ -874,12 +874,10 @@ func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKey
 		&i.Fingerprint,
 		&i.FencingToken,
 		&i.Attempt,
+		&i.AttemptID,
 		&i.LeaseExpiresAt,
 		&i.RecoveryPoint,
-		&i.RecoveryData,
 		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
 		&i.ResponseBodyEncoding,
 		&i.ReplayWindowSeconds,
 		&i.ReaperThresholdSeconds,
@@ -888,9 +886,6 @@ func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKey
 		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
-		&i.AttemptID,
-		&i.ReviewNote,
-		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
 		&i.CompleterState,
@@ -898,6 +893,11 @@ func (q *Queries) ResolveCompleteKey(ctx context.Context, arg ResolveCompleteKey
 		&i.CompleterAttempts,
 		&i.CompleterNextAt,
 		&i.CompleterDeadline,
+		&i.ReviewAt,
+		&i.ReviewNote,
+		&i.RecoveryData,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
 	)
 	return i, err
 }
@@ -908,7 +908,7 @@ UPDATE idempotency_keys SET
     review_at = ?2,
     updated_at = ?2
 WHERE tenant_id = ?3 AND key = ?4
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, attempt_id, lease_expires_at, recovery_point, response_status, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline, review_at, review_note, recovery_data, response_headers, response_body
 `
 
 type ReviewKeyParams struct {
@@ -936,12 +936,10 @@ func (q *Queries) ReviewKey(ctx context.Context, arg ReviewKeyParams) (Idempoten
 		&i.Fingerprint,
 		&i.FencingToken,
 		&i.Attempt,
+		&i.AttemptID,
 		&i.LeaseExpiresAt,
 		&i.RecoveryPoint,
-		&i.RecoveryData,
 		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
 		&i.ResponseBodyEncoding,
 		&i.ReplayWindowSeconds,
 		&i.ReaperThresholdSeconds,
@@ -950,9 +948,6 @@ func (q *Queries) ReviewKey(ctx context.Context, arg ReviewKeyParams) (Idempoten
 		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
-		&i.AttemptID,
-		&i.ReviewNote,
-		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
 		&i.CompleterState,
@@ -960,6 +955,11 @@ func (q *Queries) ReviewKey(ctx context.Context, arg ReviewKeyParams) (Idempoten
 		&i.CompleterAttempts,
 		&i.CompleterNextAt,
 		&i.CompleterDeadline,
+		&i.ReviewAt,
+		&i.ReviewNote,
+		&i.RecoveryData,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
 	)
 	return i, err
 }
@@ -973,7 +973,7 @@ UPDATE idempotency_keys SET
     updated_at = ?4,
     purge_after = max(?4 + reaper_threshold_seconds * 1000000, ?3)
 WHERE tenant_id = ?5 AND key = ?6
-RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, lease_expires_at, recovery_point, recovery_data, response_status, response_headers, response_body, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, attempt_id, review_note, review_at, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline
+RETURNING tenant_id, "key", state, operation, fingerprint, fencing_token, attempt, attempt_id, lease_expires_at, recovery_point, response_status, response_body_encoding, replay_window_seconds, reaper_threshold_seconds, created_at, updated_at, completed_at, replay_until, purge_after, orphan_event_token, stored_bytes, completer_state, completer_id, completer_attempts, completer_next_at, completer_deadline, review_at, review_note, recovery_data, response_headers, response_body
 `
 
 type TakeoverKeyParams struct {
@@ -1006,12 +1006,10 @@ func (q *Queries) TakeoverKey(ctx context.Context, arg TakeoverKeyParams) (Idemp
 		&i.Fingerprint,
 		&i.FencingToken,
 		&i.Attempt,
+		&i.AttemptID,
 		&i.LeaseExpiresAt,
 		&i.RecoveryPoint,
-		&i.RecoveryData,
 		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
 		&i.ResponseBodyEncoding,
 		&i.ReplayWindowSeconds,
 		&i.ReaperThresholdSeconds,
@@ -1020,9 +1018,6 @@ func (q *Queries) TakeoverKey(ctx context.Context, arg TakeoverKeyParams) (Idemp
 		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
-		&i.AttemptID,
-		&i.ReviewNote,
-		&i.ReviewAt,
 		&i.OrphanEventToken,
 		&i.StoredBytes,
 		&i.CompleterState,
@@ -1030,6 +1025,11 @@ func (q *Queries) TakeoverKey(ctx context.Context, arg TakeoverKeyParams) (Idemp
 		&i.CompleterAttempts,
 		&i.CompleterNextAt,
 		&i.CompleterDeadline,
+		&i.ReviewAt,
+		&i.ReviewNote,
+		&i.RecoveryData,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
 	)
 	return i, err
 }

@@ -26,12 +26,10 @@ type IdempotencyKey struct {
 	Fingerprint            string
 	FencingToken           int64
 	Attempt                int64
+	AttemptID              *string
 	LeaseExpiresAt         *int64
 	RecoveryPoint          *string
-	RecoveryData           []byte
 	ResponseStatus         *int64
-	ResponseHeaders        *string
-	ResponseBody           []byte
 	ResponseBodyEncoding   *string
 	ReplayWindowSeconds    int64
 	ReaperThresholdSeconds int64
@@ -40,9 +38,6 @@ type IdempotencyKey struct {
 	CompletedAt            *int64
 	ReplayUntil            *int64
 	PurgeAfter             int64
-	AttemptID              *string
-	ReviewNote             *string
-	ReviewAt               *int64
 	OrphanEventToken       *int64
 	StoredBytes            int64
 	CompleterState         *string
@@ -50,6 +45,11 @@ type IdempotencyKey struct {
 	CompleterAttempts      int64
 	CompleterNextAt        *int64
 	CompleterDeadline      *int64
+	ReviewAt               *int64
+	ReviewNote             *string
+	RecoveryData           []byte
+	ResponseHeaders        *string
+	ResponseBody           []byte
 }
 
 type KeyAudit struct {
