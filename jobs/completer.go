@@ -143,9 +143,6 @@ func NewCompleter(cs idem.CompleterStore, tenants idem.Store, cfg CompleterConfi
 	}
 }
 
-// Config returns the configuration with defaults applied.
-func (c *Completer) Config() CompleterConfig { return c.cfg }
-
 // Share is the most attempts one tenant may have in flight on this
 // replica: half the slots (at least one), so a tenant whose endpoint hangs
 // leaves the other half to the other tenants.
