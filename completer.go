@@ -163,7 +163,7 @@ func ValidateOperationPattern(p string) error {
 // NewCompleterID returns a fresh completer id ("cmp_" and 22 random
 // characters).
 func NewCompleterID() string {
-	return "cmp_" + NewEventID()[len("msg_"):]
+	return NewID("cmp_")
 }
 
 // CompletionOutcome is what an attempt learnt: the endpoint's answer, or

@@ -76,12 +76,16 @@ type KeyEventData struct {
 	Actor  string `json:"actor,omitempty"`
 }
 
-// NewEventID returns a fresh webhook-id: "msg_" and 22 random characters.
-func NewEventID() string {
+// NewID returns a fresh id: prefix and 22 random characters (128 bits,
+// base64url). Every id idem hands out is made here, so they all look alike.
+func NewID(prefix string) string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	return "msg_" + strings.TrimRight(base64.RawURLEncoding.EncodeToString(b[:]), "=")
+	return prefix + base64.RawURLEncoding.EncodeToString(b[:])
 }
+
+// NewEventID returns a fresh webhook-id: "msg_" and 22 random characters.
+func NewEventID() string { return NewID("msg_") }
 
 // NewEvent builds an event with a fresh id and the Standard Webhooks payload
 // shape {"type", "timestamp", "data"}; at is the instant of the change.
@@ -148,7 +152,7 @@ func NewWebhookSecret() string {
 // NewWebhookEndpointID returns a fresh endpoint id ("ep_" and 22 random
 // characters).
 func NewWebhookEndpointID() string {
-	return "ep_" + NewEventID()[len("msg_"):]
+	return NewID("ep_")
 }
 
 // WebhookEndpoint is a URL a tenant asked to receive events at.

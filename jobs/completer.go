@@ -398,7 +398,7 @@ func (c *Completer) call(ctx context.Context, pc idem.PickedCompletion) verdict 
 	if err != nil {
 		return unknownVerdict("the call could not be encoded")
 	}
-	id := "rsm_" + idem.NewEventID()[len("msg_"):]
+	id := idem.NewID("rsm_")
 	now := time.Now()
 	sig, err := webhooks.Sign(pc.Completer.Secret, id, now, payload)
 	if err != nil {
