@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/idem-dev/idem/client/stdwebhooks"
 )
 
 // EventType names what a webhook reports. Tenants subscribe an endpoint to
@@ -137,16 +139,13 @@ func ResolvedEvent(rec Record, action ResolveAction, actor Actor, at time.Time) 
 	return NewEvent(rec.TenantID, EventKeyResolved, at, d)
 }
 
-// WebhookSecretPrefix starts every webhook signing secret (Standard
-// Webhooks: "whsec_" and the base64 of the key).
-const WebhookSecretPrefix = "whsec_"
-
-// NewWebhookSecret returns a fresh signing secret: whsec_ and the base64 of
-// 32 random bytes.
+// NewWebhookSecret returns a fresh signing secret of a webhook endpoint or
+// a completer: stdwebhooks.SecretPrefix ("whsec_") and the base64 of 32
+// random bytes, the form stdwebhooks.DecodeSecret reads.
 func NewWebhookSecret() string {
 	var b [32]byte
 	_, _ = rand.Read(b[:])
-	return WebhookSecretPrefix + base64.StdEncoding.EncodeToString(b[:])
+	return stdwebhooks.SecretPrefix + base64.StdEncoding.EncodeToString(b[:])
 }
 
 // NewWebhookEndpointID returns a fresh endpoint id ("ep_" and 22 random
