@@ -104,12 +104,18 @@ func NewEvent(tenantID string, typ EventType, at time.Time, data any) (Event, er
 	return Event{ID: NewEventID(), TenantID: tenantID, Type: typ, Payload: body}, nil
 }
 
-// RecordEvent builds a key.* event about rec.
-func RecordEvent(typ EventType, rec Record, at time.Time) (Event, error) {
-	d := KeyEventData{
+// keyEventData is the part of every key.* event's data that describes
+// rec as it stands.
+func keyEventData(rec Record) KeyEventData {
+	return KeyEventData{
 		Key: rec.Key, Operation: rec.Operation, FencingToken: rec.FencingToken,
 		Attempt: rec.Attempt, RecoveryPoint: rec.RecoveryPoint,
 	}
+}
+
+// RecordEvent builds a key.* event about rec.
+func RecordEvent(typ EventType, rec Record, at time.Time) (Event, error) {
+	d := keyEventData(rec)
 	if !rec.LeaseExpiresAt.IsZero() {
 		t := rec.LeaseExpiresAt.UTC()
 		d.LeaseExpiresAt = &t
@@ -120,22 +126,17 @@ func RecordEvent(typ EventType, rec Record, at time.Time) (Event, error) {
 // LeaseLostEvent builds the key.lease_lost event of a write (checkpoint,
 // complete, release) refused because staleToken is no longer current.
 func LeaseLostEvent(stored Record, write string, staleToken int64, at time.Time) (Event, error) {
-	return NewEvent(stored.TenantID, EventKeyLeaseLost, at, KeyEventData{
-		Key: stored.Key, Operation: stored.Operation, FencingToken: stored.FencingToken,
-		Attempt: stored.Attempt, RecoveryPoint: stored.RecoveryPoint,
-		StaleToken: staleToken, Write: write,
-	})
+	d := keyEventData(stored)
+	d.StaleToken, d.Write = staleToken, write
+	return NewEvent(stored.TenantID, EventKeyLeaseLost, at, d)
 }
 
 // ResolvedEvent builds the key.resolved event of a person's resolution:
 // rec is the record as the resolution left it (as it was, for a release,
 // which deletes it); the audit note is not sent.
 func ResolvedEvent(rec Record, action ResolveAction, actor Actor, at time.Time) (Event, error) {
-	d := KeyEventData{
-		Key: rec.Key, Operation: rec.Operation, FencingToken: rec.FencingToken,
-		Attempt: rec.Attempt, RecoveryPoint: rec.RecoveryPoint,
-		Action: string(action), Actor: actor.Subject,
-	}
+	d := keyEventData(rec)
+	d.Action, d.Actor = string(action), actor.Subject
 	return NewEvent(rec.TenantID, EventKeyResolved, at, d)
 }
 
@@ -409,7 +410,7 @@ func ValidateEventFilter(events []EventType) error {
 			msg = fmt.Sprintf("names %q twice", e)
 		}
 		if msg != "" {
-			return &Error{Code: CodeInvalidRequest, Detail: "events " + msg, Fields: []FieldError{{Field: "events", Message: msg}}}
+			return invalidField("events", msg)
 		}
 		seen[e] = true
 	}
