@@ -3,13 +3,11 @@ package idem
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 
-	"github.com/idem-dev/idem/client/backoff"
 	"github.com/idem-dev/idem/client/errcode"
 )
 
@@ -165,7 +163,7 @@ func ValidateOperationPattern(p string) error {
 // NewCompleterID returns a fresh completer id ("cmp_" and 22 random
 // characters).
 func NewCompleterID() string {
-	return "cmp_" + NewEventID()[len("msg_"):]
+	return NewID("cmp_")
 }
 
 // CompletionOutcome is what an attempt learnt: the endpoint's answer, or
@@ -195,40 +193,6 @@ func CompleterActor(tenantID, completerID string) Actor {
 	return Actor{Subject: "completer:" + completerID, Tenant: tenantID, Scope: "completer"}
 }
 
-// CompletionPolicy bounds the completer's attempts on one record.
-type CompletionPolicy struct {
-	// MaxAttempts bounds the attempts per record.
-	MaxAttempts int
-	// Deadline bounds the time from the first takeover to the last
-	// attempt.
-	Deadline time.Duration
-	// BackoffBase and BackoffCap shape the full-jitter pause after an
-	// unknown attempt n: uniform in [0, min(BackoffCap, BackoffBase×2^(n-1))).
-	BackoffBase time.Duration
-	BackoffCap  time.Duration
-}
-
-// NextAttempt decides what follows an unknown attempt (attempt, 1-based)
-// at now on a record whose completer deadline is deadline: review true when
-// the attempts are used up or the next attempt would fall past the
-// deadline, else the pause before the next attempt. The endpoint's
-// retry_after (zero: none) lengthens the pause, never shortens it.
-func (p CompletionPolicy) NextAttempt(attempt int, now, deadline time.Time, retryAfter time.Duration) (wait time.Duration, review bool) {
-	if attempt >= p.MaxAttempts {
-		return 0, true
-	}
-	ceiling := backoff.Ceiling(p.BackoffBase, p.BackoffCap, attempt-1)
-	wait = time.Millisecond
-	if ceiling > 0 {
-		wait += time.Duration(rand.Int64N(int64(ceiling)))
-	}
-	wait = max(wait, retryAfter)
-	if now.Add(wait).After(deadline) {
-		return 0, true
-	}
-	return wait, false
-}
-
 // PickCompletionsParams are the inputs of CompleterStore.PickCompletions.
 type PickCompletionsParams struct {
 	// Limit bounds the records taken.
@@ -244,8 +208,9 @@ type PickCompletionsParams struct {
 	// Lease is the completer's lease on a record it takes: one attempt's
 	// timeout and the time to record it.
 	Lease time.Duration
-	// Deadline is CompletionPolicy.Deadline, set on a record's first
-	// takeover, never past the record's purge time.
+	// Deadline is the completer's deadline (from the first takeover to the
+	// last attempt), set on a record's first takeover, never past the
+	// record's purge time.
 	Deadline time.Duration
 }
 

@@ -37,32 +37,6 @@ func TestMatchOperationAndPickCompleter(t *testing.T) {
 	require.NoError(t, idem.ValidateOperationPattern("POST /orders*"))
 }
 
-// Unknown attempts are bounded by attempts and the deadline, the pause is a
-// full jitter under the doubling ceiling, never under the endpoint's
-// retry_after.
-func TestCompletionPolicyNextAttempt(t *testing.T) {
-	t.Parallel()
-	p := idem.CompletionPolicy{MaxAttempts: 4, BackoffBase: time.Second, BackoffCap: 8 * time.Second}
-	now := time.Date(2026, 12, 1, 23, 0, 0, 0, time.UTC)
-	deadline := now.Add(time.Hour)
-	for attempt := 1; attempt < 4; attempt++ {
-		for range 100 {
-			wait, review := p.NextAttempt(attempt, now, deadline, 0)
-			require.False(t, review)
-			require.Positive(t, wait)
-			require.LessOrEqual(t, wait, time.Second<<(attempt-1)+time.Millisecond)
-		}
-	}
-	_, review := p.NextAttempt(4, now, deadline, 0)
-	require.True(t, review, "the attempts are used up")
-	wait, review := p.NextAttempt(1, now, deadline, 30*time.Second)
-	require.False(t, review)
-	require.GreaterOrEqual(t, wait, 30*time.Second, "retry_after lengthens the pause")
-	_, review = p.NextAttempt(1, now, now.Add(10*time.Millisecond), 0)
-	_, review2 := p.NextAttempt(1, now, now, 0)
-	require.True(t, review || review2, "the next attempt would fall past the deadline")
-}
-
 // A claim of a record the completer holds is refused with outcome_unknown
 // (Retry-After = the next attempt) and never taken over, even once its
 // lease ran out; one it flagged is outcome_review; a mismatch is still a

@@ -1,9 +1,13 @@
 // Package idem is the domain of the idem idempotency service: records and
-// their states, the claim state machine, tenants and their settings, the
-// Store interface every database backend implements, the error codes of the
-// HTTP contract, and request fingerprinting.
+// their states, the claim state machine and the rules of every write,
+// tenants and their settings, the completer's and the webhooks' records,
+// the errors of the HTTP contract, and the Store and Driver contracts every
+// database backend implements.
 //
-// The package depends on the standard library only. The HTTP layer lives in
+// The package depends on the standard library and on two leaf packages of
+// the SDK module that the server shares with it: client/errcode (the one
+// list of error codes) and client/stdwebhooks (the secrets' format). The
+// fingerprint of a request lives in package canon, the HTTP layer in
 // package api, the backends in packages postgres and sqlite, and the
 // conformance suite that every Store must pass in package storetest.
 //

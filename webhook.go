@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/idem-dev/idem/client/stdwebhooks"
 )
 
 // EventType names what a webhook reports. Tenants subscribe an endpoint to
@@ -76,12 +78,16 @@ type KeyEventData struct {
 	Actor  string `json:"actor,omitempty"`
 }
 
-// NewEventID returns a fresh webhook-id: "msg_" and 22 random characters.
-func NewEventID() string {
+// NewID returns a fresh id: prefix and 22 random characters (128 bits,
+// base64url). Every id idem hands out is made here, so they all look alike.
+func NewID(prefix string) string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	return "msg_" + strings.TrimRight(base64.RawURLEncoding.EncodeToString(b[:]), "=")
+	return prefix + base64.RawURLEncoding.EncodeToString(b[:])
 }
+
+// NewEventID returns a fresh webhook-id: "msg_" and 22 random characters.
+func NewEventID() string { return NewID("msg_") }
 
 // NewEvent builds an event with a fresh id and the Standard Webhooks payload
 // shape {"type", "timestamp", "data"}; at is the instant of the change.
@@ -98,12 +104,18 @@ func NewEvent(tenantID string, typ EventType, at time.Time, data any) (Event, er
 	return Event{ID: NewEventID(), TenantID: tenantID, Type: typ, Payload: body}, nil
 }
 
-// RecordEvent builds a key.* event about rec.
-func RecordEvent(typ EventType, rec Record, at time.Time) (Event, error) {
-	d := KeyEventData{
+// keyEventData is the part of every key.* event's data that describes
+// rec as it stands.
+func keyEventData(rec Record) KeyEventData {
+	return KeyEventData{
 		Key: rec.Key, Operation: rec.Operation, FencingToken: rec.FencingToken,
 		Attempt: rec.Attempt, RecoveryPoint: rec.RecoveryPoint,
 	}
+}
+
+// RecordEvent builds a key.* event about rec.
+func RecordEvent(typ EventType, rec Record, at time.Time) (Event, error) {
+	d := keyEventData(rec)
 	if !rec.LeaseExpiresAt.IsZero() {
 		t := rec.LeaseExpiresAt.UTC()
 		d.LeaseExpiresAt = &t
@@ -114,41 +126,33 @@ func RecordEvent(typ EventType, rec Record, at time.Time) (Event, error) {
 // LeaseLostEvent builds the key.lease_lost event of a write (checkpoint,
 // complete, release) refused because staleToken is no longer current.
 func LeaseLostEvent(stored Record, write string, staleToken int64, at time.Time) (Event, error) {
-	return NewEvent(stored.TenantID, EventKeyLeaseLost, at, KeyEventData{
-		Key: stored.Key, Operation: stored.Operation, FencingToken: stored.FencingToken,
-		Attempt: stored.Attempt, RecoveryPoint: stored.RecoveryPoint,
-		StaleToken: staleToken, Write: write,
-	})
+	d := keyEventData(stored)
+	d.StaleToken, d.Write = staleToken, write
+	return NewEvent(stored.TenantID, EventKeyLeaseLost, at, d)
 }
 
 // ResolvedEvent builds the key.resolved event of a person's resolution:
 // rec is the record as the resolution left it (as it was, for a release,
 // which deletes it); the audit note is not sent.
 func ResolvedEvent(rec Record, action ResolveAction, actor Actor, at time.Time) (Event, error) {
-	d := KeyEventData{
-		Key: rec.Key, Operation: rec.Operation, FencingToken: rec.FencingToken,
-		Attempt: rec.Attempt, RecoveryPoint: rec.RecoveryPoint,
-		Action: string(action), Actor: actor.Subject,
-	}
+	d := keyEventData(rec)
+	d.Action, d.Actor = string(action), actor.Subject
 	return NewEvent(rec.TenantID, EventKeyResolved, at, d)
 }
 
-// WebhookSecretPrefix starts every webhook signing secret (Standard
-// Webhooks: "whsec_" and the base64 of the key).
-const WebhookSecretPrefix = "whsec_"
-
-// NewWebhookSecret returns a fresh signing secret: whsec_ and the base64 of
-// 32 random bytes.
+// NewWebhookSecret returns a fresh signing secret of a webhook endpoint or
+// a completer: stdwebhooks.SecretPrefix ("whsec_") and the base64 of 32
+// random bytes, the form stdwebhooks.DecodeSecret reads.
 func NewWebhookSecret() string {
 	var b [32]byte
 	_, _ = rand.Read(b[:])
-	return WebhookSecretPrefix + base64.StdEncoding.EncodeToString(b[:])
+	return stdwebhooks.SecretPrefix + base64.StdEncoding.EncodeToString(b[:])
 }
 
 // NewWebhookEndpointID returns a fresh endpoint id ("ep_" and 22 random
 // characters).
 func NewWebhookEndpointID() string {
-	return "ep_" + NewEventID()[len("msg_"):]
+	return NewID("ep_")
 }
 
 // WebhookEndpoint is a URL a tenant asked to receive events at.
@@ -406,7 +410,7 @@ func ValidateEventFilter(events []EventType) error {
 			msg = fmt.Sprintf("names %q twice", e)
 		}
 		if msg != "" {
-			return &Error{Code: CodeInvalidRequest, Detail: "events " + msg, Fields: []FieldError{{Field: "events", Message: msg}}}
+			return invalidField("events", msg)
 		}
 		seen[e] = true
 	}

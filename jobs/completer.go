@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/go-json-experiment/json"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/client/backoff"
 	"github.com/idem-dev/idem/client/resumecall"
 	"github.com/idem-dev/idem/internal/batch"
 	"github.com/idem-dev/idem/internal/defaults"
@@ -68,7 +70,7 @@ type CompleterConfig struct {
 	// well inside it.
 	Lease time.Duration
 	// MaxAttempts and Deadline bound the attempts on one record; then it
-	// goes to review (idem.CompletionPolicy).
+	// goes to review (NextAttempt).
 	MaxAttempts int
 	Deadline    time.Duration
 	// BackoffBase and BackoffCap shape the full-jitter pause after an
@@ -95,9 +97,27 @@ func (c CompleterConfig) withDefaults() CompleterConfig {
 	return c
 }
 
-// Policy is the per-record bound of the attempts.
-func (c CompleterConfig) Policy() idem.CompletionPolicy {
-	return idem.CompletionPolicy{MaxAttempts: c.MaxAttempts, Deadline: c.Deadline, BackoffBase: c.BackoffBase, BackoffCap: c.BackoffCap}
+// NextAttempt decides what follows an unknown attempt (attempt, 1-based)
+// at now on a record whose completer deadline is deadline: review true when
+// the attempts are used up (MaxAttempts) or the next attempt would fall
+// past the deadline, else the pause before the next attempt, a full jitter
+// uniform in [0, min(BackoffCap, BackoffBase×2^(attempt-1))) plus a
+// millisecond. The endpoint's retry_after (zero: none) lengthens the
+// pause, never shortens it.
+func (c CompleterConfig) NextAttempt(attempt int, now, deadline time.Time, retryAfter time.Duration) (wait time.Duration, review bool) {
+	if attempt >= c.MaxAttempts {
+		return 0, true
+	}
+	ceiling := backoff.Ceiling(c.BackoffBase, c.BackoffCap, attempt-1)
+	wait = time.Millisecond
+	if ceiling > 0 {
+		wait += time.Duration(rand.Int64N(int64(ceiling)))
+	}
+	wait = max(wait, retryAfter)
+	if now.Add(wait).After(deadline) {
+		return 0, true
+	}
+	return wait, false
 }
 
 // Completer runs the completer job.
@@ -122,9 +142,6 @@ func NewCompleter(cs idem.CompleterStore, tenants idem.Store, cfg CompleterConfi
 		client: webhooks.NewClient(webhooks.Config{Timeout: cfg.Timeout, AllowPrivate: cfg.AllowPrivate}),
 	}
 }
-
-// Config returns the configuration with defaults applied.
-func (c *Completer) Config() CompleterConfig { return c.cfg }
 
 // Share is the most attempts one tenant may have in flight on this
 // replica: half the slots (at least one), so a tenant whose endpoint hangs
@@ -349,7 +366,7 @@ func (c *Completer) attempt(ctx context.Context, pc idem.PickedCompletion) error
 // attempts or the deadline are used up.
 func (c *Completer) unknown(p idem.FinishCompletionParams, comp idem.Completion, now time.Time, why string, retryAfter time.Duration) idem.FinishCompletionParams {
 	p.Response = nil
-	wait, review := c.cfg.Policy().NextAttempt(comp.Attempts, now, comp.Deadline, retryAfter)
+	wait, review := c.cfg.NextAttempt(comp.Attempts, now, comp.Deadline, retryAfter)
 	if review {
 		p.Outcome = idem.OutcomeReview
 		p.Note = fmt.Sprintf("gave up after %d attempts of %d, the deadline %s: the last one's outcome is unknown (%s)",
@@ -381,7 +398,7 @@ func (c *Completer) call(ctx context.Context, pc idem.PickedCompletion) verdict 
 	if err != nil {
 		return unknownVerdict("the call could not be encoded")
 	}
-	id := "rsm_" + idem.NewEventID()[len("msg_"):]
+	id := idem.NewID("rsm_")
 	now := time.Now()
 	sig, err := webhooks.Sign(pc.Completer.Secret, id, now, payload)
 	if err != nil {

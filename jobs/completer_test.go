@@ -40,6 +40,32 @@ func forEachRealClock(t *testing.T, fn func(t *testing.T, s idem.Driver)) {
 	})
 }
 
+// Unknown attempts are bounded by attempts and the deadline, the pause is a
+// full jitter under the doubling ceiling, never under the endpoint's
+// retry_after.
+func TestCompleterNextAttempt(t *testing.T) {
+	t.Parallel()
+	p := jobs.CompleterConfig{MaxAttempts: 4, BackoffBase: time.Second, BackoffCap: 8 * time.Second}
+	now := time.Date(2026, 12, 1, 23, 0, 0, 0, time.UTC)
+	deadline := now.Add(time.Hour)
+	for attempt := 1; attempt < 4; attempt++ {
+		for range 100 {
+			wait, review := p.NextAttempt(attempt, now, deadline, 0)
+			require.False(t, review)
+			require.Positive(t, wait)
+			require.LessOrEqual(t, wait, time.Second<<(attempt-1)+time.Millisecond)
+		}
+	}
+	_, review := p.NextAttempt(4, now, deadline, 0)
+	require.True(t, review, "the attempts are used up")
+	wait, review := p.NextAttempt(1, now, deadline, 30*time.Second)
+	require.False(t, review)
+	require.GreaterOrEqual(t, wait, 30*time.Second, "retry_after lengthens the pause")
+	_, review = p.NextAttempt(1, now, now.Add(10*time.Millisecond), 0)
+	_, review2 := p.NextAttempt(1, now, now, 0)
+	require.True(t, review || review2, "the next attempt would fall past the deadline")
+}
+
 // A resume endpoint that is still at work when the completer's call times
 // out (the SDKs' handlers keep running the function until the call's
 // lease_expires_at) must not be called again, under a new token, before

@@ -157,9 +157,6 @@ func NewClient(cfg Config) *http.Client {
 	}
 }
 
-// Config returns the configuration with defaults applied.
-func (d *Deliverer) Config() Config { return d.cfg }
-
 // Run delivers until ctx is done. It is a pool of at most Concurrency
 // attempts in flight: at start, and as soon as an attempt ends, it claims
 // as many due deliveries as there are free slots (at most BatchSize at

@@ -83,48 +83,34 @@ Examples:
 	return 0
 }
 
-// optInt64 is an int64 flag that remembers whether it was given.
-type optInt64 struct{ v *int64 }
+// optInt is an int or int64 flag that remembers whether it was given.
+type optInt[T int | int64] struct{ v *T }
 
-func (o *optInt64) String() string {
+func (o *optInt[T]) String() string {
 	if o == nil || o.v == nil {
 		return ""
 	}
-	return strconv.FormatInt(*o.v, 10)
+	return strconv.FormatInt(int64(*o.v), 10)
 }
 
-func (o *optInt64) Set(s string) error {
-	n, err := strconv.ParseInt(s, 10, 64)
+func (o *optInt[T]) Set(s string) error {
+	bits := 64
+	if _, ok := any(T(0)).(int); ok {
+		bits = strconv.IntSize
+	}
+	n, err := strconv.ParseInt(s, 10, bits)
 	if err != nil {
 		return fmt.Errorf("%q is not a whole number", s)
 	}
-	o.v = &n
-	return nil
-}
-
-// optInt is an int flag that remembers whether it was given.
-type optInt struct{ v *int }
-
-func (o *optInt) String() string {
-	if o == nil || o.v == nil {
-		return ""
-	}
-	return strconv.Itoa(*o.v)
-}
-
-func (o *optInt) Set(s string) error {
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return fmt.Errorf("%q is not a whole number", s)
-	}
-	o.v = &n
+	v := T(n)
+	o.v = &v
 	return nil
 }
 
 // settingsFlags registers one flag per tenant setting and returns the
 // patch they build.
 func settingsFlags(fs *flag.FlagSet) func() idem.SettingsPatch {
-	var f [8]optInt
+	var f [8]optInt[int]
 	names := []string{"replay-window-seconds", "reaper-threshold-seconds", "lease-seconds-default", "lease-seconds-max", "max-response-bytes", "rate-limit-per-second", "max-wait-seconds", "retry-budget-percent"}
 	help := []string{
 		"how long a completed response is replayed (default 86400)",
@@ -139,7 +125,7 @@ func settingsFlags(fs *flag.FlagSet) func() idem.SettingsPatch {
 	for i := range names {
 		fs.Var(&f[i], names[i], "tenant setting: "+help[i])
 	}
-	var quota optInt64
+	var quota optInt[int64]
 	fs.Var(&quota, "storage-quota-bytes", "tenant setting: most bytes the tenant's records may store; at or over it, claims of new keys get 507 (default 1073741824)")
 	return func() idem.SettingsPatch {
 		return idem.SettingsPatch{
