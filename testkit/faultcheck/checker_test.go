@@ -3,6 +3,7 @@ package faultcheck
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -173,5 +174,32 @@ func TestLeaseOfAHeldClaim(t *testing.T) {
 	fast := []*Run{run("r1", 600*time.Millisecond), run("r2", 1970*time.Millisecond), run("r3", 2270*time.Millisecond)}
 	if v := lease(fast, held(205*time.Millisecond, 3100*time.Millisecond)); len(v) != 1 || !strings.Contains(v[0].Detail, "run r3") {
 		t.Errorf("a run 300 ms after another claimed under the lowered lease not reported: %v", v)
+	}
+}
+
+// TestSettledAtAFinalAnswer: the settle phase stops at a key's outcome,
+// 409 response_not_replayable included (a quota schedule's keys completed
+// without their response), and goes on while the key is in flight or the
+// store is not back.
+func TestSettledAtAFinalAnswer(t *testing.T) {
+	problem := func(status int, code string) *Sent {
+		return &Sent{Status: status, Complete: true, Resp: []byte(`{"type":"urn:idem:problem:` + code + `","status":` + strconv.Itoa(status) + `,"code":"` + code + `"}`)}
+	}
+	for _, c := range []struct {
+		snt  *Sent
+		mode string
+		want bool
+	}{
+		{problem(409, "response_not_replayable"), "slow:300", true},
+		{problem(409, "request_in_flight"), "slow:300", false},
+		{problem(503, "store_unavailable"), "ok", false},
+		{&Sent{Status: 503, Complete: true, Resp: []byte(`{"run":"r1","req":"k","scope":"","pad":""}`)}, "status:503", true},
+		{&Sent{Status: 201, Complete: true, Resp: []byte(`{"run":"r1","req":"k","scope":"","pad":""}`)}, "ok", true},
+		{&Sent{Status: 200}, "cutstream:4", true},
+		{&Sent{}, "ok", false},
+	} {
+		if got := settled(c.snt, c.mode); got != c.want {
+			t.Errorf("settled(%d %s, %s) = %v, want %v", c.snt.Status, c.snt.Resp, c.mode, got, c.want)
+		}
 	}
 }
