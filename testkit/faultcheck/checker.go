@@ -127,10 +127,7 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 		for i := 1; i < len(rs); i++ {
 			a, b := rs[i-1], rs[i]
 			gap := time.Duration(b.Start.T-a.Start.T) * time.Millisecond
-			lease := Lease
-			if f := h.overlaps(time.UnixMilli(a.Start.T).Add(-time.Second), time.UnixMilli(a.Start.T), FaultSettings); f != nil && strings.HasPrefix(f.What, whatLeaseMax) {
-				lease = time.Second // claimed under the lowered default
-			}
+			lease := leaseOf(h, sent, id, a)
 			if gap < lease-slack && routes[id] == "open" {
 				if f := h.overlaps(time.UnixMilli(b.Start.T).Add(-faultAfterglow), time.UnixMilli(b.Start.T), FaultStoreCut, FaultFreeze); f != nil {
 					rep.Takeovers = append(rep.Takeovers, fmt.Sprintf("key %s: run %s started %s after run %s unprotected: the route is fail_open and the store was cut or frozen (documented)",
@@ -155,7 +152,11 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 				// longer cut, a freeze or a kill of idem in the same span
 				// can use up the complete's own attempts: a legal takeover
 				// (a frozen idem serve cost seed 1697375651 a record so).
-				add("finished-work-recorded", "", "key %s: run %s ran again %s after run %s (%s), whose complete was given up while the tenant's retry budget was spent",
+				// A complete given up to the SDK's own per-process retry
+				// budget, emptied by the faults of the schedule before, is
+				// the same loss and reported the same (seed 20261202,
+				// asgi and wsgi on SQLite, schedule 12: give_up=budget).
+				add("finished-work-recorded", "", "key %s: run %s ran again %s after run %s (%s), whose complete was given up while the tenant's retry budget was spent (a finishing write given up to a retry budget: the tenant's fleet budget, or the SDK's per-process one)",
 					showIdent(id), b.Start.Run, gap, a.Start.Run, outcome(a))
 				continue
 			}
@@ -375,6 +376,47 @@ func Check(s Schedule, h *History, runs []*Run, problems map[string]Problem) Rep
 	}
 
 	return rep
+}
+
+// leaseOf is the lease run a's claim was granted: Lease, or the lowered
+// default of a lease_max settings fault (1 s) when that claim may have been
+// made while the fault held. The server reads the tenant's lease when a
+// claim arrives, and a claim of a key in flight may then be held (Prefer:
+// wait, or the wait_seconds the SDKs ask for themselves) until the key is
+// free, seconds later: a claim made under the lowered default and granted
+// after the fault ended runs under a 1 s lease all the same (seed 20261202,
+// express/postgres, schedule 30: a held claim's run took over 1.02 s after
+// another's). So the fault counts when it ran within the second before the
+// run started (the claim just before it), or while a request of the key
+// that was still open when the run started (its claim may be the run's)
+// was on its way. A request answered before the run started did not claim
+// for it; one whose client went away before any answer may still have its
+// claim held at the front door.
+func leaseOf(h *History, sent []*Sent, id string, a *Run) time.Duration {
+	start := time.UnixMilli(a.Start.T)
+	if h.leaseLowered(start.Add(-time.Second), start) {
+		return time.Second
+	}
+	for _, x := range sent {
+		if x.Ident != id || x.Start.After(start) {
+			continue
+		}
+		if open := !x.End.Before(start) || (x.Status == 0 && x.Disconnect == "mid_answer"); open && h.leaseLowered(x.Start, start) {
+			return time.Second
+		}
+	}
+	return Lease
+}
+
+// leaseLowered says whether a settings fault lowering lease_seconds_max
+// and the default (FaultSettings, whatLeaseMax) ran within [from, to].
+func (h *History) leaseLowered(from, to time.Time) bool {
+	for _, f := range append(h.Before[:len(h.Before):len(h.Before)], h.Faults...) {
+		if f.Kind == FaultSettings && strings.HasPrefix(f.What, whatLeaseMax) && !f.Start.After(to) && !f.End.Before(from) {
+			return true
+		}
+	}
+	return false
 }
 
 // storedProblem are the problems a front door stores and replays as the

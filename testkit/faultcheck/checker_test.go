@@ -3,6 +3,8 @@ package faultcheck
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -122,5 +124,82 @@ func TestBudgetInvariantsCanFail(t *testing.T) {
 	before := []*Run{{Start: Event{Run: "r0", Key: id.Key, Scope: id.Scope, T: t0.UnixMilli()}}}
 	if v := names(good, before); !v["refused-leaves-key"] {
 		t.Errorf("a run of a key whose every request was refused: %v", v)
+	}
+}
+
+// TestLeaseOfAHeldClaim: a run whose claim was made while lease_max was
+// lowered holds the lowered 1 s lease even when the server held the claim
+// past the fault's end (Prefer: wait) and granted it then: a takeover a
+// second after it is legal (the seed 20261202 express/postgres report). A
+// run as soon after one claimed under the full lease, or sooner than the
+// lowered lease allows, is still reported.
+func TestLeaseOfAHeldClaim(t *testing.T) {
+	t0 := time.Now().Truncate(time.Millisecond)
+	s := Schedule{Idents: []Ident{{Scope: "bob", Key: "k", Route: "closed", Mode: "cutstream:4"}}}
+	id := identOf("bob", "k")
+	lowered := &Injected{Kind: FaultSettings, What: whatLeaseMax, Start: t0, End: t0.Add(800 * time.Millisecond)}
+	run := func(name string, at time.Duration) *Run {
+		return &Run{Start: Event{Run: name, Key: "k", Scope: "bob", T: t0.Add(at).UnixMilli()}, Abort: &Event{Run: name, Why: "cutstream"}}
+	}
+	// held: sent at sentAt with Prefer: wait, answered at endAt
+	held := func(sentAt, endAt time.Duration) *Sent {
+		return &Sent{Ident: id, Scope: "bob", Key: "k", Wait: 5, Start: t0.Add(sentAt), End: t0.Add(endAt), Status: 500, Complete: true,
+			Header: http.Header{"Content-Type": {"text/plain"}}, Resp: []byte("Internal Server Error")}
+	}
+	lease := func(runs []*Run, sent ...*Sent) []Violation {
+		var out []Violation
+		for _, v := range Check(s, &History{Sent: sent, Faults: []*Injected{lowered}}, runs, nil).Violations {
+			if v.Invariant == "one-run-per-lease" {
+				out = append(out, v)
+			}
+		}
+		return out
+	}
+	// r1 claimed in the fault (1 s); r2 and r3 by claims made in the fault,
+	// held past its end, granted a second after the one before
+	runs := []*Run{run("r1", 600*time.Millisecond), run("r2", 1970*time.Millisecond), run("r3", 2990*time.Millisecond)}
+	if v := lease(runs, held(205*time.Millisecond, 3100*time.Millisecond), held(755*time.Millisecond, 2100*time.Millisecond)); len(v) != 0 {
+		t.Errorf("takeovers by claims made under the lowered lease and held past the fault reported: %v", v)
+	}
+	// the same runs without a request open through the fault: r3's claim
+	// was made under the full lease, and r3 ran 1.02 s after r2
+	if v := lease(runs, held(900*time.Millisecond, 3100*time.Millisecond)); len(v) != 1 || !strings.Contains(v[0].Detail, "run r3") {
+		t.Errorf("a run 1.02 s after one claimed under the full lease not reported once: %v", v)
+	}
+	// a request answered before the run started did not claim for it
+	if v := lease(runs, held(205*time.Millisecond, 1900*time.Millisecond), held(900*time.Millisecond, 3100*time.Millisecond)); len(v) != 1 {
+		t.Errorf("a request answered before the run counted as its claim: %v", v)
+	}
+	// under the lowered lease a run 300 ms after another is still a hole
+	fast := []*Run{run("r1", 600*time.Millisecond), run("r2", 1970*time.Millisecond), run("r3", 2270*time.Millisecond)}
+	if v := lease(fast, held(205*time.Millisecond, 3100*time.Millisecond)); len(v) != 1 || !strings.Contains(v[0].Detail, "run r3") {
+		t.Errorf("a run 300 ms after another claimed under the lowered lease not reported: %v", v)
+	}
+}
+
+// TestSettledAtAFinalAnswer: the settle phase stops at a key's outcome,
+// 409 response_not_replayable included (a quota schedule's keys completed
+// without their response), and goes on while the key is in flight or the
+// store is not back.
+func TestSettledAtAFinalAnswer(t *testing.T) {
+	problem := func(status int, code string) *Sent {
+		return &Sent{Status: status, Complete: true, Resp: []byte(`{"type":"urn:idem:problem:` + code + `","status":` + strconv.Itoa(status) + `,"code":"` + code + `"}`)}
+	}
+	for _, c := range []struct {
+		snt  *Sent
+		mode string
+		want bool
+	}{
+		{problem(409, "response_not_replayable"), "slow:300", true},
+		{problem(409, "request_in_flight"), "slow:300", false},
+		{problem(503, "store_unavailable"), "ok", false},
+		{&Sent{Status: 503, Complete: true, Resp: []byte(`{"run":"r1","req":"k","scope":"","pad":""}`)}, "status:503", true},
+		{&Sent{Status: 201, Complete: true, Resp: []byte(`{"run":"r1","req":"k","scope":"","pad":""}`)}, "ok", true},
+		{&Sent{Status: 200}, "cutstream:4", true},
+		{&Sent{}, "ok", false},
+	} {
+		if got := settled(c.snt, c.mode); got != c.want {
+			t.Errorf("settled(%d %s, %s) = %v, want %v", c.snt.Status, c.snt.Resp, c.mode, got, c.want)
+		}
 	}
 }

@@ -293,16 +293,7 @@ func settle(r *Rig, s Schedule, h *History) {
 				}
 				send(r.BaseURL, snt, 0)
 				h.add(snt)
-				if snt.Complete && snt.Status != http.StatusConflict && snt.Status != http.StatusServiceUnavailable {
-					return
-				}
-				if snt.Complete && snt.Status == http.StatusServiceUnavailable && isRunBody(snt.Resp) {
-					return // the handler's own 503
-				}
-				if !snt.Complete && (strings.HasPrefix(id.Mode, "cutstream") || id.Mode == "raise") {
-					return // a takeover ran the failing handler again: its outcome is seen
-				}
-				if time.Now().After(deadline) {
+				if settled(snt, id.Mode) || time.Now().After(deadline) {
 					return
 				}
 				time.Sleep(150 * time.Millisecond)
@@ -310,6 +301,29 @@ func settle(r *Rig, s Schedule, h *History) {
 		})
 	}
 	wg.Wait()
+}
+
+// settled says whether snt, a settle request of a key whose handler runs
+// mode, got the key's outcome: an answer that is not 409 or 503 (the key
+// still in flight, the store not back), the handler's own 503, a 409
+// response_not_replayable (the key completed without its response, under
+// the quota: final for the replay window), or a cut answer of a failing
+// handler a takeover ran again. Sending a final 409 again until the
+// deadline is no use and costs much: a quota schedule's 22 keys so
+// answered, each sent every 150 ms for 7 s, kept one SQLite writer so busy
+// that claims went unanswered for the SDK's 10 s attempt timeout, and the
+// front door's 503 was then reported as a refusal without a fault (seed
+// 20261202, asgi/sqlite, schedule 2, with two other checkers beside it).
+func settled(snt *Sent, mode string) bool {
+	switch {
+	case !snt.Complete:
+		return strings.HasPrefix(mode, "cutstream") || mode == "raise"
+	case snt.Status == http.StatusServiceUnavailable:
+		return isRunBody(snt.Resp)
+	case snt.Status == http.StatusConflict:
+		return problemCode(snt.Resp) == "response_not_replayable"
+	}
+	return true
 }
 
 // reusePad is the pad of the other request FaultReuse sends with id's key.

@@ -19,6 +19,7 @@ var (
 	flagFrontDoors = flag.String("faultcheck.frontdoors", "gateway,idemhttp,asgi,wsgi,express,fetch", "front doors to drive")
 	flagStores     = flag.String("faultcheck.stores", "sqlite,postgres", "stores to run on")
 	flagDump       = flag.Bool("faultcheck.dump", false, "log every request and answer of every schedule")
+	flagLogDir     = flag.String("faultcheck.logdir", "", "append every process's whole stderr to files in this directory (a failure report shows only the last lines)")
 	flagFaults     = flag.String("faultcheck.faults", "default", "fault kinds: default (all but KnownFailing and OptIn), all, or a comma list of "+strings.Join(AllFaults, ","))
 )
 
@@ -26,6 +27,7 @@ var bins Bins //nolint:gochecknoglobals // built once by TestMain, read-only aft
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	LogDir = *flagLogDir
 	dir, err := os.MkdirTemp("", "idem-faultcheck-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "faultcheck:", err)

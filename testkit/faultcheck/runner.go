@@ -85,10 +85,29 @@ const ScopeHeader = "X-Account-Id"
 // proc is a running process of the rig.
 type proc = launch.Proc
 
-// start starts argv with env and waits until listening(line) of one of its
-// stdout or stderr lines returns the address it listens on.
-func start(env []string, dir string, listening func(line string) string, argv ...string) (*proc, error) {
-	return launch.Start(launch.Options{Env: env, Dir: dir, Listening: listening}, argv...)
+// LogDir, when set (-faultcheck.logdir), is where each rig appends the
+// whole stderr of its processes, one file per front door, store and
+// process (the app, serve, the gateway; restarts append): a failure
+// report keeps only their last lines, and a violation that does not
+// reproduce is diagnosed from these (which call failed, why it was given
+// up).
+var LogDir string //nolint:gochecknoglobals // set once from the flag before any rig starts
+
+// startLogged starts argv with env and waits until listening(line) of one
+// of its stdout or stderr lines returns the address it listens on; with
+// LogDir set, the process's stderr is also appended to
+// LogDir/<front door>-<store>-<name>.log.
+func (r *Rig) startLogged(name string, env []string, dir string, listening func(line string) string, argv ...string) (*proc, error) {
+	o := launch.Options{Env: env, Dir: dir, Listening: listening}
+	if LogDir != "" {
+		f, err := os.OpenFile(filepath.Join(LogDir, r.FrontDoor+"-"+r.Store+"-"+name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		r.tb.Cleanup(func() { _ = f.Close() })
+		o.Log = f
+	}
+	return launch.Start(o, argv...)
 }
 
 // appListening reads the app's FC_LISTENING line (PROTOCOL.md).
@@ -281,7 +300,7 @@ func NewRig(tb testing.TB, b Bins, frontdoor, store string, faults ...Fault) *Ri
 		r.appEnv["IDEM_URL"] = "http://" + r.idemProxy.Addr()
 		r.appEnv["IDEM_TOKEN"] = strings.TrimSpace(r.cli("token", "--tenant", Tenant, "--scope", "keys:write", "--ttl", "2h"))
 	}
-	r.app, err = start(baseEnv(r.appEnv), b.Root, appListening, r.appArgv...)
+	r.app, err = r.startLogged("app", baseEnv(r.appEnv), b.Root, appListening, r.appArgv...)
 	if err != nil {
 		tb.Fatalf("faultcheck: start the %s app: %v", frontdoor, err)
 	}
@@ -342,7 +361,7 @@ func (r *Rig) startServe(addr string) {
 		if r.listener {
 			argv = []string{r.bins.ListenerServe}
 		}
-		p, err = start(baseEnv(env), "", launch.IdemListening, argv...)
+		p, err = r.startLogged("serve", baseEnv(env), "", launch.IdemListening, argv...)
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -368,7 +387,7 @@ func (r *Rig) startGateway(addr string) {
 	var p *proc
 	var err error
 	for deadline := time.Now().Add(30 * time.Second); ; { // as in startServe
-		p, err = start(baseEnv(env), "", launch.IdemListening, r.bins.Idem, "gateway",
+		p, err = r.startLogged("gateway", baseEnv(env), "", launch.IdemListening, r.bins.Idem, "gateway",
 			"--listen", addr, "--upstream", "http://"+r.app.Addr, "--tenant", Tenant, "--config", r.gwConfig)
 		if err == nil || time.Now().After(deadline) {
 			break

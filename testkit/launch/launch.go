@@ -36,6 +36,9 @@ type Options struct {
 	Group bool
 	// Name names the process in errors; "" is argv[0]'s base name.
 	Name string
+	// Log, when set, gets a copy of everything the process writes to
+	// stderr: its whole log, where Proc.Stderr keeps only the tail.
+	Log io.Writer
 }
 
 // Proc is a started process.
@@ -67,6 +70,9 @@ func Start(o Options, argv ...string) (*Proc, error) {
 	p := &Proc{Cmd: cmd, group: o.Group, done: make(chan struct{})}
 	outR, outW := io.Pipe()
 	cmd.Stdout, cmd.Stderr = outW, io.MultiWriter(outW, &p.tail)
+	if o.Log != nil {
+		cmd.Stderr = io.MultiWriter(outW, &p.tail, o.Log)
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
