@@ -156,6 +156,7 @@ export class Client {
             response,
             waitAppliedSeconds: waitApplied(res.headers),
             leaseLeftMs: leaseLeftMs(record.lease_expires_at, res.headers.get("Date")),
+            replayLeftMs: replayed ? Math.max(leaseLeftMs(record.replay_until, res.headers.get("Date")) - 1000, 0) : 0,
         };
     }
     /**
@@ -476,7 +477,7 @@ function checkKey(call, key) {
         throw err.finish(0, undefined);
     }
 }
-/** lease_expires_at less the answer's Date, in ms; 0 when either is missing or unreadable. */
+/** A time of the record (lease_expires_at, replay_until) less the answer's Date, in ms; 0 when either is missing or unreadable. */
 function leaseLeftMs(expires, date) {
     const exp = expires ? Date.parse(expires) : NaN;
     const at = date ? Date.parse(date) : NaN;

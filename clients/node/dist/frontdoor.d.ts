@@ -4,6 +4,7 @@ import { StoredResponse } from "./response.js";
 import { type Answer, type FingerprintRules, type MethodRules } from "./rules.js";
 import type { Claim, RunOptions, RunResult } from "./run.js";
 import type { ClaimRequest } from "./types.js";
+import { type ReplayCache, type ReplayCacheOptions } from "./replaycache.js";
 /** What a front door needs of the idem client: its {@link Client.run} and complete ({@link Client} is one). */
 export interface FrontDoorPort {
     run(key: string, req: ClaimRequest, fn: (claim: Claim) => Promise<ResponseInit | StoredResponse> | ResponseInit | StoredResponse, opts?: RunOptions): Promise<RunResult>;
@@ -40,6 +41,15 @@ export interface FrontDoorOptions {
      * 0 or less: Prefer is ignored, 409 at once.
      */
     maxWaitSeconds?: number;
+    /**
+     * The replay cache (docs/frontdoor.md, "The replay cache"): a replay idem
+     * answered is kept in memory and a retry of exactly that request is
+     * answered from it without a claim, for at most `maxAgeSeconds` (2) and
+     * never past the record's replay_until. On by default (4096 entries, 8
+     * MiB); `{ off: true }` turns it off. The client must stay with one
+     * tenant (a token function that switches tenants needs it off).
+     */
+    replayCache?: ReplayCacheOptions;
 }
 /** What a front door needs of one request, whatever the framework. */
 export interface FrontRequest {
@@ -106,6 +116,8 @@ export type Outcome =
  */
 export declare class FrontDoor {
     private readonly o;
+    /** The replay cache; undefined: off. */
+    readonly replayCache: ReplayCache | undefined;
     constructor(opts: FrontDoorOptions);
     /**
      * Serves one request. runHandler runs the handler once with the request

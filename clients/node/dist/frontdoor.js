@@ -7,6 +7,7 @@ import { Codes, IdemError, NoSideEffect, isIdemError } from "./errors.js";
 import { FleetBudgetError, headerAttempt } from "./retry.js";
 import { StoredResponse } from "./response.js";
 import { budgetRefusal, callerAttempt, spentBudget, defaultStoredHeaders, fingerprintDocument, FrontDoorError, headerKey, headerNotReplayable, headerPreferenceApplied, headerReplayed, headerRequestId, held, mismatchDetail, notReplayable, notReplayableDetail, operation, parseKey, parsePointer, preferWait, problemResponse, requirement, scopedKey, storableStatus, storageQuotaDetail, storedHeaders, storeStatus, tenantUnknownDetail, validRequestId } from "./rules.js";
+import { CacheLookup, newReplayCache } from "./replaycache.js";
 /** Preference-Applied: wait=<seconds> when idem held the claim (RFC 7240: only an honoured preference is named), else nothing. */
 function applied(seconds) {
     return seconds > 0 ? [[headerPreferenceApplied, `wait=${seconds}`]] : [];
@@ -31,6 +32,12 @@ function scopeOf(scope) {
         throw new FrontDoorError("invalid_key", message || "the key cannot be scoped to the caller");
     }
 }
+/** The answer of a replay: the stored status, headers and body, marked Idempotent-Replayed (the same from idem and from the replay cache). */
+function replay(r, waitApplied) {
+    const headers = Object.entries(r.headers);
+    headers.push([headerReplayed, "true"], ["Content-Length", String(r.body.length)], ...applied(waitApplied));
+    return { kind: "answer", answer: { status: r.status || 200, headers, body: r.body } };
+}
 /** A 5xx answer released under storeServerErrors: false. */
 class Released extends NoSideEffect {
 }
@@ -44,6 +51,8 @@ class Released extends NoSideEffect {
  */
 export class FrontDoor {
     o;
+    /** The replay cache; undefined: off. */
+    replayCache;
     constructor(opts) {
         this.o = {
             storeServerErrors: true,
@@ -56,6 +65,7 @@ export class FrontDoor {
         };
         for (const p of opts.fingerprint?.exclude ?? [])
             parsePointer(p);
+        this.replayCache = newReplayCache(opts.replayCache);
     }
     /**
      * Serves one request. runHandler runs the handler once with the request
@@ -89,6 +99,12 @@ export class FrontDoor {
             throw err;
         }
         const wait = this.preferWait(req.header("Prefer"));
+        const op = operation(req.method, req.route);
+        // A replay of exactly this request the cache holds is answered without a claim (replaycache.ts).
+        const cached = new CacheLookup(this.replayCache, k, op, doc);
+        const hit = cached.cached(wait);
+        if (hit)
+            return replay(hit, 0);
         // Rule 9: the caller's retry goes on with the claim, so idem's fleet retry budget counts it.
         const attempt = callerAttempt(req.header(headerAttempt));
         let ran = false;
@@ -96,7 +112,7 @@ export class FrontDoor {
         let answer;
         let result;
         try {
-            result = await this.o.client.run(k, { operation: operation(req.method, req.route), request: doc, ...(this.o.leaseSeconds ? { leaseSeconds: this.o.leaseSeconds } : {}) }, async (claim) => {
+            result = await this.o.client.run(k, { operation: op, request: doc, ...(this.o.leaseSeconds ? { leaseSeconds: this.o.leaseSeconds } : {}) }, async (claim) => {
                 ran = true;
                 token = claim.fencingToken;
                 const a = await runHandler(body);
@@ -132,6 +148,7 @@ export class FrontDoor {
                 }
                 throw err; // the handler's exception: the claim is left to expire
             }
+            cached.refused(err);
             const out = refuse(this.claimRefusal(err));
             if (out.kind === "answer")
                 out.answer.headers.push(...applied(err instanceof IdemError ? err.waitAppliedSeconds : 0));
@@ -139,13 +156,11 @@ export class FrontDoor {
         }
         if (!result.replayed)
             return { kind: "ran", headers: applied(result.waitAppliedSeconds) };
-        const r = result.response;
-        if (Object.hasOwn(r.headers, headerNotReplayable)) {
+        if (Object.hasOwn(result.response.headers, headerNotReplayable)) {
             return refuse(new FrontDoorError("response_not_replayable", notReplayableDetail));
         }
-        const headers = Object.entries(r.headers);
-        headers.push([headerReplayed, "true"], ["Content-Length", String(r.body.length)], ...applied(result.waitAppliedSeconds));
-        return { kind: "answer", answer: { status: r.status || 200, headers, body: r.body } };
+        cached.replayed(result);
+        return replay(result.response, result.waitAppliedSeconds);
     }
     /** The wait to ask idem for: the request's Prefer: wait=N within maxWaitSeconds (and a day), 0 without one or when maxWaitSeconds is 0 or less. */
     preferWait(fields) {

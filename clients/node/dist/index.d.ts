@@ -6,6 +6,7 @@ export { FleetBudgetError, headerRetryBudget, RetryBudget, background, headerAtt
 export { Claim, renewalPoint, run, type RunOptions, type RunResult } from "./run.js";
 export type { ClaimRequest, ClaimResult, KeyPage, KeyRecord, Settings, State, Tenant, Usage } from "./types.js";
 export { FrontDoor, type FrontDoorOptions, type FrontRequest, type HandlerAnswer, type Outcome, type FrontDoorPort } from "./frontdoor.js";
+export { ReplayCache, type ReplayCacheOptions, type ReplayCacheStats, defaultReplayCacheBytes, defaultReplayCacheEntries, defaultReplayCacheMaxAgeSeconds, maxReplayCacheMaxAgeSeconds } from "./replaycache.js";
 export { FrontDoorError, checkIJSON, defaultStoredHeaders, escapeLabel, escapeScope, fingerprintDocument, headerNotReplayable, notReplayableDetail, mismatchDetail, headerPreferenceApplied, isJSON, operation, parseKey, pathRoute, preferWait, problemResponse, problems, requirement, scopedKey, splitTarget, storableStatus, storageQuotaDetail, tenantUnknownDetail, held, outcomeReviewDetail, outcomeUnknownDetail, unstorableStatus, storeStatus, storedHeaders, validLabelText, validRequestId, budgetRefusal, callerAttempt, retryBudgetDetail, spentBudget, type CallerAttempt, type Answer, type FingerprintRules, type FrontDoorCode, type MethodRules, type RequestParts, type Requirement, } from "./rules.js";
 export { expressErrorHandler, expressMiddleware, type ExpressOptions, type ExpressRequest } from "./express.js";
 export { withIdempotency, type FetchOptions } from "./fetch.js";

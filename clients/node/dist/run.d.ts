@@ -68,6 +68,8 @@ export interface RunResult {
     fencingToken: number;
     /** The wait, in whole seconds, the server applied to the claim that got this outcome; a front door answers it as `Preference-Applied`. */
     waitAppliedSeconds: number;
+    /** On a replay, {@link ClaimResult.replayLeftMs} of the claim that got it; 0 otherwise. */
+    replayLeftMs?: number;
 }
 /**
  * The handle the function run by {@link run} receives: the claim's

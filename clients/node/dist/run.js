@@ -132,7 +132,7 @@ export async function run(client, key, req, fn, opts = {}) {
     const cr = await claimWaiting(client, key, req, b, attemptId, opts.noWait === true, opts.waitSeconds ?? 0, opts.attempt);
     if (cr.replayed) {
         return { response: cr.response ?? new StoredResponse(200), replayed: true, resumed: false, attempt: cr.attempt, fencingToken: cr.fencingToken,
-            waitAppliedSeconds: cr.waitAppliedSeconds };
+            waitAppliedSeconds: cr.waitAppliedSeconds, replayLeftMs: cr.replayLeftMs };
     }
     const lost = new AbortController();
     const signal = b.signal ? AbortSignal.any([b.signal, lost.signal]) : lost.signal;

@@ -262,6 +262,7 @@ export class Client {
       response,
       waitAppliedSeconds: waitApplied(res.headers),
       leaseLeftMs: leaseLeftMs(record.lease_expires_at, res.headers.get("Date")),
+      replayLeftMs: replayed ? Math.max(leaseLeftMs(record.replay_until, res.headers.get("Date")) - 1000, 0) : 0,
     };
   }
 
@@ -571,7 +572,7 @@ function checkKey(call: string, key: string): void {
   }
 }
 
-/** lease_expires_at less the answer's Date, in ms; 0 when either is missing or unreadable. */
+/** A time of the record (lease_expires_at, replay_until) less the answer's Date, in ms; 0 when either is missing or unreadable. */
 function leaseLeftMs(expires: string | null | undefined, date: string | null): number {
   const exp = expires ? Date.parse(expires) : NaN;
   const at = date ? Date.parse(date) : NaN;

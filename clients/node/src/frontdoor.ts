@@ -11,6 +11,7 @@ import { StoredResponse } from "./response.js";
 import { type Answer, budgetRefusal, callerAttempt, spentBudget, cutBodyDetail, defaultStoredHeaders, fingerprintDocument, type FingerprintRules, FrontDoorError, headerKey, headerNotReplayable, headerPreferenceApplied, headerReplayed, headerRequestId, held, type MethodRules, mismatchDetail, notReplayable, notReplayableDetail, operation, parseKey, parsePointer, preferWait, problemResponse, requirement, scopedKey, storableStatus, storageQuotaDetail, storedHeaders, storeStatus, tenantUnknownDetail, validRequestId } from "./rules.js";
 import type { Claim, RunOptions, RunResult } from "./run.js";
 import type { ClaimRequest } from "./types.js";
+import { CacheLookup, type ReplayCache, type ReplayCacheOptions, newReplayCache } from "./replaycache.js";
 
 /** What a front door needs of the idem client: its {@link Client.run} and complete ({@link Client} is one). */
 export interface FrontDoorPort {
@@ -54,6 +55,15 @@ export interface FrontDoorOptions {
    * 0 or less: Prefer is ignored, 409 at once.
    */
   maxWaitSeconds?: number;
+  /**
+   * The replay cache (docs/frontdoor.md, "The replay cache"): a replay idem
+   * answered is kept in memory and a retry of exactly that request is
+   * answered from it without a claim, for at most `maxAgeSeconds` (2) and
+   * never past the record's replay_until. On by default (4096 entries, 8
+   * MiB); `{ off: true }` turns it off. The client must stay with one
+   * tenant (a token function that switches tenants needs it off).
+   */
+  replayCache?: ReplayCacheOptions;
 }
 
 /** What a front door needs of one request, whatever the framework. */
@@ -129,6 +139,13 @@ function scopeOf(scope: string | undefined | (() => string | undefined)): string
   }
 }
 
+/** The answer of a replay: the stored status, headers and body, marked Idempotent-Replayed (the same from idem and from the replay cache). */
+function replay(r: StoredResponse, waitApplied: number): Outcome {
+  const headers: [string, string][] = Object.entries(r.headers);
+  headers.push([headerReplayed, "true"], ["Content-Length", String(r.body.length)], ...applied(waitApplied));
+  return { kind: "answer", answer: { status: r.status || 200, headers, body: r.body } };
+}
+
 /** A 5xx answer released under storeServerErrors: false. */
 class Released extends NoSideEffect {}
 
@@ -141,8 +158,10 @@ class Released extends NoSideEffect {}
  * into an orphan) and propagates.
  */
 export class FrontDoor {
-  private readonly o: Required<Omit<FrontDoorOptions, "methods" | "leaseSeconds" | "fingerprint" | "maxWaitSeconds">> &
+  private readonly o: Required<Omit<FrontDoorOptions, "methods" | "leaseSeconds" | "fingerprint" | "maxWaitSeconds" | "replayCache">> &
     Pick<FrontDoorOptions, "methods" | "leaseSeconds" | "fingerprint" | "maxWaitSeconds">;
+  /** The replay cache; undefined: off. */
+  readonly replayCache: ReplayCache | undefined;
 
   constructor(opts: FrontDoorOptions) {
     this.o = {
@@ -155,6 +174,7 @@ export class FrontDoor {
       ...opts,
     };
     for (const p of opts.fingerprint?.exclude ?? []) parsePointer(p);
+    this.replayCache = newReplayCache(opts.replayCache);
   }
 
   /**
@@ -186,6 +206,11 @@ export class FrontDoor {
     }
 
     const wait = this.preferWait(req.header("Prefer"));
+    const op = operation(req.method, req.route);
+    // A replay of exactly this request the cache holds is answered without a claim (replaycache.ts).
+    const cached = new CacheLookup(this.replayCache, k, op, doc);
+    const hit = cached.cached(wait);
+    if (hit) return replay(hit, 0);
     // Rule 9: the caller's retry goes on with the claim, so idem's fleet retry budget counts it.
     const attempt = callerAttempt(req.header(headerAttempt));
     let ran = false;
@@ -193,7 +218,7 @@ export class FrontDoor {
     let answer: HandlerAnswer | undefined;
     let result;
     try {
-      result = await this.o.client.run(k, { operation: operation(req.method, req.route), request: doc, ...(this.o.leaseSeconds ? { leaseSeconds: this.o.leaseSeconds } : {}) },
+      result = await this.o.client.run(k, { operation: op, request: doc, ...(this.o.leaseSeconds ? { leaseSeconds: this.o.leaseSeconds } : {}) },
         async (claim) => {
           ran = true;
           token = claim.fencingToken;
@@ -225,18 +250,17 @@ export class FrontDoor {
         }
         throw err; // the handler's exception: the claim is left to expire
       }
+      cached.refused(err);
       const out = refuse(this.claimRefusal(err));
       if (out.kind === "answer") out.answer.headers.push(...applied(err instanceof IdemError ? err.waitAppliedSeconds : 0));
       return out;
     }
     if (!result.replayed) return { kind: "ran", headers: applied(result.waitAppliedSeconds) };
-    const r = result.response;
-    if (Object.hasOwn(r.headers, headerNotReplayable)) {
+    if (Object.hasOwn(result.response.headers, headerNotReplayable)) {
       return refuse(new FrontDoorError("response_not_replayable", notReplayableDetail));
     }
-    const headers: [string, string][] = Object.entries(r.headers);
-    headers.push([headerReplayed, "true"], ["Content-Length", String(r.body.length)], ...applied(result.waitAppliedSeconds));
-    return { kind: "answer", answer: { status: r.status || 200, headers, body: r.body } };
+    cached.replayed(result);
+    return replay(result.response, result.waitAppliedSeconds);
   }
 
   /** The wait to ask idem for: the request's Prefer: wait=N within maxWaitSeconds (and a day), 0 without one or when maxWaitSeconds is 0 or less. */

@@ -27,6 +27,7 @@ export {
 export { Claim, renewalPoint, run, type RunOptions, type RunResult } from "./run.js";
 export type { ClaimRequest, ClaimResult, KeyPage, KeyRecord, Settings, State, Tenant, Usage } from "./types.js";
 export { FrontDoor, type FrontDoorOptions, type FrontRequest, type HandlerAnswer, type Outcome, type FrontDoorPort } from "./frontdoor.js";
+export { ReplayCache, type ReplayCacheOptions, type ReplayCacheStats, defaultReplayCacheBytes, defaultReplayCacheEntries, defaultReplayCacheMaxAgeSeconds, maxReplayCacheMaxAgeSeconds } from "./replaycache.js";
 export {
   FrontDoorError,
   checkIJSON,

@@ -69,6 +69,8 @@ export interface RunResult {
   fencingToken: number;
   /** The wait, in whole seconds, the server applied to the claim that got this outcome; a front door answers it as `Preference-Applied`. */
   waitAppliedSeconds: number;
+  /** On a replay, {@link ClaimResult.replayLeftMs} of the claim that got it; 0 otherwise. */
+  replayLeftMs?: number;
 }
 
 /**
@@ -201,7 +203,7 @@ export async function run(
   const cr = await claimWaiting(client, key, req, b, attemptId, opts.noWait === true, opts.waitSeconds ?? 0, opts.attempt);
   if (cr.replayed) {
     return { response: cr.response ?? new StoredResponse(200), replayed: true, resumed: false, attempt: cr.attempt, fencingToken: cr.fencingToken,
-      waitAppliedSeconds: cr.waitAppliedSeconds };
+      waitAppliedSeconds: cr.waitAppliedSeconds, replayLeftMs: cr.replayLeftMs };
   }
 
   const lost = new AbortController();

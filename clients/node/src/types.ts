@@ -43,6 +43,15 @@ export interface ClaimResult {
    * does not depend on how far the two clocks are apart. 0 when unknown.
    */
   leaseLeftMs: number;
+  /**
+   * For a replay, how much of the replay window was left when the server
+   * answered, in ms: `record.replay_until` less the answer's `Date` and less
+   * a second (`Date` is in whole seconds), so never more than what was
+   * left, on the server's clock rather than this host's. 0 when the answer
+   * had no `Date`, or for a claim. A front door's replay cache keeps the
+   * replay no longer (docs/frontdoor.md, "The replay cache").
+   */
+  replayLeftMs: number;
 }
 
 /** The intent a key stands for, sent with every claim. */

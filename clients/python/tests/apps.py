@@ -61,6 +61,9 @@ STREAM_DELAY = 0.05
 BREAK_AFTER = 3
 FULL_STREAM = "".join(f"chunk{i};" for i in range(STREAM_CHUNKS))
 
+#: The /big handlers answer a pad of BIG_PAD bytes (over a 16th of a replay cache of 16 KiB).
+BIG_PAD = 2000
+
 
 def _breaks(path: str, n: int, i: int) -> None:
     if path.endswith("-breaks") and n == 1 and i == BREAK_AFTER:
@@ -105,6 +108,11 @@ def flask_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
         n = effects.charge(data)
         return {"charge": f"ch_{n}", "length": len(data)}, 201
 
+    @app.post("/big")
+    def big() -> Any:
+        n = effects.charge(request.get_json())
+        return {"charge": f"ch_{n}", "pad": "x" * BIG_PAD}, 201
+
     @app.post("/fail")
     def fail() -> Any:
         effects.charge("fail")
@@ -136,7 +144,7 @@ def flask_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
             effects.finish()
         return app.response_class(chunks(), mimetype="text/plain")
 
-    install_flask(app, Client(idem_url, token=token, policy=opts.pop("policy", None)), **opts)
+    install_flask(app, Client(idem_url, token=token, policy=opts.pop("policy", None), on_attempt=opts.pop("on_attempt", None)), **opts)
     return app
 
 
@@ -169,6 +177,11 @@ def fastapi_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any
     async def boom() -> Any:
         effects.charge("boom")
         raise RuntimeError("handler failed")
+
+    @app.post("/big")
+    async def big(req: Request) -> Any:
+        n = effects.charge(await req.json())
+        return JSONResponse({"charge": f"ch_{n}", "pad": "x" * BIG_PAD}, status_code=201)
 
     @app.post("/fail")
     async def fail() -> Any:
@@ -206,7 +219,7 @@ def fastapi_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any
         effects.charge(await req.json())
         return Unfinished()
 
-    app.add_middleware(ASGIMiddleware, client=AsyncClient(idem_url, token=token, policy=opts.pop("policy", None)), **opts)
+    app.add_middleware(ASGIMiddleware, client=AsyncClient(idem_url, token=token, policy=opts.pop("policy", None), on_attempt=opts.pop("on_attempt", None)), **opts)
     return app
 
 
@@ -235,7 +248,7 @@ def django_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
                                MIDDLEWARE=[], INSTALLED_APPS=[], DATABASES={}, USE_TZ=True,
                                LOGGING_CONFIG=None)
             django.setup()
-    inner = install_django(get_wsgi_application(), Client(idem_url, token=token, policy=opts.pop("policy", None)), **opts)
+    inner = install_django(get_wsgi_application(), Client(idem_url, token=token, policy=opts.pop("policy", None), on_attempt=opts.pop("on_attempt", None)), **opts)
 
     def app(environ: dict[str, Any], start_response: Any) -> Any:
         environ["idem_test.effects"] = effects
@@ -245,7 +258,8 @@ def django_app(idem_url: str, token: str, effects: Effects, **opts: Any) -> Any:
 
 def serve(kind: str, idem_url: str, token: str, **opts: Any) -> Iterator[App]:
     """Serve a fresh app of kind ("flask", "django" or "fastapi") on loopback;
-    opts go to the middleware, except policy, the idem client's RetryPolicy."""
+    opts go to the middleware, except policy and on_attempt, the idem
+    client's RetryPolicy and attempt hook."""
     effects = Effects()
     if kind in ("flask", "django"):
         make = flask_app if kind == "flask" else django_app

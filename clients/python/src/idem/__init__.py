@@ -43,6 +43,7 @@ from ._errors import (
 from ._keys import MAX_KEY_BYTES, derive_key, validate_key
 from ._resume import (RESUME_EVENT_TYPE, SIGNATURE_TOLERANCE, AsyncResumeFunction, ResumeAnswer, ResumeCall,
                       ResumeFunction, ResumeResult, decode_call, verify_signature)
+from ._replaycache import ReplayCacheOptions, ReplayCacheStats
 from ._retry import HEADER_ATTEMPT, RetryBudget, RetryPolicy, parse_retry_after
 from ._types import ClaimResult, KeyPage, Record, Response, RunResult
 
@@ -51,6 +52,6 @@ __all__ = [
     "HEADER_ATTEMPT", "IdemError",
     "InvalidAnswer", "InvalidKeyError", "KeyPage", "LeaseLost", "MAX_KEY_BYTES", "NoSideEffect", "ProblemError", "RENEWAL_POINT",
     "RESUME_EVENT_TYPE", "SIGNATURE_TOLERANCE", "AsyncResumeFunction", "ResumeAnswer", "ResumeCall", "ResumeFunction",
-    "ResumeResult", "Record", "Response", "RetryBudget", "RetryPolicy", "RunResult", "TokenError", "TransportError",
+    "ResumeResult", "Record", "ReplayCacheOptions", "ReplayCacheStats", "Response", "RetryBudget", "RetryPolicy", "RunResult", "TokenError", "TransportError",
     "decode_call", "derive_key", "error_code", "parse_retry_after", "validate_key", "verify_signature",
 ]

@@ -319,14 +319,19 @@ class Core:
             record = Record.from_json(d)
         except ValueError as e:
             raise InvalidAnswer(f"idem: claim: the {status} answer to a claim has a response that cannot be decoded: {e}") from e
-        lease_left = 0.0
-        if record.lease_expires_at is not None and headers.get("Date"):
+        lease_left = replay_left = 0.0
+        if headers.get("Date"):
             try:
-                lease_left = max((record.lease_expires_at - email.utils.parsedate_to_datetime(headers["Date"])).total_seconds(), 0.0)
+                at = email.utils.parsedate_to_datetime(headers["Date"])
+                if record.lease_expires_at is not None:
+                    lease_left = max((record.lease_expires_at - at).total_seconds(), 0.0)
+                if replayed and record.replay_until is not None:
+                    replay_left = max((record.replay_until - at).total_seconds() - 1.0, 0.0)
             except (TypeError, ValueError):
-                lease_left = 0.0
+                lease_left = replay_left = 0.0
         return ClaimResult(record=record, resumed=bool(d.get("resumed")), replayed=replayed,
-                           wait_applied=max(prefer_wait(headers.get_list(HEADER_PREFERENCE_APPLIED)), 0), lease_left=lease_left)
+                           wait_applied=max(prefer_wait(headers.get_list(HEADER_PREFERENCE_APPLIED)), 0), lease_left=lease_left,
+                           replay_left=replay_left)
 
     @staticmethod
     def checkpoint_call(key: str, fencing_token: int, recovery_point: str, data: Any, lease: float | None) -> Call:
@@ -524,7 +529,8 @@ class ClaimState:
 def replayed_result(res: ClaimResult) -> RunResult:
     """run()'s answer for a claim that replayed a completed request."""
     rec = res.record
-    return RunResult(rec.response or Response(status=0), True, res.resumed, rec.attempt, rec.fencing_token, res.wait_applied)
+    return RunResult(rec.response or Response(status=0), True, res.resumed, rec.attempt, rec.fencing_token, res.wait_applied,
+                     res.replay_left)
 
 
 def has_no_side_effect(err: BaseException, types: tuple[type[BaseException], ...]) -> bool:

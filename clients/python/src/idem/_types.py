@@ -122,6 +122,13 @@ class ClaimResult:
     #: a second more). Unlike lease_expires_at less this host's clock, it does
     #: not depend on how far the two clocks are apart. 0 when unknown.
     lease_left: float = 0.0
+    #: For a replay, how much of the replay window was left when the server
+    #: answered, seconds: record.replay_until less the answer's Date and less
+    #: a second (Date is in whole seconds), so never more than what was left,
+    #: on the server's clock rather than this host's. 0 when the answer had
+    #: no Date, or for a claim. A front door's replay cache keeps the replay
+    #: no longer (docs/frontdoor.md, "The replay cache").
+    replay_left: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,8 @@ class RunResult:
     #: this outcome (see ClaimResult.wait_applied); a front door answers it
     #: as Preference-Applied.
     wait_applied: int = 0
+    #: On a replay, ClaimResult.replay_left of the claim that got it; 0 otherwise.
+    replay_left: float = 0.0
 
 
 @dataclass(frozen=True)

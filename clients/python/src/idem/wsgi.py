@@ -11,7 +11,9 @@ following the front-door rules (docs/frontdoor.md):
 POST and PATCH need an Idempotency-Key; PUT and DELETE are protected when
 they carry one. The handler of a new key runs once, its answer is stored in
 idem and then sent; a retry gets the stored answer with
-Idempotent-Replayed: true; a retry while the first runs gets 409
+Idempotent-Replayed: true (a retry of exactly a request idem replayed, from
+the replay cache for up to 2 s: ``replay_cache=ReplayCacheOptions(...)``,
+idem._replaycache); a retry while the first runs gets 409
 request_in_flight with Retry-After - unless it carries ``Prefer: wait=N``
 (RFC 7240): then the claim asks idem to hold it (wait_seconds = min(N,
 max_wait), within the attempt timeout less a second) and it gets the first
@@ -55,8 +57,9 @@ from ._client import Claim, Client
 from ._errors import IdemError
 from ._resume import DEFAULT_MAX_BODY_BYTES, Endpoint, ResumeFunction
 from ._middleware import (Answer, Options, Protected, Release, applied, caller_request_id, prepare, problem_answer,
-                          not_replayable, refused_as_too_large, request_path, run_answer, run_failed, to_store,
-                          wait_applied)
+                          not_replayable, refused_as_too_large, replay_answer, request_path, run_answer, run_failed,
+                          to_store, wait_applied)
+from ._replaycache import Lookup, ReplayCacheOptions, new_replay_cache
 from ._types import Response
 from .frontdoor import FrontDoorError
 
@@ -216,9 +219,12 @@ class IdempotencyMiddleware:
                  required_methods: Sequence[str] | None = None, optional_methods: Sequence[str] | None = None,
                  scope_header: str | None = None, store_5xx: bool = True, stored_headers: Sequence[str] | None = None,
                  lease: float | None = None, timeout: float | None = 10.0, max_body_bytes: int = 8 << 20,
-                 max_stored_bytes: int = 1 << 20, max_wait: float | None = None) -> None:
+                 max_stored_bytes: int = 1 << 20, max_wait: float | None = None,
+                 replay_cache: ReplayCacheOptions | None = None) -> None:
         self.app = app
         self.client = client
+        #: The replay cache (None: off); its client must stay with one tenant.
+        self.replay_cache = new_replay_cache(replay_cache)
         self.route = route
         self.opts = Options(required_methods, optional_methods, scope_header, store_5xx, stored_headers, lease, timeout,
                             max_body_bytes, max_stored_bytes, max_wait)
@@ -252,6 +258,11 @@ class IdempotencyMiddleware:
         return self._send(self._protected(prot, environ, rid), start_response)
 
     def _protected(self, prot: Protected, environ: Environ, rid: str) -> Answer:
+        # A replay of exactly this request the cache holds is answered without a claim (idem._replaycache).
+        cached = Lookup(self.replay_cache, prot.key, prot.operation, prot.document)
+        hit = cached.cached(prot.wait)
+        if hit is not None:
+            return replay_answer(hit, rid)
         ran: list[Answer] = []
 
         tokens: list[int] = []
@@ -274,6 +285,7 @@ class IdempotencyMiddleware:
         except Release:
             return ran[0]
         except IdemError as err:
+            cached.refused(err)
             if refused_as_too_large(err, ran):
                 try:
                     self.client.complete(prot.key, tokens[-1], not_replayable(self.opts, ran[0]), timeout=self.opts.timeout)
@@ -281,6 +293,7 @@ class IdempotencyMiddleware:
                 except IdemError as cerr:
                     err = cerr
             return applied(run_failed(err, ran, rid), wait_applied(err))
+        cached.replayed(res)
         return applied(run_answer(res, ran, rid), res.wait_applied)
 
     def _run_app(self, environ: Environ) -> Answer:
