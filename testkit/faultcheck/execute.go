@@ -330,7 +330,7 @@ func settled(snt *Sent, mode string) bool {
 func (id Ident) reusePad() string { return id.Pad + "+reuse" }
 
 // reuse sends, for each key of s.Reuse, its request once more; when that
-// is a replay (the key is completed, its answer stored, and a Go front
+// is a replay (the key is completed, its answer stored, and the front
 // door's replay cache holds it now), another request with the key: a
 // different pad, so another fingerprint. Its answer must be 422
 // fingerprint_mismatch (invariant 12).

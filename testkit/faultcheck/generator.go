@@ -38,7 +38,7 @@ const (
 	FaultBudget Fault = "budget"
 	// FaultReuse: once a key settled completed (its request replayed),
 	// its caller sends another request with it (another pad): the answer
-	// is 422 fingerprint_mismatch, never the first request's. The Go front
+	// is 422 fingerprint_mismatch, never the first request's. Every front
 	// doors answer replays from their replay cache, which has to tell the
 	// two apart (invariant 12).
 	FaultReuse Fault = "reuse"
