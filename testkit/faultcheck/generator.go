@@ -39,7 +39,7 @@ const (
 	// FaultReuse: once a key settled completed (its request replayed),
 	// its caller sends another request with it (another pad): the answer
 	// is 422 fingerprint_mismatch, never the first request's. Every front
-	// doors answer replays from their replay cache, which has to tell the
+	// door answers replays from its replay cache, which has to tell the
 	// two apart (invariant 12).
 	FaultReuse Fault = "reuse"
 	// FaultFinishBudget: the tenant's fleet retry budget kept spent (its
