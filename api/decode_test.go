@@ -52,6 +52,8 @@ func TestBodyRefusals(t *testing.T) {
 		{"type before trailing data", "claim", `{"lease_seconds":"x"} {}`, "lease_seconds must be of JSON type integer", "lease_seconds"},
 		{"unknown before duplicate", "claim", `{"operation":"x","operation":"y","colour":1}`, "colour is not a known field", "colour"},
 		{"trailing data before duplicate", "claim", `{"operation":"x","operation":"y"} 1`, "the request body holds data after the JSON value", ""},
+		{"null after the string \"null\"", "claim", `{"operation":"null","attempt_id":null}`, "attempt_id must not be null; leave it out instead", "attempt_id"},
+		{"the string \"null\" beside an unknown member", "claim", `{"operation":"null","colour":"red"}`, "colour is not a known field", "colour"},
 		{"duplicate before null", "claim", `{"operation":null,"attempt_id":"a","attempt_id":"b"}`, "attempt_id is given more than once; duplicate member names are not I-JSON", "attempt_id"},
 	}
 	for _, tc := range cases {

@@ -106,7 +106,8 @@ func (s *service) writeJSON(w http.ResponseWriter, r *http.Request, resp any) {
 	if hw, ok := resp.(headerWriter); ok {
 		hw.writeHeader(w.Header())
 	}
-	w.Header().Set("Cache-Control", "no-store")
+	h := w.Header()
+	h["Cache-Control"] = noStore
 	if status == http.StatusNoContent {
 		w.WriteHeader(status)
 		return
@@ -127,10 +128,19 @@ func (s *service) writeJSON(w http.ResponseWriter, r *http.Request, resp any) {
 		return
 	}
 	buf.WriteByte('\n')
-	w.Header().Set("Content-Type", "application/json")
+	h["Content-Type"] = contentTypeJSON
 	w.WriteHeader(status)
 	_, _ = w.Write(buf.Bytes())
 }
+
+// The values of the headers every answer carries, shared by all answers
+// rather than a slice allocated per header per answer (Header.Set). No one
+// writes into a header's values in place; Header.Add of one more value
+// copies (the slices are full).
+var (
+	noStore         = []string{"no-store"}
+	contentTypeJSON = []string{"application/json"}
+)
 
 // maxPooledBuffer is the largest response buffer kept for reuse; buffers
 // that grew past it (large listings or stored responses) are dropped.
@@ -164,11 +174,22 @@ func decodeRequest(body []byte, contentType string, dst any) error {
 		// json takes a null body as the zero request.
 		return idem.Errorf(idem.CodeInvalidRequest, "the request body must be a JSON object, not null")
 	}
-	if err := json.Unmarshal(body, dst, strictRequest); err != nil {
+	opts := strictRequest
+	if !bytes.Contains(body, nullLiteral) {
+		// No null token can be in a body without these four bytes (a
+		// string's escapes spell other bytes), so refuseNull would refuse
+		// nothing; without it json calls no function per value, each call
+		// an interface conversion that allocates.
+		opts = strictNoNull
+	}
+	if err := json.Unmarshal(body, dst, opts); err != nil {
 		return refusal(body, dst, err)
 	}
 	return nil
 }
+
+// nullLiteral is JSON's null token.
+var nullLiteral = []byte("null")
 
 // strictRequest is how request bodies decode: one JSON value that is I-JSON
 // (RFC 7493: no duplicate member names, no invalid UTF-8 or lone
@@ -176,6 +197,9 @@ func decodeRequest(body []byte, contentType string, dst any) error {
 // and no null where the contract does not allow it (refuseNull). What is
 // fingerprinted and stored is then what the caller sent.
 var strictRequest = json.JoinOptions(json.RejectUnknownMembers(true), json.WithUnmarshalers(refuseNull))
+
+// strictNoNull is strictRequest for a body that holds no null.
+var strictNoNull = json.RejectUnknownMembers(true)
 
 // errNull is refuseNull's refusal.
 var errNull = errors.New("must not be null; leave it out instead")

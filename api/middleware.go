@@ -33,6 +33,7 @@ const stateKey ctxKey = 1
 // reads it after the handler returned.
 type reqState struct {
 	id             string
+	idHeader       [1]string // the X-Request-Id response header's value
 	logTenant      atomic.Pointer[string]
 	principal      auth.Principal
 	tenant         idem.Tenant
@@ -68,9 +69,11 @@ func requestID(next http.Handler) http.Handler {
 		if !frontdoor.ValidRequestID(id) {
 			id = frontdoor.NewRequestID()
 		}
-		w.Header().Set(RequestIDHeader, id)
 		st, r := withState(r)
 		st.id = id
+		// The header's value lives in the state: no slice of its own.
+		st.idHeader[0] = id
+		w.Header()[RequestIDHeader] = st.idHeader[:]
 		next.ServeHTTP(w, r)
 	})
 }
