@@ -86,11 +86,24 @@ func jwksDoc(t *testing.T, k signingKeys) []byte {
 }
 
 // clock is a test clock for the store: real time plus an offset that tests
-// advance instead of sleeping.
-type clock struct{ offset atomic.Int64 }
+// advance instead of sleeping; or, once frozen, a fixed instant that only
+// Advance moves, for tests whose assertions leave no room for the real time
+// a loaded machine takes between two requests.
+type clock struct {
+	offset atomic.Int64
+	frozen atomic.Int64 // UnixNano of the frozen instant; 0 while real time runs
+}
 
-func (c *clock) Now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
+func (c *clock) Now() time.Time {
+	if f := c.frozen.Load(); f != 0 {
+		return time.Unix(0, f).Add(time.Duration(c.offset.Load()))
+	}
+	return time.Now().Add(time.Duration(c.offset.Load()))
+}
 func (c *clock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
+
+// Freeze stops the clock at the real time now.
+func (c *clock) Freeze() { c.frozen.Store(time.Now().UnixNano()) }
 
 // bundle is what setup returns.
 type bundle struct {
