@@ -56,10 +56,7 @@ func testClaimKeptRecordTakesNoToken(t *testing.T, s *suite) {
 // completion has returned every claim replays it.
 func testRaceClaimsVersusComplete(t *testing.T, s *suite) {
 	b := s.setup(t, "acme")
-	const keys = 8
-	for k := range keys {
-		key := "k" + string(rune('a'+k))
-		rec := b.create(t, "acme", key)
+	b.eachKeyInFlight(t, func(k int, key string, rec idem.Record) {
 		var done idem.Record
 		var doneErr error
 		results, errs := b.raceClaimsWith("acme", key, func() {
@@ -70,7 +67,7 @@ func testRaceClaimsVersusComplete(t *testing.T, s *suite) {
 		res := b.claim(t, ClaimParams("acme", key))
 		require.Equal(t, idem.ActionReplay, res.Action)
 		requireSameRecord(t, done, res.Record)
-	}
+	})
 }
 
 // testRaceClaimsVersusRelease races claims of a key in flight with its
@@ -79,10 +76,7 @@ func testRaceClaimsVersusComplete(t *testing.T, s *suite) {
 // the record stored at the end is that claim's.
 func testRaceClaimsVersusRelease(t *testing.T, s *suite) {
 	b := s.setup(t, "acme")
-	const keys = 8
-	for k := range keys {
-		key := "k" + string(rune('a'+k))
-		rec := b.create(t, "acme", key)
+	b.eachKeyInFlight(t, func(_ int, key string, rec idem.Record) {
 		var relErr error
 		results, errs := b.raceClaimsWith("acme", key, func() {
 			relErr = b.store.Release(b.ctx, idem.ReleaseParams{TenantID: "acme", Key: key, FencingToken: rec.FencingToken})
@@ -91,11 +85,11 @@ func testRaceClaimsVersusRelease(t *testing.T, s *suite) {
 		winner := soleClaim(t, results, errs, idem.ActionCreate, "two claims created the key", "racer %d")
 		if winner == -1 {
 			b.requireAbsent(t, "acme", key)
-			continue
+			return
 		}
 		require.Greater(t, results[winner].Record.FencingToken, rec.FencingToken)
 		requireSameRecord(t, results[winner].Record, b.get(t, "acme", key))
-	}
+	})
 }
 
 // testRaceClaimsAtExpiry: claims of a completed key whose replay window has

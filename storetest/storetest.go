@@ -290,6 +290,14 @@ func ClaimParams(tenant, key string) idem.ClaimParams {
 	}
 }
 
+// claimTimed is ClaimParams with the given lease, replay window and reaper
+// threshold: the three durations a test of the purge and replay times sets.
+func claimTimed(tenant, key string, lease, window, threshold time.Duration) idem.ClaimParams {
+	p := ClaimParams(tenant, key)
+	p.Lease, p.ReplayWindow, p.ReaperThreshold = lease, window, threshold
+	return p
+}
+
 // claim claims p and requires success.
 func (b *bundle) claim(t *testing.T, p idem.ClaimParams) idem.ClaimResult {
 	t.Helper()
@@ -458,6 +466,17 @@ func raceEach[T any](n int, fn func(i int) (T, error)) ([]T, []error) {
 	results, errs := make([]T, n), make([]error, n)
 	race(n, func(i int) { results[i], errs[i] = fn(i) })
 	return results, errs
+}
+
+// eachKeyInFlight runs fn for eight keys of acme in turn ("ka", "kb", …),
+// each just created (rec) and k its index: a race that may fall either way
+// is tried eight times.
+func (b *bundle) eachKeyInFlight(t *testing.T, fn func(k int, key string, rec idem.Record)) {
+	t.Helper()
+	for k := range 8 {
+		key := "k" + string(rune('a'+k))
+		fn(k, key, b.create(t, "acme", key))
+	}
 }
 
 // raceClaims makes racers claims of key in tenant at once, with the
