@@ -29,7 +29,7 @@ func layerOf(pkg string) (int, bool) {
 	switch top {
 	case "client":
 		return 0, true
-	case "canon", "storemw", "keyevents", "metrics", "retrybudget", "internal", "tenants", "auth", "db", "web", "conformance":
+	case "canon", "storemw", "keyevents", "eventpayload", "metrics", "retrybudget", "internal", "tenants", "auth", "db", "web", "conformance":
 		return 2, true
 	case "postgres", "sqlite":
 		return 3, true

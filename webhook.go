@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -61,23 +60,6 @@ type Event struct {
 	Payload  []byte
 }
 
-// KeyEventData is the data of the key.* events.
-type KeyEventData struct {
-	Key           string `json:"key"`
-	Operation     string `json:"operation,omitempty"`
-	FencingToken  int64  `json:"fencing_token,omitempty"`
-	Attempt       int    `json:"attempt,omitempty"`
-	RecoveryPoint string `json:"recovery_point,omitempty"`
-	// LeaseExpiresAt is when the lease ran out (orphaned, reaped).
-	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
-	// StaleToken and Write describe the refused write of key.lease_lost.
-	StaleToken int64  `json:"stale_token,omitempty"`
-	Write      string `json:"write,omitempty"`
-	// Action and Actor describe a resolution (key.resolved).
-	Action string `json:"action,omitempty"`
-	Actor  string `json:"actor,omitempty"`
-}
-
 // NewID returns a fresh id: prefix and 22 random characters (128 bits,
 // base64url). Every id idem hands out is made here, so they all look alike.
 func NewID(prefix string) string {
@@ -88,57 +70,6 @@ func NewID(prefix string) string {
 
 // NewEventID returns a fresh webhook-id: "msg_" and 22 random characters.
 func NewEventID() string { return NewID("msg_") }
-
-// NewEvent builds an event with a fresh id and the Standard Webhooks payload
-// shape {"type", "timestamp", "data"}; at is the instant of the change.
-func NewEvent(tenantID string, typ EventType, at time.Time, data any) (Event, error) {
-	body, err := json.Marshal(struct {
-		Type      EventType `json:"type"`
-		Timestamp string    `json:"timestamp"`
-		TenantID  string    `json:"tenant_id"`
-		Data      any       `json:"data"`
-	}{typ, at.UTC().Format(time.RFC3339Nano), tenantID, data})
-	if err != nil {
-		return Event{}, fmt.Errorf("encode %s event: %w", typ, err)
-	}
-	return Event{ID: NewEventID(), TenantID: tenantID, Type: typ, Payload: body}, nil
-}
-
-// keyEventData is the part of every key.* event's data that describes
-// rec as it stands.
-func keyEventData(rec Record) KeyEventData {
-	return KeyEventData{
-		Key: rec.Key, Operation: rec.Operation, FencingToken: rec.FencingToken,
-		Attempt: rec.Attempt, RecoveryPoint: rec.RecoveryPoint,
-	}
-}
-
-// RecordEvent builds a key.* event about rec.
-func RecordEvent(typ EventType, rec Record, at time.Time) (Event, error) {
-	d := keyEventData(rec)
-	if !rec.LeaseExpiresAt.IsZero() {
-		t := rec.LeaseExpiresAt.UTC()
-		d.LeaseExpiresAt = &t
-	}
-	return NewEvent(rec.TenantID, typ, at, d)
-}
-
-// LeaseLostEvent builds the key.lease_lost event of a write (checkpoint,
-// complete, release) refused because staleToken is no longer current.
-func LeaseLostEvent(stored Record, write string, staleToken int64, at time.Time) (Event, error) {
-	d := keyEventData(stored)
-	d.StaleToken, d.Write = staleToken, write
-	return NewEvent(stored.TenantID, EventKeyLeaseLost, at, d)
-}
-
-// ResolvedEvent builds the key.resolved event of a person's resolution:
-// rec is the record as the resolution left it (as it was, for a release,
-// which deletes it); the audit note is not sent.
-func ResolvedEvent(rec Record, action ResolveAction, actor Actor, at time.Time) (Event, error) {
-	d := keyEventData(rec)
-	d.Action, d.Actor = string(action), actor.Subject
-	return NewEvent(rec.TenantID, EventKeyResolved, at, d)
-}
 
 // NewWebhookSecret returns a fresh signing secret of a webhook endpoint or
 // a completer: stdwebhooks.SecretPrefix ("whsec_") and the base64 of 32

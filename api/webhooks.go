@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/eventpayload"
 	"github.com/idem-dev/idem/webhooks"
 )
 
@@ -167,7 +168,7 @@ type testWebhookRequest struct {
 
 func (s *service) testWebhook(ctx context.Context, req *testWebhookRequest) (reply, error) {
 	t := tenantFrom(ctx)
-	ev, err := idem.NewEvent(t.ID, idem.EventWebhookTest, time.Now(), map[string]string{"endpoint_id": req.id})
+	ev, err := eventpayload.NewEvent(t.ID, idem.EventWebhookTest, time.Now(), map[string]string{"endpoint_id": req.id})
 	if err != nil {
 		return reply{}, err
 	}

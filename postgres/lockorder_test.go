@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/eventpayload"
 	"github.com/idem-dev/idem/storetest"
 	"github.com/idem-dev/idem/testkit/pgtest"
 )
@@ -92,7 +93,7 @@ func TestLockOrderTenantDeleteAndDeliveryFinish(t *testing.T) {
 		Secret: idem.NewWebhookSecret(), Enabled: true,
 	})
 	require.NoError(t, err)
-	ev, err := idem.NewEvent("acme", idem.EventWebhookTest, time.Now(), map[string]string{"hello": "world"})
+	ev, err := eventpayload.NewEvent("acme", idem.EventWebhookTest, time.Now(), map[string]string{"hello": "world"})
 	require.NoError(t, err)
 	_, err = store.SendTestEvent(ctx, idem.SendTestEventParams{EndpointID: ep.ID, Event: ev})
 	require.NoError(t, err)

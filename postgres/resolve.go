@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/eventpayload"
 	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
 )
 
@@ -122,7 +123,7 @@ func (s *Store) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolut
 		return idem.Resolution{}, s.interpretError(err, "resolve key: insert audit entry")
 	}
 	res.Audit = auditFromRow(entry)
-	ev, err := idem.ResolvedEvent(res.Record, p.Action, p.Actor, res.Audit.CreatedAt)
+	ev, err := eventpayload.ResolvedEvent(res.Record, p.Action, p.Actor, res.Audit.CreatedAt)
 	if err != nil {
 		return idem.Resolution{}, err
 	}

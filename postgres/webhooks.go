@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/eventpayload"
 	"github.com/idem-dev/idem/postgres/internal/dbsqlc"
 )
 
@@ -51,7 +52,7 @@ func (s *Store) queueLeaseLost(ctx context.Context, stored *idem.Record, write s
 	if stored == nil || !errors.Is(verdict, idem.ErrLeaseLost) {
 		return verdict
 	}
-	ev, err := idem.LeaseLostEvent(*stored, write, token, stored.ObservedAt)
+	ev, err := eventpayload.LeaseLostEvent(*stored, write, token, stored.ObservedAt)
 	if err != nil {
 		return err
 	}
@@ -68,7 +69,7 @@ func (s *Store) queueReaped(ctx context.Context, q *dbsqlc.Queries, reaped []ide
 		if rec.State != idem.StateInFlight {
 			continue
 		}
-		ev, err := idem.RecordEvent(idem.EventKeyReapedInFlight, rec, rec.ObservedAt)
+		ev, err := eventpayload.RecordEvent(idem.EventKeyReapedInFlight, rec, rec.ObservedAt)
 		if err != nil {
 			return err
 		}
@@ -283,7 +284,7 @@ func (s *Store) EmitOrphanEvents(ctx context.Context, p idem.EmitOrphanEventsPar
 			return fmt.Errorf("mark orphans: %w", err)
 		}
 		for _, rec := range listRecords(rows) {
-			ev, err := idem.RecordEvent(idem.EventKeyOrphaned, rec, rec.ObservedAt)
+			ev, err := eventpayload.RecordEvent(idem.EventKeyOrphaned, rec, rec.ObservedAt)
 			if err != nil {
 				return err
 			}

@@ -11,6 +11,7 @@ import (
 	sqlitelib "modernc.org/sqlite/lib"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/eventpayload"
 	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
 )
 
@@ -357,7 +358,7 @@ func queueLeaseLost(ctx context.Context, q *dbsqlc.Queries, stored *idem.Record,
 	if stored == nil || !errors.Is(verdict, idem.ErrLeaseLost) {
 		return nil
 	}
-	ev, err := idem.LeaseLostEvent(*stored, write, token, now)
+	ev, err := eventpayload.LeaseLostEvent(*stored, write, token, now)
 	if err != nil {
 		return err
 	}
@@ -487,7 +488,7 @@ func queueReaped(ctx context.Context, q *dbsqlc.Queries, reaped []idem.Record, n
 		if rec.State != idem.StateInFlight {
 			continue
 		}
-		ev, err := idem.RecordEvent(idem.EventKeyReapedInFlight, rec, now)
+		ev, err := eventpayload.RecordEvent(idem.EventKeyReapedInFlight, rec, now)
 		if err != nil {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/eventpayload"
 	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
 )
 
@@ -93,7 +94,7 @@ func (s *Store) Resolve(ctx context.Context, p idem.ResolveParams) (idem.Resolut
 			return fmt.Errorf("insert audit entry: %w", err)
 		}
 		res.Audit = auditFromRow(entry)
-		ev, err := idem.ResolvedEvent(res.Record, p.Action, p.Actor, now)
+		ev, err := eventpayload.ResolvedEvent(res.Record, p.Action, p.Actor, now)
 		if err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	sqlitelib "modernc.org/sqlite/lib"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/eventpayload"
 	"github.com/idem-dev/idem/sqlite/internal/dbsqlc"
 )
 
@@ -261,7 +262,7 @@ func (s *Store) EmitOrphanEvents(ctx context.Context, p idem.EmitOrphanEventsPar
 			if err := q.MarkOrphanReported(ctx, dbsqlc.MarkOrphanReportedParams{TenantID: rec.TenantID, Key: rec.Key}); err != nil {
 				return fmt.Errorf("mark orphan: %w", err)
 			}
-			ev, err := idem.RecordEvent(idem.EventKeyOrphaned, rec, now)
+			ev, err := eventpayload.RecordEvent(idem.EventKeyOrphaned, rec, now)
 			if err != nil {
 				return err
 			}

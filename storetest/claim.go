@@ -11,10 +11,7 @@ import (
 
 func testClaimAbsentCreates(t *testing.T, s *suite) {
 	b := s.setup(t, "acme")
-	p := ClaimParams("acme", "order-42")
-	p.Lease = 45 * time.Second
-	p.ReplayWindow = 2 * time.Hour
-	p.ReaperThreshold = 5 * time.Hour
+	p := claimTimed("acme", "order-42", 45*time.Second, 2*time.Hour, 5*time.Hour)
 
 	res, err := b.store.Claim(b.ctx, p)
 	require.NoError(t, err)

@@ -56,28 +56,18 @@ func testClaimKeptRecordTakesNoToken(t *testing.T, s *suite) {
 // completion has returned every claim replays it.
 func testRaceClaimsVersusComplete(t *testing.T, s *suite) {
 	b := s.setup(t, "acme")
-	const keys = 8
-	for k := range keys {
-		key := "k" + string(rune('a'+k))
-		rec := b.create(t, "acme", key)
+	b.eachKeyInFlight(t, func(k int, key string, rec idem.Record) {
 		var done idem.Record
 		var doneErr error
 		results, errs := b.raceClaimsWith("acme", key, func() {
 			done, doneErr = b.store.Complete(b.ctx, idem.CompleteParams{TenantID: "acme", Key: key, FencingToken: rec.FencingToken, Response: response(k)})
 		})
 		require.NoError(t, doneErr)
-		for i, err := range errs {
-			if err != nil {
-				requireCode(t, err, idem.ErrRequestInFlight, "racer %d", i)
-				continue
-			}
-			require.Equal(t, idem.ActionReplay, results[i].Action, "racer %d", i)
-			requireSameRecord(t, done, results[i].Record)
-		}
+		requireReplays(t, results, errs, done, idem.ErrRequestInFlight)
 		res := b.claim(t, ClaimParams("acme", key))
 		require.Equal(t, idem.ActionReplay, res.Action)
 		requireSameRecord(t, done, res.Record)
-	}
+	})
 }
 
 // testRaceClaimsVersusRelease races claims of a key in flight with its
@@ -86,32 +76,20 @@ func testRaceClaimsVersusComplete(t *testing.T, s *suite) {
 // the record stored at the end is that claim's.
 func testRaceClaimsVersusRelease(t *testing.T, s *suite) {
 	b := s.setup(t, "acme")
-	const keys = 8
-	for k := range keys {
-		key := "k" + string(rune('a'+k))
-		rec := b.create(t, "acme", key)
+	b.eachKeyInFlight(t, func(_ int, key string, rec idem.Record) {
 		var relErr error
 		results, errs := b.raceClaimsWith("acme", key, func() {
 			relErr = b.store.Release(b.ctx, idem.ReleaseParams{TenantID: "acme", Key: key, FencingToken: rec.FencingToken})
 		})
 		require.NoError(t, relErr)
-		winner := -1
-		for i, err := range errs {
-			if err != nil {
-				requireCode(t, err, idem.ErrRequestInFlight, "racer %d", i)
-				continue
-			}
-			require.Equal(t, idem.ActionCreate, results[i].Action, "racer %d", i)
-			require.Equal(t, -1, winner, "two claims created the key: racers %d and %d", winner, i)
-			winner = i
-			require.Greater(t, results[i].Record.FencingToken, rec.FencingToken)
-		}
+		winner := soleClaim(t, results, errs, idem.ActionCreate, "two claims created the key", "racer %d")
 		if winner == -1 {
 			b.requireAbsent(t, "acme", key)
-			continue
+			return
 		}
+		require.Greater(t, results[winner].Record.FencingToken, rec.FencingToken)
 		requireSameRecord(t, results[winner].Record, b.get(t, "acme", key))
-	}
+	})
 }
 
 // testRaceClaimsAtExpiry: claims of a completed key whose replay window has
@@ -126,16 +104,7 @@ func testRaceClaimsAtExpiry(t *testing.T, s *suite) {
 	b.clock.Set(done.ReplayUntil)
 
 	results, errs := b.raceClaims("acme", "k")
-	winner := -1
-	for i, err := range errs {
-		if err != nil {
-			requireCode(t, err, idem.ErrRequestInFlight, "racer %d", i)
-			continue
-		}
-		require.Equal(t, idem.ActionCreate, results[i].Action, "racer %d: an expired record was replayed", i)
-		require.Equal(t, -1, winner, "two claims created the key: racers %d and %d", winner, i)
-		winner = i
-	}
+	winner := soleClaim(t, results, errs, idem.ActionCreate, "two claims created the key", "racer %d: an expired record was replayed")
 	require.NotEqual(t, -1, winner, "nobody created the expired key afresh")
 	got := b.get(t, "acme", "k")
 	require.Nil(t, got.Response)
@@ -158,14 +127,7 @@ func testRaceReplaysVersusTenantDelete(t *testing.T, s *suite) {
 			delErr = b.store.DeleteTenant(b.ctx, idem.DeleteTenantParams{ID: tenant})
 		})
 		require.NoError(t, delErr)
-		for i, err := range errs {
-			if err != nil {
-				requireCode(t, err, idem.ErrTenantUnknown, "racer %d", i)
-				continue
-			}
-			require.Equal(t, idem.ActionReplay, results[i].Action, "racer %d", i)
-			requireSameRecord(t, done, results[i].Record)
-		}
+		requireReplays(t, results, errs, done, idem.ErrTenantUnknown)
 		_, err := b.store.Claim(b.ctx, ClaimParams(tenant, "k"))
 		requireCode(t, err, idem.ErrTenantUnknown)
 		b.requireAbsent(t, tenant, "k")

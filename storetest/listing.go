@@ -14,10 +14,7 @@ import (
 
 func testGetRecordAllFields(t *testing.T, s *suite) {
 	b := s.setup(t, "acme")
-	p := ClaimParams("acme", "order-42")
-	p.Lease = 10 * time.Second
-	p.ReplayWindow = 30 * time.Minute
-	p.ReaperThreshold = 90 * time.Minute
+	p := claimTimed("acme", "order-42", 10*time.Second, 30*time.Minute, 90*time.Minute)
 	created := b.now()
 	rec := b.claim(t, p).Record
 	b.advance(30 * time.Second)
@@ -384,10 +381,7 @@ func testReapPastPurgeAfter(t *testing.T, s *suite) {
 	b := s.setup(t)
 	b.tenantWith(t, "acme", withTimes(idem.DefaultSettings(), 60, 120, 10, 60))
 	short := func(key string) idem.ClaimParams {
-		p := ClaimParams("acme", key)
-		p.Lease = 10 * time.Second
-		p.ReplayWindow = 60 * time.Second
-		p.ReaperThreshold = 120 * time.Second
+		p := claimTimed("acme", key, 10*time.Second, 60*time.Second, 120*time.Second)
 		return p
 	}
 
@@ -465,10 +459,7 @@ func testReapBatches(t *testing.T, s *suite) {
 // reaped as an orphan.
 func testReapNeverDeletesRunningLease(t *testing.T, s *suite) {
 	b := s.setup(t, "acme")
-	p := ClaimParams("acme", "long")
-	p.Lease = 60 * time.Second
-	p.ReplayWindow = 2 * time.Second
-	p.ReaperThreshold = 3 * time.Second
+	p := claimTimed("acme", "long", 60*time.Second, 2*time.Second, 3*time.Second)
 	rec := b.claim(t, p).Record
 	require.False(t, rec.PurgeAfter.Before(rec.LeaseExpiresAt), "purge_after %s is before the lease ends %s", rec.PurgeAfter, rec.LeaseExpiresAt)
 	reapNone := func(when string) {

@@ -253,18 +253,12 @@ func testRaceResolutions(t *testing.T, s *suite) {
 		p.Note = fmt.Sprintf("racer %d", i)
 		return b.store.Resolve(b.ctx, p)
 	})
-	winner := -1
-	for i, err := range errs {
-		if err == nil {
-			require.Equal(t, -1, winner, "two resolutions applied: racers %d and %d", winner, i)
-			winner = i
-			continue
-		}
+	winner := soleWinner(t, errs, "two resolutions applied", func(i int, err error) {
 		// A loser finds the row deleted (after a release) or completed
 		// with a new token (after a completion).
 		code := idem.ErrorCode(err)
 		require.Contains(t, []idem.Code{idem.CodeKeyNotFound, idem.CodeLeaseLost}, code, "racer %d: %v", i, err)
-	}
+	})
 	require.NotEqual(t, -1, winner, "no resolution applied")
 	entries := b.audit(t, "acme", "k")
 	require.Len(t, entries, 1, "exactly one audit entry")

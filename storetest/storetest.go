@@ -290,6 +290,14 @@ func ClaimParams(tenant, key string) idem.ClaimParams {
 	}
 }
 
+// claimTimed is ClaimParams with the given lease, replay window and reaper
+// threshold: the three durations a test of the purge and replay times sets.
+func claimTimed(tenant, key string, lease, window, threshold time.Duration) idem.ClaimParams {
+	p := ClaimParams(tenant, key)
+	p.Lease, p.ReplayWindow, p.ReaperThreshold = lease, window, threshold
+	return p
+}
+
 // claim claims p and requires success.
 func (b *bundle) claim(t *testing.T, p idem.ClaimParams) idem.ClaimResult {
 	t.Helper()
@@ -460,6 +468,17 @@ func raceEach[T any](n int, fn func(i int) (T, error)) ([]T, []error) {
 	return results, errs
 }
 
+// eachKeyInFlight runs fn for eight keys of acme in turn ("ka", "kb", …),
+// each just created (rec) and k its index: a race that may fall either way
+// is tried eight times.
+func (b *bundle) eachKeyInFlight(t *testing.T, fn func(k int, key string, rec idem.Record)) {
+	t.Helper()
+	for k := range 8 {
+		key := "k" + string(rune('a'+k))
+		fn(k, key, b.create(t, "acme", key))
+	}
+}
+
 // raceClaims makes racers claims of key in tenant at once, with the
 // default parameters, and returns each one's result and error.
 func (b *bundle) raceClaims(tenant, key string) ([]idem.ClaimResult, []error) {
@@ -480,6 +499,53 @@ func (b *bundle) raceClaimsWith(tenant, key string, other func()) ([]idem.ClaimR
 		results[i], errs[i] = b.store.Claim(b.ctx, ClaimParams(tenant, key))
 	})
 	return results, errs
+}
+
+// soleWinner walks the errors of a race in which at most one call may
+// succeed: it fails with twoWon ("two claims created the key") when a
+// second one does, hands every failure to lost, and returns the winner's
+// index, or -1 when every call failed.
+func soleWinner(t *testing.T, errs []error, twoWon string, lost func(i int, err error)) int {
+	t.Helper()
+	winner := -1
+	for i, err := range errs {
+		if err != nil {
+			lost(i, err)
+			continue
+		}
+		require.Equal(t, -1, winner, twoWon+": racers %d and %d", winner, i)
+		winner = i
+	}
+	return winner
+}
+
+// soleClaim is soleWinner for a race of claims in which every loser is
+// refused as in flight: the winner, if any, got action (else the test fails
+// with wrongAction, a format of the racer's index). It returns the winner's
+// index, or -1.
+func soleClaim(t *testing.T, results []idem.ClaimResult, errs []error, action idem.ClaimAction, twoWon, wrongAction string) int {
+	t.Helper()
+	winner := soleWinner(t, errs, twoWon, func(i int, err error) {
+		requireCode(t, err, idem.ErrRequestInFlight, "racer %d", i)
+	})
+	if winner != -1 {
+		require.Equal(t, action, results[winner].Action, wrongAction, winner)
+	}
+	return winner
+}
+
+// requireReplays checks a race of claims of a completed key: every claim
+// replays done or is refused with refusal.
+func requireReplays(t *testing.T, results []idem.ClaimResult, errs []error, done idem.Record, refusal *idem.Error) {
+	t.Helper()
+	for i, err := range errs {
+		if err != nil {
+			requireCode(t, err, refusal, "racer %d", i)
+			continue
+		}
+		require.Equal(t, idem.ActionReplay, results[i].Action, "racer %d", i)
+		requireSameRecord(t, done, results[i].Record)
+	}
 }
 
 // retryAfter returns the RetryAfter of an *idem.Error.

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/eventpayload"
 )
 
 func webhookGroup() group {
@@ -77,7 +78,7 @@ func (b *bundle) endpoint(t *testing.T, tenant string, events ...idem.EventType)
 // filter) and returns it.
 func (b *bundle) sendTest(t *testing.T, e idem.WebhookEndpoint) idem.Event {
 	t.Helper()
-	ev, err := idem.NewEvent(e.TenantID, idem.EventWebhookTest, b.now(), nil)
+	ev, err := eventpayload.NewEvent(e.TenantID, idem.EventWebhookTest, b.now(), nil)
 	require.NoError(t, err)
 	_, err = b.webhooks(t).SendTestEvent(b.ctx, idem.SendTestEventParams{EndpointID: e.ID, Event: ev})
 	require.NoError(t, err)
@@ -232,8 +233,8 @@ func testWebhookLeaseLost(t *testing.T, s *suite) {
 		require.Equal(t, idem.DeliveryPending, d.State)
 		full := b.claimOne(t, d.ID)
 		var body struct {
-			Type string            `json:"type"`
-			Data idem.KeyEventData `json:"data"`
+			Type string                    `json:"type"`
+			Data eventpayload.KeyEventData `json:"data"`
 		}
 		require.NoError(t, json.Unmarshal(full.Payload, &body))
 		require.Equal(t, "key.lease_lost", body.Type)
@@ -341,7 +342,7 @@ func testWebhookFilter(t *testing.T, s *suite) {
 func testWebhookClaimLease(t *testing.T, s *suite) {
 	b, e := s.setupEndpoint(t)
 	ws := b.webhooks(t)
-	ev, err := idem.NewEvent("acme", idem.EventWebhookTest, b.now(), map[string]string{"hello": "world"})
+	ev, err := eventpayload.NewEvent("acme", idem.EventWebhookTest, b.now(), map[string]string{"hello": "world"})
 	require.NoError(t, err)
 	queued, err := ws.SendTestEvent(b.ctx, idem.SendTestEventParams{EndpointID: e.ID, Event: ev})
 	require.NoError(t, err)
@@ -556,7 +557,7 @@ func testWebhookClaimServed(t *testing.T, s *suite) {
 func testWebhookTestSend(t *testing.T, s *suite) {
 	b, e := s.setupEndpoint(t, idem.EventKeyOrphaned)
 	ws := b.webhooks(t)
-	ev, err := idem.NewEvent("acme", idem.EventWebhookTest, b.now(), nil)
+	ev, err := eventpayload.NewEvent("acme", idem.EventWebhookTest, b.now(), nil)
 	require.NoError(t, err)
 	d, err := ws.SendTestEvent(b.ctx, idem.SendTestEventParams{EndpointID: e.ID, Event: ev})
 	require.NoError(t, err, "a test event ignores the filter")
@@ -565,7 +566,7 @@ func testWebhookTestSend(t *testing.T, s *suite) {
 
 	_, err = ws.SendTestEvent(b.ctx, idem.SendTestEventParams{EndpointID: "ep_missing", Event: ev})
 	requireCode(t, err, idem.ErrWebhookNotFound)
-	other, err := idem.NewEvent("other", idem.EventWebhookTest, b.now(), nil)
+	other, err := eventpayload.NewEvent("other", idem.EventWebhookTest, b.now(), nil)
 	require.NoError(t, err)
 	_, err = ws.SendTestEvent(b.ctx, idem.SendTestEventParams{EndpointID: e.ID, Event: other})
 	requireCode(t, err, idem.ErrWebhookNotFound, "another tenant's endpoint")
@@ -599,7 +600,7 @@ func testWebhookResolved(t *testing.T, s *suite) {
 	var actions []string
 	for _, d := range b.claimAll(t) {
 		var body struct {
-			Data idem.KeyEventData `json:"data"`
+			Data eventpayload.KeyEventData `json:"data"`
 		}
 		require.NoError(t, json.Unmarshal(d.Payload, &body))
 		require.Equal(t, operator.Subject, body.Data.Actor)
@@ -643,7 +644,7 @@ func testWebhookOrphanRace(t *testing.T, s *suite) {
 	keys := map[string]int{}
 	for _, d := range b.claimAll(t) {
 		var body struct {
-			Data idem.KeyEventData `json:"data"`
+			Data eventpayload.KeyEventData `json:"data"`
 		}
 		require.NoError(t, json.Unmarshal(d.Payload, &body))
 		keys[body.Data.Key]++

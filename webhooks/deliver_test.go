@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/eventpayload"
 	"github.com/idem-dev/idem/postgres"
 	"github.com/idem-dev/idem/sqlite"
 	"github.com/idem-dev/idem/testkit/pgtest"
@@ -75,7 +76,7 @@ func registerIn(t *testing.T, s store, tenant string, r *webhookreceiver.Receive
 // testEvent queues one test event for e and returns its webhook-id.
 func testEvent(t *testing.T, s store, e idem.WebhookEndpoint) string {
 	t.Helper()
-	ev, err := idem.NewEvent(e.TenantID, idem.EventWebhookTest, time.Now(), map[string]int{"n": 1})
+	ev, err := eventpayload.NewEvent(e.TenantID, idem.EventWebhookTest, time.Now(), map[string]int{"n": 1})
 	require.NoError(t, err)
 	_, err = s.SendTestEvent(context.Background(), idem.SendTestEventParams{EndpointID: e.ID, Event: ev})
 	require.NoError(t, err)

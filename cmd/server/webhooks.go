@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem"
+	"github.com/idem-dev/idem/eventpayload"
 	"github.com/idem-dev/idem/webhooks"
 )
 
@@ -134,7 +135,7 @@ func runWebhooks(ctx context.Context, e env, args []string) int {
 		fmt.Fprintf(e.stdout, "deleted webhook endpoint %s of tenant %s\n", *id, *tenant)
 		return 0
 	case "test":
-		ev, err := idem.NewEvent(*tenant, idem.EventWebhookTest, time.Now(), map[string]string{"endpoint_id": *id})
+		ev, err := eventpayload.NewEvent(*tenant, idem.EventWebhookTest, time.Now(), map[string]string{"endpoint_id": *id})
 		if err == nil {
 			var d idem.WebhookDelivery
 			if d, err = ws.SendTestEvent(ctx, idem.SendTestEventParams{EndpointID: *id, Event: ev}); err == nil {
