@@ -314,7 +314,7 @@ func (c *Client) do(ctx context.Context, ac apiCall) (callResult, error) {
 			info.GiveUp = "attempts"
 		case !c.fits(ctx, wait):
 			info.GiveUp, giveUp = "deadline", ErrDeadlineTooClose
-		case !c.budget.take():
+		case !finishing && !c.budget.take():
 			info.GiveUp, giveUp = "budget", ErrRetryBudgetExhausted
 		}
 		info.BudgetLeft = c.budget.left()
@@ -350,11 +350,12 @@ func (c *Client) fits(ctx context.Context, wait time.Duration) bool {
 // budget does not cover those, and the client ignores it for them: its
 // signal (HeaderRetryBudget) is no reason to stop, and an older server's
 // 429 retry_budget_exhausted is retried after its Retry-After, within the
-// call's deadline and the policy (attempt cap, per-process budget). Given
-// up, a complete would leave work that ran unrecorded and its key in
-// flight, and the next attempt after the lease would run the work again;
-// each admitted claim has one of them, so their retries stay bounded
-// (/docs/retries#finishing).
+// call's deadline and the policy's attempt cap and backoff. Nor do they
+// spend or meet the client's own retry budget (RetryPolicy.BudgetCapacity): failed
+// claims empty it in an outage, and a complete given up there would leave
+// work that ran unrecorded and its key in flight, and the next attempt
+// after the lease would run the work again; each admitted claim has one
+// of them, so their retries stay bounded (/docs/retries#finishing).
 func finishingCall(name string) bool {
 	return name == "checkpoint" || name == "complete" || name == "release"
 }

@@ -59,7 +59,7 @@
 //     cannot fit the next wait plus 100 ms (MinAttemptTime); the error then
 //     wraps ErrDeadlineTooClose and the last attempt's error.
 //   - A client-wide retry budget, a token bucket shared by every call of
-//     one Client: capacity 10 tokens, full at start; each retry costs 1
+//     one Client but the finishing writes (below): capacity 10 tokens, full at start; each retry costs 1
 //     token and is not made when less than 1 is left (the error then wraps
 //     ErrRetryBudgetExhausted and the last attempt's error); each attempt
 //     that gets a sane answer (2xx, or a non-retryable 4xx) puts back 0.1
@@ -84,8 +84,10 @@
 //     Release, and Do's): idem's budget does not cover them, and given up
 //     they would leave work that ran unrecorded, to run again after the
 //     lease. The client ignores the header for them, and retries an older
-//     server's 429 retry_budget_exhausted of one after its Retry-After;
-//     the policy (attempts, per-process budget, deadline) still bounds them.
+//     server's 429 retry_budget_exhausted of one after its Retry-After.
+//     Nor does the client-wide budget cover them: their retries neither
+//     spend it nor stop when it is empty (an outage's failed claims empty
+//     it); the policy (attempts, backoff, deadline) still bounds them.
 //   - Two presets: Interactive (InteractivePolicy: 10 s for the whole
 //     call, 3 attempts of at most 3 s, in-flight waits up to 5 s) and
 //     Background (BackgroundPolicy: 10 minutes, 10 attempts of at most

@@ -22,12 +22,14 @@ import (
 
 // flakyFront is a reverse proxy in front of the real server that answers
 // the first fail requests 503 store_unavailable itself (as a replica whose
-// store is away would) and records every Idem-Attempt header it sees.
+// store is away would) and records every Idem-Attempt header it sees;
+// the first failComplete completes, whenever they come, so too.
 type flakyFront struct {
-	mu      sync.Mutex
-	fail    int
-	seen    []string
-	handler http.Handler
+	mu           sync.Mutex
+	fail         int
+	failComplete int
+	seen         []string
+	handler      http.Handler
 }
 
 func newFlakyFront(t *testing.T, target string, fail int) (*flakyFront, string) {
@@ -41,6 +43,9 @@ func newFlakyFront(t *testing.T, target string, fail int) (*flakyFront, string) 
 		failing := f.fail > 0
 		if failing {
 			f.fail--
+		} else if path.Base(r.URL.Path) == "complete" && f.failComplete > 0 {
+			failing = true
+			f.failComplete--
 		}
 		f.mu.Unlock()
 		if failing {
@@ -99,6 +104,62 @@ func TestE2EAttemptHeader(t *testing.T) {
 			_, err = c.Claim(ctx, "order-1", client.Request{Operation: "POST /orders", Payload: map[string]any{"n": 1}})
 			require.NoError(t, err, "a replay")
 			require.Equal(t, "4;cause=timeout", front.headers()[4])
+		})
+	}
+}
+
+// TestE2EFinishingWriteOutsideProcessBudget: with the client's own retry
+// budget empty (one token, spent by a claim's retry; its next retry is
+// refused with ErrRetryBudgetExhausted), Do's complete whose first attempt
+// fails 503 store_unavailable is retried and stored: the record is
+// completed, and the next Do replays it without running the work. Before
+// the fix the complete was given up on the budget: the work ran
+// unrecorded, its key in flight, to run again after the lease.
+func TestE2EFinishingWriteOutsideProcessBudget(t *testing.T) {
+	t.Parallel()
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			srv, tok := startBudgetServer(t, backend, 100) // the fleet budget is no part of this
+			front, base := newFlakyFront(t, srv.URL(), 2)
+			front.mu.Lock()
+			front.failComplete = 1
+			front.mu.Unlock()
+			p := fastPolicy
+			p.BudgetCapacity, p.BudgetRetryCost, p.BudgetSuccessRefund = 1, 1, 0.1
+			var mu sync.Mutex
+			var completes []client.AttemptInfo
+			c, err := client.New(base, client.WithToken(tok), client.WithRetryPolicy(p),
+				client.WithAttemptHook(func(info client.AttemptInfo) {
+					if info.Call == "complete" {
+						mu.Lock()
+						completes = append(completes, info)
+						mu.Unlock()
+					}
+				}))
+			require.NoError(t, err)
+			req := client.Request{Operation: "POST /orders"}
+			_, err = c.Claim(context.Background(), "drain", req)
+			require.ErrorIs(t, err, client.ErrRetryBudgetExhausted, "the process budget is empty")
+
+			runs := 0
+			fn := func(context.Context, *client.Claim) (client.Response, error) { runs++; return confirmed, nil }
+			res, err := c.Do(context.Background(), "order-1", req, fn)
+			require.NoError(t, err, "the complete was retried")
+			require.False(t, res.Replayed)
+			mu.Lock()
+			require.Len(t, completes, 2)
+			require.True(t, completes[0].Retry)
+			require.Empty(t, completes[0].GiveUp)
+			mu.Unlock()
+			rec, err := c.Get(context.Background(), "order-1")
+			require.NoError(t, err)
+			require.Equal(t, client.StateCompleted, rec.State)
+			require.Equal(t, res.FencingToken, rec.FencingToken, "one claim")
+			again, err := c.Do(context.Background(), "order-1", req, fn)
+			require.NoError(t, err)
+			require.True(t, again.Replayed)
+			require.Equal(t, 1, runs, "the work ran once")
 		})
 	}
 }

@@ -10,10 +10,11 @@ import { run } from "./run.js";
  * them, and the client ignores it for them: `Idem-Retry-Budget: exhausted`
  * is no reason to stop, and an older server's 429 `retry_budget_exhausted`
  * is retried after its `Retry-After`, within the deadline and the policy
- * (attempts, per-process budget). Given up, a complete would leave work that
- * ran unrecorded and its key in flight, to run again after the lease; each
- * admitted claim has one of them, so their retries stay bounded
- * (/docs/retries#finishing).
+ * (attempts, backoff). Nor do they spend or meet the client's own retry
+ * budget: failed claims empty it in an outage. Given up, a complete would
+ * leave work that ran unrecorded and its key in flight, to run again after
+ * the lease; each admitted claim has one of them, so their retries stay
+ * bounded (/docs/retries#finishing).
  */
 const finishingCalls = new Set(["checkpoint", "complete", "release"]);
 function keyPath(key, suffix = "") {
@@ -294,7 +295,7 @@ export class Client {
                 giveUp = "attempts";
             else if (!this.fits(b, wait))
                 giveUp = "deadline";
-            else if (!this.budget.take())
+            else if (!finishing && !this.budget.take())
                 giveUp = "budget";
             info.giveUp = giveUp;
             info.retry = giveUp === undefined;

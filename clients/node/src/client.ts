@@ -112,10 +112,11 @@ interface CallResult {
  * them, and the client ignores it for them: `Idem-Retry-Budget: exhausted`
  * is no reason to stop, and an older server's 429 `retry_budget_exhausted`
  * is retried after its `Retry-After`, within the deadline and the policy
- * (attempts, per-process budget). Given up, a complete would leave work that
- * ran unrecorded and its key in flight, to run again after the lease; each
- * admitted claim has one of them, so their retries stay bounded
- * (/docs/retries#finishing).
+ * (attempts, backoff). Nor do they spend or meet the client's own retry
+ * budget: failed claims empty it in an outage. Given up, a complete would
+ * leave work that ran unrecorded and its key in flight, to run again after
+ * the lease; each admitted claim has one of them, so their retries stay
+ * bounded (/docs/retries#finishing).
  */
 const finishingCalls: ReadonlySet<string> = new Set(["checkpoint", "complete", "release"]);
 
@@ -401,7 +402,7 @@ export class Client {
       let giveUp: GiveUpReason | undefined;
       if (attempt >= p.maxAttempts) giveUp = "attempts";
       else if (!this.fits(b, wait)) giveUp = "deadline";
-      else if (!this.budget.take()) giveUp = "budget";
+      else if (!finishing && !this.budget.take()) giveUp = "budget";
       info.giveUp = giveUp;
       info.retry = giveUp === undefined;
       info.waitMs = info.retry ? wait : 0;

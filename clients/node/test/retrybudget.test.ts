@@ -7,7 +7,7 @@ import { randomBytes } from "node:crypto";
 import { createServer, request as httpRequest } from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
-import { Client, FleetBudgetError, IdemError, NoSideEffect, background, interactive, type RetryPolicy } from "../src/index.js";
+import { Client, FleetBudgetError, IdemError, NoSideEffect, background, interactive, type AttemptInfo, type RetryPolicy } from "../src/index.js";
 import { startServer, stores, type Server } from "./server.js";
 
 const unavailable = JSON.stringify({ type: "/docs/errors#store_unavailable", title: "Store unavailable", status: 503,
@@ -15,9 +15,10 @@ const unavailable = JSON.stringify({ type: "/docs/errors#store_unavailable", tit
 
 /**
  * A forwarding proxy in front of the real server: it answers the first `fail` requests 503 itself (with `signal`, saying
- * Idem-Retry-Budget: exhausted, as a replica whose store is away does once the budget is spent) and records every Idem-Attempt header.
+ * Idem-Retry-Budget: exhausted, as a replica whose store is away does once the budget is spent) and records every Idem-Attempt header;
+ * the first `failComplete` completes, whenever they come, so too.
  */
-async function flakyFront(target: string, fail: number, signal = false): Promise<{ url: string; seen: (string | undefined)[] }> {
+async function flakyFront(target: string, fail: number, signal = false, failComplete = 0): Promise<{ url: string; seen: (string | undefined)[] }> {
   const t = new URL(target);
   const seen: (string | undefined)[] = [];
   const srv = createServer((req, res) => {
@@ -25,8 +26,10 @@ async function flakyFront(target: string, fail: number, signal = false): Promise
     req.on("data", (c: Buffer) => chunks.push(c));
     req.on("end", () => {
       seen.push(req.headers["idem-attempt"] as string | undefined);
-      if (fail > 0) {
-        fail--;
+      const complete = fail <= 0 && failComplete > 0 && new URL(req.url ?? "/", "http://x").pathname.endsWith("/complete");
+      if (fail > 0 || complete) {
+        if (complete) failComplete--;
+        else fail--;
         res.writeHead(503, { "Content-Type": "application/problem+json", "Retry-After": "1", ...(signal ? { "Idem-Retry-Budget": "exhausted" } : {}) });
         res.end(unavailable);
         return;
@@ -192,6 +195,29 @@ for (const store of stores()) {
       assert.equal(front.seen.length, 1, "no claim after the signal");
       assert.equal((await direct.get("held")).state, "in_flight");
       await direct.complete("held", held.fencingToken, { status: 201, body: "{}" });
+    });
+
+    test("a finishing write is outside the client's own retry budget; the work runs once", async () => {
+      // With the client's budget empty (one token, spent by a claim's retry; its next retry is refused, giveUp "budget"),
+      // run's complete whose first attempt fails 503 store_unavailable is retried and stored. Before the fix it was given
+      // up on the budget: the work ran unrecorded, its key in flight, to run again after the lease.
+      const front = await flakyFront(srv.url, 2, false, 1);
+      const completes: AttemptInfo[] = [];
+      const c = new Client({ baseUrl: front.url, token: tenant(100), retry: { ...fast, budgetCapacity: 1, budgetRetryCost: 1, budgetSuccessRefund: 0.1 },
+        onAttempt: (info) => { if (info.call === "complete") completes.push(info); } });
+      const drained = await c.claim("drain", { operation: "POST /orders" }).then(() => undefined, (e: unknown) => e);
+      assert.ok(drained instanceof IdemError && drained.giveUp === "budget", `the process budget is empty: ${String(drained)}`);
+      let runs = 0;
+      const fn = (): { status: number; body: string } => { runs++; return { status: 201, body: '{"id":"ord_1"}' }; };
+      const res = await c.run("order-1", { operation: "POST /orders" }, fn);
+      assert.equal(res.replayed, false);
+      assert.deepEqual(completes.map((i) => [i.status, i.retry, i.giveUp]), [[503, true, undefined], [200, false, undefined]]);
+      const rec = await c.get("order-1");
+      assert.equal(rec.state, "completed");
+      assert.equal(rec.fencing_token, res.fencingToken, "one claim");
+      const again = await c.run("order-1", { operation: "POST /orders" }, fn);
+      assert.equal(again.replayed, true);
+      assert.equal(runs, 1, "the work ran once");
     });
 
     test("finishing writes go on through the fleet budget's signal; the work runs once", async () => {

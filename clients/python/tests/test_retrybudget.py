@@ -28,10 +28,12 @@ class FlakyFront:
     ``fail`` requests 503 store_unavailable itself (as a replica whose store
     is away would; with ``signal``, saying Idem-Retry-Budget: exhausted as
     such a replica does once the tenant's budget is spent) and records the
-    Idem-Attempt header of every request."""
+    Idem-Attempt header of every request. With ``fail_complete``, the first
+    so many completes are answered so too, whenever they come."""
 
-    def __init__(self, target: str, fail: int, signal: bool = False) -> None:
+    def __init__(self, target: str, fail: int, signal: bool = False, fail_complete: int = 0) -> None:
         self.fail = fail
+        self.fail_complete = fail_complete
         self.seen: list[str | None] = []
         self._lock = threading.Lock()
         t = urlsplit(target)
@@ -47,6 +49,9 @@ class FlakyFront:
                     front.seen.append(self.headers.get("Idem-Attempt"))
                     failing = front.fail > 0
                     front.fail -= 1 if failing else 0
+                    if not failing and self.path.endswith("/complete") and front.fail_complete > 0:
+                        failing = True
+                        front.fail_complete -= 1
                 if failing:
                     self.send_response(503)
                     self.send_header("Content-Type", "application/problem+json")
@@ -124,6 +129,61 @@ def test_every_attempt_says_which_it_is(budget_server: tuple[Server, str]) -> No
             assert front.headers() == ["1", "2;cause=unavailable", "3;cause=unavailable"]
             c.complete("order-1", cr.record.fencing_token, __import__("idem").Response(201, {}, b"{}"))
             assert front.headers()[3] == "1", "a new logical call starts at 1"
+    finally:
+        front.close()
+
+
+def test_finishing_write_outside_the_process_budget(budget_server: tuple[Server, str]) -> None:
+    """With the client's own retry budget empty (one token, spent by a
+    claim's retry; the next retry is refused, give_up=budget), a complete
+    whose first attempt fails 503 store_unavailable is retried and stored:
+    the record is completed and replays. Before the fix the complete was
+    given up (give_up=budget), the work ran unrecorded and its key stayed
+    in flight, to run again after the lease; sync and async."""
+    from idem import AttemptInfo, Response
+
+    server, binary = budget_server
+    token = tenant(server, binary, 100)  # the fleet budget is no part of this
+    policy = RetryPolicy(base_delay=0.01, max_delay=0.02, retry_after_jitter=0.0, max_attempts=5,
+                         budget_capacity=1.0, budget_retry_cost=1.0, budget_success_refund=0.1)
+    ok = Response(201, {"Content-Type": "application/json"}, b'{"id":"ord_1"}')
+    infos: list[AttemptInfo] = []
+
+    def drain(claim: object) -> None:
+        with pytest.raises(ProblemError) as info:
+            claim("drain", operation="POST /orders")  # type: ignore[operator]
+        assert info.value.give_up == "budget", "the process budget is empty"
+
+    front = FlakyFront(server.url, fail=2, fail_complete=1)
+    try:
+        with Client(front.url, token=token, policy=policy, on_attempt=infos.append) as c:
+            drain(c.claim)
+            runs: list[int] = []
+            res = c.run("order-1", lambda claim: runs.append(1) or ok, operation="POST /orders")
+            assert not res.replayed and runs == [1]
+            completes = [i for i in infos if i.call == "complete"]
+            assert [(i.status, i.retry, i.give_up) for i in completes] == [(503, True, None), (200, False, None)]
+            assert front.headers()[-2:] == ["1", "2;cause=unavailable"]
+            rec = c.get("order-1")
+            assert rec.state == "completed" and rec.fencing_token == res.fencing_token
+            again = c.run("order-1", lambda claim: runs.append(1) or ok, operation="POST /orders")
+            assert again.replayed and again.response.body == b'{"id":"ord_1"}' and runs == [1], "the work ran once"
+    finally:
+        front.close()
+
+    front = FlakyFront(server.url, fail=2, fail_complete=1)
+
+    async def go() -> None:
+        async with AsyncClient(front.url, token=token, policy=policy) as ac:
+            with pytest.raises(ProblemError) as info:
+                await ac.claim("drain", operation="POST /orders")
+            assert info.value.give_up == "budget", "the process budget is empty"
+            cr = await ac.claim("order-2", operation="POST /orders")
+            await ac.complete("order-2", cr.record.fencing_token, ok)
+            assert (await ac.get("order-2")).state == "completed"
+
+    try:
+        asyncio.run(go())
     finally:
         front.close()
 

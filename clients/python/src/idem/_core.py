@@ -116,7 +116,8 @@ def lease_seconds(lease: float | None) -> int:
     return int(-(-lease // 1))
 
 
-#: The calls that finish a claim, outside idem's fleet retry budget (Core.next_wait).
+#: The calls that finish a claim, outside idem's fleet retry budget and the
+#: client's per-process one (Core.next_wait).
 FINISHING_CALLS = frozenset({"checkpoint", "complete", "release"})
 
 
@@ -213,7 +214,11 @@ class Core:
         lease. For them the Idem-Retry-Budget signal is ignored, and an
         older server's refusal is retried after its Retry-After like a
         429, within the deadline and the policy; each admitted claim has
-        one of them, so their retries stay bounded (/docs/retries#finishing)."""
+        one of them, so their retries stay bounded (/docs/retries#finishing).
+        For the same reason a finishing write neither spends nor is refused
+        by the client's own retry budget: bursts of failed claims empty it,
+        and a complete given up there is a duplicate run. Its retries stay
+        bounded by max_attempts, the deadline and the backoff."""
         status = err.status if isinstance(err, ProblemError) else 0
         p = self.policy
         finishing = call.name in FINISHING_CALLS
@@ -245,7 +250,7 @@ class Core:
             give_up = "attempts"
         elif not p.fits(self.left(deadline), wait):
             give_up = "deadline"
-        elif not self.budget.take():
+        elif not finishing and not self.budget.take():
             give_up = "budget"
         self.report(AttemptInfo(call.name, call.method, call.path, attempt, status, err, give_up is None,
                                 wait if give_up is None else 0.0, give_up, self.budget.left))
