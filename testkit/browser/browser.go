@@ -40,8 +40,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 )
@@ -303,7 +305,7 @@ func (b *Browser) addConsole(s string) {
 // artifacts directory and returns its path.
 func (b *Browser) Screenshot(name string) string {
 	b.t.Helper()
-	png := Run(b, chromedp.FullScreenshot(100))
+	png := Run(b, topScreenshot(screenshotMaxHeight))
 	dir := ArtifactsDir(b.t)
 	path := filepath.Join(dir, safeName(b.t.Name()+"-"+name)+".png")
 	if err := os.WriteFile(path, png, 0o644); err != nil {
@@ -311,6 +313,34 @@ func (b *Browser) Screenshot(name string) string {
 	}
 	b.t.Logf("browser: screenshot saved to %s", path)
 	return path
+}
+
+// screenshotMaxHeight bounds a screenshot's height in CSS pixels. The API
+// reference renders tens of thousands of pixels, and capturing all of them
+// lost the connection to the browser on a loaded machine (TestDocsInBrowser,
+// "context canceled" at the Redoc page, three times in a day).
+const screenshotMaxHeight = 6000
+
+// topScreenshot captures the page's full width and at most maxHeight CSS
+// pixels from its top, as a PNG.
+func topScreenshot(maxHeight float64) chromedp.Action[[]byte] {
+	return func(ctx context.Context, t *chromedp.Target) ([]byte, error) {
+		size, err := chromedp.Evaluate[[2]float64](`[document.documentElement.scrollWidth, document.documentElement.scrollHeight]`)(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		beyond := true
+		r, err := cdp.Call(ctx, t, page.CaptureScreenshot, page.CaptureScreenshotParams{
+			Format:                page.CaptureScreenshotFormatPng,
+			Clip:                  &page.Viewport{Width: size[0], Height: min(size[1], maxHeight), Scale: 1},
+			FromSurface:           &beyond,
+			CaptureBeyondViewport: &beyond,
+		})
+		if err != nil {
+			return nil, err
+		}
+		return r.Data, nil
+	}
 }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
