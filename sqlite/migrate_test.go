@@ -25,15 +25,8 @@ import (
 func TestMigrationRaisesReaperThreshold(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "idem.db")
-	require.NoError(t, os.WriteFile(path, nil, 0o600)) // dsn never creates the file
-	db, err := sql.Open("sqlite", dsn(path))
-	require.NoError(t, err)
-	provider, err := goose.NewProvider(goose.DialectSQLite3, db, schema.SQLite())
-	require.NoError(t, err)
-	_, err = provider.UpTo(ctx, 1)
-	require.NoError(t, err)
-	_, err = db.ExecContext(ctx, `INSERT INTO tenants (id, name, replay_window_seconds, reaper_threshold_seconds,
+	path, db, _ := migratedTo(ctx, t, 1)
+	_, err := db.ExecContext(ctx, `INSERT INTO tenants (id, name, replay_window_seconds, reaper_threshold_seconds,
 		lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, created_at, updated_at)
 		VALUES ('short', 'short', 2, 3, 30, 60, 1024, 0, 0, 0), ('fine', 'fine', 2, 600, 30, 60, 1024, 0, 0, 0)`)
 	require.NoError(t, err)
@@ -55,16 +48,8 @@ func TestMigrationRaisesReaperThreshold(t *testing.T) {
 func TestMigrationsDownAndUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "idem.db")
-	require.NoError(t, os.WriteFile(path, nil, 0o600))
-	db, err := sql.Open("sqlite", dsn(path))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	provider, err := goose.NewProvider(goose.DialectSQLite3, db, schema.SQLite())
-	require.NoError(t, err)
-	_, err = provider.Up(ctx)
-	require.NoError(t, err)
-	_, err = provider.DownTo(ctx, 0)
+	_, _, provider := migratedTo(ctx, t, -1)
+	_, err := provider.DownTo(ctx, 0)
 	require.NoError(t, err)
 	_, err = provider.Up(ctx)
 	require.NoError(t, err)
@@ -155,15 +140,8 @@ func TestAttemptIDAfterMigrationsDownAndUp(t *testing.T) {
 func TestMigrationCountsStoredBytes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "idem.db")
-	require.NoError(t, os.WriteFile(path, nil, 0o600))
-	db, err := sql.Open("sqlite", dsn(path))
-	require.NoError(t, err)
-	provider, err := goose.NewProvider(goose.DialectSQLite3, db, schema.SQLite())
-	require.NoError(t, err)
-	_, err = provider.UpTo(ctx, 11)
-	require.NoError(t, err)
-	_, err = db.ExecContext(ctx, `INSERT INTO tenants (id, name, replay_window_seconds, reaper_threshold_seconds,
+	path, db, _ := migratedTo(ctx, t, 11)
+	_, err := db.ExecContext(ctx, `INSERT INTO tenants (id, name, replay_window_seconds, reaper_threshold_seconds,
 		lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, created_at, updated_at)
 		VALUES ('acme', 'acme', 86400, 259200, 30, 3600, 1048576, 0, 0, 0), ('empty', 'empty', 86400, 259200, 30, 3600, 1048576, 0, 0, 0)`)
 	require.NoError(t, err)
@@ -192,16 +170,8 @@ func TestMigrationCountsStoredBytes(t *testing.T) {
 func TestMigrationPutsLargeKeyColumnsLast(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "idem.db")
-	require.NoError(t, os.WriteFile(path, nil, 0o600))
-	db, err := sql.Open("sqlite", dsn(path))
-	require.NoError(t, err)
-	defer db.Close()
-	provider, err := goose.NewProvider(goose.DialectSQLite3, db, schema.SQLite())
-	require.NoError(t, err)
-	_, err = provider.UpTo(ctx, 17)
-	require.NoError(t, err)
-	_, err = db.ExecContext(ctx, `INSERT INTO tenants (id, name, replay_window_seconds, reaper_threshold_seconds,
+	path, db, provider := migratedTo(ctx, t, 17)
+	_, err := db.ExecContext(ctx, `INSERT INTO tenants (id, name, replay_window_seconds, reaper_threshold_seconds,
 		lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, created_at, updated_at)
 		VALUES ('acme', 'acme', 86400, 259200, 30, 3600, 8388608, 0, 1, 2), ('beta', 'bêta', 60, 3600, 30, 3600, 1024, 5, 3, 4)`)
 	require.NoError(t, err)
@@ -340,4 +310,26 @@ func layoutSnapshot(t *testing.T, db *sql.DB) layout {
 	}
 	l.foreignKeys = strs(`SELECT "table" || ' ' || "from" || ' ' || coalesce("to", '') || ' ' || on_delete FROM pragma_foreign_key_list('idempotency_keys')`)
 	return l
+}
+
+// migratedTo makes a new SQLite file (dsn never creates one) migrated up to
+// version, or all the way when version is -1, and returns its path, a
+// connection to it (closed at the test's end; close it first to open a Store
+// on the file) and the goose provider.
+func migratedTo(ctx context.Context, t *testing.T, version int64) (string, *sql.DB, *goose.Provider) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	require.NoError(t, os.WriteFile(path, nil, 0o600))
+	db, err := sql.Open("sqlite", dsn(path))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	provider, err := goose.NewProvider(goose.DialectSQLite3, db, schema.SQLite())
+	require.NoError(t, err)
+	if version == -1 {
+		_, err = provider.Up(ctx)
+	} else {
+		_, err = provider.UpTo(ctx, version)
+	}
+	require.NoError(t, err)
+	return path, db, provider
 }
