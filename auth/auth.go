@@ -200,7 +200,7 @@ func newVerifier(cfg Config, now func() time.Time) (*Verifier, error) {
 // repeating it costs a hash and a map lookup while its exp, nbf and iat
 // still hold; the answer is the same as a full verification's.
 func (v *Verifier) Verify(token string) (Principal, error) {
-	key := sha256.Sum256([]byte(token))
+	key := tokenKey(token)
 	if p, ok := v.cache.get(key, v.now()); ok {
 		return p, nil
 	}
@@ -218,6 +218,20 @@ func (v *Verifier) Verify(token string) (Principal, error) {
 	}
 	v.cache.put(key, p, &c, v.now())
 	return p, nil
+}
+
+// tokenKey is the cache key of token: its SHA-256. A token is a few
+// hundred bytes, longer than the 32 bytes Go converts a string to []byte in
+// without allocating, so []byte(token) cost one heap allocation on every
+// request (~1 % of the server's allocations under load, 12-02 profile);
+// copying it into a stack buffer first keeps a cache hit allocation-free
+// (TestVerifyCacheHitAllocs). A longer token takes the plain conversion.
+func tokenKey(token string) [sha256.Size]byte {
+	var buf [2048]byte
+	if len(token) <= len(buf) {
+		return sha256.Sum256(append(buf[:0], token...))
+	}
+	return sha256.Sum256([]byte(token))
 }
 
 // checkSegmentsIJSON refuses a token whose header or claims set is not
