@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -40,16 +41,6 @@ const (
 // EventTypes lists the event types a tenant may subscribe to.
 var EventTypes = []EventType{EventKeyOrphaned, EventKeyReapedInFlight, EventKeyResolved, EventKeyLeaseLost}
 
-// ValidEventType reports whether t is a subscribable event type.
-func ValidEventType(t EventType) bool {
-	for _, e := range EventTypes {
-		if e == t {
-			return true
-		}
-	}
-	return false
-}
-
 // Event is one webhook message before it is fanned out to the tenant's
 // endpoints: ID is the webhook-id every endpoint and every attempt sees, and
 // Payload the exact body that is signed and sent.
@@ -67,9 +58,6 @@ func NewID(prefix string) string {
 	_, _ = rand.Read(b[:])
 	return prefix + base64.RawURLEncoding.EncodeToString(b[:])
 }
-
-// NewEventID returns a fresh webhook-id: "msg_" and 22 random characters.
-func NewEventID() string { return NewID("msg_") }
 
 // NewWebhookSecret returns a fresh signing secret of a webhook endpoint or
 // a completer: stdwebhooks.SecretPrefix ("whsec_") and the base64 of 32
@@ -335,7 +323,7 @@ func ValidateEventFilter(events []EventType) error {
 	for _, e := range events {
 		msg := ""
 		switch {
-		case !ValidEventType(e):
+		case !slices.Contains(EventTypes, e):
 			msg = fmt.Sprintf("has an unknown event type %q (known: %s)", e, EventFilter(EventTypes))
 		case seen[e]:
 			msg = fmt.Sprintf("names %q twice", e)

@@ -43,7 +43,8 @@ func NewEvent(tenantID string, typ idem.EventType, at time.Time, data any) (idem
 	if err != nil {
 		return idem.Event{}, fmt.Errorf("encode %s event: %w", typ, err)
 	}
-	return idem.Event{ID: idem.NewEventID(), TenantID: tenantID, Type: typ, Payload: body}, nil
+	// The webhook-id: "msg_" and 22 random characters (idem.NewID).
+	return idem.Event{ID: idem.NewID("msg_"), TenantID: tenantID, Type: typ, Payload: body}, nil
 }
 
 // keyEventData is the part of every key.* event's data that describes
