@@ -18,13 +18,7 @@ import (
 // verification gives, and accepted again inside it.
 func TestVerifyCacheKeepsTimeChecks(t *testing.T) {
 	t.Parallel()
-	secret := []byte(strings.Repeat("s", MinSecretBytes))
-	var offset atomic.Int64
-	now := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
-	v, err := newVerifier(Config{HS256Secret: secret, Issuer: "iss", Audience: "aud"}, now)
-	require.NoError(t, err)
-	tok, err := MintHS256(secret, MintClaims{Issuer: "iss", Audience: "aud", Subject: "sub", Tenant: "acme", Scopes: []string{ScopeKeysWrite}, TTL: time.Hour})
-	require.NoError(t, err)
+	v, tok, offset, now := clockedVerifier(t)
 	want := Principal{Subject: "sub", Tenant: "acme", Scopes: []string{ScopeKeysWrite}}
 
 	p, err := v.Verify(tok)
@@ -32,7 +26,7 @@ func TestVerifyCacheKeepsTimeChecks(t *testing.T) {
 	require.WithinDuration(t, time.Now(), p.IssuedAt, 2*time.Second)
 	want.IssuedAt = p.IssuedAt
 	require.Equal(t, want, p)
-	_, cached := v.cache.get(sha256.Sum256([]byte(tok)), now())
+	_, cached := v.cache.get(tokenKey(tok), now())
 	require.True(t, cached, "a verified token is remembered")
 
 	p, err = v.Verify(tok) // from the cache
@@ -67,6 +61,46 @@ func TestVerifyCacheKeepsTimeChecks(t *testing.T) {
 	p, err = v.Verify(tok)
 	require.NoError(t, err)
 	require.Equal(t, want, p)
+}
+
+// clockedVerifier is a verifier whose clock runs offset from the real one,
+// and a token it accepts, valid for an hour.
+func clockedVerifier(t *testing.T) (v *Verifier, tok string, offset *atomic.Int64, now func() time.Time) {
+	t.Helper()
+	secret := []byte(strings.Repeat("s", MinSecretBytes))
+	offset = new(atomic.Int64)
+	now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	v, err := newVerifier(Config{HS256Secret: secret, Issuer: "iss", Audience: "aud"}, now)
+	require.NoError(t, err)
+	tok, err = MintHS256(secret, MintClaims{Issuer: "iss", Audience: "aud", Subject: "sub", Tenant: "acme", Scopes: []string{ScopeKeysWrite}, TTL: time.Hour})
+	require.NoError(t, err)
+	return v, tok, offset, now
+}
+
+// TestVerifyCacheHitAllocs guards the request path's cost of
+// authentication: a token seen before is neither parsed nor its signature
+// checked again, a cache hit allocates only the caller's copy of the
+// scopes (tokenKey hashes the token without a heap copy), and the same
+// token is refused once it expired, from the cache.
+func TestVerifyCacheHitAllocs(t *testing.T) {
+	v, tok, offset, _ := clockedVerifier(t)
+	require.Greater(t, len(tok), 32, "a token longer than Go's small conversion buffer")
+
+	_, err := v.Verify(tok)
+	require.NoError(t, err)
+
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := v.Verify(tok); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// A full verification allocates dozens of times (base64, two JSON
+	// documents, the signature): at most one means it was not run again.
+	require.LessOrEqual(t, allocs, 1.0, "allocations per cached Verify")
+
+	offset.Store(int64(time.Hour + Leeway + time.Second))
+	_, err = v.Verify(tok)
+	require.Equal(t, idem.CodeUnauthenticated, idem.ErrorCode(err), "an expired token is refused")
 }
 
 // TestTokenCacheBounded verifies that the cache never holds more than
