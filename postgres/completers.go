@@ -71,11 +71,7 @@ func (s *Store) ListCompleters(ctx context.Context, p idem.ListCompletersParams)
 	if err != nil {
 		return nil, s.interpretError(err, "list completers")
 	}
-	out := make([]idem.Completer, 0, len(rows))
-	for _, r := range rows {
-		out = append(out, completerFromRow(r))
-	}
-	return out, nil
+	return fromRows(rows, completerFromRow), nil
 }
 
 // DeleteCompleter deletes one completer.

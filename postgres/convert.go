@@ -255,3 +255,13 @@ func nullIfEmpty(s string) *string {
 	}
 	return &s
 }
+
+// fromRows converts the rows of a list query with the row's converter: the
+// loop every List method would otherwise write again.
+func fromRows[R, T any](rows []R, convert func(R) T) []T {
+	out := make([]T, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, convert(r))
+	}
+	return out
+}

@@ -147,9 +147,5 @@ func (s *Store) ListAudit(ctx context.Context, p idem.ListAuditParams) ([]idem.A
 	if err != nil {
 		return nil, s.interpretError(err, "list audit")
 	}
-	out := make([]idem.AuditEntry, 0, len(rows))
-	for _, r := range rows {
-		out = append(out, auditFromRow(r))
-	}
-	return out, nil
+	return fromRows(rows, auditFromRow), nil
 }

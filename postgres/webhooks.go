@@ -126,11 +126,7 @@ func (s *Store) ListWebhookEndpoints(ctx context.Context, p idem.ListWebhookEndp
 	if err != nil {
 		return nil, s.interpretError(err, "list webhook endpoints")
 	}
-	out := make([]idem.WebhookEndpoint, 0, len(rows))
-	for _, r := range rows {
-		out = append(out, endpointFromRow(r))
-	}
-	return out, nil
+	return fromRows(rows, endpointFromRow), nil
 }
 
 // UpdateWebhookEndpoint replaces an endpoint's URL, filter and flag.
