@@ -39,12 +39,8 @@ func encodeWebhook(e idem.WebhookEndpoint) webhookJSON {
 	if out.Events == nil {
 		out.Events = []idem.EventType{}
 	}
-	if e.DisabledReason != "" {
-		out.DisabledReason = &e.DisabledReason
-	}
-	if !e.FailingSince.IsZero() {
-		out.FailingSince = &e.FailingSince
-	}
+	out.DisabledReason = stringOrNull(e.DisabledReason)
+	out.FailingSince = timeOrNull(e.FailingSince)
 	return out
 }
 
@@ -64,26 +60,28 @@ type deliveryJSON struct {
 }
 
 func encodeDelivery(d idem.WebhookDelivery) deliveryJSON {
-	opt := func(t time.Time) *time.Time {
-		if t.IsZero() {
-			return nil
-		}
-		return &t
-	}
 	out := deliveryJSON{
 		ID: d.ID, EventID: d.EventID, EventType: d.EventType, State: d.State, Attempts: d.Attempts,
-		LastAttemptAt: opt(d.LastAttemptAt), DeliveredAt: opt(d.DeliveredAt), CreatedAt: d.CreatedAt,
+		LastAttemptAt: timeOrNull(d.LastAttemptAt), DeliveredAt: timeOrNull(d.DeliveredAt), CreatedAt: d.CreatedAt,
+		LastError: stringOrNull(d.LastError),
 	}
 	if d.State == idem.DeliveryPending {
-		out.NextAttemptAt = opt(d.NextAttemptAt)
+		out.NextAttemptAt = timeOrNull(d.NextAttemptAt)
 	}
 	if d.LastStatus != 0 {
 		out.LastStatus = &d.LastStatus
 	}
-	if d.LastError != "" {
-		out.LastError = &d.LastError
-	}
 	return out
+}
+
+// timeOrNull returns t, or nil (encoded as null) when it is zero: the
+// webhook endpoints' and deliveries' optional times keep time.Time's own
+// encoding (in t's zone), not jsonTime's (always UTC).
+func timeOrNull(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 // createWebhookRequest is the body of POST /v1/webhooks.
