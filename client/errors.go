@@ -133,10 +133,10 @@ func (e *Error) Error() string {
 // Is reports whether target is an *Error with the same code, so that the
 // sentinels (ErrLeaseLost, ErrRequestInFlight, ...) match any error of
 // their code.
-func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && t.Code == e.Code
-}
+func (e *Error) Is(target error) bool { return errcode.Match(e, target, (*Error).code) }
+
+// code is the code of e, for errcode's Match and CodeOf.
+func (e *Error) code() Code { return e.Code }
 
 // Sentinels for errors.Is; each matches any *Error of its code.
 var (
@@ -189,13 +189,4 @@ var ErrInvalidAnswer = errors.New("idem: the service's answer cannot be interpre
 
 // ErrorCode returns the code of err: the Code of an *Error in its chain,
 // "" for nil, and CodeUnknown for any other error (a network error, say).
-func ErrorCode(err error) Code {
-	if err == nil {
-		return ""
-	}
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Code
-	}
-	return CodeUnknown
-}
+func ErrorCode(err error) Code { return errcode.CodeOf(err, (*Error).code, CodeUnknown) }
