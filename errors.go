@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -94,10 +93,10 @@ func (e *Error) Unwrap() error { return e.Err }
 
 // Is makes errors.Is(err, ErrLeaseLost) and friends match any *Error with
 // the same code.
-func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && t.Code == e.Code
-}
+func (e *Error) Is(target error) bool { return errcode.Match(e, target, (*Error).code) }
+
+// code is the code of e, for errcode's Match and CodeOf.
+func (e *Error) code() Code { return e.Code }
 
 // Errorf returns an *Error with the given code and a formatted detail.
 func Errorf(code Code, format string, args ...any) *Error {
@@ -138,16 +137,7 @@ func CheckpointNotStored(tenant string, size int64, limit int64) *Error {
 
 // ErrorCode returns the code of err, CodeInternal when err carries none, or
 // "" for a nil error.
-func ErrorCode(err error) Code {
-	if err == nil {
-		return ""
-	}
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Code
-	}
-	return CodeInternal
-}
+func ErrorCode(err error) Code { return errcode.CodeOf(err, (*Error).code, CodeInternal) }
 
 // Sentinels for errors.Is. They match any *Error of the same code.
 var (

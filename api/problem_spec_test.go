@@ -31,39 +31,80 @@ func TestEveryProblemCodeIsInTheSpec(t *testing.T) {
 	require.Equal(t, apiCodes, specCodes)
 }
 
-// TestSDKCodesAreTheSpecs keeps the Go SDK's copy of the code list
-// (client/errors.go; the SDK is its own module and imports nothing of the
-// server) equal to the spec's enum, plus the SDK's own "unknown" for
-// answers without a problem body. It reads the constants from the source,
-// so the SDK needs no exported list for it.
+// TestSDKCodesAreTheSpecs keeps the Go SDK's code list (client/errors.go;
+// the SDK is its own module and imports nothing of the server) equal to
+// the spec's enum, plus the SDK's own "unknown" for answers without a
+// problem body. It reads the constants' values from the source, so the
+// SDK needs no exported list for it: a constant is either errcode's code
+// under the SDK's type (Code(errcode.X), its value read from
+// client/errcode/errcode.go) or the SDK's own literal.
 func TestSDKCodesAreTheSpecs(t *testing.T) {
 	t.Parallel()
-	f, err := parser.ParseFile(token.NewFileSet(), "../client/errors.go", nil, 0)
-	require.NoError(t, err)
-	var sdkCodes []string
-	for _, decl := range f.Decls {
-		gen, ok := decl.(*ast.GenDecl)
-		if !ok || gen.Tok != token.CONST {
-			continue
+	errcodes := map[string]string{}
+	for _, vs := range constSpecs(t, "../client/errcode/errcode.go") {
+		if lit, ok := codeLiteral(t, vs); ok {
+			errcodes[vs.Names[0].Name] = lit
 		}
-		for _, spec := range gen.Specs {
-			vs := spec.(*ast.ValueSpec)
-			if id, ok := vs.Type.(*ast.Ident); !ok || id.Name != "Code" {
-				continue
-			}
+	}
+	var sdkCodes []string
+	for _, vs := range constSpecs(t, "../client/errors.go") {
+		code, ok := codeLiteral(t, vs)
+		if !ok {
 			for _, v := range vs.Values {
-				lit, ok := v.(*ast.BasicLit)
-				require.True(t, ok, "client code constants are string literals")
-				code, err := strconv.Unquote(lit.Value)
-				require.NoError(t, err)
-				if code != "unknown" {
-					sdkCodes = append(sdkCodes, code)
+				call, isCall := v.(*ast.CallExpr)
+				if !isCall || !isIdent(call.Fun, "Code") {
+					continue
 				}
+				require.Len(t, call.Args, 1)
+				sel, isSel := call.Args[0].(*ast.SelectorExpr)
+				require.True(t, isSel && isIdent(sel.X, "errcode"), "client code constants are string literals or Code(errcode.X)")
+				code, ok = errcodes[sel.Sel.Name]
+				require.True(t, ok, "errcode.%s is no code of errcode.go", sel.Sel.Name)
 			}
+		}
+		if ok && code != "unknown" {
+			sdkCodes = append(sdkCodes, code)
 		}
 	}
 	slices.Sort(sdkCodes)
 	require.Equal(t, problemCodesOfSpec(t), sdkCodes)
+}
+
+// constSpecs returns the specs of the const declarations of a Go file.
+func constSpecs(t *testing.T, file string) []*ast.ValueSpec {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
+	require.NoError(t, err)
+	var specs []*ast.ValueSpec
+	for _, decl := range f.Decls {
+		if gen, ok := decl.(*ast.GenDecl); ok && gen.Tok == token.CONST {
+			for _, spec := range gen.Specs {
+				specs = append(specs, spec.(*ast.ValueSpec))
+			}
+		}
+	}
+	return specs
+}
+
+// codeLiteral returns the value of a constant written `Name Code =
+// "literal"`, and whether it is one.
+func codeLiteral(t *testing.T, vs *ast.ValueSpec) (string, bool) {
+	t.Helper()
+	if !isIdent(vs.Type, "Code") {
+		return "", false
+	}
+	require.Len(t, vs.Values, 1)
+	lit, ok := vs.Values[0].(*ast.BasicLit)
+	require.True(t, ok, "a Code constant of a type is a string literal")
+	code, err := strconv.Unquote(lit.Value)
+	require.NoError(t, err)
+	return code, true
+}
+
+// isIdent reports whether e is the identifier name.
+func isIdent(e ast.Expr, name string) bool {
+	id, ok := e.(*ast.Ident)
+	return ok && id.Name == name
 }
 
 // problemCodesOfSpec returns the Problem schema's code enum, sorted.

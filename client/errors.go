@@ -13,54 +13,55 @@ import (
 // contract (the "code" member of a problem+json body).
 type Code string
 
-// The error codes of the idem HTTP contract, version 1.
+// The error codes of the idem HTTP contract, version 1: errcode's codes
+// (the one list, shared with the server) under the SDK's type.
 const (
-	CodeInvalidRequest      Code = "invalid_request"
-	CodeInvalidKey          Code = "invalid_key"
-	CodeUnauthenticated     Code = "unauthenticated"
-	CodeForbidden           Code = "forbidden"
-	CodeNotFound            Code = "not_found"
-	CodeMethodNotAllowed    Code = "method_not_allowed"
-	CodeTenantUnknown       Code = "tenant_unknown"
-	CodeKeyNotFound         Code = "key_not_found"
-	CodeTenantNotFound      Code = "tenant_not_found"
-	CodeWebhookNotFound     Code = "webhook_not_found"
-	CodeWebhookDisabled     Code = "webhook_disabled"
-	CodeWebhookLimitReached Code = "webhook_limit_reached"
-	CodeRequestInFlight     Code = "request_in_flight"
+	CodeInvalidRequest      = Code(errcode.InvalidRequest)
+	CodeInvalidKey          = Code(errcode.InvalidKey)
+	CodeUnauthenticated     = Code(errcode.Unauthenticated)
+	CodeForbidden           = Code(errcode.Forbidden)
+	CodeNotFound            = Code(errcode.NotFound)
+	CodeMethodNotAllowed    = Code(errcode.MethodNotAllowed)
+	CodeTenantUnknown       = Code(errcode.TenantUnknown)
+	CodeKeyNotFound         = Code(errcode.KeyNotFound)
+	CodeTenantNotFound      = Code(errcode.TenantNotFound)
+	CodeWebhookNotFound     = Code(errcode.WebhookNotFound)
+	CodeWebhookDisabled     = Code(errcode.WebhookDisabled)
+	CodeWebhookLimitReached = Code(errcode.WebhookLimitReached)
+	CodeRequestInFlight     = Code(errcode.RequestInFlight)
 	// CodeOutcomeUnknown: the key's first attempt died and idem's
 	// completer holds it while it finds out what happened; retryable after
 	// Retry-After (the next completer attempt).
-	CodeOutcomeUnknown Code = "outcome_unknown"
+	CodeOutcomeUnknown = Code(errcode.OutcomeUnknown)
 	// CodeOutcomeReview: the completer gave up on the key; not retryable
 	// until a person resolves it.
-	CodeOutcomeReview         Code = "outcome_review"
-	CodeCompleterNotFound     Code = "completer_not_found"
-	CodeCompleterLimitReached Code = "completer_limit_reached"
-	CodeLeaseLost             Code = "lease_lost"
-	CodeAlreadyCompleted      Code = "already_completed"
-	CodeTenantExists          Code = "tenant_exists"
-	CodePayloadTooLarge       Code = "payload_too_large"
-	CodeUnsupportedMediaType  Code = "unsupported_media_type"
-	CodeFingerprintMismatch   Code = "fingerprint_mismatch"
-	CodeRateLimited           Code = "rate_limited"
-	CodeStoreUnavailable      Code = "store_unavailable"
+	CodeOutcomeReview         = Code(errcode.OutcomeReview)
+	CodeCompleterNotFound     = Code(errcode.CompleterNotFound)
+	CodeCompleterLimitReached = Code(errcode.CompleterLimitReached)
+	CodeLeaseLost             = Code(errcode.LeaseLost)
+	CodeAlreadyCompleted      = Code(errcode.AlreadyCompleted)
+	CodeTenantExists          = Code(errcode.TenantExists)
+	CodePayloadTooLarge       = Code(errcode.PayloadTooLarge)
+	CodeUnsupportedMediaType  = Code(errcode.UnsupportedMediaType)
+	CodeFingerprintMismatch   = Code(errcode.FingerprintMismatch)
+	CodeRateLimited           = Code(errcode.RateLimited)
+	CodeStoreUnavailable      = Code(errcode.StoreUnavailable)
 	// CodeRetryBudgetExhausted (429): the tenant's fleet retry budget
 	// refused this retry. The client stops retrying the call at once and
 	// returns an error carrying the cause of the attempt before (see
 	// BudgetExhaustedError).
-	CodeRetryBudgetExhausted Code = "retry_budget_exhausted"
+	CodeRetryBudgetExhausted = Code(errcode.RetryBudgetExhausted)
 	// CodeServerBusy (503, retried like store_unavailable): the server
 	// held as many request bodies as its in-flight budget allows and did
 	// not read this one.
-	CodeServerBusy Code = "server_busy"
+	CodeServerBusy = Code(errcode.ServerBusy)
 	// CodeStorageQuotaExceeded (507, never retried): the tenant's records
 	// store its storage_quota_bytes or more, so a claim of a new key was
 	// refused before anything ran. Only releases, the reaper's purge or a
 	// higher quota free it; keys already claimed still complete.
-	CodeStorageQuotaExceeded Code = "storage_quota_exceeded"
+	CodeStorageQuotaExceeded = Code(errcode.StorageQuotaExceeded)
 	// CodeInternal is a server error without a code of its own.
-	CodeInternal Code = "internal"
+	CodeInternal = Code(errcode.Internal)
 	// CodeUnknown is given to an HTTP error whose body is not a problem+json
 	// document with a code (a proxy's 502 page, for example).
 	CodeUnknown Code = "unknown"
@@ -133,10 +134,10 @@ func (e *Error) Error() string {
 // Is reports whether target is an *Error with the same code, so that the
 // sentinels (ErrLeaseLost, ErrRequestInFlight, ...) match any error of
 // their code.
-func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && t.Code == e.Code
-}
+func (e *Error) Is(target error) bool { return errcode.Match(e, target, (*Error).code) }
+
+// code is the code of e, for errcode's Match and CodeOf.
+func (e *Error) code() Code { return e.Code }
 
 // Sentinels for errors.Is; each matches any *Error of its code.
 var (
@@ -189,13 +190,4 @@ var ErrInvalidAnswer = errors.New("idem: the service's answer cannot be interpre
 
 // ErrorCode returns the code of err: the Code of an *Error in its chain,
 // "" for nil, and CodeUnknown for any other error (a network error, say).
-func ErrorCode(err error) Code {
-	if err == nil {
-		return ""
-	}
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Code
-	}
-	return CodeUnknown
-}
+func ErrorCode(err error) Code { return errcode.CodeOf(err, (*Error).code, CodeUnknown) }

@@ -12,9 +12,10 @@
 // table (api/problem.go) and the front doors' (frontdoor.Problems) are
 // this list and this table. It imports nothing but the standard library.
 //
-// The SDK's client.Code constants stay a literal copy (client/errors.go):
-// they are the SDK's public names, checked against openapi.yaml by
-// api.TestSDKCodesAreTheSpecs.
+// The SDK's client.Code constants (client/errors.go) are these codes under
+// the SDK's own type, its public names, plus its own "unknown"; the values
+// are written here only, and api.TestSDKCodesAreTheSpecs checks that the
+// SDK names every code of openapi.yaml.
 package errcode
 
 import "net/http"

@@ -107,10 +107,10 @@ type Error struct {
 func (e *Error) Error() string { return "frontdoor: " + string(e.Code) + ": " + e.Detail }
 
 // Is makes errors.Is match any *Error with the same code.
-func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && t.Code == e.Code
-}
+func (e *Error) Is(target error) bool { return errcode.Match(e, target, (*Error).code) }
+
+// code is the code of e, for errcode's Match.
+func (e *Error) code() Code { return e.Code }
 
 // Status is the HTTP status of the refusal.
 func (e *Error) Status() int { return Problems[e.Code].Status }
