@@ -215,6 +215,10 @@ type Settings struct {
 	// StorageQuotaBytes bounds the bytes the tenant's records store; at or
 	// over it, claims of new keys get ErrStorageQuotaExceeded.
 	StorageQuotaBytes int64 `json:"storage_quota_bytes"`
+	// RetryBudgetPercent is the share of first attempts that retries may
+	// add, per replica and kind of call; past it a retry is refused with
+	// 429 retry_budget_exhausted. 100 turns the budget off.
+	RetryBudgetPercent int `json:"retry_budget_percent"`
 }
 
 // SettingsPatch changes some settings; nil fields are left as they are.
@@ -227,6 +231,7 @@ type SettingsPatch struct {
 	RateLimitPerSecond     *int   `json:"rate_limit_per_second,omitempty"`
 	MaxWaitSeconds         *int   `json:"max_wait_seconds,omitempty"`
 	StorageQuotaBytes      *int64 `json:"storage_quota_bytes,omitempty"`
+	RetryBudgetPercent     *int   `json:"retry_budget_percent,omitempty"`
 }
 
 // Tenant is an account of the service.
