@@ -12,20 +12,7 @@ import (
 
 // CreateTenant creates a tenant; an existing id is tenant_exists.
 func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (idem.Tenant, error) {
-	t, err := s.q.CreateTenant(ctx, dbsqlc.CreateTenantParams{
-		ID:                     p.ID,
-		Name:                   p.Name,
-		ReplayWindowSeconds:    int32(p.Settings.ReplayWindowSeconds),
-		ReaperThresholdSeconds: int32(p.Settings.ReaperThresholdSeconds),
-		LeaseSecondsDefault:    int32(p.Settings.LeaseSecondsDefault),
-		LeaseSecondsMax:        int32(p.Settings.LeaseSecondsMax),
-		MaxResponseBytes:       int32(p.Settings.MaxResponseBytes),
-		RateLimitPerSecond:     int32(p.Settings.RateLimitPerSecond),
-		MaxWaitSeconds:         int32(p.Settings.MaxWaitSeconds),
-		StorageQuotaBytes:      p.Settings.StorageQuotaBytes,
-		RetryBudgetPercent:     int32(p.Settings.RetryBudgetPercent),
-		Now:                    s.clock(),
-	})
+	t, err := s.q.CreateTenant(ctx, dbsqlc.CreateTenantParams(s.tenantArgs(p.ID, p.Name, p.Settings, false)))
 	if pgErrorCode(err) == pgUniqueViolation {
 		return idem.Tenant{}, idem.TenantExists(p.ID, err)
 	}
@@ -62,21 +49,7 @@ func (s *Store) ListTenants(ctx context.Context) ([]idem.Tenant, error) {
 
 // UpdateTenant replaces a tenant's name, settings and disabled flag.
 func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (idem.Tenant, error) {
-	t, err := s.q.UpdateTenant(ctx, dbsqlc.UpdateTenantParams{
-		ID:                     p.ID,
-		Name:                   p.Name,
-		ReplayWindowSeconds:    int32(p.Settings.ReplayWindowSeconds),
-		ReaperThresholdSeconds: int32(p.Settings.ReaperThresholdSeconds),
-		LeaseSecondsDefault:    int32(p.Settings.LeaseSecondsDefault),
-		LeaseSecondsMax:        int32(p.Settings.LeaseSecondsMax),
-		MaxResponseBytes:       int32(p.Settings.MaxResponseBytes),
-		RateLimitPerSecond:     int32(p.Settings.RateLimitPerSecond),
-		MaxWaitSeconds:         int32(p.Settings.MaxWaitSeconds),
-		StorageQuotaBytes:      p.Settings.StorageQuotaBytes,
-		RetryBudgetPercent:     int32(p.Settings.RetryBudgetPercent),
-		Disabled:               p.Disabled,
-		Now:                    s.clock(),
-	})
+	t, err := s.q.UpdateTenant(ctx, s.tenantArgs(p.ID, p.Name, p.Settings, p.Disabled))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Tenant{}, idem.TenantNotFound(p.ID)
 	}
@@ -84,6 +57,27 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 		return idem.Tenant{}, s.interpretError(err, "update tenant")
 	}
 	return tenantFromRow(t.Tenant, t.StoredBytes), nil
+}
+
+// tenantArgs are the arguments of UpdateTenant and, converted, of
+// CreateTenant: the two queries take the same ones (a tenant created
+// disabled is disabled from its creation).
+func (s *Store) tenantArgs(id, name string, st idem.Settings, disabled bool) dbsqlc.UpdateTenantParams {
+	return dbsqlc.UpdateTenantParams{
+		ID:                     id,
+		Name:                   name,
+		ReplayWindowSeconds:    int32(st.ReplayWindowSeconds),
+		ReaperThresholdSeconds: int32(st.ReaperThresholdSeconds),
+		LeaseSecondsDefault:    int32(st.LeaseSecondsDefault),
+		LeaseSecondsMax:        int32(st.LeaseSecondsMax),
+		MaxResponseBytes:       int32(st.MaxResponseBytes),
+		RateLimitPerSecond:     int32(st.RateLimitPerSecond),
+		MaxWaitSeconds:         int32(st.MaxWaitSeconds),
+		StorageQuotaBytes:      st.StorageQuotaBytes,
+		RetryBudgetPercent:     int32(st.RetryBudgetPercent),
+		Disabled:               disabled,
+		Now:                    s.clock(),
+	}
 }
 
 // deleteBatch is how many records of a deleted tenant one statement

@@ -25,20 +25,7 @@ func (s *Store) CreateTenant(ctx context.Context, p idem.CreateTenantParams) (id
 }
 
 func (s *Store) createTenant(ctx context.Context, p idem.CreateTenantParams) (dbsqlc.Tenant, error) {
-	row, err := s.q.CreateTenant(ctx, dbsqlc.CreateTenantParams{
-		ID:                     p.ID,
-		Name:                   p.Name,
-		ReplayWindowSeconds:    int64(p.Settings.ReplayWindowSeconds),
-		ReaperThresholdSeconds: int64(p.Settings.ReaperThresholdSeconds),
-		LeaseSecondsDefault:    int64(p.Settings.LeaseSecondsDefault),
-		LeaseSecondsMax:        int64(p.Settings.LeaseSecondsMax),
-		MaxResponseBytes:       int64(p.Settings.MaxResponseBytes),
-		RateLimitPerSecond:     int64(p.Settings.RateLimitPerSecond),
-		MaxWaitSeconds:         int64(p.Settings.MaxWaitSeconds),
-		StorageQuotaBytes:      p.Settings.StorageQuotaBytes,
-		RetryBudgetPercent:     int64(p.Settings.RetryBudgetPercent),
-		Now:                    micros(s.clock()),
-	})
+	row, err := s.q.CreateTenant(ctx, dbsqlc.CreateTenantParams(s.tenantArgs(p.ID, p.Name, p.Settings, false)))
 	if code := sqliteCode(err); code == sqlitelib.SQLITE_CONSTRAINT_PRIMARYKEY || code == sqlitelib.SQLITE_CONSTRAINT_UNIQUE {
 		return row, idem.TenantExists(p.ID, err)
 	}
@@ -72,28 +59,10 @@ func (s *Store) ListTenants(ctx context.Context) ([]idem.Tenant, error) {
 
 // UpdateTenant replaces a tenant's name, settings and disabled flag.
 func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (idem.Tenant, error) {
-	var disabled int64
-	if p.Disabled {
-		disabled = 1
-	}
 	var row dbsqlc.Tenant
 	var used int64
 	err := s.write(ctx, "update tenant", func() (err error) {
-		row, err = s.q.UpdateTenant(ctx, dbsqlc.UpdateTenantParams{
-			ID:                     p.ID,
-			Name:                   p.Name,
-			ReplayWindowSeconds:    int64(p.Settings.ReplayWindowSeconds),
-			ReaperThresholdSeconds: int64(p.Settings.ReaperThresholdSeconds),
-			LeaseSecondsDefault:    int64(p.Settings.LeaseSecondsDefault),
-			LeaseSecondsMax:        int64(p.Settings.LeaseSecondsMax),
-			MaxResponseBytes:       int64(p.Settings.MaxResponseBytes),
-			RateLimitPerSecond:     int64(p.Settings.RateLimitPerSecond),
-			MaxWaitSeconds:         int64(p.Settings.MaxWaitSeconds),
-			StorageQuotaBytes:      p.Settings.StorageQuotaBytes,
-			RetryBudgetPercent:     int64(p.Settings.RetryBudgetPercent),
-			Disabled:               disabled,
-			Now:                    micros(s.clock()),
-		})
+		row, err = s.q.UpdateTenant(ctx, s.tenantArgs(p.ID, p.Name, p.Settings, p.Disabled))
 		if errors.Is(err, sql.ErrNoRows) {
 			return idem.TenantNotFound(p.ID)
 		}
@@ -107,6 +76,31 @@ func (s *Store) UpdateTenant(ctx context.Context, p idem.UpdateTenantParams) (id
 		return idem.Tenant{}, err
 	}
 	return tenantFromRow(row, used), nil
+}
+
+// tenantArgs are the arguments of UpdateTenant and, converted, of
+// CreateTenant: the two queries take the same ones (a tenant created
+// disabled is disabled from its creation).
+func (s *Store) tenantArgs(id, name string, st idem.Settings, disabled bool) dbsqlc.UpdateTenantParams {
+	var flag int64
+	if disabled {
+		flag = 1
+	}
+	return dbsqlc.UpdateTenantParams{
+		ID:                     id,
+		Name:                   name,
+		ReplayWindowSeconds:    int64(st.ReplayWindowSeconds),
+		ReaperThresholdSeconds: int64(st.ReaperThresholdSeconds),
+		LeaseSecondsDefault:    int64(st.LeaseSecondsDefault),
+		LeaseSecondsMax:        int64(st.LeaseSecondsMax),
+		MaxResponseBytes:       int64(st.MaxResponseBytes),
+		RateLimitPerSecond:     int64(st.RateLimitPerSecond),
+		MaxWaitSeconds:         int64(st.MaxWaitSeconds),
+		StorageQuotaBytes:      st.StorageQuotaBytes,
+		RetryBudgetPercent:     int64(st.RetryBudgetPercent),
+		Disabled:               flag,
+		Now:                    micros(s.clock()),
+	}
 }
 
 // DeleteTenant deletes a tenant; its records go with it (ON DELETE

@@ -1,19 +1,25 @@
 -- name: CreateTenant :one
+-- CreateTenant takes UpdateTenant's arguments, in the same order (id after
+-- the disabled flag), so the store builds them once (tenantArgs); a tenant
+-- created disabled is disabled from its creation.
 WITH clock AS (
     SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 )
 INSERT INTO tenants (
-    id, name, replay_window_seconds, reaper_threshold_seconds,
+    name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, retry_budget_percent, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, retry_budget_percent,
+    disabled_at, id, created_at, updated_at
 )
 SELECT
-    sqlc.arg('id')::text, sqlc.arg('name')::text,
+    sqlc.arg('name')::text,
     sqlc.arg('replay_window_seconds')::integer, sqlc.arg('reaper_threshold_seconds')::integer,
     sqlc.arg('lease_seconds_default')::integer, sqlc.arg('lease_seconds_max')::integer,
     sqlc.arg('max_response_bytes')::integer, sqlc.arg('rate_limit_per_second')::integer,
     sqlc.arg('max_wait_seconds')::integer, sqlc.arg('storage_quota_bytes')::bigint,
-    sqlc.arg('retry_budget_percent')::integer, clock.now, clock.now
+    sqlc.arg('retry_budget_percent')::integer,
+    CASE WHEN sqlc.arg('disabled')::boolean THEN clock.now END,
+    sqlc.arg('id')::text, clock.now, clock.now
 FROM clock
 RETURNING *;
 

@@ -1,12 +1,17 @@
 -- name: CreateTenant :one
+-- CreateTenant takes UpdateTenant's arguments, in the same order (id last),
+-- so the store builds them once (tenantArgs); a tenant created disabled is
+-- disabled from its creation.
 INSERT INTO tenants (
-    id, name, replay_window_seconds, reaper_threshold_seconds,
+    name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, retry_budget_percent, disabled_at, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, retry_budget_percent,
+    disabled_at, created_at, updated_at, id
 ) VALUES (
-    sqlc.arg(id), sqlc.arg(name), sqlc.arg(replay_window_seconds), sqlc.arg(reaper_threshold_seconds),
+    sqlc.arg(name), sqlc.arg(replay_window_seconds), sqlc.arg(reaper_threshold_seconds),
     sqlc.arg(lease_seconds_default), sqlc.arg(lease_seconds_max), sqlc.arg(max_response_bytes),
-    sqlc.arg(rate_limit_per_second), sqlc.arg(max_wait_seconds), sqlc.arg(storage_quota_bytes), sqlc.arg(retry_budget_percent), NULL, sqlc.arg(now), sqlc.arg(now)
+    sqlc.arg(rate_limit_per_second), sqlc.arg(max_wait_seconds), sqlc.arg(storage_quota_bytes), sqlc.arg(retry_budget_percent),
+    CASE WHEN CAST(sqlc.arg(disabled) AS INTEGER) != 0 THEN sqlc.arg(now) ELSE NULL END, sqlc.arg(now), sqlc.arg(now), sqlc.arg(id)
 )
 RETURNING *;
 

@@ -13,26 +13,28 @@ import (
 
 const createTenant = `-- name: CreateTenant :one
 WITH clock AS (
-    SELECT coalesce($12::timestamptz, now())::timestamptz AS now
+    SELECT coalesce($13::timestamptz, now())::timestamptz AS now
 )
 INSERT INTO tenants (
-    id, name, replay_window_seconds, reaper_threshold_seconds,
+    name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, retry_budget_percent, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, retry_budget_percent,
+    disabled_at, id, created_at, updated_at
 )
 SELECT
-    $1::text, $2::text,
-    $3::integer, $4::integer,
-    $5::integer, $6::integer,
-    $7::integer, $8::integer,
-    $9::integer, $10::bigint,
-    $11::integer, clock.now, clock.now
+    $1::text,
+    $2::integer, $3::integer,
+    $4::integer, $5::integer,
+    $6::integer, $7::integer,
+    $8::integer, $9::bigint,
+    $10::integer,
+    CASE WHEN $11::boolean THEN clock.now END,
+    $12::text, clock.now, clock.now
 FROM clock
 RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds, storage_quota_bytes, retry_budget_percent, deleting_at
 `
 
 type CreateTenantParams struct {
-	ID                     string
 	Name                   string
 	ReplayWindowSeconds    int32
 	ReaperThresholdSeconds int32
@@ -43,12 +45,16 @@ type CreateTenantParams struct {
 	MaxWaitSeconds         int32
 	StorageQuotaBytes      int64
 	RetryBudgetPercent     int32
+	Disabled               bool
+	ID                     string
 	Now                    pgtype.Timestamptz
 }
 
+// CreateTenant takes UpdateTenant's arguments, in the same order (id after
+// the disabled flag), so the store builds them once (tenantArgs); a tenant
+// created disabled is disabled from its creation.
 func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Tenant, error) {
 	row := q.db.QueryRow(ctx, createTenant,
-		arg.ID,
 		arg.Name,
 		arg.ReplayWindowSeconds,
 		arg.ReaperThresholdSeconds,
@@ -59,6 +65,8 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		arg.MaxWaitSeconds,
 		arg.StorageQuotaBytes,
 		arg.RetryBudgetPercent,
+		arg.Disabled,
+		arg.ID,
 		arg.Now,
 	)
 	var i Tenant

@@ -11,19 +11,20 @@ import (
 
 const createTenant = `-- name: CreateTenant :one
 INSERT INTO tenants (
-    id, name, replay_window_seconds, reaper_threshold_seconds,
+    name, replay_window_seconds, reaper_threshold_seconds,
     lease_seconds_default, lease_seconds_max, max_response_bytes,
-    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, retry_budget_percent, disabled_at, created_at, updated_at
+    rate_limit_per_second, max_wait_seconds, storage_quota_bytes, retry_budget_percent,
+    disabled_at, created_at, updated_at, id
 ) VALUES (
-    ?1, ?2, ?3, ?4,
-    ?5, ?6, ?7,
-    ?8, ?9, ?10, ?11, NULL, ?12, ?12
+    ?1, ?2, ?3,
+    ?4, ?5, ?6,
+    ?7, ?8, ?9, ?10,
+    CASE WHEN CAST(?11 AS INTEGER) != 0 THEN ?12 ELSE NULL END, ?12, ?12, ?13
 )
 RETURNING id, name, replay_window_seconds, reaper_threshold_seconds, lease_seconds_default, lease_seconds_max, max_response_bytes, rate_limit_per_second, disabled_at, created_at, updated_at, max_wait_seconds, storage_quota_bytes, retry_budget_percent
 `
 
 type CreateTenantParams struct {
-	ID                     string
 	Name                   string
 	ReplayWindowSeconds    int64
 	ReaperThresholdSeconds int64
@@ -34,12 +35,16 @@ type CreateTenantParams struct {
 	MaxWaitSeconds         int64
 	StorageQuotaBytes      int64
 	RetryBudgetPercent     int64
+	Disabled               int64
 	Now                    int64
+	ID                     string
 }
 
+// CreateTenant takes UpdateTenant's arguments, in the same order (id last),
+// so the store builds them once (tenantArgs); a tenant created disabled is
+// disabled from its creation.
 func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Tenant, error) {
 	row := q.queryRow(ctx, q.createTenantStmt, createTenant,
-		arg.ID,
 		arg.Name,
 		arg.ReplayWindowSeconds,
 		arg.ReaperThresholdSeconds,
@@ -50,7 +55,9 @@ func (q *Queries) CreateTenant(ctx context.Context, arg CreateTenantParams) (Ten
 		arg.MaxWaitSeconds,
 		arg.StorageQuotaBytes,
 		arg.RetryBudgetPercent,
+		arg.Disabled,
 		arg.Now,
+		arg.ID,
 	)
 	var i Tenant
 	err := row.Scan(
