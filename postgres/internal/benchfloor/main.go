@@ -113,6 +113,20 @@ func fail(w http.ResponseWriter, status int, err error) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"status": status, "detail": err.Error()})
 }
 
+// failed answers a statement's error, if any: 409 when it applied nothing
+// (no row), 500 otherwise. It reports whether it answered.
+func failed(w http.ResponseWriter, err error) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, pgx.ErrNoRows):
+		fail(w, http.StatusConflict, err)
+	default:
+		fail(w, http.StatusInternalServerError, err)
+	}
+	return true
+}
+
 func reply(w http.ResponseWriter, status int, body any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -140,12 +154,7 @@ func (f *floor) claim(w http.ResponseWriter, r *http.Request) {
 		ReplayWindowSeconds:    replayWindow,
 		ReaperThresholdSeconds: reaperThreshold,
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		fail(w, http.StatusConflict, err)
-		return
-	}
-	if err != nil {
-		fail(w, http.StatusInternalServerError, err)
+	if failed(w, err) {
 		return
 	}
 	k := row
@@ -197,12 +206,7 @@ func (f *floor) complete(w http.ResponseWriter, r *http.Request) {
 		Key:                  r.PathValue("key"),
 		FencingToken:         in.FencingToken,
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		fail(w, http.StatusConflict, err)
-		return
-	}
-	if err != nil {
-		fail(w, http.StatusInternalServerError, err)
+	if failed(w, err) {
 		return
 	}
 	k := row
