@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -199,34 +198,18 @@ func (s *Store) FinishCompletion(ctx context.Context, p idem.FinishCompletionPar
 // CompleteKey completes a worker's (the quota, the waiters' notification),
 // inside the caller's transaction.
 func (s *Store) completeLocked(ctx context.Context, q *dbsqlc.Queries, p idem.FinishCompletionParams, now pgtype.Timestamptz) (idem.Record, error) {
-	resp := *p.Response
-	headers, err := json.Marshal(resp.Headers)
-	if err != nil {
-		return idem.Record{}, fmt.Errorf("encode headers: %w", err)
-	}
-	unstored := idem.UnstoredResponse(resp)
-	unstoredHeaders, err := json.Marshal(unstored.Headers)
-	if err != nil {
-		return idem.Record{}, fmt.Errorf("encode headers: %w", err)
-	}
-	row, err := q.CompleteKey(ctx, dbsqlc.CompleteKeyParams{
+	args, unstored, err := completeArgs(idem.CompleteParams{
 		TenantID: p.TenantID, Key: p.Key, FencingToken: p.FencingToken,
-		ResponseStatus: int32(resp.Status), ResponseHeaders: headers,
-		ResponseBody: resp.Body, ResponseBodyEncoding: resp.BodyEncoding,
-		ResponseBytes: int64(resp.Size()), StorageQuotaBytes: p.StorageQuotaBytes,
-		UnstoredHeaders: unstoredHeaders, UnstoredBytes: int64(unstored.Size()),
-		Now: now,
-	})
+		Response: *p.Response, StorageQuotaBytes: p.StorageQuotaBytes,
+	}, now)
+	if err != nil {
+		return idem.Record{}, err
+	}
+	row, err := q.CompleteKey(ctx, args)
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("complete record: %w", err)
 	}
-	rec := recordFromWriteRow(completedRow(row))
-	if !row.Stored {
-		rec.Response = &unstored
-	} else {
-		rec.Response = &resp
-	}
-	return rec, nil
+	return completedRecord(row, *p.Response, unstored), nil
 }
 
 // CompletionStats counts the completer's records per tenant and state.

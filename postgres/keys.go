@@ -240,29 +240,11 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 	if err := p.Validate(); err != nil {
 		return idem.Record{}, err
 	}
-	headers, err := json.Marshal(p.Response.Headers)
+	args, unstored, err := completeArgs(p, s.clock())
 	if err != nil {
-		return idem.Record{}, fmt.Errorf("complete key: encode headers: %w", err)
+		return idem.Record{}, fmt.Errorf("complete key: %w", err)
 	}
-	unstored := idem.UnstoredResponse(p.Response)
-	unstoredHeaders, err := json.Marshal(unstored.Headers)
-	if err != nil {
-		return idem.Record{}, fmt.Errorf("complete key: encode headers: %w", err)
-	}
-	row, err := s.q.CompleteKey(ctx, dbsqlc.CompleteKeyParams{
-		TenantID:             p.TenantID,
-		Key:                  p.Key,
-		FencingToken:         p.FencingToken,
-		ResponseStatus:       int32(p.Response.Status),
-		ResponseHeaders:      headers,
-		ResponseBody:         p.Response.Body,
-		ResponseBodyEncoding: p.Response.BodyEncoding,
-		ResponseBytes:        int64(p.Response.Size()),
-		StorageQuotaBytes:    p.StorageQuotaBytes,
-		UnstoredHeaders:      unstoredHeaders,
-		UnstoredBytes:        int64(unstored.Size()),
-		Now:                  s.clock(),
-	})
+	row, err := s.q.CompleteKey(ctx, args)
 	if errors.Is(err, pgx.ErrNoRows) {
 		stored, err := s.getKey(ctx, p.TenantID, p.Key)
 		if err != nil {
@@ -280,14 +262,11 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 	if err != nil {
 		return idem.Record{}, s.interpretError(err, "complete key")
 	}
-	rec := recordFromWriteRow(completedRow(row))
+	rec := completedRecord(row, p.Response, unstored)
 	if !row.Stored {
 		// Completed without the response: no room under the quota.
-		rec.Response = &unstored
 		return rec, idem.ResponseNotStored(p.TenantID, p.Response.Size(), p.StorageQuotaBytes)
 	}
-	resp := p.Response
-	rec.Response = &resp
 	s.hints.remember(p.TenantID, p.Key, rec.ReplayUntil)
 	return rec, nil
 }
@@ -304,6 +283,49 @@ func completedRow(r dbsqlc.CompleteKeyRow) writeRow {
 		ReviewAt: r.ReviewAt, RecoveryData: r.RecoveryData, AttemptID: r.AttemptID,
 		ObservedAt: r.ObservedAt,
 	}
+}
+
+// completeArgs are CompleteKey's arguments for p's response, and the
+// unstored response (idem.UnstoredResponse) the statement stores in its
+// place when it does not fit the quota. Complete and the completer's
+// finish (completeLocked) share them, as SQLite's share completeInTx.
+func completeArgs(p idem.CompleteParams, now pgtype.Timestamptz) (dbsqlc.CompleteKeyParams, idem.Response, error) {
+	headers, err := json.Marshal(p.Response.Headers)
+	if err != nil {
+		return dbsqlc.CompleteKeyParams{}, idem.Response{}, fmt.Errorf("encode headers: %w", err)
+	}
+	unstored := idem.UnstoredResponse(p.Response)
+	unstoredHeaders, err := json.Marshal(unstored.Headers)
+	if err != nil {
+		return dbsqlc.CompleteKeyParams{}, idem.Response{}, fmt.Errorf("encode headers: %w", err)
+	}
+	return dbsqlc.CompleteKeyParams{
+		TenantID:             p.TenantID,
+		Key:                  p.Key,
+		FencingToken:         p.FencingToken,
+		ResponseStatus:       int32(p.Response.Status),
+		ResponseHeaders:      headers,
+		ResponseBody:         p.Response.Body,
+		ResponseBodyEncoding: p.Response.BodyEncoding,
+		ResponseBytes:        int64(p.Response.Size()),
+		StorageQuotaBytes:    p.StorageQuotaBytes,
+		UnstoredHeaders:      unstoredHeaders,
+		UnstoredBytes:        int64(unstored.Size()),
+		Now:                  now,
+	}, unstored, nil
+}
+
+// completedRecord is the record CompleteKey completed, with the response
+// it stored: resp, or unstored when it was not written (no room under the
+// quota).
+func completedRecord(row dbsqlc.CompleteKeyRow, resp, unstored idem.Response) idem.Record {
+	rec := recordFromWriteRow(completedRow(row))
+	if row.Stored {
+		rec.Response = &resp
+	} else {
+		rec.Response = &unstored
+	}
+	return rec
 }
 
 // Release deletes the in-flight record while the token is current.
