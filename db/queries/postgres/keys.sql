@@ -23,10 +23,11 @@
 -- and the counters are not read); a takeover keeps the record and its
 -- bytes, so the quota never refuses it. The claim counts what it stores
 -- (stored_bytes) in the same statement.
-WITH clock AS (
-    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
-),
-stored AS (
+-- The clock is written where it is used, not as a CTE joined to each step:
+-- now() is one instant in a statement, and each CTE and join was a plan
+-- node to start and finish in every claim (docs/benchmarks.md, "Where the
+-- pair's PostgreSQL CPU goes").
+WITH stored AS (
     SELECT
         e.tenant_id, e.key, e.state, e.operation, e.fingerprint, e.fencing_token,
         e.attempt, e.lease_expires_at, e.recovery_point,
@@ -35,12 +36,12 @@ stored AS (
         e.review_note, e.review_at, e.recovery_data, e.attempt_id,
         e.response_status, e.response_headers, e.response_body, e.response_body_encoding,
         e.completer_state, e.completer_id, e.completer_attempts, e.completer_next_at, e.completer_deadline
-    FROM idempotency_keys e, clock
+    FROM idempotency_keys e
     WHERE e.tenant_id = sqlc.arg('tenant_id')::text AND e.key = sqlc.arg('key')::text
         -- as CASEs, so no plan makes them a range scan of the orphan index
         -- (TestGenericPlans)
-        AND CASE WHEN e.state = 'completed' THEN e.replay_until > clock.now
-            ELSE CASE WHEN e.lease_expires_at > clock.now THEN true ELSE false END END
+        AND CASE WHEN e.state = 'completed' THEN e.replay_until > coalesce(sqlc.narg('now')::timestamptz, now())
+            ELSE CASE WHEN e.lease_expires_at > coalesce(sqlc.narg('now')::timestamptz, now()) THEN true ELSE false END END
 ),
 -- read only when a record would be created (an InitPlan, evaluated on
 -- first use)
@@ -60,15 +61,14 @@ SELECT
     sqlc.arg('tenant_id')::text, sqlc.arg('key')::text, 'in_flight',
     sqlc.arg('operation')::text, sqlc.arg('fingerprint')::text,
     nextval('fencing_tokens'), 1, sqlc.narg('attempt_id')::text,
-    clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond',
+    coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_us')::bigint * interval '1 microsecond',
     sqlc.arg('replay_window_seconds')::integer,
     sqlc.arg('reaper_threshold_seconds')::integer,
-    clock.now, clock.now,
+    coalesce(sqlc.narg('now')::timestamptz, now()), coalesce(sqlc.narg('now')::timestamptz, now()),
     -- kept for the reaper threshold, and never less than the lease
-    greatest(clock.now + sqlc.arg('reaper_threshold_seconds')::integer * interval '1 second',
-        clock.now + sqlc.arg('lease_us')::bigint * interval '1 microsecond'),
+    greatest(coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('reaper_threshold_seconds')::integer * interval '1 second',
+        coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_us')::bigint * interval '1 microsecond'),
     sqlc.arg('stored_bytes')::bigint, 0
-FROM clock
 -- nothing to write when the snapshot holds a record the claim keeps; a
 -- record only of a tenant the snapshot holds, not being deleted (read, not
 -- locked: migration 00016); over the quota, only a key that exists goes on
@@ -160,8 +160,8 @@ SELECT
     s.review_note, s.review_at, s.recovery_data, s.attempt_id,
     s.response_status, s.response_headers, s.response_body, s.response_body_encoding,
     s.completer_state, s.completer_id, s.completer_attempts, s.completer_next_at, s.completer_deadline,
-    clock.now AS observed_at, false AS written
-FROM stored s, clock;
+    coalesce(sqlc.narg('now')::timestamptz, now()) AS observed_at, false AS written
+FROM stored s;
 
 -- name: GetKey :one
 WITH clock AS (
@@ -280,9 +280,12 @@ FROM w;
 -- storage_quota_bytes; otherwise the record is completed all the same with
 -- the unstored_* response in its place (idem.UnstoredResponse: the work
 -- ran, the key must not run again), and stored is false.
-WITH clock AS (
-    SELECT coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now,
-        sqlc.arg('storage_quota_bytes')::bigint = 0
+-- quota is MATERIALIZED: inlined, each of its five uses would sum the
+-- usage again. The clock is written where it is used (ClaimKey), and the
+-- stored flag comes back through RETURNING, so no step joins a CTE but the
+-- update.
+WITH quota AS MATERIALIZED (
+    SELECT sqlc.arg('storage_quota_bytes')::bigint = 0
             -- no bigger than the unstored response: storing it costs less
             OR sqlc.arg('response_bytes')::bigint <= sqlc.arg('unstored_bytes')::bigint
             OR (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
@@ -294,22 +297,22 @@ UPDATE idempotency_keys k SET
     state = 'completed',
     lease_expires_at = NULL,
     response_status = sqlc.arg('response_status')::integer,
-    response_headers = CASE WHEN clock.room THEN sqlc.arg('response_headers')::jsonb
+    response_headers = CASE WHEN quota.room THEN sqlc.arg('response_headers')::jsonb
         ELSE sqlc.arg('unstored_headers')::jsonb END,
-    response_body = CASE WHEN clock.room THEN sqlc.arg('response_body')::bytea END,
-    response_body_encoding = CASE WHEN clock.room THEN sqlc.arg('response_body_encoding')::text ELSE 'utf8' END,
+    response_body = CASE WHEN quota.room THEN sqlc.arg('response_body')::bytea END,
+    response_body_encoding = CASE WHEN quota.room THEN sqlc.arg('response_body_encoding')::text ELSE 'utf8' END,
     review_note = NULL,
     review_at = NULL,
     completer_state = NULL,
     completer_next_at = NULL,
-    updated_at = clock.now,
-    completed_at = clock.now,
-    replay_until = clock.now + k.replay_window_seconds * interval '1 second',
-    purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second',
-    stored_bytes = k.stored_bytes + CASE WHEN clock.room THEN sqlc.arg('response_bytes')::bigint
+    updated_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+    completed_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+    replay_until = coalesce(sqlc.narg('now')::timestamptz, now()) + k.replay_window_seconds * interval '1 second',
+    purge_after = coalesce(sqlc.narg('now')::timestamptz, now()) + k.reaper_threshold_seconds * interval '1 second',
+    stored_bytes = k.stored_bytes + CASE WHEN quota.room THEN sqlc.arg('response_bytes')::bigint
         ELSE sqlc.arg('unstored_bytes')::bigint END,
     stored_bytes_before = k.stored_bytes
-FROM clock
+FROM quota
 WHERE k.tenant_id = sqlc.arg('tenant_id') AND k.key = sqlc.arg('key')
     AND k.fencing_token = sqlc.arg('fencing_token') AND k.state = 'in_flight'
     -- wakes the key's waiters when this commits (migration 00010)
@@ -320,7 +323,8 @@ RETURNING
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     k.review_note, k.review_at, k.recovery_data, k.attempt_id,
-    k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
+    k.stored_bytes, k.stored_bytes_before, k.updated_at AS observed_at,
+    quota.room AS stored
 ),
 -- adds the write's difference to the tenant's usage, in this statement
 counted AS (
@@ -338,8 +342,8 @@ SELECT
     w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
     w.updated_at, w.completed_at, w.replay_until, w.purge_after,
     w.review_note, w.review_at, w.recovery_data, w.attempt_id,
-    w.observed_at, clock.room::boolean AS stored
-FROM w, clock;
+    w.observed_at, w.stored::boolean AS stored
+FROM w;
 
 -- name: ReleaseKey :execrows
 -- ReleaseKey deletes an in-flight record whose token is current.

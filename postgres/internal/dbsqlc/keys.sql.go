@@ -165,10 +165,7 @@ func (q *Queries) CheckpointKey(ctx context.Context, arg CheckpointKeyParams) (C
 
 const claimKey = `-- name: ClaimKey :one
 
-WITH clock AS (
-    SELECT coalesce($1::timestamptz, now())::timestamptz AS now
-),
-stored AS (
+WITH stored AS (
     SELECT
         e.tenant_id, e.key, e.state, e.operation, e.fingerprint, e.fencing_token,
         e.attempt, e.lease_expires_at, e.recovery_point,
@@ -177,17 +174,17 @@ stored AS (
         e.review_note, e.review_at, e.recovery_data, e.attempt_id,
         e.response_status, e.response_headers, e.response_body, e.response_body_encoding,
         e.completer_state, e.completer_id, e.completer_attempts, e.completer_next_at, e.completer_deadline
-    FROM idempotency_keys e, clock
-    WHERE e.tenant_id = $2::text AND e.key = $3::text
+    FROM idempotency_keys e
+    WHERE e.tenant_id = $1::text AND e.key = $2::text
         -- as CASEs, so no plan makes them a range scan of the orphan index
         -- (TestGenericPlans)
-        AND CASE WHEN e.state = 'completed' THEN e.replay_until > clock.now
-            ELSE CASE WHEN e.lease_expires_at > clock.now THEN true ELSE false END END
+        AND CASE WHEN e.state = 'completed' THEN e.replay_until > coalesce($3::timestamptz, now())
+            ELSE CASE WHEN e.lease_expires_at > coalesce($3::timestamptz, now()) THEN true ELSE false END END
 ),
 quota AS (
     SELECT $4::bigint = 0
         OR (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
-            WHERE u.tenant_id = $2::text)
+            WHERE u.tenant_id = $1::text)
             < $4::bigint AS room
 ),
 w AS (
@@ -197,24 +194,23 @@ INSERT INTO idempotency_keys AS k (
     created_at, updated_at, purge_after, stored_bytes, stored_bytes_before
 )
 SELECT
-    $2::text, $3::text, 'in_flight',
+    $1::text, $2::text, 'in_flight',
     $5::text, $6::text,
     nextval('fencing_tokens'), 1, $7::text,
-    clock.now + $8::bigint * interval '1 microsecond',
+    coalesce($3::timestamptz, now()) + $8::bigint * interval '1 microsecond',
     $9::integer,
     $10::integer,
-    clock.now, clock.now,
+    coalesce($3::timestamptz, now()), coalesce($3::timestamptz, now()),
     -- kept for the reaper threshold, and never less than the lease
-    greatest(clock.now + $10::integer * interval '1 second',
-        clock.now + $8::bigint * interval '1 microsecond'),
+    greatest(coalesce($3::timestamptz, now()) + $10::integer * interval '1 second',
+        coalesce($3::timestamptz, now()) + $8::bigint * interval '1 microsecond'),
     $11::bigint, 0
-FROM clock
 WHERE CASE WHEN EXISTS (SELECT 1 FROM stored) THEN false
     WHEN NOT EXISTS (SELECT 1 FROM tenants t
-        WHERE t.id = $2::text AND t.deleting_at IS NULL) THEN false
+        WHERE t.id = $1::text AND t.deleting_at IS NULL) THEN false
     ELSE (SELECT q.room FROM quota q) OR EXISTS (
         SELECT 1 FROM idempotency_keys e
-        WHERE e.tenant_id = $2::text AND e.key = $3::text) END
+        WHERE e.tenant_id = $1::text AND e.key = $2::text) END
 ON CONFLICT (tenant_id, key) DO UPDATE SET
     state = 'in_flight',
     operation = excluded.operation,
@@ -291,14 +287,14 @@ SELECT
     s.review_note, s.review_at, s.recovery_data, s.attempt_id,
     s.response_status, s.response_headers, s.response_body, s.response_body_encoding,
     s.completer_state, s.completer_id, s.completer_attempts, s.completer_next_at, s.completer_deadline,
-    clock.now AS observed_at, false AS written
-FROM stored s, clock
+    coalesce($3::timestamptz, now()) AS observed_at, false AS written
+FROM stored s
 `
 
 type ClaimKeyParams struct {
-	Now                    pgtype.Timestamptz
 	TenantID               string
 	Key                    string
+	Now                    pgtype.Timestamptz
 	StorageQuotaBytes      int64
 	Operation              string
 	Fingerprint            string
@@ -366,6 +362,10 @@ type ClaimKeyRow struct {
 // and the counters are not read); a takeover keeps the record and its
 // bytes, so the quota never refuses it. The claim counts what it stores
 // (stored_bytes) in the same statement.
+// The clock is written where it is used, not as a CTE joined to each step:
+// now() is one instant in a statement, and each CTE and join was a plan
+// node to start and finish in every claim (docs/benchmarks.md, "Where the
+// pair's PostgreSQL CPU goes").
 // read only when a record would be created (an InitPlan, evaluated on
 // first use)
 // nothing to write when the snapshot holds a record the claim keeps; a
@@ -379,9 +379,9 @@ type ClaimKeyRow struct {
 // its response. At most one of the two exists.
 func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow, error) {
 	row := q.db.QueryRow(ctx, claimKey,
-		arg.Now,
 		arg.TenantID,
 		arg.Key,
+		arg.Now,
 		arg.StorageQuotaBytes,
 		arg.Operation,
 		arg.Fingerprint,
@@ -429,37 +429,36 @@ func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow
 }
 
 const completeKey = `-- name: CompleteKey :one
-WITH clock AS (
-    SELECT coalesce($1::timestamptz, now())::timestamptz AS now,
-        $2::bigint = 0
+WITH quota AS MATERIALIZED (
+    SELECT $1::bigint = 0
             -- no bigger than the unstored response: storing it costs less
-            OR $3::bigint <= $4::bigint
+            OR $2::bigint <= $3::bigint
             OR (SELECT coalesce(sum(u.stored_bytes), 0) FROM tenant_usage u
-                WHERE u.tenant_id = $5::text) + $3::bigint
-                <= $2::bigint AS room
+                WHERE u.tenant_id = $4::text) + $2::bigint
+                <= $1::bigint AS room
 ),
 w AS (
 UPDATE idempotency_keys k SET
     state = 'completed',
     lease_expires_at = NULL,
-    response_status = $6::integer,
-    response_headers = CASE WHEN clock.room THEN $7::jsonb
-        ELSE $8::jsonb END,
-    response_body = CASE WHEN clock.room THEN $9::bytea END,
-    response_body_encoding = CASE WHEN clock.room THEN $10::text ELSE 'utf8' END,
+    response_status = $5::integer,
+    response_headers = CASE WHEN quota.room THEN $6::jsonb
+        ELSE $7::jsonb END,
+    response_body = CASE WHEN quota.room THEN $8::bytea END,
+    response_body_encoding = CASE WHEN quota.room THEN $9::text ELSE 'utf8' END,
     review_note = NULL,
     review_at = NULL,
     completer_state = NULL,
     completer_next_at = NULL,
-    updated_at = clock.now,
-    completed_at = clock.now,
-    replay_until = clock.now + k.replay_window_seconds * interval '1 second',
-    purge_after = clock.now + k.reaper_threshold_seconds * interval '1 second',
-    stored_bytes = k.stored_bytes + CASE WHEN clock.room THEN $3::bigint
-        ELSE $4::bigint END,
+    updated_at = coalesce($10::timestamptz, now()),
+    completed_at = coalesce($10::timestamptz, now()),
+    replay_until = coalesce($10::timestamptz, now()) + k.replay_window_seconds * interval '1 second',
+    purge_after = coalesce($10::timestamptz, now()) + k.reaper_threshold_seconds * interval '1 second',
+    stored_bytes = k.stored_bytes + CASE WHEN quota.room THEN $2::bigint
+        ELSE $3::bigint END,
     stored_bytes_before = k.stored_bytes
-FROM clock
-WHERE k.tenant_id = $5 AND k.key = $11
+FROM quota
+WHERE k.tenant_id = $4 AND k.key = $11
     AND k.fencing_token = $12 AND k.state = 'in_flight'
     -- wakes the key's waiters when this commits (migration 00010)
     AND CASE WHEN k.waited THEN idem_notify_key(k.tenant_id, k.key) ELSE true END
@@ -469,7 +468,8 @@ RETURNING
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
     k.updated_at, k.completed_at, k.replay_until, k.purge_after,
     k.review_note, k.review_at, k.recovery_data, k.attempt_id,
-    k.stored_bytes, k.stored_bytes_before, clock.now AS observed_at
+    k.stored_bytes, k.stored_bytes_before, k.updated_at AS observed_at,
+    quota.room AS stored
 ),
 counted AS (
     UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + (w.stored_bytes - w.stored_bytes_before)
@@ -483,12 +483,11 @@ SELECT
     w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
     w.updated_at, w.completed_at, w.replay_until, w.purge_after,
     w.review_note, w.review_at, w.recovery_data, w.attempt_id,
-    w.observed_at, clock.room::boolean AS stored
-FROM w, clock
+    w.observed_at, w.stored::boolean AS stored
+FROM w
 `
 
 type CompleteKeyParams struct {
-	Now                  pgtype.Timestamptz
 	StorageQuotaBytes    int64
 	ResponseBytes        int64
 	UnstoredBytes        int64
@@ -498,6 +497,7 @@ type CompleteKeyParams struct {
 	UnstoredHeaders      []byte
 	ResponseBody         []byte
 	ResponseBodyEncoding string
+	Now                  pgtype.Timestamptz
 	Key                  string
 	FencingToken         int64
 }
@@ -536,13 +536,16 @@ type CompleteKeyRow struct {
 // storage_quota_bytes; otherwise the record is completed all the same with
 // the unstored_* response in its place (idem.UnstoredResponse: the work
 // ran, the key must not run again), and stored is false.
+// quota is MATERIALIZED: inlined, each of its five uses would sum the
+// usage again. The clock is written where it is used (ClaimKey), and the
+// stored flag comes back through RETURNING, so no step joins a CTE but the
+// update.
 // adds the write's difference to the tenant's usage, in this statement
 // The record without the response it has just stored: the caller holds
 // that response, and a large body is not sent back (ClaimKey's columns),
 // and whether it was the caller's or the unstored one.
 func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (CompleteKeyRow, error) {
 	row := q.db.QueryRow(ctx, completeKey,
-		arg.Now,
 		arg.StorageQuotaBytes,
 		arg.ResponseBytes,
 		arg.UnstoredBytes,
@@ -552,6 +555,7 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Compl
 		arg.UnstoredHeaders,
 		arg.ResponseBody,
 		arg.ResponseBodyEncoding,
+		arg.Now,
 		arg.Key,
 		arg.FencingToken,
 	)
