@@ -209,7 +209,7 @@ func (s *Store) completeLocked(ctx context.Context, q *dbsqlc.Queries, p idem.Fi
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("complete record: %w", err)
 	}
-	return completedRecord(row, *p.Response, unstored), nil
+	return completedRecord(args, row, *p.Response, unstored), nil
 }
 
 // CompletionStats counts the completer's records per tenant and state.

@@ -71,10 +71,11 @@ var (
 	cursorOldest = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 )
 
-// writeRow is the shape the writes return (CheckpointKey; ClaimKey and
-// CompleteKey with a column more): a record without its response. After a
-// claim the response is NULL; after a complete it is the one the caller
-// just stored, so it is not read back (a large body would cross the wire
+// writeRow is the shape the writes return (CheckpointKey; ClaimKey with
+// columns more; CompleteKey only what its caller does not know,
+// completedRow): a record without its response. After a claim the
+// response is NULL; after a complete it is the one the caller just
+// stored, so it is not read back (a large body would cross the wire
 // twice).
 type writeRow = dbsqlc.CheckpointKeyRow
 

@@ -262,7 +262,7 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 	if err != nil {
 		return idem.Record{}, s.interpretError(err, "complete key")
 	}
-	rec := completedRecord(row, p.Response, unstored)
+	rec := completedRecord(args, row, p.Response, unstored)
 	if !row.Stored {
 		// Completed without the response: no room under the quota.
 		return rec, idem.ResponseNotStored(p.TenantID, p.Response.Size(), p.StorageQuotaBytes)
@@ -271,16 +271,18 @@ func (s *Store) Complete(ctx context.Context, p idem.CompleteParams) (idem.Recor
 	return rec, nil
 }
 
-// completedRow is CompleteKey's row without its stored flag.
-func completedRow(r dbsqlc.CompleteKeyRow) writeRow {
+// completedRow is the record CompleteKey completed: the columns it returns,
+// and what the caller passed (tenant, key, token) or the statement set
+// (state completed, no lease, no review, updated and completed at the
+// instant it returns), which it does not send back.
+func completedRow(args dbsqlc.CompleteKeyParams, r dbsqlc.CompleteKeyRow) writeRow {
 	return writeRow{
-		TenantID: r.TenantID, Key: r.Key, State: r.State, Operation: r.Operation,
-		Fingerprint: r.Fingerprint, FencingToken: r.FencingToken, Attempt: r.Attempt,
-		LeaseExpiresAt: r.LeaseExpiresAt, RecoveryPoint: r.RecoveryPoint,
-		ReplayWindowSeconds: r.ReplayWindowSeconds, ReaperThresholdSeconds: r.ReaperThresholdSeconds,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
-		ReplayUntil: r.ReplayUntil, PurgeAfter: r.PurgeAfter, ReviewNote: r.ReviewNote,
-		ReviewAt: r.ReviewAt, RecoveryData: r.RecoveryData, AttemptID: r.AttemptID,
+		TenantID: args.TenantID, Key: args.Key, State: string(idem.StateCompleted), Operation: r.Operation,
+		Fingerprint: r.Fingerprint, FencingToken: args.FencingToken, Attempt: r.Attempt,
+		RecoveryPoint: r.RecoveryPoint, ReplayWindowSeconds: r.ReplayWindowSeconds,
+		ReaperThresholdSeconds: r.ReaperThresholdSeconds, CreatedAt: r.CreatedAt,
+		UpdatedAt: r.ObservedAt, CompletedAt: r.ObservedAt, ReplayUntil: r.ReplayUntil,
+		PurgeAfter: r.PurgeAfter, RecoveryData: r.RecoveryData, AttemptID: r.AttemptID,
 		ObservedAt: r.ObservedAt,
 	}
 }
@@ -318,8 +320,8 @@ func completeArgs(p idem.CompleteParams, now pgtype.Timestamptz) (dbsqlc.Complet
 // completedRecord is the record CompleteKey completed, with the response
 // it stored: resp, or unstored when it was not written (no room under the
 // quota).
-func completedRecord(row dbsqlc.CompleteKeyRow, resp, unstored idem.Response) idem.Record {
-	rec := recordFromWriteRow(completedRow(row))
+func completedRecord(args dbsqlc.CompleteKeyParams, row dbsqlc.CompleteKeyRow, resp, unstored idem.Response) idem.Record {
+	rec := recordFromWriteRow(completedRow(args, row))
 	if row.Stored {
 		rec.Response = &resp
 	} else {

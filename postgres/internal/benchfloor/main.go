@@ -232,8 +232,9 @@ func (f *floor) complete(w http.ResponseWriter, r *http.Request) {
 		PurgeAfter     *string         `json:"purge_after"`
 		Response       response        `json:"response"`
 	}{
-		k.Key, k.State, k.Operation, k.Fingerprint, k.FencingToken, k.Attempt, nil, k.RecoveryPoint, nullJSON(k.RecoveryData),
-		timeJSON(k.CreatedAt), timeJSON(k.CompletedAt), timeJSON(k.ReplayUntil), timeJSON(k.PurgeAfter),
+		// CompleteKey returns what the caller does not know (completedRow)
+		r.PathValue("key"), "completed", k.Operation, k.Fingerprint, in.FencingToken, k.Attempt, nil, k.RecoveryPoint, nullJSON(k.RecoveryData),
+		timeJSON(k.CreatedAt), timeJSON(k.ObservedAt), timeJSON(k.ReplayUntil), timeJSON(k.PurgeAfter),
 		response{in.Response.Status, in.Response.Headers, in.Response.Body, "utf8"},
 	})
 }

@@ -375,8 +375,8 @@ type ClaimKeyRow struct {
 // snapshot's record is ruled out.
 // adds the write's difference to the tenant's usage, in this statement
 // The record written, without its response, which a claim has just set
-// to NULL (the same columns as CompleteKey's), or the record kept, with
-// its response. At most one of the two exists.
+// to NULL, or the record kept, with its response. At most one of the two
+// exists.
 func (q *Queries) ClaimKey(ctx context.Context, arg ClaimKeyParams) (ClaimKeyRow, error) {
 	row := q.db.QueryRow(ctx, claimKey,
 		arg.TenantID,
@@ -463,11 +463,9 @@ WHERE k.tenant_id = $4 AND k.key = $11
     -- wakes the key's waiters when this commits (migration 00010)
     AND CASE WHEN k.waited THEN idem_notify_key(k.tenant_id, k.key) ELSE true END
 RETURNING
-    k.tenant_id, k.key, k.state, k.operation, k.fingerprint, k.fencing_token,
-    k.attempt, k.lease_expires_at, k.recovery_point,
+    k.tenant_id, k.operation, k.fingerprint, k.attempt, k.recovery_point,
     k.replay_window_seconds, k.reaper_threshold_seconds, k.created_at,
-    k.updated_at, k.completed_at, k.replay_until, k.purge_after,
-    k.review_note, k.review_at, k.recovery_data, k.attempt_id,
+    k.replay_until, k.purge_after, k.recovery_data, k.attempt_id,
     k.stored_bytes, k.stored_bytes_before, k.updated_at AS observed_at,
     quota.room AS stored
 ),
@@ -478,11 +476,9 @@ counted AS (
         AND w.stored_bytes <> w.stored_bytes_before
 )
 SELECT
-    w.tenant_id, w.key, w.state, w.operation, w.fingerprint, w.fencing_token,
-    w.attempt, w.lease_expires_at, w.recovery_point,
+    w.operation, w.fingerprint, w.attempt, w.recovery_point,
     w.replay_window_seconds, w.reaper_threshold_seconds, w.created_at,
-    w.updated_at, w.completed_at, w.replay_until, w.purge_after,
-    w.review_note, w.review_at, w.recovery_data, w.attempt_id,
+    w.replay_until, w.purge_after, w.recovery_data, w.attempt_id,
     w.observed_at, w.stored::boolean AS stored
 FROM w
 `
@@ -503,24 +499,15 @@ type CompleteKeyParams struct {
 }
 
 type CompleteKeyRow struct {
-	TenantID               string
-	Key                    string
-	State                  string
 	Operation              string
 	Fingerprint            string
-	FencingToken           int64
 	Attempt                int32
-	LeaseExpiresAt         pgtype.Timestamptz
 	RecoveryPoint          *string
 	ReplayWindowSeconds    int32
 	ReaperThresholdSeconds int32
 	CreatedAt              pgtype.Timestamptz
-	UpdatedAt              pgtype.Timestamptz
-	CompletedAt            pgtype.Timestamptz
 	ReplayUntil            pgtype.Timestamptz
 	PurgeAfter             pgtype.Timestamptz
-	ReviewNote             *string
-	ReviewAt               pgtype.Timestamptz
 	RecoveryData           []byte
 	AttemptID              *string
 	ObservedAt             pgtype.Timestamptz
@@ -541,9 +528,12 @@ type CompleteKeyRow struct {
 // stored flag comes back through RETURNING, so no step joins a CTE but the
 // update.
 // adds the write's difference to the tenant's usage, in this statement
-// The record without the response it has just stored: the caller holds
-// that response, and a large body is not sent back (ClaimKey's columns),
-// and whether it was the caller's or the unstored one.
+// The columns of the record the caller does not know, and whether the
+// response stored was the caller's or the unstored one. It knows the
+// tenant, key and token it passed and what this statement set: state
+// completed, no lease, no review, updated and completed at observed_at
+// (completedRow). The response it holds is not sent back (a large body
+// would cross the wire twice).
 func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (CompleteKeyRow, error) {
 	row := q.db.QueryRow(ctx, completeKey,
 		arg.StorageQuotaBytes,
@@ -561,24 +551,15 @@ func (q *Queries) CompleteKey(ctx context.Context, arg CompleteKeyParams) (Compl
 	)
 	var i CompleteKeyRow
 	err := row.Scan(
-		&i.TenantID,
-		&i.Key,
-		&i.State,
 		&i.Operation,
 		&i.Fingerprint,
-		&i.FencingToken,
 		&i.Attempt,
-		&i.LeaseExpiresAt,
 		&i.RecoveryPoint,
 		&i.ReplayWindowSeconds,
 		&i.ReaperThresholdSeconds,
 		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.CompletedAt,
 		&i.ReplayUntil,
 		&i.PurgeAfter,
-		&i.ReviewNote,
-		&i.ReviewAt,
 		&i.RecoveryData,
 		&i.AttemptID,
 		&i.ObservedAt,
