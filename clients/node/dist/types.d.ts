@@ -79,6 +79,8 @@ export interface Settings {
     max_wait_seconds: number;
     /** Most bytes the tenant's records may store; at or over it, claims of new keys get 507 `storage_quota_exceeded`. */
     storage_quota_bytes: number;
+    /** Share of first attempts that retries may add, per replica and kind of call; past it a retry gets 429 `retry_budget_exhausted`. 100 turns the budget off. */
+    retry_budget_percent: number;
 }
 /** What a tenant's records take against its quotas. */
 export interface Usage {
