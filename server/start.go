@@ -171,15 +171,17 @@ func (l *startListener) Close() error { return nil }
 // the real handler once real is set.
 func waitingHandler(real *atomic.Pointer[http.Handler]) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Every answer of the waiting server closes its connection, the
+		// real handler's too (a request read in the handover, once real is
+		// set): kept alive, the connection would be closed by the
+		// handover's Shutdown under a client sending its next request on
+		// it (an EOF instead of an answer); on a new connection that
+		// request reaches the real server.
+		w.Header().Set("Connection", "close")
 		if h := real.Load(); h != nil {
 			(*h).ServeHTTP(w, r)
 			return
 		}
-		// Every waiting answer closes its connection: kept alive, it would
-		// be closed by the handover's Shutdown under a client sending its
-		// next request on it (an EOF instead of an answer); on a new
-		// connection that request reaches the real handler.
-		w.Header().Set("Connection", "close")
 		if r.URL.Path == "/healthz" {
 			w.Header().Set("X-Request-Id", requestID())
 			w.Header().Set("Content-Type", "application/json")
